@@ -1,0 +1,83 @@
+# pipecc - a static pipeline-parallel training compiler.
+#   make deps   install the Debian packages it needs (as root, when missing)
+#   make        build bin/pipecc
+#   make test   the whole test suite (unit, shapes vs onnx, bad input, fuzz, ASan/UBSan)
+#   make demo   plan the bundled LeNet for 4 stages and show the listing
+#   make models export the large benchmark models (ResNet-18, GPT-2-small size)
+
+CC      ?= cc
+CFLAGS  ?= -O2 -g
+WARN    := -Wall -Wextra -Werror
+PB_DIR  := build/gen
+ONNX_PROTO_DIR ?= /usr/include/onnx
+CPPFLAGS := -Icompiler -I$(PB_DIR) -D_GNU_SOURCE
+LDLIBS  := -lprotobuf-c -lopenblas -lm
+PY      := /usr/bin/python3
+
+DEB_PKGS := protobuf-c-compiler libprotobuf-c-dev libonnx-dev openmpi-bin libopenmpi-dev \
+            libopenblas-dev clang libclang-rt-14-dev python3-onnx python3-torch \
+            python3-torchvision python3-numpy
+
+COMPILER_SRC := $(filter-out compiler/main.c,$(wildcard compiler/*.c))
+COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
+ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
+SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+.PHONY: all deps test demo models clean unit-tests fuzz asan
+all: bin/pipecc
+
+deps:
+	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "make deps: installing$$missing"; \
+	  if [ "$$(id -u)" != 0 ]; then echo "make deps: run as root (apt-get)"; exit 1; fi; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else echo "make deps: all packages present"; fi
+
+# protobuf-c bindings generated from Debian's onnx.proto at build time.
+$(PB_DIR)/onnx.pb-c.c $(PB_DIR)/onnx.pb-c.h: $(ONNX_PROTO_DIR)/onnx.proto
+	@mkdir -p $(PB_DIR)
+	protoc-c --c_out=$(PB_DIR) -I$(ONNX_PROTO_DIR) $<
+
+build/obj/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
+build/obj/%.o: compiler/%.c compiler/*.h compiler/*.def $(PB_DIR)/onnx.pb-c.h
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(WARN) $(CPPFLAGS) -c $< -o $@
+bin/pipecc: build/obj/main.o $(COMPILER_OBJ)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+
+# The same compiler under AddressSanitizer + UBSan, for the tests.
+build/asan/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
+	@mkdir -p $(@D)
+	clang -O1 -g $(SAN) $(CPPFLAGS) -c $< -o $@
+build/asan/%.o: compiler/%.c compiler/*.h compiler/*.def $(PB_DIR)/onnx.pb-c.h
+	@mkdir -p $(@D)
+	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) -c $< -o $@
+bin/pipecc-asan: build/asan/main.o $(ASAN_OBJ)
+	clang $(SAN) $^ -o $@ $(LDLIBS)
+asan: bin/pipecc-asan
+
+# Unit tests in C link the compiler's passes directly.
+bin/test_partition: tests/test_partition.c $(ASAN_OBJ)
+	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
+bin/test_units: tests/test_units.c $(ASAN_OBJ)
+	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
+# libFuzzer target for the loader (no main of ours).
+bin/fuzz_loader: tests/fuzz_loader.c $(filter-out build/asan/main.o,$(ASAN_OBJ))
+	clang -O1 -g -fsanitize=fuzzer,address,undefined $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
+
+test: bin/pipecc bin/pipecc-asan bin/test_partition bin/test_units bin/fuzz_loader
+	@bash tests/run.sh
+
+demo: deps
+	$(MAKE) bin/pipecc
+	bin/pipecc onnx_models/lenet.onnx -n 4 --batch 64 -o build/lenet.pipe --listing
+
+models:
+	$(PY) onnx_models/export.py --large
+
+clean:
+	rm -rf build bin

@@ -1,0 +1,352 @@
+/* cost.c - per-node costs and the machine description.
+ *
+ * The time model is deliberately simple and stated in the listing: a node
+ * takes flops / rank_rate + traffic / memory_bandwidth, where the rate comes
+ * from a GEMM probe (matrix ops dominate) and memory-bound ops (elementwise,
+ * normalisation, reshapes) are charged by the bytes they move.  Backward
+ * costs twice the forward FLOPs for ops with weights (grad input + grad
+ * weight) and about the same traffic again. */
+#include "cost.h"
+
+#include <cblas.h>
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "ops.h"
+
+static double numel_d(const Tensor *t) { return t ? (double)ir_numel(t) : 0; }
+
+static double prod_tail(const Tensor *t, int from) {
+  double p = 1;
+  for (int i = from; i < t->rank; i++) p *= (double)t->dims[i];
+  return p;
+}
+
+/* Forward FLOPs of one node. */
+static double node_flops(Graph *g, const Node *n) {
+  const char *op = n->op;
+  Tensor *x = node_in(g, n, 0), *y = node_out(g, n, 0);
+  double out = numel_d(y);
+  if (!strcmp(op, "Conv")) {
+    Tensor *w = node_in(g, n, 1);
+    return 2.0 * out * prod_tail(w, 1) + (node_in(g, n, 2) ? out : 0);
+  }
+  if (!strcmp(op, "MatMul")) {
+    Tensor *a = node_in(g, n, 0);
+    double k = (double)a->dims[a->rank - 1];
+    return 2.0 * out * k;
+  }
+  if (!strcmp(op, "Gemm")) {
+    Tensor *a = node_in(g, n, 0);
+    double k = (double)(attr_int(n, "transA", 0) ? a->dims[0] : a->dims[1]);
+    return 2.0 * out * k + (node_in(g, n, 2) ? out : 0);
+  }
+  if (!strcmp(op, "MaxPool") || !strcmp(op, "AveragePool")) {
+    int64_t k[MAX_RANK];
+    int c = attr_ints(n, "kernel_shape", k, MAX_RANK);
+    double w = 1;
+    for (int i = 0; i < c; i++) w *= (double)k[i];
+    return out * w;
+  }
+  if (!strcmp(op, "GlobalAveragePool") || !strcmp(op, "ReduceMean") || !strcmp(op, "ReduceSum")) return numel_d(x);
+  if (!strcmp(op, "BatchNormalization")) return 5 * numel_d(x);
+  if (!strcmp(op, "LayerNormalization")) return 8 * numel_d(x);
+  if (!strcmp(op, "Softmax") || !strcmp(op, "LogSoftmax")) return 5 * numel_d(x);
+  if (!strcmp(op, "Erf") || !strcmp(op, "Gelu") || !strcmp(op, "Tanh") || !strcmp(op, "Sigmoid")) return 8 * out;
+  if (!strcmp(op, "Add") || !strcmp(op, "Sub") || !strcmp(op, "Mul") || !strcmp(op, "Div") || !strcmp(op, "Pow") ||
+      !strcmp(op, "Sqrt") || !strcmp(op, "Relu") || !strcmp(op, "LeakyRelu") || !strcmp(op, "Where") ||
+      !strcmp(op, "Dropout"))
+    return out;
+  return 0; /* data movement only */
+}
+
+static int weighted(const char *op) {
+  return !strcmp(op, "Conv") || !strcmp(op, "MatMul") || !strcmp(op, "Gemm");
+}
+
+/* Does some consumer's backward read tensor ti (or its producer's own)? */
+static void mark_stashed(Graph *g, char *stashed) {
+  for (int j = 0; j < g->nn; j++) {
+    Node *n = &g->n[j];
+    if (n->folded) continue;
+    const OpDef *d = op_find(n->op);
+    if (d->stash & STASH_INPUTS)
+      for (int k = 0; k < n->nin; k++) {
+        Tensor *t = node_in(g, n, k);
+        if (t && !t->data) stashed[n->in[k]] = 1;
+      }
+    if (d->stash & STASH_OUTPUT) stashed[n->out[0]] = 1;
+  }
+}
+
+void cost_nodes(Graph *g, NodeCost *c) {
+  char *stashed = calloc((size_t)g->nt + 1, 1);
+  if (!stashed) abort();
+  mark_stashed(g, stashed);
+  for (int j = 0; j < g->nn; j++) {
+    Node *n = &g->n[j];
+    NodeCost *nc = &c[j];
+    memset(nc, 0, sizeof *nc);
+    if (n->folded) continue;
+    nc->fwd_flops = node_flops(g, n);
+    nc->bwd_flops = weighted(n->op) ? 2 * nc->fwd_flops : nc->fwd_flops;
+    for (int k = 0; k < n->nin; k++) {
+      Tensor *t = node_in(g, n, k);
+      if (!t) continue;
+      if (t->is_param) {
+        /* A weight read by two nodes is counted once, at its first reader. */
+        int first = 1;
+        for (int i = 0; i < j && first; i++)
+          for (int q = 0; q < g->n[i].nin; q++)
+            if (!g->n[i].folded && g->n[i].in[q] == n->in[k]) first = 0;
+        if (first) nc->param_count += numel_d(t), nc->param_bytes += (double)tensor_bytes(t);
+      } else if (!weighted(n->op)) {
+        nc->traffic_bytes += (double)tensor_bytes(t);
+      }
+    }
+    for (int k = 0; k < n->nout; k++) {
+      Tensor *t = node_out(g, n, k);
+      if (!t) continue;
+      nc->out_bytes += (double)tensor_bytes(t);
+      if (!weighted(n->op)) nc->traffic_bytes += (double)tensor_bytes(t);
+      if (stashed[n->out[k]]) nc->stash_bytes += (double)tensor_bytes(t);
+    }
+    /* Graph inputs a node keeps for backward are charged to that node. */
+    for (int k = 0; k < n->nin; k++)
+      if (n->in[k] >= 0 && g->t[n->in[k]].is_input && stashed[n->in[k]]) {
+        nc->stash_bytes += (double)tensor_bytes(&g->t[n->in[k]]);
+        stashed[n->in[k]] = 0;
+      }
+    if (!strcmp(n->op, "Conv")) {
+      Tensor *w = node_in(g, n, 1), *y = node_out(g, n, 0);
+      nc->work_bytes = 4.0 * prod_tail(w, 1) * prod_tail(y, 2); /* im2col of one sample */
+    }
+  }
+  free(stashed);
+}
+
+/* ---- the machine ---- */
+
+static const char *cache_path(char *buf, size_t len) {
+  const char *env = getenv("PIPECC_CACHE");
+  if (env && *env) return env;
+  const char *xdg = getenv("XDG_CACHE_HOME"), *home = getenv("HOME");
+  if (xdg && *xdg) snprintf(buf, len, "%s/pipecc/machine.txt", xdg);
+  else snprintf(buf, len, "%s/.cache/pipecc/machine.txt", home && *home ? home : "/tmp");
+  return buf;
+}
+
+void machine_probe(Machine *m) {
+  /* One core per rank: time a single-threaded SGEMM the size of a layer. */
+  openblas_set_num_threads(1);
+  enum { N = 384 };
+  float *a = malloc(sizeof(float) * N * N), *b = malloc(sizeof(float) * N * N), *c = malloc(sizeof(float) * N * N);
+  if (!a || !b || !c) abort();
+  for (int i = 0; i < N * N; i++) a[i] = (float)(i % 7) * 0.1f, b[i] = (float)(i % 5) * 0.1f;
+  double best = 1e30;
+  for (int r = 0; r < 5; r++) {
+    double t0 = now_seconds();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, a, N, b, N, 0.0f, c, N);
+    double t = now_seconds() - t0;
+    if (t < best) best = t;
+  }
+  free(a), free(b), free(c);
+  double flops = 2.0 * N * N * N / (best > 0 ? best : 1e-9);
+  /* memcpy bandwidth on buffers larger than the caches. */
+  size_t bytes = (size_t)32 << 20;
+  char *src = malloc(bytes), *dst = malloc(bytes);
+  if (!src || !dst) abort();
+  memset(src, 1, bytes);
+  memset(dst, 0, bytes);
+  double bt = 1e30;
+  for (int r = 0; r < 3; r++) {
+    double t0 = now_seconds();
+    memcpy(dst, src, bytes);
+    double t = now_seconds() - t0;
+    if (t < bt) bt = t;
+  }
+  free(src), free(dst);
+  m->nranks = 1;
+  m->dev[0].flops = flops;
+  m->dev[0].mem_bytes = 0;
+  m->memcpy_bw = (double)bytes / (bt > 0 ? bt : 1e-9);
+  /* Without a measured MPI figure: shared-memory MPI copies each message
+   * twice (into and out of the segment). */
+  m->link[0].bandwidth = m->memcpy_bw / 2;
+  m->link[0].latency = 2e-6;
+}
+
+static double parse_time(const char *s) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || v < 0) return -1;
+  if (!*end || !strcmp(end, "s")) return v;
+  if (!strcmp(end, "ms")) return v * 1e-3;
+  if (!strcmp(end, "us")) return v * 1e-6;
+  if (!strcmp(end, "ns")) return v * 1e-9;
+  return -1;
+}
+
+/* Decimal rates: "40G" FLOP/s or bytes/s means 40e9. */
+static double parse_rate(const char *s) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || v <= 0) return -1;
+  switch (toupper((unsigned char)*end)) {
+  case 0: return v;
+  case 'K': v *= 1e3; break;
+  case 'M': v *= 1e6; break;
+  case 'G': v *= 1e9; break;
+  case 'T': v *= 1e12; break;
+  default: return -1;
+  }
+  return end[1] && strcmp(end + 1, "B/s") && strcmp(end + 1, "/s") ? -1 : v;
+}
+
+int machine_parse(Machine *m, int n, const char *text, const char *name) {
+  Device dflt_dev = {0, 0}, dev[MAX_RANKS];
+  Link dflt_link = {0, 0}, link[MAX_RANKS];
+  char have_dev[MAX_RANKS] = {0}, have_link[MAX_RANKS] = {0};
+  int have_dd = 0, have_dl = 0;
+  double memcpy_bw = 0;
+  memset(dev, 0, sizeof dev);
+  memset(link, 0, sizeof link);
+  int lineno = 0;
+  const char *p = text;
+  while (*p) {
+    char line[512];
+    size_t len = strcspn(p, "\n");
+    lineno++;
+    if (len >= sizeof line) return err_set("%s:%d: line too long", name, lineno);
+    memcpy(line, p, len);
+    line[len] = 0;
+    p += len + (p[len] == '\n');
+    char *hash = strchr(line, '#');
+    if (hash) *hash = 0;
+    char *tok[16];
+    int nt = 0;
+    for (char *s = strtok(line, " \t\r"); s && nt < 16; s = strtok(NULL, " \t\r")) tok[nt++] = s;
+    if (!nt) continue;
+    int is_rank = !strcmp(tok[0], "rank"), is_link = !strcmp(tok[0], "link"), is_mem = !strcmp(tok[0], "memcpy");
+    if (!is_rank && !is_link && !is_mem)
+      return err_set("%s:%d: unknown entry '%s' (expected rank, link or memcpy)", name, lineno, tok[0]);
+    int first = 1, idx = -1;
+    if (!is_mem) {
+      if (nt < 2) return err_set("%s:%d: '%s' needs an index or '*'", name, lineno, tok[0]);
+      if (strcmp(tok[1], "*")) {
+        char *end;
+        long v = strtol(tok[1], &end, 10);
+        if (*end || v < 0 || v >= MAX_RANKS) return err_set("%s:%d: bad index '%s'", name, lineno, tok[1]);
+        idx = (int)v;
+      }
+      first = 2;
+    }
+    Device d = idx >= 0 ? dev[idx] : dflt_dev;
+    Link l = idx >= 0 ? link[idx] : dflt_link;
+    for (int i = first; i < nt; i++) {
+      char *eq = strchr(tok[i], '=');
+      if (!eq) return err_set("%s:%d: expected key=value, got '%s'", name, lineno, tok[i]);
+      *eq = 0;
+      const char *k = tok[i], *v = eq + 1;
+      double x;
+      if (is_rank && !strcmp(k, "flops")) x = parse_rate(v), d.flops = x;
+      else if (is_rank && !strcmp(k, "mem")) x = parse_size(v), d.mem_bytes = x;
+      else if (is_link && !strcmp(k, "bandwidth")) x = parse_rate(v), l.bandwidth = x;
+      else if (is_link && !strcmp(k, "latency")) x = parse_time(v), l.latency = x;
+      else if (is_mem && !strcmp(k, "bandwidth")) x = parse_rate(v), memcpy_bw = x;
+      else return err_set("%s:%d: unknown key '%s' for %s", name, lineno, k, tok[0]);
+      if (x < 0) return err_set("%s:%d: bad value '%s' for %s", name, lineno, v, k);
+    }
+    if (is_rank && d.flops <= 0) return err_set("%s:%d: rank needs flops=RATE (e.g. flops=40G)", name, lineno);
+    if (is_link && l.bandwidth <= 0) return err_set("%s:%d: link needs bandwidth=RATE (e.g. bandwidth=10G)", name, lineno);
+    if (is_rank && idx < 0) dflt_dev = d, have_dd = 1;
+    else if (is_rank) dev[idx] = d, have_dev[idx] = 1;
+    else if (is_link && idx < 0) dflt_link = l, have_dl = 1;
+    else if (is_link) link[idx] = l, have_link[idx] = 1;
+  }
+  for (int s = 0; s < n; s++) {
+    if (!have_dev[s] && !have_dd) return err_set("%s: rank %d has no figures (add 'rank %d flops=...' or 'rank * ...')", name, s, s);
+    m->dev[s] = have_dev[s] ? dev[s] : dflt_dev;
+    if (s + 1 < n) {
+      if (!have_link[s] && !have_dl) return err_set("%s: link %d (rank %d to %d) has no figures (add 'link * bandwidth=...')", name, s, s, s + 1);
+      m->link[s] = have_link[s] ? link[s] : dflt_link;
+    }
+  }
+  m->nranks = n;
+  m->memcpy_bw = memcpy_bw > 0 ? memcpy_bw : 10e9;
+  return 0;
+}
+
+static char *read_text(const char *path) {
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  char *buf = NULL;
+  size_t len = 0, cap = 0;
+  int c;
+  while ((c = fgetc(f)) != EOF) {
+    if (len + 2 > cap) {
+      cap = cap ? cap * 2 : 1024;
+      char *nb = realloc(buf, cap);
+      if (!nb) abort();
+      buf = nb;
+    }
+    buf[len++] = (char)c;
+    if (len > (1 << 20)) break;
+  }
+  fclose(f);
+  if (!buf) buf = calloc(1, 1);
+  else buf[len] = 0;
+  return buf;
+}
+
+static void mkdirs_for(const char *path) {
+  char tmp[1024];
+  snprintf(tmp, sizeof tmp, "%s", path);
+  for (char *p = tmp + 1; *p; p++)
+    if (*p == '/') {
+      *p = 0;
+      mkdir(tmp, 0755);
+      *p = '/';
+    }
+}
+
+int machine_load(Machine *m, int n, const char *devices_file, Pool *pool) {
+  memset(m, 0, sizeof *m);
+  if (n > MAX_RANKS) return err_set("-n %d: at most %d ranks are supported", n, MAX_RANKS);
+  if (devices_file) {
+    char *text = read_text(devices_file);
+    if (!text) return err_set("--devices %s: cannot read: %s", devices_file, strerror(errno));
+    int rc = machine_parse(m, n, text, devices_file);
+    free(text);
+    m->source = pool_printf(pool, "--devices %s", devices_file);
+    return rc;
+  }
+  char buf[1024];
+  const char *path = cache_path(buf, sizeof buf);
+  char *text = read_text(path);
+  if (text && !machine_parse(m, n, text, path)) {
+    free(text);
+    m->source = pool_printf(pool, "probe of this machine, cached in %s", path);
+    return 0;
+  }
+  free(text);
+  err_clear(); /* a stale or foreign cache is re-probed, not an error */
+  Machine probe;
+  machine_probe(&probe);
+  FILE *f = (mkdirs_for(path), fopen(path, "w"));
+  if (f) {
+    fprintf(f, "# pipecc machine probe: single-thread OpenBLAS SGEMM rate, memcpy bandwidth;\n"
+               "# the link is estimated from memcpy until 'make probe' measures MPI.\n");
+    fprintf(f, "rank * flops=%.4gG\nlink * bandwidth=%.4gG latency=%.3gus\nmemcpy bandwidth=%.4gG\n", probe.dev[0].flops / 1e9,
+            probe.link[0].bandwidth / 1e9, probe.link[0].latency * 1e6, probe.memcpy_bw / 1e9);
+    fclose(f);
+  }
+  for (int s = 0; s < n; s++) m->dev[s] = probe.dev[0], m->link[s] = probe.link[0];
+  m->nranks = n;
+  m->memcpy_bw = probe.memcpy_bw;
+  m->source = pool_printf(pool, "probe of this machine (now), cached in %s", path);
+  return 0;
+}

@@ -1,0 +1,50 @@
+/* cost.h - what each node costs and what each rank can do.
+ *
+ * Node costs are per micro-batch: FLOPs forward and backward, parameter
+ * bytes, output bytes and the bytes backward keeps (the stash).  Machine
+ * figures come from a probe of this machine (probe.c, cached) or from a
+ * --devices file that describes each rank and link. */
+#ifndef PIPECC_COST_H
+#define PIPECC_COST_H
+#include "ir.h"
+
+typedef struct NodeCost {
+  double fwd_flops, bwd_flops;
+  double param_count, param_bytes;
+  double out_bytes;   /* every output of the node */
+  double stash_bytes; /* outputs that some backward needs, charged to their producer */
+  double work_bytes;  /* scratch the kernel needs (im2col) */
+  double traffic_bytes; /* memory the forward reads and writes, for memory-bound ops */
+} NodeCost;
+
+#define MAX_RANKS 1024
+
+typedef struct Device {
+  double flops;     /* sustained FLOP/s on this model's kernels */
+  double mem_bytes; /* usable memory; 0 = unlimited */
+} Device;
+
+typedef struct Link {
+  double bandwidth; /* bytes/s */
+  double latency;   /* seconds per message */
+} Link;
+
+typedef struct Machine {
+  int nranks;       /* how many ranks the figures describe; the last repeats */
+  Device dev[MAX_RANKS];
+  Link link[MAX_RANKS]; /* link[s]: between rank s and s+1 */
+  double memcpy_bw;
+  const char *source; /* "probe (cached in ...)", "--devices FILE" */
+} Machine;
+
+/* Fills c[j] for every node of g (folded nodes cost nothing). */
+void cost_nodes(Graph *g, NodeCost *c);
+
+/* Machine figures for n ranks: from `devices_file` if given, else the cached
+ * probe (running it when there is no cache).  -1 with err_set on a bad file. */
+int machine_load(Machine *m, int n, const char *devices_file, Pool *pool);
+/* Parses a devices description (see docs/devices.md); exposed for tests. */
+int machine_parse(Machine *m, int n, const char *text, const char *name);
+/* Runs the probe now: GEMM rate through OpenBLAS, memcpy bandwidth. */
+void machine_probe(Machine *m);
+#endif

@@ -1,0 +1,212 @@
+/* listing.c - saying what the plan is and why.
+ *
+ * The text listing is for people: per stage what it holds, what it costs,
+ * what it keeps in memory and what crosses its cuts, then the step's
+ * predicted time and bubble and the schedule as a time-by-stage table.
+ * plan.json carries the same numbers for scripts and tests. */
+#include "listing.h"
+
+#include <math.h>
+#include <string.h>
+
+static const char *node_name(const Plan *p, int k) { return p->g.n[p->node[k]].name; }
+
+/* Stage s that holds compute node k. */
+static int stage_of(const Plan *p, int k) {
+  for (int s = 0; s < p->opt.nstages; s++)
+    if (k < p->part.start[s + 1]) return s;
+  return p->opt.nstages - 1;
+}
+
+static double mean_time(const Plan *p) {
+  double sum = 0;
+  for (int s = 0; s < p->opt.nstages; s++) sum += p->part.cost[s].time;
+  return sum / p->opt.nstages;
+}
+
+static void stage_text(const Plan *p, int s, Buf *b) {
+  int n = p->opt.nstages;
+  int a = p->part.start[s], e = p->part.start[s + 1];
+  const StageCost *c = &p->part.cost[s];
+  double params = 0, ff = 0, bf = 0;
+  for (int k = a; k < e; k++) params += p->cost[k].param_count, ff += p->cost[k].fwd_flops, bf += p->cost[k].bwd_flops;
+  buf_printf(b, "stage %d (rank %d): nodes %d..%d, %d node%s: %s .. %s\n", s, s, a, e - 1, e - a, e - a == 1 ? "" : "s",
+             node_name(p, a), node_name(p, e - 1));
+  buf_printf(b, "  parameters   %s (%s)\n", fmt_count(params), fmt_bytes(c->mem_params));
+  buf_printf(b, "  FLOPs        %s forward, %s backward per micro-batch\n", fmt_count(ff), fmt_count(bf));
+  buf_printf(b, "  predicted    forward %s + backward %s + communication %s = %s per micro-batch (%.2fx the mean)\n",
+             fmt_time(c->fwd), fmt_time(c->bwd), fmt_time(c->comm), fmt_time(c->time), c->time / mean_time(p));
+  buf_printf(b, "  memory       %s = params %s + grads %s + optimizer %s + stash %d x %s + received %s + workspace %s\n",
+             fmt_bytes(c->mem_total), fmt_bytes(c->mem_params), fmt_bytes(c->mem_grads), fmt_bytes(c->mem_opt), c->inflight,
+             fmt_bytes(c->inflight ? c->mem_stash / c->inflight : 0), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work));
+  for (int pass = 0; pass < 2; pass++) {
+    int cut = pass ? e : a, any = 0;
+    for (int q = 0; q < p->nedges; q++) {
+      const PartEdge *ed = &p->edges[q];
+      if (!(ed->from < cut && cut <= ed->to)) continue;
+      const Tensor *t = &p->g.t[p->edge_tensor[q]];
+      /* Where the value comes from or goes to, and the neighbour that relays it. */
+      char peer[96];
+      int end = pass ? (ed->to >= p->N ? -2 : stage_of(p, ed->to)) : (ed->from < 0 ? -1 : stage_of(p, ed->from));
+      int next = pass ? s + 1 : s - 1;
+      const char *who = end == -1 ? "the data loader" : end == -2 ? "the loss" : NULL;
+      if (who && (next < 0 || next >= n)) snprintf(peer, sizeof peer, "%s", who);
+      else if (who) snprintf(peer, sizeof peer, "%s via stage %d", who, next);
+      else if (end == next) snprintf(peer, sizeof peer, "stage %d", end);
+      else snprintf(peer, sizeof peer, "stage %d via stage %d", end, next);
+      buf_printf(b, "  %-12s %s %s%s %s %s %s\n", any ? "" : pass ? "sends" : "receives", t->name, dtype_name(t->dtype),
+                 shape_str(t), fmt_bytes(ed->bytes), pass ? "->" : "<-", peer);
+      any = 1;
+    }
+    if (!any) buf_printf(b, "  %-12s nothing\n", pass ? "sends" : "receives");
+  }
+}
+
+static void schedule_table(const Plan *p, Buf *b) {
+  const Schedule *u = &p->slots;
+  int slots = (int)lround(u->step_time);
+  buf_printf(b, "\nschedule (%s, %d micro-batches; one slot per action, F<k>/B<k> = forward/backward of micro-batch k)\n",
+             schedule_name(p->opt.schedule), p->opt.microbatches);
+  buf_printf(b, "  slot |");
+  for (int s = 0; s < u->nstages; s++) buf_printf(b, " stage %-3d|", s);
+  buf_printf(b, "\n  -----+");
+  for (int s = 0; s < u->nstages; s++) buf_printf(b, "----------+");
+  buf_printf(b, "\n");
+  for (int t = 0; t < slots; t++) {
+    buf_printf(b, "  %4d |", t);
+    for (int s = 0; s < u->nstages; s++) {
+      char cell[16] = "";
+      for (int k = 0; k < 2 * u->m; k++)
+        if (lround(u->act[s][k].start) == t) snprintf(cell, sizeof cell, "%c%d", u->act[s][k].kind, u->act[s][k].mb);
+      buf_printf(b, " %-9s|", cell);
+    }
+    buf_printf(b, "\n");
+  }
+}
+
+void listing_text(const Plan *p, Buf *b) {
+  const Graph *g = &p->g;
+  const Machine *m = &p->machine;
+  int n = p->opt.nstages;
+  buf_printf(b, "pipecc plan: %s\n", g->path);
+  buf_printf(b, "  model        opset %lld, %d nodes (%d folded at compile time, %d compute), %s parameters\n",
+             (long long)g->opset, g->nn, p->nfolded, p->N, fmt_count(p->params));
+  buf_printf(b, "  batch        %lld samples per step = %d micro-batches x %lld\n", (long long)p->batch, p->opt.microbatches,
+             (long long)p->mb_size);
+  buf_printf(b, "  schedule     %s over %d stage%s, optimizer %s (%.0f state slot%s per parameter)\n",
+             schedule_name(p->opt.schedule), n, n == 1 ? "" : "s", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots,
+             p->opt_slots == 1 ? "" : "s");
+  buf_printf(b, "  machine      %s\n", m->source);
+  buf_printf(b, "               rank 0: %.1f GFLOP/s%s; link 0: %.2f GB/s, %.1f us; memory copies %.1f GB/s\n", m->dev[0].flops / 1e9,
+             m->dev[0].mem_bytes > 0 ? "" : ", memory unlimited", n > 1 ? m->link[0].bandwidth / 1e9 : 0,
+             n > 1 ? m->link[0].latency * 1e6 : 0, m->memcpy_bw / 1e9);
+  if (p->opt.mem_limit > 0) buf_printf(b, "  mem limit    %s per rank\n", fmt_bytes(p->opt.mem_limit));
+  buf_printf(b, "\n");
+  for (int s = 0; s < n; s++) stage_text(p, s, b);
+  double mx = 0, mn = INFINITY;
+  int slow = 0;
+  for (int s = 0; s < n; s++) {
+    if (p->part.cost[s].time > mx) mx = p->part.cost[s].time, slow = s;
+    mn = fmin(mn, p->part.cost[s].time);
+  }
+  buf_printf(b, "\nstep\n");
+  buf_printf(b, "  predicted    %s per step, %.1f samples/s\n", fmt_time(p->sched.step_time), (double)p->batch / p->sched.step_time);
+  buf_printf(b, "  bubble       %.1f%% predicted (a balanced pipeline: (p-1)/(m+p-1) = %.1f%%)\n", 100 * p->sched.bubble,
+             100 * schedule_ideal_bubble(n, p->opt.microbatches));
+  buf_printf(b, "  imbalance    slowest stage %d at %s per micro-batch; max/mean %.3f, max/min %.3f\n", slow, fmt_time(mx),
+             mx / mean_time(p), mn > 0 ? mx / mn : 1.0);
+  buf_printf(b, "  why          the cut points minimise the slowest stage's time (compute on its rank + sending and receiving\n"
+                "               every value that crosses its cuts), within each rank's memory under %s; among equally fast\n"
+                "               plans the most even one is kept\n", schedule_name(p->opt.schedule));
+  schedule_table(p, b);
+}
+
+static void json_str(Buf *b, const char *s) {
+  buf_printf(b, "\"");
+  for (; *s; s++) {
+    unsigned char c = (unsigned char)*s;
+    if (c == '"' || c == '\\') buf_printf(b, "\\%c", c);
+    else if (c < 0x20) buf_printf(b, "\\u%04x", c);
+    else buf_printf(b, "%c", c);
+  }
+  buf_printf(b, "\"");
+}
+
+static void json_shape(Buf *b, const Tensor *t) {
+  buf_printf(b, "[");
+  for (int i = 0; i < t->rank; i++) buf_printf(b, "%s%lld", i ? "," : "", (long long)t->dims[i]);
+  buf_printf(b, "]");
+}
+
+static void json_edges(const Plan *p, Buf *b, int cut) {
+  int first = 1;
+  buf_printf(b, "[");
+  for (int q = 0; q < p->nedges; q++) {
+    const PartEdge *ed = &p->edges[q];
+    int crosses = ed->from < cut && cut <= ed->to;
+    if (!crosses) continue;
+    const Tensor *t = &p->g.t[p->edge_tensor[q]];
+    buf_printf(b, "%s{\"name\":", first ? "" : ",");
+    json_str(b, t->name);
+    buf_printf(b, ",\"dtype\":\"%s\",\"shape\":", dtype_name(t->dtype));
+    json_shape(b, t);
+    buf_printf(b, ",\"bytes\":%.0f,\"producer_stage\":%d,\"last_consumer_stage\":%d}", ed->bytes,
+               ed->from < 0 ? -1 : stage_of(p, ed->from), ed->to >= p->N ? p->opt.nstages : stage_of(p, ed->to));
+    first = 0;
+  }
+  buf_printf(b, "]");
+}
+
+void listing_json(const Plan *p, Buf *b) {
+  int n = p->opt.nstages;
+  buf_printf(b, "{\n  \"model\": ");
+  json_str(b, p->g.path);
+  buf_printf(b, ",\n  \"opset\": %lld,\n  \"nodes\": %d,\n  \"folded_nodes\": %d,\n  \"compute_nodes\": %d,\n  \"parameters\": %.0f,\n",
+             (long long)p->g.opset, p->g.nn, p->nfolded, p->N, p->params);
+  buf_printf(b, "  \"batch\": %lld,\n  \"microbatches\": %d,\n  \"microbatch_size\": %lld,\n  \"schedule\": \"%s\",\n  \"stages\": %d,\n",
+             (long long)p->batch, p->opt.microbatches, (long long)p->mb_size, schedule_name(p->opt.schedule), n);
+  buf_printf(b, "  \"optimizer\": \"%s\",\n  \"optimizer_slots_per_param\": %.0f,\n", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots);
+  buf_printf(b, "  \"mem_limit_bytes\": %.0f,\n  \"machine\": {\"source\": ", p->opt.mem_limit);
+  json_str(b, p->machine.source);
+  buf_printf(b, ", \"memcpy_bandwidth\": %.6g, \"ranks\": [", p->machine.memcpy_bw);
+  for (int s = 0; s < n; s++) buf_printf(b, "%s{\"flops\": %.6g, \"mem_bytes\": %.0f}", s ? ", " : "", p->machine.dev[s].flops, p->machine.dev[s].mem_bytes);
+  buf_printf(b, "], \"links\": [");
+  for (int s = 0; s + 1 < n; s++)
+    buf_printf(b, "%s{\"bandwidth\": %.6g, \"latency\": %.6g}", s ? ", " : "", p->machine.link[s].bandwidth, p->machine.link[s].latency);
+  buf_printf(b, "]},\n");
+  buf_printf(b, "  \"predicted_step_time_s\": %.9g,\n  \"bubble\": %.6f,\n  \"ideal_bubble\": %.6f,\n  \"max_stage_time_s\": %.9g,\n",
+             p->sched.step_time, p->sched.bubble, schedule_ideal_bubble(n, p->opt.microbatches), p->part.max_time);
+  buf_printf(b, "  \"imbalance\": %.6f,\n  \"stage_plans\": [\n", p->part.max_time / mean_time(p));
+  for (int s = 0; s < n; s++) {
+    const StageCost *c = &p->part.cost[s];
+    int a = p->part.start[s], e = p->part.start[s + 1];
+    double params = 0, ff = 0, bf = 0;
+    for (int k = a; k < e; k++) params += p->cost[k].param_count, ff += p->cost[k].fwd_flops, bf += p->cost[k].bwd_flops;
+    buf_printf(b, "    {\"stage\": %d, \"node_begin\": %d, \"node_end\": %d, \"first_node\": ", s, a, e);
+    json_str(b, node_name(p, a));
+    buf_printf(b, ", \"last_node\": ");
+    json_str(b, node_name(p, e - 1));
+    buf_printf(b, ",\n     \"nodes\": [");
+    for (int k = a; k < e; k++) {
+      if (k > a) buf_printf(b, ", ");
+      json_str(b, node_name(p, k));
+    }
+    buf_printf(b, "],\n     \"parameters\": %.0f, \"fwd_flops\": %.0f, \"bwd_flops\": %.0f,\n", params, ff, bf);
+    buf_printf(b, "     \"fwd_time_s\": %.9g, \"bwd_time_s\": %.9g, \"comm_time_s\": %.9g, \"time_s\": %.9g,\n", c->fwd, c->bwd, c->comm, c->time);
+    buf_printf(b, "     \"memory\": {\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"stash\": %.0f, \"received\": %.0f, "
+                  "\"workspace\": %.0f, \"total\": %.0f, \"inflight\": %d},\n",
+               c->mem_params, c->mem_grads, c->mem_opt, c->mem_stash, c->mem_recv, c->mem_work, c->mem_total, c->inflight);
+    buf_printf(b, "     \"recv\": ");
+    json_edges(p, b, a);
+    buf_printf(b, ",\n     \"send\": ");
+    json_edges(p, b, e);
+    buf_printf(b, ",\n     \"actions\": [");
+    for (int k = 0; k < 2 * p->opt.microbatches; k++) {
+      const Action *ac = &p->sched.act[s][k];
+      buf_printf(b, "%s{\"op\": \"%c%d\", \"start_s\": %.9g, \"end_s\": %.9g, \"slot\": %ld}", k ? ", " : "", ac->kind, ac->mb,
+                 ac->start, ac->end, lround(p->slots.act[s][k].start));
+    }
+    buf_printf(b, "]}%s\n", s + 1 < n ? "," : "");
+  }
+  buf_printf(b, "  ]\n}\n");
+}

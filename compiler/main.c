@@ -1,0 +1,190 @@
+/* main.c - the pipecc command line.
+ *
+ *   pipecc model.onnx -n 4 [--schedule gpipe|1f1b] [--microbatches M] [--batch B]
+ *          [--mem-limit SIZE] [--devices FILE] [-o DIR] [--listing] [--dump-shapes]
+ *
+ * Any problem with the input is one line on stderr, exit status 2, and no
+ * output directory. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "listing.h"
+#include "outdir.h"
+#include "plan.h"
+
+#define VERSION "0.1.0"
+
+static void usage(FILE *f) {
+  fputs("usage: pipecc MODEL.onnx [-n STAGES] [options]\n"
+        "\n"
+        "Plans pipeline-parallel training of an ONNX model: splits it into STAGES\n"
+        "pipeline stages, schedules the micro-batches and writes the plan to DIR.\n"
+        "\n"
+        "  -n N                  pipeline stages, one MPI rank each (default 1)\n"
+        "  -o DIR                output directory (default: MODEL.pipe)\n"
+        "  --schedule KIND       gpipe or 1f1b (default 1f1b)\n"
+        "  --batch B             samples per optimizer step (default: the model's batch, else 32)\n"
+        "  --microbatches M      micro-batches per step; B must divide by M (default 2N)\n"
+        "  --mem-limit SIZE      memory per rank, e.g. 2G or 512M (default: unlimited)\n"
+        "  --devices FILE        per-rank speed/memory and per-link figures (docs/devices.md)\n"
+        "  --optimizer NAME      sgd, adam or adamw (default sgd): sizes optimizer state\n"
+        "  --lr X --momentum X --weight-decay X   optimizer hyper-parameters\n"
+        "  --listing             print the plan listing (always written to DIR/schedule.txt)\n"
+        "  --dump-shapes         print every tensor's inferred type and shape, write nothing\n"
+        "  -h, --help            this text;  --version  the version\n",
+        f);
+}
+
+static int bad(const char *fmt, const char *a, const char *b) {
+  fprintf(stderr, "pipecc: error: ");
+  fprintf(stderr, fmt, a, b);
+  fprintf(stderr, " (see pipecc --help)\n");
+  return 2;
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || end == s || *end || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
+static int parse_double(const char *s, double lo, double *out) {
+  char *end;
+  double v = strtod(s, &end);
+  if (end == s || *end || v != v || v < lo) return -1;
+  *out = v;
+  return 0;
+}
+
+static char *default_outdir(const char *model) {
+  const char *base = strrchr(model, '/');
+  base = base ? base + 1 : model;
+  size_t len = strlen(base);
+  if (len > 5 && !strcmp(base + len - 5, ".onnx")) len -= 5;
+  char *d = malloc(len + 6);
+  if (!d) abort();
+  memcpy(d, base, len);
+  strcpy(d + len, ".pipe");
+  return d;
+}
+
+static void dump_shapes(const Plan *p) {
+  const Graph *g = &p->g;
+  for (int i = 0; i < g->nt; i++) {
+    const Tensor *t = &g->t[i];
+    if (t->rank < 0 || strstr(t->name, "::")) continue; /* attribute-internal tensors */
+    printf("%s\t%s\t", t->name, dtype_name(t->dtype));
+    for (int d = 0; d < t->rank; d++) printf("%s%lld", d ? "," : "", (long long)t->dims[d]);
+    printf("\t%s\n", t->data ? "const" : "run");
+  }
+}
+
+int main(int argc, char **argv) {
+  Options o = {0};
+  o.nstages = 1;
+  o.schedule = SCHED_1F1B;
+  long v;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDVAL() \
+  do { \
+    if (!val) return bad("flag '%s' needs a value%s", a, ""); \
+    i++; \
+  } while (0)
+    if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+      usage(stdout);
+      return 0;
+    } else if (!strcmp(a, "--version")) {
+      printf("pipecc %s\n", VERSION);
+      return 0;
+    } else if (!strcmp(a, "-n")) {
+      NEEDVAL();
+      if (parse_int(val, 1, MAX_RANKS, &v)) return bad("-n '%s': expected a whole number of stages from 1 to 1024%s", val, "");
+      o.nstages = (int)v;
+    } else if (!strcmp(a, "-o")) {
+      NEEDVAL();
+      if (!*val) return bad("-o needs a directory name%s%s", "", "");
+      o.outdir = val;
+    } else if (!strcmp(a, "--schedule")) {
+      NEEDVAL();
+      if (!strcmp(val, "gpipe")) o.schedule = SCHED_GPIPE;
+      else if (!strcmp(val, "1f1b")) o.schedule = SCHED_1F1B;
+      else return bad("--schedule '%s': expected gpipe or 1f1b%s", val, "");
+    } else if (!strcmp(a, "--batch")) {
+      NEEDVAL();
+      if (parse_int(val, 1, 1L << 30, &v)) return bad("--batch '%s': expected a positive whole number%s", val, "");
+      o.batch = v;
+    } else if (!strcmp(a, "--microbatches")) {
+      NEEDVAL();
+      if (parse_int(val, 1, 1 << 20, &v)) return bad("--microbatches '%s': expected a positive whole number%s", val, "");
+      o.microbatches = (int)v;
+    } else if (!strcmp(a, "--mem-limit")) {
+      NEEDVAL();
+      o.mem_limit = parse_size(val);
+      if (o.mem_limit <= 0) return bad("--mem-limit '%s': expected a size such as 2G, 512M or 100000%s", val, "");
+    } else if (!strcmp(a, "--devices")) {
+      NEEDVAL();
+      o.devices = val;
+    } else if (!strcmp(a, "--optimizer")) {
+      NEEDVAL();
+      if (strcmp(val, "sgd") && strcmp(val, "adam") && strcmp(val, "adamw"))
+        return bad("--optimizer '%s': expected sgd, adam or adamw%s", val, "");
+      o.optimizer = val;
+    } else if (!strcmp(a, "--lr") || !strcmp(a, "--momentum") || !strcmp(a, "--weight-decay")) {
+      NEEDVAL();
+      double x;
+      if (parse_double(val, 0, &x)) return bad("%s '%s': expected a non-negative number", a, val);
+      if (a[2] == 'l') o.lr = x;
+      else if (a[2] == 'm') o.momentum = x;
+      else o.weight_decay = x;
+    } else if (!strcmp(a, "--listing")) {
+      o.listing = 1;
+    } else if (!strcmp(a, "--dump-shapes")) {
+      o.dump_shapes = 1;
+    } else if (a[0] == '-' && a[1]) {
+      return bad("unknown flag '%s'%s", a, "");
+    } else if (o.model) {
+      return bad("more than one model given ('%s' and '%s')", o.model, a);
+    } else {
+      o.model = a;
+    }
+  }
+  if (!o.model) return bad("no model given%s%s", "", "");
+  char *outdir = o.outdir ? NULL : default_outdir(o.model);
+  if (!o.outdir) o.outdir = outdir;
+
+  Plan p;
+  int rc = 0;
+  if (plan_build(&p, &o)) {
+    fprintf(stderr, "pipecc: error: %s\n", err_msg());
+    plan_free(&p);
+    free(outdir);
+    return 2;
+  }
+  if (o.dump_shapes) {
+    dump_shapes(&p);
+  } else {
+    Buf text = {0}, json = {0};
+    listing_text(&p, &text);
+    listing_json(&p, &json);
+    OutDir d = {0};
+    if (outdir_begin(&d, o.outdir) || outdir_write(&d, "schedule.txt", text.s, text.len) ||
+        outdir_write(&d, "plan.json", json.s, json.len) || outdir_commit(&d)) {
+      fprintf(stderr, "pipecc: error: %s\n", err_msg());
+      outdir_abort(&d);
+      rc = 2;
+    } else if (o.listing) {
+      fwrite(text.s, 1, text.len, stdout);
+    }
+    buf_free(&text);
+    buf_free(&json);
+  }
+  plan_free(&p);
+  free(outdir);
+  return rc;
+}

@@ -1,0 +1,358 @@
+/* onnx_load.c - reading an ONNX model with protobuf-c into the IR.
+ *
+ * Everything the file says is checked before it is trusted: sizes of
+ * initializers against their dims, attribute types, references to tensors
+ * that no node produces, external-data paths that would leave the model's
+ * folder.  A problem is reported with the file and node it is in. */
+#include "onnx_load.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "onnx.pb-c.h"
+
+#define MAX_FILE_BYTES ((size_t)1 << 40)
+
+/* Copies a TensorProto's value into t->data, from raw_data, the typed
+ * fields or an external file. */
+static int load_tensor_data(Graph *g, Tensor *t, const Onnx__TensorProto *tp, const char *dir);
+
+static int set_dims(Tensor *t, const Onnx__TensorProto *tp, const char *what) {
+  if (tp->n_dims > MAX_RANK)
+    return err_set("%s: tensor '%s' has rank %zu; pipecc supports at most %d", what, t->name,
+                   tp->n_dims, MAX_RANK);
+  t->rank = (int)tp->n_dims;
+  int64_t numel = 1;
+  for (size_t i = 0; i < tp->n_dims; i++) {
+    if (tp->dims[i] < 0 || (tp->dims[i] > 0 && numel > INT64_MAX / 4 / tp->dims[i]))
+      return err_set("%s: tensor '%s' has an invalid dimension %lld", what, t->name,
+                     (long long)tp->dims[i]);
+    t->dims[i] = tp->dims[i];
+    numel *= tp->dims[i];
+  }
+  return 0;
+}
+
+static int tensor_from_proto(Graph *g, Tensor *t, const Onnx__TensorProto *tp, const char *dir,
+                             const char *what) {
+  if (!tp->has_data_type || dtype_size(tp->data_type) == 0)
+    return err_set("%s: tensor '%s' has unsupported element type %d", what, t->name,
+                   tp->has_data_type ? tp->data_type : 0);
+  if (tp->segment) return err_set("%s: tensor '%s' is segmented, which pipecc does not support", what, t->name);
+  t->dtype = tp->data_type;
+  if (set_dims(t, tp, what)) return -1;
+  return load_tensor_data(g, t, tp, dir);
+}
+
+static const char *ext_entry(const Onnx__TensorProto *tp, const char *key) {
+  for (size_t i = 0; i < tp->n_external_data; i++)
+    if (tp->external_data[i]->key && !strcmp(tp->external_data[i]->key, key))
+      return tp->external_data[i]->value;
+  return NULL;
+}
+
+static int load_external(Graph *g, Tensor *t, const Onnx__TensorProto *tp, const char *dir,
+                         size_t bytes) {
+  const char *loc = ext_entry(tp, "location");
+  if (!loc || !*loc) return err_set("initializer '%s': external data without a location", t->name);
+  if (!dir) return err_set("initializer '%s': external data is not allowed here", t->name);
+  if (loc[0] == '/' || strstr(loc, ".."))
+    return err_set("initializer '%s': external data location '%s' leaves the model's folder", t->name, loc);
+  const char *off_s = ext_entry(tp, "offset"), *len_s = ext_entry(tp, "length");
+  char *end;
+  long long off = off_s ? strtoll(off_s, &end, 10) : 0;
+  if (off_s && (*end || off < 0)) return err_set("initializer '%s': bad external offset '%s'", t->name, off_s);
+  long long len = len_s ? strtoll(len_s, &end, 10) : (long long)bytes;
+  if (len_s && (*end || len < 0)) return err_set("initializer '%s': bad external length '%s'", t->name, len_s);
+  if ((size_t)len != bytes)
+    return err_set("initializer '%s': external length %lld does not match %zu bytes of %s%s", t->name,
+                   len, bytes, dtype_name(t->dtype), shape_str(t));
+  char *path = pool_printf(&g->pool, "%s/%s", dir, loc);
+  FILE *f = fopen(path, "rb");
+  if (!f) return err_set("initializer '%s': cannot open external data '%s': %s", t->name, path, strerror(errno));
+  struct stat st;
+  if (fstat(fileno(f), &st) || (long long)st.st_size < off + len) {
+    fclose(f);
+    return err_set("initializer '%s': external data '%s' is shorter than offset %lld + length %lld",
+                   t->name, path, off, len);
+  }
+  t->data = pool_alloc(&g->pool, bytes);
+  int ok = fseeko(f, off, SEEK_SET) == 0 && fread(t->data, 1, bytes, f) == bytes;
+  fclose(f);
+  if (!ok) return err_set("initializer '%s': cannot read external data '%s'", t->name, path);
+  return 0;
+}
+
+static int load_tensor_data(Graph *g, Tensor *t, const Onnx__TensorProto *tp, const char *dir) {
+  int64_t numel = ir_numel(t);
+  size_t esz = (size_t)dtype_size(t->dtype);
+  size_t bytes = (size_t)numel * esz;
+  if (bytes > MAX_FILE_BYTES) return err_set("tensor '%s' is too large (%lld elements)", t->name, (long long)numel);
+  if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
+    return load_external(g, t, tp, dir, bytes);
+  t->data = pool_alloc(&g->pool, bytes);
+  if (tp->has_raw_data) {
+    if (tp->raw_data.len != bytes)
+      return err_set("tensor '%s': raw_data has %zu bytes but %s%s needs %zu", t->name, tp->raw_data.len,
+                     dtype_name(t->dtype), shape_str(t), bytes);
+    memcpy(t->data, tp->raw_data.data, bytes);
+    return 0;
+  }
+  /* Typed fields: which one holds the values depends on the element type. */
+  size_t have;
+  switch (t->dtype) {
+  case DT_FLOAT: have = tp->n_float_data; break;
+  case DT_DOUBLE: have = tp->n_double_data; break;
+  case DT_INT64: have = tp->n_int64_data; break;
+  case DT_UINT32: case DT_UINT64: have = tp->n_uint64_data; break;
+  default: have = tp->n_int32_data; break; /* int32, int16, int8, uint8, bool, float16 bits */
+  }
+  if (have != (size_t)numel)
+    return err_set("tensor '%s' holds %zu values but its shape %s needs %lld", t->name, have,
+                   shape_str(t), (long long)numel);
+  for (int64_t i = 0; i < numel; i++) {
+    switch (t->dtype) {
+    case DT_FLOAT: ((float *)t->data)[i] = tp->float_data[i]; break;
+    case DT_DOUBLE: ((double *)t->data)[i] = tp->double_data[i]; break;
+    case DT_INT64: ((int64_t *)t->data)[i] = tp->int64_data[i]; break;
+    case DT_UINT32: case DT_UINT64: const_set_i64(t, i, (int64_t)tp->uint64_data[i]); break;
+    case DT_FLOAT16: ((uint16_t *)t->data)[i] = (uint16_t)tp->int32_data[i]; break;
+    default: const_set_i64(t, i, tp->int32_data[i]); break;
+    }
+  }
+  return 0;
+}
+
+/* Declared type/shape of a graph input/output or value_info entry. */
+static int read_value_info(Graph *g, const Onnx__ValueInfoProto *vi, int idx, const char *what) {
+  Tensor *t = &g->t[idx];
+  const Onnx__TypeProto *tp = vi->type;
+  if (!tp) return 0;
+  if (tp->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE)
+    return err_set("%s '%s' is not a tensor (sequences, maps and optionals are not supported)", what, t->name);
+  const Onnx__TypeProto__Tensor *tt = tp->tensor_type;
+  if (tt->has_elem_type && !t->dtype) t->dtype = tt->elem_type;
+  if (!tt->shape) return 0;
+  if (tt->shape->n_dim > MAX_RANK)
+    return err_set("%s '%s' has rank %zu; pipecc supports at most %d", what, t->name, tt->shape->n_dim, MAX_RANK);
+  t->declared_rank = (int)tt->shape->n_dim;
+  for (size_t i = 0; i < tt->shape->n_dim; i++) {
+    const Onnx__TensorShapeProto__Dimension *d = tt->shape->dim[i];
+    t->declared_dims[i] = -1;
+    t->declared_params[i] = NULL;
+    if (d->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE) {
+      if (d->dim_value < 0) return err_set("%s '%s' has a negative dimension", what, t->name);
+      t->declared_dims[i] = d->dim_value;
+    } else if (d->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM) {
+      t->declared_params[i] = pool_strdup(&g->pool, d->dim_param);
+    }
+  }
+  return 0;
+}
+
+static int read_attr(Graph *g, Node *n, Attr *a, const Onnx__AttributeProto *ap, const char *dir) {
+  a->name = pool_strdup(&g->pool, ap->name ? ap->name : "");
+  a->type = ap->has_type ? (int)ap->type : 0;
+  if (ap->ref_attr_name) return err_set("node '%s' (%s): attribute references are not supported", n->name, n->op);
+  switch (a->type) {
+  case ATTR_FLOAT: a->f = ap->f; break;
+  case ATTR_INT: a->i = ap->i; break;
+  case ATTR_STRING: {
+    char *s = pool_alloc(&g->pool, ap->s.len + 1);
+    if (ap->s.len) memcpy(s, ap->s.data, ap->s.len);
+    a->s = s;
+    break;
+  }
+  case ATTR_INTS:
+    a->n = (int)ap->n_ints;
+    a->ints = pool_alloc(&g->pool, ap->n_ints * sizeof(int64_t));
+    if (ap->n_ints) memcpy(a->ints, ap->ints, ap->n_ints * sizeof(int64_t));
+    break;
+  case ATTR_FLOATS:
+    a->n = (int)ap->n_floats;
+    a->floats = pool_alloc(&g->pool, ap->n_floats * sizeof(float));
+    if (ap->n_floats) memcpy(a->floats, ap->floats, ap->n_floats * sizeof(float));
+    break;
+  case ATTR_TENSOR: {
+    if (!ap->t) return err_set("node '%s' (%s): attribute '%s' has no tensor", n->name, n->op, a->name);
+    a->tensor = ir_add_tensor(g, pool_printf(&g->pool, "%s::%s", n->name, a->name));
+    char *what = pool_printf(&g->pool, "node '%s' (%s)", n->name, n->op);
+    if (tensor_from_proto(g, &g->t[a->tensor], ap->t, dir, what)) return -1;
+    break;
+  }
+  case ATTR_STRINGS: break; /* no supported op reads these; kept by name only */
+  default:
+    return err_set("node '%s' (%s): attribute '%s' has a type pipecc does not support (%d)", n->name, n->op,
+                   a->name, a->type);
+  }
+  return 0;
+}
+
+/* Resolves a tensor name used as a node input; it must already exist. */
+static int input_ref(Graph *g, const char *name, const Node *n) {
+  if (!name[0]) return -1;
+  int idx = ir_find_tensor(g, name);
+  if (idx < 0) {
+    err_set("node '%s' (%s) reads '%s', which no earlier node, input or initializer defines "
+            "(the graph is not in topological order or is incomplete)", n->name, n->op, name);
+    return -2;
+  }
+  return idx;
+}
+
+static int read_node(Graph *g, const Onnx__NodeProto *np, int k, const char *dir) {
+  const char *op = np->op_type ? np->op_type : "";
+  if (np->domain && np->domain[0] && strcmp(np->domain, "ai.onnx"))
+    return err_set("node '%s' (%s) is in domain '%s'; pipecc supports only the default ONNX domain",
+                   np->name && np->name[0] ? np->name : "?", op, np->domain);
+  const char *name = np->name && np->name[0] ? np->name : pool_printf(&g->pool, "%s_%d", op, k);
+  int ni = ir_add_node(g, name, op);
+  Node *n = &g->n[ni];
+  n->nin = (int)np->n_input;
+  n->in = pool_alloc(&g->pool, np->n_input * sizeof(int));
+  for (size_t i = 0; i < np->n_input; i++) {
+    int r = input_ref(g, np->input[i] ? np->input[i] : "", n);
+    if (r == -2) return -1;
+    n->in[i] = r;
+  }
+  n->nattrs = (int)np->n_attribute;
+  n->attrs = pool_alloc(&g->pool, np->n_attribute * sizeof(Attr));
+  for (size_t i = 0; i < np->n_attribute; i++) {
+    /* Attributes may add tensors (and move g->n); re-fetch the node after. */
+    if (read_attr(g, &g->n[ni], &g->n[ni].attrs[i], np->attribute[i], dir)) return -1;
+  }
+  n = &g->n[ni];
+  n->nout = (int)np->n_output;
+  n->out = pool_alloc(&g->pool, np->n_output * sizeof(int));
+  for (size_t i = 0; i < np->n_output; i++) {
+    const char *oname = np->output[i] ? np->output[i] : "";
+    if (!oname[0]) {
+      n->out[i] = -1;
+      continue;
+    }
+    if (ir_find_tensor(g, oname) >= 0)
+      return err_set("node '%s' (%s) writes '%s', which is already defined (ONNX tensors are assigned once)",
+                     n->name, n->op, oname);
+    int t = ir_add_tensor(g, oname);
+    g->t[t].producer = ni;
+    g->n[ni].out[i] = t;
+  }
+  return 0;
+}
+
+static int read_graph(Graph *g, const Onnx__GraphProto *gp, const char *dir) {
+  /* Initializers first: graph inputs may repeat them (older exporters). */
+  for (size_t i = 0; i < gp->n_initializer; i++) {
+    const Onnx__TensorProto *tp = gp->initializer[i];
+    const char *name = tp->name ? tp->name : "";
+    if (!name[0]) return err_set("initializer %zu has no name", i);
+    if (ir_find_tensor(g, name) >= 0) return err_set("initializer '%s' is defined twice", name);
+    int t = ir_add_tensor(g, name);
+    g->t[t].is_initializer = 1;
+    if (tensor_from_proto(g, &g->t[t], tp, dir, "initializer")) return -1;
+  }
+  if (gp->n_sparse_initializer) return err_set("sparse initializers are not supported");
+  g->inputs = pool_alloc(&g->pool, gp->n_input * sizeof(int));
+  for (size_t i = 0; i < gp->n_input; i++) {
+    const char *name = gp->input[i]->name ? gp->input[i]->name : "";
+    int t = ir_find_tensor(g, name);
+    if (t >= 0) {
+      if (!g->t[t].is_initializer) return err_set("graph input '%s' is listed twice", name);
+      continue; /* an initializer that is also listed as an input: a constant */
+    }
+    if (!name[0]) return err_set("graph input %zu has no name", i);
+    t = ir_add_tensor(g, name);
+    g->t[t].is_input = 1;
+    if (read_value_info(g, gp->input[i], t, "graph input")) return -1;
+    g->inputs[g->ninputs++] = t;
+  }
+  for (size_t i = 0; i < gp->n_node; i++)
+    if (read_node(g, gp->node[i], (int)i, dir)) return -1;
+  for (size_t i = 0; i < gp->n_value_info; i++) {
+    int t = ir_find_tensor(g, gp->value_info[i]->name ? gp->value_info[i]->name : "");
+    if (t >= 0 && read_value_info(g, gp->value_info[i], t, "value_info")) return -1;
+  }
+  g->outputs = pool_alloc(&g->pool, gp->n_output * sizeof(int));
+  for (size_t i = 0; i < gp->n_output; i++) {
+    const char *name = gp->output[i]->name ? gp->output[i]->name : "";
+    int t = ir_find_tensor(g, name);
+    if (t < 0) return err_set("graph output '%s' is not produced by any node", name);
+    g->t[t].is_output = 1;
+    if (read_value_info(g, gp->output[i], t, "graph output")) return -1;
+    g->outputs[g->noutputs++] = t;
+  }
+  if (!g->nn) return err_set("the graph has no nodes");
+  if (!g->noutputs) return err_set("the graph has no outputs");
+  return 0;
+}
+
+int onnx_load_buffer(const uint8_t *data, size_t len, const char *name, const char *dir, Graph *g) {
+  memset(g, 0, sizeof *g);
+  g->path = pool_strdup(&g->pool, name);
+  Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, data);
+  if (!m) {
+    ir_free(g);
+    return err_set("%s: not a valid ONNX model (the protobuf does not parse: truncated or another format)", name);
+  }
+  int rc = 0;
+  if (!m->graph) rc = err_set("%s: the model has no graph", name);
+  g->opset = -1;
+  for (size_t i = 0; !rc && i < m->n_opset_import; i++) {
+    const Onnx__OperatorSetIdProto *os = m->opset_import[i];
+    if ((!os->domain || !os->domain[0] || !strcmp(os->domain, "ai.onnx")) && os->has_version)
+      g->opset = os->version;
+  }
+  if (!rc && g->opset < 0) rc = err_set("%s: the model imports no default-domain opset", name);
+  if (!rc && (g->opset < 7 || g->opset > 21))
+    rc = err_set("%s: opset %lld is outside the range pipecc supports (7..21)", name, (long long)g->opset);
+  if (!rc) rc = read_graph(g, m->graph, dir);
+  onnx__model_proto__free_unpacked(m, NULL);
+  if (rc) {
+    /* Prefix the file name once, so every message says where it came from. */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", err_msg());
+    err_clear();
+    if (strncmp(msg, name, strlen(name))) err_set("%s: %s", name, msg);
+    else err_set("%s", msg);
+    ir_free(g);
+    return -1;
+  }
+  return 0;
+}
+
+int onnx_load_file(const char *path, Graph *g) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return err_set("%s: cannot open: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
+    fclose(f);
+    return err_set("%s: not a regular file", path);
+  }
+  size_t len = (size_t)st.st_size;
+  if (len == 0) {
+    fclose(f);
+    return err_set("%s: the file is empty, not an ONNX model", path);
+  }
+  uint8_t *buf = malloc(len);
+  if (!buf) {
+    fclose(f);
+    return err_set("%s: too large to read (%zu bytes)", path, len);
+  }
+  size_t got = fread(buf, 1, len, f);
+  fclose(f);
+  if (got != len) {
+    free(buf);
+    return err_set("%s: read error", path);
+  }
+  char *dir = strdup(path);
+  char *slash = strrchr(dir, '/');
+  if (slash) *slash = 0;
+  else strcpy(dir, ".");
+  int rc = onnx_load_buffer(buf, len, path, dir, g);
+  free(dir);
+  free(buf);
+  return rc;
+}

@@ -1,0 +1,200 @@
+/* partition.c - the optimal contiguous partition.
+ *
+ * Stage time is what one micro-batch costs a stage: forward + backward
+ * compute on that stage's rank, plus sending and receiving every value that
+ * crosses its two cuts (a skip connection that crosses three cuts is sent
+ * three times, since each stage in between forwards it).  The pipeline's
+ * step time grows with the slowest stage, so the DP minimises the maximum
+ * stage time, subject to each stage's memory under the chosen schedule.
+ * A second DP, limited to stages no slower than that optimum, minimises the
+ * sum of squared stage times, so that among equally fast plans the most even
+ * one is chosen. */
+#include "partition.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct PartCtx {
+  const PartProblem *p;
+  double *pf_fwd, *pf_bwd, *pf_traffic, *pf_param, *pf_stash; /* prefix sums, N + 1 */
+  double *cut_bytes, *cut_grad, *cut_count;                    /* per cut b = 0..N */
+  double *max_work;                                            /* unused placeholder for ranges */
+};
+
+int stage_inflight(int schedule, int s, int nstages, int m) {
+  if (schedule == SCHED_GPIPE) return m;
+  int k = nstages - s;
+  return k < m ? k : m;
+}
+
+PartCtx *part_prepare(const PartProblem *p) {
+  PartCtx *c = calloc(1, sizeof *c);
+  int N = p->N;
+  c->p = p;
+  double **arrs[] = {&c->pf_fwd, &c->pf_bwd, &c->pf_traffic, &c->pf_param, &c->pf_stash, &c->cut_bytes, &c->cut_grad, &c->cut_count};
+  for (size_t k = 0; k < sizeof arrs / sizeof arrs[0]; k++) {
+    *arrs[k] = calloc((size_t)N + 2, sizeof(double));
+    if (!*arrs[k]) abort();
+  }
+  for (int i = 0; i < N; i++) {
+    c->pf_fwd[i + 1] = c->pf_fwd[i] + p->fwd_flops[i];
+    c->pf_bwd[i + 1] = c->pf_bwd[i] + p->bwd_flops[i];
+    c->pf_traffic[i + 1] = c->pf_traffic[i] + p->traffic[i];
+    c->pf_param[i + 1] = c->pf_param[i] + p->param_bytes[i];
+    c->pf_stash[i + 1] = c->pf_stash[i] + p->stash_bytes[i];
+  }
+  /* A value made by node `from` and last read by node `to` crosses every cut
+   * b with from < b <= to (cut b lies just before node b).  Difference array. */
+  double *d1 = calloc((size_t)N + 3, sizeof(double)), *d2 = calloc((size_t)N + 3, sizeof(double)),
+         *d3 = calloc((size_t)N + 3, sizeof(double));
+  for (int e = 0; e < p->nedges; e++) {
+    int lo = p->edges[e].from + 1, hi = p->edges[e].to; /* cuts lo..hi */
+    if (lo < 1) lo = 1;
+    if (hi > N - 1) hi = N - 1;
+    if (lo > hi) continue;
+    d1[lo] += p->edges[e].bytes, d1[hi + 1] -= p->edges[e].bytes;
+    d2[lo] += p->edges[e].grad_bytes, d2[hi + 1] -= p->edges[e].grad_bytes;
+    d3[lo] += 1, d3[hi + 1] -= 1;
+  }
+  double a1 = 0, a2 = 0, a3 = 0;
+  for (int b = 0; b <= N; b++) {
+    a1 += d1[b], a2 += d2[b], a3 += d3[b];
+    c->cut_bytes[b] = b >= 1 && b < N ? a1 : 0;
+    c->cut_grad[b] = b >= 1 && b < N ? a2 : 0;
+    c->cut_count[b] = b >= 1 && b < N ? round(a3) : 0;
+  }
+  free(d1), free(d2), free(d3);
+  return c;
+}
+
+void part_ctx_free(PartCtx *c) {
+  if (!c) return;
+  free(c->pf_fwd), free(c->pf_bwd), free(c->pf_traffic), free(c->pf_param), free(c->pf_stash);
+  free(c->cut_bytes), free(c->cut_grad), free(c->cut_count), free(c->max_work);
+  free(c);
+}
+
+double part_boundary_bytes(const PartCtx *c, int b) { return c->cut_bytes[b]; }
+
+static double link_time(const Link *l, double bytes, double messages) {
+  if (messages <= 0) return 0;
+  return bytes / l->bandwidth + messages * l->latency;
+}
+
+void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *o) {
+  const PartProblem *p = c->p;
+  const Machine *m = p->machine;
+  memset(o, 0, sizeof *o);
+  double rate = m->dev[s].flops, mbw = m->memcpy_bw;
+  double traffic = c->pf_traffic[j] - c->pf_traffic[i];
+  o->fwd = (c->pf_fwd[j] - c->pf_fwd[i]) / rate + traffic / mbw;
+  o->bwd = (c->pf_bwd[j] - c->pf_bwd[i]) / rate + 2 * traffic / mbw;
+  o->recv_bytes = c->cut_bytes[i];
+  o->send_bytes = c->cut_bytes[j];
+  if (s > 0) o->comm += link_time(&m->link[s - 1], c->cut_bytes[i] + c->cut_grad[i], 2 * c->cut_count[i]);
+  if (s + 1 < p->nstages) o->comm += link_time(&m->link[s], c->cut_bytes[j] + c->cut_grad[j], 2 * c->cut_count[j]);
+  o->time = o->fwd + o->bwd + o->comm;
+  o->inflight = stage_inflight(p->schedule, s, p->nstages, p->microbatches);
+  o->mem_params = c->pf_param[j] - c->pf_param[i];
+  o->mem_grads = o->mem_params;
+  o->mem_opt = o->mem_params * p->opt_state_per_param;
+  o->mem_stash = o->inflight * (c->pf_stash[j] - c->pf_stash[i]);
+  o->mem_recv = o->inflight * c->cut_bytes[i] + c->cut_grad[j];
+  double work = 0;
+  for (int k = i; k < j; k++)
+    if (p->work_bytes[k] > work) work = p->work_bytes[k];
+  o->mem_work = work;
+  o->mem_total = o->mem_params + o->mem_grads + o->mem_opt + o->mem_stash + o->mem_recv + o->mem_work;
+}
+
+static double stage_limit(const PartProblem *p, int s) {
+  double lim = p->machine->dev[s].mem_bytes;
+  if (p->mem_limit > 0 && (lim <= 0 || p->mem_limit < lim)) lim = p->mem_limit;
+  return lim;
+}
+
+/* One DP over (stages, prefix length).  mode 0: minimise the max stage time;
+ * mode 1: minimise the sum of squared times with every stage <= cap;
+ * mode 2: minimise the max of memory / limit, ignoring limits (for errors). */
+static double run_dp(const PartCtx *c, int mode, double cap, int *start) {
+  const PartProblem *p = c->p;
+  int N = p->N, n = p->nstages;
+  size_t W = (size_t)N + 1;
+  double *f = malloc(sizeof(double) * (size_t)(n + 1) * W);
+  int *arg = malloc(sizeof(int) * (size_t)(n + 1) * W);
+  if (!f || !arg) abort();
+  for (size_t k = 0; k < (size_t)(n + 1) * W; k++) f[k] = INFINITY, arg[k] = -1;
+  f[0] = 0;
+  StageCost sc;
+  for (int s = 0; s < n; s++) {
+    double lim = stage_limit(p, s);
+    /* Stage s covers [i, j); leave at least one node for each later stage. */
+    for (int j = s + 1; j <= N - (n - s - 1); j++) {
+      double best = INFINITY;
+      int barg = -1;
+      for (int i = s; i < j; i++) {
+        double prev = f[(size_t)s * W + (size_t)i];
+        if (prev == INFINITY) continue;
+        part_stage_cost(c, s, i, j, &sc);
+        double v;
+        if (mode == 2) {
+          v = fmax(prev, lim > 0 ? sc.mem_total / lim : sc.mem_total);
+        } else {
+          if (lim > 0 && sc.mem_total > lim) continue;
+          if (mode == 0) v = fmax(prev, sc.time);
+          else if (sc.time > cap) continue;
+          else v = prev + sc.time * sc.time;
+        }
+        if (v < best) best = v, barg = i;
+      }
+      f[(size_t)(s + 1) * W + (size_t)j] = best;
+      arg[(size_t)(s + 1) * W + (size_t)j] = barg;
+    }
+  }
+  double res = f[(size_t)n * W + (size_t)N];
+  if (start && res < INFINITY) {
+    start[n] = N;
+    for (int s = n, j = N; s > 0; s--) {
+      j = arg[(size_t)s * W + (size_t)j];
+      start[s - 1] = j;
+    }
+  }
+  free(f), free(arg);
+  return res;
+}
+
+int partition_solve(const PartProblem *p, Partition *out, Pool *pool) {
+  if (p->nstages < 1) return err_set("-n must be at least 1");
+  if (p->nstages > p->N)
+    return err_set("-n %d is larger than the number of compute nodes (%d): each stage needs at least one", p->nstages, p->N);
+  PartCtx *c = part_prepare(p);
+  out->start = pool_alloc(pool, sizeof(int) * (size_t)(p->nstages + 1));
+  out->cost = pool_alloc(pool, sizeof(StageCost) * (size_t)p->nstages);
+  double best = run_dp(c, 0, 0, out->start);
+  if (best == INFINITY) {
+    /* Say how much memory the leanest plan needs. */
+    int *tmp = pool_alloc(pool, sizeof(int) * (size_t)(p->nstages + 1));
+    run_dp(c, 2, 0, tmp);
+    double need = 0;
+    StageCost sc;
+    for (int s = 0; s < p->nstages; s++) {
+      part_stage_cost(c, s, tmp[s], tmp[s + 1], &sc);
+      if (sc.mem_total > need) need = sc.mem_total;
+    }
+    part_ctx_free(c);
+    return err_set("no partition into %d stages fits the memory limit (%s per rank); the leanest plan needs %s on its "
+                   "fullest rank (raise --mem-limit to at least that, use more stages, fewer micro-batches or 1f1b)",
+                   p->nstages, fmt_bytes(p->mem_limit > 0 ? p->mem_limit : p->machine->dev[0].mem_bytes), fmt_bytes(need));
+  }
+  /* Among plans as fast as the optimum, the most even (ties within 1e-9 relative). */
+  run_dp(c, 1, best * (1 + 1e-9), out->start);
+  out->max_time = 0;
+  for (int s = 0; s < p->nstages; s++) {
+    part_stage_cost(c, s, out->start[s], out->start[s + 1], &out->cost[s]);
+    if (out->cost[s].time > out->max_time) out->max_time = out->cost[s].time;
+  }
+  part_ctx_free(c);
+  return 0;
+}

@@ -1,0 +1,62 @@
+/* partition.h - splitting the topologically ordered nodes into n contiguous
+ * stages, optimally, by dynamic programming.
+ *
+ * The problem is stated over plain numbers so that tests can build random
+ * instances and check the DP against brute force. */
+#ifndef PIPECC_PARTITION_H
+#define PIPECC_PARTITION_H
+#include "cost.h"
+
+enum { SCHED_GPIPE = 0, SCHED_1F1B = 1 };
+
+/* A value crossing from the node that makes it to the last node that reads
+ * it.  from = -1: the data loader (stage 0); to = N: the loss (last stage). */
+typedef struct PartEdge {
+  int from, to;
+  double bytes;      /* forward activation bytes */
+  double grad_bytes; /* bytes of its gradient sent back (0 for integer data) */
+} PartEdge;
+
+typedef struct PartProblem {
+  int N;                        /* compute nodes */
+  const double *fwd_flops, *bwd_flops, *traffic; /* per node, per micro-batch */
+  const double *param_bytes, *stash_bytes, *work_bytes;
+  const PartEdge *edges;
+  int nedges;
+  int nstages, microbatches, schedule;
+  double opt_state_per_param; /* optimizer slots per parameter: sgd 0, momentum 1, adam 2 */
+  const Machine *machine;
+  double mem_limit;             /* per rank, bytes; 0 = none beyond the devices' own */
+} PartProblem;
+
+typedef struct StageCost {
+  double fwd, bwd;              /* compute seconds per micro-batch */
+  double comm;                  /* seconds per micro-batch sending/receiving */
+  double time;                  /* fwd + bwd + comm */
+  double mem_params, mem_grads, mem_opt, mem_stash, mem_recv, mem_work, mem_total;
+  int inflight;                 /* micro-batches whose activations are held at once */
+  double recv_bytes, send_bytes;/* forward activations per micro-batch */
+} StageCost;
+
+typedef struct Partition {
+  int *start;                   /* nstages + 1 boundaries: stage s holds nodes [start[s], start[s+1]) */
+  double max_time;
+  StageCost *cost;
+} Partition;
+
+/* Per-stage cost of nodes [i, j) on stage s; boundary bytes must be ready
+ * (part_prepare). */
+typedef struct PartCtx PartCtx;
+PartCtx *part_prepare(const PartProblem *p);
+void part_ctx_free(PartCtx *c);
+void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *out);
+/* Bytes of everything crossing the cut before node b (1 <= b < N). */
+double part_boundary_bytes(const PartCtx *c, int b);
+
+/* Solves; returns 0, or -1 with err_set saying the smallest memory limit that
+ * would fit.  out->start and out->cost are allocated from pool. */
+int partition_solve(const PartProblem *p, Partition *out, Pool *pool);
+
+/* Micro-batches stage s holds at once under the schedule. */
+int stage_inflight(int schedule, int s, int nstages, int m);
+#endif
