@@ -65,8 +65,15 @@ bin/test_partition: tests/test_partition.c $(ASAN_OBJ)
 	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
 bin/test_units: tests/test_units.c $(ASAN_OBJ)
 	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
-# libFuzzer target for the loader (no main of ours).
-bin/fuzz_loader: tests/fuzz_loader.c $(filter-out build/asan/main.o,$(ASAN_OBJ))
+# libFuzzer target for the loader and the passes after it, coverage-instrumented.
+FUZZ_OBJ := $(COMPILER_SRC:compiler/%.c=build/fuzz/%.o) build/fuzz/onnx.pb-c.o
+build/fuzz/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
+	@mkdir -p $(@D)
+	clang -O1 -g -fsanitize=fuzzer-no-link,address,undefined $(CPPFLAGS) -c $< -o $@
+build/fuzz/%.o: compiler/%.c compiler/*.h compiler/*.def $(PB_DIR)/onnx.pb-c.h
+	@mkdir -p $(@D)
+	clang -O1 -g -fsanitize=fuzzer-no-link,address,undefined $(WARN) $(CPPFLAGS) -c $< -o $@
+bin/fuzz_loader: tests/fuzz_loader.c $(FUZZ_OBJ)
 	clang -O1 -g -fsanitize=fuzzer,address,undefined $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
 
 test: bin/pipecc bin/pipecc-asan bin/test_partition bin/test_units bin/fuzz_loader

@@ -281,6 +281,12 @@ int machine_parse(Machine *m, int n, const char *text, const char *name) {
 }
 
 static char *read_text(const char *path) {
+  struct stat st;
+  if (stat(path, &st)) return NULL;
+  if (!S_ISREG(st.st_mode)) {
+    errno = EISDIR;
+    return NULL;
+  }
   FILE *f = fopen(path, "r");
   if (!f) return NULL;
   char *buf = NULL;
@@ -318,7 +324,7 @@ int machine_load(Machine *m, int n, const char *devices_file, Pool *pool) {
   if (n > MAX_RANKS) return err_set("-n %d: at most %d ranks are supported", n, MAX_RANKS);
   if (devices_file) {
     char *text = read_text(devices_file);
-    if (!text) return err_set("--devices %s: cannot read: %s", devices_file, strerror(errno));
+    if (!text) return err_set("--devices %s: cannot read: %s", devices_file, errno == EISDIR ? "not a regular file" : strerror(errno));
     int rc = machine_parse(m, n, text, devices_file);
     free(text);
     m->source = pool_printf(pool, "--devices %s", devices_file);

@@ -93,11 +93,11 @@ static int load_tensor_data(Graph *g, Tensor *t, const Onnx__TensorProto *tp, co
   if (bytes > MAX_FILE_BYTES) return err_set("tensor '%s' is too large (%lld elements)", t->name, (long long)numel);
   if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL)
     return load_external(g, t, tp, dir, bytes);
-  t->data = pool_alloc(&g->pool, bytes);
   if (tp->has_raw_data) {
     if (tp->raw_data.len != bytes)
       return err_set("tensor '%s': raw_data has %zu bytes but %s%s needs %zu", t->name, tp->raw_data.len,
                      dtype_name(t->dtype), shape_str(t), bytes);
+    t->data = pool_alloc(&g->pool, bytes);
     memcpy(t->data, tp->raw_data.data, bytes);
     return 0;
   }
@@ -113,6 +113,7 @@ static int load_tensor_data(Graph *g, Tensor *t, const Onnx__TensorProto *tp, co
   if (have != (size_t)numel)
     return err_set("tensor '%s' holds %zu values but its shape %s needs %lld", t->name, have,
                    shape_str(t), (long long)numel);
+  t->data = pool_alloc(&g->pool, bytes);
   for (int64_t i = 0; i < numel; i++) {
     switch (t->dtype) {
     case DT_FLOAT: ((float *)t->data)[i] = tp->float_data[i]; break;

@@ -8,6 +8,9 @@
 #include "shape.h"
 
 #define ALL 0xffffffffu
+/* Compile-time values bigger than this stay run-time work (or, for fold-only
+ * ops, are an error) rather than exhausting the compiler's memory. */
+#define MAX_FOLD_BYTES ((int64_t)256 << 20)
 /* name, shape rule, evaluator, inputs with gradients, stash, runs in training */
 static const OpDef OPS[] = {
     {"Conv", infer_Conv, NULL, 7, STASH_INPUTS, 1},
@@ -115,6 +118,10 @@ static void mark_params(Graph *g) {
 
 static int foldable(Graph *g, const Node *n, const OpDef *d) {
   if (!d->fold) return 0;
+  /* Shape and Size need only the (static) shape, never the values. */
+  if (!strcmp(n->op, "Shape") || !strcmp(n->op, "Size")) return 1;
+  for (int k = 0; k < n->nout; k++)
+    if (n->out[k] >= 0 && tensor_bytes(&g->t[n->out[k]]) > MAX_FOLD_BYTES) return 0;
   for (int k = 0; k < n->nin; k++) {
     const Tensor *t = node_in(g, n, k);
     /* Folding a transform of a weight would freeze the weight. */
@@ -133,6 +140,19 @@ static void count_uses(Graph *g) {
     if (g->t[i].is_param && !g->t[i].nuses) g->t[i].is_param = 0;
 }
 
+/* Shapes come from the file: keep every tensor addressable. */
+#define MAX_TENSOR_ELEMS ((int64_t)1 << 38)
+static int check_size(const Node *n, const Tensor *o) {
+  int64_t numel = 1;
+  for (int i = 0; i < o->rank; i++) {
+    if (o->dims[i] < 0) return err_set("node '%s' (%s): output '%s' has a negative dimension", n->name, n->op, o->name);
+    if (o->dims[i] && numel > MAX_TENSOR_ELEMS / o->dims[i])
+      return err_set("node '%s' (%s): output '%s' %s is too large", n->name, n->op, o->name, shape_str(o));
+    numel *= o->dims[i];
+  }
+  return 0;
+}
+
 int infer_and_fold(Graph *g) {
   mark_params(g);
   for (int j = 0; j < g->nn; j++) {
@@ -141,11 +161,13 @@ int infer_and_fold(Graph *g) {
     if (!d)
       return err_set("node '%s' uses operator '%s', which pipecc does not support (supported: %s)", n->name, n->op,
                      op_supported_list());
+    if (n->nout < 1 || n->out[0] < 0) return err_set("node '%s' (%s) has no output", n->name, n->op);
     if (d->infer(g, n)) return -1;
     for (int k = 0; k < n->nout; k++) {
       Tensor *o = node_out(g, n, k);
       if (o && (o->rank < 0 || !dtype_size(o->dtype)))
         return err_set("node '%s' (%s): the shape of output '%s' cannot be inferred", n->name, n->op, o->name);
+      if (o && check_size(n, o)) return -1;
     }
     if (foldable(g, n, d)) {
       if (d->fold(g, n)) return -1;

@@ -184,9 +184,11 @@ int partition_solve(const PartProblem *p, Partition *out, Pool *pool) {
       if (sc.mem_total > need) need = sc.mem_total;
     }
     part_ctx_free(c);
-    return err_set("no partition into %d stages fits the memory limit (%s per rank); the leanest plan needs %s on its "
-                   "fullest rank (raise --mem-limit to at least that, use more stages, fewer micro-batches or 1f1b)",
-                   p->nstages, fmt_bytes(p->mem_limit > 0 ? p->mem_limit : p->machine->dev[0].mem_bytes), fmt_bytes(need));
+    return err_set("no partition into %d stage%s fits the memory limit (%s per rank); the leanest plan needs %.0f bytes "
+                   "(%s) on its fullest rank: raise --mem-limit to at least %.0fK, or use more stages, fewer "
+                   "micro-batches or 1f1b", p->nstages, p->nstages == 1 ? "" : "s",
+                   fmt_bytes(p->mem_limit > 0 ? p->mem_limit : p->machine->dev[0].mem_bytes), ceil(need), fmt_bytes(need),
+                   ceil(need / 1024));
   }
   /* Among plans as fast as the optimum, the most even (ties within 1e-9 relative). */
   run_dp(c, 1, best * (1 + 1e-9), out->start);

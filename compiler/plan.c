@@ -89,7 +89,14 @@ int plan_build(Plan *p, const Options *o) {
   p->opt = *o;
   if (onnx_load_file(o->model, &p->g)) return -1;
   Graph *g = &p->g;
-  if (bind_inputs(p) || infer_and_fold(g)) return -1;
+  if (bind_inputs(p)) return -1;
+  if (infer_and_fold(g)) {
+    /* Name the file too: the node alone may not say which model. */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", err_msg());
+    err_clear();
+    return err_set("%s: %s", g->path, msg);
+  }
   p->node = pool_alloc(&g->pool, sizeof(int) * (size_t)g->nn);
   for (int j = 0; j < g->nn; j++)
     if (!g->n[j].folded) p->node[p->N++] = j;

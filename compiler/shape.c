@@ -352,6 +352,7 @@ int infer_Reshape(Graph *g, Node *n) {
       continue;
     }
     if (d < 0) return node_err(n, "target dim %lld is negative (%lld)", (long long)i, (long long)d);
+    if (d > 0 && known > INT64_MAX / d) return node_err(n, "the target shape is too large");
     dims[i] = d;
     known *= d;
   }
@@ -465,7 +466,10 @@ int infer_Split(Graph *g, Node *n) {
   }
   if (c != n->nout) return node_err(n, "split lists %d sizes for %d outputs", c, n->nout);
   int64_t sum = 0;
-  for (int i = 0; i < c; i++) sum += split[i];
+  for (int i = 0; i < c; i++) {
+    if (split[i] < 0 || split[i] > x->dims[a]) return node_err(n, "split size %lld is out of range", (long long)split[i]);
+    sum += split[i];
+  }
   if (sum != x->dims[a]) return node_err(n, "split sizes add up to %lld, not %lld", (long long)sum, (long long)x->dims[a]);
   for (int i = 0; i < c; i++) {
     Tensor *o = node_out(g, n, i);
@@ -483,11 +487,12 @@ void slice_bounds(int64_t dim, int64_t start, int64_t end, int64_t step, int64_t
   if (step > 0) {
     start = start < 0 ? 0 : start > dim ? dim : start;
     end = end < 0 ? 0 : end > dim ? dim : end;
-    *count = end > start ? (end - start + step - 1) / step : 0;
+    *count = end > start ? (end - start - 1) / step + 1 : 0;
   } else {
     start = start < 0 ? -1 : start > dim - 1 ? dim - 1 : start;
     end = end < -1 ? -1 : end > dim - 1 ? dim - 1 : end;
-    *count = start > end ? (start - end - step - 1) / -step : 0;
+    if (step == INT64_MIN) step = -INT64_MAX;
+    *count = start > end ? (start - end - 1) / -step + 1 : 0;
   }
   *s = start;
 }

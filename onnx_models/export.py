@@ -56,18 +56,24 @@ warnings.filterwarnings("ignore", category=UserWarning, module="torch.onnx")
 # --------------------------------------------------------------------------
 
 class MLP(nn.Module):
+    """784-256-128-128-64-10 with ReLU: ten nodes, so it splits over up to 8 stages."""
+
     def __init__(self):
         super().__init__()
         self.flatten = nn.Flatten()
-        self.fc1 = nn.Linear(784, 128)
-        self.fc2 = nn.Linear(128, 64)
-        self.fc3 = nn.Linear(64, 10)
+        self.fc1 = nn.Linear(784, 256)
+        self.fc2 = nn.Linear(256, 128)
+        self.fc3 = nn.Linear(128, 128)
+        self.fc4 = nn.Linear(128, 64)
+        self.fc5 = nn.Linear(64, 10)
 
     def forward(self, x):
         x = self.flatten(x)
         x = F.relu(self.fc1(x))
         x = F.relu(self.fc2(x))
-        return self.fc3(x)
+        x = F.relu(self.fc3(x))
+        x = F.relu(self.fc4(x))
+        return self.fc5(x)
 
 
 class LeNet5(nn.Module):

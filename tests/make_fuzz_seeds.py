@@ -1,0 +1,61 @@
+"""Writes the small seed models the loader fuzzer starts from (tests/fuzz_seeds/).
+
+Small seeds keep libFuzzer's mutations near valid protobuf: each exercises a
+different part of the loader and the shape rules.  Run with /usr/bin/python3."""
+import os
+import sys
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "fuzz_seeds")
+os.makedirs(out, exist_ok=True)
+rng = np.random.default_rng(0)
+
+
+def save(name, nodes, inputs, outputs, inits, opset=13):
+    g = helper.make_graph(nodes, name, inputs, outputs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    with open(os.path.join(out, name + ".onnx"), "wb") as f:
+        f.write(m.SerializeToString())
+
+
+def w(name, *shape):
+    return numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+
+
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2])
+save("gemm", [helper.make_node("Gemm", ["x", "w", "b"], ["h"], transB=1), helper.make_node("Relu", ["h"], ["y"])],
+     [x], [y], [w("w", 2, 4), w("b", 2)])
+
+img = helper.make_tensor_value_info("img", TensorProto.FLOAT, [1, 1, 6, 6])
+out_t = helper.make_tensor_value_info("o", TensorProto.FLOAT, None)
+save("conv", [helper.make_node("Conv", ["img", "k"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+              helper.make_node("MaxPool", ["c"], ["p"], kernel_shape=[2, 2], ceil_mode=1),
+              helper.make_node("Flatten", ["p"], ["o"])],
+     [img], [out_t], [w("k", 3, 1, 3, 3)])
+
+tok = helper.make_tensor_value_info("t", TensorProto.INT64, ["batch", 3])
+shape = numpy_helper.from_array(np.array([-1, 3, 2, 2], dtype=np.int64), "shape")
+save("shapes", [helper.make_node("Gather", ["emb", "t"], ["e"]),
+                helper.make_node("Shape", ["e"], ["s"]),
+                helper.make_node("Constant", [], ["idx"], value=numpy_helper.from_array(np.array(1, dtype=np.int64))),
+                helper.make_node("Gather", ["s", "idx"], ["d1"], axis=0),
+                helper.make_node("Unsqueeze", ["d1", "ax"], ["d1u"]),
+                helper.make_node("Reshape", ["e", "shape"], ["r"]),
+                helper.make_node("Transpose", ["r"], ["tr"], perm=[0, 2, 1, 3]),
+                helper.make_node("Slice", ["tr", "st", "en", "ax"], ["sl"]),
+                helper.make_node("Softmax", ["sl"], ["o"], axis=-1)],
+     [tok], [out_t], [w("emb", 10, 4), shape,
+                      numpy_helper.from_array(np.array([0], dtype=np.int64), "ax"),
+                      numpy_helper.from_array(np.array([0], dtype=np.int64), "st"),
+                      numpy_helper.from_array(np.array([1], dtype=np.int64), "en")])
+
+h = helper.make_tensor_value_info("h", TensorProto.FLOAT, ["batch", 3, 4])
+save("layernorm", [helper.make_node("LayerNormalization", ["h", "g", "bb"], ["n"], axis=-1),
+                   helper.make_node("ReduceMean", ["n"], ["m"], axes=[1], keepdims=0),
+                   helper.make_node("Split", ["m", "sp"], ["a", "b2"], axis=1),
+                   helper.make_node("Concat", ["b2", "a"], ["o"], axis=1)],
+     [h], [out_t], [w("g", 4), w("bb", 4), numpy_helper.from_array(np.array([1, 3], dtype=np.int64), "sp")], opset=17)
+print("wrote seeds to", out)

@@ -1,0 +1,61 @@
+#!/bin/bash
+# The whole test suite (make test).  Each suite prints its own "N passed, M
+# failed" line; this script adds them up and prints the total last.
+#   FUZZ_SECONDS=30   how long the loader fuzzer runs (default 30)
+set -u
+cd "$(dirname "$0")/.."
+PY=/usr/bin/python3
+T=$(mktemp -d "${TMPDIR:-/tmp}/pipecc-test.XXXXXX")
+trap 'rm -rf "$T"' EXIT
+export PIPECC_CACHE=$T/machine.txt
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
+export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+
+total_pass=0 total_fail=0
+suite() {
+  local name=$1
+  shift
+  echo "== $name"
+  "$@" 2>&1 | tee "$T/out.txt"
+  local rc=${PIPESTATUS[0]}
+  local line
+  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$T/out.txt" | tail -1)
+  local p=0 f=0
+  if [ -n "$line" ]; then
+    p=$(echo "$line" | awk '{print $1}')
+    f=$(echo "$line" | awk '{print $3}')
+  fi
+  # A suite that crashed or printed no tally counts as a failure.
+  if [ "$rc" != 0 ] && [ "$f" = 0 ]; then f=1; fi
+  if [ -z "$line" ] && [ "$rc" = 0 ]; then echo "$name printed no tally"; f=$((f + 1)); fi
+  total_pass=$((total_pass + p))
+  total_fail=$((total_fail + f))
+}
+
+suite "partitioner: DP vs brute force" bin/test_partition
+suite "units" bin/test_units
+suite "shapes vs onnx.shape_inference (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_shapes.py
+suite "bad input (ASan build)" env PIPECC=bin/pipecc-asan bash tests/test_cli.sh
+suite "listings on every sample model" env PIPECC=bin/pipecc $PY tests/test_listing.py
+suite "constant folding of exported shape arithmetic (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_fold.py
+
+fuzz() {
+  local secs=${FUZZ_SECONDS:-30}
+  mkdir -p "$T/corpus"
+  if bin/fuzz_loader -max_total_time="$secs" -rss_limit_mb=4096 -artifact_prefix="$T/" "$T/corpus" tests/fuzz_seeds \
+       > "$T/fuzz.log" 2>&1; then
+    echo "ok - the loader fuzzer ran $secs s without a crash, leak or sanitizer report"
+    grep -E "DONE" "$T/fuzz.log" | tail -1
+    echo "1 passed, 0 failed"
+  else
+    tail -30 "$T/fuzz.log"
+    echo "not ok - the loader fuzzer found a problem (reproduce: bin/fuzz_loader $T/crash-*)"
+    echo "0 passed, 1 failed"
+    return 1
+  fi
+}
+suite "loader fuzzing" fuzz
+
+echo
+echo "total: $total_pass passed, $total_fail failed"
+[ "$total_fail" = 0 ]

@@ -1,0 +1,284 @@
+#!/bin/bash
+# Bad-input cases for the pipecc command line.
+#
+# Every case must: exit with status exactly 2; write ONE line to stderr, starting with
+# "pipecc: error: " and containing the case's key words (file, node, flag, reason); show no
+# stack trace or sanitizer report; and create no output directory (neither the -o DIR, nor a
+# DIR.tmp-* / DIR.old-* sibling, nor anything in the working directory).
+#
+#   PIPECC=bin/pipecc-asan bash tests/test_cli.sh      (the default binary is bin/pipecc-asan)
+#
+# Prints "ok - CASE" / "not ok - CASE: WHY" and ends with "N passed, M failed"; exit 1 on failure.
+set -u
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+PIPECC=${PIPECC:-$ROOT/bin/pipecc-asan}
+case $PIPECC in /*) ;; *) PIPECC=$ROOT/$PIPECC ;; esac
+PY=/usr/bin/python3
+MODELS=$ROOT/onnx_models
+export ASAN_OPTIONS=detect_leaks=1
+export UBSAN_OPTIONS=print_stacktrace=1
+
+if [ ! -x "$PIPECC" ]; then
+  echo "not ok - setup: $PIPECC is not built (make asan)"
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+
+T=$(mktemp -d "${TMPDIR:-/tmp}/pipecc-cli.XXXXXX")
+trap 'chmod -R u+rwx "$T" 2>/dev/null; rm -rf "$T"' EXIT
+mkdir -p "$T/models" "$T/out" "$T/run"
+# The machine probe cache stays inside the temp dir.
+export PIPECC_CACHE=$T/machine.txt
+
+PASS=0
+FAIL=0
+ok() { echo "ok - $1"; PASS=$((PASS + 1)); }
+notok() { echo "not ok - $1: $2"; FAIL=$((FAIL + 1)); }
+
+# Shows pipecc's stderr indented under a failing case.
+show() { sed 's/^/    | /' "$1"; }
+
+# The sibling directories an interrupted or failed write may leave next to DIR.
+leftovers() { compgen -G "$1.tmp-*"; compgen -G "$1.old-*"; }
+
+NCASE=0
+# fail_case NAME KEYWORDS... -- ARGS...
+#   Runs "$PIPECC ARGS" in an empty working directory.  In ARGS, @OUT@ stands for a fresh
+#   output path that must not come to exist.  A keyword starting with "re:" is an extended
+#   regular expression; any other keyword must occur literally in the error line.
+fail_case() {
+  local name=$1
+  shift
+  local kws=()
+  while [ $# -gt 0 ] && [ "$1" != -- ]; do kws+=("$1"); shift; done
+  shift
+  NCASE=$((NCASE + 1))
+  local out=$T/out/case$NCASE
+  local args=() a
+  for a in "$@"; do args+=("${a//@OUT@/$out}"); done
+  local run=$T/run
+  rm -rf "$run" && mkdir "$run"
+  (cd "$run" && timeout 120 "$PIPECC" "${args[@]}" >"$T/stdout" 2>"$T/stderr")
+  local rc=$? why=""
+  local lines
+  lines=$(wc -l <"$T/stderr")
+  local first
+  first=$(head -n 1 "$T/stderr")
+  if [ $rc -ne 2 ]; then
+    why="exit status $rc, expected 2"
+  elif grep -qE 'Sanitizer|runtime error:|SUMMARY:|^ *#[0-9]+ 0x|Segmentation|Aborted|core dumped' "$T/stderr"; then
+    why="sanitizer report or stack trace on stderr"
+  elif [ "$lines" -ne 1 ] || [ -n "$(tail -c 1 "$T/stderr")" ]; then
+    why="stderr has $lines newline-terminated lines, expected exactly one"
+  elif [[ $first != "pipecc: error: "* ]]; then
+    why="stderr does not start with 'pipecc: error: '"
+  else
+    local k
+    for k in "${kws[@]}"; do
+      if [[ $k == re:* ]]; then
+        grep -qE -- "${k#re:}" <<<"$first" || { why="error line does not match /${k#re:}/"; break; }
+      else
+        grep -qF -- "$k" <<<"$first" || { why="error line does not contain '$k'"; break; }
+      fi
+    done
+  fi
+  if [ -z "$why" ]; then
+    if [ -e "$out" ]; then
+      why="created the output directory $out"
+    elif [ -n "$(leftovers "$out")" ]; then
+      why="left $(leftovers "$out" | tr '\n' ' ')"
+    elif [ -n "$(ls -A "$run")" ]; then
+      why="wrote into the working directory: $(ls -A "$run" | tr '\n' ' ')"
+    fi
+  fi
+  if [ -z "$why" ]; then
+    ok "$name"
+  else
+    notok "$name" "$why"
+    echo "    \$ pipecc ${args[*]}   (exit $rc)"
+    show "$T/stderr"
+  fi
+  rm -rf "$out" "$out".tmp-* "$out".old-*
+}
+
+# --- broken models --------------------------------------------------------------------
+M=$T/models
+if ! "$PY" - "$M" <<'EOF'; then
+import sys
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+out = sys.argv[1]
+
+
+def save(name, nodes, inputs, outputs, inits, opset=13):
+    g = helper.make_graph(nodes, name, inputs, outputs, inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    with open("%s/%s.onnx" % (out, name), "wb") as f:
+        f.write(m.SerializeToString())
+
+
+def vi(name, dims, t=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, t, dims)
+
+
+def w(name, *shape):
+    return numpy_helper.from_array(np.arange(np.prod(shape), dtype=np.float32).reshape(shape) / 10, name)
+
+
+# 6: an operator pipecc does not support.
+save("unsupported", [helper.make_node("Relu", ["x"], ["h"], name="relu0"),
+                     helper.make_node("Hardmax", ["h"], ["y"], name="hardmax_node", axis=1)],
+     [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], [])
+# 7: MatMul with inner dims 3 and 4.
+save("matmul_bad", [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm_bad")],
+     [vi("x", ["batch", 3])], [vi("y", ["batch", 5])], [w("w", 4, 5)])
+# 8: the exported batch (2) baked into a Reshape constant.
+save("baked_batch", [helper.make_node("Reshape", ["x", "shape"], ["r"], name="reshape_baked"),
+                     helper.make_node("Relu", ["r"], ["y"], name="relu_after")],
+     [vi("x", [2, 12])], [vi("y", [2, 3, 4])],
+     [numpy_helper.from_array(np.array([2, 3, 4], dtype=np.int64), "shape")])
+# 15: an initializer whose raw_data is shorter than its dims need (12 floats = 48 bytes).
+bad = numpy_helper.from_array(np.ones((3, 4), dtype=np.float32), "w_short")
+bad.raw_data = bad.raw_data[:40]
+save("raw_mismatch", [helper.make_node("MatMul", ["x", "w_short"], ["y"], name="mm")],
+     [vi("x", ["batch", 3])], [vi("y", ["batch", 4])], [bad])
+# 16: a node reading a tensor nothing defines.
+save("undefined_input", [helper.make_node("Relu", ["x"], ["h"], name="relu0"),
+                         helper.make_node("Add", ["h", "ghost_tensor"], ["y"], name="add_reader")],
+     [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], [])
+# 17: a symbolic dimension that is not the batch.
+save("symbolic_seq", [helper.make_node("Gather", ["emb", "tokens"], ["y"], name="embed")],
+     [vi("tokens", ["batch", "seq"], TensorProto.INT64)], [vi("y", ["batch", "seq", 4])], [w("emb", 10, 4)])
+EOF
+  notok "setup" "could not write the broken models with $PY"
+  echo "$PASS passed, $FAIL failed"
+  exit 1
+fi
+echo "this is not an ONNX model" >"$M/notonnx.onnx"
+: >"$M/empty.onnx"
+size=$(stat -c %s "$MODELS/lenet.onnx")
+head -c $((size / 2)) "$MODELS/lenet.onnx" >"$M/truncated.onnx"
+printf '# ranks\nrank * flops=10G mem=1G\nlink * bandwidth 10G\n' >"$M/bad_devices.txt"
+
+# --- the cases ------------------------------------------------------------------------
+LENET=$MODELS/lenet.onnx
+MLP=$MODELS/mlp.onnx
+
+fail_case "1 missing file" "$M/nope.onnx" "No such file" -- "$M/nope.onnx" -n 2 -o @OUT@
+fail_case "2 directory as the model" "$M" -- "$M" -o @OUT@
+if [ "$(id -u)" -ne 0 ]; then
+  cp "$LENET" "$M/noread.onnx" && chmod 000 "$M/noread.onnx"
+  fail_case "2 unreadable file (chmod 000)" "$M/noread.onnx" "Permission denied" -- "$M/noread.onnx" -o @OUT@
+else
+  echo "ok - 2 unreadable file (chmod 000) # SKIP running as root, chmod does not block reads"
+fi
+fail_case "3 not ONNX (text file)" "$M/notonnx.onnx" "ONNX" -- "$M/notonnx.onnx" -o @OUT@
+fail_case "4 empty file" "$M/empty.onnx" "empty" -- "$M/empty.onnx" -o @OUT@
+fail_case "5 truncated protobuf" "$M/truncated.onnx" "ONNX" -- "$M/truncated.onnx" -o @OUT@
+fail_case "6 unsupported operator" "Hardmax" "hardmax_node" "supported" -- "$M/unsupported.onnx" -o @OUT@
+fail_case "7 MatMul inner dims differ" "mm_bad" "MatMul" -- "$M/matmul_bad.onnx" --batch 2 -o @OUT@
+fail_case "8 batch baked into a Reshape" "reshape_baked" "Reshape" "batch" -- "$M/baked_batch.onnx" --batch 3 --microbatches 1 -o @OUT@
+fail_case "9 -n 0" "-n" "'0'" -- "$MLP" -n 0 -o @OUT@
+fail_case "9 -n abc" "-n" "abc" -- "$MLP" -n abc -o @OUT@
+fail_case "9 -n larger than the node count" "-n 11" "re:(^|[^0-9])10([^0-9]|$)" "$MLP" -- "$MLP" -n 11 -o @OUT@
+fail_case "10 unknown flag" "--bogus" -- "$MLP" --bogus -o @OUT@
+fail_case "10 unknown flag, no -o" "--bogus" -- "$MLP" --bogus
+fail_case "11 --schedule foo" "--schedule" "foo" -- "$MLP" --schedule foo -o @OUT@
+fail_case "11 --batch 0" "--batch" "'0'" -- "$MLP" --batch 0 -o @OUT@
+fail_case "11 --batch 10 --microbatches 3" "--batch 10" "--microbatches 3" "divisible" -- "$MLP" --batch 10 --microbatches 3 -o @OUT@
+fail_case "11 --mem-limit xyz" "--mem-limit" "xyz" -- "$MLP" --mem-limit xyz -o @OUT@
+fail_case "11 --optimizer rmsprop" "--optimizer" "rmsprop" -- "$MLP" --optimizer rmsprop -o @OUT@
+fail_case "11 -n without its value" "-n" "value" -- "$MLP" -o @OUT@ -n
+fail_case "12 --mem-limit 1K infeasible" "--mem-limit" "at least" -- "$LENET" --mem-limit 1K -o @OUT@
+fail_case "12 --mem-limit 1K infeasible, -n 4" "--mem-limit" "at least" -- "$LENET" -n 4 --mem-limit 1K -o @OUT@
+
+# 12: the smallest limit the message states must itself be enough.
+mem_fits() {
+  local name="12 the stated minimum fits (-n $1)" need num unit
+  (cd "$T/run" && timeout 120 "$PIPECC" "$LENET" -n "$1" --mem-limit 1K -o "$T/out/mem" >"$T/stdout" 2>"$T/stderr")
+  need=$(grep -oE 'needs [0-9]+ bytes' "$T/stderr" | head -n 1)
+  if [ -z "$need" ]; then
+    notok "$name" "no 'needs N bytes' figure in the error"
+    show "$T/stderr"
+    return
+  fi
+  num=$(awk '{print $2}' <<<"$need")
+  unit=""
+  (cd "$T/run" && timeout 120 "$PIPECC" "$LENET" -n "$1" --mem-limit "$num$unit" -o "$T/out/mem" >"$T/stdout" 2>"$T/stderr")
+  local rc=$?
+  if [ $rc -eq 0 ]; then
+    ok "$name"
+  else
+    notok "$name" "the error said '$need', but --mem-limit $num$unit exits $rc"
+    show "$T/stderr"
+  fi
+  rm -rf "$T/out/mem"
+}
+mem_fits 1
+mem_fits 4
+
+fail_case "13 --devices syntax error" "$M/bad_devices.txt:3" -- "$MLP" -n 2 --devices "$M/bad_devices.txt" -o @OUT@
+fail_case "13 --devices missing file" "--devices" "$M/no_devices.txt" -- "$MLP" -n 2 --devices "$M/no_devices.txt" -o @OUT@
+
+# 14: -o names an existing directory that is not a pipecc output: refused, left as it was.
+keep=$T/out/mine
+mkdir -p "$keep/sub"
+echo "precious" >"$keep/notes.txt"
+echo "deep" >"$keep/sub/data.txt"
+before=$(cd "$keep" && find . -print0 | sort -z | xargs -0 ls -ld --time-style=+%s 2>&1; cat notes.txt sub/data.txt)
+fail_case "14 -o an existing foreign directory (refused)" "$keep" -- "$LENET" -n 2 -o "$keep"
+after=$(cd "$keep" 2>/dev/null && find . -print0 | sort -z | xargs -0 ls -ld --time-style=+%s 2>&1; cat notes.txt sub/data.txt)
+if [ -d "$keep" ] && [ "$before" = "$after" ]; then
+  ok "14 -o an existing foreign directory (kept intact)"
+else
+  notok "14 -o an existing foreign directory (kept intact)" "the directory or its contents changed"
+fi
+if [ -n "$(leftovers "$keep")" ]; then
+  notok "14 -o an existing foreign directory (no siblings)" "left $(leftovers "$keep" | tr '\n' ' ')"
+else
+  ok "14 -o an existing foreign directory (no siblings)"
+fi
+
+# 14: -o names an existing regular file: refused, the file left as it was.
+echo "not a directory" >"$T/out/afile"
+fail_case "14 -o an existing regular file (refused)" "$T/out/afile" -- "$LENET" -n 2 -o "$T/out/afile"
+if [ "$(cat "$T/out/afile" 2>/dev/null)" = "not a directory" ] && [ -z "$(leftovers "$T/out/afile")" ]; then
+  ok "14 -o an existing regular file (kept intact)"
+else
+  notok "14 -o an existing regular file (kept intact)" "the file changed or a sibling was left"
+fi
+
+fail_case "15 raw_data length does not match dims" "$M/raw_mismatch.onnx" "w_short" "raw_data" -- "$M/raw_mismatch.onnx" -o @OUT@
+fail_case "16 node reads an undefined tensor" "$M/undefined_input.onnx" "add_reader" "ghost_tensor" -- "$M/undefined_input.onnx" -o @OUT@
+fail_case "17 symbolic non-batch input dim" "$M/symbolic_seq.onnx" "tokens" "seq" -- "$M/symbolic_seq.onnx" -o @OUT@
+
+# --- positive control -----------------------------------------------------------------
+good=$T/out/ok.pipe
+check_good() {
+  local name=$1 rc=$2 why=""
+  if [ "$rc" -ne 0 ]; then
+    why="exit status $rc"
+  elif [ -s "$T/stderr" ]; then
+    why="wrote to stderr"
+  elif [ ! -s "$good/schedule.txt" ] || [ ! -s "$good/plan.json" ]; then
+    why="schedule.txt or plan.json missing or empty"
+  elif [ -n "$(leftovers "$good")" ]; then
+    why="left $(leftovers "$good" | tr '\n' ' ')"
+  elif [ -n "$(find "$good" -name '*.tmp-*')" ]; then
+    why="left $(find "$good" -name '*.tmp-*')"
+  elif [ -e "$good/marker" ]; then
+    why="the old directory's contents survived (merged, not replaced)"
+  fi
+  if [ -z "$why" ]; then ok "$name"; else notok "$name" "$why"; show "$T/stderr"; fi
+}
+(cd "$T/run" && timeout 120 "$PIPECC" "$LENET" -n 4 -o "$good" >"$T/stdout" 2>"$T/stderr")
+check_good "control: lenet -n 4 -o ok.pipe" $?
+touch "$good/marker"
+(cd "$T/run" && timeout 120 "$PIPECC" "$LENET" -n 4 -o "$good" >"$T/stdout" 2>"$T/stderr")
+check_good "control: again over the existing ok.pipe (replaced)" $?
+
+echo "$PASS passed, $FAIL failed"
+[ "$FAIL" -eq 0 ]

@@ -1,0 +1,149 @@
+"""Constant folding removes what PyTorch exports for shape arithmetic and masks.
+
+A small attention model written the way people write it - x.size() in
+views, torch.arange positions, a causal mask built with torch.tril in
+forward, masked_fill - is exported from Debian's torch (dynamic batch).
+pipecc must fold every Shape/Gather/Unsqueeze/Concat/Range/Trilu/Equal/
+Where/Cast/Slice/... node that depends only on shapes, keep the real compute,
+and infer the shapes onnx infers.  A model whose batch is baked into a
+constant must work at its own batch and fail at another with the node named.
+Run with /usr/bin/python3."""
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+
+import onnx
+import torch
+import torch.nn as nn
+
+warnings.filterwarnings("ignore")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
+passed = failed = 0
+
+
+def check(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+        print("ok -", what)
+    else:
+        failed += 1
+        print("not ok -", what)
+    return cond
+
+
+class Attn(nn.Module):
+    def __init__(self, vocab=32, d=16, heads=2):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, d)
+        self.pos = nn.Embedding(64, d)
+        self.qkv = nn.Linear(d, 3 * d)
+        self.proj = nn.Linear(d, vocab)
+        self.heads = heads
+
+    def forward(self, idx):
+        B, T = idx.size()
+        pos = torch.arange(0, T, dtype=torch.long, device=idx.device)
+        x = self.emb(idx) + self.pos(pos)
+        q, k, v = self.qkv(x).split(x.size(-1), dim=2)
+        hd = x.size(-1) // self.heads
+        q = q.view(B, T, self.heads, hd).transpose(1, 2)
+        k = k.view(B, T, self.heads, hd).transpose(1, 2)
+        v = v.view(B, T, self.heads, hd).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / hd ** 0.5)
+        mask = torch.tril(torch.ones(T, T, device=idx.device)).view(1, 1, T, T)
+        att = att.masked_fill(mask[:, :, :T, :T] == 0, float("-inf"))
+        y = torch.softmax(att, dim=-1) @ v
+        y = y.transpose(1, 2).contiguous().view(B, T, x.size(-1))
+        return self.proj(y)
+
+
+class Pinned(nn.Module):
+    """Reshape to a constant that includes the batch (as a careless export does)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 4)
+
+    def forward(self, x):
+        return self.fc(x.reshape(2, 12))
+
+
+def pipecc(*args):
+    return subprocess.run([PIPECC, *args], capture_output=True, text=True)
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="pipecc-fold.")
+    os.environ["PIPECC_CACHE"] = os.path.join(tmp, "machine.txt")
+    torch.manual_seed(0)
+    path = os.path.join(tmp, "attn.onnx")
+    torch.onnx.export(Attn(), torch.zeros(2, 8, dtype=torch.long), path, input_names=["tokens"], output_names=["logits"],
+                      dynamic_axes={"tokens": {0: "batch"}, "logits": {0: "batch"}}, opset_version=14)
+    model = onnx.load(path)
+    ops = [n.op_type for n in model.graph.node]
+    shape_ops = {"Shape", "Gather", "Unsqueeze", "Concat", "Range", "Trilu", "Equal", "Where", "Cast", "Slice",
+                 "ConstantOfShape", "Constant", "Div", "Mul", "Squeeze", "Identity", "Reshape", "Expand", "Sqrt"}
+    print("exported ops:", sorted(set(ops)))
+    r = pipecc(path, "--batch", "4", "--microbatches", "1", "--dump-shapes")
+    if not check(r.returncode == 0, f"pipecc reads the exported attention model ({r.stderr.strip()})"):
+        return
+    kinds = {}
+    for line in r.stdout.splitlines():
+        name, dtype, dims, kind = line.split("\t")
+        kinds[name] = (dtype, dims, kind)
+    # Which nodes survive: their outputs are computed at run time.
+    live = [n for n in model.graph.node if any(kinds.get(o, ("", "", "const"))[2] == "run" for o in n.output)]
+    live_ops = sorted({n.op_type for n in live})
+    print("run-time ops after folding:", live_ops)
+    for op in ("Shape", "Range", "Trilu", "Equal", "ConstantOfShape", "Constant", "Unsqueeze", "Concat", "Cast"):
+        if op in ops:
+            check(op not in live_ops, f"every {op} node is folded away ({ops.count(op)} in the export)")
+    mask_where = [n for n in model.graph.node if n.op_type == "Where"]
+    check(all(kinds[n.input[0]][2] == "const" for n in mask_where), "the causal mask reaching Where is a compile-time constant")
+    gathers = [n for n in live if n.op_type == "Gather"]
+    # The token lookup reads run-time ids; the position lookup reads the folded arange, but
+    # stays a run-time node because its table is a trained weight (folding it would freeze it).
+    idx_kinds = sorted(kinds[n.input[1]][2] for n in gathers)
+    check(idx_kinds == ["const", "run"], f"two embedding Gathers run, positions from a folded arange ({idx_kinds})")
+    check(all(kinds[n.input[1]][2] == "const" for n in live if n.op_type == "Reshape"), "every Reshape's target shape is folded")
+    check(set(live_ops) <= {"Gather", "Add", "MatMul", "Split", "Reshape", "Transpose", "Mul", "Where", "Softmax", "Div"},
+          f"nothing but compute and data movement is left: {live_ops}")
+    # Shapes agree with onnx's own inference (with data propagation, which resolves x.size()).
+    inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    bad = 0
+    count = 0
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        if vi.name not in kinds or not vi.type.tensor_type.HasField("shape"):
+            continue  # onnx could not infer it (Reshape to a computed shape without data propagation)
+        dims = [d.dim_value if d.HasField("dim_value") else (4 if d.dim_param == "batch" else None)
+                for d in vi.type.tensor_type.shape.dim]
+        got = [int(x) for x in kinds[vi.name][1].split(",")] if kinds[vi.name][1] else []
+        count += 1
+        if len(dims) != len(got) or any(a is not None and a != b for a, b in zip(dims, got)):
+            bad += 1
+            print(f"    {vi.name}: onnx {dims} pipecc {got}")
+    check(bad == 0 and count > 20, f"{count} tensor shapes agree with onnx.shape_inference at batch 4")
+    for b in (1, 3, 16):
+        r = pipecc(path, "--batch", str(b), "--microbatches", "1", "--dump-shapes")
+        ok = r.returncode == 0 and any(l.startswith("logits\tfloat32\t%d,8,32\t" % b) for l in r.stdout.splitlines())
+        check(ok, f"re-inferred at batch {b}: logits [{b},8,32]")
+
+    # A batch baked into a constant: fine at its own size, a clear error at another.
+    pinned = os.path.join(tmp, "pinned.onnx")
+    torch.onnx.export(Pinned(), torch.zeros(2, 3, 4), pinned, input_names=["x"], output_names=["y"], opset_version=13)
+    r = pipecc(pinned, "--batch", "2", "--microbatches", "1", "--dump-shapes")
+    check(r.returncode == 0, "a model with its batch baked in works at that batch")
+    r = pipecc(pinned, "--batch", "4", "--microbatches", "1", "--dump-shapes")
+    reshape = [n.name for n in onnx.load(pinned).graph.node if n.op_type == "Reshape"][0]
+    check(r.returncode == 2 and reshape in r.stderr and "pins the batch" in r.stderr,
+          f"at another batch the error names the node that pins it ({r.stderr.strip()})")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

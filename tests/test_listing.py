@@ -1,0 +1,143 @@
+"""The listing and plan.json on every sample model.
+
+For n = 1, 2, 4, 8 and both schedules: pipecc exits 0 in under a second,
+plan.json covers every compute node exactly once with contiguous stages, the
+parameter count equals the trainable initializers onnx sees, memory adds up,
+and the schedule has 2m actions per stage.  A devices file with one rank
+twice as fast gives that rank about twice the work.  Run: /usr/bin/python3."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import onnx
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
+MODELS = ["mlp", "lenet", "resnet", "gpt", "gpt_opset17"]
+passed = failed = 0
+
+
+def check(cond, what):
+    global passed, failed
+    if cond:
+        passed += 1
+    else:
+        failed += 1
+        print("not ok -", what)
+    return cond
+
+
+def run(model, n, out, *extra):
+    t0 = time.time()
+    r = subprocess.run([PIPECC, model, "-n", str(n), "-o", out, *extra], capture_output=True, text=True)
+    return r, time.time() - t0
+
+
+def trainable_params(path):
+    """Float initializers (more than one element) that are not BatchNorm running statistics."""
+    m = onnx.load(path)
+    stats = set()
+    for node in m.graph.node:
+        if node.op_type == "BatchNormalization":
+            stats.update(node.input[3:5])
+    total = 0
+    for t in m.graph.initializer:
+        if t.data_type == onnx.TensorProto.FLOAT and t.name not in stats:
+            size = int(np.prod(t.dims)) if len(t.dims) else 1
+            if size > 1:
+                total += size
+    return total
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="pipecc-listing.")
+    os.environ["PIPECC_CACHE"] = os.path.join(tmp, "machine.txt")
+    devices = os.path.join(ROOT, "tests", "devices_equal.txt")
+    for name in MODELS:
+        path = os.path.join(ROOT, "onnx_models", name + ".onnx")
+        want_params = trainable_params(path)
+        for n in (1, 2, 4, 8):
+            for sched in ("gpipe", "1f1b"):
+                out = os.path.join(tmp, f"{name}-{n}-{sched}.pipe")
+                r, secs = run(path, n, out, "--schedule", sched, "--batch", "16", "--listing", "--devices", devices)
+                tag = f"{name} -n {n} --schedule {sched}"
+                if not check(r.returncode == 0, f"{tag}: exit {r.returncode}: {r.stderr.strip()}"):
+                    continue
+                check(secs < 1.0, f"{tag}: took {secs:.2f} s (limit 1 s)")
+                plan = json.load(open(os.path.join(out, "plan.json")))
+                text = open(os.path.join(out, "schedule.txt")).read()
+                check(r.stdout == text, f"{tag}: --listing output differs from schedule.txt")
+                st = plan["stage_plans"]
+                check(len(st) == n, f"{tag}: {len(st)} stages in plan.json")
+                ok = st[0]["node_begin"] == 0 and st[-1]["node_end"] == plan["compute_nodes"]
+                ok &= all(a["node_end"] == b["node_begin"] for a, b in zip(st, st[1:]))
+                ok &= all(s["node_end"] > s["node_begin"] for s in st)
+                check(ok, f"{tag}: stages are not contiguous and non-empty: {[(s['node_begin'], s['node_end']) for s in st]}")
+                got = sum(s["parameters"] for s in st)
+                check(got == want_params, f"{tag}: {got} parameters, onnx has {want_params} trainable")
+                for s in st:
+                    mem = s["memory"]
+                    parts = sum(mem[k] for k in ("params", "grads", "optimizer", "stash", "received", "workspace"))
+                    check(abs(parts - mem["total"]) <= 2, f"{tag}: stage {s['stage']} memory parts {parts} != total {mem['total']}")
+                    check(len(s["actions"]) == 2 * plan["microbatches"], f"{tag}: stage {s['stage']} has {len(s['actions'])} actions")
+                    want_inflight = plan["microbatches"] if sched == "gpipe" else min(plan["microbatches"], n - s["stage"])
+                    check(mem["inflight"] == want_inflight, f"{tag}: stage {s['stage']} inflight {mem['inflight']} != {want_inflight}")
+                # Every value a stage receives is one its predecessor sends.
+                for a, b in zip(st, st[1:]):
+                    check(sorted(x["name"] for x in a["send"]) == sorted(x["name"] for x in b["recv"]),
+                          f"{tag}: stage {a['stage']} sends differ from stage {b['stage']} receives")
+                check(0 <= plan["bubble"] < 1 and plan["predicted_step_time_s"] > 0, f"{tag}: bubble/step time out of range")
+                check("schedule (" in text and "| stage 0" in text, f"{tag}: no schedule table in the listing")
+        print(f"ok - {name}: listings for n = 1, 2, 4, 8 under gpipe and 1f1b")
+
+    # Heterogeneous ranks: rank 1 twice as fast gets about twice the FLOPs.
+    het = os.path.join(tmp, "het.txt")
+    with open(het, "w") as f:
+        f.write("rank 0 flops=20G\nrank 1 flops=40G\nlink * bandwidth=50G latency=1us\nmemcpy bandwidth=100G\n")
+    out = os.path.join(tmp, "het.pipe")
+    r, _ = run(os.path.join(ROOT, "onnx_models", "gpt.onnx"), 2, out, "--devices", het, "--batch", "16")
+    if check(r.returncode == 0, f"heterogeneous: {r.stderr.strip()}"):
+        st = json.load(open(os.path.join(out, "plan.json")))["stage_plans"]
+        f0 = st[0]["fwd_flops"] + st[0]["bwd_flops"]
+        f1 = st[1]["fwd_flops"] + st[1]["bwd_flops"]
+        ratio = f1 / f0
+        if check(1.6 < ratio < 2.5, f"heterogeneous: rank 1 (2x faster) got {ratio:.2f}x the FLOPs of rank 0"):
+            print(f"ok - a rank twice as fast gets {ratio:.2f}x the work on the GPT")
+
+    # A memory limit moves the cut: GPipe holds m micro-batches, 1F1B at most n - s.
+    path = os.path.join(ROOT, "onnx_models", "lenet.onnx")
+    g, _ = run(path, 2, os.path.join(tmp, "g.pipe"), "--schedule", "gpipe", "--batch", "64", "--microbatches", "8", "--devices", devices)
+    f, _ = run(path, 2, os.path.join(tmp, "f.pipe"), "--schedule", "1f1b", "--batch", "64", "--microbatches", "8", "--devices", devices)
+    if check(g.returncode == 0 and f.returncode == 0, "lenet gpipe/1f1b plans"):
+        gm = max(s["memory"]["total"] for s in json.load(open(os.path.join(tmp, "g.pipe", "plan.json")))["stage_plans"])
+        fm = max(s["memory"]["total"] for s in json.load(open(os.path.join(tmp, "f.pipe", "plan.json")))["stage_plans"])
+        if check(fm < gm, f"1f1b peak stage memory {fm} should be below gpipe's {gm}"):
+            print(f"ok - 1f1b peak stage memory {fm/1024:.0f} KiB < gpipe {gm/1024:.0f} KiB (m=8)")
+        # Just above the leanest plan's need fits; just below does not.
+        r, _ = run(path, 2, os.path.join(tmp, "lim.pipe"), "--schedule", "gpipe", "--batch", "64", "--microbatches", "8",
+                   "--devices", devices, "--mem-limit", "1K")
+        need = None
+        for word in r.stderr.split():
+            if word.endswith("K,") or word.endswith("K"):
+                try:
+                    need = int(word.rstrip(",").rstrip("K"))
+                except ValueError:
+                    pass
+        if check(r.returncode == 2 and need, f"mem-limit error names a limit: {r.stderr.strip()}"):
+            ok, _ = run(path, 2, os.path.join(tmp, "lim2.pipe"), "--schedule", "gpipe", "--batch", "64", "--microbatches", "8",
+                        "--devices", devices, "--mem-limit", f"{need}K")
+            check(ok.returncode == 0, f"the limit the error suggests ({need}K) must fit: {ok.stderr.strip()}")
+            low, _ = run(path, 2, os.path.join(tmp, "lim3.pipe"), "--schedule", "gpipe", "--batch", "64", "--microbatches", "8",
+                         "--devices", devices, "--mem-limit", f"{need - 2}K")
+            check(low.returncode == 2, "a limit 2K under the suggested one must not fit")
+            print(f"ok - the memory error's suggested limit ({need}K) fits and {need - 2}K does not")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+/* test_partition.c - the DP partitioner against brute force.
+ *
+ * Random DAG-shaped problems (values that skip several nodes, heterogeneous
+ * ranks and links, memory limits that sometimes cannot be met) are solved by
+ * the DP and by enumerating every split; both must find the same optimum.
+ * The brute force evaluates each stage straight from the node and edge
+ * lists, independently of the DP's prefix sums. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "partition.h"
+#include "schedule.h"
+
+static int passed, failed;
+#define CHECK(cond, ...)                      \
+  do {                                        \
+    if (cond) passed++;                       \
+    else {                                    \
+      failed++;                               \
+      printf("not ok - " __VA_ARGS__);        \
+      printf("  (%s:%d)\n", __FILE__, __LINE__); \
+    }                                         \
+  } while (0)
+
+static unsigned rng = 12345;
+static double rnd(void) {
+  rng = rng * 1103515245u + 12345u;
+  return (double)((rng >> 8) & 0xffff) / 65536.0;
+}
+
+typedef struct Inst {
+  int N;
+  double fwd[64], bwd[64], traffic[64], param[64], stash[64], work[64];
+  PartEdge edges[128];
+  int nedges;
+  Machine machine;
+  PartProblem p;
+} Inst;
+
+/* Stage cost computed directly from the edges. */
+static void direct_cost(const Inst *in, int s, int i, int j, double *time, double *mem) {
+  const PartProblem *p = &in->p;
+  const Machine *m = &in->machine;
+  double f = 0, b = 0, params = 0, stash = 0, work = 0;
+  for (int k = i; k < j; k++) {
+    f += in->fwd[k] / m->dev[s].flops + in->traffic[k] / m->memcpy_bw;
+    b += in->bwd[k] / m->dev[s].flops + 2 * in->traffic[k] / m->memcpy_bw;
+    params += in->param[k], stash += in->stash[k];
+    if (in->work[k] > work) work = in->work[k];
+  }
+  double in_b = 0, in_g = 0, in_n = 0, out_b = 0, out_g = 0, out_n = 0;
+  for (int e = 0; e < in->nedges; e++) {
+    const PartEdge *ed = &in->edges[e];
+    if (i > 0 && ed->from < i && i <= ed->to) in_b += ed->bytes, in_g += ed->grad_bytes, in_n++;
+    if (j < in->N && ed->from < j && j <= ed->to) out_b += ed->bytes, out_g += ed->grad_bytes, out_n++;
+  }
+  double comm = 0;
+  if (s > 0 && in_n) comm += (in_b + in_g) / m->link[s - 1].bandwidth + 2 * in_n * m->link[s - 1].latency;
+  if (s + 1 < p->nstages && out_n) comm += (out_b + out_g) / m->link[s].bandwidth + 2 * out_n * m->link[s].latency;
+  *time = f + b + comm;
+  int inflight = stage_inflight(p->schedule, s, p->nstages, p->microbatches);
+  *mem = params * (2 + p->opt_state_per_param) + inflight * (stash + in_b) + out_g + work;
+}
+
+/* Enumerates all splits; returns the optimum max time (INFINITY if none fits)
+ * and the least sum of squares among splits that reach it. */
+static double brute(const Inst *in, double *best_sumsq) {
+  int n = in->p.nstages, N = in->N, cut[17];
+  double best = INFINITY;
+  *best_sumsq = INFINITY;
+  /* Two passes: first the optimum, then the most even among optimal ones. */
+  for (int pass = 0; pass < 2; pass++) {
+    for (int k = 0; k <= n; k++) cut[k] = k;
+    cut[n] = N;
+    for (;;) {
+      double mx = 0, sq = 0;
+      int ok = 1;
+      for (int s = 0; s < n && ok; s++) {
+        double t, mem, lim = in->p.mem_limit;
+        direct_cost(in, s, cut[s], cut[s + 1], &t, &mem);
+        if (lim > 0 && mem > lim) ok = 0;
+        mx = fmax(mx, t), sq += t * t;
+      }
+      if (ok && pass == 0 && mx < best) best = mx;
+      if (ok && pass == 1 && mx <= best * (1 + 1e-9) && sq < *best_sumsq) *best_sumsq = sq;
+      /* next composition: cuts 1..n-1 strictly increasing in [1, N-1] */
+      int k = n - 1;
+      while (k >= 1 && cut[k] == N - (n - k)) k--;
+      if (k < 1) break;
+      cut[k]++;
+      for (int q = k + 1; q < n; q++) cut[q] = cut[q - 1] + 1;
+    }
+    if (best == INFINITY) break;
+  }
+  return best;
+}
+
+static void random_instance(Inst *in) {
+  memset(in, 0, sizeof *in);
+  in->N = 2 + (int)(rnd() * 8);
+  int N = in->N;
+  for (int k = 0; k < N; k++) {
+    in->fwd[k] = 1e6 * (0.1 + rnd() * 10);
+    in->bwd[k] = in->fwd[k] * (1 + rnd());
+    in->traffic[k] = rnd() < 0.5 ? 0 : 1e5 * rnd();
+    in->param[k] = rnd() < 0.4 ? 0 : 1e5 * rnd();
+    in->stash[k] = 1e5 * rnd();
+    in->work[k] = rnd() < 0.7 ? 0 : 1e5 * rnd();
+  }
+  /* Each node (and the loader, from = -1) makes 1-2 values read up to a few nodes later. */
+  for (int k = -1; k < N && in->nedges < 60; k++) {
+    int outs = 1 + (rnd() < 0.3);
+    for (int o = 0; o < outs; o++) {
+      int to = k + 1 + (int)(rnd() * (rnd() < 0.3 ? 5 : 2));
+      if (to > N) to = N;
+      PartEdge *e = &in->edges[in->nedges++];
+      e->from = k, e->to = to, e->bytes = 1e4 * (0.1 + rnd() * 50);
+      e->grad_bytes = k < 0 ? 0 : e->bytes;
+    }
+  }
+  int n = 1 + (int)(rnd() * (N < 5 ? N : 5));
+  in->machine.nranks = n;
+  in->machine.memcpy_bw = 5e9 + 5e9 * rnd();
+  for (int s = 0; s < n; s++) {
+    in->machine.dev[s].flops = 1e9 * (1 + 3 * rnd());
+    in->machine.link[s].bandwidth = 1e8 * (1 + 20 * rnd());
+    in->machine.link[s].latency = 1e-5 * rnd();
+  }
+  PartProblem *p = &in->p;
+  p->N = N;
+  p->fwd_flops = in->fwd, p->bwd_flops = in->bwd, p->traffic = in->traffic;
+  p->param_bytes = in->param, p->stash_bytes = in->stash, p->work_bytes = in->work;
+  p->edges = in->edges, p->nedges = in->nedges;
+  p->nstages = n, p->microbatches = 1 + (int)(rnd() * 8), p->schedule = rnd() < 0.5 ? SCHED_GPIPE : SCHED_1F1B;
+  p->opt_state_per_param = (int)(rnd() * 3);
+  p->machine = &in->machine;
+  p->mem_limit = rnd() < 0.5 ? 0 : 3e5 + 4e6 * rnd();
+}
+
+static double sumsq_of(const Partition *pt, int n) {
+  double sq = 0;
+  for (int s = 0; s < n; s++) sq += pt->cost[s].time * pt->cost[s].time;
+  return sq;
+}
+
+static void test_random(void) {
+  int infeasible = 0, agree = 0;
+  for (int it = 0; it < 3000; it++) {
+    Inst in;
+    random_instance(&in);
+    Pool pool = {0};
+    Partition pt;
+    err_clear();
+    int rc = partition_solve(&in.p, &pt, &pool);
+    double sq, opt = brute(&in, &sq);
+    if (opt == INFINITY) {
+      infeasible++;
+      CHECK(rc == -1 && strstr(err_msg(), "at least"), "instance %d: brute force finds no fit but the DP %s\n", it,
+            rc ? err_msg() : "found one");
+    } else if (rc) {
+      CHECK(0, "instance %d: the DP failed (%s) but brute force found %.9g\n", it, err_msg(), opt);
+    } else {
+      int same = fabs(pt.max_time - opt) <= 1e-9 * opt && fabs(sumsq_of(&pt, in.p.nstages) - sq) <= 1e-9 * sq;
+      agree += same;
+      CHECK(same, "instance %d (N=%d, n=%d): DP max %.12g sumsq %.12g, brute force %.12g / %.12g\n", it, in.N,
+            in.p.nstages, pt.max_time, sumsq_of(&pt, in.p.nstages), opt, sq);
+    }
+    pool_free(&pool);
+  }
+  printf("ok - DP equals brute force on %d random DAGs (%d agreed, %d infeasible under their memory limit)\n", 3000, agree,
+         infeasible);
+}
+
+/* A chain of equal layers on equal ranks splits evenly. */
+static void test_chain(int N, int n, const double *rate, const int *expect) {
+  Inst in;
+  memset(&in, 0, sizeof in);
+  in.N = N;
+  for (int k = 0; k < N; k++) in.fwd[k] = 1e6, in.bwd[k] = 2e6;
+  for (int k = -1; k < N; k++) in.edges[in.nedges++] = (PartEdge){k, k + 1, 1000, k < 0 ? 0 : 1000};
+  in.machine.memcpy_bw = 1e10;
+  for (int s = 0; s < n; s++) in.machine.dev[s].flops = rate[s], in.machine.link[s] = (Link){1e9, 1e-6};
+  PartProblem *p = &in.p;
+  p->N = N, p->fwd_flops = in.fwd, p->bwd_flops = in.bwd, p->traffic = in.traffic, p->param_bytes = in.param;
+  p->stash_bytes = in.stash, p->work_bytes = in.work, p->edges = in.edges, p->nedges = in.nedges;
+  p->nstages = n, p->microbatches = 4, p->schedule = SCHED_1F1B, p->machine = &in.machine;
+  Pool pool = {0};
+  Partition pt;
+  int rc = partition_solve(p, &pt, &pool);
+  int ok = rc == 0;
+  for (int s = 0; ok && s <= n; s++) ok = pt.start[s] == expect[s];
+  char got[128] = "";
+  for (int s = 0; rc == 0 && s <= n; s++) snprintf(got + strlen(got), sizeof got - strlen(got), " %d", pt.start[s]);
+  CHECK(ok, "chain of %d equal layers over %d ranks: cuts%s\n", N, n, got);
+  if (ok) printf("ok - chain of %d equal layers over %d ranks splits at%s\n", N, n, got);
+  pool_free(&pool);
+}
+
+int main(void) {
+  test_random();
+  double eq[8] = {1e9, 1e9, 1e9, 1e9, 1e9, 1e9, 1e9, 1e9};
+  test_chain(8, 4, eq, (int[]){0, 2, 4, 6, 8});
+  test_chain(24, 8, eq, (int[]){0, 3, 6, 9, 12, 15, 18, 21, 24});
+  test_chain(12, 3, eq, (int[]){0, 4, 8, 12});
+  /* A rank twice as fast gets about twice the work. */
+  double het[2] = {1e9, 2e9};
+  test_chain(30, 2, het, (int[]){0, 10, 30});
+  double het3[3] = {2e9, 1e9, 1e9};
+  test_chain(40, 3, het3, (int[]){0, 20, 30, 40});
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed != 0;
+}
