@@ -23,8 +23,17 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all deps test demo models clean unit-tests fuzz asan
-all: bin/pipecc
+.PHONY: all deps test demo models clean unit-tests fuzz asan probe
+all: bin/pipecc bin/pipecc-probe
+
+# Measures the MPI link; pipecc runs it when it first probes the machine.
+bin/pipecc-probe: runtime/probe_mpi.c
+	@mkdir -p $(@D)
+	mpicc $(CFLAGS) $(WARN) $< -o $@
+probe: bin/pipecc-probe bin/pipecc
+	rm -f $${PIPECC_CACHE:-$$HOME/.cache/pipecc/machine.txt}
+	bin/pipecc onnx_models/mlp.onnx -n 2 -o build/probe.pipe >/dev/null
+	cat $${PIPECC_CACHE:-$$HOME/.cache/pipecc/machine.txt}
 
 deps:
 	@missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -76,7 +85,7 @@ build/fuzz/%.o: compiler/%.c compiler/*.h compiler/*.def $(PB_DIR)/onnx.pb-c.h
 bin/fuzz_loader: tests/fuzz_loader.c $(FUZZ_OBJ)
 	clang -O1 -g -fsanitize=fuzzer,address,undefined $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
 
-test: bin/pipecc bin/pipecc-asan bin/test_partition bin/test_units bin/fuzz_loader
+test: bin/pipecc bin/pipecc-probe bin/pipecc-asan bin/test_partition bin/test_units bin/fuzz_loader
 	@bash tests/run.sh
 
 demo: deps

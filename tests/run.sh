@@ -38,6 +38,7 @@ suite "shapes vs onnx.shape_inference (ASan build)" env PIPECC=bin/pipecc-asan $
 suite "bad input (ASan build)" env PIPECC=bin/pipecc-asan bash tests/test_cli.sh
 suite "listings on every sample model" env PIPECC=bin/pipecc $PY tests/test_listing.py
 suite "constant folding of exported shape arithmetic (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_fold.py
+suite "loader: external data, typed fields, value_info (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_loader.py
 
 fuzz() {
   local secs=${FUZZ_SECONDS:-30}

@@ -1,0 +1,104 @@
+"""Loader paths the sample files do not take: initializers in ONNX external-data
+files (how models over 2 GB keep their weights), in typed fields (float_data,
+int64_data) instead of raw_data, and with value_info present.  Each variant must
+give exactly the plan the original gives; broken external data must be an error
+naming the initializer.  Run with /usr/bin/python3."""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
+DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
+passed = failed = 0
+
+
+def check(cond, what):
+    global passed, failed
+    passed += bool(cond)
+    failed += not cond
+    print(("ok - " if cond else "not ok - ") + what)
+    return cond
+
+
+def plan(path, out):
+    r = subprocess.run([PIPECC, path, "-n", "4", "--batch", "8", "--devices", DEVICES, "-o", out], capture_output=True, text=True)
+    if r.returncode:
+        return None, r.stderr.strip()
+    p = json.load(open(os.path.join(out, "plan.json")))
+    p.pop("model")
+    return p, ""
+
+
+def shapes(path):
+    r = subprocess.run([PIPECC, path, "--batch", "8", "--dump-shapes"], capture_output=True, text=True)
+    return r.stdout if r.returncode == 0 else r.stderr
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="pipecc-loader.")
+    os.environ["PIPECC_CACHE"] = os.path.join(tmp, "machine.txt")
+    for name in ("lenet", "resnet", "gpt"):
+        src = os.path.join(ROOT, "onnx_models", name + ".onnx")
+        want, err = plan(src, os.path.join(tmp, name + ".pipe"))
+        want_shapes = shapes(src)
+        check(want is not None, f"{name}: original plans ({err})")
+
+        ext_dir = os.path.join(tmp, name + "_ext")
+        os.makedirs(ext_dir)
+        m = onnx.load(src)
+        ext = os.path.join(ext_dir, "model.onnx")
+        onnx.save_model(m, ext, save_as_external_data=True, all_tensors_to_one_file=True, location="weights.bin",
+                        size_threshold=0)
+        got, err = plan(ext, os.path.join(tmp, name + "_ext.pipe"))
+        check(got == want and shapes(ext) == want_shapes, f"{name}: external-data weights give the same plan ({err})")
+
+        m = onnx.load(src)
+        for i, t in enumerate(m.graph.initializer):
+            arr = numpy_helper.to_array(t)
+            typed = onnx.helper.make_tensor(t.name, t.data_type, arr.shape, arr.flatten().tolist(), raw=False)
+            m.graph.initializer[i].CopyFrom(typed)
+        check(not any(t.HasField("raw_data") for t in m.graph.initializer), f"{name}: typed-field copy has no raw_data")
+        typed_path = os.path.join(tmp, name + "_typed.onnx")
+        onnx.save(m, typed_path)
+        got, err = plan(typed_path, os.path.join(tmp, name + "_typed.pipe"))
+        check(got == want and shapes(typed_path) == want_shapes, f"{name}: typed-field initializers give the same plan ({err})")
+
+        vi_path = os.path.join(tmp, name + "_vi.onnx")
+        onnx.save(onnx.shape_inference.infer_shapes(onnx.load(src)), vi_path)
+        got, err = plan(vi_path, os.path.join(tmp, name + "_vi.pipe"))
+        check(got == want, f"{name}: with value_info the plan is the same ({err})")
+
+    # Broken external data: outside the folder, missing file, too short.
+    base = os.path.join(tmp, "lenet_ext")
+    for label, edit, words in (
+        ("a location outside the model's folder", lambda d: d.update(location="../weights.bin"), "leaves the model's folder"),
+        ("a missing data file", lambda d: d.update(location="nope.bin"), "cannot open external data"),
+        ("an offset past the end", lambda d: d.update(offset="99999999"), "shorter than"),
+    ):
+        m = onnx.load(os.path.join(base, "model.onnx"), load_external_data=False)
+        t = m.graph.initializer[0]
+        entries = {e.key: e.value for e in t.external_data}
+        edit(entries)
+        del t.external_data[:]
+        for k, v in entries.items():
+            t.external_data.add(key=k, value=v)
+        bad = os.path.join(base, "bad.onnx")
+        with open(bad, "wb") as f:
+            f.write(m.SerializeToString())
+        out = os.path.join(tmp, "bad.pipe")
+        r = subprocess.run([PIPECC, bad, "-o", out], capture_output=True, text=True)
+        check(r.returncode == 2 and words in r.stderr and t.name in r.stderr and not os.path.exists(out),
+              f"external data with {label}: exit 2 naming '{t.name}' ({r.stderr.strip()})")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
