@@ -39,6 +39,9 @@ static void stage_text(const Plan *p, int s, Buf *b) {
   buf_printf(b, "  memory       %s = params %s + grads %s + optimizer %s + stash %d x %s + received %s + workspace %s\n",
              fmt_bytes(c->mem_total), fmt_bytes(c->mem_params), fmt_bytes(c->mem_grads), fmt_bytes(c->mem_opt), c->inflight,
              fmt_bytes(c->inflight ? c->mem_stash / c->inflight : 0), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work));
+  if (p->arena)
+    buf_printf(b, "  arena        %s (%lld bytes), laid out by the compiler: no allocation while training\n", fmt_bytes((double)p->arena[s]),
+               (long long)p->arena[s]);
   for (int pass = 0; pass < 2; pass++) {
     int cut = pass ? e : a, any = 0;
     for (int q = 0; q < p->nedges; q++) {
@@ -196,6 +199,7 @@ void listing_json(const Plan *p, Buf *b) {
     buf_printf(b, "     \"memory\": {\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"stash\": %.0f, \"received\": %.0f, "
                   "\"workspace\": %.0f, \"total\": %.0f, \"inflight\": %d},\n",
                c->mem_params, c->mem_grads, c->mem_opt, c->mem_stash, c->mem_recv, c->mem_work, c->mem_total, c->inflight);
+    if (p->arena) buf_printf(b, "     \"arena_bytes\": %lld,\n", (long long)p->arena[s]);
     buf_printf(b, "     \"recv\": ");
     json_edges(p, b, a);
     buf_printf(b, ",\n     \"send\": ");

@@ -12,6 +12,7 @@
 #include "listing.h"
 #include "outdir.h"
 #include "plan.h"
+#include "stageprog.h"
 
 #define VERSION "0.1.0"
 
@@ -32,6 +33,7 @@ static void usage(FILE *f) {
         "  --lr X --momentum X --weight-decay X   optimizer hyper-parameters\n"
         "  --listing             print the plan listing (always written to DIR/schedule.txt)\n"
         "  --dump-shapes         print every tensor's inferred type and shape, write nothing\n"
+        "  --plan-only           write the plan and listing but no stage programs\n"
         "  -h, --help            this text;  --version  the version\n",
         f);
 }
@@ -146,6 +148,8 @@ int main(int argc, char **argv) {
       o.listing = 1;
     } else if (!strcmp(a, "--dump-shapes")) {
       o.dump_shapes = 1;
+    } else if (!strcmp(a, "--plan-only")) {
+      o.plan_only = 1;
     } else if (a[0] == '-' && a[1]) {
       return bad("unknown flag '%s'%s", a, "");
     } else if (o.model) {
@@ -169,12 +173,26 @@ int main(int argc, char **argv) {
   if (o.dump_shapes) {
     dump_shapes(&p);
   } else {
+    /* Stage programs first: the listing reports their arena sizes. */
+    StageProg *progs = NULL;
+    int ok = 1;
+    if (!o.plan_only) {
+      progs = pool_alloc(&p.g.pool, sizeof(StageProg) * (size_t)o.nstages);
+      p.arena = pool_alloc(&p.g.pool, sizeof(int64_t) * (size_t)o.nstages);
+      if (autodiff_build(&p, progs, &p.g.pool)) {
+        fprintf(stderr, "pipecc: error: %s: %s (--plan-only writes the plan and listing alone)\n", o.model, err_msg());
+        ok = 0, rc = 2;
+      } else {
+        for (int s = 0; s < o.nstages; s++) memplan(&p, &progs[s]), p.arena[s] = progs[s].arena_bytes;
+      }
+    }
     Buf text = {0}, json = {0};
-    listing_text(&p, &text);
-    listing_json(&p, &json);
+    if (ok) listing_text(&p, &text), listing_json(&p, &json);
     OutDir d = {0};
-    if (outdir_begin(&d, o.outdir) || outdir_write(&d, "schedule.txt", text.s, text.len) ||
-        outdir_write(&d, "plan.json", json.s, json.len) || outdir_commit(&d)) {
+    if (!ok) {
+      /* reported above */
+    } else if (outdir_begin(&d, o.outdir) || outdir_write(&d, "schedule.txt", text.s, text.len) ||
+        outdir_write(&d, "plan.json", json.s, json.len) || (progs && emit_all(&p, progs, &d)) || outdir_commit(&d)) {
       fprintf(stderr, "pipecc: error: %s\n", err_msg());
       outdir_abort(&d);
       rc = 2;

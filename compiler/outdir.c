@@ -41,7 +41,7 @@ int outdir_write(OutDir *d, const char *name, const char *data, size_t len) {
   snprintf(path, sizeof path, "%s/%s", d->tmp, name);
   char *slash = strrchr(path, '/');
   /* Create sub-directories (weights/) on the way. */
-  for (char *p = path + strlen(d->tmp) + 1; p < slash; p++)
+  for (char *p = path + strlen(d->tmp) + 1; p <= slash; p++)
     if (*p == '/') {
       *p = 0;
       mkdir(path, 0755);
@@ -52,6 +52,33 @@ int outdir_write(OutDir *d, const char *name, const char *data, size_t len) {
   int ok = fwrite(data, 1, len, f) == len;
   ok &= fclose(f) == 0;
   if (!ok) return err_set("cannot write %s: %s", path, strerror(errno));
+  return 0;
+}
+
+int outdir_copy(OutDir *d, const char *name, const char *src) {
+  FILE *f = fopen(src, "rb");
+  if (!f) return err_set("cannot read %s: %s", src, strerror(errno));
+  char path[8192];
+  snprintf(path, sizeof path, "%s/%s", d->tmp, name);
+  FILE *o = fopen(path, "wb");
+  if (!o) {
+    fclose(f);
+    return err_set("cannot write %s: %s", path, strerror(errno));
+  }
+  char buf[1 << 16];
+  size_t n;
+  int ok = 1;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) ok &= fwrite(buf, 1, n, o) == n;
+  ok &= !ferror(f);
+  fclose(f);
+  ok &= fclose(o) == 0;
+  return ok ? 0 : err_set("cannot copy %s to %s", src, path);
+}
+
+int outdir_chmod(OutDir *d, const char *name, int mode) {
+  char path[8192];
+  snprintf(path, sizeof path, "%s/%s", d->tmp, name);
+  if (chmod(path, (mode_t)mode)) return err_set("cannot chmod %s: %s", path, strerror(errno));
   return 0;
 }
 

@@ -7,7 +7,7 @@
 
 typedef struct Options {
   const char *model, *outdir, *devices, *optimizer;
-  int nstages, microbatches, schedule, listing, dump_shapes;
+  int nstages, microbatches, schedule, listing, dump_shapes, plan_only;
   int64_t batch;
   double mem_limit, lr, momentum, weight_decay;
 } Options;
@@ -28,6 +28,7 @@ typedef struct Plan {
   PartProblem prob;
   Partition part;
   Schedule sched, slots; /* predicted timing, and the unit-time table */
+  int64_t *arena;    /* per stage, once the stage programs are laid out (NULL before) */
 } Plan;
 
 /* Loads, infers, costs, partitions and schedules.  -1 with err_set on failure. */

@@ -33,7 +33,7 @@ def check(cond, what):
 
 def run(model, n, out, *extra):
     t0 = time.time()
-    r = subprocess.run([PIPECC, model, "-n", str(n), "-o", out, *extra], capture_output=True, text=True)
+    r = subprocess.run([PIPECC, model, "-n", str(n), "-o", out, "--plan-only", *extra], capture_output=True, text=True)
     return r, time.time() - t0
 
 

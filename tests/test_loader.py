@@ -28,7 +28,8 @@ def check(cond, what):
 
 
 def plan(path, out):
-    r = subprocess.run([PIPECC, path, "-n", "4", "--batch", "8", "--devices", DEVICES, "-o", out], capture_output=True, text=True)
+    r = subprocess.run([PIPECC, path, "-n", "4", "--batch", "8", "--devices", DEVICES, "-o", out, "--plan-only"],
+                       capture_output=True, text=True)
     if r.returncode:
         return None, r.stderr.strip()
     p = json.load(open(os.path.join(out, "plan.json")))

@@ -1,0 +1,444 @@
+/* autodiff.c - each stage's forward and backward program.
+ *
+ * Forward: one kernel call per node, in order.  Backward: the nodes in
+ * reverse, one call per gradient (the gradient for an op's input and the one
+ * for its weights are separate calls, so schedules can later split them).
+ * A tensor read by several nodes gets its gradient summed in reverse node
+ * order - the first contribution writes, the rest add - and a value that
+ * crosses into later stages starts from the gradient those stages send back.
+ * This order is the same whatever the partition, so -n 1 and -n 4 compute
+ * the same sums in the same order. */
+#include <stdarg.h>
+#include <string.h>
+
+#include "ops.h"
+#include "stageprog.h"
+
+typedef struct Ctx {
+  Plan *p;
+  StageProg *sp;
+  Pool *pool;
+  int s, a, e;        /* stage and its compute-node range */
+  int *fbuf, *gbuf;   /* tensor -> forward / gradient buffer in this stage (-1) */
+  int *gcount;        /* gradient contributions so far */
+  const char *needs;  /* tensor needs a gradient */
+  Call *cur;
+} Ctx;
+
+static const char *cname(Pool *pool, const char *prefix, const char *name) {
+  char *s = pool_printf(pool, "%s%s", prefix, name);
+  for (char *c = s; *c; c++)
+    if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9'))) *c = '_';
+  return s;
+}
+
+static int add_buf(Ctx *c, const char *prefix, int tensor, int kind, int64_t bytes, int dtype) {
+  StageProg *sp = c->sp;
+  if (sp->nbufs == sp->capbufs) {
+    sp->capbufs = sp->capbufs ? 2 * sp->capbufs : 64;
+    sp->bufs = pool_realloc(c->pool, sp->bufs, sizeof(Buffer) * (size_t)sp->capbufs);
+  }
+  Buffer *b = &sp->bufs[sp->nbufs];
+  memset(b, 0, sizeof *b);
+  const char *base = tensor >= 0 ? c->p->g.t[tensor].name : "work";
+  b->name = cname(c->pool, prefix, base);
+  /* Names must be unique C identifiers: add the buffer number when needed. */
+  for (int i = 0; i < sp->nbufs; i++)
+    if (!strcmp(sp->bufs[i].name, b->name)) {
+      b->name = pool_printf(c->pool, "%s_%d", b->name, sp->nbufs);
+      break;
+    }
+  b->tensor = tensor, b->kind = kind, b->bytes = bytes, b->dtype = dtype;
+  b->first = b->last = -1;
+  return sp->nbufs++;
+}
+
+static Call *new_call(Ctx *c, int bwd, const char *comment) {
+  StageProg *sp = c->sp;
+  Call **list = bwd ? &sp->bwd : &sp->fwd;
+  int *n = bwd ? &sp->nbwd : &sp->nfwd, *cap = bwd ? &sp->capbwd : &sp->capfwd;
+  if (*n == *cap) {
+    *cap = *cap ? 2 * *cap : 64;
+    *list = pool_realloc(c->pool, *list, sizeof(Call) * (size_t)*cap);
+  }
+  Call *k = &(*list)[(*n)++];
+  memset(k, 0, sizeof *k);
+  k->comment = comment;
+  c->cur = k;
+  return k;
+}
+
+static void rd(Call *k, int b) {
+  if (b >= 0 && k->nreads < 12) k->reads[k->nreads++] = b;
+}
+static void wr(Call *k, int b) {
+  if (b >= 0 && k->nwrites < 6) k->writes[k->nwrites++] = b;
+}
+
+static void text(Ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void text(Ctx *c, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  char *s = pool_alloc(c->pool, (size_t)n + 1);
+  va_start(ap, fmt);
+  vsnprintf(s, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  c->cur->text = s;
+}
+
+static void decl(Ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void decl(Ctx *c, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(NULL, 0, fmt, ap);
+  va_end(ap);
+  char *s = pool_alloc(c->pool, (size_t)n + 1);
+  va_start(ap, fmt);
+  vsnprintf(s, (size_t)n + 1, fmt, ap);
+  va_end(ap);
+  c->cur->decl = s;
+}
+
+static Tensor *T(Ctx *c, int idx) { return &c->p->g.t[idx]; }
+
+/* A float as a valid C literal: 1.0f, 0.05f, 1e-05f. */
+static const char *flit(Ctx *c, float v) {
+  char num[64];
+  snprintf(num, sizeof num, "%.9g", v);
+  int plain = !strpbrk(num, ".eEni");
+  return pool_printf(c->pool, "%s%sf", num, plain ? ".0" : "");
+}
+
+/* The buffer holding tensor t's value in this stage: a parameter, or an
+ * activation produced here or received. */
+static int fb(Ctx *c, int t) { return c->fbuf[t]; }
+
+/* Gradient buffer for input tensor t of a node, and whether to add. */
+static int grad_target(Ctx *c, int t, int *acc) {
+  Tensor *x = T(c, t);
+  if (c->gbuf[t] < 0) {
+    if (x->is_param) c->gbuf[t] = add_buf(c, "dW_", t, BUF_PGRAD, tensor_bytes(x), DT_FLOAT);
+    else c->gbuf[t] = add_buf(c, "d_", t, BUF_TEMP, tensor_bytes(x), DT_FLOAT);
+    c->sp->bufs[c->gbuf[t]].is_grad = 1;
+  }
+  /* Weight gradients always add: they are zeroed once per step and summed over micro-batches. */
+  *acc = x->is_param ? 1 : c->gcount[t] > 0;
+  c->gcount[t]++;
+  return c->gbuf[t];
+}
+
+static int out_buf(Ctx *c, int t) {
+  if (c->fbuf[t] < 0) c->fbuf[t] = add_buf(c, "", t, BUF_TEMP, tensor_bytes(T(c, t)), T(c, t)->dtype);
+  return c->fbuf[t];
+}
+
+static int64_t numel(Ctx *c, int t) { return ir_numel(T(c, t)); }
+
+/* ---- rules: forward and backward per op ---- */
+
+static void gemm_dims(Ctx *c, Node *n, int *M, int *N, int *K, int *ta, int *tb, int *cm, int *cn) {
+  Tensor *A = T(c, n->in[0]), *Y = T(c, n->out[0]);
+  *ta = (int)attr_int(n, "transA", 0), *tb = (int)attr_int(n, "transB", 0);
+  *M = (int)Y->dims[0], *N = (int)Y->dims[1], *K = (int)(*ta ? A->dims[0] : A->dims[1]);
+  *cm = *cn = 0;
+  if (n->nin > 2 && n->in[2] >= 0) {
+    Tensor *C = T(c, n->in[2]);
+    *cm = C->rank == 2 ? (int)C->dims[0] : 1;
+    *cn = C->rank >= 1 ? (int)C->dims[C->rank - 1] : 1;
+  }
+}
+
+static int fwd_rule(Ctx *c, Node *n, int j) {
+  const char *op = n->op;
+  int y = out_buf(c, n->out[0]);
+  Call *k = new_call(c, 0, n->name);
+  int x = fb(c, n->in[0]);
+  rd(k, x), wr(k, y);
+  if (!strcmp(op, "Gemm")) {
+    int M, N, K, ta, tb, cm, cn;
+    gemm_dims(c, n, &M, &N, &K, &ta, &tb, &cm, &cn);
+    int b = fb(c, n->in[1]), cc = cm ? fb(c, n->in[2]) : -1;
+    rd(k, b), rd(k, cc);
+    text(c, "k_gemm(@%d@, @%d@, %s%s%s, @%d@, %d, %d, %d, %d, %d, %s, %s, %d, %d);", x, b, cm ? "@" : "NULL",
+         cm ? pool_printf(c->pool, "%d", cc) : "", cm ? "@" : "", y, M, N, K, ta, tb, flit(c, attr_float(n, "alpha", 1)),
+         flit(c, attr_float(n, "beta", 1)), cm, cn);
+  } else if (!strcmp(op, "Relu") || !strcmp(op, "Tanh") || !strcmp(op, "Sigmoid")) {
+    const char *fn = op[0] == 'R' ? "k_relu" : op[0] == 'T' ? "k_tanh" : "k_sigmoid";
+    text(c, "%s(@%d@, @%d@, %lld);", fn, x, y, (long long)numel(c, n->out[0]));
+  } else if (!strcmp(op, "Flatten") || !strcmp(op, "Reshape") || !strcmp(op, "Identity") || !strcmp(op, "Squeeze") ||
+             !strcmp(op, "Unsqueeze")) {
+    text(c, "k_copy(@%d@, @%d@, %lld);", x, y, (long long)numel(c, n->out[0]));
+  } else if (!strcmp(op, "Conv")) {
+    Tensor *X = T(c, n->in[0]), *W = T(c, n->in[1]), *Y = T(c, n->out[0]);
+    if (X->rank != 4) return err_set("node '%s' (Conv): only 2-D convolution trains so far", n->name);
+    int64_t pads[4] = {0, 0, 0, 0}, st[2] = {1, 1}, dl[2] = {1, 1};
+    attr_ints(n, "pads", pads, 4), attr_ints(n, "strides", st, 2), attr_ints(n, "dilations", dl, 2);
+    if (strcmp(attr_str(n, "auto_pad", "NOTSET"), "NOTSET"))
+      return err_set("node '%s' (Conv): auto_pad does not train yet; export with explicit pads", n->name);
+    int w = fb(c, n->in[1]), b = n->nin > 2 && n->in[2] >= 0 ? fb(c, n->in[2]) : -1;
+    int64_t kk = W->dims[1] * W->dims[2] * W->dims[3], sp = Y->dims[2] * Y->dims[3];
+    int col = add_buf(c, "col_", n->out[0], BUF_TEMP, 4 * kk * sp, DT_FLOAT);
+    rd(k, w), rd(k, b), wr(k, col);
+    decl(c, "static const ConvShape CONV_%d = {%lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld};",
+         j, (long long)X->dims[0], (long long)X->dims[1], (long long)X->dims[2], (long long)X->dims[3], (long long)W->dims[0],
+         (long long)W->dims[2], (long long)W->dims[3], (long long)attr_int(n, "group", 1), (long long)Y->dims[2],
+         (long long)Y->dims[3], (long long)st[0], (long long)st[1], (long long)pads[0], (long long)pads[1], (long long)dl[0],
+         (long long)dl[1]);
+    text(c, "k_conv(@%d@, @%d@, %s, @%d@, @%d@, &CONV_%d);", x, w, b >= 0 ? pool_printf(c->pool, "@%d@", b) : "NULL", y, col, j);
+  } else if (!strcmp(op, "MaxPool") || !strcmp(op, "AveragePool") || !strcmp(op, "GlobalAveragePool")) {
+    Tensor *X = T(c, n->in[0]), *Y = T(c, n->out[0]);
+    if (X->rank != 4) return err_set("node '%s' (%s): only 2-D pooling trains so far", n->name, op);
+    int64_t ks[2] = {X->dims[2], X->dims[3]}, pads[4] = {0, 0, 0, 0}, st[2] = {1, 1}, dl[2] = {1, 1};
+    if (op[0] != 'G') {
+      attr_ints(n, "kernel_shape", ks, 2), attr_ints(n, "pads", pads, 4), attr_ints(n, "strides", st, 2);
+      attr_ints(n, "dilations", dl, 2);
+      if (strcmp(attr_str(n, "auto_pad", "NOTSET"), "NOTSET"))
+        return err_set("node '%s' (%s): auto_pad does not train yet; export with explicit pads", n->name, op);
+    }
+    decl(c, "static const PoolShape POOL_%d = {%lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld, %lld};",
+         j, (long long)X->dims[0], (long long)X->dims[1], (long long)X->dims[2], (long long)X->dims[3], (long long)Y->dims[2],
+         (long long)Y->dims[3], (long long)ks[0], (long long)ks[1], (long long)st[0], (long long)st[1], (long long)pads[0],
+         (long long)pads[1], (long long)dl[0], (long long)dl[1], (long long)attr_int(n, "count_include_pad", 0));
+    text(c, "%s(@%d@, @%d@, &POOL_%d);", op[0] == 'M' ? "k_maxpool" : "k_avgpool", x, y, j);
+  } else {
+    return err_set("node '%s' uses %s, which has no training kernel yet (trainable so far: Gemm, Conv, MaxPool, AveragePool, "
+                   "GlobalAveragePool, Relu, Tanh, Sigmoid, Flatten, Reshape, Identity, Squeeze, Unsqueeze)", n->name, op);
+  }
+  return 0;
+}
+
+static int needs(Ctx *c, Node *n, int k) { return k < n->nin && n->in[k] >= 0 && c->needs[n->in[k]]; }
+
+static void bwd_rule(Ctx *c, Node *n, int j) {
+  const char *op = n->op;
+  int dy = c->gbuf[n->out[0]], x = fb(c, n->in[0]), y = fb(c, n->out[0]), acc;
+  if (!strcmp(op, "Gemm")) {
+    int M, N, K, ta, tb, cm, cn;
+    gemm_dims(c, n, &M, &N, &K, &ta, &tb, &cm, &cn);
+    int b = fb(c, n->in[1]);
+    float alpha = attr_float(n, "alpha", 1), beta = attr_float(n, "beta", 1);
+    if (needs(c, n, 1)) {
+      int db = grad_target(c, n->in[1], &acc);
+      Call *k = new_call(c, 1, n->name);
+      rd(k, dy), rd(k, x), wr(k, db);
+      text(c, "k_gemm_dB(@%d@, @%d@, @%d@, %d, %d, %d, %d, %d, %s, %d);", dy, x, db, M, N, K, ta, tb, flit(c, alpha), acc);
+    }
+    if (cm && needs(c, n, 2)) {
+      int dc = grad_target(c, n->in[2], &acc);
+      Call *k = new_call(c, 1, n->name);
+      rd(k, dy), wr(k, dc);
+      text(c, "k_gemm_dC(@%d@, @%d@, %d, %d, %d, %d, %s, %d);", dy, dc, M, N, cm, cn, flit(c, beta), acc);
+    }
+    if (needs(c, n, 0)) {
+      int dx = grad_target(c, n->in[0], &acc);
+      Call *k = new_call(c, 1, n->name);
+      rd(k, dy), rd(k, b), wr(k, dx);
+      text(c, "k_gemm_dA(@%d@, @%d@, @%d@, %d, %d, %d, %d, %d, %s, %d);", dy, b, dx, M, N, K, ta, tb, flit(c, alpha), acc);
+    }
+  } else if (!strcmp(op, "Relu") || !strcmp(op, "Tanh") || !strcmp(op, "Sigmoid")) {
+    if (!needs(c, n, 0)) return;
+    int dx = grad_target(c, n->in[0], &acc);
+    Call *k = new_call(c, 1, n->name);
+    rd(k, y), rd(k, dy), wr(k, dx);
+    const char *fn = op[0] == 'R' ? "k_relu_grad" : op[0] == 'T' ? "k_tanh_grad" : "k_sigmoid_grad";
+    text(c, "%s(@%d@, @%d@, @%d@, %lld, %d);", fn, y, dy, dx, (long long)numel(c, n->out[0]), acc);
+  } else if (!strcmp(op, "Conv")) {
+    int w = fb(c, n->in[1]), hasb = n->nin > 2 && n->in[2] >= 0;
+    Tensor *W = T(c, n->in[1]), *Y = T(c, n->out[0]);
+    int col = add_buf(c, "dcol_", n->out[0], BUF_TEMP, 4 * W->dims[1] * W->dims[2] * W->dims[3] * Y->dims[2] * Y->dims[3], DT_FLOAT);
+    if (needs(c, n, 1)) {
+      int dw = grad_target(c, n->in[1], &acc), db = hasb && needs(c, n, 2) ? grad_target(c, n->in[2], &acc) : -1;
+      Call *k = new_call(c, 1, n->name);
+      rd(k, x), rd(k, dy), wr(k, dw), wr(k, db), wr(k, col);
+      text(c, "k_conv_grad(@%d@, @%d@, @%d@, NULL, @%d@, %s, @%d@, &CONV_%d, 0, 1);", x, w, dy, dw,
+           db >= 0 ? pool_printf(c->pool, "@%d@", db) : "NULL", col, j);
+    }
+    if (needs(c, n, 0)) {
+      int dx = grad_target(c, n->in[0], &acc);
+      Call *k = new_call(c, 1, n->name);
+      rd(k, x), rd(k, w), rd(k, dy), wr(k, dx), wr(k, col);
+      text(c, "k_conv_grad(@%d@, @%d@, @%d@, @%d@, NULL, NULL, @%d@, &CONV_%d, %d, 1);", x, w, dy, dx, col, j, acc);
+    }
+  } else if (!strcmp(op, "MaxPool") || !strcmp(op, "AveragePool") || !strcmp(op, "GlobalAveragePool")) {
+    if (!needs(c, n, 0)) return;
+    int dx = grad_target(c, n->in[0], &acc);
+    Call *k = new_call(c, 1, n->name);
+    if (op[0] == 'M') {
+      rd(k, x), rd(k, dy), wr(k, dx);
+      text(c, "k_maxpool_grad(@%d@, @%d@, @%d@, &POOL_%d, %d);", x, dy, dx, j, acc);
+    } else {
+      rd(k, dy), wr(k, dx);
+      text(c, "k_avgpool_grad(@%d@, @%d@, &POOL_%d, %d);", dy, dx, j, acc);
+    }
+  } else { /* the reshapes */
+    if (!needs(c, n, 0)) return;
+    int dx = grad_target(c, n->in[0], &acc);
+    Call *k = new_call(c, 1, n->name);
+    rd(k, dy), wr(k, dx);
+    text(c, "k_copy_grad(@%d@, @%d@, %lld, %d);", dy, dx, (long long)numel(c, n->out[0]), acc);
+  }
+}
+
+/* Tensors on a path from a parameter: they need gradients. */
+static char *needs_grad(Plan *p, Pool *pool) {
+  Graph *g = &p->g;
+  char *need = pool_alloc(pool, (size_t)g->nt);
+  for (int i = 0; i < g->nt; i++) need[i] = g->t[i].is_param;
+  for (int k = 0; k < p->N; k++) {
+    Node *n = &g->n[p->node[k]];
+    const OpDef *d = op_find(n->op);
+    int any = 0;
+    for (int q = 0; q < n->nin; q++)
+      if (n->in[q] >= 0 && need[n->in[q]] && (d->diff_inputs >> (q < 31 ? q : 31) & 1)) any = 1;
+    for (int q = 0; q < n->nout; q++)
+      if (n->out[q] >= 0 && any && dtype_is_float(g->t[n->out[q]].dtype)) need[n->out[q]] = 1;
+  }
+  return need;
+}
+
+static int build_stage(Ctx *c) {
+  Plan *p = c->p;
+  Graph *g = &p->g;
+  StageProg *sp = c->sp;
+  int n = p->opt.nstages, last = c->s == n - 1;
+  /* Parameters this stage reads, in ONNX initializer (tensor) order. */
+  sp->params = pool_alloc(c->pool, sizeof(int) * (size_t)g->nt);
+  for (int i = 0; i < g->nt; i++) {
+    if (!g->t[i].is_param) continue;
+    int here = 0, other = -1;
+    for (int k = 0; k < p->N; k++) {
+      Node *nd = &g->n[p->node[k]];
+      for (int q = 0; q < nd->nin; q++)
+        if (nd->in[q] == i) {
+          if (k >= c->a && k < c->e) here = 1;
+          else other = k;
+        }
+    }
+    if (here && other >= 0)
+      return err_set("weight '%s' is read in stage %d and by node '%s' in another stage; weights shared across stages "
+                     "are not supported yet (use fewer stages)", g->t[i].name, c->s, g->n[p->node[other]].name);
+    if (!here) continue;
+    int b = add_buf(c, "W_", i, BUF_PARAM, tensor_bytes(&g->t[i]), DT_FLOAT);
+    c->fbuf[i] = b;
+    sp->params[sp->nparams++] = b;
+  }
+  /* What crosses the stage's cuts: received on the left, sent on the right. */
+  sp->recv = pool_alloc(c->pool, sizeof(Crossing) * (size_t)(p->nedges + 1));
+  sp->send = pool_alloc(c->pool, sizeof(Crossing) * (size_t)(p->nedges + 1));
+  for (int q = 0; q < p->nedges; q++) {
+    PartEdge *ed = &p->edges[q];
+    int t = p->edge_tensor[q];
+    if (ed->from < c->a && c->a <= ed->to) {
+      Crossing *x = &sp->recv[sp->nrecv++];
+      x->tensor = t;
+      x->from_loader = ed->from < 0 && c->s == 0;
+      x->buf = c->fbuf[t] = add_buf(c, "", t, BUF_RING, tensor_bytes(&g->t[t]), g->t[t].dtype);
+      x->gbuf = -1;
+      if (c->s > 0 && c->needs[t]) {
+        x->gbuf = add_buf(c, "d_", t, BUF_GRING, tensor_bytes(&g->t[t]), DT_FLOAT);
+        sp->bufs[x->gbuf].is_grad = 1;
+      }
+    }
+  }
+  for (int k = c->a; k < c->e; k++)
+    if (fwd_rule(c, &g->n[p->node[k]], p->node[k])) return -1;
+  for (int q = 0; q < p->nedges; q++) {
+    PartEdge *ed = &p->edges[q];
+    int t = p->edge_tensor[q];
+    if (!(ed->from < c->e && c->e <= ed->to)) continue;
+    if (last) { /* the graph output the loss reads */
+      if (!dtype_is_float(g->t[t].dtype)) return err_set("graph output '%s' is not float; the loss needs logits", g->t[t].name);
+      if (sp->loss_buf >= 0) return err_set("the model has more than one output; the loss takes one (logits)");
+      Tensor *L = &g->t[t];
+      if (L->rank < 2) return err_set("graph output '%s' %s must be [batch, classes] or [batch, seq, vocab]", L->name, shape_str(L));
+      sp->loss_buf = c->fbuf[t];
+      sp->bufs[sp->loss_buf].kind = BUF_RING;
+      sp->loss_classes = L->dims[L->rank - 1];
+      sp->loss_rows = ir_numel(L) / sp->loss_classes;
+      sp->dloss_buf = c->gbuf[t] = add_buf(c, "d_", t, BUF_RING, tensor_bytes(L), DT_FLOAT);
+      sp->bufs[sp->dloss_buf].is_grad = 1;
+      c->gcount[t] = 1;
+      sp->labels_buf = add_buf(c, "labels_", t, BUF_LABELS, 8 * sp->loss_rows, DT_INT64);
+      continue;
+    }
+    Crossing *x = &sp->send[sp->nsend++];
+    x->tensor = t;
+    x->buf = c->fbuf[t];
+    sp->bufs[x->buf].kind = BUF_RING;
+    x->gbuf = -1;
+    if (c->needs[t]) {
+      /* Receiving the gradient is its first contribution; local readers add. */
+      x->gbuf = c->gbuf[t] = add_buf(c, "d_", t, BUF_GRING, tensor_bytes(&g->t[t]), DT_FLOAT);
+      sp->bufs[x->gbuf].is_grad = 1;
+      c->gcount[t] = 1;
+    }
+  }
+  if (last && sp->loss_buf < 0) return err_set("the last stage has no graph output for the loss");
+  for (int k = c->e - 1; k >= c->a; k--) {
+    Node *nd = &g->n[p->node[k]];
+    if (c->gbuf[nd->out[0]] < 0 || !c->gcount[nd->out[0]]) continue; /* no gradient reaches it */
+    bwd_rule(c, nd, p->node[k]);
+  }
+  /* Gradients this stage sends back: received values it (or later stages) used. */
+  for (int r = 0; r < sp->nrecv; r++) {
+    Crossing *x = &sp->recv[r];
+    if (x->gbuf < 0) continue;
+    int t = x->tensor, have = c->gbuf[t];
+    if (have < 0 || !c->gcount[t]) {
+      Call *k = new_call(c, 1, "no gradient reaches it here");
+      wr(k, x->gbuf);
+      text(c, "memset(@%d@, 0, %lld);", x->gbuf, (long long)tensor_bytes(&g->t[t]));
+    } else if (have != x->gbuf) {
+      /* Retarget: the gradient was summed in a temporary; the ring copy is what is sent. */
+      Call *k = new_call(c, 1, "to the send buffer");
+      rd(k, have), wr(k, x->gbuf);
+      text(c, "k_copy_grad(@%d@, @%d@, %lld, 0);", have, x->gbuf, (long long)ir_numel(&g->t[t]));
+    }
+  }
+  /* A forward value that backward reads must survive until its micro-batch's
+   * backward: one copy per micro-batch in flight. */
+  for (int k = 0; k < sp->nbwd; k++)
+    for (int r = 0; r < sp->bwd[k].nreads; r++) {
+      Buffer *b = &sp->bufs[sp->bwd[k].reads[r]];
+      if (b->kind == BUF_TEMP && !b->is_grad && b->tensor >= 0 && c->fbuf[b->tensor] == sp->bwd[k].reads[r]) b->kind = BUF_RING;
+    }
+  /* Gradient and optimizer buffers for every weight. */
+  const char *optname = p->opt.optimizer ? p->opt.optimizer : "sgd";
+  int slots = !strcmp(optname, "sgd") ? (p->opt.momentum > 0) : 2;
+  sp->pgrad = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
+  sp->opt1 = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
+  sp->opt2 = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
+  for (int i = 0; i < sp->nparams; i++) {
+    int t = sp->bufs[sp->params[i]].tensor;
+    if (c->gbuf[t] < 0) {
+      int acc;
+      grad_target(c, t, &acc);
+    }
+    sp->pgrad[i] = c->gbuf[t];
+    sp->opt1[i] = slots >= 1 ? add_buf(c, "M1_", t, BUF_OPT, tensor_bytes(&g->t[t]), DT_FLOAT) : -1;
+    sp->opt2[i] = slots >= 2 ? add_buf(c, "M2_", t, BUF_OPT, tensor_bytes(&g->t[t]), DT_FLOAT) : -1;
+  }
+  return 0;
+}
+
+int autodiff_build(Plan *p, StageProg *progs, Pool *pool) {
+  Graph *g = &p->g;
+  const char *need = needs_grad(p, pool);
+  for (int s = 0; s < p->opt.nstages; s++) {
+    StageProg *sp = &progs[s];
+    memset(sp, 0, sizeof *sp);
+    sp->stage = s;
+    sp->loss_buf = sp->dloss_buf = sp->labels_buf = -1;
+    Ctx c = {p, sp, pool, s, p->part.start[s], p->part.start[s + 1], NULL, NULL, NULL, need, NULL};
+    c.fbuf = pool_alloc(pool, sizeof(int) * (size_t)g->nt);
+    c.gbuf = pool_alloc(pool, sizeof(int) * (size_t)g->nt);
+    c.gcount = pool_alloc(pool, sizeof(int) * (size_t)g->nt);
+    for (int i = 0; i < g->nt; i++) c.fbuf[i] = c.gbuf[i] = -1;
+    /* Constants a node reads (folded shapes are attributes of the call; float
+     * constants such as a scalar would need a buffer: not yet). */
+    if (build_stage(&c)) return -1;
+  }
+  return 0;
+}

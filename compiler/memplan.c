@@ -1,0 +1,74 @@
+/* memplan.c - one arena per stage, every buffer at an offset fixed here.
+ *
+ * Layout: weights | weight gradients | optimizer state | rings (one copy per
+ * micro-batch in flight) | gradient rings (2 copies) | labels | temporaries.
+ * Temporaries live within one forward or backward action; two of them share
+ * memory when their lifetimes (first and last call that touches them) do not
+ * overlap - greedy first fit, largest first. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "stageprog.h"
+
+#define ALIGN 64
+static int64_t up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
+
+static void touch(StageProg *sp, const Call *k, int when) {
+  for (int r = 0; r < k->nreads + k->nwrites; r++) {
+    int id = r < k->nreads ? k->reads[r] : k->writes[r - k->nreads];
+    Buffer *b = &sp->bufs[id];
+    if (b->first < 0 || when < b->first) b->first = when;
+    if (when > b->last) b->last = when;
+  }
+}
+
+static int by_size(const void *a, const void *b, void *ctx) {
+  const Buffer *bufs = ctx;
+  int64_t x = bufs[*(const int *)a].bytes, y = bufs[*(const int *)b].bytes;
+  return x < y ? 1 : x > y ? -1 : *(const int *)a - *(const int *)b;
+}
+
+void memplan(Plan *p, StageProg *sp) {
+  int n = p->opt.nstages, m = p->opt.microbatches;
+  int k = stage_inflight(p->opt.schedule, sp->stage, n, m);
+  /* One spare copy lets the next micro-batch's receive be posted early. */
+  sp->nslots = k + 1 < m ? k + 1 : m;
+  for (int i = 0; i < sp->nfwd; i++) touch(sp, &sp->fwd[i], i);
+  for (int i = 0; i < sp->nbwd; i++) touch(sp, &sp->bwd[i], 1000000 + i);
+  int64_t off = 0;
+  static const int order[] = {BUF_PARAM, BUF_PGRAD, BUF_OPT, BUF_RING, BUF_GRING, BUF_LABELS};
+  for (size_t o = 0; o < sizeof order / sizeof order[0]; o++) {
+    for (int i = 0; i < sp->nbufs; i++) {
+      Buffer *b = &sp->bufs[i];
+      if (b->kind != order[o]) continue;
+      b->offset = off;
+      int copies = b->kind == BUF_RING ? sp->nslots : b->kind == BUF_GRING ? 2 : 1;
+      off = b->kind == BUF_PARAM ? off + b->bytes : up(off + b->bytes * copies);
+    }
+    if (order[o] == BUF_PARAM) sp->weights_bytes = off, off = up(off);
+  }
+  /* Temporaries by first fit, largest first. */
+  int64_t base = off, end = off;
+  int *idx = malloc(sizeof(int) * (size_t)sp->nbufs), nt = 0;
+  for (int i = 0; i < sp->nbufs; i++)
+    if (sp->bufs[i].kind == BUF_TEMP) idx[nt++] = i;
+  qsort_r(idx, (size_t)nt, sizeof(int), by_size, sp->bufs);
+  for (int a = 0; a < nt; a++) {
+    Buffer *b = &sp->bufs[idx[a]];
+    if (b->first < 0) b->first = b->last = -2; /* never touched: still give it room */
+    int64_t at = base;
+    for (int moved = 1; moved;) {
+      moved = 0;
+      for (int q = 0; q < a; q++) {
+        Buffer *o = &sp->bufs[idx[q]];
+        int overlap_t = !(b->last < o->first || o->last < b->first);
+        int overlap_m = at < o->offset + up(o->bytes) && o->offset < at + up(b->bytes);
+        if (overlap_t && overlap_m) at = o->offset + up(o->bytes), moved = 1;
+      }
+    }
+    b->offset = at;
+    if (at + up(b->bytes) > end) end = at + up(b->bytes);
+  }
+  free(idx);
+  sp->arena_bytes = end;
+}

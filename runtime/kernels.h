@@ -1,0 +1,324 @@
+/* kernels.h - the compute kernels stage programs call, one per op and
+ * direction.  static inline so that the generated code's constant shapes
+ * specialise them; GEMM goes through CBLAS (OpenBLAS, one thread per rank).
+ *
+ * Conventions: row-major float32, NCHW.  Every backward kernel takes `acc`:
+ * 0 = write the gradient, 1 = add to what is there (a tensor read by several
+ * ops, or a weight gradient summed over micro-batches).  The order of those
+ * additions is fixed by the compiler, which is what makes -n 1 and -n 4
+ * produce bit-identical weights. */
+#ifndef PIPERUN_KERNELS_H
+#define PIPERUN_KERNELS_H
+#include <cblas.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- Gemm: Y = alpha * op(A) op(B) + beta * C, C broadcast from [cm, cn] ---- */
+static inline void k_gemm(const float *A, const float *B, const float *C, float *Y, int M, int N, int K, int ta, int tb,
+                          float alpha, float beta, int cm, int cn) {
+  if (C && beta != 0) {
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) Y[(int64_t)i * N + j] = beta * C[(int64_t)(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)];
+  }
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, ta ? M : K, B,
+              tb ? K : N, C && beta != 0 ? 1.0f : 0.0f, Y, N);
+}
+
+/* dA = alpha * dY op(B)^T (shape of A: [M,K], or [K,M] when ta). */
+static inline void k_gemm_dA(const float *dY, const float *B, float *dA, int M, int N, int K, int ta, int tb, float alpha,
+                             int acc) {
+  if (!ta) /* dA[M,K] = dY[M,N] . op(B)^T */
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasNoTrans : CblasTrans, M, K, N, alpha, dY, N, B, tb ? K : N,
+                acc ? 1.0f : 0.0f, dA, K);
+  else /* dA[K,M] = op(B) . dY^T */
+    cblas_sgemm(CblasRowMajor, tb ? CblasTrans : CblasNoTrans, CblasTrans, K, M, N, alpha, B, tb ? K : N, dY, N,
+                acc ? 1.0f : 0.0f, dA, M);
+}
+
+/* dB = alpha * op(A)^T dY (shape of B: [K,N], or [N,K] when tb). */
+static inline void k_gemm_dB(const float *dY, const float *A, float *dB, int M, int N, int K, int ta, int tb, float alpha,
+                             int acc) {
+  if (!tb) /* dB[K,N] = op(A)^T . dY */
+    cblas_sgemm(CblasRowMajor, ta ? CblasNoTrans : CblasTrans, CblasNoTrans, K, N, M, alpha, A, ta ? M : K, dY, N,
+                acc ? 1.0f : 0.0f, dB, N);
+  else /* dB[N,K] = dY^T . op(A) */
+    cblas_sgemm(CblasRowMajor, CblasTrans, ta ? CblasTrans : CblasNoTrans, N, K, M, alpha, dY, N, A, ta ? M : K,
+                acc ? 1.0f : 0.0f, dB, K);
+}
+
+/* dC = beta * dY summed over the broadcast axes. */
+static inline void k_gemm_dC(const float *dY, float *dC, int M, int N, int cm, int cn, float beta, int acc) {
+  if (!acc) memset(dC, 0, sizeof(float) * (size_t)cm * (size_t)cn);
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) dC[(int64_t)(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)] += beta * dY[(int64_t)i * N + j];
+}
+
+/* ---- elementwise activations ---- */
+static inline void k_relu(const float *x, float *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0;
+}
+static inline void k_relu_grad(const float *y, const float *dy, float *dx, int64_t n, int acc) {
+  for (int64_t i = 0; i < n; i++) {
+    float g = y[i] > 0 ? dy[i] : 0;
+    dx[i] = acc ? dx[i] + g : g;
+  }
+}
+static inline void k_tanh(const float *x, float *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = tanhf(x[i]);
+}
+static inline void k_tanh_grad(const float *y, const float *dy, float *dx, int64_t n, int acc) {
+  for (int64_t i = 0; i < n; i++) {
+    float g = dy[i] * (1 - y[i] * y[i]);
+    dx[i] = acc ? dx[i] + g : g;
+  }
+}
+static inline void k_sigmoid(const float *x, float *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = 1 / (1 + expf(-x[i]));
+}
+static inline void k_sigmoid_grad(const float *y, const float *dy, float *dx, int64_t n, int acc) {
+  for (int64_t i = 0; i < n; i++) {
+    float g = dy[i] * y[i] * (1 - y[i]);
+    dx[i] = acc ? dx[i] + g : g;
+  }
+}
+/* Reshape, Flatten, Squeeze, Unsqueeze, Identity: the bytes do not change. */
+static inline void k_copy(const float *x, float *y, int64_t n) {
+  if (x != y) memcpy(y, x, sizeof(float) * (size_t)n);
+}
+static inline void k_copy_grad(const float *dy, float *dx, int64_t n, int acc) {
+  if (acc)
+    for (int64_t i = 0; i < n; i++) dx[i] += dy[i];
+  else
+    memcpy(dx, dy, sizeof(float) * (size_t)n);
+}
+
+/* ---- 2-D convolution through im2col + GEMM ---- */
+typedef struct ConvShape {
+  int n, c, h, w;        /* input */
+  int m, kh, kw, group;  /* weight [m, c/group, kh, kw] */
+  int oh, ow;            /* output */
+  int sh, sw, ph, pw, dh, dw; /* strides, begin pads, dilations */
+} ConvShape;
+
+/* col[(c/g)*kh*kw, oh*ow] for one sample and group; zero where the window is in the padding. */
+static inline void k_im2col(const float *x, float *col, const ConvShape *s) {
+  int cg = s->c / s->group;
+  for (int ci = 0; ci < cg; ci++)
+    for (int ki = 0; ki < s->kh; ki++)
+      for (int kj = 0; kj < s->kw; kj++) {
+        float *row = col + ((int64_t)(ci * s->kh + ki) * s->kw + kj) * s->oh * s->ow;
+        for (int oy = 0; oy < s->oh; oy++) {
+          int iy = oy * s->sh - s->ph + ki * s->dh;
+          for (int ox = 0; ox < s->ow; ox++) {
+            int ix = ox * s->sw - s->pw + kj * s->dw;
+            row[oy * s->ow + ox] = iy >= 0 && iy < s->h && ix >= 0 && ix < s->w ? x[((int64_t)ci * s->h + iy) * s->w + ix] : 0;
+          }
+        }
+      }
+}
+
+static inline void k_col2im_add(const float *col, float *dx, const ConvShape *s) {
+  int cg = s->c / s->group;
+  for (int ci = 0; ci < cg; ci++)
+    for (int ki = 0; ki < s->kh; ki++)
+      for (int kj = 0; kj < s->kw; kj++) {
+        const float *row = col + ((int64_t)(ci * s->kh + ki) * s->kw + kj) * s->oh * s->ow;
+        for (int oy = 0; oy < s->oh; oy++) {
+          int iy = oy * s->sh - s->ph + ki * s->dh;
+          if (iy < 0 || iy >= s->h) continue;
+          for (int ox = 0; ox < s->ow; ox++) {
+            int ix = ox * s->sw - s->pw + kj * s->dw;
+            if (ix >= 0 && ix < s->w) dx[((int64_t)ci * s->h + iy) * s->w + ix] += row[oy * s->ow + ox];
+          }
+        }
+      }
+}
+
+static inline void k_conv(const float *x, const float *w, const float *b, float *y, float *col, const ConvShape *s) {
+  int cg = s->c / s->group, mg = s->m / s->group, kk = cg * s->kh * s->kw, sp = s->oh * s->ow;
+  for (int n = 0; n < s->n; n++)
+    for (int g = 0; g < s->group; g++) {
+      const float *xg = x + ((int64_t)n * s->c + (int64_t)g * cg) * s->h * s->w;
+      float *yg = y + ((int64_t)n * s->m + (int64_t)g * mg) * sp;
+      k_im2col(xg, col, s);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mg, sp, kk, 1.0f, w + (int64_t)g * mg * kk, kk, col, sp, 0.0f, yg, sp);
+      if (b)
+        for (int mi = 0; mi < mg; mi++)
+          for (int p = 0; p < sp; p++) yg[(int64_t)mi * sp + p] += b[g * mg + mi];
+    }
+}
+
+/* Gradients of a convolution: dw, db accumulate when acc_w; dx when acc_x.
+ * dx or dw/db may be NULL when not needed. */
+static inline void k_conv_grad(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db, float *col,
+                               const ConvShape *s, int acc_x, int acc_w) {
+  int cg = s->c / s->group, mg = s->m / s->group, kk = cg * s->kh * s->kw, sp = s->oh * s->ow;
+  if (dx && !acc_x) memset(dx, 0, sizeof(float) * (size_t)s->n * s->c * s->h * s->w);
+  if (dw && !acc_w) memset(dw, 0, sizeof(float) * (size_t)s->m * kk);
+  if (db && !acc_w) memset(db, 0, sizeof(float) * (size_t)s->m);
+  for (int n = 0; n < s->n; n++)
+    for (int g = 0; g < s->group; g++) {
+      const float *xg = x + ((int64_t)n * s->c + (int64_t)g * cg) * s->h * s->w;
+      const float *dyg = dy + ((int64_t)n * s->m + (int64_t)g * mg) * sp;
+      if (dw) {
+        k_im2col(xg, col, s);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mg, kk, sp, 1.0f, dyg, sp, col, sp, 1.0f, dw + (int64_t)g * mg * kk, kk);
+      }
+      if (db)
+        for (int mi = 0; mi < mg; mi++) {
+          float sum = 0;
+          for (int p = 0; p < sp; p++) sum += dyg[(int64_t)mi * sp + p];
+          db[g * mg + mi] += sum;
+        }
+      if (dx) {
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kk, sp, mg, 1.0f, w + (int64_t)g * mg * kk, kk, dyg, sp, 0.0f, col, sp);
+        k_col2im_add(col, dx + ((int64_t)n * s->c + (int64_t)g * cg) * s->h * s->w, s);
+      }
+    }
+}
+
+/* ---- pooling (2-D) ---- */
+typedef struct PoolShape {
+  int n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw;
+  int count_include_pad; /* AveragePool */
+} PoolShape;
+
+static inline void k_maxpool(const float *x, float *y, const PoolShape *s) {
+  for (int64_t nc = 0; nc < (int64_t)s->n * s->c; nc++)
+    for (int oy = 0; oy < s->oh; oy++)
+      for (int ox = 0; ox < s->ow; ox++) {
+        float best = -INFINITY;
+        for (int ki = 0; ki < s->kh; ki++) {
+          int iy = oy * s->sh - s->ph + ki * s->dh;
+          if (iy < 0 || iy >= s->h) continue;
+          for (int kj = 0; kj < s->kw; kj++) {
+            int ix = ox * s->sw - s->pw + kj * s->dw;
+            if (ix < 0 || ix >= s->w) continue;
+            float v = x[(nc * s->h + iy) * s->w + ix];
+            if (v > best || isnan(v)) best = v;
+          }
+        }
+        y[(nc * s->oh + oy) * s->ow + ox] = best;
+      }
+}
+
+/* The gradient goes to the first maximum of each window, as PyTorch does. */
+static inline void k_maxpool_grad(const float *x, const float *dy, float *dx, const PoolShape *s, int acc) {
+  if (!acc) memset(dx, 0, sizeof(float) * (size_t)s->n * s->c * s->h * s->w);
+  for (int64_t nc = 0; nc < (int64_t)s->n * s->c; nc++)
+    for (int oy = 0; oy < s->oh; oy++)
+      for (int ox = 0; ox < s->ow; ox++) {
+        float best = -INFINITY;
+        int64_t at = -1;
+        for (int ki = 0; ki < s->kh; ki++) {
+          int iy = oy * s->sh - s->ph + ki * s->dh;
+          if (iy < 0 || iy >= s->h) continue;
+          for (int kj = 0; kj < s->kw; kj++) {
+            int ix = ox * s->sw - s->pw + kj * s->dw;
+            if (ix < 0 || ix >= s->w) continue;
+            int64_t k = (nc * s->h + iy) * s->w + ix;
+            if (at < 0 || x[k] > best || (isnan(x[k]) && !isnan(best))) best = x[k], at = k;
+          }
+        }
+        if (at >= 0) dx[at] += dy[(nc * s->oh + oy) * s->ow + ox];
+      }
+}
+
+static inline int pool_count(const PoolShape *s, int oy, int ox) {
+  if (s->count_include_pad) return s->kh * s->kw;
+  int c = 0;
+  for (int ki = 0; ki < s->kh; ki++)
+    for (int kj = 0; kj < s->kw; kj++) {
+      int iy = oy * s->sh - s->ph + ki, ix = ox * s->sw - s->pw + kj;
+      c += iy >= 0 && iy < s->h && ix >= 0 && ix < s->w;
+    }
+  return c ? c : 1;
+}
+
+static inline void k_avgpool(const float *x, float *y, const PoolShape *s) {
+  for (int64_t nc = 0; nc < (int64_t)s->n * s->c; nc++)
+    for (int oy = 0; oy < s->oh; oy++)
+      for (int ox = 0; ox < s->ow; ox++) {
+        float sum = 0;
+        for (int ki = 0; ki < s->kh; ki++) {
+          int iy = oy * s->sh - s->ph + ki;
+          if (iy < 0 || iy >= s->h) continue;
+          for (int kj = 0; kj < s->kw; kj++) {
+            int ix = ox * s->sw - s->pw + kj;
+            if (ix >= 0 && ix < s->w) sum += x[(nc * s->h + iy) * s->w + ix];
+          }
+        }
+        y[(nc * s->oh + oy) * s->ow + ox] = sum / (float)pool_count(s, oy, ox);
+      }
+}
+
+static inline void k_avgpool_grad(const float *dy, float *dx, const PoolShape *s, int acc) {
+  if (!acc) memset(dx, 0, sizeof(float) * (size_t)s->n * s->c * s->h * s->w);
+  for (int64_t nc = 0; nc < (int64_t)s->n * s->c; nc++)
+    for (int oy = 0; oy < s->oh; oy++)
+      for (int ox = 0; ox < s->ow; ox++) {
+        float g = dy[(nc * s->oh + oy) * s->ow + ox] / (float)pool_count(s, oy, ox);
+        for (int ki = 0; ki < s->kh; ki++) {
+          int iy = oy * s->sh - s->ph + ki;
+          if (iy < 0 || iy >= s->h) continue;
+          for (int kj = 0; kj < s->kw; kj++) {
+            int ix = ox * s->sw - s->pw + kj;
+            if (ix >= 0 && ix < s->w) dx[(nc * s->h + iy) * s->w + ix] += g;
+          }
+        }
+      }
+}
+
+/* ---- the loss ---- */
+/* Softmax cross-entropy over `rows` rows of `classes` logits with integer
+ * labels.  Returns the SUM of the rows' losses (the caller divides); writes
+ * dlogits = (softmax - onehot) * scale. */
+static inline double k_softmax_xent(const float *logits, const int64_t *labels, float *dlogits, int64_t rows, int classes,
+                                    float scale) {
+  double total = 0;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *z = logits + r * classes;
+    float mx = z[0];
+    for (int k = 1; k < classes; k++) mx = z[k] > mx ? z[k] : mx;
+    float sum = 0;
+    for (int k = 0; k < classes; k++) sum += expf(z[k] - mx);
+    float lse = mx + logf(sum);
+    total += (double)(lse - z[labels[r]]);
+    for (int k = 0; k < classes; k++) {
+      float p = expf(z[k] - lse);
+      dlogits[r * classes + k] = (p - (k == labels[r] ? 1.0f : 0.0f)) * scale;
+    }
+  }
+  return total;
+}
+
+/* ---- optimizers (PyTorch's update rules, step by step) ---- */
+static inline void k_sgd(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd, int first) {
+  for (int64_t i = 0; i < n; i++) {
+    float d = g[i];
+    if (wd != 0) d = d + wd * p[i];
+    if (momentum != 0) {
+      buf[i] = first ? d : buf[i] * momentum + d;
+      d = buf[i];
+    }
+    p[i] = p[i] + (-lr) * d;
+  }
+}
+
+/* Adam (decoupled = 0) and AdamW (decoupled = 1); step counts from 1. */
+static inline void k_adam(float *p, const float *g, float *m, float *v, int64_t n, float lr, float beta1, float beta2, float eps,
+                          float wd, int decoupled, int64_t step) {
+  double bc1 = 1 - pow(beta1, (double)step), bc2 = 1 - pow(beta2, (double)step);
+  float step_size = (float)(lr / bc1), bc2_sqrt = (float)sqrt(bc2);
+  for (int64_t i = 0; i < n; i++) {
+    float grad = g[i];
+    if (decoupled) p[i] = p[i] * (1 - lr * wd);
+    else if (wd != 0) grad = grad + wd * p[i];
+    m[i] = m[i] * beta1 + grad * (1 - beta1);
+    v[i] = v[i] * beta2 + grad * grad * (1 - beta2);
+    float denom = sqrtf(v[i]) / bc2_sqrt + eps;
+    p[i] = p[i] + (-step_size) * (m[i] / denom);
+  }
+}
+#endif

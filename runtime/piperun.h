@@ -1,0 +1,69 @@
+/* piperun.h - libpiperun: what a generated stage program hands the runtime.
+ *
+ * The compiler decides everything static - buffer offsets, the schedule,
+ * what crosses each cut - and writes it into a PrStage.  pr_main runs it:
+ * MPI set-up, data, the step loop over the schedule table with
+ * non-blocking messages posted ahead, the optimizer, logging, checkpoints. */
+#ifndef PIPERUN_H
+#define PIPERUN_H
+#include <stdint.h>
+
+#include "kernels.h"
+
+typedef struct PrAction {
+  char kind; /* 'F' forward, 'B' backward */
+  int mb;    /* micro-batch */
+} PrAction;
+
+enum { PR_FROM_PREV = 0, PR_FROM_IMAGES = 1, PR_FROM_TOKENS = 2 };
+
+/* A value that crosses a cut, per micro-batch. */
+typedef struct PrValue {
+  const char *name;
+  int64_t bytes;
+  int64_t offset;      /* ring copy 0 in the arena; copy k at offset + k * bytes */
+  int64_t goffset;     /* its gradient's ring (2 copies), -1 if no gradient travels */
+  int source;          /* receives: PR_FROM_* */
+  int dtype;           /* ONNX element type: 1 float32, 7 int64 */
+  int rank;
+  int64_t dims[8];
+} PrValue;
+
+typedef struct PrParam {
+  const char *name;    /* the ONNX initializer */
+  int64_t count;       /* floats */
+  int64_t offset, goffset, m1offset, m2offset; /* -1 when absent */
+} PrParam;
+
+enum { PR_SGD = 0, PR_ADAM = 1, PR_ADAMW = 2 };
+
+typedef struct PrStage {
+  int stage, nstages, microbatches, mb_size, batch, nslots;
+  const char *model;           /* for messages */
+  unsigned char *arena;
+  int64_t arena_bytes, weights_bytes;
+  const PrAction *actions;
+  int nactions;
+  const PrValue *recv, *send;
+  int nrecv, nsend;
+  const PrParam *params;
+  int nparams;
+  void (*forward)(int slot);
+  void (*backward)(int slot, int gslot);
+  /* last stage: loss over the logits of one micro-batch; returns the sum over rows */
+  double (*loss)(int slot, const int64_t *labels);
+  int64_t loss_rows, loss_classes; /* per micro-batch */
+  int64_t labels_offset;
+  /* optimizer chosen at compile time; hyper-parameters can be overridden at run time */
+  int optimizer;
+  float lr, momentum, weight_decay, beta1, beta2, eps;
+  int64_t vocab;               /* token models: ids must be below it */
+  double predicted_bytes;      /* the planner's memory estimate for this stage */
+  double predicted_step_s;     /* the planner's predicted step time */
+} PrStage;
+
+int pr_main(int argc, char **argv, const PrStage *st);
+/* Collective: every stage's weights go to stage 0, which writes `path` - the
+ * original model (dir/model.onnx) with its initializers replaced. */
+void pr_save_onnx(const PrStage *st, const char *path, const char *dir);
+#endif

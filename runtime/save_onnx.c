@@ -1,0 +1,106 @@
+/* save_onnx.c - writing the trained model back as ONNX.
+ *
+ * pipecc put the original model next to the stage programs (model.onnx) and
+ * a manifest of which stage holds which initializer (weights/manifest.txt).
+ * Every stage sends its weights to stage 0, which replaces those
+ * initializers' data (as raw_data) and writes the file under a temporary
+ * name, renamed into place when complete. */
+#include <errno.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "onnx.pb-c.h"
+#include "piperun.h"
+
+static void fail(const char *fmt, const char *a, const char *b) {
+  fprintf(stderr, "piperun: stage 0: error: --save: ");
+  fprintf(stderr, fmt, a, b);
+  fprintf(stderr, "\n");
+  MPI_Abort(MPI_COMM_WORLD, 2);
+}
+
+static uint8_t *read_all(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  fseek(f, 0, SEEK_END);
+  long n = ftell(f);
+  fseek(f, 0, SEEK_SET);
+  uint8_t *buf = n > 0 ? malloc((size_t)n) : NULL;
+  if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) free(buf), buf = NULL;
+  fclose(f);
+  *len = (size_t)n;
+  return buf;
+}
+
+void pr_save_onnx(const PrStage *st, const char *path, const char *dir) {
+  int64_t bytes = st->weights_bytes;
+  if (st->stage != 0) {
+    MPI_Send(&bytes, 1, MPI_INT64_T, 0, 9001, MPI_COMM_WORLD);
+    MPI_Send(st->arena, (int)bytes, MPI_BYTE, 0, 9002, MPI_COMM_WORLD);
+    MPI_Barrier(MPI_COMM_WORLD);
+    return;
+  }
+  unsigned char **w = calloc((size_t)st->nstages, sizeof *w);
+  w[0] = st->arena;
+  for (int s = 1; s < st->nstages; s++) {
+    int64_t n;
+    MPI_Recv(&n, 1, MPI_INT64_T, s, 9001, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    w[s] = malloc((size_t)n + 1);
+    MPI_Recv(w[s], (int)n, MPI_BYTE, s, 9002, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+  }
+  char mpath[4096];
+  snprintf(mpath, sizeof mpath, "%s/model.onnx", dir);
+  size_t len;
+  uint8_t *buf = read_all(mpath, &len);
+  if (!buf) fail("cannot read %s%s", mpath, "");
+  Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, buf);
+  free(buf);
+  if (!m || !m->graph) fail("%s is not a valid ONNX model%s", mpath, "");
+  snprintf(mpath, sizeof mpath, "%s/weights/manifest.txt", dir);
+  FILE *man = fopen(mpath, "r");
+  if (!man) fail("cannot read %s: %s", mpath, strerror(errno));
+  char line[4096];
+  int replaced = 0;
+  while (fgets(line, sizeof line, man)) {
+    int stage;
+    long long off, cnt;
+    char name[3000];
+    if (line[0] == '#' || sscanf(line, "%d %lld %lld %2999[^\n]", &stage, &off, &cnt, name) != 4) continue;
+    if (stage < 0 || stage >= st->nstages) fail("bad stage in %s%s", mpath, "");
+    Onnx__TensorProto *t = NULL;
+    for (size_t i = 0; i < m->graph->n_initializer; i++)
+      if (m->graph->initializer[i]->name && !strcmp(m->graph->initializer[i]->name, name)) t = m->graph->initializer[i];
+    if (!t) fail("initializer '%s' is not in %s", name, "model.onnx");
+    /* Replace the value: raw little-endian float32, no typed or external fields. */
+    free(t->float_data);
+    t->float_data = NULL, t->n_float_data = 0;
+    for (size_t k = 0; k < t->n_external_data; k++) {
+      free(t->external_data[k]->key), free(t->external_data[k]->value), free(t->external_data[k]);
+    }
+    free(t->external_data);
+    t->external_data = NULL, t->n_external_data = 0;
+    t->has_data_location = 0;
+    free(t->raw_data.data);
+    t->raw_data.data = malloc((size_t)cnt * 4);
+    memcpy(t->raw_data.data, w[stage] + off, (size_t)cnt * 4);
+    t->raw_data.len = (size_t)cnt * 4;
+    t->has_raw_data = 1;
+    replaced++;
+  }
+  fclose(man);
+  size_t out_len = onnx__model_proto__get_packed_size(m);
+  uint8_t *out = malloc(out_len);
+  onnx__model_proto__pack(m, out);
+  onnx__model_proto__free_unpacked(m, NULL);
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  FILE *f = fopen(tmp, "wb");
+  if (!f || fwrite(out, 1, out_len, f) != out_len || fclose(f) || rename(tmp, path)) fail("cannot write %s: %s", path, strerror(errno));
+  free(out);
+  for (int s = 1; s < st->nstages; s++) free(w[s]);
+  free(w);
+  (void)replaced;
+  MPI_Barrier(MPI_COMM_WORLD);
+}
