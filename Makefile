@@ -23,8 +23,13 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all deps test demo models clean unit-tests fuzz asan probe
-all: bin/pipecc bin/pipecc-probe
+.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated
+all: bin/pipecc bin/pipecc-probe bin/piperun-data
+
+# The synthetic data generator (MNIST / CIFAR-10 / token formats).
+bin/piperun-data: runtime/datagen.c runtime/data.c runtime/data.h
+	@mkdir -p $(@D)
+	clang $(CFLAGS) $(WARN) -D_GNU_SOURCE runtime/datagen.c runtime/data.c -o $@ -lm
 
 # Measures the MPI link; pipecc runs it when it first probes the machine.
 bin/pipecc-probe: runtime/probe_mpi.c
@@ -88,9 +93,21 @@ bin/fuzz_loader: tests/fuzz_loader.c $(FUZZ_OBJ)
 test: bin/pipecc bin/pipecc-probe bin/pipecc-asan bin/test_partition bin/test_units bin/fuzz_loader
 	@bash tests/run.sh
 
+# The main job: plan LeNet over 4 stages, build the stage programs, train them
+# on 4 MPI ranks on the built-in synthetic data.
+DEMO := build/demo
 demo: deps
-	$(MAKE) bin/pipecc
-	bin/pipecc onnx_models/lenet.onnx -n 4 --batch 64 -o build/lenet.pipe --listing
+	$(MAKE) all
+	bin/piperun-data mnist $(DEMO)/mnist --n 12800 --seed 1
+	bin/pipecc onnx_models/lenet.onnx -n 4 --batch 64 --microbatches 8 --schedule 1f1b --lr 0.1 -o $(DEMO)/lenet.pipe --listing
+	$(MAKE) -s -C $(DEMO)/lenet.pipe
+	$(DEMO)/lenet.pipe/run.sh --data $(DEMO)/mnist --steps 200 --shuffle --log $(DEMO)/lenet.csv --save $(DEMO)/lenet_trained.onnx
+
+# generated/: the sample LeNet at n=4 (1F1B), kept reproducible (tests/test_generated.sh).
+generated: bin/pipecc
+	rm -rf generated/lenet.pipe
+	bin/pipecc onnx_models/lenet.onnx -n 4 --batch 64 --microbatches 8 --schedule 1f1b --lr 0.1 \
+	  --devices tests/devices_equal.txt -o generated/lenet.pipe
 
 models:
 	$(PY) onnx_models/export.py --large

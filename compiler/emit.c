@@ -134,7 +134,7 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   }
   buf_printf(o, "/* The schedule: this stage's actions for one optimizer step, in order. */\nstatic const PrAction SCHEDULE[] = {");
   for (int k = 0; k < 2 * p->opt.microbatches; k++)
-    buf_printf(o, "%s{'%c', %d}", k % 8 ? ", " : "\n    ", p->sched.act[s][k].kind, p->sched.act[s][k].mb);
+    buf_printf(o, "%s{'%c', %d}", !k ? "\n    " : k % 8 ? ", " : ",\n    ", p->sched.act[s][k].kind, p->sched.act[s][k].mb);
   buf_printf(o, "\n};\n\n");
   value_table(o, p, sp, sp->recv, sp->nrecv, "RECV");
   value_table(o, p, sp, sp->send, sp->nsend, "SEND");
@@ -259,7 +259,7 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
   buf_printf(&mk, "build/onnx.pb-c.o: $(PIPECC_GEN)/onnx.pb-c.c\n\t@mkdir -p build\n\t$(CC) -O2 -g -I$(PIPECC_GEN) -c $< -o $@\n\n");
   buf_printf(&mk, "build/%%.o: $(PIPERUN)/%%.c $(wildcard $(PIPERUN)/*.h)\n\t@mkdir -p build\n\t$(MPICC) $(CFLAGS) -c $< -o $@\n\n");
   buf_printf(&mk, "stage_%%: stage_%%.c $(RT_OBJ) $(wildcard $(PIPERUN)/*.h)\n\t$(MPICC) $(CFLAGS) $< $(RT_OBJ) -o $@ $(LDLIBS)\n\n");
-  buf_printf(&mk, "clean:\n\trm -rf build $(STAGES)\n.PHONY: all clean\n");
+  buf_printf(&mk, "clean:\n\trm -rf build $(STAGES)\n.PHONY: all clean\n.SECONDARY: $(RT_OBJ)\n");
   int rc = outdir_write(d, "Makefile", mk.s, mk.len);
   buf_free(&mk);
   if (rc) return -1;

@@ -1,7 +1,9 @@
 /* schedule.c - GPipe and 1F1B action orders, and a timing simulation.
  *
- * GPipe: every stage runs F0..F(m-1), then B(m-1)..B0 (PyTorch's torchgpipe
- * order).  1F1B (PipeDream-flush): stage s runs min(p-s-1, m) warm-up
+ * GPipe: every stage runs F0..F(m-1), then B0..B(m-1).  (torchgpipe runs the
+ * backwards in reverse; ascending order takes the same time and sums the
+ * weight gradients over micro-batches in the same order as 1F1B, so the two
+ * schedules give bit-identical weights.)  1F1B (PipeDream-flush): stage s runs min(p-s-1, m) warm-up
  * forwards, then alternates one forward and one backward, then drains the
  * remaining backwards.  Both are synchronous: weights change only after all
  * m backwards, so the order does not change the result.
@@ -23,7 +25,7 @@ static void order_actions(Action *a, int kind, int s, int p, int m) {
   int k = 0;
   if (kind == SCHED_GPIPE) {
     for (int i = 0; i < m; i++) a[k++] = (Action){'F', i, 0, 0};
-    for (int i = m - 1; i >= 0; i--) a[k++] = (Action){'B', i, 0, 0};
+    for (int i = 0; i < m; i++) a[k++] = (Action){'B', i, 0, 0};
     return;
   }
   int warm = p - s - 1 < m ? p - s - 1 : m, f = 0, b = 0;

@@ -1,0 +1,492 @@
+/* data.c - training data for libpiperun: see data.h for the formats and the sample order. */
+#include "data.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define CIFAR_MAX_BATCHES 5
+#define CIFAR_RECORD 3073
+#define LLMC_MAGIC 20240520
+#define LLMC_MODEL_MAGIC 20240326
+#define LLMC_HEADER_BYTES 1024
+
+typedef struct Mapped {
+  uint8_t *p;
+  size_t len;
+} Mapped;
+
+struct DataPriv {
+  char path[4096];       /* what data_open was given */
+  char labels_file[4096]; /* MNIST labels, for messages */
+  Mapped maps[2];
+  uint8_t *own_images, *own_labels;
+  uint16_t *own_tokens;
+  /* CIFAR: sample ranges per batch file, for messages */
+  int nbatch;
+  int64_t batch_first[CIFAR_MAX_BATCHES + 1];
+  int batch_no[CIFAR_MAX_BATCHES];
+  /* the permutation of the last shuffled epoch */
+  int64_t *perm, perm_epoch;
+  uint64_t perm_seed;
+  int perm_valid;
+};
+
+__attribute__((format(printf, 3, 4))) static int fail(char *err, size_t errlen, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return -1;
+}
+
+uint64_t data_mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+uint64_t data_splitmix64(uint64_t *state) {
+  *state += 0x9E3779B97F4A7C15ull;
+  return data_mix64(*state);
+}
+
+static uint32_t be32(const uint8_t *p) { return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3]; }
+static int32_t le32(const uint8_t *p) {
+  return (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+}
+
+static int is_file(const char *p) {
+  struct stat st;
+  return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Maps a whole regular file read-only; an empty file gives p = NULL, len = 0. */
+static int map_file(const char *path, Mapped *m, char *err, size_t errlen) {
+  m->p = NULL, m->len = 0;
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fail(err, errlen, "data %s: cannot open: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int e = errno;
+    close(fd);
+    return fail(err, errlen, "data %s: cannot stat: %s", path, strerror(e));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    close(fd);
+    return fail(err, errlen, "data %s: not a regular file", path);
+  }
+  if (st.st_size > 0) {
+    void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (p == MAP_FAILED) {
+      int e = errno;
+      close(fd);
+      return fail(err, errlen, "data %s: cannot map %lld bytes: %s", path, (long long)st.st_size, strerror(e));
+    }
+    m->p = p, m->len = (size_t)st.st_size;
+  }
+  close(fd);
+  return 0;
+}
+
+static void unmap(Mapped *m) {
+  if (m->p) munmap(m->p, m->len);
+  m->p = NULL, m->len = 0;
+}
+
+static void join(char *out, size_t n, const char *dir, const char *name) {
+  size_t l = strlen(dir);
+  snprintf(out, n, "%s%s%s", dir, l && dir[l - 1] == '/' ? "" : "/", name);
+}
+
+/* Says which exists of dir/name and dir/name.gz: 1 plain, 2 only compressed, 0 neither. */
+static int find_plain(char *out, size_t n, const char *dir, const char *name) {
+  join(out, n, dir, name);
+  if (is_file(out)) return 1;
+  char gz[4200];
+  snprintf(gz, sizeof gz, "%s.gz", out);
+  return is_file(gz) ? 2 : 0;
+}
+
+/* ---- MNIST IDX ---- */
+
+static const char *const IMG_NAMES[] = {"train-images-idx3-ubyte", "train-images.idx3-ubyte"};
+static const char *const LBL_NAMES[] = {"train-labels-idx1-ubyte", "train-labels.idx1-ubyte"};
+
+/* 1 found (out = the path), 2 only a .gz copy (out = the .gz-less path), 0 none (out = names[0]). */
+static int find_any(char *out, size_t n, const char *dir, const char *const names[2]) {
+  int r0 = find_plain(out, n, dir, names[0]);
+  if (r0 == 1) return 1;
+  int r1 = find_plain(out, n, dir, names[1]);
+  if (r1 == 1) return 1;
+  join(out, n, dir, names[r0 != 2 && r1 == 2 ? 1 : 0]);
+  return r0 == 2 || r1 == 2 ? 2 : 0;
+}
+
+static int idx_header(const Mapped *m, const char *path, int ndims, uint32_t *dims, char *err, size_t errlen) {
+  size_t hdr = 4 + 4 * (size_t)ndims;
+  if (m->len < hdr)
+    return fail(err, errlen, "data %s: truncated: %zu bytes, shorter than the %zu-byte IDX header", path, m->len, hdr);
+  uint32_t magic = be32(m->p), want = 0x0800u | (uint32_t)ndims;
+  if (magic != want)
+    return fail(err, errlen, "data %s: bad magic 0x%08x (expected 0x%08x: IDX unsigned bytes, %d-D)", path, magic, want, ndims);
+  for (int i = 0; i < ndims; i++) dims[i] = be32(m->p + 4 + 4 * i);
+  return 0;
+}
+
+static int open_mnist(DataSet *d, const char *dir, char *err, size_t errlen) {
+  struct DataPriv *pv = d->priv;
+  char ipath[4096], lpath[4096];
+  int ri = find_any(ipath, sizeof ipath, dir, IMG_NAMES), rl = find_any(lpath, sizeof lpath, dir, LBL_NAMES);
+  if (ri != 1)
+    return fail(err, errlen, ri == 2 ? "data %s: only the compressed %s.gz is there; gunzip it (the loader reads uncompressed IDX files)"
+                                     : "data %s: missing file (MNIST needs train-images-idx3-ubyte and train-labels-idx1-ubyte)%s",
+                ipath, ri == 2 ? ipath : "");
+  if (rl != 1)
+    return fail(err, errlen, rl == 2 ? "data %s: only the compressed %s.gz is there; gunzip it (the loader reads uncompressed IDX files)"
+                                     : "data %s: missing file (MNIST needs train-labels-idx1-ubyte next to %s)",
+                lpath, rl == 2 ? lpath : ipath);
+  snprintf(pv->labels_file, sizeof pv->labels_file, "%s", lpath);
+  if (map_file(ipath, &pv->maps[0], err, errlen) || map_file(lpath, &pv->maps[1], err, errlen)) return -1;
+  uint32_t id[3], ld[1];
+  if (idx_header(&pv->maps[0], ipath, 3, id, err, errlen) || idx_header(&pv->maps[1], lpath, 1, ld, err, errlen)) return -1;
+  if (id[1] == 0 || id[2] == 0 || id[1] > 65536 || id[2] > 65536)
+    return fail(err, errlen, "data %s: wrong dims %u x %u x %u (images must be at least 1x1 and at most 65536 on a side)", ipath, id[0],
+                id[1], id[2]);
+  uint64_t want = 16 + (uint64_t)id[0] * id[1] * id[2]; /* < 2^32 * 2^32: no overflow */
+  if (pv->maps[0].len < want)
+    return fail(err, errlen, "data %s: truncated: %zu bytes, but %u images of %ux%u need %llu", ipath, pv->maps[0].len, id[0], id[1], id[2],
+                (unsigned long long)want);
+  if (pv->maps[0].len > want)
+    return fail(err, errlen, "data %s: %zu bytes, but %u images of %ux%u take %llu: %llu bytes left over", ipath, pv->maps[0].len, id[0], id[1],
+                id[2], (unsigned long long)want, (unsigned long long)(pv->maps[0].len - want));
+  if ((uint64_t)pv->maps[1].len < 8 + (uint64_t)ld[0])
+    return fail(err, errlen, "data %s: truncated: %zu bytes, but %u labels need %llu", lpath, pv->maps[1].len, ld[0],
+                (unsigned long long)(8 + (uint64_t)ld[0]));
+  if ((uint64_t)pv->maps[1].len > 8 + (uint64_t)ld[0])
+    return fail(err, errlen, "data %s: %zu bytes, but %u labels take %llu: extra bytes at the end", lpath, pv->maps[1].len, ld[0],
+                (unsigned long long)(8 + (uint64_t)ld[0]));
+  if (id[0] != ld[0])
+    return fail(err, errlen, "data %s: %u labels, but %s has %u images (the counts must match)", lpath, ld[0], ipath, id[0]);
+  if (id[0] == 0) return fail(err, errlen, "data %s: no images", ipath);
+  d->kind = DATA_MNIST;
+  d->n = id[0];
+  d->c = 1, d->h = (int)id[1], d->w = (int)id[2];
+  d->nclasses = 10;
+  d->images = pv->maps[0].p + 16;
+  d->labels = pv->maps[1].p + 8;
+  return 0;
+}
+
+/* ---- CIFAR-10 ---- */
+
+static int cifar_present(const char *dir, int *which, int *ngz) {
+  int n = 0;
+  *ngz = 0;
+  for (int b = 1; b <= CIFAR_MAX_BATCHES; b++) {
+    char name[32], p[4096];
+    snprintf(name, sizeof name, "data_batch_%d.bin", b);
+    int r = find_plain(p, sizeof p, dir, name);
+    if (r == 1) which[n++] = b;
+    if (r == 2) ++*ngz;
+  }
+  return n;
+}
+
+static int open_cifar(DataSet *d, const char *dir, char *err, size_t errlen) {
+  struct DataPriv *pv = d->priv;
+  int which[CIFAR_MAX_BATCHES], ngz;
+  int nb = cifar_present(dir, which, &ngz);
+  if (nb == 0) {
+    char p[4096];
+    join(p, sizeof p, dir, "data_batch_1.bin");
+    return fail(err, errlen, "data %s: missing file (CIFAR-10 needs data_batch_1.bin .. data_batch_5.bin, any of them)%s", p,
+                ngz ? "; only compressed .gz copies are there, gunzip them" : "");
+  }
+  int64_t total = 0;
+  size_t lens[CIFAR_MAX_BATCHES];
+  char paths[CIFAR_MAX_BATCHES][4096];
+  for (int i = 0; i < nb; i++) {
+    char name[32];
+    snprintf(name, sizeof name, "data_batch_%d.bin", which[i]);
+    join(paths[i], sizeof paths[i], dir, name);
+    struct stat st;
+    if (stat(paths[i], &st) != 0) return fail(err, errlen, "data %s: cannot stat: %s", paths[i], strerror(errno));
+    lens[i] = (size_t)st.st_size;
+    if (lens[i] == 0) return fail(err, errlen, "data %s: empty file", paths[i]);
+    if (lens[i] % CIFAR_RECORD)
+      return fail(err, errlen, "data %s: truncated: %zu bytes is not a whole number of %d-byte records (1 label + 3x32x32 pixels); %zu bytes left over",
+                  paths[i], lens[i], CIFAR_RECORD, lens[i] % CIFAR_RECORD);
+    pv->batch_first[i] = total;
+    pv->batch_no[i] = which[i];
+    total += (int64_t)(lens[i] / CIFAR_RECORD);
+  }
+  pv->batch_first[nb] = total;
+  pv->nbatch = nb;
+  pv->own_images = malloc((size_t)total * (CIFAR_RECORD - 1));
+  pv->own_labels = malloc((size_t)total);
+  if (!pv->own_images || !pv->own_labels) return fail(err, errlen, "data %s: out of memory for %lld images", dir, (long long)total);
+  for (int i = 0; i < nb; i++) {
+    Mapped m;
+    if (map_file(paths[i], &m, err, errlen)) return -1;
+    if (m.len != lens[i]) {
+      unmap(&m);
+      return fail(err, errlen, "data %s: changed size while being read", paths[i]);
+    }
+    int64_t cnt = (int64_t)(m.len / CIFAR_RECORD), first = pv->batch_first[i];
+    for (int64_t r = 0; r < cnt; r++) {
+      const uint8_t *rec = m.p + r * CIFAR_RECORD;
+      pv->own_labels[first + r] = rec[0];
+      memcpy(pv->own_images + (first + r) * (CIFAR_RECORD - 1), rec + 1, CIFAR_RECORD - 1);
+    }
+    unmap(&m);
+  }
+  d->kind = DATA_CIFAR10;
+  d->n = total;
+  d->c = 3, d->h = 32, d->w = 32;
+  d->nclasses = 10;
+  d->images = pv->own_images;
+  d->labels = pv->own_labels;
+  return 0;
+}
+
+/* ---- tokens ---- */
+
+static int open_tokens(DataSet *d, const char *path, int forced, char *err, size_t errlen) {
+  struct DataPriv *pv = d->priv;
+  Mapped *m = &pv->maps[0];
+  if (map_file(path, m, err, errlen)) return -1;
+  if (m->len == 0) return fail(err, errlen, "data %s: empty file (no tokens)", path);
+  size_t off = 0;
+  int64_t count;
+  int32_t magic = m->len >= 4 ? le32(m->p) : 0;
+  if (magic == LLMC_MAGIC) {
+    if (m->len < LLMC_HEADER_BYTES)
+      return fail(err, errlen, "data %s: truncated: %zu bytes, shorter than llm.c's 1024-byte header", path, m->len);
+    int32_t version = le32(m->p + 4), cnt = le32(m->p + 8);
+    if (version != 1)
+      return fail(err, errlen, "data %s: llm.c token file version %d; only version 1 (uint16 tokens) is supported", path, version);
+    if (cnt < 0) return fail(err, errlen, "data %s: llm.c header gives a negative token count %d", path, cnt);
+    uint64_t want = LLMC_HEADER_BYTES + 2 * (uint64_t)cnt;
+    if (m->len < want)
+      return fail(err, errlen, "data %s: truncated: the header says %d tokens (%llu bytes), the file has %zu bytes", path, cnt,
+                  (unsigned long long)want, m->len);
+    if (m->len > want)
+      return fail(err, errlen, "data %s: count mismatch: the header says %d tokens (%llu bytes), the file has %zu bytes", path, cnt,
+                  (unsigned long long)want, m->len);
+    if (cnt == 0) return fail(err, errlen, "data %s: no tokens (llm.c header count 0)", path);
+    off = LLMC_HEADER_BYTES;
+    count = cnt;
+  } else {
+    if (!forced) {
+      if (magic == LLMC_MODEL_MAGIC) return fail(err, errlen, "data %s: an llm.c model checkpoint (magic 20240326), not a token file", path);
+      if (m->len >= 4 && (be32(m->p) == 0x803 || be32(m->p) == 0x801))
+        return fail(err, errlen, "data %s: an MNIST IDX file; give the directory that holds it", path);
+      if (m->len >= 2 && m->p[0] == 0x1f && m->p[1] == 0x8b) return fail(err, errlen, "data %s: gzip-compressed; gunzip it", path);
+    }
+    if (m->len % 2) return fail(err, errlen, "data %s: truncated: %zu bytes is an odd size for uint16 tokens", path, m->len);
+    count = (int64_t)(m->len / 2);
+  }
+  d->kind = DATA_TOKENS;
+  d->n = count;
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  d->tokens = (uint16_t *)(void *)(m->p + off); /* page-aligned map + even offset */
+#else
+  pv->own_tokens = malloc((size_t)count * 2);
+  if (!pv->own_tokens) return fail(err, errlen, "data %s: out of memory for %lld tokens", path, (long long)count);
+  for (int64_t i = 0; i < count; i++) pv->own_tokens[i] = (uint16_t)(m->p[off + 2 * i] | m->p[off + 2 * i + 1] << 8);
+  d->tokens = pv->own_tokens;
+#endif
+  return 0;
+}
+
+/* ---- open / close ---- */
+
+int data_open(DataSet *d, const char *path, int kind_hint, char *err, size_t errlen) {
+  memset(d, 0, sizeof *d);
+  if (err && errlen) err[0] = 0;
+  if (!path || !*path) return fail(err, errlen, "data: no path given");
+  if (kind_hint < 0 || kind_hint > DATA_TOKENS) return fail(err, errlen, "data %s: unknown data kind %d", path, kind_hint);
+  d->priv = calloc(1, sizeof *d->priv);
+  if (!d->priv) return fail(err, errlen, "data %s: out of memory", path);
+  snprintf(d->priv->path, sizeof d->priv->path, "%s", path);
+  struct stat st;
+  int rc;
+  if (stat(path, &st) != 0) {
+    rc = fail(err, errlen, "data %s: missing: %s", path, strerror(errno));
+  } else if (S_ISDIR(st.st_mode)) {
+    if (kind_hint == DATA_TOKENS) {
+      rc = fail(err, errlen, "data %s: a directory, but token data is one file of uint16 tokens", path);
+    } else if (kind_hint == DATA_MNIST) {
+      rc = open_mnist(d, path, err, errlen);
+    } else if (kind_hint == DATA_CIFAR10) {
+      rc = open_cifar(d, path, err, errlen);
+    } else {
+      char p[4096];
+      int which[CIFAR_MAX_BATCHES], ngz;
+      if (find_any(p, sizeof p, path, IMG_NAMES) || find_any(p, sizeof p, path, LBL_NAMES))
+        rc = open_mnist(d, path, err, errlen);
+      else if (cifar_present(path, which, &ngz) || ngz)
+        rc = open_cifar(d, path, err, errlen);
+      else
+        rc = fail(err, errlen,
+                  "data %s: no training data here (MNIST: train-images-idx3-ubyte + train-labels-idx1-ubyte; CIFAR-10: data_batch_1.bin .. "
+                  "data_batch_5.bin)",
+                  path);
+    }
+  } else if (kind_hint == DATA_MNIST || kind_hint == DATA_CIFAR10) {
+    rc = fail(err, errlen, "data %s: a file, but %s data is a directory (%s)", path, kind_hint == DATA_MNIST ? "MNIST" : "CIFAR-10",
+              kind_hint == DATA_MNIST ? "train-images-idx3-ubyte + train-labels-idx1-ubyte" : "data_batch_N.bin");
+  } else {
+    rc = open_tokens(d, path, kind_hint == DATA_TOKENS, err, errlen);
+  }
+  if (rc) data_close(d);
+  return rc;
+}
+
+void data_close(DataSet *d) {
+  if (!d) return;
+  struct DataPriv *pv = d->priv;
+  if (pv) {
+    unmap(&pv->maps[0]);
+    unmap(&pv->maps[1]);
+    free(pv->own_images);
+    free(pv->own_labels);
+    free(pv->own_tokens);
+    free(pv->perm);
+    free(pv);
+  }
+  memset(d, 0, sizeof *d);
+}
+
+/* ---- checks ---- */
+
+static const char *dname(const DataSet *d) { return d->priv ? d->priv->path : "(not open)"; }
+
+int data_check_images(const DataSet *d, int c, int h, int w, int nclasses, char *err, size_t errlen) {
+  if (d->kind != DATA_MNIST && d->kind != DATA_CIFAR10)
+    return fail(err, errlen, "data %s: holds %s, but the model takes images", dname(d), d->kind == DATA_TOKENS ? "tokens" : "nothing");
+  if (d->c != c || d->h != h || d->w != w)
+    return fail(err, errlen, "data %s: images are %dx%dx%d (CxHxW), but the model expects %dx%dx%d", dname(d), d->c, d->h, d->w, c, h, w);
+  if (nclasses <= 0) return fail(err, errlen, "data %s: the model has %d classes", dname(d), nclasses);
+  if (nclasses > 255) return 0; /* every uint8 label fits */
+  for (int64_t i = 0; i < d->n; i++) {
+    if (d->labels[i] < nclasses) continue;
+    const struct DataPriv *pv = d->priv;
+    if (d->kind == DATA_MNIST)
+      return fail(err, errlen, "data %s: label %d at sample %lld is out of range for a model with %d classes", pv->labels_file, d->labels[i],
+                  (long long)i, nclasses);
+    int b = 0;
+    while (b + 1 < pv->nbatch && i >= pv->batch_first[b + 1]) b++;
+    char p[4096], name[32];
+    snprintf(name, sizeof name, "data_batch_%d.bin", pv->batch_no[b]);
+    join(p, sizeof p, pv->path, name);
+    return fail(err, errlen, "data %s: label %d at record %lld (sample %lld) is out of range for a model with %d classes", p, d->labels[i],
+                (long long)(i - pv->batch_first[b]), (long long)i, nclasses);
+  }
+  return 0;
+}
+
+int data_check_tokens(const DataSet *d, int vocab, int64_t need_tokens, char *err, size_t errlen) {
+  if (d->kind != DATA_TOKENS)
+    return fail(err, errlen, "data %s: holds %s, but the model takes token ids", dname(d), d->kind ? "images" : "nothing");
+  if (d->n < need_tokens)
+    return fail(err, errlen, "data %s: %lld tokens, but one batch needs %lld (batch x sequence length + 1)", dname(d), (long long)d->n,
+                (long long)need_tokens);
+  if (vocab <= 0 || vocab > 65535) return 0;
+  for (int64_t i = 0; i < d->n; i++)
+    if (d->tokens[i] >= vocab)
+      return fail(err, errlen, "data %s: token %d at position %lld is out of range for a model with vocabulary %d", dname(d), d->tokens[i],
+                  (long long)i, vocab);
+  return 0;
+}
+
+/* ---- sample order ---- */
+
+static void make_perm(int64_t *p, int64_t n, uint64_t seed, int64_t e) {
+  uint64_t x = data_mix64(seed ^ data_mix64((uint64_t)e + 0x9E3779B97F4A7C15ull));
+  for (int64_t i = 0; i < n; i++) p[i] = i;
+  for (int64_t i = n - 1; i > 0; i--) {
+    int64_t j = (int64_t)(data_splitmix64(&x) % (uint64_t)(i + 1));
+    int64_t t = p[i];
+    p[i] = p[j], p[j] = t;
+  }
+}
+
+void data_batch_indices(const DataSet *d, int64_t step, int B, uint64_t seed, int shuffle, int64_t *idx) {
+  int64_t n = d->n;
+  if (B <= 0 || n <= 0) {
+    for (int i = 0; i < B; i++) idx[i] = 0;
+    return;
+  }
+  int64_t bpe = n / B;
+  if (bpe == 0) { /* fewer samples than a batch: wrap (callers reject this first) */
+    for (int i = 0; i < B; i++) idx[i] = (step * B + i) % n;
+    return;
+  }
+  if (step < 0) step = 0;
+  int64_t e = step / bpe, k = step % bpe;
+  if (!shuffle) {
+    for (int i = 0; i < B; i++) idx[i] = k * B + i;
+    return;
+  }
+  /* The permutation of the last epoch asked for is cached (the DataSet is const to callers,
+     the cache lives behind its private pointer). */
+  struct DataPriv *pv = d->priv;
+  if (pv && !pv->perm) pv->perm = malloc(sizeof(int64_t) * (size_t)n);
+  if (pv && pv->perm) {
+    if (!pv->perm_valid || pv->perm_epoch != e || pv->perm_seed != seed) {
+      make_perm(pv->perm, n, seed, e);
+      pv->perm_valid = 1, pv->perm_epoch = e, pv->perm_seed = seed;
+    }
+    for (int i = 0; i < B; i++) idx[i] = pv->perm[k * B + i];
+    return;
+  }
+  int64_t *p = malloc(sizeof(int64_t) * (size_t)n);
+  if (!p) abort();
+  make_perm(p, n, seed, e);
+  for (int i = 0; i < B; i++) idx[i] = p[k * B + i];
+  free(p);
+}
+
+void data_images(const DataSet *d, const int64_t *idx, int count, float *x, int64_t *labels) {
+  size_t chw = (size_t)d->c * d->h * d->w;
+  for (int i = 0; i < count; i++) {
+    int64_t s = idx[i];
+    if (x) {
+      const uint8_t *src = d->images + (size_t)s * chw;
+      float *dst = x + (size_t)i * chw;
+      for (size_t j = 0; j < chw; j++) dst[j] = src[j] / 255.0f;
+    }
+    if (labels) labels[i] = d->labels[s];
+  }
+}
+
+int64_t data_tokens_start(const DataSet *d, int64_t step, int B, int T) {
+  int64_t bt = (int64_t)B * T;
+  if (bt <= 0 || d->n <= 1) return 0;
+  int64_t nb = (d->n - 1) / bt;
+  if (nb == 0 || step < 0) return 0;
+  return (step % nb) * bt;
+}
+
+void data_tokens(const DataSet *d, int64_t step, int B, int T, int first_seq, int nseq, int64_t *x, int64_t *y) {
+  int64_t start = data_tokens_start(d, step, B, T) + (int64_t)first_seq * T, n = d->n;
+  int64_t cnt = (int64_t)nseq * T;
+  int64_t lim = n > 1 ? n - 1 : 1; /* positions wrap only when the data is shorter than a batch */
+  for (int64_t i = 0; i < cnt; i++) {
+    int64_t p = start + i;
+    if (p + 1 >= n) p %= lim;
+    if (x) x[i] = n > 0 ? d->tokens[p] : 0;
+    if (y) y[i] = n > 1 ? d->tokens[p + 1] : 0;
+  }
+}
