@@ -90,7 +90,7 @@ build/fuzz/%.o: compiler/%.c compiler/*.h compiler/*.def $(PB_DIR)/onnx.pb-c.h
 bin/fuzz_loader: tests/fuzz_loader.c $(FUZZ_OBJ)
 	clang -O1 -g -fsanitize=fuzzer,address,undefined $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
 
-test: bin/pipecc bin/pipecc-probe bin/pipecc-asan bin/test_partition bin/test_units bin/fuzz_loader
+test: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-asan bin/test_partition bin/test_units bin/fuzz_loader
 	@bash tests/run.sh
 
 # The main job: plan LeNet over 4 stages, build the stage programs, train them

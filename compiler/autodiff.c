@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "ops.h"
+#include "shape.h"
 #include "stageprog.h"
 
 typedef struct Ctx {
@@ -202,9 +203,25 @@ static int fwd_rule(Ctx *c, Node *n, int j) {
          (long long)Y->dims[3], (long long)ks[0], (long long)ks[1], (long long)st[0], (long long)st[1], (long long)pads[0],
          (long long)pads[1], (long long)dl[0], (long long)dl[1], (long long)attr_int(n, "count_include_pad", 0));
     text(c, "%s(@%d@, @%d@, &POOL_%d);", op[0] == 'M' ? "k_maxpool" : "k_avgpool", x, y, j);
+  } else if (!strcmp(op, "Pad")) {
+    Tensor *X = T(c, n->in[0]), *Y = T(c, n->out[0]);
+    int64_t b[MAX_RANK], e[MAX_RANK];
+    float v;
+    if (pad_params(&c->p->g, n, X, b, e, &v)) return -1;
+    Buf d = {0};
+    buf_printf(&d, "static const PadShape PAD_%d = {%d, {", j, X->rank);
+    for (int i = 0; i < X->rank; i++) buf_printf(&d, "%s%lld", i ? ", " : "", (long long)X->dims[i]);
+    buf_printf(&d, "}, {");
+    for (int i = 0; i < X->rank; i++) buf_printf(&d, "%s%lld", i ? ", " : "", (long long)Y->dims[i]);
+    buf_printf(&d, "}, {");
+    for (int i = 0; i < X->rank; i++) buf_printf(&d, "%s%lld", i ? ", " : "", (long long)b[i]);
+    buf_printf(&d, "}, %s};", flit(c, v));
+    decl(c, "%s", d.s);
+    buf_free(&d);
+    text(c, "k_pad(@%d@, @%d@, &PAD_%d);", x, y, j);
   } else {
     return err_set("node '%s' uses %s, which has no training kernel yet (trainable so far: Gemm, Conv, MaxPool, AveragePool, "
-                   "GlobalAveragePool, Relu, Tanh, Sigmoid, Flatten, Reshape, Identity, Squeeze, Unsqueeze)", n->name, op);
+                   "GlobalAveragePool, Pad, Relu, Tanh, Sigmoid, Flatten, Reshape, Identity, Squeeze, Unsqueeze)", n->name, op);
   }
   return 0;
 }
@@ -272,6 +289,12 @@ static void bwd_rule(Ctx *c, Node *n, int j) {
       rd(k, dy), wr(k, dx);
       text(c, "k_avgpool_grad(@%d@, @%d@, &POOL_%d, %d);", dy, dx, j, acc);
     }
+  } else if (!strcmp(op, "Pad")) {
+    if (!needs(c, n, 0)) return;
+    int dx = grad_target(c, n->in[0], &acc);
+    Call *k = new_call(c, 1, n->name);
+    rd(k, dy), wr(k, dx);
+    text(c, "k_pad_grad(@%d@, @%d@, &PAD_%d, %d);", dy, dx, j, acc);
   } else { /* the reshapes */
     if (!needs(c, n, 0)) return;
     int dx = grad_target(c, n->in[0], &acc);

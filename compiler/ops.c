@@ -51,6 +51,7 @@ static const OpDef OPS[] = {
     {"Identity", infer_Unary, fold_Unary, 1, STASH_NONE, 1},
     {"Cast", infer_Cast, fold_Cast, 1, STASH_NONE, 1},
     {"Expand", infer_Expand, fold_Expand, 1, STASH_NONE, 1},
+    {"Pad", infer_Pad, NULL, 1, STASH_NONE, 1},
     /* Shape arithmetic and masks: evaluated at compile time only. */
     {"Constant", infer_Constant, fold_Constant, 0, STASH_NONE, 0},
     {"ConstantOfShape", infer_ConstantOfShape, fold_ConstantOfShape, 0, STASH_NONE, 0},

@@ -710,3 +710,39 @@ int infer_Range(Graph *g, Node *n) {
   set_shape(node_out(g, n, 0), a->dtype, 1, &len);
   return 0;
 }
+
+/* Pad (constant mode): pads from an attribute before opset 11, a constant input after. */
+int pad_params(Graph *g, Node *n, const Tensor *x, int64_t *begin, int64_t *end, float *value) {
+  const char *mode = attr_str(n, "mode", "constant");
+  if (strcmp(mode, "constant")) return node_err(n, "mode '%s' is not supported (only constant)", mode);
+  int64_t pads[2 * MAX_RANK];
+  int c;
+  if (g->opset < 11) {
+    c = attr_ints(n, "pads", pads, 2 * MAX_RANK);
+    *value = attr_float(n, "value", 0);
+  } else {
+    if (!need_const(g, n, 1, "pads")) return -1;
+    if (n->nin > 3 && n->in[3] >= 0) return node_err(n, "the axes input is not supported");
+    if (ints_from_attr_or_input(g, n, "", 1, pads, 2 * MAX_RANK, &c)) return -1;
+    Tensor *v = node_in(g, n, 2);
+    if (v && !v->data) return node_err(n, "constant_value must be a compile-time constant");
+    *value = v && ir_numel(v) ? (float)const_f64(v, 0) : 0;
+  }
+  if (c != 2 * x->rank) return node_err(n, "pads has %d values for rank %d", c, x->rank);
+  for (int i = 0; i < x->rank; i++) {
+    begin[i] = pads[i], end[i] = pads[i + x->rank];
+    if (begin[i] < 0 || end[i] < 0) return node_err(n, "negative pads (cropping) are not supported");
+  }
+  return 0;
+}
+
+int infer_Pad(Graph *g, Node *n) {
+  Tensor *x = need_in(g, n, 0);
+  if (!x) return -1;
+  int64_t b[MAX_RANK], e[MAX_RANK], dims[MAX_RANK];
+  float v;
+  if (pad_params(g, n, x, b, e, &v)) return -1;
+  for (int i = 0; i < x->rank; i++) dims[i] = x->dims[i] + b[i] + e[i];
+  set_shape(node_out(g, n, 0), x->dtype, x->rank, dims);
+  return 0;
+}

@@ -19,4 +19,5 @@ int ints_from_attr_or_input(Graph *g, Node *n, const char *name, int k, int64_t 
 void slice_bounds(int64_t dim, int64_t start, int64_t end, int64_t step, int64_t *s, int64_t *count);
 int slice_params(Graph *g, Node *n, const Tensor *x, int64_t *start, int64_t *step, int64_t *dims);
 int reduce_axes(Graph *g, Node *n, const Tensor *x, int *mask);
+int pad_params(Graph *g, Node *n, const Tensor *x, int64_t *begin, int64_t *end, float *value);
 #endif

@@ -3,9 +3,10 @@
  *
  *   piperun-data mnist  DIR  [--n 6000]   [--seed 1]
  *       DIR/train-images-idx3-ubyte + DIR/train-labels-idx1-ubyte (IDX, big-endian headers).
- *       10 classes; class k is a fixed template of three random thick strokes and a blob (drawn
+ *       10 classes; class k is a fixed template of three random blobs (disks of radius 4..6 drawn
  *       from the seed), each sample that template shifted by up to 2 pixels, at a random
- *       brightness 0.7..1, plus per-pixel noise.
+ *       brightness 0.7..1, plus per-pixel noise (sd 0.1).  LeNet-5 from PyTorch's default init
+ *       goes from loss 2.3 to about 0.1 in 150 plain SGD steps (lr 0.05, batch 64).
  *   piperun-data cifar  DIR  [--n 5000]   [--seed 1]
  *       DIR/data_batch_1.bin (CIFAR-10 binary: per record 1 label byte + 3x32x32 pixels, CHW).
  *       The same idea with a per-class colour on a noisy random-coloured background.
@@ -123,23 +124,19 @@ static void ensure_dir(const char *dir) {
 }
 
 /* ---- image templates ---- */
-#define MAXS 40 /* canvas side: the image plus a margin for shifts */
+#define MAXS 32 /* the largest image side */
 
-/* A template on a (s+2m)^2 canvas: three thick strokes and one blob, intensities in [0,1]. */
+/* A template: three anti-aliased disks of radius 4..6 with centres in the middle 5/7 of the
+   image, intensities in [0,1].  (Large blobs: deep ReLU nets at PyTorch's default init leave
+   their initial plateau within ~100 SGD steps at lr 0.05; thin strokes take several times longer.) */
 static void make_template(float *t, int side, Rng *r) {
   memset(t, 0, sizeof(float) * (size_t)side * side);
-  int m = 2, lo = m + side / 6, hi = side - m - side / 6; /* keep strokes inside */
-  for (int k = 0; k < 4; k++) {
-    double x0 = lo + unif(r) * (hi - lo), y0 = lo + unif(r) * (hi - lo);
-    double x1 = lo + unif(r) * (hi - lo), y1 = lo + unif(r) * (hi - lo);
-    double rad = k == 3 ? 2.0 + 1.5 * unif(r) : 1.1 + 0.6 * unif(r);
-    if (k == 3) x1 = x0, y1 = y0; /* the blob: a zero-length stroke, wider */
-    double dx = x1 - x0, dy = y1 - y0, l2 = dx * dx + dy * dy;
+  double lo = side / 7.0, hi = side - side / 7.0;
+  for (int k = 0; k < 3; k++) {
+    double cx = lo + unif(r) * (hi - lo), cy = lo + unif(r) * (hi - lo), rad = 4.0 + 2.0 * unif(r);
     for (int y = 0; y < side; y++)
       for (int x = 0; x < side; x++) {
-        double u = l2 > 0 ? ((x - x0) * dx + (y - y0) * dy) / l2 : 0;
-        u = u < 0 ? 0 : u > 1 ? 1 : u;
-        double ex = x - (x0 + u * dx), ey = y - (y0 + u * dy), dist = sqrt(ex * ex + ey * ey);
+        double dist = sqrt((x - cx) * (x - cx) + (y - cy) * (y - cy));
         double v = dist <= rad ? 1.0 : dist <= rad + 1 ? rad + 1 - dist : 0.0; /* anti-aliased edge */
         float *p = &t[y * side + x];
         if (v > *p) *p = (float)v;

@@ -93,6 +93,37 @@ static inline void k_copy_grad(const float *dy, float *dx, int64_t n, int acc) {
     memcpy(dx, dy, sizeof(float) * (size_t)n);
 }
 
+/* ---- constant padding of any rank ---- */
+typedef struct PadShape {
+  int rank;
+  int64_t in[8], out[8], begin[8];
+  float value;
+} PadShape;
+
+/* Offset in y of the element of x at linear index i. */
+static inline int64_t pad_offset(const PadShape *s, int64_t i) {
+  int64_t off = 0, stride = 1;
+  for (int d = s->rank - 1; d >= 0; d--) {
+    off += (i % s->in[d] + s->begin[d]) * stride;
+    i /= s->in[d];
+    stride *= s->out[d];
+  }
+  return off;
+}
+
+static inline void k_pad(const float *x, float *y, const PadShape *s) {
+  int64_t nx = 1, ny = 1;
+  for (int d = 0; d < s->rank; d++) nx *= s->in[d], ny *= s->out[d];
+  for (int64_t i = 0; i < ny; i++) y[i] = s->value;
+  for (int64_t i = 0; i < nx; i++) y[pad_offset(s, i)] = x[i];
+}
+
+static inline void k_pad_grad(const float *dy, float *dx, const PadShape *s, int acc) {
+  int64_t nx = 1;
+  for (int d = 0; d < s->rank; d++) nx *= s->in[d];
+  for (int64_t i = 0; i < nx; i++) dx[i] = acc ? dx[i] + dy[pad_offset(s, i)] : dy[pad_offset(s, i)];
+}
+
 /* ---- 2-D convolution through im2col + GEMM ---- */
 typedef struct ConvShape {
   int n, c, h, w;        /* input */
