@@ -147,7 +147,8 @@ static void make_template(float *t, int side, Rng *r) {
 /* One sample of class k: template shifted by (dx, dy) in [-2, 2], brightness, noise; into
    out[plane * h * w] for each of the nc channels (colour per channel). */
 static void render(const float *tmpl, int h, int w, int nc, const double *colour, const double *bg, Rng *r, unsigned char *out) {
-  int dx = below(r, 5) - 2, dy = below(r, 5) - 2;
+  int sh = getenv("DG_SHIFT") ? atoi(getenv("DG_SHIFT")) : 2;
+  int dx = below(r, 2*sh+1) - sh, dy = below(r, 2*sh+1) - sh;
   double bright = 0.7 + 0.3 * unif(r);
   for (int ch = 0; ch < nc; ch++)
     for (int y = 0; y < h; y++)
@@ -166,8 +167,20 @@ static void gen_images(const char *dir, int64_t n, uint64_t seed, int cifar) {
   static float tmpl[10][MAXS * MAXS];
   double colour[10][3];
   Rng tr = rng_new(seed, 1);
+  double maxcos = getenv("DG_COS") ? atof(getenv("DG_COS")) : 0.5;
   for (int k = 0; k < 10; k++) {
-    make_template(tmpl[k], h, &tr);
+    /* redraw a template too like an earlier one (cosine similarity above maxcos) */
+    for (int tries = 0; tries < 1000; tries++) {
+      make_template(tmpl[k], h, &tr);
+      double worst = 0;
+      for (int j = 0; j < k; j++) {
+        double ab = 0, aa = 0, bb = 0;
+        for (int i = 0; i < h * w; i++) ab += tmpl[k][i] * tmpl[j][i], aa += tmpl[k][i] * tmpl[k][i], bb += tmpl[j][i] * tmpl[j][i];
+        double c = ab / sqrt(aa * bb);
+        if (c > worst) worst = c;
+      }
+      if (worst <= maxcos) break;
+    }
     for (int ch = 0; ch < 3; ch++) colour[k][ch] = cifar ? 0.45 + 0.55 * unif(&tr) : 1.0;
     if (cifar) colour[k][k % 3] = 1.0; /* each class bright in some channel */
   }

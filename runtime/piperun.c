@@ -204,7 +204,9 @@ static void open_data(Run *r) {
 
 /* ---- messages ---- */
 
-static int tag_of(int mb, int v, int grad) { return ((mb % 256) * 64 + v % 64) * 2 + grad; }
+/* A message's tag names its step (mod 64), micro-batch, value and direction. */
+static int tag_of(int64_t step, int mb, int v, int grad) { return ((int)(step % 64) * 256 * 64 + (mb % 256) * 64 + v % 64) * 2 + grad; }
+#define TAG_SPAN (64 * 256 * 64 * 2)
 
 static unsigned char *ring(const Run *r, int64_t off, int64_t bytes, int slot) { return r->st->arena + off + (int64_t)slot * bytes; }
 
@@ -225,7 +227,7 @@ static void post_forward_recv(Run *r, int mb) {
     const PrValue *pv = &st->recv[v];
     MPI_Request *q = &r->rreq[(size_t)slot * st->nrecv + v];
     if (pv->source != PR_FROM_PREV) continue;
-    MPI_Irecv(ring(r, pv->offset, pv->bytes, slot), (int)pv->bytes, MPI_BYTE, st->stage - 1, tag_of(mb, v, 0), MPI_COMM_WORLD, q);
+    MPI_Irecv(ring(r, pv->offset, pv->bytes, slot), (int)pv->bytes, MPI_BYTE, st->stage - 1, tag_of(r->step, mb, v, 0), MPI_COMM_WORLD, q);
   }
   r->rposted[slot] = mb;
 }
@@ -238,7 +240,7 @@ static void post_grad_recv(Run *r, int mb) {
     const PrValue *pv = &st->send[v];
     if (pv->goffset < 0) continue;
     MPI_Irecv(ring(r, pv->goffset, pv->bytes, gs), (int)pv->bytes, MPI_BYTE, st->stage + 1,
-              tag_of(mb, v, 1), MPI_COMM_WORLD, &r->greq[(size_t)gs * st->nsend + v]);
+              tag_of(r->step, mb, v, 1), MPI_COMM_WORLD, &r->greq[(size_t)gs * st->nsend + v]);
   }
   r->gposted[gs] = mb;
 }
@@ -309,7 +311,7 @@ static double forward_action(Run *r, int mb) {
   r->t_compute += now() - t0;
   for (int v = 0; v < st->nsend; v++) {
     const PrValue *pv = &st->send[v];
-    MPI_Isend(ring(r, pv->offset, pv->bytes, slot), (int)pv->bytes, MPI_BYTE, st->stage + 1, tag_of(mb, v, 0), MPI_COMM_WORLD,
+    MPI_Isend(ring(r, pv->offset, pv->bytes, slot), (int)pv->bytes, MPI_BYTE, st->stage + 1, tag_of(r->step, mb, v, 0), MPI_COMM_WORLD,
               &r->sreq[(size_t)slot * st->nsend + v]);
   }
   return loss;
@@ -329,7 +331,7 @@ static void backward_action(Run *r, int mb) {
   for (int v = 0; v < st->nrecv; v++) {
     const PrValue *pv = &st->recv[v];
     if (pv->goffset < 0 || pv->source != PR_FROM_PREV) continue;
-    MPI_Isend(ring(r, pv->goffset, pv->bytes, gs), (int)pv->bytes, MPI_BYTE, st->stage - 1, tag_of(mb, v, 1), MPI_COMM_WORLD,
+    MPI_Isend(ring(r, pv->goffset, pv->bytes, gs), (int)pv->bytes, MPI_BYTE, st->stage - 1, tag_of(r->step, mb, v, 1), MPI_COMM_WORLD,
               &r->gsreq[(size_t)gs * st->nrecv + v]);
   }
   r->busy[slot] = -1;
@@ -475,6 +477,9 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   }
   openblas_set_num_threads(1);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+  int *tag_ub, flag;
+  MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag);
+  if (flag && *tag_ub < TAG_SPAN) die(2, "this MPI allows tags up to %d; piperun needs %d", *tag_ub, TAG_SPAN);
   Run r;
   memset(&r, 0, sizeof r);
   r.st = st;
