@@ -53,10 +53,17 @@ $(PB_DIR)/onnx.pb-c.c $(PB_DIR)/onnx.pb-c.h: $(ONNX_PROTO_DIR)/onnx.proto
 	@mkdir -p $(PB_DIR)
 	protoc-c --c_out=$(PB_DIR) -I$(ONNX_PROTO_DIR) $<
 
+# The emitter templates, embedded into pipecc as C strings.
+$(PB_DIR)/templates.inc: templates/Makefile.in templates/run.sh.in templates/stage_main.c.in
+	@mkdir -p $(PB_DIR)
+	@{ for pair in TMPL_MAKEFILE:templates/Makefile.in TMPL_RUN_SH:templates/run.sh.in TMPL_STAGE_MAIN:templates/stage_main.c.in; do \
+	    echo "const char $${pair%%:*}[] ="; \
+	    sed 's/\\/\\\\/g; s/"/\\"/g; s/^/    "/; s/$$/\\n"/' "$${pair#*:}"; echo "    ;"; done; } > $@
+
 build/obj/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
-build/obj/%.o: compiler/%.c compiler/*.h compiler/*.def $(PB_DIR)/onnx.pb-c.h
+build/obj/%.o: compiler/%.c compiler/*.h compiler/*.def $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(WARN) $(CPPFLAGS) -c $< -o $@
 bin/pipecc: build/obj/main.o $(COMPILER_OBJ)
@@ -67,7 +74,7 @@ bin/pipecc: build/obj/main.o $(COMPILER_OBJ)
 build/asan/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
 	@mkdir -p $(@D)
 	clang -O1 -g $(SAN) $(CPPFLAGS) -c $< -o $@
-build/asan/%.o: compiler/%.c compiler/*.h compiler/*.def $(PB_DIR)/onnx.pb-c.h
+build/asan/%.o: compiler/%.c compiler/*.h compiler/*.def $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
 	@mkdir -p $(@D)
 	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) -c $< -o $@
 bin/pipecc-asan: build/asan/main.o $(ASAN_OBJ)
@@ -84,7 +91,7 @@ FUZZ_OBJ := $(COMPILER_SRC:compiler/%.c=build/fuzz/%.o) build/fuzz/onnx.pb-c.o
 build/fuzz/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
 	@mkdir -p $(@D)
 	clang -O1 -g -fsanitize=fuzzer-no-link,address,undefined $(CPPFLAGS) -c $< -o $@
-build/fuzz/%.o: compiler/%.c compiler/*.h compiler/*.def $(PB_DIR)/onnx.pb-c.h
+build/fuzz/%.o: compiler/%.c compiler/*.h compiler/*.def $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
 	@mkdir -p $(@D)
 	clang -O1 -g -fsanitize=fuzzer-no-link,address,undefined $(WARN) $(CPPFLAGS) -c $< -o $@
 bin/fuzz_loader: tests/fuzz_loader.c $(FUZZ_OBJ)

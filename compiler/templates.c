@@ -1,0 +1,31 @@
+/* templates.c - filling the emitter templates. */
+#include "templates.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "templates.inc"
+
+void tmpl_fill(Buf *b, const char *tmpl, const char *const *keys, const char *const *vals, int n) {
+  for (const char *s = tmpl; *s;) {
+    const char *open = strstr(s, "{{");
+    if (!open) {
+      buf_printf(b, "%s", s);
+      return;
+    }
+    buf_printf(b, "%.*s", (int)(open - s), s);
+    const char *close = strstr(open, "}}");
+    if (!close) abort();
+    int found = 0;
+    for (int i = 0; i < n && !found; i++)
+      if (strlen(keys[i]) == (size_t)(close - open - 2) && !strncmp(open + 2, keys[i], (size_t)(close - open - 2))) {
+        buf_printf(b, "%s", vals[i]);
+        found = 1;
+      }
+    if (!found) {
+      fprintf(stderr, "pipecc: internal error: template key %.*s has no value\n", (int)(close - open - 2), open + 2);
+      abort();
+    }
+    s = close + 2;
+  }
+}
