@@ -112,9 +112,17 @@ static const char *flit(Ctx *c, float v) {
   return pool_printf(c->pool, "%s%sf", num, plain ? ".0" : "");
 }
 
-/* The buffer holding tensor t's value in this stage: a parameter, or an
- * activation produced here or received. */
-static int fb(Ctx *c, int t) { return c->fbuf[t]; }
+/* The buffer holding tensor t's value in this stage: a parameter, an
+ * activation produced here or received, or a constant, which is placed in the
+ * weights region with its value (BatchNorm's running statistics live there
+ * too, and change as the stage trains). */
+static int fb(Ctx *c, int t) {
+  if (c->fbuf[t] < 0 && T(c, t)->data) {
+    c->fbuf[t] = add_buf(c, "C_", t, BUF_PARAM, tensor_bytes(T(c, t)), T(c, t)->dtype);
+    c->sp->consts[c->sp->nconsts++] = c->fbuf[t];
+  }
+  return c->fbuf[t];
+}
 
 /* Gradient buffer for input tensor t of a node, and whether to add. */
 static int grad_target(Ctx *c, int t, int *acc) {
@@ -203,6 +211,44 @@ static int fwd_rule(Ctx *c, Node *n, int j) {
          (long long)Y->dims[3], (long long)ks[0], (long long)ks[1], (long long)st[0], (long long)st[1], (long long)pads[0],
          (long long)pads[1], (long long)dl[0], (long long)dl[1], (long long)attr_int(n, "count_include_pad", 0));
     text(c, "%s(@%d@, @%d@, &POOL_%d);", op[0] == 'M' ? "k_maxpool" : "k_avgpool", x, y, j);
+  } else if (!strcmp(op, "BatchNormalization")) {
+    Tensor *X = T(c, n->in[0]);
+    int training = c->p->g.opset >= 14 ? (int)attr_int(n, "training_mode", 0) : n->nout > 1;
+    int64_t sp = X->rank > 2 ? ir_numel(X) / (X->dims[0] * X->dims[1]) : 1;
+    int gm = fb(c, n->in[1]), bt = fb(c, n->in[2]), rm = fb(c, n->in[3]), rv = fb(c, n->in[4]);
+    rd(k, gm), rd(k, bt), rd(k, rm), rd(k, rv), wr(k, rm), wr(k, rv);
+    decl(c, "static const BnShape BN_%d = {%lld, %lld, %lld, %s, %s, %d};", j, (long long)X->dims[0], (long long)X->dims[1],
+         (long long)sp, flit(c, attr_float(n, "epsilon", 1e-5f)), flit(c, attr_float(n, "momentum", 0.9f)), training);
+    text(c, "k_batchnorm(@%d@, @%d@, @%d@, @%d@, @%d@, @%d@, &BN_%d);", x, gm, bt, rm, rv, y, j);
+  } else if (!strcmp(op, "Add") || !strcmp(op, "Sub") || !strcmp(op, "Mul") || !strcmp(op, "Div") || !strcmp(op, "Pow")) {
+    Tensor *A = T(c, n->in[0]), *B = T(c, n->in[1]), *Y = T(c, n->out[0]);
+    if (A->dtype != DT_FLOAT || B->dtype != DT_FLOAT)
+      return err_set("node '%s' (%s): only float32 arithmetic runs at training time", n->name, op);
+    int b = fb(c, n->in[1]);
+    x = fb(c, n->in[0]);
+    rd(k, x), rd(k, b);
+    Buf d = {0};
+    buf_printf(&d, "static const BcastShape BIN_%d = {%d, {", j, Y->rank);
+    for (int pass = 0; pass < 3; pass++) {
+      const Tensor *src = pass == 1 ? A : B;
+      for (int i = 0; i < Y->rank; i++) {
+        int64_t v = Y->dims[i];
+        if (pass) { /* stride of src along output axis i */
+          int si = i - (Y->rank - src->rank);
+          int64_t st = 1;
+          for (int q = si + 1; q < src->rank; q++) st *= src->dims[q];
+          v = si < 0 || src->dims[si] == 1 ? 0 : st;
+        }
+        buf_printf(&d, "%s%lld", i ? ", " : "", (long long)v);
+      }
+      buf_printf(&d, "}, {");
+    }
+    d.len -= 3;
+    buf_printf(&d, ", %lld, %lld, %lld};", (long long)ir_numel(A), (long long)ir_numel(B), (long long)ir_numel(Y));
+    decl(c, "%s", d.s);
+    buf_free(&d);
+    text(c, "k_binary(BIN_%s, @%d@, @%d@, @%d@, &BIN_%d);", !strcmp(op, "Add") ? "ADD" : !strcmp(op, "Sub") ? "SUB" :
+         !strcmp(op, "Mul") ? "MUL" : !strcmp(op, "Div") ? "DIV" : "POW", x, b, y, j);
   } else if (!strcmp(op, "Pad")) {
     Tensor *X = T(c, n->in[0]), *Y = T(c, n->out[0]);
     int64_t b[MAX_RANK], e[MAX_RANK];
@@ -221,7 +267,7 @@ static int fwd_rule(Ctx *c, Node *n, int j) {
     text(c, "k_pad(@%d@, @%d@, &PAD_%d);", x, y, j);
   } else {
     return err_set("node '%s' uses %s, which has no training kernel yet (trainable so far: Gemm, Conv, MaxPool, AveragePool, "
-                   "GlobalAveragePool, Pad, Relu, Tanh, Sigmoid, Flatten, Reshape, Identity, Squeeze, Unsqueeze)", n->name, op);
+                   "GlobalAveragePool, BatchNormalization, Add, Sub, Mul, Div, Pow, Pad, Relu, Tanh, Sigmoid, Flatten, Reshape, Identity, Squeeze, Unsqueeze)", n->name, op);
   }
   return 0;
 }
@@ -289,6 +335,30 @@ static void bwd_rule(Ctx *c, Node *n, int j) {
       rd(k, dy), wr(k, dx);
       text(c, "k_avgpool_grad(@%d@, @%d@, &POOL_%d, %d);", dy, dx, j, acc);
     }
+  } else if (!strcmp(op, "BatchNormalization")) {
+    int gm = fb(c, n->in[1]), rm = fb(c, n->in[3]), rv = fb(c, n->in[4]);
+    int dg = needs(c, n, 1) ? grad_target(c, n->in[1], &acc) : -1;
+    int dbt = needs(c, n, 2) ? grad_target(c, n->in[2], &acc) : -1;
+    int dx = -1, accx = 0;
+    if (needs(c, n, 0)) dx = grad_target(c, n->in[0], &accx);
+    Call *k = new_call(c, 1, n->name);
+    rd(k, x), rd(k, gm), rd(k, rm), rd(k, rv), rd(k, dy), wr(k, dx), wr(k, dg), wr(k, dbt);
+    text(c, "k_batchnorm_grad(@%d@, @%d@, @%d@, @%d@, @%d@, %s, %s, %s, &BN_%d, %d);", x, gm, rm, rv, dy,
+         dx >= 0 ? pool_printf(c->pool, "@%d@", dx) : "NULL", dg >= 0 ? pool_printf(c->pool, "@%d@", dg) : "NULL",
+         dbt >= 0 ? pool_printf(c->pool, "@%d@", dbt) : "NULL", j, accx);
+  } else if (!strcmp(op, "Add") || !strcmp(op, "Sub") || !strcmp(op, "Mul") || !strcmp(op, "Div") || !strcmp(op, "Pow")) {
+    const char *code = !strcmp(op, "Add") ? "ADD" : !strcmp(op, "Sub") ? "SUB" : !strcmp(op, "Mul") ? "MUL" : !strcmp(op, "Div") ? "DIV" : "POW";
+    int lin = !strcmp(op, "Add") || !strcmp(op, "Sub"), a = fb(c, n->in[0]), b = fb(c, n->in[1]);
+    /* Reverse input order, as the other rules: the second input's gradient first. */
+    for (int which = 1; which >= 0; which--) {
+      if (!needs(c, n, which)) continue;
+      int d = grad_target(c, n->in[which], &acc);
+      Call *k = new_call(c, 1, n->name);
+      if (!lin) rd(k, a), rd(k, b);
+      rd(k, dy), wr(k, d);
+      text(c, "k_binary_grad(BIN_%s, %d, %s, %s, @%d@, @%d@, &BIN_%d, %d);", code, which, lin ? "NULL" : pool_printf(c->pool, "@%d@", a),
+           lin ? "NULL" : pool_printf(c->pool, "@%d@", b), dy, d, j, acc);
+    }
   } else if (!strcmp(op, "Pad")) {
     if (!needs(c, n, 0)) return;
     int dx = grad_target(c, n->in[0], &acc);
@@ -328,6 +398,7 @@ static int build_stage(Ctx *c) {
   int n = p->opt.nstages, last = c->s == n - 1;
   /* Parameters this stage reads, in ONNX initializer (tensor) order. */
   sp->params = pool_alloc(c->pool, sizeof(int) * (size_t)g->nt);
+  sp->consts = pool_alloc(c->pool, sizeof(int) * (size_t)g->nt);
   for (int i = 0; i < g->nt; i++) {
     if (!g->t[i].is_param) continue;
     int here = 0, other = -1;

@@ -221,9 +221,9 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
     if (rc) return -1;
     /* Weights: the stage's parameters, in order, as raw float32. */
     char *w = calloc(1, (size_t)progs[s].weights_bytes + 1);
-    for (int i = 0; i < progs[s].nparams; i++) {
-      const Buffer *b = &progs[s].bufs[progs[s].params[i]];
-      memcpy(w + b->offset, p->g.t[b->tensor].data, (size_t)b->bytes);
+    for (int i = 0; i < progs[s].nbufs; i++) {
+      const Buffer *b = &progs[s].bufs[i];
+      if (b->kind == BUF_PARAM) memcpy(w + b->offset, p->g.t[b->tensor].data, (size_t)b->bytes);
     }
     snprintf(name, sizeof name, "weights/stage_%d.bin", s);
     rc = outdir_write(d, name, w, (size_t)progs[s].weights_bytes);
@@ -234,9 +234,12 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
   Buf man = {0};
   buf_printf(&man, "# stage byte_offset float_count initializer\n");
   for (int s = 0; s < n; s++)
-    for (int i = 0; i < progs[s].nparams; i++) {
-      const Buffer *b = &progs[s].bufs[progs[s].params[i]];
-      buf_printf(&man, "%d %lld %lld %s\n", s, (long long)b->offset, (long long)(b->bytes / 4), p->g.t[b->tensor].name);
+    for (int i = 0; i < progs[s].nbufs; i++) {
+      const Buffer *b = &progs[s].bufs[i];
+      const Tensor *t = b->tensor >= 0 ? &p->g.t[b->tensor] : NULL;
+      /* Trained weights and float state that is an initializer (running statistics). */
+      if (b->kind == BUF_PARAM && t->is_initializer && t->dtype == DT_FLOAT)
+        buf_printf(&man, "%d %lld %lld %s\n", s, (long long)b->offset, (long long)(b->bytes / 4), t->name);
     }
   int rc0 = outdir_write(d, "weights/manifest.txt", man.s, man.len);
   buf_free(&man);

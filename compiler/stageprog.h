@@ -53,6 +53,7 @@ typedef struct StageProg {
   Crossing *recv, *send;
   int nrecv, nsend;
   int *params, nparams; /* BUF_PARAM buffer ids, in ONNX initializer order */
+  int *consts, nconsts; /* constants and state in the weights region: folded values, BatchNorm running statistics */
   int *pgrad, *opt1, *opt2; /* per param: gradient, optimizer slots (-1 if none) */
   int nslots;           /* ring copies */
   int loss_buf, dloss_buf, labels_buf; /* last stage: logits, their gradient, labels */

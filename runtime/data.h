@@ -56,8 +56,10 @@ int data_check_tokens(const DataSet *d, int vocab, int64_t need_tokens, char *er
  *     x = data_mix64(seed ^ data_mix64((uint64_t)e + 0x9E3779B97F4A7C15))   (splitmix64 state)
  *     p = identity; for i = n-1 down to 1: j = data_splitmix64(&x) % (i+1); swap p[i], p[j]
  * where data_splitmix64 is the reference splitmix64 (x += 0x9E3779B97F4A7C15; return mix(x))
- * and data_mix64 its finaliser.  If n < B (bpe 0, an error data users check first) the
- * indices wrap modulo n. */
+ * and data_mix64 its finaliser (the modulo's bias is below n / 2^64).  The last epoch's
+ * permutation is cached behind d->priv, so a step costs O(B) except the first of an epoch,
+ * which costs O(n); not thread-safe for one DataSet.  If n < B (bpe 0, an error callers check
+ * first) the indices wrap modulo n. */
 void data_batch_indices(const DataSet *d, int64_t step, int B, uint64_t seed, int shuffle, int64_t *idx);
 /* Images as float32 NCHW scaled to [0,1] (pixel / 255.0f), labels as int64; either may be NULL. */
 void data_images(const DataSet *d, const int64_t *idx, int count, float *x, int64_t *labels);

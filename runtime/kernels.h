@@ -301,6 +301,145 @@ static inline void k_avgpool_grad(const float *dy, float *dx, const PoolShape *s
       }
 }
 
+/* ---- elementwise binary ops with numpy broadcasting ---- */
+enum { BIN_ADD = 0, BIN_SUB = 1, BIN_MUL = 2, BIN_DIV = 3, BIN_POW = 4 };
+typedef struct BcastShape {
+  int rank;
+  int64_t out[8];      /* output dims */
+  int64_t sa[8], sb[8]; /* strides of a and b in output coordinates (0 on broadcast axes) */
+  int64_t na, nb, ny;  /* element counts */
+} BcastShape;
+
+static inline int64_t bcast_at(const BcastShape *s, const int64_t *st, int64_t i) {
+  int64_t off = 0;
+  for (int d = s->rank - 1; d >= 0; d--) {
+    off += (i % s->out[d]) * st[d];
+    i /= s->out[d];
+  }
+  return off;
+}
+
+static inline float bin_apply(int op, float a, float b) {
+  switch (op) {
+  case BIN_ADD: return a + b;
+  case BIN_SUB: return a - b;
+  case BIN_MUL: return a * b;
+  case BIN_DIV: return a / b;
+  default: return powf(a, b);
+  }
+}
+
+static inline void k_binary(int op, const float *a, const float *b, float *y, const BcastShape *s) {
+  if (s->na == s->ny && s->nb == s->ny)
+    for (int64_t i = 0; i < s->ny; i++) y[i] = bin_apply(op, a[i], b[i]);
+  else
+    for (int64_t i = 0; i < s->ny; i++) y[i] = bin_apply(op, a[bcast_at(s, s->sa, i)], b[bcast_at(s, s->sb, i)]);
+}
+
+/* Gradient for input `which` (0 = a, 1 = b), summed over its broadcast axes
+ * in output order. */
+static inline void k_binary_grad(int op, int which, const float *a, const float *b, const float *dy, float *d, const BcastShape *s,
+                                 int acc) {
+  int64_t n = which ? s->nb : s->na;
+  const int64_t *st = which ? s->sb : s->sa;
+  if (!acc) memset(d, 0, sizeof(float) * (size_t)n);
+  for (int64_t i = 0; i < s->ny; i++) {
+    int64_t ia = bcast_at(s, s->sa, i), ib = bcast_at(s, s->sb, i);
+    float g;
+    switch (op) {
+    case BIN_ADD: g = dy[i]; break;
+    case BIN_SUB: g = which ? -dy[i] : dy[i]; break;
+    case BIN_MUL: g = dy[i] * (which ? a[ia] : b[ib]); break;
+    case BIN_DIV: g = which ? -dy[i] * a[ia] / (b[ib] * b[ib]) : dy[i] / b[ib]; break;
+    default: /* pow */
+      g = which ? dy[i] * powf(a[ia], b[ib]) * logf(a[ia]) : dy[i] * b[ib] * powf(a[ia], b[ib] - 1);
+    }
+    d[which ? ib : ia] += g;
+    (void)st;
+  }
+}
+
+/* ---- batch normalization over N and the spatial axes, per channel ---- */
+typedef struct BnShape {
+  int64_t n, c, sp;   /* [n, c, sp] */
+  float eps, momentum; /* ONNX momentum: running = running * momentum + batch * (1 - momentum) */
+  int training;
+} BnShape;
+
+/* Training: normalise with the batch's mean and (biased) variance and update
+ * the running statistics with the unbiased variance, as PyTorch does. */
+static inline void k_batchnorm(const float *x, const float *gamma, const float *beta, float *rmean, float *rvar, float *y,
+                               const BnShape *s) {
+  int64_t cnt = s->n * s->sp;
+  for (int64_t ch = 0; ch < s->c; ch++) {
+    double mean, var;
+    if (s->training) {
+      double sum = 0, sq = 0;
+      for (int64_t i = 0; i < s->n; i++)
+        for (int64_t k = 0; k < s->sp; k++) sum += x[(i * s->c + ch) * s->sp + k];
+      mean = sum / (double)cnt;
+      for (int64_t i = 0; i < s->n; i++)
+        for (int64_t k = 0; k < s->sp; k++) {
+          double d = x[(i * s->c + ch) * s->sp + k] - mean;
+          sq += d * d;
+        }
+      var = sq / (double)cnt;
+      rmean[ch] = (float)(rmean[ch] * s->momentum + mean * (1 - s->momentum));
+      rvar[ch] = (float)(rvar[ch] * s->momentum + (cnt > 1 ? var * (double)cnt / (double)(cnt - 1) : var) * (1 - s->momentum));
+    } else {
+      mean = rmean[ch], var = rvar[ch];
+    }
+    float m = (float)mean, inv = (float)(1.0 / sqrt(var + s->eps));
+    for (int64_t i = 0; i < s->n; i++)
+      for (int64_t k = 0; k < s->sp; k++) {
+        int64_t at = (i * s->c + ch) * s->sp + k;
+        y[at] = (x[at] - m) * inv * gamma[ch] + beta[ch];
+      }
+  }
+}
+
+/* Gradients of batch normalization; training mode recomputes the batch
+ * statistics from the stashed input. dx may be NULL; dgamma/dbeta add. */
+static inline void k_batchnorm_grad(const float *x, const float *gamma, const float *rmean, const float *rvar, const float *dy,
+                                    float *dx, float *dgamma, float *dbeta, const BnShape *s, int acc_x) {
+  int64_t cnt = s->n * s->sp;
+  for (int64_t ch = 0; ch < s->c; ch++) {
+    double mean, var;
+    if (s->training) {
+      double sum = 0, sq = 0;
+      for (int64_t i = 0; i < s->n; i++)
+        for (int64_t k = 0; k < s->sp; k++) sum += x[(i * s->c + ch) * s->sp + k];
+      mean = sum / (double)cnt;
+      for (int64_t i = 0; i < s->n; i++)
+        for (int64_t k = 0; k < s->sp; k++) {
+          double d = x[(i * s->c + ch) * s->sp + k] - mean;
+          sq += d * d;
+        }
+      var = sq / (double)cnt;
+    } else {
+      mean = rmean[ch], var = rvar[ch];
+    }
+    float m = (float)mean, inv = (float)(1.0 / sqrt(var + s->eps));
+    double sdy = 0, sdyx = 0;
+    for (int64_t i = 0; i < s->n; i++)
+      for (int64_t k = 0; k < s->sp; k++) {
+        int64_t at = (i * s->c + ch) * s->sp + k;
+        sdy += dy[at];
+        sdyx += dy[at] * (x[at] - m) * inv;
+      }
+    if (dgamma) dgamma[ch] += (float)sdyx;
+    if (dbeta) dbeta[ch] += (float)sdy;
+    if (!dx) continue;
+    for (int64_t i = 0; i < s->n; i++)
+      for (int64_t k = 0; k < s->sp; k++) {
+        int64_t at = (i * s->c + ch) * s->sp + k;
+        float g = s->training ? (float)(gamma[ch] * inv * (dy[at] - sdy / (double)cnt - (x[at] - m) * inv * sdyx / (double)cnt))
+                              : dy[at] * gamma[ch] * inv;
+        dx[at] = acc_x ? dx[at] + g : g;
+      }
+  }
+}
+
 /* ---- the loss ---- */
 /* Softmax cross-entropy over `rows` rows of `classes` logits with integer
  * labels.  Returns the SUM of the rows' losses (the caller divides); writes

@@ -41,6 +41,7 @@ suite "constant folding of exported shape arithmetic (ASan build)" env PIPECC=bi
 suite "loader: external data, typed fields, value_info (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_loader.py
 suite "generated/ is what the compiler writes" bash tests/test_generated.sh
 suite "training parity with PyTorch, bit-identity across n and schedules" env PIPECC=bin/pipecc $PY tests/test_parity.py
+suite "ResNet training parity with PyTorch (BatchNorm, residuals), n = 1 and 4" $PY tests/test_parity_models.py
 suite "training runs: demo loss, checkpoint/resume, killed rank, NaN, bad data" $PY tests/test_train.py
 
 fuzz() {

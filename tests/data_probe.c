@@ -1,0 +1,108 @@
+/* data_probe.c - drives runtime/data.c from the command line for tests/test_data.py.
+ *
+ *   data_probe open PATH [HINT]                       kind/n/shape, or the error
+ *   data_probe check-images PATH HINT C H W NCLASSES
+ *   data_probe check-tokens PATH HINT VOCAB NEED
+ *   data_probe indices PATH B SHUFFLE SEED STEP...    one line of B indices per step
+ *   data_probe images PATH OUT IDX...                 OUT: count*c*h*w float32 then count int64 labels
+ *   data_probe tokens PATH STEP B T FIRST NSEQ        "start S", then the x line and the y line
+ *
+ * Errors: "error: MESSAGE" on stderr, exit 1.  Bad usage: exit 2. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "data.h"
+
+static int usage(void) {
+  fprintf(stderr, "usage: data_probe open|check-images|check-tokens|indices|images|tokens PATH ...\n");
+  return 2;
+}
+
+static long long num(const char *s) {
+  char *end;
+  long long v = strtoll(s, &end, 0);
+  if (!*s || *end) {
+    fprintf(stderr, "data_probe: bad number '%s'\n", s);
+    exit(2);
+  }
+  return v;
+}
+
+static int open_or_fail(DataSet *d, const char *path, int hint) {
+  char err[512];
+  if (data_open(d, path, hint, err, sizeof err) != 0) {
+    fprintf(stderr, "error: %s\n", err);
+    return -1;
+  }
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 3) return usage();
+  const char *cmd = argv[1], *path = argv[2];
+  DataSet d;
+  char err[512];
+  int rc = 0;
+  if (!strcmp(cmd, "open")) {
+    if (open_or_fail(&d, path, argc > 3 ? (int)num(argv[3]) : 0)) return 1;
+    printf("kind %d n %lld c %d h %d w %d nclasses %d\n", d.kind, (long long)d.n, d.c, d.h, d.w, d.nclasses);
+  } else if (!strcmp(cmd, "check-images") && argc == 8) {
+    if (open_or_fail(&d, path, (int)num(argv[3]))) return 1;
+    if (data_check_images(&d, (int)num(argv[4]), (int)num(argv[5]), (int)num(argv[6]), (int)num(argv[7]), err, sizeof err))
+      fprintf(stderr, "error: %s\n", err), rc = 1;
+    else
+      printf("ok\n");
+  } else if (!strcmp(cmd, "check-tokens") && argc == 6) {
+    if (open_or_fail(&d, path, (int)num(argv[3]))) return 1;
+    if (data_check_tokens(&d, (int)num(argv[4]), num(argv[5]), err, sizeof err))
+      fprintf(stderr, "error: %s\n", err), rc = 1;
+    else
+      printf("ok\n");
+  } else if (!strcmp(cmd, "indices") && argc >= 7) {
+    if (open_or_fail(&d, path, 0)) return 1;
+    int B = (int)num(argv[3]), shuffle = (int)num(argv[4]);
+    uint64_t seed = (uint64_t)num(argv[5]);
+    int64_t *idx = malloc(sizeof(int64_t) * (size_t)B);
+    for (int a = 6; a < argc; a++) {
+      data_batch_indices(&d, num(argv[a]), B, seed, shuffle, idx);
+      for (int i = 0; i < B; i++) printf(i ? " %lld" : "%lld", (long long)idx[i]);
+      printf("\n");
+    }
+    free(idx);
+  } else if (!strcmp(cmd, "images") && argc >= 4) {
+    if (open_or_fail(&d, path, 0)) return 1;
+    int count = argc - 4;
+    size_t chw = (size_t)d.c * d.h * d.w;
+    int64_t *idx = malloc(sizeof(int64_t) * (size_t)(count + 1));
+    float *x = malloc(sizeof(float) * chw * (size_t)(count + 1));
+    int64_t *lab = malloc(sizeof(int64_t) * (size_t)(count + 1));
+    for (int i = 0; i < count; i++) idx[i] = num(argv[4 + i]);
+    data_images(&d, idx, count, x, lab);
+    FILE *f = fopen(argv[3], "wb");
+    if (!f || fwrite(x, sizeof(float), chw * (size_t)count, f) != chw * (size_t)count ||
+        fwrite(lab, sizeof(int64_t), (size_t)count, f) != (size_t)count || fclose(f) != 0) {
+      fprintf(stderr, "error: cannot write %s\n", argv[3]);
+      rc = 1;
+    }
+    free(idx), free(x), free(lab);
+  } else if (!strcmp(cmd, "tokens") && argc == 8) {
+    if (open_or_fail(&d, path, 0)) return 1;
+    int64_t step = num(argv[3]);
+    int B = (int)num(argv[4]), T = (int)num(argv[5]), first = (int)num(argv[6]), nseq = (int)num(argv[7]);
+    size_t cnt = (size_t)nseq * T;
+    int64_t *x = malloc(sizeof(int64_t) * (cnt + 1)), *y = malloc(sizeof(int64_t) * (cnt + 1));
+    data_tokens(&d, step, B, T, first, nseq, x, y);
+    printf("start %lld\n", (long long)data_tokens_start(&d, step, B, T));
+    for (size_t i = 0; i < cnt; i++) printf(i ? " %lld" : "%lld", (long long)x[i]);
+    printf("\n");
+    for (size_t i = 0; i < cnt; i++) printf(i ? " %lld" : "%lld", (long long)y[i]);
+    printf("\n");
+    free(x), free(y);
+  } else {
+    return usage();
+  }
+  data_close(&d);
+  data_close(&d); /* closing twice is harmless */
+  return rc;
+}
