@@ -145,6 +145,19 @@ static int out_buf(Ctx *c, int t) {
 
 static int64_t numel(Ctx *c, int t) { return ir_numel(T(c, t)); }
 
+static void ints(Buf *b, const int64_t *v, int n) {
+  buf_printf(b, "{");
+  for (int i = 0; i < n; i++) buf_printf(b, "%s%lld", i ? ", " : "", (long long)v[i]);
+  buf_printf(b, "}");
+}
+
+/* [outer, axis, inner] sizes of t around axis a. */
+static void around(const Tensor *t, int a, int64_t *outer, int64_t *inner) {
+  *outer = *inner = 1;
+  for (int i = 0; i < a; i++) *outer *= t->dims[i];
+  for (int i = a + 1; i < t->rank; i++) *inner *= t->dims[i];
+}
+
 /* ---- rules: forward and backward per op ---- */
 
 static void gemm_dims(Ctx *c, Node *n, int *M, int *N, int *K, int *ta, int *tb, int *cm, int *cn) {
@@ -249,6 +262,139 @@ static int fwd_rule(Ctx *c, Node *n, int j) {
     buf_free(&d);
     text(c, "k_binary(BIN_%s, @%d@, @%d@, @%d@, &BIN_%d);", !strcmp(op, "Add") ? "ADD" : !strcmp(op, "Sub") ? "SUB" :
          !strcmp(op, "Mul") ? "MUL" : !strcmp(op, "Div") ? "DIV" : "POW", x, b, y, j);
+  } else if (!strcmp(op, "Erf") || !strcmp(op, "Sqrt")) {
+    text(c, "k_%s(@%d@, @%d@, %lld);", op[0] == 'E' ? "erf" : "sqrt", x, y, (long long)numel(c, n->out[0]));
+  } else if (!strcmp(op, "Where")) {
+    Tensor *C = T(c, n->in[0]), *X = T(c, n->in[1]), *Yv = T(c, n->in[2]), *O = T(c, n->out[0]);
+    if (X->dtype != DT_FLOAT) return err_set("node '%s' (Where): only float values run at training time", n->name);
+    int cb = fb(c, n->in[0]), xb = fb(c, n->in[1]), yb = fb(c, n->in[2]);
+    rd(k, cb), rd(k, xb), rd(k, yb);
+    Buf d = {0};
+    buf_printf(&d, "static const WhereShape WHERE_%d = {%d, ", j, O->rank);
+    ints(&d, O->dims, O->rank);
+    const Tensor *srcs[3] = {C, X, Yv};
+    for (int q = 0; q < 3; q++) {
+      int64_t st[MAX_RANK];
+      for (int i = 0; i < O->rank; i++) {
+        int si = i - (O->rank - srcs[q]->rank);
+        int64_t m = 1;
+        for (int z = si + 1; z < srcs[q]->rank; z++) m *= srcs[q]->dims[z];
+        st[i] = si < 0 || srcs[q]->dims[si] == 1 ? 0 : m;
+      }
+      buf_printf(&d, ", ");
+      ints(&d, st, O->rank);
+    }
+    buf_printf(&d, ", %lld, %lld, %lld};", (long long)ir_numel(X), (long long)ir_numel(Yv), (long long)ir_numel(O));
+    decl(c, "%s", d.s);
+    buf_free(&d);
+    text(c, "k_where((const uint8_t *)@%d@, @%d@, @%d@, @%d@, &WHERE_%d);", cb, xb, yb, y, j);
+  } else if (!strcmp(op, "MatMul")) {
+    Tensor *A = T(c, n->in[0]), *B = T(c, n->in[1]), *Y = T(c, n->out[0]);
+    if (A->rank < 2 || B->rank < 2) return err_set("node '%s' (MatMul): 1-D operands do not train yet", n->name);
+    int b = fb(c, n->in[1]);
+    rd(k, b);
+    int nb = Y->rank - 2, shared = B->rank == 2;
+    int64_t batch = 1, sa[6], sb[6];
+    for (int i = 0; i < nb; i++) {
+      batch *= Y->dims[i];
+      int ia = i - (nb - (A->rank - 2)), ib = i - (nb - (B->rank - 2));
+      int64_t ma = 1, mb = 1;
+      for (int z = ia + 1; z < A->rank - 2; z++) ma *= A->dims[z];
+      for (int z = ib + 1; z < B->rank - 2; z++) mb *= B->dims[z];
+      sa[i] = ia < 0 || A->dims[ia] == 1 ? 0 : ma;
+      sb[i] = ib < 0 || B->dims[ib] == 1 ? 0 : mb;
+    }
+    /* Folding the batch into M needs A to cover every batch index itself. */
+    for (int i = 0; i < nb; i++) shared &= sa[i] != 0 || Y->dims[i] == 1;
+    Buf d = {0};
+    buf_printf(&d, "static const MatMulShape MM_%d = {%lld, %lld, %lld, %lld, %d, ", j, (long long)batch, (long long)Y->dims[Y->rank - 2],
+               (long long)Y->dims[Y->rank - 1], (long long)A->dims[A->rank - 1], nb);
+    ints(&d, Y->dims, nb > 0 ? nb : 0);
+    buf_printf(&d, ", ");
+    ints(&d, sa, nb);
+    buf_printf(&d, ", ");
+    ints(&d, sb, nb);
+    buf_printf(&d, ", %d};", shared);
+    decl(c, "%s", d.s);
+    buf_free(&d);
+    text(c, "k_matmul(@%d@, @%d@, @%d@, &MM_%d);", x, b, y, j);
+  } else if (!strcmp(op, "Transpose")) {
+    Tensor *X = T(c, n->in[0]), *Y = T(c, n->out[0]);
+    int64_t perm[MAX_RANK], xs[MAX_RANK], st[MAX_RANK], s2 = 1;
+    if (attr_ints(n, "perm", perm, MAX_RANK) < 0)
+      for (int i = 0; i < X->rank; i++) perm[i] = X->rank - 1 - i;
+    for (int i = X->rank - 1; i >= 0; i--) xs[i] = s2, s2 *= X->dims[i];
+    for (int i = 0; i < X->rank; i++) st[i] = xs[perm[i]];
+    Buf d = {0};
+    buf_printf(&d, "static const PermShape PERM_%d = {%d, ", j, Y->rank);
+    ints(&d, Y->dims, Y->rank);
+    buf_printf(&d, ", ");
+    ints(&d, st, Y->rank);
+    buf_printf(&d, ", %lld};", (long long)ir_numel(Y));
+    decl(c, "%s", d.s);
+    buf_free(&d);
+    text(c, "k_transpose(@%d@, @%d@, &PERM_%d);", x, y, j);
+  } else if (!strcmp(op, "Split")) {
+    Tensor *X = T(c, n->in[0]);
+    int a = (int)attr_int(n, "axis", 0);
+    if (a < 0) a += X->rank;
+    int64_t outer, inner, at = 0;
+    around(X, a, &outer, &inner);
+    Buf t = {0};
+    for (int q = 0; q < n->nout; q++) {
+      if (n->out[q] < 0) continue;
+      int yq = out_buf(c, n->out[q]);
+      wr(k, yq);
+      int64_t len = T(c, n->out[q])->dims[a];
+      buf_printf(&t, "%sk_take(@%d@, @%d@, %lld, %lld, %lld, %lld, %lld);", q ? "\n  " : "", x, yq, (long long)outer,
+                 (long long)X->dims[a], (long long)inner, (long long)at, (long long)len);
+      at += len;
+    }
+    text(c, "%s", t.s);
+    buf_free(&t);
+  } else if (!strcmp(op, "ReduceMean") || !strcmp(op, "ReduceSum")) {
+    Tensor *X = T(c, n->in[0]), *Y = T(c, n->out[0]);
+    int mask;
+    if (reduce_axes(&c->p->g, n, X, &mask)) return -1;
+    int64_t cnt = 1;
+    for (int i = 0; i < X->rank; i++)
+      if (mask >> i & 1) cnt *= X->dims[i];
+    Buf d = {0};
+    buf_printf(&d, "static const ReduceShape RED_%d = {%d, ", j, X->rank);
+    ints(&d, X->dims, X->rank);
+    buf_printf(&d, ", %d, %lld, %lld, %s};", mask, (long long)ir_numel(X), (long long)ir_numel(Y),
+               op[6] == 'M' ? pool_printf(c->pool, "1.0f / %lld", (long long)cnt) : "1.0f");
+    decl(c, "%s", d.s);
+    buf_free(&d);
+    text(c, "k_reduce(@%d@, @%d@, &RED_%d);", x, y, j);
+  } else if (!strcmp(op, "Softmax") || !strcmp(op, "LogSoftmax")) {
+    Tensor *X = T(c, n->in[0]);
+    int64_t axis = attr_int(n, "axis", c->p->g.opset >= 13 ? -1 : 1);
+    if (axis < 0) axis += X->rank;
+    if (axis != X->rank - 1) return err_set("node '%s' (%s): only the last axis trains so far", n->name, op);
+    int64_t cols = X->dims[X->rank - 1];
+    text(c, "k_softmax(@%d@, @%d@, %lld, %lld, %d);", x, y, (long long)(ir_numel(X) / cols), (long long)cols, op[0] == 'L');
+  } else if (!strcmp(op, "LayerNormalization")) {
+    Tensor *X = T(c, n->in[0]);
+    int64_t axis = attr_int(n, "axis", -1);
+    if (axis < 0) axis += X->rank;
+    int64_t cols = 1;
+    for (int i = (int)axis; i < X->rank; i++) cols *= X->dims[i];
+    Tensor *S = T(c, n->in[1]);
+    if (ir_numel(S) != cols) return err_set("node '%s' (LayerNormalization): a broadcast scale does not train yet", n->name);
+    int sc = fb(c, n->in[1]), bi = n->nin > 2 && n->in[2] >= 0 ? fb(c, n->in[2]) : -1;
+    rd(k, sc), rd(k, bi);
+    text(c, "k_layernorm(@%d@, @%d@, %s, @%d@, %lld, %lld, %s);", x, sc, bi >= 0 ? pool_printf(c->pool, "@%d@", bi) : "NULL", y,
+         (long long)(ir_numel(X) / cols), (long long)cols, flit(c, attr_float(n, "epsilon", 1e-5f)));
+  } else if (!strcmp(op, "Gather")) {
+    Tensor *D = T(c, n->in[0]), *I = T(c, n->in[1]);
+    if (attr_int(n, "axis", 0) != 0 || D->dtype != DT_FLOAT || I->dtype != DT_INT64)
+      return err_set("node '%s' (Gather): only float tables indexed by int64 on axis 0 (embeddings) train so far", n->name);
+    int tb = fb(c, n->in[0]), ib = fb(c, n->in[1]);
+    x = tb;
+    rd(k, tb), rd(k, ib);
+    text(c, "k_gather(@%d@, @%d@, @%d@, %lld, %lld, %lld);", tb, ib, y, (long long)ir_numel(I), (long long)D->dims[0],
+         (long long)(ir_numel(D) / D->dims[0]));
   } else if (!strcmp(op, "Pad")) {
     Tensor *X = T(c, n->in[0]), *Y = T(c, n->out[0]);
     int64_t b[MAX_RANK], e[MAX_RANK];
@@ -267,7 +413,9 @@ static int fwd_rule(Ctx *c, Node *n, int j) {
     text(c, "k_pad(@%d@, @%d@, &PAD_%d);", x, y, j);
   } else {
     return err_set("node '%s' uses %s, which has no training kernel yet (trainable so far: Gemm, Conv, MaxPool, AveragePool, "
-                   "GlobalAveragePool, BatchNormalization, Add, Sub, Mul, Div, Pow, Pad, Relu, Tanh, Sigmoid, Flatten, Reshape, Identity, Squeeze, Unsqueeze)", n->name, op);
+                   "GlobalAveragePool, BatchNormalization, LayerNormalization, MatMul, Gather, Softmax, LogSoftmax, Where, Split, Transpose, "
+                   "ReduceMean, ReduceSum, Add, Sub, Mul, Div, Pow, Sqrt, Erf, Pad, Relu, Tanh, Sigmoid, Flatten, Reshape, Identity, "
+                   "Squeeze, Unsqueeze)", n->name, op);
   }
   return 0;
 }
@@ -359,6 +507,114 @@ static void bwd_rule(Ctx *c, Node *n, int j) {
       text(c, "k_binary_grad(BIN_%s, %d, %s, %s, @%d@, @%d@, &BIN_%d, %d);", code, which, lin ? "NULL" : pool_printf(c->pool, "@%d@", a),
            lin ? "NULL" : pool_printf(c->pool, "@%d@", b), dy, d, j, acc);
     }
+  } else if (!strcmp(op, "Erf") || !strcmp(op, "Sqrt")) {
+    if (!needs(c, n, 0)) return;
+    int dx = grad_target(c, n->in[0], &acc);
+    Call *k = new_call(c, 1, n->name);
+    int src = op[0] == 'E' ? x : y;
+    rd(k, src), rd(k, dy), wr(k, dx);
+    text(c, "k_%s_grad(@%d@, @%d@, @%d@, %lld, %d);", op[0] == 'E' ? "erf" : "sqrt", src, dy, dx, (long long)numel(c, n->out[0]), acc);
+  } else if (!strcmp(op, "Where")) {
+    int cb = fb(c, n->in[0]);
+    for (int which = 2; which >= 1; which--) {
+      if (!needs(c, n, which)) continue;
+      int d = grad_target(c, n->in[which], &acc);
+      Call *k = new_call(c, 1, n->name);
+      rd(k, cb), rd(k, dy), wr(k, d);
+      text(c, "k_where_grad((const uint8_t *)@%d@, @%d@, @%d@, %d, &WHERE_%d, %d);", cb, dy, d, which, j, acc);
+    }
+  } else if (!strcmp(op, "MatMul")) {
+    int a = fb(c, n->in[0]), b = fb(c, n->in[1]);
+    if (needs(c, n, 1)) {
+      int d = grad_target(c, n->in[1], &acc);
+      Call *k = new_call(c, 1, n->name);
+      rd(k, dy), rd(k, a), wr(k, d);
+      text(c, "k_matmul_dB(@%d@, @%d@, @%d@, %lld, &MM_%d, %d);", dy, a, d, (long long)numel(c, n->in[1]), j, acc);
+    }
+    if (needs(c, n, 0)) {
+      int d = grad_target(c, n->in[0], &acc);
+      Call *k = new_call(c, 1, n->name);
+      rd(k, dy), rd(k, b), wr(k, d);
+      text(c, "k_matmul_dA(@%d@, @%d@, @%d@, %lld, &MM_%d, %d);", dy, b, d, (long long)numel(c, n->in[0]), j, acc);
+    }
+  } else if (!strcmp(op, "Transpose")) {
+    if (!needs(c, n, 0)) return;
+    int dx = grad_target(c, n->in[0], &acc);
+    Call *k = new_call(c, 1, n->name);
+    rd(k, dy), wr(k, dx);
+    text(c, "k_transpose_grad(@%d@, @%d@, &PERM_%d, %d);", dy, dx, j, acc);
+  } else if (!strcmp(op, "Split")) {
+    if (!needs(c, n, 0)) return;
+    Tensor *X = T(c, n->in[0]);
+    int a = (int)attr_int(n, "axis", 0);
+    if (a < 0) a += X->rank;
+    int64_t outer, inner, at = 0;
+    around(X, a, &outer, &inner);
+    int dx = grad_target(c, n->in[0], &acc);
+    if (!acc) {
+      Call *k = new_call(c, 1, n->name);
+      wr(k, dx);
+      text(c, "k_zero(@%d@, %lld);", dx, (long long)ir_numel(X));
+    }
+    /* Each output's gradient adds into its slice; outputs no gradient reached stay zero. */
+    for (int q = 0; q < n->nout; q++) {
+      if (n->out[q] < 0) continue;
+      int64_t len = T(c, n->out[q])->dims[a];
+      int g = c->gbuf[n->out[q]];
+      if (g >= 0 && c->gcount[n->out[q]]) {
+        Call *k = new_call(c, 1, n->name);
+        rd(k, g), wr(k, dx);
+        text(c, "k_take_grad(@%d@, @%d@, %lld, %lld, %lld, %lld, %lld);", g, dx, (long long)outer, (long long)X->dims[a],
+             (long long)inner, (long long)at, (long long)len);
+      }
+      at += len;
+    }
+  } else if (!strcmp(op, "ReduceMean") || !strcmp(op, "ReduceSum")) {
+    if (!needs(c, n, 0)) return;
+    int dx = grad_target(c, n->in[0], &acc);
+    Call *k = new_call(c, 1, n->name);
+    rd(k, dy), wr(k, dx);
+    text(c, "k_reduce_grad(@%d@, @%d@, &RED_%d, %d);", dy, dx, j, acc);
+  } else if (!strcmp(op, "Softmax") || !strcmp(op, "LogSoftmax")) {
+    if (!needs(c, n, 0)) return;
+    Tensor *X = T(c, n->in[0]);
+    int64_t cols = X->dims[X->rank - 1];
+    int dx = grad_target(c, n->in[0], &acc);
+    Call *k = new_call(c, 1, n->name);
+    rd(k, y), rd(k, dy), wr(k, dx);
+    text(c, "k_softmax_grad(@%d@, @%d@, @%d@, %lld, %lld, %d, %d);", y, dy, dx, (long long)(ir_numel(X) / cols), (long long)cols,
+         op[0] == 'L', acc);
+  } else if (!strcmp(op, "LayerNormalization")) {
+    Tensor *X = T(c, n->in[0]);
+    int64_t axis = attr_int(n, "axis", -1);
+    if (axis < 0) axis += X->rank;
+    int64_t cols = 1;
+    for (int i = (int)axis; i < X->rank; i++) cols *= X->dims[i];
+    int sc = fb(c, n->in[1]), hasb = n->nin > 2 && n->in[2] >= 0;
+    int ds = needs(c, n, 1) ? grad_target(c, n->in[1], &acc) : -1;
+    int db = hasb && needs(c, n, 2) ? grad_target(c, n->in[2], &acc) : -1;
+    int dx = -1, accx = 0;
+    if (needs(c, n, 0)) dx = grad_target(c, n->in[0], &accx);
+    Call *k = new_call(c, 1, n->name);
+    rd(k, x), rd(k, sc), rd(k, dy), wr(k, dx), wr(k, ds), wr(k, db);
+    text(c, "k_layernorm_grad(@%d@, @%d@, @%d@, %s, %s, %s, %lld, %lld, %s, %d);", x, sc, dy,
+         dx >= 0 ? pool_printf(c->pool, "@%d@", dx) : "NULL", ds >= 0 ? pool_printf(c->pool, "@%d@", ds) : "NULL",
+         db >= 0 ? pool_printf(c->pool, "@%d@", db) : "NULL", (long long)(ir_numel(X) / cols), (long long)cols,
+         flit(c, attr_float(n, "epsilon", 1e-5f)), accx);
+  } else if (!strcmp(op, "Gather")) {
+    if (!needs(c, n, 0)) return;
+    Tensor *D = T(c, n->in[0]), *I = T(c, n->in[1]);
+    int ib = fb(c, n->in[1]);
+    int d = grad_target(c, n->in[0], &acc);
+    Call *k = new_call(c, 1, n->name);
+    rd(k, ib), rd(k, dy), wr(k, d);
+    if (!acc) {
+      text(c, "k_zero(@%d@, %lld);", d, (long long)ir_numel(D));
+      k = new_call(c, 1, n->name);
+      rd(k, ib), rd(k, dy), wr(k, d);
+    }
+    text(c, "k_gather_grad(@%d@, @%d@, @%d@, %lld, %lld, %lld);", ib, dy, d, (long long)ir_numel(I), (long long)D->dims[0],
+         (long long)(ir_numel(D) / D->dims[0]));
   } else if (!strcmp(op, "Pad")) {
     if (!needs(c, n, 0)) return;
     int dx = grad_target(c, n->in[0], &acc);
@@ -472,7 +728,9 @@ static int build_stage(Ctx *c) {
   if (last && sp->loss_buf < 0) return err_set("the last stage has no graph output for the loss");
   for (int k = c->e - 1; k >= c->a; k--) {
     Node *nd = &g->n[p->node[k]];
-    if (c->gbuf[nd->out[0]] < 0 || !c->gcount[nd->out[0]]) continue; /* no gradient reaches it */
+    int reached = 0;
+    for (int q = 0; q < nd->nout; q++) reached |= nd->out[q] >= 0 && c->gbuf[nd->out[q]] >= 0 && c->gcount[nd->out[q]];
+    if (!reached) continue; /* no gradient reaches it */
     bwd_rule(c, nd, p->node[k]);
   }
   /* Gradients this stage sends back: received values it (or later stages) used. */

@@ -440,6 +440,258 @@ static inline void k_batchnorm_grad(const float *x, const float *gamma, const fl
   }
 }
 
+/* ---- more elementwise ---- */
+static inline void k_erf(const float *x, float *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = erff(x[i]);
+}
+static inline void k_erf_grad(const float *x, const float *dy, float *dx, int64_t n, int acc) {
+  for (int64_t i = 0; i < n; i++) {
+    float g = dy[i] * 1.12837916709551257f * expf(-x[i] * x[i]);
+    dx[i] = acc ? dx[i] + g : g;
+  }
+}
+static inline void k_sqrt(const float *x, float *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = sqrtf(x[i]);
+}
+static inline void k_sqrt_grad(const float *y, const float *dy, float *dx, int64_t n, int acc) {
+  for (int64_t i = 0; i < n; i++) {
+    float g = dy[i] * 0.5f / y[i];
+    dx[i] = acc ? dx[i] + g : g;
+  }
+}
+
+/* ---- Where(cond, x, y) with broadcasting; cond is bool (uint8) ---- */
+typedef struct WhereShape {
+  int rank;
+  int64_t out[8], sc[8], sx[8], sy[8];
+  int64_t nx, ny, nout;
+} WhereShape;
+
+static inline int64_t where_at(const WhereShape *s, const int64_t *st, int64_t i) {
+  int64_t off = 0;
+  for (int d = s->rank - 1; d >= 0; d--) {
+    off += (i % s->out[d]) * st[d];
+    i /= s->out[d];
+  }
+  return off;
+}
+static inline void k_where(const uint8_t *c, const float *x, const float *y, float *out, const WhereShape *s) {
+  for (int64_t i = 0; i < s->nout; i++) out[i] = c[where_at(s, s->sc, i)] ? x[where_at(s, s->sx, i)] : y[where_at(s, s->sy, i)];
+}
+/* which = 1: gradient of x, 2: of y. */
+static inline void k_where_grad(const uint8_t *c, const float *dout, float *d, int which, const WhereShape *s, int acc) {
+  if (!acc) memset(d, 0, sizeof(float) * (size_t)(which == 1 ? s->nx : s->ny));
+  for (int64_t i = 0; i < s->nout; i++) {
+    int pick = c[where_at(s, s->sc, i)] != 0;
+    if (pick == (which == 1)) d[where_at(s, which == 1 ? s->sx : s->sy, i)] += dout[i];
+  }
+}
+
+/* ---- MatMul with numpy semantics: batch dims broadcast ---- */
+typedef struct MatMulShape {
+  int64_t batch;          /* output batch count */
+  int64_t M, N, K;
+  int nb;                 /* batch rank */
+  int64_t bdims[6], sa[6], sb[6]; /* output batch dims; A/B matrix strides per batch axis (0 = broadcast) */
+  int b_shared;           /* B is one matrix for every batch: fold the batch into M */
+} MatMulShape;
+
+static inline void mm_offsets(const MatMulShape *s, int64_t b, int64_t *oa, int64_t *ob) {
+  *oa = *ob = 0;
+  for (int d = s->nb - 1; d >= 0; d--) {
+    int64_t i = b % s->bdims[d];
+    b /= s->bdims[d];
+    *oa += i * s->sa[d], *ob += i * s->sb[d];
+  }
+}
+
+static inline void k_matmul(const float *A, const float *B, float *Y, const MatMulShape *s) {
+  if (s->b_shared) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(s->batch * s->M), (int)s->N, (int)s->K, 1.0f, A, (int)s->K, B,
+                (int)s->N, 0.0f, Y, (int)s->N);
+    return;
+  }
+  for (int64_t b = 0; b < s->batch; b++) {
+    int64_t oa, ob;
+    mm_offsets(s, b, &oa, &ob);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)s->M, (int)s->N, (int)s->K, 1.0f, A + oa * s->M * s->K, (int)s->K,
+                B + ob * s->K * s->N, (int)s->N, 0.0f, Y + b * s->M * s->N, (int)s->N);
+  }
+}
+
+/* dA = dY B^T (summed over batches that share an A), acc as usual. */
+static inline void k_matmul_dA(const float *dY, const float *B, float *dA, int64_t na, const MatMulShape *s, int acc) {
+  if (s->b_shared) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(s->batch * s->M), (int)s->K, (int)s->N, 1.0f, dY, (int)s->N, B,
+                (int)s->N, acc ? 1.0f : 0.0f, dA, (int)s->K);
+    return;
+  }
+  if (!acc) memset(dA, 0, sizeof(float) * (size_t)na);
+  for (int64_t b = 0; b < s->batch; b++) {
+    int64_t oa, ob;
+    mm_offsets(s, b, &oa, &ob);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)s->M, (int)s->K, (int)s->N, 1.0f, dY + b * s->M * s->N, (int)s->N,
+                B + ob * s->K * s->N, (int)s->N, 1.0f, dA + oa * s->M * s->K, (int)s->K);
+  }
+}
+
+/* dB = A^T dY, summed over the batches that share a B. */
+static inline void k_matmul_dB(const float *dY, const float *A, float *dB, int64_t nbel, const MatMulShape *s, int acc) {
+  if (s->b_shared) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)s->K, (int)s->N, (int)(s->batch * s->M), 1.0f, A, (int)s->K, dY,
+                (int)s->N, acc ? 1.0f : 0.0f, dB, (int)s->N);
+    return;
+  }
+  if (!acc) memset(dB, 0, sizeof(float) * (size_t)nbel);
+  for (int64_t b = 0; b < s->batch; b++) {
+    int64_t oa, ob;
+    mm_offsets(s, b, &oa, &ob);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)s->K, (int)s->N, (int)s->M, 1.0f, A + oa * s->M * s->K, (int)s->K,
+                dY + b * s->M * s->N, (int)s->N, 1.0f, dB + ob * s->K * s->N, (int)s->N);
+  }
+}
+
+/* ---- Transpose (any rank) ---- */
+typedef struct PermShape {
+  int rank;
+  int64_t out[8];   /* output dims */
+  int64_t st[8];    /* input stride along each output axis */
+  int64_t n;
+} PermShape;
+
+static inline int64_t perm_at(const PermShape *s, int64_t i) {
+  int64_t off = 0;
+  for (int d = s->rank - 1; d >= 0; d--) {
+    off += (i % s->out[d]) * s->st[d];
+    i /= s->out[d];
+  }
+  return off;
+}
+static inline void k_transpose(const float *x, float *y, const PermShape *s) {
+  for (int64_t i = 0; i < s->n; i++) y[i] = x[perm_at(s, i)];
+}
+static inline void k_transpose_grad(const float *dy, float *dx, const PermShape *s, int acc) {
+  for (int64_t i = 0; i < s->n; i++) {
+    int64_t o = perm_at(s, i);
+    dx[o] = acc ? dx[o] + dy[i] : dy[i];
+  }
+}
+
+/* ---- Split / slices along one axis: [outer, axis, inner] ---- */
+static inline void k_take(const float *x, float *y, int64_t outer, int64_t axis, int64_t inner, int64_t start, int64_t len) {
+  for (int64_t o = 0; o < outer; o++) memcpy(y + o * len * inner, x + (o * axis + start) * inner, sizeof(float) * (size_t)(len * inner));
+}
+/* Adds dy into its place in dx (dx zeroed by the caller's first call when needed). */
+static inline void k_take_grad(const float *dy, float *dx, int64_t outer, int64_t axis, int64_t inner, int64_t start, int64_t len) {
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t k = 0; k < len * inner; k++) dx[(o * axis + start) * inner + k] += dy[o * len * inner + k];
+}
+static inline void k_zero(float *x, int64_t n) { memset(x, 0, sizeof(float) * (size_t)n); }
+
+/* ---- ReduceMean / ReduceSum over a set of axes ---- */
+typedef struct ReduceShape {
+  int rank;
+  int64_t in[8];
+  int mask;        /* reduced axes */
+  int64_t n, nout;
+  float scale;     /* 1/count for the mean, 1 for the sum */
+} ReduceShape;
+
+static inline int64_t reduce_at(const ReduceShape *s, int64_t i) {
+  int64_t out = 0, mul = 1;
+  for (int d = s->rank - 1; d >= 0; d--) {
+    int64_t c = i % s->in[d];
+    i /= s->in[d];
+    if (!(s->mask >> d & 1)) out += c * mul, mul *= s->in[d];
+  }
+  return out;
+}
+static inline void k_reduce(const float *x, float *y, const ReduceShape *s) {
+  memset(y, 0, sizeof(float) * (size_t)s->nout);
+  for (int64_t i = 0; i < s->n; i++) y[reduce_at(s, i)] += x[i];
+  for (int64_t o = 0; o < s->nout; o++) y[o] *= s->scale;
+}
+static inline void k_reduce_grad(const float *dy, float *dx, const ReduceShape *s, int acc) {
+  for (int64_t i = 0; i < s->n; i++) {
+    float g = dy[reduce_at(s, i)] * s->scale;
+    dx[i] = acc ? dx[i] + g : g;
+  }
+}
+
+/* ---- Softmax over the last axis ---- */
+static inline void k_softmax(const float *x, float *y, int64_t rows, int64_t cols, int log) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *a = x + r * cols;
+    float *b = y + r * cols, mx = a[0], sum = 0;
+    for (int64_t k = 1; k < cols; k++) mx = a[k] > mx ? a[k] : mx;
+    for (int64_t k = 0; k < cols; k++) sum += expf(a[k] - mx);
+    for (int64_t k = 0; k < cols; k++) b[k] = log ? a[k] - mx - logf(sum) : expf(a[k] - mx) / sum;
+  }
+}
+static inline void k_softmax_grad(const float *y, const float *dy, float *dx, int64_t rows, int64_t cols, int log, int acc) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *p = y + r * cols, *g = dy + r * cols;
+    float *d = dx + r * cols, dot = 0;
+    for (int64_t k = 0; k < cols; k++) dot += log ? g[k] : g[k] * p[k];
+    for (int64_t k = 0; k < cols; k++) {
+      float v = log ? g[k] - expf(p[k]) * dot : p[k] * (g[k] - dot);
+      d[k] = acc ? d[k] + v : v;
+    }
+  }
+}
+
+/* ---- LayerNormalization over the trailing `cols` elements ---- */
+static inline void k_layernorm(const float *x, const float *scale, const float *bias, float *y, int64_t rows, int64_t cols, float eps) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *a = x + r * cols;
+    float *b = y + r * cols, mean = 0, var = 0;
+    for (int64_t k = 0; k < cols; k++) mean += a[k];
+    mean /= (float)cols;
+    for (int64_t k = 0; k < cols; k++) var += (a[k] - mean) * (a[k] - mean);
+    var /= (float)cols;
+    float inv = 1.0f / sqrtf(var + eps);
+    for (int64_t k = 0; k < cols; k++) b[k] = (a[k] - mean) * inv * scale[k] + (bias ? bias[k] : 0);
+  }
+}
+static inline void k_layernorm_grad(const float *x, const float *scale, const float *dy, float *dx, float *dscale, float *dbias,
+                                    int64_t rows, int64_t cols, float eps, int acc) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *a = x + r * cols, *g = dy + r * cols;
+    float mean = 0, var = 0;
+    for (int64_t k = 0; k < cols; k++) mean += a[k];
+    mean /= (float)cols;
+    for (int64_t k = 0; k < cols; k++) var += (a[k] - mean) * (a[k] - mean);
+    var /= (float)cols;
+    float inv = 1.0f / sqrtf(var + eps), sg = 0, sgx = 0;
+    for (int64_t k = 0; k < cols; k++) {
+      float xh = (a[k] - mean) * inv, gs = g[k] * scale[k];
+      sg += gs, sgx += gs * xh;
+      if (dscale) dscale[k] += g[k] * xh;
+      if (dbias) dbias[k] += g[k];
+    }
+    if (!dx) continue;
+    for (int64_t k = 0; k < cols; k++) {
+      float xh = (a[k] - mean) * inv;
+      float v = inv * (g[k] * scale[k] - sg / (float)cols - xh * sgx / (float)cols);
+      dx[r * cols + k] = acc ? dx[r * cols + k] + v : v;
+    }
+  }
+}
+
+/* ---- Gather on axis 0: embedding lookup; its gradient is a scatter-add ---- */
+static inline void k_gather(const float *table, const int64_t *idx, float *y, int64_t n, int64_t rows, int64_t width) {
+  for (int64_t i = 0; i < n; i++) {
+    int64_t r = idx[i] < 0 ? idx[i] + rows : idx[i];
+    memcpy(y + i * width, table + r * width, sizeof(float) * (size_t)width);
+  }
+}
+static inline void k_gather_grad(const int64_t *idx, const float *dy, float *dtable, int64_t n, int64_t rows, int64_t width) {
+  for (int64_t i = 0; i < n; i++) {
+    int64_t r = idx[i] < 0 ? idx[i] + rows : idx[i];
+    for (int64_t k = 0; k < width; k++) dtable[r * width + k] += dy[i * width + k];
+  }
+}
+
 /* ---- the loss ---- */
 /* Softmax cross-entropy over `rows` rows of `classes` logits with integer
  * labels.  Returns the SUM of the rows' losses (the caller divides); writes

@@ -1,5 +1,7 @@
-"""Training parity for the larger sample models: the CIFAR-style ResNet (BatchNorm
-in training mode, residual adds) against PyTorch, for n = 1 and n = 4.
+"""Training parity for the larger sample models against PyTorch, for n = 1 and
+n = 4: the CIFAR-style ResNet (BatchNorm in training mode, residual adds) and the
+small GPT at opset 14 (LayerNorm decomposed) and opset 17 (fused
+LayerNormalization), trained on a uint16 token file with next-token labels.
 
 Pipeline BatchNorm works per micro-batch, as GPipe's does: each micro-batch is
 normalised with its own statistics and updates the running statistics in turn.
@@ -72,6 +74,76 @@ def torch_reference(model, x, y):
     return losses, {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
 
 
+def load_parity_helpers():
+    spec = importlib.util.spec_from_file_location("parity", os.path.join(ROOT, "tests", "test_parity.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+GB, GM, GSTEPS, GLR, GT = 8, 4, 10, 0.05, 32
+
+
+def gpt_parity(tmp, ex, name):
+    """The GPT on next-token prediction: llm.c's batches (B*T+1 tokens, labels
+    shifted by one), cross-entropy over every position."""
+    par = load_parity_helpers()
+    tokens = os.path.join(tmp, "tokens.bin")
+    if not os.path.exists(tokens):
+        subprocess.run([DATAGEN, "tokens", tokens, "--n", "20000", "--vocab", "64", "--seed", "5"], check=True, capture_output=True)
+    tok = np.fromfile(tokens, dtype=np.uint16).astype(np.int64)
+    path = os.path.join(ROOT, "onnx_models", name + ".onnx")
+    torch.manual_seed(0)
+    model = ex.GPT()
+    om = onnx.load(path)
+    mapping, _ = par.load_weights_from_onnx(model, om)
+    torch.set_num_threads(1)
+    opt = torch.optim.SGD(model.parameters(), lr=GLR)
+    nb = (len(tok) - 1) // (GB * GT)
+    mb = GB // GM
+    want = []
+    for s in range(GSTEPS):
+        start = (s % nb) * GB * GT
+        opt.zero_grad()
+        total = 0.0
+        for k in range(GM):
+            lo = start + k * mb * GT
+            x = torch.from_numpy(tok[lo:lo + mb * GT].reshape(mb, GT))
+            y = torch.from_numpy(tok[lo + 1:lo + 1 + mb * GT].reshape(mb, GT))
+            logits = model(x)
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1)) * (mb / GB)
+            loss.backward()
+            total += loss.item()
+        opt.step()
+        want.append(total)
+    expect = par.expected_initializers(om, model, mapping)
+    print(f"# {name}: torch losses {want[0]:.4f} -> {want[-1]:.4f}")
+    runs = {}
+    for n in (1, 4):
+        out = os.path.join(tmp, f"{name}{n}.pipe")
+        r = subprocess.run([PIPECC, path, "-n", str(n), "--batch", str(GB), "--microbatches", str(GM), "--lr", str(GLR),
+                            "--devices", DEVICES, "-o", out], capture_output=True, text=True)
+        if not check(r.returncode == 0, f"{name} n={n}: pipecc ({r.stderr.strip()})"):
+            continue
+        r = subprocess.run(["make", "-s", "-C", out], capture_output=True, text=True)
+        if not check(r.returncode == 0, f"{name} n={n}: make ({r.stderr.strip()[-300:]})"):
+            continue
+        log, saved = os.path.join(tmp, f"{name}{n}.csv"), os.path.join(tmp, f"{name}{n}.onnx")
+        r = subprocess.run([os.path.join(out, "run.sh"), "--data", tokens, "--steps", str(GSTEPS), "--quiet", "--log", log,
+                            "--save", saved], capture_output=True, text=True, timeout=600)
+        if not check(r.returncode == 0, f"{name} n={n}: run ({r.stderr.strip()[-300:]})"):
+            continue
+        got = [float(row["loss"]) for row in csv.DictReader(open(log))]
+        rel = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+        check(len(got) == GSTEPS and rel < 1e-4, f"{name} n={n}: per-step losses within 1e-4 relative of PyTorch (max {rel:.2e})")
+        trained = {t.name: numpy_helper.to_array(t) for t in onnx.load(saved).graph.initializer}
+        err = max(float(np.abs(trained[k].astype(np.float64) - expect[k]).max()) for k in mapping)
+        check(err < 1e-4, f"{name} n={n}: weights within 1e-4 of PyTorch (max {err:.2e})")
+        runs[n] = trained
+    if len(runs) == 2:
+        check(all(np.array_equal(runs[1][k], runs[4][k]) for k in runs[1]), f"{name}: n=1 and n=4 give bit-identical weights")
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="pipecc-parity-models.")
     os.environ["PIPECC_CACHE"] = os.path.join(tmp, "machine.txt")
@@ -122,6 +194,8 @@ def main():
     if len(runs) == 2:
         same = all(np.array_equal(runs[1][k], runs[4][k]) for k in runs[1])
         check(same, "resnet: n=1 and n=4 give bit-identical weights and statistics")
+    for name in ("gpt", "gpt_opset17"):
+        gpt_parity(tmp, ex, name)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
