@@ -232,7 +232,17 @@ static int fwd_rule(Ctx *c, Node *n, int j) {
     rd(k, gm), rd(k, bt), rd(k, rm), rd(k, rv), wr(k, rm), wr(k, rv);
     decl(c, "static const BnShape BN_%d = {%lld, %lld, %lld, %s, %s, %d};", j, (long long)X->dims[0], (long long)X->dims[1],
          (long long)sp, flit(c, attr_float(n, "epsilon", 1e-5f)), flit(c, attr_float(n, "momentum", 0.9f)), training);
-    text(c, "k_batchnorm(@%d@, @%d@, @%d@, @%d@, @%d@, @%d@, &BN_%d);", x, gm, bt, rm, rv, y, j);
+    Buf t = {0};
+    buf_printf(&t, "k_batchnorm(@%d@, @%d@, @%d@, @%d@, @%d@, @%d@, &BN_%d);", x, gm, bt, rm, rv, y, j);
+    /* Training mode's other outputs are the updated running statistics. */
+    for (int q = 1; q < 3 && q < n->nout; q++)
+      if (n->out[q] >= 0 && (T(c, n->out[q])->is_output || T(c, n->out[q])->nuses)) {
+        int o = out_buf(c, n->out[q]);
+        wr(k, o);
+        buf_printf(&t, "\n  k_copy(@%d@, @%d@, %lld);", q == 1 ? rm : rv, o, (long long)X->dims[1]);
+      }
+    text(c, "%s", t.s);
+    buf_free(&t);
   } else if (!strcmp(op, "Add") || !strcmp(op, "Sub") || !strcmp(op, "Mul") || !strcmp(op, "Div") || !strcmp(op, "Pow")) {
     Tensor *A = T(c, n->in[0]), *B = T(c, n->in[1]), *Y = T(c, n->out[0]);
     if (A->dtype != DT_FLOAT || B->dtype != DT_FLOAT)
@@ -384,8 +394,19 @@ static int fwd_rule(Ctx *c, Node *n, int j) {
     if (ir_numel(S) != cols) return err_set("node '%s' (LayerNormalization): a broadcast scale does not train yet", n->name);
     int sc = fb(c, n->in[1]), bi = n->nin > 2 && n->in[2] >= 0 ? fb(c, n->in[2]) : -1;
     rd(k, sc), rd(k, bi);
-    text(c, "k_layernorm(@%d@, @%d@, %s, @%d@, %lld, %lld, %s);", x, sc, bi >= 0 ? pool_printf(c->pool, "@%d@", bi) : "NULL", y,
-         (long long)(ir_numel(X) / cols), (long long)cols, flit(c, attr_float(n, "epsilon", 1e-5f)));
+    Buf t = {0};
+    buf_printf(&t, "k_layernorm(@%d@, @%d@, %s, @%d@, %lld, %lld, %s);", x, sc, bi >= 0 ? pool_printf(c->pool, "@%d@", bi) : "NULL",
+               y, (long long)(ir_numel(X) / cols), (long long)cols, flit(c, attr_float(n, "epsilon", 1e-5f)));
+    /* The optional Mean and InvStdDev outputs, when something reads them. */
+    int mo = -1, io = -1;
+    if (n->nout > 1 && n->out[1] >= 0 && (T(c, n->out[1])->is_output || T(c, n->out[1])->nuses)) mo = out_buf(c, n->out[1]), wr(k, mo);
+    if (n->nout > 2 && n->out[2] >= 0 && (T(c, n->out[2])->is_output || T(c, n->out[2])->nuses)) io = out_buf(c, n->out[2]), wr(k, io);
+    if (mo >= 0 || io >= 0)
+      buf_printf(&t, "\n  k_layernorm_stats(@%d@, %s, %s, %lld, %lld, %s);", x, mo >= 0 ? pool_printf(c->pool, "@%d@", mo) : "NULL",
+                 io >= 0 ? pool_printf(c->pool, "@%d@", io) : "NULL", (long long)(ir_numel(X) / cols), (long long)cols,
+                 flit(c, attr_float(n, "epsilon", 1e-5f)));
+    text(c, "%s", t.s);
+    buf_free(&t);
   } else if (!strcmp(op, "Gather")) {
     Tensor *D = T(c, n->in[0]), *I = T(c, n->in[1]);
     if (attr_int(n, "axis", 0) != 0 || D->dtype != DT_FLOAT || I->dtype != DT_INT64)
@@ -698,6 +719,17 @@ static int build_stage(Ctx *c) {
     PartEdge *ed = &p->edges[q];
     int t = p->edge_tensor[q];
     if (!(ed->from < c->e && c->e <= ed->to)) continue;
+    if (last && c->p->opt.forward_only) { /* an inference program hands its outputs back */
+      if (c->fbuf[t] < 0) {
+        const Tensor *o = &g->t[t];
+        return err_set("output '%s' of node '%s' (%s) is not computed by pipecc's kernel (only the op's main output is)", o->name,
+                       o->producer >= 0 ? g->n[o->producer].name : "?", o->producer >= 0 ? g->n[o->producer].op : "?");
+      }
+      Crossing *x = &sp->send[sp->nsend++];
+      x->tensor = t, x->buf = c->fbuf[t], x->gbuf = -1;
+      sp->bufs[x->buf].kind = BUF_RING;
+      continue;
+    }
     if (last) { /* the graph output the loss reads */
       if (!dtype_is_float(g->t[t].dtype)) return err_set("graph output '%s' is not float; the loss needs logits", g->t[t].name);
       if (sp->loss_buf >= 0) return err_set("the model has more than one output; the loss takes one (logits)");
@@ -724,6 +756,12 @@ static int build_stage(Ctx *c) {
       sp->bufs[x->gbuf].is_grad = 1;
       c->gcount[t] = 1;
     }
+  }
+  if (c->p->opt.forward_only) {
+    /* No training: the weights are read-only constants of the program. */
+    sp->pgrad = sp->opt1 = sp->opt2 = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
+    for (int i = 0; i < sp->nparams; i++) sp->pgrad[i] = -1;
+    return 0;
   }
   if (last && sp->loss_buf < 0) return err_set("the last stage has no graph output for the loss");
   for (int k = c->e - 1; k >= c->a; k--) {
@@ -777,7 +815,7 @@ static int build_stage(Ctx *c) {
 
 int autodiff_build(Plan *p, StageProg *progs, Pool *pool) {
   Graph *g = &p->g;
-  const char *need = needs_grad(p, pool);
+  const char *need = p->opt.forward_only ? pool_alloc(pool, (size_t)g->nt) : needs_grad(p, pool);
   for (int s = 0; s < p->opt.nstages; s++) {
     StageProg *sp = &progs[s];
     memset(sp, 0, sizeof *sp);

@@ -143,8 +143,9 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
     buf_printf(o, "static const PrParam PARAMS[] = {\n");
     for (int i = 0; i < sp->nparams; i++) {
       const Buffer *b = &sp->bufs[sp->params[i]];
-      buf_printf(o, "    {\"%s\", %lld, OFF_%s, OFF_%s, ", g->t[b->tensor].name, (long long)(b->bytes / 4), b->name,
-                 sp->bufs[sp->pgrad[i]].name);
+      buf_printf(o, "    {\"%s\", %lld, OFF_%s, ", g->t[b->tensor].name, (long long)(b->bytes / 4), b->name);
+      if (sp->pgrad[i] >= 0) buf_printf(o, "OFF_%s, ", sp->bufs[sp->pgrad[i]].name);
+      else buf_printf(o, "-1, ");
       if (sp->opt1[i] >= 0) buf_printf(o, "OFF_%s, ", sp->bufs[sp->opt1[i]].name);
       else buf_printf(o, "-1, ");
       if (sp->opt2[i] >= 0) buf_printf(o, "OFF_%s},\n", sp->bufs[sp->opt2[i]].name);
@@ -159,7 +160,8 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
                     (long long)sp->loss_classes, sp->bufs[sp->labels_buf].name)
       : "";
   const char *keys[] = {"MODEL", "NACTIONS", "RECV", "NRECV", "SEND", "NSEND", "PARAMS", "NPARAMS", "LOSS", "LOSS_FIELDS",
-                        "OPTIMIZER", "LR", "MOMENTUM", "WEIGHT_DECAY", "VOCAB", "PREDICTED_BYTES", "PREDICTED_STEP"};
+                        "OPTIMIZER", "LR", "MOMENTUM", "WEIGHT_DECAY", "VOCAB", "PREDICTED_BYTES", "PREDICTED_STEP",
+                        "FORWARD_ONLY"};
   const char *vals[] = {
       g->path, pool_printf(&tp, "%d", 2 * p->opt.microbatches), sp->nrecv ? "RECV" : "NULL", pool_printf(&tp, "%d", sp->nrecv),
       sp->nsend ? "SEND" : "NULL", pool_printf(&tp, "%d", sp->nsend), sp->nparams ? "PARAMS" : "NULL",
@@ -168,7 +170,7 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
       pool_printf(&tp, "%.9g", p->opt.lr > 0 ? p->opt.lr : !strcmp(optname, "sgd") ? 0.01 : 0.001),
       pool_printf(&tp, "%.9g", p->opt.momentum), pool_printf(&tp, "%.9g", p->opt.weight_decay),
       pool_printf(&tp, "%lld", (long long)vocab), pool_printf(&tp, "%.0f", c->mem_total),
-      pool_printf(&tp, "%.9g", p->sched.step_time)};
+      pool_printf(&tp, "%.9g", p->sched.step_time), p->opt.forward_only ? "1" : "0"};
   tmpl_fill(o, TMPL_STAGE_MAIN, keys, vals, (int)(sizeof keys / sizeof keys[0]));
   pool_free(&tp);
 }

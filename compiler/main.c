@@ -34,6 +34,7 @@ static void usage(FILE *f) {
         "  --listing             print the plan listing (always written to DIR/schedule.txt)\n"
         "  --dump-shapes         print every tensor's inferred type and shape, write nothing\n"
         "  --plan-only           write the plan and listing but no stage programs\n"
+        "  --forward-only        programs that run the forward pass on given inputs (no loss, no training)\n"
         "  -h, --help            this text;  --version  the version\n",
         f);
 }
@@ -150,6 +151,8 @@ int main(int argc, char **argv) {
       o.dump_shapes = 1;
     } else if (!strcmp(a, "--plan-only")) {
       o.plan_only = 1;
+    } else if (!strcmp(a, "--forward-only")) {
+      o.forward_only = 1;
     } else if (a[0] == '-' && a[1]) {
       return bad("unknown flag '%s'%s", a, "");
     } else if (o.model) {

@@ -38,7 +38,8 @@ static int bind_inputs(Plan *p) {
     t->rank = t->declared_rank;
     for (int d = 0; d < t->rank; d++) {
       t->dims[d] = t->declared_dims[d];
-      if (d == 0 && t->rank >= 1) t->dims[0] = p->mb_size;
+      /* An inference program keeps static shapes as declared (inputs need not share a batch axis). */
+      if (d == 0 && t->rank >= 1 && !(p->opt.forward_only && t->declared_dims[0] > 0)) t->dims[0] = p->mb_size;
       else if (t->declared_params[d] || t->dims[d] < 0)
         return err_set("%s: graph input '%s' has a symbolic dimension '%s' at axis %d; pipecc needs every axis "
                        "but the batch to be fixed (export with a static size)", g->path, t->name,

@@ -8,6 +8,7 @@
 typedef struct Options {
   const char *model, *outdir, *devices, *optimizer;
   int nstages, microbatches, schedule, listing, dump_shapes, plan_only;
+  int forward_only;  /* an inference program: no loss, no backward (conformance tests) */
   int64_t batch;
   double mem_limit, lr, momentum, weight_decay;
 } Options;

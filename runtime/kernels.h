@@ -653,6 +653,20 @@ static inline void k_layernorm(const float *x, const float *scale, const float *
     for (int64_t k = 0; k < cols; k++) b[k] = (a[k] - mean) * inv * scale[k] + (bias ? bias[k] : 0);
   }
 }
+/* LayerNormalization's optional outputs: per-row mean and 1/sqrt(var + eps). */
+static inline void k_layernorm_stats(const float *x, float *mean_out, float *inv_out, int64_t rows, int64_t cols, float eps) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float *a = x + r * cols;
+    float mean = 0, var = 0;
+    for (int64_t k = 0; k < cols; k++) mean += a[k];
+    mean /= (float)cols;
+    for (int64_t k = 0; k < cols; k++) var += (a[k] - mean) * (a[k] - mean);
+    var /= (float)cols;
+    if (mean_out) mean_out[r] = mean;
+    if (inv_out) inv_out[r] = 1.0f / sqrtf(var + eps);
+  }
+}
+
 static inline void k_layernorm_grad(const float *x, const float *scale, const float *dy, float *dx, float *dscale, float *dbias,
                                     int64_t rows, int64_t cols, float eps, int acc) {
   for (int64_t r = 0; r < rows; r++) {

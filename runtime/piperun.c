@@ -463,6 +463,7 @@ static void on_signal(int sig) {
 }
 
 int pr_main(int argc, char **argv, const PrStage *st) {
+  if (st->forward_only) return pr_eval(argc, argv, st);
   MPI_Init(&argc, &argv);
   int size;
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);

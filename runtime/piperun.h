@@ -60,7 +60,13 @@ typedef struct PrStage {
   int64_t vocab;               /* token models: ids must be below it */
   double predicted_bytes;      /* the planner's memory estimate for this stage */
   double predicted_step_s;     /* the planner's predicted step time */
+  int forward_only;            /* an inference program: pr_main runs pr_eval */
 } PrStage;
+
+/* Inference: reads each input from DIR/input_<k>.pb (ONNX TensorProto, in
+ * graph-input order), runs forward once, writes each output raw to
+ * OUT/<k>.bin in the order of st->send.  Used by the conformance tests. */
+int pr_eval(int argc, char **argv, const PrStage *st);
 
 int pr_main(int argc, char **argv, const PrStage *st);
 /* Collective: every stage's weights go to stage 0, which writes `path` - the

@@ -44,6 +44,7 @@ suite "generated/ is what the compiler writes" bash tests/test_generated.sh
 suite "training parity with PyTorch, bit-identity across n and schedules" env PIPECC=bin/pipecc $PY tests/test_parity.py
 suite "ResNet training parity with PyTorch (BatchNorm, residuals), n = 1 and 4" $PY tests/test_parity_models.py
 suite "training runs: demo loss, checkpoint/resume, killed rank, NaN, bad data" $PY tests/test_train.py
+suite "ONNX node conformance through the forward kernels" $PY tests/conformance/run.py
 
 fuzz() {
   local secs=${FUZZ_SECONDS:-30}
