@@ -125,13 +125,21 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   emit_calls(o, sp, sp->bwd, sp->nbwd);
   buf_printf(o, "}\n\n");
   if (sp->loss_buf >= 0) {
-    buf_printf(o, "/* Softmax cross-entropy, mean over the %lld rows of the whole batch. */\n", (long long)(sp->loss_rows * p->opt.microbatches));
-    buf_printf(o, "static double loss(int slot, const int64_t *labels) {\n  return k_softmax_xent(");
+    int64_t rows = sp->loss_rows * p->opt.microbatches;
+    if (p->opt.loss_mse)
+      buf_printf(o, "/* Mean squared error against one-hot labels, mean over the %lld x %lld outputs of the whole batch\n"
+                    " * (the runtime divides the returned sum by rows x classes). */\n", (long long)rows, (long long)sp->loss_classes);
+    else
+      buf_printf(o, "/* Softmax cross-entropy, mean over the %lld rows of the whole batch. */\n", (long long)rows);
+    buf_printf(o, "static double loss(int slot, const int64_t *labels) {\n  return %s(", p->opt.loss_mse ? "k_mse_onehot" : "k_softmax_xent");
     buf_expr(o, sp, sp->loss_buf);
     buf_printf(o, ", labels, ");
     buf_expr(o, sp, sp->dloss_buf);
-    buf_printf(o, ", %lld, %lld, 1.0f / %lld);\n}\n\n", (long long)sp->loss_rows, (long long)sp->loss_classes,
-               (long long)(sp->loss_rows * p->opt.microbatches));
+    if (p->opt.loss_mse)
+      buf_printf(o, ", %lld, %lld, 1.0f / %lld) / %lld;\n}\n\n", (long long)sp->loss_rows, (long long)sp->loss_classes,
+                 (long long)(rows * sp->loss_classes), (long long)sp->loss_classes);
+    else
+      buf_printf(o, ", %lld, %lld, 1.0f / %lld);\n}\n\n", (long long)sp->loss_rows, (long long)sp->loss_classes, (long long)rows);
   }
   buf_printf(o, "/* The schedule: this stage's actions for one optimizer step, in order. */\nstatic const PrAction SCHEDULE[] = {");
   for (int k = 0; k < 2 * p->opt.microbatches; k++)

@@ -35,6 +35,8 @@ static void usage(FILE *f) {
         "  --dump-shapes         print every tensor's inferred type and shape, write nothing\n"
         "  --plan-only           write the plan and listing but no stage programs\n"
         "  --forward-only        programs that run the forward pass on given inputs (no loss, no training)\n"
+        "  --loss xent|mse       softmax cross-entropy on integer labels (default), or mean squared error\n"
+        "                        against their one-hot encoding\n"
         "  -h, --help            this text;  --version  the version\n",
         f);
 }
@@ -153,6 +155,10 @@ int main(int argc, char **argv) {
       o.plan_only = 1;
     } else if (!strcmp(a, "--forward-only")) {
       o.forward_only = 1;
+    } else if (!strcmp(a, "--loss")) {
+      NEEDVAL();
+      if (!strcmp(val, "mse")) o.loss_mse = 1;
+      else if (strcmp(val, "xent")) return bad("--loss '%s': expected xent or mse%s", val, "");
     } else if (a[0] == '-' && a[1]) {
       return bad("unknown flag '%s'%s", a, "");
     } else if (o.model) {

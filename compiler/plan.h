@@ -9,6 +9,7 @@ typedef struct Options {
   const char *model, *outdir, *devices, *optimizer;
   int nstages, microbatches, schedule, listing, dump_shapes, plan_only;
   int forward_only;  /* an inference program: no loss, no backward (conformance tests) */
+  int loss_mse;      /* MSE against one-hot labels instead of softmax cross-entropy */
   int64_t batch;
   double mem_limit, lr, momentum, weight_decay;
 } Options;

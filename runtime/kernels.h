@@ -729,6 +729,20 @@ static inline double k_softmax_xent(const float *logits, const int64_t *labels, 
   return total;
 }
 
+/* Mean squared error against the one-hot encoding of integer labels (PyTorch's
+ * F.mse_loss(logits, one_hot(labels)), mean over every element).  Returns the
+ * sum over this micro-batch's elements; dlogits = 2 (z - t) * scale. */
+static inline double k_mse_onehot(const float *logits, const int64_t *labels, float *dlogits, int64_t rows, int classes, float scale) {
+  double total = 0;
+  for (int64_t r = 0; r < rows; r++)
+    for (int k = 0; k < classes; k++) {
+      float d = logits[r * classes + k] - (k == labels[r] ? 1.0f : 0.0f);
+      total += (double)d * d;
+      dlogits[r * classes + k] = 2.0f * d * scale;
+    }
+  return total;
+}
+
 /* ---- optimizers (PyTorch's update rules, step by step) ---- */
 static inline void k_sgd(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd, int first) {
   for (int64_t i = 0; i < n; i++) {

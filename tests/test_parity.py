@@ -282,23 +282,33 @@ def write_dataset(dirpath, imgs, labels):
 # Torch reference
 # --------------------------------------------------------------------------
 
-def torch_reference(build, onnx_path, imgs, labels, momentum=0.0, weight_decay=0.0):
-    """Train STEPS full-batch SGD steps on the sequential batches, starting from
-    the ONNX file's initializers.  Returns (losses, expected initializers)."""
+def torch_reference(build, onnx_path, imgs, labels, momentum=0.0, weight_decay=0.0, optimizer="sgd", lr=LR, loss="xent"):
+    """Train STEPS full-batch steps (SGD, Adam or AdamW; cross-entropy or MSE
+    on one-hot labels) on the sequential batches, starting from the ONNX file's
+    initializers.  Returns (losses, expected initializers)."""
+    loss_kind = loss
     m = onnx.load(onnx_path)
     torch.manual_seed(12345)   # any init: everything is overwritten from the ONNX file
     model = build()
     mapping, _ = load_weights_from_onnx(model, m)
     model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum,
-                          weight_decay=weight_decay)
+    if optimizer == "adam":
+        opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=weight_decay)
+    elif optimizer == "adamw":
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    else:
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum, weight_decay=weight_decay)
     x_all = torch.from_numpy(imgs.astype(np.float32) / np.float32(255.0)).reshape(-1, 1, 28, 28)
     y_all = torch.from_numpy(labels.astype(np.int64))
     losses = []
     for s in range(STEPS):
         x, y = x_all[s * B:(s + 1) * B], y_all[s * B:(s + 1) * B]
         opt.zero_grad()
-        loss = F.cross_entropy(model(x), y, reduction="mean")
+        out = model(x)
+        if loss_kind == "mse":
+            loss = F.mse_loss(out, F.one_hot(y, out.shape[-1]).float())
+        else:
+            loss = F.cross_entropy(out, y, reduction="mean")
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -387,8 +397,8 @@ def run_case(tag, onnx_path, n, sched, opt_cfg, datadir, casedir, env, ref):
     log = os.path.join(casedir, "log.csv")
     saved = os.path.join(casedir, "trained.onnx")
     cmd = [PIPECC, onnx_path, "-n", str(n), "-o", out, "--batch", str(B),
-           "--microbatches", str(M), "--schedule", sched, "--optimizer", "sgd",
-           "--lr", repr(LR), "--devices", DEVICES]
+           "--microbatches", str(M), "--schedule", sched, "--optimizer", opt_cfg.get("optimizer", "sgd"),
+           "--lr", repr(opt_cfg.get("lr", LR)), "--devices", DEVICES, "--loss", opt_cfg.get("loss", "xent")]
     if opt_cfg.get("momentum"):
         cmd += ["--momentum", repr(opt_cfg["momentum"])]
     if opt_cfg.get("weight_decay"):
@@ -554,6 +564,19 @@ def main():
                 tag = f"{name} n={n} 1f1b momentum=0.9 weight_decay=1e-4"
                 run_case(tag, paths[name], n, "1f1b", MOMENTUM_CFG, datadir,
                          os.path.join(tmp, f"{name}-n{n}-1f1b-momentum"), env, ref_mom)
+            if not args.quick and name == "lenet":
+                # Adam and AdamW: PyTorch's update rules, step counts and bias corrections.
+                for cfg in (dict(optimizer="adam", lr=1e-3, weight_decay=1e-4), dict(optimizer="adamw", lr=1e-3, weight_decay=1e-2)):
+                    ref_opt = torch_reference(build, paths[name], imgs, labels, weight_decay=cfg["weight_decay"],
+                                              optimizer=cfg["optimizer"], lr=cfg["lr"])
+                    tag = f"{name} n=2 1f1b {cfg['optimizer']} lr={cfg['lr']} weight_decay={cfg['weight_decay']}"
+                    run_case(tag, paths[name], 2, "1f1b", cfg, datadir, os.path.join(tmp, f"{name}-{cfg['optimizer']}"), env, ref_opt)
+            if not args.quick and name == "mlp":
+                cfg = dict(loss="mse", lr=0.5)
+                ref_mse = torch_reference(build, paths[name], imgs, labels, lr=0.5, loss="mse")
+                for n in (1, 4):
+                    run_case(f"{name} n={n} 1f1b mse loss", paths[name], n, "1f1b", cfg, datadir,
+                             os.path.join(tmp, f"{name}-mse-{n}"), env, ref_mse)
     except Exception as e:   # setup failure (export, data): report, not a traceback
         result(False, "setup", f"{type(e).__name__}: {e}")
     finally:
