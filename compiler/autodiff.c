@@ -76,30 +76,21 @@ static void wr(Call *k, int b) {
   if (b >= 0 && k->nwrites < 6) k->writes[k->nwrites++] = b;
 }
 
+/* The current call's C statement, and a file-scope constant it uses. */
 static void text(Ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void text(Ctx *c, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  int n = vsnprintf(NULL, 0, fmt, ap);
+  c->cur->text = pool_vprintf(c->pool, fmt, ap);
   va_end(ap);
-  char *s = pool_alloc(c->pool, (size_t)n + 1);
-  va_start(ap, fmt);
-  vsnprintf(s, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  c->cur->text = s;
 }
 
 static void decl(Ctx *c, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void decl(Ctx *c, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  int n = vsnprintf(NULL, 0, fmt, ap);
+  c->cur->decl = pool_vprintf(c->pool, fmt, ap);
   va_end(ap);
-  char *s = pool_alloc(c->pool, (size_t)n + 1);
-  va_start(ap, fmt);
-  vsnprintf(s, (size_t)n + 1, fmt, ap);
-  va_end(ap);
-  c->cur->decl = s;
 }
 
 static Tensor *T(Ctx *c, int idx) { return &c->p->g.t[idx]; }

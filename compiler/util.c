@@ -63,14 +63,20 @@ char *pool_strdup(Pool *p, const char *s) {
   return d;
 }
 
+char *pool_vprintf(Pool *p, const char *fmt, va_list ap) {
+  va_list ap2;
+  va_copy(ap2, ap);
+  int n = vsnprintf(NULL, 0, fmt, ap2);
+  va_end(ap2);
+  char *s = pool_alloc(p, (size_t)n + 1);
+  vsnprintf(s, (size_t)n + 1, fmt, ap);
+  return s;
+}
+
 char *pool_printf(Pool *p, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
-  int n = vsnprintf(NULL, 0, fmt, ap);
-  va_end(ap);
-  char *s = pool_alloc(p, (size_t)n + 1);
-  va_start(ap, fmt);
-  vsnprintf(s, (size_t)n + 1, fmt, ap);
+  char *s = pool_vprintf(p, fmt, ap);
   va_end(ap);
   return s;
 }

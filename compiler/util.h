@@ -1,6 +1,7 @@
 /* util.h - errors, an allocation pool and small helpers shared by every pass. */
 #ifndef PIPECC_UTIL_H
 #define PIPECC_UTIL_H
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -22,6 +23,7 @@ void *pool_alloc(Pool *p, size_t size);             /* zeroed; aborts on OOM */
 void *pool_realloc(Pool *p, void *old, size_t size); /* old must come from p */
 char *pool_strdup(Pool *p, const char *s);
 char *pool_printf(Pool *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+char *pool_vprintf(Pool *p, const char *fmt, va_list ap);
 void pool_free(Pool *p);
 
 /* A growable string for the listing and JSON writers. */

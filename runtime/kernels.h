@@ -366,6 +366,21 @@ typedef struct BnShape {
   int training;
 } BnShape;
 
+/* Mean and biased variance of channel ch over the batch and spatial axes, in double. */
+static inline void bn_batch_stats(const float *x, const BnShape *s, int64_t ch, double *mean, double *var) {
+  int64_t cnt = s->n * s->sp;
+  double sum = 0, sq = 0;
+  for (int64_t i = 0; i < s->n; i++)
+    for (int64_t k = 0; k < s->sp; k++) sum += x[(i * s->c + ch) * s->sp + k];
+  *mean = sum / (double)cnt;
+  for (int64_t i = 0; i < s->n; i++)
+    for (int64_t k = 0; k < s->sp; k++) {
+      double d = x[(i * s->c + ch) * s->sp + k] - *mean;
+      sq += d * d;
+    }
+  *var = sq / (double)cnt;
+}
+
 /* Training: normalise with the batch's mean and (biased) variance and update
  * the running statistics with the unbiased variance, as PyTorch does. */
 static inline void k_batchnorm(const float *x, const float *gamma, const float *beta, float *rmean, float *rvar, float *y,
@@ -374,16 +389,7 @@ static inline void k_batchnorm(const float *x, const float *gamma, const float *
   for (int64_t ch = 0; ch < s->c; ch++) {
     double mean, var;
     if (s->training) {
-      double sum = 0, sq = 0;
-      for (int64_t i = 0; i < s->n; i++)
-        for (int64_t k = 0; k < s->sp; k++) sum += x[(i * s->c + ch) * s->sp + k];
-      mean = sum / (double)cnt;
-      for (int64_t i = 0; i < s->n; i++)
-        for (int64_t k = 0; k < s->sp; k++) {
-          double d = x[(i * s->c + ch) * s->sp + k] - mean;
-          sq += d * d;
-        }
-      var = sq / (double)cnt;
+      bn_batch_stats(x, s, ch, &mean, &var);
       rmean[ch] = (float)(rmean[ch] * s->momentum + mean * (1 - s->momentum));
       rvar[ch] = (float)(rvar[ch] * s->momentum + (cnt > 1 ? var * (double)cnt / (double)(cnt - 1) : var) * (1 - s->momentum));
     } else {
@@ -406,16 +412,7 @@ static inline void k_batchnorm_grad(const float *x, const float *gamma, const fl
   for (int64_t ch = 0; ch < s->c; ch++) {
     double mean, var;
     if (s->training) {
-      double sum = 0, sq = 0;
-      for (int64_t i = 0; i < s->n; i++)
-        for (int64_t k = 0; k < s->sp; k++) sum += x[(i * s->c + ch) * s->sp + k];
-      mean = sum / (double)cnt;
-      for (int64_t i = 0; i < s->n; i++)
-        for (int64_t k = 0; k < s->sp; k++) {
-          double d = x[(i * s->c + ch) * s->sp + k] - mean;
-          sq += d * d;
-        }
-      var = sq / (double)cnt;
+      bn_batch_stats(x, s, ch, &mean, &var);
     } else {
       mean = rmean[ch], var = rvar[ch];
     }
@@ -641,14 +638,19 @@ static inline void k_softmax_grad(const float *y, const float *dy, float *dx, in
 }
 
 /* ---- LayerNormalization over the trailing `cols` elements ---- */
+/* Mean and biased variance of one row, in float as ONNX's stash_type=1. */
+static inline void ln_row_stats(const float *a, int64_t cols, float *mean, float *var) {
+  float m = 0, v = 0;
+  for (int64_t k = 0; k < cols; k++) m += a[k];
+  m /= (float)cols;
+  for (int64_t k = 0; k < cols; k++) v += (a[k] - m) * (a[k] - m);
+  *mean = m, *var = v / (float)cols;
+}
 static inline void k_layernorm(const float *x, const float *scale, const float *bias, float *y, int64_t rows, int64_t cols, float eps) {
   for (int64_t r = 0; r < rows; r++) {
     const float *a = x + r * cols;
-    float *b = y + r * cols, mean = 0, var = 0;
-    for (int64_t k = 0; k < cols; k++) mean += a[k];
-    mean /= (float)cols;
-    for (int64_t k = 0; k < cols; k++) var += (a[k] - mean) * (a[k] - mean);
-    var /= (float)cols;
+    float *b = y + r * cols, mean, var;
+    ln_row_stats(a, cols, &mean, &var);
     float inv = 1.0f / sqrtf(var + eps);
     for (int64_t k = 0; k < cols; k++) b[k] = (a[k] - mean) * inv * scale[k] + (bias ? bias[k] : 0);
   }
@@ -657,11 +659,8 @@ static inline void k_layernorm(const float *x, const float *scale, const float *
 static inline void k_layernorm_stats(const float *x, float *mean_out, float *inv_out, int64_t rows, int64_t cols, float eps) {
   for (int64_t r = 0; r < rows; r++) {
     const float *a = x + r * cols;
-    float mean = 0, var = 0;
-    for (int64_t k = 0; k < cols; k++) mean += a[k];
-    mean /= (float)cols;
-    for (int64_t k = 0; k < cols; k++) var += (a[k] - mean) * (a[k] - mean);
-    var /= (float)cols;
+    float mean, var;
+    ln_row_stats(a, cols, &mean, &var);
     if (mean_out) mean_out[r] = mean;
     if (inv_out) inv_out[r] = 1.0f / sqrtf(var + eps);
   }
@@ -671,11 +670,8 @@ static inline void k_layernorm_grad(const float *x, const float *scale, const fl
                                     int64_t rows, int64_t cols, float eps, int acc) {
   for (int64_t r = 0; r < rows; r++) {
     const float *a = x + r * cols, *g = dy + r * cols;
-    float mean = 0, var = 0;
-    for (int64_t k = 0; k < cols; k++) mean += a[k];
-    mean /= (float)cols;
-    for (int64_t k = 0; k < cols; k++) var += (a[k] - mean) * (a[k] - mean);
-    var /= (float)cols;
+    float mean, var;
+    ln_row_stats(a, cols, &mean, &var);
     float inv = 1.0f / sqrtf(var + eps), sg = 0, sgx = 0;
     for (int64_t k = 0; k < cols; k++) {
       float xh = (a[k] - mean) * inv, gs = g[k] * scale[k];
