@@ -121,9 +121,21 @@ void cost_nodes(Graph *g, NodeCost *c) {
         nc->stash_bytes += (double)tensor_bytes(&g->t[n->in[k]]);
         stashed[n->in[k]] = 0;
       }
+    /* Bound on what the arena holds for this node besides rings: its outputs as
+     * temporaries and their gradients, im2col workspaces (forward and backward),
+     * the constants it reads, and alignment. */
+    for (int k = 0; k < n->nout; k++) {
+      Tensor *t = node_out(g, n, k);
+      if (t) nc->work_bytes += 2.0 * (double)tensor_bytes(t) + 128;
+    }
+    for (int k = 0; k < n->nin; k++) {
+      Tensor *t = node_in(g, n, k);
+      if (t && t->data && !t->is_param) nc->work_bytes += (double)tensor_bytes(t) + 64;
+      if (t && !t->data && !t->is_param) nc->work_bytes += (double)tensor_bytes(t) + 64; /* a gradient for a value received */
+    }
     if (!strcmp(n->op, "Conv")) {
       Tensor *w = node_in(g, n, 1), *y = node_out(g, n, 0);
-      nc->work_bytes = 4.0 * prod_tail(w, 1) * prod_tail(y, 2); /* im2col of one sample */
+      nc->work_bytes += 2 * (4.0 * prod_tail(w, 1) * prod_tail(y, 2) + 64); /* im2col of one sample, both directions */
     }
   }
   free(stashed);

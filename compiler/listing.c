@@ -36,9 +36,10 @@ static void stage_text(const Plan *p, int s, Buf *b) {
   buf_printf(b, "  FLOPs        %s forward, %s backward per micro-batch\n", fmt_count(ff), fmt_count(bf));
   buf_printf(b, "  predicted    forward %s + backward %s + communication %s = %s per micro-batch (%.2fx the mean)\n",
              fmt_time(c->fwd), fmt_time(c->bwd), fmt_time(c->comm), fmt_time(c->time), c->time / mean_time(p));
-  buf_printf(b, "  memory       %s = params %s + grads %s + optimizer %s + stash %d x %s + received %s + workspace %s\n",
-             fmt_bytes(c->mem_total), fmt_bytes(c->mem_params), fmt_bytes(c->mem_grads), fmt_bytes(c->mem_opt), c->inflight,
-             fmt_bytes(c->inflight ? c->mem_stash / c->inflight : 0), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work));
+  buf_printf(b, "  memory       at most %s = params %s + grads %s + optimizer %s + stash %d x %s + crossing values %s + "
+                "temporaries %s (%d micro-batches in flight)\n",
+             fmt_bytes(c->mem_total), fmt_bytes(c->mem_params), fmt_bytes(c->mem_grads), fmt_bytes(c->mem_opt), c->copies,
+             fmt_bytes(c->copies ? c->mem_stash / c->copies : 0), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work), c->inflight);
   if (p->arena)
     buf_printf(b, "  arena        %s (%lld bytes), laid out by the compiler: no allocation while training\n", fmt_bytes((double)p->arena[s]),
                (long long)p->arena[s]);
@@ -197,8 +198,8 @@ void listing_json(const Plan *p, Buf *b) {
     buf_printf(b, "],\n     \"parameters\": %.0f, \"fwd_flops\": %.0f, \"bwd_flops\": %.0f,\n", params, ff, bf);
     buf_printf(b, "     \"fwd_time_s\": %.9g, \"bwd_time_s\": %.9g, \"comm_time_s\": %.9g, \"time_s\": %.9g,\n", c->fwd, c->bwd, c->comm, c->time);
     buf_printf(b, "     \"memory\": {\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"stash\": %.0f, \"received\": %.0f, "
-                  "\"workspace\": %.0f, \"total\": %.0f, \"inflight\": %d},\n",
-               c->mem_params, c->mem_grads, c->mem_opt, c->mem_stash, c->mem_recv, c->mem_work, c->mem_total, c->inflight);
+                  "\"workspace\": %.0f, \"total\": %.0f, \"inflight\": %d, \"copies\": %d},\n",
+               c->mem_params, c->mem_grads, c->mem_opt, c->mem_stash, c->mem_recv, c->mem_work, c->mem_total, c->inflight, c->copies);
     if (p->arena) buf_printf(b, "     \"arena_bytes\": %lld,\n", (long long)p->arena[s]);
     buf_printf(b, "     \"recv\": ");
     json_edges(p, b, a);

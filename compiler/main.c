@@ -193,6 +193,17 @@ int main(int argc, char **argv) {
         ok = 0, rc = 2;
       } else {
         for (int s = 0; s < o.nstages; s++) memplan(&p, &progs[s]), p.arena[s] = progs[s].arena_bytes;
+        /* The planner partitioned on estimates; the laid-out arena is what must fit. */
+        for (int s = 0; ok && s < o.nstages; s++) {
+          double lim = p.machine.dev[s].mem_bytes;
+          if (o.mem_limit > 0 && (lim <= 0 || o.mem_limit < lim)) lim = o.mem_limit;
+          if (lim > 0 && (double)p.arena[s] > lim) {
+            fprintf(stderr, "pipecc: error: %s: stage %d's arena needs %lld bytes (%s), over the memory limit of %s (the "
+                            "partitioner estimated %s); raise --mem-limit or use more stages\n", o.model, s, (long long)p.arena[s],
+                    fmt_bytes((double)p.arena[s]), fmt_bytes(lim), fmt_bytes(p.part.cost[s].mem_total));
+            ok = 0, rc = 2;
+          }
+        }
       }
     }
     Buf text = {0}, json = {0};

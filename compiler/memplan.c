@@ -30,9 +30,8 @@ static int by_size(const void *a, const void *b, void *ctx) {
 
 void memplan(Plan *p, StageProg *sp) {
   int n = p->opt.nstages, m = p->opt.microbatches;
-  int k = stage_inflight(p->opt.schedule, sp->stage, n, m);
   /* One spare copy lets the next micro-batch's receive be posted early. */
-  sp->nslots = k + 1 < m ? k + 1 : m;
+  sp->nslots = stage_copies(p->opt.schedule, sp->stage, n, m);
   for (int i = 0; i < sp->nfwd; i++) touch(sp, &sp->fwd[i], i);
   for (int i = 0; i < sp->nbwd; i++) touch(sp, &sp->bwd[i], 1000000 + i);
   int64_t off = 0;

@@ -18,7 +18,7 @@
 
 struct PartCtx {
   const PartProblem *p;
-  double *pf_fwd, *pf_bwd, *pf_traffic, *pf_param, *pf_stash; /* prefix sums, N + 1 */
+  double *pf_fwd, *pf_bwd, *pf_traffic, *pf_param, *pf_stash, *pf_work; /* prefix sums, N + 1 */
   double *cut_bytes, *cut_grad, *cut_count;                    /* per cut b = 0..N */
   double *max_work;                                            /* unused placeholder for ranges */
 };
@@ -29,11 +29,17 @@ int stage_inflight(int schedule, int s, int nstages, int m) {
   return k < m ? k : m;
 }
 
+int stage_copies(int schedule, int s, int nstages, int m) {
+  int k = stage_inflight(schedule, s, nstages, m) + 1;
+  return k < m ? k : m;
+}
+
 PartCtx *part_prepare(const PartProblem *p) {
   PartCtx *c = calloc(1, sizeof *c);
   int N = p->N;
   c->p = p;
-  double **arrs[] = {&c->pf_fwd, &c->pf_bwd, &c->pf_traffic, &c->pf_param, &c->pf_stash, &c->cut_bytes, &c->cut_grad, &c->cut_count};
+  double **arrs[] = {&c->pf_fwd,    &c->pf_bwd,   &c->pf_traffic, &c->pf_param, &c->pf_stash,
+                     &c->pf_work,   &c->cut_bytes, &c->cut_grad,  &c->cut_count};
   for (size_t k = 0; k < sizeof arrs / sizeof arrs[0]; k++) {
     *arrs[k] = calloc((size_t)N + 2, sizeof(double));
     if (!*arrs[k]) abort();
@@ -44,15 +50,17 @@ PartCtx *part_prepare(const PartProblem *p) {
     c->pf_traffic[i + 1] = c->pf_traffic[i] + p->traffic[i];
     c->pf_param[i + 1] = c->pf_param[i] + p->param_bytes[i];
     c->pf_stash[i + 1] = c->pf_stash[i] + p->stash_bytes[i];
+    c->pf_work[i + 1] = c->pf_work[i] + p->work_bytes[i];
   }
   /* A value made by node `from` and last read by node `to` crosses every cut
    * b with from < b <= to (cut b lies just before node b).  Difference array. */
   double *d1 = calloc((size_t)N + 3, sizeof(double)), *d2 = calloc((size_t)N + 3, sizeof(double)),
          *d3 = calloc((size_t)N + 3, sizeof(double));
   for (int e = 0; e < p->nedges; e++) {
-    int lo = p->edges[e].from + 1, hi = p->edges[e].to; /* cuts lo..hi */
-    if (lo < 1) lo = 1;
-    if (hi > N - 1) hi = N - 1;
+    /* Cuts lo..hi; cut 0 holds the loader's inputs, cut N the loss's outputs. */
+    int lo = p->edges[e].from + 1, hi = p->edges[e].to;
+    if (lo < 0) lo = 0;
+    if (hi > N) hi = N;
     if (lo > hi) continue;
     d1[lo] += p->edges[e].bytes, d1[hi + 1] -= p->edges[e].bytes;
     d2[lo] += p->edges[e].grad_bytes, d2[hi + 1] -= p->edges[e].grad_bytes;
@@ -61,9 +69,9 @@ PartCtx *part_prepare(const PartProblem *p) {
   double a1 = 0, a2 = 0, a3 = 0;
   for (int b = 0; b <= N; b++) {
     a1 += d1[b], a2 += d2[b], a3 += d3[b];
-    c->cut_bytes[b] = b >= 1 && b < N ? a1 : 0;
-    c->cut_grad[b] = b >= 1 && b < N ? a2 : 0;
-    c->cut_count[b] = b >= 1 && b < N ? round(a3) : 0;
+    c->cut_bytes[b] = a1;
+    c->cut_grad[b] = b >= 1 && b < N ? a2 : 0; /* no gradient goes to the loader; the loss's is local */
+    c->cut_count[b] = round(a3);
   }
   free(d1), free(d2), free(d3);
   return c;
@@ -71,7 +79,7 @@ PartCtx *part_prepare(const PartProblem *p) {
 
 void part_ctx_free(PartCtx *c) {
   if (!c) return;
-  free(c->pf_fwd), free(c->pf_bwd), free(c->pf_traffic), free(c->pf_param), free(c->pf_stash);
+  free(c->pf_fwd), free(c->pf_bwd), free(c->pf_traffic), free(c->pf_param), free(c->pf_stash), free(c->pf_work);
   free(c->cut_bytes), free(c->cut_grad), free(c->cut_count), free(c->max_work);
   free(c);
 }
@@ -92,20 +100,23 @@ void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *o) {
   o->fwd = (c->pf_fwd[j] - c->pf_fwd[i]) / rate + traffic / mbw;
   o->bwd = (c->pf_bwd[j] - c->pf_bwd[i]) / rate + 2 * traffic / mbw;
   o->recv_bytes = c->cut_bytes[i];
-  o->send_bytes = c->cut_bytes[j];
+  o->send_bytes = j < p->N ? c->cut_bytes[j] : 0;
   if (s > 0) o->comm += link_time(&m->link[s - 1], c->cut_bytes[i] + c->cut_grad[i], 2 * c->cut_count[i]);
   if (s + 1 < p->nstages) o->comm += link_time(&m->link[s], c->cut_bytes[j] + c->cut_grad[j], 2 * c->cut_count[j]);
   o->time = o->fwd + o->bwd + o->comm;
+  /* Memory as the arena lays it out, bounded from above: ring copies of the
+   * stashed activations and of everything crossing either cut (the loss's
+   * logits and their gradient on the last stage), two copies of each
+   * gradient crossing a cut, and every temporary without sharing. */
   o->inflight = stage_inflight(p->schedule, s, p->nstages, p->microbatches);
+  o->copies = stage_copies(p->schedule, s, p->nstages, p->microbatches);
   o->mem_params = c->pf_param[j] - c->pf_param[i];
   o->mem_grads = o->mem_params;
   o->mem_opt = o->mem_params * p->opt_state_per_param;
-  o->mem_stash = o->inflight * (c->pf_stash[j] - c->pf_stash[i]);
-  o->mem_recv = o->inflight * c->cut_bytes[i] + c->cut_grad[j];
-  double work = 0;
-  for (int k = i; k < j; k++)
-    if (p->work_bytes[k] > work) work = p->work_bytes[k];
-  o->mem_work = work;
+  o->mem_stash = o->copies * (c->pf_stash[j] - c->pf_stash[i]);
+  double last = j == p->N ? c->cut_bytes[j] : 0; /* d(logits); the labels take no more than the logits */
+  o->mem_recv = o->copies * (c->cut_bytes[i] + c->cut_bytes[j] + last) + last + 2 * (c->cut_grad[i] + c->cut_grad[j]);
+  o->mem_work = c->pf_work[j] - c->pf_work[i];
   o->mem_total = o->mem_params + o->mem_grads + o->mem_opt + o->mem_stash + o->mem_recv + o->mem_work;
 }
 

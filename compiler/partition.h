@@ -20,7 +20,8 @@ typedef struct PartEdge {
 typedef struct PartProblem {
   int N;                        /* compute nodes */
   const double *fwd_flops, *bwd_flops, *traffic; /* per node, per micro-batch */
-  const double *param_bytes, *stash_bytes, *work_bytes;
+  const double *param_bytes, *stash_bytes;
+  const double *work_bytes;     /* bound on a node's temporaries, workspace and constants (summed per stage) */
   const PartEdge *edges;
   int nedges;
   int nstages, microbatches, schedule;
@@ -35,6 +36,7 @@ typedef struct StageCost {
   double time;                  /* fwd + bwd + comm */
   double mem_params, mem_grads, mem_opt, mem_stash, mem_recv, mem_work, mem_total;
   int inflight;                 /* micro-batches whose activations are held at once */
+  int copies;                   /* ring copies the arena keeps: inflight + 1 (at most m), so receives post early */
   double recv_bytes, send_bytes;/* forward activations per micro-batch */
 } StageCost;
 
@@ -57,6 +59,8 @@ double part_boundary_bytes(const PartCtx *c, int b);
  * would fit.  out->start and out->cost are allocated from pool. */
 int partition_solve(const PartProblem *p, Partition *out, Pool *pool);
 
-/* Micro-batches stage s holds at once under the schedule. */
+/* Micro-batches stage s holds at once under the schedule, and the ring
+ * copies its arena keeps for them. */
 int stage_inflight(int schedule, int s, int nstages, int m);
+int stage_copies(int schedule, int s, int nstages, int m);
 #endif

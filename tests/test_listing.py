@@ -94,6 +94,19 @@ def main():
                 check("schedule (" in text and "| stage 0" in text, f"{tag}: no schedule table in the listing")
         print(f"ok - {name}: listings for n = 1, 2, 4, 8 under gpipe and 1f1b")
 
+    # The memory the listing states is an upper bound on the arena the compiler lays out.
+    for name in MODELS:
+        for n in (1, 2, 4, 8):
+            out = os.path.join(tmp, f"{name}-{n}-code.pipe")
+            r = subprocess.run([PIPECC, os.path.join(ROOT, "onnx_models", name + ".onnx"), "-n", str(n), "--batch", "16",
+                                "--devices", devices, "-o", out], capture_output=True, text=True)
+            if not check(r.returncode == 0, f"{name} -n {n} with stage programs: {r.stderr.strip()}"):
+                continue
+            st = json.load(open(os.path.join(out, "plan.json")))["stage_plans"]
+            over = [(s["stage"], s["arena_bytes"], s["memory"]["total"]) for s in st if s["arena_bytes"] > s["memory"]["total"]]
+            check(not over, f"{name} -n {n}: arena larger than the stated memory bound: {over}")
+    print("ok - every stage's arena fits the memory the listing states (5 models, n = 1, 2, 4, 8)")
+
     # Heterogeneous ranks: rank 1 twice as fast gets about twice the FLOPs.
     het = os.path.join(tmp, "het.txt")
     with open(het, "w") as f:

@@ -47,21 +47,23 @@ static void direct_cost(const Inst *in, int s, int i, int j, double *time, doubl
   for (int k = i; k < j; k++) {
     f += in->fwd[k] / m->dev[s].flops + in->traffic[k] / m->memcpy_bw;
     b += in->bwd[k] / m->dev[s].flops + 2 * in->traffic[k] / m->memcpy_bw;
-    params += in->param[k], stash += in->stash[k];
-    if (in->work[k] > work) work = in->work[k];
+    params += in->param[k], stash += in->stash[k], work += in->work[k];
   }
+  /* Values crossing each cut (the loader's inputs cross cut 0, the loss reads cut N);
+   * gradients only cross the cuts between stages. */
   double in_b = 0, in_g = 0, in_n = 0, out_b = 0, out_g = 0, out_n = 0;
   for (int e = 0; e < in->nedges; e++) {
     const PartEdge *ed = &in->edges[e];
-    if (i > 0 && ed->from < i && i <= ed->to) in_b += ed->bytes, in_g += ed->grad_bytes, in_n++;
-    if (j < in->N && ed->from < j && j <= ed->to) out_b += ed->bytes, out_g += ed->grad_bytes, out_n++;
+    if (ed->from < i && i <= ed->to) in_b += ed->bytes, in_g += i > 0 ? ed->grad_bytes : 0, in_n++;
+    if (ed->from < j && j <= ed->to) out_b += ed->bytes, out_g += j < in->N ? ed->grad_bytes : 0, out_n++;
   }
   double comm = 0;
   if (s > 0 && in_n) comm += (in_b + in_g) / m->link[s - 1].bandwidth + 2 * in_n * m->link[s - 1].latency;
   if (s + 1 < p->nstages && out_n) comm += (out_b + out_g) / m->link[s].bandwidth + 2 * out_n * m->link[s].latency;
   *time = f + b + comm;
-  int inflight = stage_inflight(p->schedule, s, p->nstages, p->microbatches);
-  *mem = params * (2 + p->opt_state_per_param) + inflight * (stash + in_b) + out_g + work;
+  int copies = stage_copies(p->schedule, s, p->nstages, p->microbatches);
+  double last = j == in->N ? out_b : 0;
+  *mem = params * (2 + p->opt_state_per_param) + copies * (stash + in_b + out_b + last) + last + 2 * (in_g + out_g) + work;
 }
 
 /* Enumerates all splits; returns the optimum max time (INFINITY if none fits)

@@ -1,0 +1,652 @@
+#!/usr/bin/python3
+"""pipecc benchmarks: `make bench` (or /usr/bin/python3 bench/bench.py).
+
+Writes bench/results.md and bench/results.csv; scratch files go to bench/work/.
+Every command runs with a timeout; a case that fails becomes an ERROR row, never a crash.
+Each pipecc figure is measured in the same invocation as the figure it is compared with, the two
+alternating (pipecc, reference, pipecc, reference, ... BENCH_REPEATS rounds, best median kept).
+
+Environment: BENCH_REPEATS (default 3), BENCH_QUICK=1 (fewer steps, for trying the script out),
+BENCH_SKIP (comma list of sections to skip: single,pipeline,compiler).
+See bench/README.md for what each row means.
+"""
+import csv
+import datetime
+import json
+import math
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+WORK = os.path.join(HERE, "work")
+PY = "/usr/bin/python3"
+PIPECC = os.path.join(ROOT, "bin", "pipecc")
+DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
+REPEATS = max(1, int(os.environ.get("BENCH_REPEATS", "3")))
+QUICK = os.environ.get("BENCH_QUICK") == "1"
+SKIP = set(filter(None, os.environ.get("BENCH_SKIP", "").split(",")))
+T0 = time.time()
+
+# ---------------------------------------------------------------- configuration
+# (model, batch, pipecc steps, torch steps, data kind).  Sizes chosen so every run takes seconds.
+SINGLE = [
+    ("mlp", 64, 400, 300, "mnist"),
+    ("lenet", 64, 200, 150, "mnist"),
+    ("resnet", 32, 25, 30, "cifar"),
+    ("gpt", 8, 150, 60, "tokens"),
+]
+# Pipeline cases: (model, batch, pipecc steps, torch Pipe steps, data kind); m in MS, both schedules.
+PIPE = [
+    ("lenet", 256, 80, 30, "mnist"),
+    ("gpt", 32, 60, 30, "tokens"),
+]
+MS = [4, 8]
+SCHEDULES = ["gpipe", "1f1b"]
+PIPE_THREADS = 2          # torch Pipe gets as many cores as pipecc -n 2 uses
+LR = {"mlp": 0.05, "lenet": 0.05, "resnet": 0.02, "gpt": 0.05}
+if QUICK:
+    SINGLE = [(m, b, max(20, s // 5), max(10, t // 5), d) for m, b, s, t, d in SINGLE]
+    PIPE = [(m, b, max(15, s // 4), max(8, t // 3), d) for m, b, s, t, d in PIPE]
+
+TIMEOUT_COMPILE, TIMEOUT_BUILD, TIMEOUT_RUN, TIMEOUT_TORCH = 120, 300, 180, 240
+
+rows = []           # CSV rows
+md_sections = []    # (title, markdown text)
+targets = []        # (target, measured, met)
+
+
+def log(msg):
+    print(f"[bench {time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def add_row(section, case, metric, value, unit="", target="", met="", note=""):
+    if value is None:
+        value = "n/a"
+    elif isinstance(value, float):
+        value = f"{value:.6g}"
+    rows.append({"section": section, "case": case, "metric": metric, "value": value, "unit": unit,
+                 "target": target, "met": met, "note": note})
+
+
+def fmt(x, spec=".2f", na="n/a"):
+    if x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x))):
+        return na
+    return format(x, spec)
+
+
+def yes(ok):
+    return "n/a" if ok is None else ("yes" if ok else "NO")
+
+
+# ---------------------------------------------------------------- processes
+class CmdError(Exception):
+    pass
+
+
+def run_cmd(cmd, timeout, cwd=ROOT, env=None, check=True):
+    """Run cmd in its own process group; on timeout kill that group.  Returns (rc, out, err, secs)."""
+    t = time.time()
+    p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                out, err = p.communicate(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        raise CmdError(f"timed out after {timeout} s: {' '.join(cmd)[:200]}")
+    secs = time.time() - t
+    if check and p.returncode != 0:
+        lines = ((err or "") + "\n" + (out or "")).strip().splitlines()
+        tail = [ln for ln in lines if "error" in ln.lower() and "mpirun" not in ln.lower()][:2] or lines[-3:]
+        raise CmdError(f"exit {p.returncode}: {' '.join(cmd)[:160]}: {' | '.join(tail)[:400]}")
+    return p.returncode, out, err, secs
+
+
+def first_line(cmd):
+    try:
+        _, out, err, _ = run_cmd(cmd, 30, check=False)
+        return ((out or err).strip().splitlines() or ["?"])[0].strip()
+    except Exception as e:  # noqa: BLE001
+        return f"? ({e})"
+
+
+class HwmPoller(threading.Thread):
+    """Polls /proc for the stage processes of one run and keeps each one's VmHWM (peak RSS)."""
+
+    def __init__(self, exes):
+        super().__init__(daemon=True)
+        self.exes = {os.path.realpath(e): k for k, e in exes.items()}
+        self.hwm, self.seen, self.stop = {}, set(), threading.Event()
+
+    def run(self):
+        pids = {}
+        while not self.stop.is_set():
+            if len(self.seen) < len(self.exes):
+                for d in os.listdir("/proc"):
+                    if d.isdigit() and d not in pids:
+                        try:
+                            k = self.exes.get(os.readlink(f"/proc/{d}/exe"))
+                        except OSError:
+                            continue
+                        if k is not None:
+                            pids[d] = k
+                            self.seen.add(k)
+            for pid, k in list(pids.items()):
+                try:
+                    with open(f"/proc/{pid}/status") as f:
+                        for line in f:
+                            if line.startswith("VmHWM:"):
+                                self.hwm[k] = max(self.hwm.get(k, 0), int(line.split()[1]) * 1024)
+                except OSError:
+                    del pids[pid]
+            self.stop.wait(0.02)
+
+
+# ---------------------------------------------------------------- pipecc
+def compile_plan(model, n, batch, m, sched, out):
+    cmd = [PIPECC, os.path.join(ROOT, "onnx_models", f"{model}.onnx"), "-n", str(n), "--batch", str(batch),
+           "--microbatches", str(m), "--schedule", sched, "--lr", str(LR[model]), "-o", out]
+    run_cmd(cmd, TIMEOUT_COMPILE)
+    with open(os.path.join(out, "plan.json")) as f:
+        return json.load(f)
+
+
+def build_pipe(model, n, batch, m, sched):
+    d = os.path.join(WORK, f"{model}_n{n}_b{batch}_m{m}_{sched}.pipe")
+    plan = compile_plan(model, n, batch, m, sched, d)
+    run_cmd(["make", "-s", "-j2", "-C", d], TIMEOUT_BUILD)
+    return d, plan
+
+
+def step_flops(plan):
+    return sum(s["fwd_flops"] + s["bwd_flops"] for s in plan["stage_plans"]) * plan["microbatches"]
+
+
+SUMMARY_RE = re.compile(r"step time ([\d.]+) ms measured, ([\d.]+) ms predicted; bubble ([-\d.]+)% measured")
+
+
+def run_pipe(d, plan, data, steps):
+    """Train `steps` steps; returns per-step times (from the log), the summary and peak RSS per stage."""
+    n = plan["stages"]
+    logf = os.path.join(d, "bench_log.csv")
+    if os.path.exists(logf):
+        os.remove(logf)
+    poll = HwmPoller({k: os.path.join(d, f"stage_{k}") for k in range(n)})
+    poll.start()
+    try:
+        _, out, _, secs = run_cmd([os.path.join(d, "run.sh"), "--data", data, "--steps", str(steps), "--log", logf],
+                                  TIMEOUT_RUN)
+    finally:
+        poll.stop.set()
+        poll.join(2)
+    B = plan["batch"]
+    with open(logf) as f:
+        dts = [B / float(r["samples_per_s"]) for r in csv.DictReader(f)]
+    if len(dts) != steps:
+        raise CmdError(f"log has {len(dts)} steps, expected {steps}")
+    warm = max(5, steps // 5)
+    res = {"dts": dts, "median_s": statistics.median(dts[warm:]), "wall_s": secs, "hwm": poll.hwm, "stages": {}}
+    m = SUMMARY_RE.search(out)
+    if not m:
+        raise CmdError("no summary line in the run's output")
+    res["summary_step_s"], res["summary_pred_s"], res["bubble"] = float(m.group(1)) / 1e3, float(m.group(2)) / 1e3, float(m.group(3)) / 100
+    tab = out[out.find("stage  compute_s"):].splitlines()[1:1 + n]
+    for line in tab:
+        f = line.split()
+        res["stages"][int(f[0])] = {"compute_s": float(f[1]), "wait_s": float(f[2]), "other_s": float(f[3]),
+                                    "arena": int(float(f[4])), "predicted": int(float(f[5]))}
+    return res
+
+
+# ---------------------------------------------------------------- torch
+def torch_run(args, timeout=TIMEOUT_TORCH):
+    env = dict(os.environ, OMP_NUM_THREADS="1", MASTER_ADDR="127.0.0.1", GLOG_minloglevel="2")
+    env.setdefault("MASTER_PORT", str(29500 + os.getpid() % 2000))
+    _, out, _, _ = run_cmd([PY, os.path.join(HERE, "torch_bench.py")] + args, timeout, env=env)
+    for line in reversed(out.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    raise CmdError("torch_bench printed no result")
+
+
+def best(results):
+    ok = [r for r in results if isinstance(r, dict)]
+    if not ok:
+        raise CmdError(next((str(r) for r in results), "no result"))
+    key = "median_s" if "median_s" in ok[0] else "step_s"
+    return min(ok, key=lambda r: r[key])
+
+
+def attempt(fn, *a):
+    try:
+        return fn(*a)
+    except Exception as e:  # noqa: BLE001
+        log(f"  error: {e}")
+        return CmdError(str(e))
+
+
+def torch_split(model, plan):
+    """Where to cut the torch layer list so it matches pipecc's 2-stage cut (exact for mlp/lenet,
+    the nearest block boundary for gpt)."""
+    s0, s1 = plan["stage_plans"][0], plan["stage_plans"][1]
+    nodes, cut = s0["nodes"] + s1["nodes"], len(s0["nodes"])
+    if model in ("mlp", "lenet"):
+        return cut, f"exact (after {s0['last_node']})"
+    starts = []  # node index where each torch layer starts: embedding, blocks..., head
+    for j in range(64):
+        idx = next((i for i, nm in enumerate(nodes) if nm.startswith(f"/blocks.{j}/")), None)
+        if idx is None:
+            break
+        starts.append(idx)
+    starts.append(next(i for i, nm in enumerate(nodes) if "ln_f" in nm))
+    k = min(range(len(starts)), key=lambda i: abs(starts[i] - cut))
+    exact = starts[k] == cut
+    return k + 1, ("exact" if exact else f"nearest block boundary (pipecc cuts after {s0['last_node']})")
+
+
+# ---------------------------------------------------------------- sections
+def machine_info():
+    cpu = "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
+    except OSError:
+        pass
+    mem = "?"
+    try:
+        with open("/proc/meminfo") as f:
+            mem = f"{int(f.readline().split()[1]) / 2**20:.1f} GiB"
+    except OSError:
+        pass
+    blas = first_line(["dpkg-query", "-W", "-f", "${Package} ${Version}\\n", "libopenblas0-pthread"])
+    if blas.startswith("?") or "no packages" in blas:
+        blas = first_line(["sh", "-c", "dpkg-query -W -f '${Package} ${Version}\\n' 'libopenblas0*' | grep -v ' $' | head -1"])
+    dirty = first_line(["sh", "-c", "git status --porcelain -- . ':!bench' | wc -l"])
+    return [
+        ("date", datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S %Z")),
+        ("machine", f"{platform.node()}, {platform.machine()}, Linux {platform.release()}"),
+        ("CPU model", f"{cpu} ({os.cpu_count()} logical CPUs), {mem} RAM"),
+        ("load average at start", " ".join(f"{x:.2f}" for x in os.getloadavg())),
+        ("torch", first_line([PY, "-c", "import torch; print(torch.__version__)"])),
+        ("onnx", first_line([PY, "-c", "import onnx; print(onnx.__version__)"])),
+        ("Open MPI", first_line(["mpirun", "--version"])),
+        ("OpenBLAS", blas),
+        ("clang (stage programs)", first_line(["clang", "--version"])),
+        ("cc (pipecc itself)", first_line(["cc", "--version"])),
+        ("pipecc commit", first_line(["git", "rev-parse", "--short", "HEAD"]) + f" ({dirty} files modified outside bench/)"),
+        ("machine figures pipecc planned with", "see plan.json `machine` (probe cached in ~/.cache/pipecc/machine.txt)"),
+    ]
+
+
+def make_data():
+    os.makedirs(os.path.join(WORK, "data"), exist_ok=True)
+    paths = {"mnist": os.path.join(WORK, "data", "mnist"), "cifar": os.path.join(WORK, "data", "cifar"),
+             "tokens": os.path.join(WORK, "data", "tokens.bin")}
+    run_cmd([DATAGEN, "mnist", paths["mnist"], "--n", "12800", "--seed", "1"], 120)
+    run_cmd([DATAGEN, "cifar", paths["cifar"], "--n", "5000", "--seed", "1"], 120)
+    run_cmd([DATAGEN, "tokens", paths["tokens"], "--n", "200000", "--seed", "1"], 120)
+    return paths
+
+
+def section_single(data, mem_rows, pred_rows):
+    sec = "1_single_stage"
+    lines = ["| model | batch | pipecc ms/step | PyTorch ms/step | pipecc samples/s | PyTorch samples/s | "
+             "pipecc GFLOP/s | PyTorch GFLOP/s | ratio pipecc/PyTorch (time) | met (<= 1.0)? |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for model, B, steps, tsteps, kind in SINGLE:
+        case = f"{model} B={B}"
+        log(f"single stage: {case}")
+        try:
+            d, plan = build_pipe(model, 1, B, 1, "1f1b")
+            flops = step_flops(plan)
+            pr, tr = [], []
+            for _ in range(REPEATS):
+                pr.append(attempt(run_pipe, d, plan, data[kind], steps))
+                tr.append(attempt(torch_run, ["eager", "--model", model, "--batch", str(B), "--steps", str(tsteps),
+                                              "--warmup", str(max(5, tsteps // 5)), "--threads", "1", "--lr", str(LR[model])]))
+            p = t = None
+            try:
+                p = best(pr)
+            except CmdError as e:
+                add_row(sec, case, "pipecc", "ERROR", note=str(e))
+            try:
+                t = best(tr)
+            except CmdError as e:
+                add_row(sec, case, "pytorch", "ERROR", note=str(e))
+            ps = p["median_s"] if p else None
+            ts = t["step_s"] if t else None
+            ratio = ps / ts if p and t else None
+            add_row(sec, case, "step_flops", float(flops), "FLOP", note="sum of fwd_flops+bwd_flops over stages x microbatches (plan.json)")
+            if p:
+                add_row(sec, case, "pipecc_step_time", ps * 1e3, "ms", note=f"median of steps after warm-up, best of {REPEATS}")
+                add_row(sec, case, "pipecc_samples_per_s", B / ps, "samples/s")
+                add_row(sec, case, "pipecc_gflops", flops / ps / 1e9, "GFLOP/s")
+                mem_rows.append((f"{model} n=1 B={B}", plan, p))
+                pred_rows.append((f"{model} n=1 B={B} M=1", plan, p))
+            if t:
+                add_row(sec, case, "pytorch_step_time", ts * 1e3, "ms", note="torch eager CPU, set_num_threads(1)")
+                add_row(sec, case, "pytorch_samples_per_s", B / ts, "samples/s")
+                add_row(sec, case, "pytorch_gflops", flops / ts / 1e9, "GFLOP/s")
+            if ratio is not None:
+                add_row(sec, case, "ratio_pipecc_over_pytorch_time", ratio, "x", "<= 1.0", yes(ratio <= 1.0))
+                targets.append((f"single stage {case}: pipecc step time <= 1.0x PyTorch", f"{ratio:.2f}x", yes(ratio <= 1.0)))
+            lines.append(f"| {model} | {B} | {fmt(ps and ps * 1e3, na='ERROR')} | {fmt(ts and ts * 1e3, na='ERROR')} | "
+                         f"{fmt(ps and B / ps, '.0f', 'ERROR')} | {fmt(ts and B / ts, '.0f', 'ERROR')} | "
+                         f"{fmt(ps and flops / ps / 1e9, na='ERROR')} | {fmt(ts and flops / ts / 1e9, na='ERROR')} | "
+                         f"{fmt(ratio)} | {yes(None if ratio is None else ratio <= 1.0)} |")
+        except Exception as e:  # noqa: BLE001
+            log(f"  error: {e}")
+            add_row(sec, case, "case", "ERROR", note=str(e))
+            lines.append(f"| {model} | {B} | ERROR: {str(e)[:200]} |||||||||")
+    md_sections.append(("1. Single-stage step time (forward + backward + SGD), pipecc `-n 1` (M=1) vs PyTorch eager, 1 thread",
+                        "\n".join(lines) + "\n\nStep time: median over the steps after warm-up (pipecc: from the `--log` CSV, "
+                        "B / samples_per_s per step; PyTorch: time.perf_counter around zero_grad + forward + cross-entropy + "
+                        f"backward + SGD step), best of {REPEATS} alternating runs. GFLOP/s uses pipecc's FLOP count "
+                        "(plan.json fwd_flops + bwd_flops over the stages x micro-batches) for both."))
+
+
+def section_pipeline(data, mem_rows, pred_rows, bubble_rows):
+    sec = "2_pipeline"
+    lines = ["| model | schedule | m | batch | pipecc -n 2 samples/s | pipecc -n 1 (M=1) samples/s | pipecc -n 1 (M=m) samples/s | "
+             "torch Pipe samples/s | -n 2 / -n 1 | met (>= 1.7, m>=8)? | -n 2 / torch Pipe | met (>= 3)? |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    notes = []
+    for model, B, steps, tsteps, kind in PIPE:
+        log(f"pipeline: {model} B={B}: -n 1 baseline")
+        base = None
+        try:
+            d1, plan1 = build_pipe(model, 1, B, 1, "1f1b")
+        except Exception as e:  # noqa: BLE001
+            d1 = plan1 = None
+            add_row(sec, f"{model} B={B} n=1 M=1", "case", "ERROR", note=str(e))
+        for m in MS:
+            log(f"pipeline: {model} B={B} m={m}")
+            built = {}
+            for sched in SCHEDULES:
+                try:
+                    built[sched] = build_pipe(model, 2, B, m, sched)
+                except Exception as e:  # noqa: BLE001
+                    log(f"  error: {e}")
+                    built[sched] = CmdError(str(e))
+            try:
+                d1m, plan1m = build_pipe(model, 1, B, m, "1f1b")
+            except Exception as e:  # noqa: BLE001
+                d1m = plan1m = None
+            plan2 = next((v[1] for v in built.values() if isinstance(v, tuple)), None)
+            split, split_note = (torch_split(model, plan2) if plan2 else (None, ""))
+            if plan2 and split is not None:
+                notes.append(f"{model} m={m}: torch cut after layer {split} of its flat layer list, {split_note}")
+            res = {s: [] for s in SCHEDULES}
+            r1, r1m, rt = [], [], []
+            for _ in range(REPEATS):
+                for sched in SCHEDULES:
+                    if isinstance(built[sched], tuple):
+                        res[sched].append(attempt(run_pipe, built[sched][0], built[sched][1], data[kind], steps))
+                if d1:
+                    r1.append(attempt(run_pipe, d1, plan1, data[kind], steps))
+                if d1m:
+                    r1m.append(attempt(run_pipe, d1m, plan1m, data[kind], steps))
+                if split is not None:
+                    rt.append(attempt(torch_run, ["pipe", "--model", model, "--batch", str(B), "--chunks", str(m),
+                                                  "--split", str(split), "--steps", str(tsteps), "--warmup", "5",
+                                                  "--threads", str(PIPE_THREADS), "--lr", str(LR[model])]))
+            p1 = attempt(best, r1) if r1 else CmdError("-n 1 build failed")
+            p1m = attempt(best, r1m) if r1m else CmdError("-n 1 M=m build failed")
+            pt = attempt(best, rt) if rt else CmdError("no torch split")
+            if base is None and isinstance(p1, dict):
+                base = p1
+                pred_rows.append((f"{model} n=1 B={B} M=1", plan1, p1))
+                mem_rows.append((f"{model} n=1 B={B} M=1", plan1, p1))
+            sps1 = B / p1["median_s"] if isinstance(p1, dict) else None
+            sps1m = B / p1m["median_s"] if isinstance(p1m, dict) else None
+            spst = B / pt["step_s"] if isinstance(pt, dict) else None
+            for name, v, err in (("pipecc_n1_M1", sps1, p1), ("pipecc_n1_Mm", sps1m, p1m), ("torch_pipe", spst, pt)):
+                if v is None:
+                    add_row(sec, f"{model} B={B} m={m}", f"{name}_samples_per_s", "ERROR", note=str(err))
+                else:
+                    add_row(sec, f"{model} B={B} m={m}", f"{name}_samples_per_s", v, "samples/s",
+                            note=f"torch Pipe, chunks={m}, checkpoint=never, {PIPE_THREADS} threads" if name == "torch_pipe" else "")
+            for sched in SCHEDULES:
+                case = f"{model} B={B} m={m} {sched}"
+                if isinstance(built[sched], CmdError):
+                    add_row(sec, case, "pipecc_n2", "ERROR", note=str(built[sched]))
+                    lines.append(f"| {model} | {sched} | {m} | {B} | ERROR: {str(built[sched])[:200]} ||||||||")
+                    continue
+                plan = built[sched][1]
+                p2 = attempt(best, res[sched])
+                if not isinstance(p2, dict):
+                    add_row(sec, case, "pipecc_n2", "ERROR", note=str(p2))
+                    lines.append(f"| {model} | {sched} | {m} | {B} | ERROR: {str(p2)[:200]} ||||||||")
+                    continue
+                sps2 = B / p2["median_s"]
+                r_1 = sps2 / sps1 if sps1 else None
+                r_t = sps2 / spst if spst else None
+                ok1 = None if (r_1 is None or m < 8) else r_1 >= 1.7
+                okt = None if r_t is None else r_t >= 3.0
+                add_row(sec, case, "pipecc_n2_samples_per_s", sps2, "samples/s")
+                if r_1 is not None:
+                    add_row(sec, case, "speedup_n2_over_n1", r_1, "x", ">= 1.7 (m >= 8)", yes(ok1))
+                    if ok1 is not None:
+                        targets.append((f"pipeline {case}: -n 2 >= 1.7x -n 1", f"{r_1:.2f}x", yes(ok1)))
+                if r_t is not None:
+                    add_row(sec, case, "speedup_n2_over_torch_pipe", r_t, "x", ">= 3", yes(okt))
+                    targets.append((f"pipeline {case}: -n 2 >= 3x torch Pipe", f"{r_t:.2f}x", yes(okt)))
+                lines.append(f"| {model} | {sched} | {m} | {B} | {sps2:.0f} | {fmt(sps1, '.0f', 'ERROR')} | {fmt(sps1m, '.0f', 'ERROR')} | "
+                             f"{fmt(spst, '.0f', 'ERROR')} | {fmt(r_1)} | {yes(ok1)} | {fmt(r_t)} | {yes(okt)} |")
+                mem_rows.append((f"{model} n=2 B={B} m={m} {sched}", plan, p2))
+                pred_rows.append((f"{model} n=2 B={B} m={m} {sched}", plan, p2))
+                bubble_rows.append((f"{model} n=2 B={B} m={m} {sched}", plan, p2))
+    md_sections.append(("2. Pipeline throughput: pipecc `-n 2` vs `-n 1` vs torch GPipe (`torch.distributed.pipeline.sync.Pipe`)",
+                        "\n".join(lines) + "\n\n"
+                        f"samples/s = batch / median step time (after warm-up), best of {REPEATS} alternating runs. "
+                        "`-n 1 (M=1)` is the single-stage baseline the ratio uses (whole batch at once); `-n 1 (M=m)` runs the same "
+                        "micro-batches without a pipeline, which separates the cost of smaller micro-batches from the pipeline's gain. "
+                        f"torch Pipe: 2 nn.Sequential partitions, chunks=m, checkpoint='never' (pipecc does not recompute), "
+                        f"torch.set_num_threads({PIPE_THREADS}) (the cores pipecc -n 2 uses); on CPU Pipe runs every partition "
+                        "on one worker thread, so it gets no pipeline overlap, only intra-op threads. torch Pipe is GPipe only: the "
+                        "same figure is used for both pipecc schedules.\n\n" + "\n".join(f"- {n}" for n in dict.fromkeys(notes))))
+
+
+def section_bubble(bubble_rows, pred_rows):
+    sec = "3_bubble_prediction"
+    lines = ["| case | measured bubble | analytic (p-1)/(m+p-1) | plan.json bubble (with imbalance) | measured / analytic | met (within 20%)? |",
+             "|---|---|---|---|---|---|"]
+    for case, plan, r in bubble_rows:
+        p, m = plan["stages"], plan["microbatches"]
+        ana = (p - 1) / (m + p - 1)
+        meas = r["bubble"]
+        rel = meas / ana if ana else None
+        ok = abs(meas - ana) <= 0.2 * ana
+        add_row(sec, case, "bubble_measured", meas, "fraction", note="runtime summary: 1 - sum(compute)/(p x wall), whole run")
+        add_row(sec, case, "bubble_analytic", ana, "fraction")
+        add_row(sec, case, "bubble_plan", plan["bubble"], "fraction")
+        add_row(sec, case, "bubble_measured_over_analytic", rel, "x", "within 20% of analytic", yes(ok))
+        targets.append((f"bubble {case}: within 20% of (p-1)/(m+p-1) = {ana:.3f}", f"{meas:.3f} ({rel:.2f}x)", yes(ok)))
+        lines.append(f"| {case} | {meas:.3f} | {ana:.3f} | {plan['bubble']:.3f} | {fmt(rel)} | {yes(ok)} |")
+    lines += ["", "| case | predicted step ms (plan.json) | measured median ms | measured mean ms (summary) | predicted / measured | met (within 25%)? |",
+              "|---|---|---|---|---|---|"]
+    seen = set()
+    for case, plan, r in pred_rows:
+        if case in seen:
+            continue
+        seen.add(case)
+        pred, meas = plan["predicted_step_time_s"], r["median_s"]
+        ratio = pred / meas
+        ok = abs(pred - meas) <= 0.25 * meas
+        add_row(sec, case, "step_predicted", pred * 1e3, "ms")
+        add_row(sec, case, "step_measured_median", meas * 1e3, "ms")
+        add_row(sec, case, "step_measured_mean", r["summary_step_s"] * 1e3, "ms", note="runtime summary, whole run")
+        add_row(sec, case, "step_predicted_over_measured", ratio, "x", "within 25% of measured", yes(ok))
+        targets.append((f"prediction {case}: within 25% of measured step", f"{pred * 1e3:.2f} vs {meas * 1e3:.2f} ms ({ratio:.2f}x)", yes(ok)))
+        lines.append(f"| {case} | {pred * 1e3:.2f} | {meas * 1e3:.2f} | {r['summary_step_s'] * 1e3:.2f} | {ratio:.2f} | {yes(ok)} |")
+    md_sections.append(("3. Bubble and step time: measured vs analytic / predicted", "\n".join(lines) + "\n\n"
+                        "Measured bubble = the runtime summary's 1 - (sum of stage compute) / (stages x wall time) over the "
+                        "whole run: it counts imbalance, MPI waits and the optimizer step as bubble. The plan's bubble is the "
+                        "compiler's simulation with its own (unequal) stage times. Met = |measured - analytic| <= 20% of analytic; "
+                        "|predicted - measured| <= 25% of measured."))
+
+
+def section_memory(mem_rows):
+    sec = "4_memory"
+    lines = ["| case | stage | peak RSS (VmHWM) MiB | arena MiB | predicted MiB | arena / predicted | RSS - arena MiB |",
+             "|---|---|---|---|---|---|---|"]
+    seen = set()
+    for case, plan, r in mem_rows:
+        if case in seen:
+            continue
+        seen.add(case)
+        for k in range(plan["stages"]):
+            s = r["stages"].get(k)
+            h = r["hwm"].get(k)
+            if not s:
+                continue
+            ratio = s["arena"] / s["predicted"] if s["predicted"] else None
+            add_row(sec, f"{case} stage {k}", "peak_rss", h if h is not None else "n/a", "bytes",
+                    note="VmHWM of the stage process, polled from /proc while it ran")
+            add_row(sec, f"{case} stage {k}", "arena_bytes", s["arena"], "bytes")
+            add_row(sec, f"{case} stage {k}", "predicted_bytes", s["predicted"], "bytes")
+            add_row(sec, f"{case} stage {k}", "arena_over_predicted", ratio, "x")
+            mib = 2 ** 20
+            lines.append(f"| {case} | {k} | {fmt(h and h / mib, '.1f')} | {s['arena'] / mib:.2f} | {s['predicted'] / mib:.2f} | "
+                         f"{fmt(ratio)} | {fmt(h and (h - s['arena']) / mib, '.1f')} |")
+    md_sections.append(("4. Peak memory per stage", "\n".join(lines) + "\n\n"
+                        "Peak RSS: VmHWM from /proc/<pid>/status of each stage process, polled every 20 ms while it runs "
+                        "(includes Open MPI, OpenBLAS and libc; `RSS - arena` is that fixed overhead plus anything outside the "
+                        "arena). arena = the stage's static arena (bytes its program allocates for weights, gradients, "
+                        "stashed activations, messages, workspace); predicted = the partitioner's memory model (plan.json "
+                        "stage memory total). No target was set for these: they are reported."))
+
+
+def section_compiler():
+    sec = "5_compiler"
+    model = os.path.join(ROOT, "onnx_models", "large", "gpt2_small.onnx")
+    try:
+        if not os.path.exists(model):
+            log("compiler: onnx_models/large/gpt2_small.onnx missing: make models")
+            run_cmd(["make", "-C", ROOT, "models"], 600)
+        size = os.path.getsize(model)
+        out = os.path.join(WORK, "gpt2_small_plan.pipe")
+        use_time = os.access("/usr/bin/time", os.X_OK)
+        times, rss = [], []
+        for _ in range(3):
+            cmd = [PIPECC, model, "-n", "8", "--plan-only", "-o", out]
+            if use_time:
+                _, _, err, _ = run_cmd(["/usr/bin/time", "-f", "BENCHTIME %e %M"] + cmd, 300)
+                mt = re.search(r"BENCHTIME ([\d.]+) (\d+)", err)
+                times.append(float(mt.group(1)))
+                rss.append(int(mt.group(2)) * 1024)
+            else:  # a fresh python whose only child is pipecc, so RUSAGE_CHILDREN is pipecc's
+                code = ("import resource,subprocess,sys,time;t=time.time();subprocess.run(sys.argv[1:],check=True,"
+                        "stdout=subprocess.DEVNULL);print('BENCHTIME',time.time()-t,resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
+                _, o, _, _ = run_cmd([PY, "-c", code] + cmd, 300)
+                mt = re.search(r"BENCHTIME ([\d.]+) (\d+)", o)
+                times.append(float(mt.group(1)))
+                rss.append(int(mt.group(2)) * 1024)
+        t_med, t_min, peak = statistics.median(times), min(times), max(rss)
+        ratio = peak / size
+        ok_t, ok_m = t_med < 5.0, ratio < 2.0
+        with open(os.path.join(out, "plan.json")) as f:
+            plan = json.load(f)
+        add_row(sec, "gpt2_small -n 8 --plan-only", "onnx_file_size", size, "bytes")
+        add_row(sec, "gpt2_small -n 8 --plan-only", "time_median", t_med, "s", "< 5 s", yes(ok_t),
+                note=f"3 runs: {', '.join(f'{x:.2f}' for x in times)} ({'GNU time' if use_time else 'getrusage'})")
+        add_row(sec, "gpt2_small -n 8 --plan-only", "time_min", t_min, "s")
+        add_row(sec, "gpt2_small -n 8 --plan-only", "peak_rss", peak, "bytes")
+        add_row(sec, "gpt2_small -n 8 --plan-only", "peak_rss_over_onnx_size", ratio, "x", "< 2", yes(ok_m))
+        targets.append(("compiler: gpt2_small -n 8 --plan-only < 5 s", f"{t_med:.2f} s (median of 3, min {t_min:.2f})", yes(ok_t)))
+        targets.append(("compiler: peak RSS < 2x ONNX file size", f"{peak / 2**20:.0f} MiB = {ratio:.2f}x of {size / 2**20:.0f} MiB", yes(ok_m)))
+        md_sections.append(("5. The compiler: `bin/pipecc onnx_models/large/gpt2_small.onnx -n 8 --plan-only`",
+                            "| ONNX file | nodes | parameters | time s (median of 3) | runs | peak RSS MiB | peak / file size | met (< 5 s)? | met (< 2x)? |\n"
+                            "|---|---|---|---|---|---|---|---|---|\n"
+                            f"| {size / 2**20:.0f} MiB | {plan.get('nodes')} | {plan.get('parameters'):,} | {t_med:.2f} | "
+                            f"{', '.join(f'{x:.2f}' for x in times)} | {peak / 2**20:.0f} | {ratio:.2f} | {yes(ok_t)} | {yes(ok_m)} |\n\n"
+                            f"Measured with {'GNU time (`/usr/bin/time -f %e %M`)' if use_time else 'getrusage(RUSAGE_CHILDREN)'}; "
+                            "wall time, so it includes reading the 634 MiB file (page cache warm after the first run)."))
+    except Exception as e:  # noqa: BLE001
+        log(f"  error: {e}")
+        add_row(sec, "gpt2_small -n 8 --plan-only", "case", "ERROR", note=str(e))
+        md_sections.append(("5. The compiler", f"ERROR: {e}"))
+
+
+# ---------------------------------------------------------------- output
+def write_outputs(info):
+    with open(os.path.join(HERE, "results.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["section", "case", "metric", "value", "unit", "target", "met", "note"])
+        w.writeheader()
+        w.writerows(rows)
+    out = ["# pipecc benchmark results", "",
+           f"Written by `make bench` (bench/bench.py) in {time.time() - T0:.0f} s. "
+           "Every figure is from this one invocation; the machine may have been shared, see the load averages.", "",
+           "| | |", "|---|---|"]
+    out += [f"| {k} | {v} |" for k, v in info]
+    out += [f"| load average at end | {' '.join(f'{x:.2f}' for x in os.getloadavg())} |", "",
+            "Configuration: " + "; ".join(f"{m} B={b}: pipecc {s} steps, PyTorch {t} steps" for m, b, s, t, _ in SINGLE)
+            + "; pipeline " + "; ".join(f"{m} B={b}: pipecc {s} steps, torch Pipe {t} steps" for m, b, s, t, _ in PIPE)
+            + f"; m in {MS}; {REPEATS} alternating repeats, best median kept; warm-up = max(5, steps/5) steps. "
+            "Synthetic data from bin/piperun-data (MNIST/CIFAR-10/token formats) for pipecc, random tensors for PyTorch.", "",
+            "## Targets", "", "| target | measured | met? |", "|---|---|---|"]
+    out += [f"| {t} | {m} | {ok} |" for t, m, ok in targets]
+    met = sum(1 for t in targets if t[2] == "yes")
+    out += ["", f"{met} of {len(targets)} targets met. Errors: {sum(1 for r in rows if r['value'] == 'ERROR')}.", ""]
+    for title, body in md_sections:
+        out += [f"## {title}", "", body, ""]
+    errs = [r for r in rows if r["value"] == "ERROR"]
+    if errs:
+        out += ["## Errors", ""] + [f"- {r['section']} / {r['case']} / {r['metric']}: {r['note']}" for r in errs] + [""]
+    with open(os.path.join(HERE, "results.md"), "w") as f:
+        f.write("\n".join(out))
+
+
+def main():
+    os.makedirs(WORK, exist_ok=True)
+    log(f"pipecc bench: repeats={REPEATS}{' QUICK' if QUICK else ''}; scratch in {WORK}")
+    info = machine_info()
+    for tool in (PIPECC, DATAGEN):
+        if not os.access(tool, os.X_OK):
+            log(f"{tool} missing: make all")
+            try:
+                run_cmd(["make", "-C", ROOT, "all"], 600)
+            except Exception as e:  # noqa: BLE001
+                add_row("setup", "make all", "case", "ERROR", note=str(e))
+    mem_rows, pred_rows, bubble_rows = [], [], []
+    try:
+        data = make_data()
+    except Exception as e:  # noqa: BLE001
+        add_row("setup", "data", "case", "ERROR", note=str(e))
+        data = None
+    if data and "single" not in SKIP:
+        section_single(data, mem_rows, pred_rows)
+    if data and "pipeline" not in SKIP:
+        section_pipeline(data, mem_rows, pred_rows, bubble_rows)
+    if bubble_rows or pred_rows:
+        section_bubble(bubble_rows, pred_rows)
+    if mem_rows:
+        section_memory(mem_rows)
+    if "compiler" not in SKIP:
+        log("compiler: gpt2_small -n 8 --plan-only")
+        section_compiler()
+    write_outputs(info)
+    log(f"wrote bench/results.md and bench/results.csv ({len(targets)} targets, "
+        f"{sum(1 for t in targets if t[2] == 'yes')} met)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

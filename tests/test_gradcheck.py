@@ -1,0 +1,1063 @@
+#!/usr/bin/python3
+"""Gradient check of every trainable operator: pipecc's backward kernels
+against torch.autograd and central finite differences, both in float64.
+
+Each case is a tiny ONNX model (opset 17 unless the op needs another):
+
+    x [4,1,28,28] -> Flatten -> Gemm(W0, b0) -> Reshape [4, ...]   (the "stem":
+        continuous, O(1) values with no ties, whatever shape the op needs)
+    -> the op under test, its other differentiable inputs float initializers
+    -> Flatten -> Gemm(Wh, bh) -> logits [4, 3]                    (the "head")
+
+(some cases end in the op itself, or use another shape).  pipecc appends
+softmax cross-entropy (mean over the batch) and trains every float
+initializer with more than one element.  One plain-SGD step at lr 1 on
+MNIST-format IDX data written here gives pipecc's gradient of each
+initializer as (initial - trained) / lr.
+
+References: a float64 torch re-implementation of every ONNX op used (the
+interpreter below, run on the model file itself, on the same pixels/255 and
+labels) gives (a) d loss / d initializer by torch.autograd, and (b) central
+differences (eps 1e-6) of the same float64 forward for the largest and three
+random elements of each initializer.  (a) and (b) must agree (to 1e-5), which
+validates the re-implementation; pipecc's step-1 loss must match the float64
+loss (rel 1e-4), which checks that both sides compute the same model.
+
+Error measure, per element: |got - ref| / max(|ref|, 1e-2 * scale, 1e3 * r),
+where scale is the largest |autograd gradient| of that initializer and r the
+float32 rounding of the update (2^-23 * max(|initial|, |trained|)); a case
+passes when the largest is <= 1e-3 against both references, i.e. rtol 1e-3,
+atol 1e-5 x scale.  Initializers pipecc must not train must come back
+unchanged; BatchNorm running statistics must hold PyTorch's update.
+
+A case pipecc refuses with a 'pipecc: error:' message is printed as
+'skip - ...' and not counted.
+
+  /usr/bin/python3 tests/test_gradcheck.py [--case SUBSTR]... [--keep] [--list]
+
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"; exit 1
+on any failure.
+"""
+import argparse
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
+DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
+
+B = 4            # batch (one micro-batch)
+C = 3            # classes
+LR = 1.0
+FD_EPS = 1e-6
+TOL = 1e-3       # pipecc vs references (see the error measure above)
+REF_TOL = 1e-5   # autograd vs finite differences
+LOSS_RTOL = 1e-4
+FD_RANDOM = 3    # random elements per initializer, besides the largest
+TIMEOUT = {"pipecc": 60, "make": 180, "run": 90}
+
+torch.set_default_dtype(torch.float64)
+
+passed = failed = skipped = 0
+
+
+def result(status, what, detail=""):
+    global passed, failed, skipped
+    if status == "ok":
+        passed += 1
+    elif status == "skip":
+        skipped += 1
+    else:
+        failed += 1
+    print(f"{status} - {what}" + (f": {detail}" if detail else ""))
+    sys.stdout.flush()
+
+
+def note(text):
+    for line in str(text).rstrip("\n").splitlines():
+        print("#   " + line)
+    sys.stdout.flush()
+
+
+# --------------------------------------------------------------------------
+# A float64 torch interpreter for the ONNX ops under test
+# --------------------------------------------------------------------------
+
+def node_attrs(n):
+    out = {}
+    for a in n.attribute:
+        v = helper.get_attribute_value(a)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
+def ints_of(t):
+    return [int(v) for v in t.reshape(-1).tolist()]
+
+
+def pool2d(x, a, kind):
+    """MaxPool / AveragePool (2-D, NOTSET auto_pad) by im2col, ONNX semantics."""
+    kh, kw = a["kernel_shape"]
+    sh, sw = a.get("strides", [1, 1])
+    dh, dw = a.get("dilations", [1, 1])
+    pt, pl, pb, pr = a.get("pads", [0, 0, 0, 0])
+    ceil = a.get("ceil_mode", 0)
+    n, c, h, w = x.shape
+    outs, extra = [], []
+    for size, k, s, d, p0, p1 in ((h, kh, sh, dh, pt, pb), (w, kw, sw, dw, pl, pr)):
+        span = size + p0 + p1 - d * (k - 1) - 1
+        o = (-(-span // s) if ceil else span // s) + 1
+        if ceil and (o - 1) * s >= size + p0:
+            o -= 1
+        outs.append(o)
+        extra.append(max(0, (o - 1) * s + d * (k - 1) + 1 - (size + p0 + p1)))
+    fill = float("-inf") if kind == "max" else 0.0
+    xp = F.pad(x, (pl, pr + extra[1], pt, pb + extra[0]), value=fill)
+    cols = F.unfold(xp.reshape(n * c, 1, *xp.shape[2:]), (kh, kw), dilation=(dh, dw), stride=(sh, sw))
+    cols = cols.reshape(n, c, kh * kw, outs[0], outs[1])
+    if kind == "max":
+        return cols.max(dim=2).values
+    # Divisor: valid elements (count_include_pad=0) or elements inside input + pads (=1).
+    inside = torch.zeros(1, 1, *xp.shape[2:])
+    if a.get("count_include_pad", 0):
+        inside[..., :h + pt + pb, :w + pl + pr] = 1
+    else:
+        inside[..., pt:pt + h, pl:pl + w] = 1
+    cnt = F.unfold(inside, (kh, kw), dilation=(dh, dw), stride=(sh, sw)).sum(dim=1).reshape(outs)
+    return cols.sum(dim=2) / cnt
+
+
+def run_node(op, ins, a, opset):
+    x = ins[0]
+    if op == "Gemm":
+        A = x.t() if a.get("transA", 0) else x
+        Bm = ins[1].t() if a.get("transB", 0) else ins[1]
+        y = a.get("alpha", 1.0) * (A @ Bm)
+        if len(ins) > 2 and ins[2] is not None:
+            y = y + a.get("beta", 1.0) * ins[2]
+        return [y]
+    if op == "MatMul":
+        return [torch.matmul(x, ins[1])]
+    if op == "Conv":
+        pt, pl, pb, pr = a.get("pads", [0, 0, 0, 0])
+        xp = F.pad(x, (pl, pr, pt, pb))
+        bias = ins[2] if len(ins) > 2 else None
+        return [F.conv2d(xp, ins[1], bias, stride=tuple(a.get("strides", [1, 1])),
+                         dilation=tuple(a.get("dilations", [1, 1])), groups=a.get("group", 1))]
+    if op == "MaxPool":
+        return [pool2d(x, a, "max")]
+    if op == "AveragePool":
+        return [pool2d(x, a, "avg")]
+    if op == "GlobalAveragePool":
+        return [x.mean(dim=tuple(range(2, x.dim())), keepdim=True)]
+    if op == "Pad":
+        assert a.get("mode", "constant") == "constant"
+        pads = ints_of(ins[1])
+        value = float(ins[2].item()) if len(ins) > 2 and ins[2] is not None else 0.0
+        r = x.dim()
+        arg = []
+        for i in reversed(range(r)):
+            arg += [pads[i], pads[r + i]]
+        return [F.pad(x, tuple(arg), value=value)]
+    if op == "BatchNormalization":
+        scale, bias, rm, rv = ins[1:5]
+        eps, mom = a.get("epsilon", 1e-5), a.get("momentum", 0.9)
+        training = a.get("training_mode", 0) if opset >= 14 else 1
+        if not training:
+            return [F.batch_norm(x, rm, rv, scale, bias, training=False, eps=eps)]
+        dims = [0] + list(range(2, x.dim()))
+        mean = x.mean(dim=dims)
+        var_u = x.var(dim=dims, unbiased=True)
+        y = F.batch_norm(x, None, None, scale, bias, training=True, eps=eps)
+        return [y, rm * mom + mean * (1 - mom), rv * mom + var_u * (1 - mom)]
+    if op == "LayerNormalization":
+        axis = a.get("axis", -1) % x.dim()
+        bias = ins[2] if len(ins) > 2 else None
+        return [F.layer_norm(x, tuple(x.shape[axis:]), ins[1], bias, a.get("epsilon", 1e-5))]
+    if op == "Gather":
+        assert a.get("axis", 0) == 0
+        return [x[ins[1]]]
+    if op in ("Softmax", "LogSoftmax"):
+        axis = a.get("axis", -1 if opset >= 13 else 1)
+        fn = torch.softmax if op == "Softmax" else torch.log_softmax
+        return [fn(x, dim=axis)]
+    if op == "Where":
+        return [torch.where(x.bool(), ins[1], ins[2])]
+    if op == "Split":
+        axis = a.get("axis", 0) % x.dim()
+        if len(ins) > 1 and ins[1] is not None:
+            sizes = ints_of(ins[1])
+        elif "split" in a:
+            sizes = list(a["split"])
+        else:
+            sizes = None
+        return [x, sizes, axis]   # resolved by the caller (needs the output count)
+    if op == "Transpose":
+        perm = a.get("perm", list(reversed(range(x.dim()))))
+        return [x.permute(*perm)]
+    if op in ("ReduceMean", "ReduceSum"):
+        if op == "ReduceSum" and opset >= 13 or op == "ReduceMean" and opset >= 18:
+            axes = ints_of(ins[1]) if len(ins) > 1 and ins[1] is not None else []
+        else:
+            axes = list(a.get("axes", []))
+        if not axes:
+            if a.get("noop_with_empty_axes", 0):
+                return [x]
+            axes = list(range(x.dim()))
+        keep = bool(a.get("keepdims", 1))
+        fn = torch.mean if op == "ReduceMean" else torch.sum
+        return [fn(x, dim=tuple(v % x.dim() for v in axes), keepdim=keep)]
+    if op in ("Add", "Sub", "Mul", "Div", "Pow"):
+        fn = {"Add": torch.add, "Sub": torch.sub, "Mul": torch.mul, "Div": torch.div, "Pow": torch.pow}[op]
+        return [fn(x, ins[1])]
+    if op in ("Sqrt", "Erf", "Relu", "Tanh", "Sigmoid"):
+        fn = {"Sqrt": torch.sqrt, "Erf": torch.erf, "Relu": torch.relu, "Tanh": torch.tanh,
+              "Sigmoid": torch.sigmoid}[op]
+        return [fn(x)]
+    if op == "Reshape":
+        shape = ints_of(ins[1])
+        if not a.get("allowzero", 0):
+            shape = [x.shape[i] if v == 0 else v for i, v in enumerate(shape)]
+        return [x.reshape(shape)]
+    if op == "Flatten":
+        axis = a.get("axis", 1)
+        axis = axis + x.dim() if axis < 0 else axis
+        lead = int(np.prod(x.shape[:axis])) if axis else 1
+        return [x.reshape(lead, -1)]
+    if op == "Squeeze":
+        axes = ints_of(ins[1]) if len(ins) > 1 else list(a.get("axes", []))
+        axes = sorted(v % x.dim() for v in axes)
+        for v in reversed(axes):
+            x = x.squeeze(v)
+        return [x]
+    if op == "Unsqueeze":
+        axes = ints_of(ins[1]) if len(ins) > 1 else list(a.get("axes", []))
+        r = x.dim() + len(axes)
+        for v in sorted(v % r for v in axes):
+            x = x.unsqueeze(v)
+        return [x]
+    if op == "Identity":
+        return [x]
+    raise NotImplementedError(op)
+
+
+def run_graph(model, env):
+    """Evaluates model's nodes over env (name -> tensor); returns env."""
+    opset = max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    env = dict(env)
+    for n in model.graph.node:
+        ins = [env[i] if i else None for i in n.input]
+        while ins and ins[-1] is None:
+            ins.pop()
+        outs = run_node(n.op_type, ins, node_attrs(n), opset)
+        if n.op_type == "Split":
+            xx, sizes, axis = outs
+            if sizes is None:
+                k = len(n.output)
+                sizes = [xx.shape[axis] // k] * k
+            outs = list(torch.split(xx, sizes, dim=axis))
+        for name, v in zip(n.output, outs):
+            if name:
+                env[name] = v
+    return env
+
+
+def to_torch(arr):
+    if arr.dtype == np.float32 or arr.dtype == np.float64:
+        return torch.from_numpy(np.array(arr, dtype=np.float64))
+    if arr.dtype == np.bool_:
+        return torch.from_numpy(np.array(arr, dtype=np.bool_))
+    return torch.from_numpy(np.array(arr, dtype=np.int64))
+
+
+def bn_stat_names(model):
+    out = set()
+    for n in model.graph.node:
+        if n.op_type == "BatchNormalization":
+            out.update(n.input[3:5])
+    return out
+
+
+def trainable(model, inits):
+    """The initializers pipecc trains: float, more than one element, not BN running stats."""
+    stats = bn_stat_names(model)
+    return [k for k, v in inits.items() if v.dtype == np.float32 and v.size > 1 and k not in stats]
+
+
+# --------------------------------------------------------------------------
+# Model builder
+# --------------------------------------------------------------------------
+
+class Net:
+    def __init__(self, seed, opset=17):
+        self.opset = opset
+        self.nodes = []
+        self.inits = {}          # name -> numpy array (insertion-ordered)
+        self.rng = np.random.default_rng(seed)
+        self.count = 0
+
+    def name(self, prefix):
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def init(self, arr, prefix="w"):
+        arr = np.asarray(arr)
+        if arr.dtype == np.float64:
+            arr = arr.astype(np.float32)
+        nm = self.name(prefix)
+        self.inits[nm] = arr
+        return nm
+
+    def rand(self, shape, scale=1.0, offset=0.0, prefix="w"):
+        return self.init(offset + scale * self.rng.standard_normal(shape), prefix)
+
+    def uniform(self, shape, lo, hi, prefix="w"):
+        return self.init(self.rng.uniform(lo, hi, shape), prefix)
+
+    def ints(self, vals):
+        return self.init(np.array(vals, dtype=np.int64), "c")
+
+    def node(self, op, inputs, nout=1, out=None, **attrs):
+        outs = [out] if out else [self.name("t") for _ in range(nout)]
+        self.nodes.append(helper.make_node(op, list(inputs), outs, name=f"{op}_{len(self.nodes)}", **attrs))
+        return outs[0] if nout == 1 else outs
+
+    def model(self):
+        g = helper.make_graph(
+            self.nodes, "gradcheck",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, 1, 28, 28])],
+            [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [B, C])],
+            [numpy_helper.from_array(v, k) for k, v in self.inits.items()])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", self.opset)])
+        m.ir_version = 8
+        return m
+
+    def shape(self, t):
+        """Shape of tensor t, by running the graph so far on zeros."""
+        env = {k: to_torch(v) for k, v in self.inits.items()}
+        env["x"] = torch.zeros(B, 1, 28, 28)
+        with torch.no_grad():
+            return tuple(run_graph(self.model_so_far(), env)[t].shape)
+
+    def model_so_far(self):
+        m = onnx.ModelProto()
+        m.opset_import.add().version = self.opset
+        m.graph.node.extend(self.nodes)
+        return m
+
+    def stem(self, shape, offset=0.0, wscale=0.06):
+        """x -> Flatten -> Gemm -> Reshape: [B, *shape] of continuous values,
+        about offset +- 1 (offset 2, wscale 0.015: within [1, 3])."""
+        k = int(np.prod(shape))
+        f = self.node("Flatten", ["x"], axis=1)
+        h = self.node("Gemm", [f, self.rand([784, k], wscale, prefix="W0_"),
+                               self.rand([k], 0.1, offset, prefix="b0_")])
+        if len(shape) == 1:
+            return h
+        return self.node("Reshape", [h, self.ints([-1] + list(shape))])
+
+    def head(self, y):
+        """y -> Flatten -> Gemm -> logits [B, C]."""
+        f = self.node("Flatten", [y], axis=1) if len(self.shape(y)) != 2 else y
+        feat = self.shape(f)[1]
+        return self.node("Gemm", [f, self.rand([feat, C], 1.0 / np.sqrt(feat), prefix="Wh"),
+                                  self.rand([C], 0.1, prefix="bh")], out="logits")
+
+
+# --------------------------------------------------------------------------
+# Cases: (op, case name, builder(net)) -- the builder must end at "logits"
+# --------------------------------------------------------------------------
+
+CASES = []
+
+
+def case(op, name, opset=17):
+    def deco(fn):
+        CASES.append((op, name, opset, fn))
+        return fn
+    return deco
+
+
+# Gemm
+@case("Gemm", "bias[N]")
+def _(g):
+    g.head(g.node("Gemm", [g.stem([6]), g.rand([6, 5], 0.5), g.rand([5], 0.5)]))
+
+
+@case("Gemm", "transB=1 alpha=0.7 beta=1.3")
+def _(g):
+    g.head(g.node("Gemm", [g.stem([6]), g.rand([5, 6], 0.5), g.rand([5], 0.5)], transB=1, alpha=0.7, beta=1.3))
+
+
+@case("Gemm", "transA=1 (A = Transpose(x))")
+def _(g):
+    a = g.node("Transpose", [g.stem([6])], perm=[1, 0])
+    g.head(g.node("Gemm", [a, g.rand([6, 5], 0.5), g.rand([5], 0.5)], transA=1))
+
+
+@case("Gemm", "transA=1 transB=1 alpha=0.5 beta=2 bias[1,N]")
+def _(g):
+    a = g.node("Transpose", [g.stem([6])], perm=[1, 0])
+    g.head(g.node("Gemm", [a, g.rand([5, 6], 0.5), g.rand([1, 5], 0.5)], transA=1, transB=1, alpha=0.5, beta=2.0))
+
+
+@case("Gemm", "no bias, weight as A: W[5,6] x h^T (transB=1)")
+def _(g):
+    y = g.node("Gemm", [g.rand([5, 6], 0.5), g.stem([6])], transB=1)      # [5, B]
+    g.head(g.node("Transpose", [y], perm=[1, 0]))
+
+
+# MatMul
+@case("MatMul", "2-D [B,6]x[6,5]")
+def _(g):
+    g.head(g.node("MatMul", [g.stem([6]), g.rand([6, 5], 0.5)]))
+
+
+@case("MatMul", "3-D x 2-D [B,4,6]x[6,5]")
+def _(g):
+    g.head(g.node("MatMul", [g.stem([4, 6]), g.rand([6, 5], 0.5)]))
+
+
+@case("MatMul", "3-D x 3-D, both activations (h @ (h Wk)^T)")
+def _(g):
+    h = g.stem([4, 6])
+    k = g.node("MatMul", [h, g.rand([6, 6], 0.4)])
+    g.head(g.node("MatMul", [h, g.node("Transpose", [k], perm=[0, 2, 1])]))
+
+
+@case("MatMul", "4-D x 3-D broadcast [B,2,4,6]x[2,6,5]")
+def _(g):
+    g.head(g.node("MatMul", [g.stem([2, 4, 6]), g.rand([2, 6, 5], 0.5)]))
+
+
+@case("MatMul", "4-D broadcast A [B,1,4,6]x[3,6,5]")
+def _(g):
+    g.head(g.node("MatMul", [g.stem([1, 4, 6]), g.rand([3, 6, 5], 0.5)]))
+
+
+@case("MatMul", "2-D x 3-D, weight on the left [3,4]x[B,4,6]")
+def _(g):
+    g.head(g.node("MatMul", [g.rand([3, 4], 0.5), g.stem([4, 6])]))
+
+
+# Conv (input [B,4,7,7])
+@case("Conv", "3x3 pads=1 bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([4, 7, 7]), g.rand([6, 4, 3, 3], 0.3), g.rand([6], 0.3)],
+                  kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+
+
+@case("Conv", "3x3 stride=2 pads=[0,1,1,0] no bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([4, 7, 7]), g.rand([6, 4, 3, 3], 0.3)],
+                  kernel_shape=[3, 3], strides=[2, 2], pads=[0, 1, 1, 0]))
+
+
+@case("Conv", "3x3 dilation=2 pads=2 bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([4, 7, 7]), g.rand([5, 4, 3, 3], 0.3), g.rand([5], 0.3)],
+                  kernel_shape=[3, 3], dilations=[2, 2], pads=[2, 2, 2, 2]))
+
+
+@case("Conv", "group=2 3x3 pads=1 bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([4, 7, 7]), g.rand([6, 2, 3, 3], 0.3), g.rand([6], 0.3)],
+                  kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=2))
+
+
+@case("Conv", "depthwise group=4 stride=2 pads=1 bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([4, 7, 7]), g.rand([4, 1, 3, 3], 0.3), g.rand([4], 0.3)],
+                  kernel_shape=[3, 3], pads=[1, 1, 1, 1], strides=[2, 2], group=4))
+
+
+@case("Conv", "2x3 kernel strides=[1,2] pads=[1,0,0,2] dilations=[2,1] bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([4, 7, 7]), g.rand([3, 4, 2, 3], 0.3), g.rand([3], 0.3)],
+                  kernel_shape=[2, 3], strides=[1, 2], pads=[1, 0, 0, 2], dilations=[2, 1]))
+
+
+@case("Conv", "on the image itself 5x5 stride=3 bias")
+def _(g):
+    g.head(g.node("Conv", ["x", g.rand([4, 1, 5, 5], 0.2), g.rand([4], 0.3)], kernel_shape=[5, 5], strides=[3, 3]))
+
+
+# MaxPool
+@case("MaxPool", "2x2 stride=2")
+def _(g):
+    g.head(g.node("MaxPool", [g.stem([3, 6, 6])], kernel_shape=[2, 2], strides=[2, 2]))
+
+
+@case("MaxPool", "3x3 stride=2 pads=1")
+def _(g):
+    g.head(g.node("MaxPool", [g.stem([2, 7, 7])], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]))
+
+
+@case("MaxPool", "3x3 stride=1 (overlapping windows)")
+def _(g):
+    g.head(g.node("MaxPool", [g.stem([2, 5, 5])], kernel_shape=[3, 3]))
+
+
+@case("MaxPool", "2x2 dilation=2 pads=[1,0,0,1]")
+def _(g):
+    g.head(g.node("MaxPool", [g.stem([2, 6, 6])], kernel_shape=[2, 2], dilations=[2, 2], pads=[1, 0, 0, 1]))
+
+
+@case("MaxPool", "3x3 stride=2 ceil_mode=1")
+def _(g):
+    g.head(g.node("MaxPool", [g.stem([2, 6, 6])], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1))
+
+
+# AveragePool
+@case("AveragePool", "2x2 stride=2")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([3, 6, 6])], kernel_shape=[2, 2], strides=[2, 2]))
+
+
+@case("AveragePool", "3x3 stride=2 pads=1 count_include_pad=0")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([2, 7, 7])], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                  count_include_pad=0))
+
+
+@case("AveragePool", "3x3 stride=2 pads=1 count_include_pad=1")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([2, 7, 7])], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                  count_include_pad=1))
+
+
+@case("AveragePool", "2x3 pads=[0,1,1,0] count_include_pad=0")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([2, 5, 5])], kernel_shape=[2, 3], pads=[0, 1, 1, 0], count_include_pad=0))
+
+
+@case("AveragePool", "2x3 pads=[0,1,1,0] count_include_pad=1")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([2, 5, 5])], kernel_shape=[2, 3], pads=[0, 1, 1, 0], count_include_pad=1))
+
+
+# GlobalAveragePool
+@case("GlobalAveragePool", "[B,4,3,5]")
+def _(g):
+    g.head(g.node("GlobalAveragePool", [g.stem([4, 3, 5])]))
+
+
+# Pad
+@case("Pad", "constant 0.5 pads=[0,0,1,2,0,0,2,1] then Conv")
+def _(g):
+    p = g.node("Pad", [g.stem([2, 4, 4]), g.ints([0, 0, 1, 2, 0, 0, 2, 1]), g.init(np.array(0.5, np.float32), "v")])
+    g.head(g.node("Conv", [p, g.rand([3, 2, 3, 3], 0.3), g.rand([3], 0.3)], kernel_shape=[3, 3]))
+
+
+@case("Pad", "constant default value, 2-D [B,6] pads=[0,2,0,1]")
+def _(g):
+    g.head(g.node("Pad", [g.stem([6]), g.ints([0, 2, 0, 1])]))
+
+
+# BatchNormalization
+def bn_inputs(g, ch):
+    return [g.uniform([ch], 0.5, 1.5), g.rand([ch], 0.3), g.rand([ch], 0.2, prefix="rm"),
+            g.uniform([ch], 0.5, 1.5, prefix="rv")]
+
+
+@case("BatchNormalization", "training_mode=1 [B,4,3,3] opset 15", opset=15)
+def _(g):
+    y = g.node("BatchNormalization", [g.stem([4, 3, 3])] + bn_inputs(g, 4), nout=3, training_mode=1, momentum=0.9)
+    g.head(y[0])
+
+
+@case("BatchNormalization", "training_mode=1 [B,5] epsilon=1e-3 momentum=0.8 opset 17")
+def _(g):
+    # Tanh first: straight after the stem's bias, BN would make that bias's gradient exactly 0.
+    t = g.node("Tanh", [g.stem([5])])
+    y = g.node("BatchNormalization", [t] + bn_inputs(g, 5), nout=3, training_mode=1, epsilon=1e-3, momentum=0.8)
+    g.head(g.node("Tanh", [y[0]]))
+
+
+@case("BatchNormalization", "training_mode=1 Y only, after Conv")
+def _(g):
+    c = g.node("Conv", [g.stem([2, 5, 5]), g.rand([4, 2, 3, 3], 0.3)], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+    y = g.node("BatchNormalization", [c] + bn_inputs(g, 4), training_mode=1)
+    g.head(g.node("Relu", [y]))
+
+
+# LayerNormalization
+@case("LayerNormalization", "axis=-1 [B,4,6] scale+bias")
+def _(g):
+    g.head(g.node("LayerNormalization", [g.stem([4, 6]), g.uniform([6], 0.5, 1.5), g.rand([6], 0.3)], axis=-1))
+
+
+@case("LayerNormalization", "axis=1 [B,4,6] scale+bias [4,6] epsilon=1e-3")
+def _(g):
+    g.head(g.node("LayerNormalization", [g.stem([4, 6]), g.uniform([4, 6], 0.5, 1.5), g.rand([4, 6], 0.3)],
+                  axis=1, epsilon=1e-3))
+
+
+@case("LayerNormalization", "axis=-1 [B,8] no bias")
+def _(g):
+    g.head(g.node("LayerNormalization", [g.stem([8]), g.uniform([8], 0.5, 1.5)]))
+
+
+# Gather
+@case("Gather", "embedding [10,6], indices [5] with repeats, + x")
+def _(g):
+    e = g.node("Gather", [g.rand([10, 6], 0.5), g.ints([1, 3, 1, 7, 3])])
+    g.head(g.node("Add", [g.stem([5, 6]), e]))
+
+
+@case("Gather", "embedding [7,4], indices [2,3], * x")
+def _(g):
+    e = g.node("Gather", [g.rand([7, 4], 0.7), g.ints([[0, 6, 2], [2, 2, 5]])])
+    g.head(g.node("Mul", [g.stem([2, 3, 4]), e]))
+
+
+# Softmax / LogSoftmax
+@case("Softmax", "last axis [B,4,6]")
+def _(g):
+    g.head(g.node("Softmax", [g.node("Mul", [g.stem([4, 6]), g.init(np.float32(2.0), "s")])], axis=-1))
+
+
+@case("Softmax", "axis=2 [B,3,4], * W[3,4], ReduceSum to the logits")
+def _(g):
+    s = g.node("Softmax", [g.stem([3, 4])], axis=2)
+    m = g.node("Mul", [s, g.rand([3, 4], 2.0)])
+    g.node("ReduceSum", [m, g.ints([2])], keepdims=0, out="logits")
+
+
+@case("Softmax", "as the logits [B,3]")
+def _(g):
+    g.node("Softmax", [g.stem([3])], out="logits")
+
+
+@case("LogSoftmax", "last axis [B,4,6]")
+def _(g):
+    g.head(g.node("LogSoftmax", [g.stem([4, 6])], axis=-1))
+
+
+@case("LogSoftmax", "as the logits [B,3]")
+def _(g):
+    g.node("LogSoftmax", [g.node("Gemm", [g.stem([5]), g.rand([5, 3], 0.5)])], axis=1, out="logits")
+
+
+# Where
+@case("Where", "cond[4,6] ? x : W[4,6]")
+def _(g):
+    cond = g.init(g.rng.random((4, 6)) < 0.5, "cond")
+    g.head(g.node("Where", [cond, g.stem([4, 6]), g.rand([4, 6], 0.5)]))
+
+
+@case("Where", "cond[4,1] ? W[6] : x (broadcast)")
+def _(g):
+    cond = g.init(np.array([[True], [False], [True], [True]]), "cond")
+    g.head(g.node("Where", [cond, g.rand([6], 0.5), g.stem([4, 6])]))
+
+
+# Split
+@case("Split", "[B,10] axis=1 split=[4,6], both outputs to heads")
+def _(g):
+    a, b = g.node("Split", [g.stem([10]), g.ints([4, 6])], nout=2, axis=1)
+    ya = g.node("Gemm", [g.node("Tanh", [a]), g.rand([4, C], 0.5)])
+    yb = g.node("Gemm", [b, g.rand([6, C], 0.5), g.rand([C], 0.1)])
+    g.node("Add", [ya, yb], out="logits")
+
+
+@case("Split", "[B,4,6] axis=-1 equal halves, multiplied")
+def _(g):
+    a, b = g.node("Split", [g.stem([4, 6])], nout=2, axis=-1)
+    g.head(g.node("Mul", [a, b]))
+
+
+# Transpose
+@case("Transpose", "[B,4,6] perm=[0,2,1] then MatMul")
+def _(g):
+    t = g.node("Transpose", [g.stem([4, 6])], perm=[0, 2, 1])
+    g.head(g.node("MatMul", [t, g.rand([4, 3], 0.5)]))
+
+
+@case("Transpose", "[B,2,3,4] perm=[0,3,1,2] then * W[2,1]")
+def _(g):
+    t = g.node("Transpose", [g.stem([2, 3, 4])], perm=[0, 3, 1, 2])     # [B,4,2,3]
+    g.head(g.node("Mul", [t, g.rand([2, 1], 1.0)]))
+
+
+# ReduceMean / ReduceSum
+@case("ReduceMean", "axes=[2,3] keepdims=0 [B,4,3,3]")
+def _(g):
+    g.head(g.node("ReduceMean", [g.stem([4, 3, 3])], axes=[2, 3], keepdims=0))
+
+
+@case("ReduceMean", "axes=[1] keepdims=1 [B,4,6]")
+def _(g):
+    g.head(g.node("ReduceMean", [g.stem([4, 6])], axes=[1], keepdims=1))
+
+
+@case("ReduceMean", "axes=[-1] keepdims=0 as the logits [B,3,5]")
+def _(g):
+    g.node("ReduceMean", [g.stem([3, 5])], axes=[-1], keepdims=0, out="logits")
+
+
+@case("ReduceSum", "axes=[-1] keepdims=0 [B,4,6]")
+def _(g):
+    g.head(g.node("ReduceSum", [g.stem([4, 6]), g.ints([-1])], keepdims=0))
+
+
+@case("ReduceSum", "axes=[1,3] keepdims=1 [B,2,3,4]")
+def _(g):
+    g.head(g.node("ReduceSum", [g.stem([2, 3, 4]), g.ints([1, 3])], keepdims=1))
+
+
+# Binary ops with broadcasting: a [B,4,6] (the stem), b an initializer
+def bin_b6(op, pos=False):
+    def build(g):
+        a = g.stem([4, 6], offset=2.0, wscale=0.015) if pos else g.stem([4, 6])
+        b = g.uniform([6], 0.5, 2.0) if op in ("Div", "Pow") else g.rand([6], 0.7)
+        g.head(g.node(op, [a, b]))
+    return build
+
+
+def bin_b41(op, pos=False):
+    def build(g):
+        a = g.stem([4, 6], offset=2.0, wscale=0.015) if pos else g.stem([4, 6])
+        b = g.uniform([4, 1], 0.5, 1.5) if op == "Pow" else g.rand([4, 1], 0.7)
+        g.head(g.node(op, [b, a]))
+    return build
+
+
+for _op in ("Add", "Sub", "Mul", "Div", "Pow"):
+    case(_op, "a[B,4,6] op b[6]")(bin_b6(_op, pos=_op == "Pow"))
+    case(_op, "b[4,1] op a[B,4,6]")(bin_b41(_op, pos=_op in ("Div", "Pow")))
+
+
+@case("Mul", "a * a (same tensor twice)")
+def _(g):
+    a = g.stem([4, 6])
+    g.head(g.node("Mul", [a, a]))
+
+
+@case("Add", "a[B,4,6] + W[4,4,6] (batch-sized initializer)")
+def _(g):
+    g.head(g.node("Add", [g.stem([4, 6]), g.rand([B, 4, 6], 0.5)]))
+
+
+@case("Pow", "a ^ 2 (scalar constant exponent)")
+def _(g):
+    g.head(g.node("Pow", [g.stem([4, 6]), g.init(np.float32(2.0), "e")]))
+
+
+@case("Div", "a[B,4,6] / b[B,1,1] (both activations)")
+def _(g):
+    a = g.stem([4, 6])
+    d = g.node("ReduceMean", [g.stem([4, 6], offset=2.0, wscale=0.015)], axes=[1, 2], keepdims=1)
+    g.head(g.node("Div", [a, d]))
+
+
+# Unary
+@case("Sqrt", "[B,4,6] positive")
+def _(g):
+    g.head(g.node("Sqrt", [g.stem([4, 6], offset=2.0, wscale=0.015)]))
+
+
+for _op in ("Erf", "Relu", "Tanh", "Sigmoid"):
+    case(_op, "[B,4,6]")(lambda g, _op=_op: g.head(g.node(_op, [g.stem([4, 6])])))
+
+
+# Reshapes
+@case("Reshape/Unsqueeze/Squeeze/Identity/Flatten", "chain with a Mul in between")
+def _(g):
+    h = g.node("Reshape", [g.stem([24]), g.ints([0, 4, 6])])
+    u = g.node("Unsqueeze", [h, g.ints([1])])                     # [B,1,4,6]
+    m = g.node("Mul", [u, g.rand([4, 6], 1.0)])
+    s = g.node("Squeeze", [m, g.ints([1])])                       # [B,4,6]
+    i = g.node("Identity", [s])
+    r = g.node("Reshape", [i, g.ints([-1, 6, 4])])                # [B,6,4]
+    g.head(g.node("Flatten", [g.node("Tanh", [r])], axis=1))
+
+
+@case("Flatten", "axis=2 [B,1,4,6] -> [B,24], Unsqueeze axes=[-1], * W[24,1]")
+def _(g):
+    f = g.node("Flatten", [g.stem([1, 4, 6])], axis=2)
+    u = g.node("Unsqueeze", [f, g.ints([-1])])
+    g.head(g.node("Mul", [u, g.rand([24, 1], 1.0)]))
+
+
+# --------------------------------------------------------------------------
+# Running pipecc
+# --------------------------------------------------------------------------
+
+class StepFailed(Exception):
+    pass
+
+
+def tail(text, lines=25):
+    ls = (text or "").rstrip("\n").splitlines()
+    if len(ls) > lines:
+        ls = [f"... ({len(ls) - lines} lines cut)"] + ls[-lines:]
+    return "\n".join(ls)
+
+
+def run_cmd(what, cmd, timeout, env=None):
+    """Runs cmd in its own process group; a timeout kills the group."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        out = err = ""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(p.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                out, err = p.communicate(timeout=5)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        raise StepFailed(f"{what} timed out after {timeout} s", tail(err) or tail(out))
+    return p.returncode, out, err
+
+
+def write_idx(path, arr, magic):
+    arr = np.ascontiguousarray(arr, dtype=np.uint8)
+    with open(path, "wb") as f:
+        f.write(np.array([magic, *arr.shape], dtype=">i4").tobytes())
+        f.write(arr.tobytes())
+
+
+class Runtime:
+    """Compiles, builds and runs one step; reuses the first build's libpiperun objects."""
+
+    def __init__(self, work, datadir):
+        self.work, self.datadir, self.rt_obj = work, datadir, None
+
+    def train(self, model_path, casedir):
+        out = os.path.join(casedir, "out.pipe")
+        rc, so, se = run_cmd("pipecc", [PIPECC, model_path, "-n", "1", "--batch", str(B), "--microbatches", "1",
+                                        "--optimizer", "sgd", "--lr", repr(LR), "--devices", DEVICES, "-o", out],
+                             TIMEOUT["pipecc"])
+        if rc != 0:
+            msg = (se.strip().splitlines() or [""])[0]
+            if rc == 2 and msg.startswith("pipecc: error:"):
+                return None, msg
+            raise StepFailed(f"pipecc exited {rc}", tail(se) or tail(so))
+        cmd = ["make", "-s", "-C", out]
+        if self.rt_obj:
+            cmd.append("RT_OBJ=" + " ".join(self.rt_obj))
+        rc, so, se = run_cmd("make", cmd, TIMEOUT["make"])
+        if rc != 0:
+            raise StepFailed(f"make exited {rc}", tail(se) or tail(so))
+        if not self.rt_obj:
+            objs = sorted(glob.glob(os.path.join(out, "build", "*.o")))
+            if objs:
+                keep = os.path.join(self.work, "rt_obj")
+                os.makedirs(keep, exist_ok=True)
+                for o in objs:
+                    shutil.copy2(o, keep)
+                self.rt_obj = [os.path.join(keep, os.path.basename(o)) for o in objs]
+        saved, log = os.path.join(casedir, "trained.onnx"), os.path.join(casedir, "log.csv")
+        rc, so, se = run_cmd("run.sh", [os.path.join(out, "run.sh"), "--data", self.datadir, "--steps", "1",
+                                        "--no-shuffle", "--quiet", "--save", saved, "--lr", repr(LR), "--log", log],
+                             TIMEOUT["run"])
+        if rc != 0:
+            raise StepFailed(f"run.sh exited {rc}", tail(se) or tail(so))
+        with open(log) as f:
+            rows = [l.strip().split(",") for l in f if l.strip()]
+        if len(rows) != 2 or rows[0][:2] != ["step", "loss"] or rows[1][0] != "1":
+            raise StepFailed(f"{log}: unexpected content {rows}", "")
+        trained = {t.name: numpy_helper.to_array(t) for t in onnx.load(saved).graph.initializer}
+        return (float(rows[1][1]), trained), None
+
+
+# --------------------------------------------------------------------------
+# One case
+# --------------------------------------------------------------------------
+
+def references(model, inits, x, labels, params, rng):
+    """float64 loss, autograd gradients, finite differences at sampled elements,
+    and the interpreter's other outputs (env)."""
+    base = {k: to_torch(v) for k, v in inits.items()}
+    leaf = {k: base[k].clone().requires_grad_(True) for k in params}
+
+    def loss_of(vals):
+        env = run_graph(model, dict(vals, x=x))
+        return F.cross_entropy(env["logits"], labels), env
+
+    loss, env = loss_of(dict(base, **leaf))
+    grads = torch.autograd.grad(loss, [leaf[k] for k in params], allow_unused=True)
+    ag = {k: (np.zeros(inits[k].shape) if gr is None else gr.detach().numpy()) for k, gr in zip(params, grads)}
+    fd = {}
+    with torch.no_grad():
+        for k in params:
+            flat = np.abs(ag[k]).reshape(-1)
+            picks = [int(np.argmax(flat))] + [int(i) for i in rng.choice(flat.size, min(FD_RANDOM, flat.size),
+                                                                           replace=False)]
+            vals = {}
+            for i in dict.fromkeys(picks):
+                idx = np.unravel_index(i, inits[k].shape)
+                t = base[k].clone()
+                t[idx] += FD_EPS
+                lp = loss_of(dict(base, **{k: t}))[0].item()
+                t[idx] -= 2 * FD_EPS
+                lm = loss_of(dict(base, **{k: t}))[0].item()
+                vals[idx] = (lp - lm) / (2 * FD_EPS)
+            fd[k] = vals
+    return loss.item(), ag, fd, env
+
+
+def rel_errors(got, ref, scale, rnd):
+    denom = np.maximum(np.maximum(np.abs(ref), 1e-2 * scale), 1e3 * rnd)
+    return np.abs(got - ref) / np.maximum(denom, 1e-300)
+
+
+def check_case(op, cname, opset, build, rt, work, imgs, labels, keep):
+    tag = f"{op} {cname}"
+    g = Net(seed=zlib_seed(tag), opset=opset)
+    build(g)
+    model = g.model()
+    onnx.checker.check_model(model)
+    inits = g.inits
+    params = trainable(model, inits)
+    casedir = os.path.join(work, f"case{len(os.listdir(work)):03d}")
+    os.makedirs(casedir)
+    mpath = os.path.join(casedir, "model.onnx")
+    onnx.save(model, mpath)
+
+    x = torch.from_numpy((imgs.astype(np.float32) / np.float32(255.0)).astype(np.float64)).reshape(B, 1, 28, 28)
+    y = torch.from_numpy(labels.astype(np.int64))
+    loss64, ag, fd, env = references(model, inits, x, y, params, np.random.default_rng(zlib_seed(tag) + 1))
+
+    try:
+        got, skip = rt.train(mpath, casedir)
+    except StepFailed as e:
+        result("not ok", tag, e.args[0])
+        if len(e.args) > 1 and e.args[1]:
+            note(e.args[1])
+        return
+    if skip:
+        result("skip", tag, skip)
+        return
+    loss32, trained = got
+    opset = max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+
+    problems, worst_ag, worst_fd, worst_ref = [], 0.0, 0.0, 0.0
+    if set(trained) != set(inits):
+        problems.append(f"trained model's initializers {sorted(trained)} != {sorted(inits)}")
+    loss_err = abs(loss32 - loss64) / max(abs(loss64), 1e-12)
+    if not loss_err <= LOSS_RTOL:
+        problems.append(f"step-1 loss: pipecc {loss32!r}, float64 reference {loss64!r} (rel err {loss_err:.2e})")
+    for k in params:
+        if k not in trained:
+            continue
+        init = inits[k].astype(np.float64)
+        new = trained[k].astype(np.float64)
+        gp = (init - new) / LR
+        rnd = np.maximum(np.abs(init), np.abs(new)) * 2.0 ** -23 / LR
+        ref = ag[k]
+        scale = float(np.abs(ref).max())
+        e = rel_errors(gp, ref, scale, rnd)
+        worst_ag = max(worst_ag, float(e.max()))
+        if not e.max() <= TOL:
+            i = np.unravel_index(int(np.argmax(e)), e.shape)
+            bad = int((e > TOL).sum())
+            problems.append(f"{k} {list(init.shape)}: {bad}/{e.size} elements off autograd; worst at {list(i)}: "
+                            f"pipecc {gp[i]:.7g}, autograd {ref[i]:.7g} (rel err {e[i]:.2e}; scale {scale:.3g})")
+        for idx, v in fd[k].items():
+            ef = rel_errors(gp[idx], v, scale, rnd[idx])
+            er = abs(ref[idx] - v) / max(abs(v), 1e-2 * scale, 1e-300)
+            worst_fd, worst_ref = max(worst_fd, float(ef)), max(worst_ref, float(er))
+            if not ef <= TOL:
+                problems.append(f"{k}{list(idx)}: pipecc {gp[idx]:.7g}, finite differences {v:.7g} (rel err {ef:.2e})")
+            if not er <= REF_TOL:
+                problems.append(f"reference check {k}{list(idx)}: autograd {ref[idx]:.9g} vs finite differences "
+                                f"{v:.9g} (rel err {er:.2e})")
+    # What pipecc must not train: unchanged; BN running statistics: PyTorch's update.
+    stats = {}
+    for n in model.graph.node:
+        if n.op_type == "BatchNormalization" and node_attrs(n).get("training_mode", 0):
+            with torch.no_grad():
+                outs = run_node(n.op_type, [env[i] for i in n.input], node_attrs(n), opset)
+            stats[n.input[3]], stats[n.input[4]] = outs[1], outs[2]
+    for k, v in inits.items():
+        if k in params or k not in trained:
+            continue
+        if k in stats:
+            want = stats[k].detach().numpy()
+            err = float(np.abs(trained[k] - want).max() / max(np.abs(want).max(), 1e-12))
+            if not err <= 1e-5:
+                problems.append(f"running statistic {k}: pipecc {trained[k].tolist()}, expected "
+                                f"{np.round(want, 6).tolist()} (rel err {err:.2e})")
+        elif k not in bn_stat_names(model) and not np.array_equal(trained[k], v):
+            problems.append(f"{k} (not trainable) changed: {v.reshape(-1)[:6]} -> {trained[k].reshape(-1)[:6]}")
+    detail = (f"max rel err vs autograd {worst_ag:.1e}, vs finite differences {worst_fd:.1e} "
+              f"(autograd vs finite differences {worst_ref:.1e}, loss {loss_err:.1e})")
+    result("not ok" if problems else "ok", tag, detail)
+    for p in problems:
+        note(p)
+    if not keep and not problems:
+        shutil.rmtree(casedir, ignore_errors=True)
+        os.makedirs(casedir)   # keep the numbering
+
+
+def zlib_seed(s):
+    return zlib.crc32(s.encode())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--case", action="append", default=[], help="only cases whose 'op name' contains this")
+    ap.add_argument("--keep", action="store_true", help="keep the temp dir (its path is printed)")
+    ap.add_argument("--list", action="store_true", help="list the cases and exit")
+    args = ap.parse_args()
+    cases = [c for c in CASES if not args.case or any(s.lower() in f"{c[0]} {c[1]}".lower() for s in args.case)]
+    if args.list:
+        for op, name, opset, _ in cases:
+            print(f"{op} {name}" + (f" (opset {opset})" if opset != 17 else ""))
+        return 0
+    for path in (PIPECC, DEVICES):
+        if not os.path.exists(path):
+            print(f"not ok - setup: {path} is missing (make first)")
+            print("0 passed, 1 failed")
+            return 1
+    t0 = time.time()
+    work = tempfile.mkdtemp(prefix="pipecc_gradcheck_")
+    runs = os.path.join(work, "cases")
+    os.makedirs(runs)
+    rng = np.random.default_rng(2024)
+    imgs = rng.integers(0, 256, size=(B, 28, 28)).astype(np.uint8)
+    labels = rng.integers(0, C, size=B).astype(np.uint8)
+    datadir = os.path.join(work, "data")
+    os.makedirs(datadir)
+    write_idx(os.path.join(datadir, "train-images-idx3-ubyte"), imgs, 2051)
+    write_idx(os.path.join(datadir, "train-labels-idx1-ubyte"), labels, 2049)
+    rt = Runtime(work, datadir)
+    try:
+        for op, name, opset, build in cases:
+            try:
+                check_case(op, name, opset, build, rt, runs, imgs, labels, args.keep)
+            except Exception as e:   # a bug in this script or the model: fail the case, go on
+                result("not ok", f"{op} {name}", f"{type(e).__name__}: {e}")
+    finally:
+        if args.keep or failed:
+            print(f"# work dir kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    print(f"# {len(cases)} cases in {time.time() - t0:.0f} s ({skipped} skipped)")
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
