@@ -132,6 +132,7 @@ void cost_nodes(Graph *g, NodeCost *c) {
       Tensor *t = node_in(g, n, k);
       if (t && t->data && !t->is_param) nc->work_bytes += (double)tensor_bytes(t) + 64;
       if (t && !t->data && !t->is_param) nc->work_bytes += (double)tensor_bytes(t) + 64; /* a gradient for a value received */
+      if (t && t->is_param) nc->work_bytes += 3 * 64; /* alignment of its gradient and optimizer slots */
     }
     if (!strcmp(n->op, "Conv")) {
       Tensor *w = node_in(g, n, 1), *y = node_out(g, n, 0);
