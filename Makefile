@@ -23,7 +23,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated
+.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench
 all: bin/pipecc bin/pipecc-probe bin/piperun-data
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
@@ -115,6 +115,10 @@ generated: bin/pipecc
 	rm -rf generated/lenet.pipe
 	bin/pipecc onnx_models/lenet.onnx -n 4 --batch 64 --microbatches 8 --schedule 1f1b --lr 0.1 \
 	  --devices tests/devices_equal.txt -o generated/lenet.pipe
+
+# Side-by-side benchmarks against PyTorch and torch's GPipe (bench/README.md); about 8 minutes.
+bench: all
+	/usr/bin/python3 bench/bench.py
 
 models:
 	$(PY) onnx_models/export.py --large

@@ -6,7 +6,7 @@ Every command runs with a timeout; a case that fails becomes an ERROR row, never
 Each pipecc figure is measured in the same invocation as the figure it is compared with, the two
 alternating (pipecc, reference, pipecc, reference, ... BENCH_REPEATS rounds, best median kept).
 
-Environment: BENCH_REPEATS (default 3), BENCH_QUICK=1 (fewer steps, for trying the script out),
+Environment: BENCH_REPEATS (default 4), BENCH_QUICK=1 (fewer steps, for trying the script out),
 BENCH_SKIP (comma list of sections to skip: single,pipeline,compiler).
 See bench/README.md for what each row means.
 """
@@ -31,7 +31,7 @@ WORK = os.path.join(HERE, "work")
 PY = "/usr/bin/python3"
 PIPECC = os.path.join(ROOT, "bin", "pipecc")
 DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
-REPEATS = max(1, int(os.environ.get("BENCH_REPEATS", "3")))
+REPEATS = max(1, int(os.environ.get("BENCH_REPEATS", "4")))
 QUICK = os.environ.get("BENCH_QUICK") == "1"
 SKIP = set(filter(None, os.environ.get("BENCH_SKIP", "").split(",")))
 T0 = time.time()
@@ -586,7 +586,13 @@ def section_compiler():
 
 
 # ---------------------------------------------------------------- output
-def write_outputs(info):
+def tree_stamp():
+    """mtimes of what the measured programs are built from, to notice a rebuild during the run."""
+    paths = [PIPECC] + [os.path.join(ROOT, "runtime", f) for f in sorted(os.listdir(os.path.join(ROOT, "runtime")))]
+    return {p: os.path.getmtime(p) for p in paths if os.path.isfile(p)}
+
+
+def write_outputs(info, stamp0):
     with open(os.path.join(HERE, "results.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["section", "case", "metric", "value", "unit", "target", "met", "note"])
         w.writeheader()
@@ -604,6 +610,10 @@ def write_outputs(info):
             "## Targets", "", "| target | measured | met? |", "|---|---|---|"]
     out += [f"| {t} | {m} | {ok} |" for t, m, ok in targets]
     met = sum(1 for t in targets if t[2] == "yes")
+    changed = [os.path.relpath(p, ROOT) for p, t in tree_stamp().items() if stamp0.get(p) != t]
+    if changed:
+        out += ["", f"**Warning:** {', '.join(changed)} changed while the benchmark ran (someone rebuilt pipecc or edited "
+                "the runtime): figures from before and after the change are mixed. Run `make bench` again on a quiet tree."]
     out += ["", f"{met} of {len(targets)} targets met. Errors: {sum(1 for r in rows if r['value'] == 'ERROR')}.", ""]
     for title, body in md_sections:
         out += [f"## {title}", "", body, ""]
@@ -618,6 +628,7 @@ def main():
     os.makedirs(WORK, exist_ok=True)
     log(f"pipecc bench: repeats={REPEATS}{' QUICK' if QUICK else ''}; scratch in {WORK}")
     info = machine_info()
+    stamp0 = tree_stamp()
     for tool in (PIPECC, DATAGEN):
         if not os.access(tool, os.X_OK):
             log(f"{tool} missing: make all")
@@ -642,7 +653,7 @@ def main():
     if "compiler" not in SKIP:
         log("compiler: gpt2_small -n 8 --plan-only")
         section_compiler()
-    write_outputs(info)
+    write_outputs(info, stamp0)
     log(f"wrote bench/results.md and bench/results.csv ({len(targets)} targets, "
         f"{sum(1 for t in targets if t[2] == 'yes')} met)")
     return 0
