@@ -28,10 +28,10 @@ import warnings
 
 import numpy as np
 
+warnings.filterwarnings("ignore")  # numpy warns about the aliases onnx's generators still use
 for alias, typ in (("float", float), ("int", int), ("bool", bool), ("object", object)):
-    if not hasattr(np, alias):
+    if alias not in np.__dict__:
         setattr(np, alias, typ)
-warnings.filterwarnings("ignore")
 import onnx  # noqa: E402
 from onnx import numpy_helper  # noqa: E402
 
