@@ -66,6 +66,7 @@ int ir_add_node(Graph *g, const char *name, const char *op) {
 }
 
 void ir_free(Graph *g) {
+  if (g->proto && g->proto_free) g->proto_free(g->proto);
   free(g->hash);
   pool_free(&g->pool);
   memset(g, 0, sizeof *g);

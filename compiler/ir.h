@@ -76,6 +76,10 @@ typedef struct Graph {
   const char *batch_param; /* name of the symbolic batch dim, e.g. "batch" */
   int *hash;           /* open-addressing table name -> tensor index (-1 empty) */
   int hcap;
+  /* The unpacked model: initializers' data point into it rather than being
+   * copied, so a large model is held once.  Freed by ir_free. */
+  void *proto;
+  void (*proto_free)(void *);
 } Graph;
 
 /* Construction. */

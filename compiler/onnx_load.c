@@ -97,8 +97,11 @@ static int load_tensor_data(Graph *g, Tensor *t, const Onnx__TensorProto *tp, co
     if (tp->raw_data.len != bytes)
       return err_set("tensor '%s': raw_data has %zu bytes but %s%s needs %zu", t->name, tp->raw_data.len,
                      dtype_name(t->dtype), shape_str(t), bytes);
-    t->data = pool_alloc(&g->pool, bytes);
-    memcpy(t->data, tp->raw_data.data, bytes);
+    if (bytes) {
+      t->data = tp->raw_data.data; /* owned by the unpacked model, which the graph keeps */
+    } else {
+      t->data = pool_alloc(&g->pool, 1);
+    }
     return 0;
   }
   /* Typed fields: which one holds the values depends on the element type. */
@@ -290,6 +293,8 @@ static int read_graph(Graph *g, const Onnx__GraphProto *gp, const char *dir) {
   return 0;
 }
 
+static void free_model(void *m) { onnx__model_proto__free_unpacked(m, NULL); }
+
 int onnx_load_buffer(const uint8_t *data, size_t len, const char *name, const char *dir, Graph *g) {
   memset(g, 0, sizeof *g);
   g->path = pool_strdup(&g->pool, name);
@@ -310,7 +315,8 @@ int onnx_load_buffer(const uint8_t *data, size_t len, const char *name, const ch
   if (!rc && (g->opset < 7 || g->opset > 21))
     rc = err_set("%s: opset %lld is outside the range pipecc supports (7..21)", name, (long long)g->opset);
   if (!rc) rc = read_graph(g, m->graph, dir);
-  onnx__model_proto__free_unpacked(m, NULL);
+  g->proto = m;
+  g->proto_free = free_model;
   if (rc) {
     /* Prefix the file name once, so every message says where it came from. */
     char msg[1024];
