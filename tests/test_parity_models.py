@@ -84,6 +84,28 @@ def load_parity_helpers():
 GB, GM, GSTEPS, GLR, GT = 8, 4, 10, 0.05, 32
 
 
+def train_pipecc(tmp, tag, path, n, batch, m, lr, data, steps, want, run_flags=()):
+    """Compile for n stages, build, train `steps` steps and check the per-step
+    losses against `want`.  Returns the saved initializers, or None on failure."""
+    out = os.path.join(tmp, f"{tag}{n}.pipe")
+    r = subprocess.run([PIPECC, path, "-n", str(n), "--batch", str(batch), "--microbatches", str(m), "--lr", str(lr),
+                        "--devices", DEVICES, "-o", out], capture_output=True, text=True)
+    if not check(r.returncode == 0, f"{tag} n={n}: pipecc ({r.stderr.strip()})"):
+        return None
+    r = subprocess.run(["make", "-s", "-C", out], capture_output=True, text=True)
+    if not check(r.returncode == 0, f"{tag} n={n}: make ({r.stderr.strip()[-300:]})"):
+        return None
+    log, saved = os.path.join(tmp, f"{tag}{n}.csv"), os.path.join(tmp, f"{tag}{n}.onnx")
+    r = subprocess.run([os.path.join(out, "run.sh"), "--data", data, "--steps", str(steps), *run_flags, "--quiet", "--log", log,
+                        "--save", saved], capture_output=True, text=True, timeout=600)
+    if not check(r.returncode == 0, f"{tag} n={n}: run ({r.stderr.strip()[-300:]})"):
+        return None
+    got = [float(row["loss"]) for row in csv.DictReader(open(log))]
+    rel = max(abs(a - b) / abs(b) for a, b in zip(got, want))
+    check(len(got) == steps and rel < 1e-4, f"{tag} n={n}: per-step losses within 1e-4 relative of PyTorch (max {rel:.2e})")
+    return {t.name: numpy_helper.to_array(t) for t in onnx.load(saved).graph.initializer}
+
+
 def gpt_parity(tmp, ex, name):
     """The GPT on next-token prediction: llm.c's batches (B*T+1 tokens, labels
     shifted by one), cross-entropy over every position."""
@@ -120,23 +142,9 @@ def gpt_parity(tmp, ex, name):
     print(f"# {name}: torch losses {want[0]:.4f} -> {want[-1]:.4f}")
     runs = {}
     for n in (1, 4):
-        out = os.path.join(tmp, f"{name}{n}.pipe")
-        r = subprocess.run([PIPECC, path, "-n", str(n), "--batch", str(GB), "--microbatches", str(GM), "--lr", str(GLR),
-                            "--devices", DEVICES, "-o", out], capture_output=True, text=True)
-        if not check(r.returncode == 0, f"{name} n={n}: pipecc ({r.stderr.strip()})"):
+        trained = train_pipecc(tmp, name, path, n, GB, GM, GLR, tokens, GSTEPS, want)
+        if trained is None:
             continue
-        r = subprocess.run(["make", "-s", "-C", out], capture_output=True, text=True)
-        if not check(r.returncode == 0, f"{name} n={n}: make ({r.stderr.strip()[-300:]})"):
-            continue
-        log, saved = os.path.join(tmp, f"{name}{n}.csv"), os.path.join(tmp, f"{name}{n}.onnx")
-        r = subprocess.run([os.path.join(out, "run.sh"), "--data", tokens, "--steps", str(GSTEPS), "--quiet", "--log", log,
-                            "--save", saved], capture_output=True, text=True, timeout=600)
-        if not check(r.returncode == 0, f"{name} n={n}: run ({r.stderr.strip()[-300:]})"):
-            continue
-        got = [float(row["loss"]) for row in csv.DictReader(open(log))]
-        rel = max(abs(a - b) / abs(b) for a, b in zip(got, want))
-        check(len(got) == GSTEPS and rel < 1e-4, f"{name} n={n}: per-step losses within 1e-4 relative of PyTorch (max {rel:.2e})")
-        trained = {t.name: numpy_helper.to_array(t) for t in onnx.load(saved).graph.initializer}
         err = max(float(np.abs(trained[k].astype(np.float64) - expect[k]).max()) for k in mapping)
         check(err < 1e-4, f"{name} n={n}: weights within 1e-4 of PyTorch (max {err:.2e})")
         runs[n] = trained
@@ -165,23 +173,9 @@ def main():
     print(f"# resnet: torch losses {want_losses[0]:.4f} -> {want_losses[-1]:.4f}")
     runs = {}
     for n in (1, 4):
-        out = os.path.join(tmp, f"resnet{n}.pipe")
-        r = subprocess.run([PIPECC, path, "-n", str(n), "--batch", str(B), "--microbatches", str(M), "--lr", str(LR),
-                            "--devices", DEVICES, "-o", out], capture_output=True, text=True)
-        if not check(r.returncode == 0, f"resnet n={n}: pipecc ({r.stderr.strip()})"):
+        trained = train_pipecc(tmp, "resnet", path, n, B, M, LR, data, STEPS, want_losses, run_flags=("--no-shuffle",))
+        if trained is None:
             continue
-        r = subprocess.run(["make", "-s", "-C", out], capture_output=True, text=True)
-        if not check(r.returncode == 0, f"resnet n={n}: make ({r.stderr.strip()[-300:]})"):
-            continue
-        log, saved = os.path.join(tmp, f"r{n}.csv"), os.path.join(tmp, f"r{n}.onnx")
-        r = subprocess.run([os.path.join(out, "run.sh"), "--data", data, "--steps", str(STEPS), "--no-shuffle", "--quiet",
-                            "--log", log, "--save", saved], capture_output=True, text=True, timeout=600)
-        if not check(r.returncode == 0, f"resnet n={n}: run ({r.stderr.strip()[-300:]})"):
-            continue
-        got = [float(row["loss"]) for row in csv.DictReader(open(log))]
-        rel = max(abs(a - b) / abs(b) for a, b in zip(got, want_losses))
-        check(len(got) == STEPS and rel < 1e-4, f"resnet n={n}: per-step losses within 1e-4 relative of PyTorch (max {rel:.2e})")
-        trained = {t.name: numpy_helper.to_array(t) for t in onnx.load(saved).graph.initializer}
         w_err = max(float(np.abs(trained[k] - want_state[k]).max()) for k in want_state if k in trained and "running" not in k)
         # Running statistics sum every micro-batch's statistics, so they carry the
         # rounding of all of them: PyTorch's float32 and float64 runs of this very
