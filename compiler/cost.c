@@ -20,60 +20,14 @@
 
 static double numel_d(const Tensor *t) { return t ? (double)ir_numel(t) : 0; }
 
-static double prod_tail(const Tensor *t, int from) {
-  double p = 1;
-  for (int i = from; i < t->rank; i++) p *= (double)t->dims[i];
-  return p;
-}
+/* Forward FLOPs of one node: its operator's own rule (compiler/ops/). */
+static double node_flops(Graph *g, const Node *n) { return n->def->flops ? n->def->flops(g, n) : 0; }
 
-/* Forward FLOPs of one node. */
-static double node_flops(Graph *g, const Node *n) {
-  const char *op = n->op;
-  Tensor *x = node_in(g, n, 0), *y = node_out(g, n, 0);
-  double out = numel_d(y);
-  if (!strcmp(op, "Conv")) {
-    Tensor *w = node_in(g, n, 1);
-    return 2.0 * out * prod_tail(w, 1) + (node_in(g, n, 2) ? out : 0);
-  }
-  if (!strcmp(op, "MatMul")) {
-    Tensor *a = node_in(g, n, 0);
-    double k = (double)a->dims[a->rank - 1];
-    return 2.0 * out * k;
-  }
-  if (!strcmp(op, "Gemm")) {
-    Tensor *a = node_in(g, n, 0);
-    double k = (double)(attr_int(n, "transA", 0) ? a->dims[0] : a->dims[1]);
-    return 2.0 * out * k + (node_in(g, n, 2) ? out : 0);
-  }
-  if (!strcmp(op, "MaxPool") || !strcmp(op, "AveragePool")) {
-    int64_t k[MAX_RANK];
-    int c = attr_ints(n, "kernel_shape", k, MAX_RANK);
-    double w = 1;
-    for (int i = 0; i < c; i++) w *= (double)k[i];
-    return out * w;
-  }
-  if (!strcmp(op, "GlobalAveragePool") || !strcmp(op, "ReduceMean") || !strcmp(op, "ReduceSum")) return numel_d(x);
-  if (!strcmp(op, "BatchNormalization")) return 5 * numel_d(x);
-  if (!strcmp(op, "LayerNormalization")) return 8 * numel_d(x);
-  if (!strcmp(op, "Softmax") || !strcmp(op, "LogSoftmax")) return 5 * numel_d(x);
-  if (!strcmp(op, "Erf") || !strcmp(op, "Gelu") || !strcmp(op, "Tanh") || !strcmp(op, "Sigmoid")) return 8 * out;
-  if (!strcmp(op, "Add") || !strcmp(op, "Sub") || !strcmp(op, "Mul") || !strcmp(op, "Div") || !strcmp(op, "Pow") ||
-      !strcmp(op, "Sqrt") || !strcmp(op, "Relu") || !strcmp(op, "LeakyRelu") || !strcmp(op, "Where") ||
-      !strcmp(op, "Dropout"))
-    return out;
-  return 0; /* data movement only */
-}
-
-static int weighted(const char *op) {
-  return !strcmp(op, "Conv") || !strcmp(op, "MatMul") || !strcmp(op, "Gemm");
-}
-
-/* Does some consumer's backward read tensor ti (or its producer's own)? */
 static void mark_stashed(Graph *g, char *stashed) {
   for (int j = 0; j < g->nn; j++) {
     Node *n = &g->n[j];
     if (n->folded) continue;
-    const OpDef *d = op_find(n->op);
+    const OpDef *d = n->def;
     if (d->stash & STASH_INPUTS)
       for (int k = 0; k < n->nin; k++) {
         Tensor *t = node_in(g, n, k);
@@ -93,7 +47,7 @@ void cost_nodes(Graph *g, NodeCost *c) {
     memset(nc, 0, sizeof *nc);
     if (n->folded) continue;
     nc->fwd_flops = node_flops(g, n);
-    nc->bwd_flops = weighted(n->op) ? 2 * nc->fwd_flops : nc->fwd_flops;
+    nc->bwd_flops = n->def->weighted ? 2 * nc->fwd_flops : nc->fwd_flops;
     for (int k = 0; k < n->nin; k++) {
       Tensor *t = node_in(g, n, k);
       if (!t) continue;
@@ -104,7 +58,7 @@ void cost_nodes(Graph *g, NodeCost *c) {
           for (int q = 0; q < g->n[i].nin; q++)
             if (!g->n[i].folded && g->n[i].in[q] == n->in[k]) first = 0;
         if (first) nc->param_count += numel_d(t), nc->param_bytes += (double)tensor_bytes(t);
-      } else if (!weighted(n->op)) {
+      } else if (!n->def->weighted) {
         nc->traffic_bytes += (double)tensor_bytes(t);
       }
     }
@@ -112,7 +66,7 @@ void cost_nodes(Graph *g, NodeCost *c) {
       Tensor *t = node_out(g, n, k);
       if (!t) continue;
       nc->out_bytes += (double)tensor_bytes(t);
-      if (!weighted(n->op)) nc->traffic_bytes += (double)tensor_bytes(t);
+      if (!n->def->weighted) nc->traffic_bytes += (double)tensor_bytes(t);
       if (stashed[n->out[k]]) nc->stash_bytes += (double)tensor_bytes(t);
     }
     /* Graph inputs a node keeps for backward are charged to that node. */
@@ -134,10 +88,8 @@ void cost_nodes(Graph *g, NodeCost *c) {
       if (t && !t->data && !t->is_param) nc->work_bytes += (double)tensor_bytes(t) + 64; /* a gradient for a value received */
       if (t && t->is_param) nc->work_bytes += 3 * 64; /* alignment of its gradient and optimizer slots */
     }
-    if (!strcmp(n->op, "Conv")) {
-      Tensor *w = node_in(g, n, 1), *y = node_out(g, n, 0);
-      nc->work_bytes += 2 * (4.0 * prod_tail(w, 1) * prod_tail(y, 2) + 64); /* im2col of one sample, both directions */
-    }
+    /* Workspace such as im2col columns, forward and backward. */
+    if (n->def->workspace) nc->work_bytes += 2 * ((double)n->def->workspace(g, n) + 64);
   }
   free(stashed);
 }

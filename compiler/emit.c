@@ -38,26 +38,60 @@ static void buf_expr(Buf *o, const StageProg *sp, int id) {
 
 static const char *ctype(const Buffer *b) { return b->dtype == DT_INT64 || b->kind == BUF_LABELS ? "int64_t" : "float"; }
 
-/* Copies text, replacing @id@ with the buffer's expression. */
-static void subst(Buf *o, const StageProg *sp, const char *text) {
-  for (const char *s = text; *s;) {
-    if (*s == '@') {
-      char *end;
-      long id = strtol(s + 1, &end, 10);
-      if (*end == '@' && id >= 0 && id < sp->nbufs) {
-        buf_expr(o, sp, (int)id);
-        s = end + 1;
-        continue;
-      }
-    }
-    buf_printf(o, "%c", *s++);
+/* A float as a valid C literal that reads back as the same float: 1.0f, 0.05f, 1e-05f. */
+static void float_lit(Buf *o, float v) {
+  char num[64];
+  snprintf(num, sizeof num, "%.9g", v);
+  buf_printf(o, "%s%sf", num, strpbrk(num, ".eEni") ? "" : ".0");
+}
+
+static void int_list(Buf *o, const int64_t *v, int64_t n) {
+  buf_printf(o, "{");
+  for (int64_t i = 0; i < n; i++) buf_printf(o, "%s%lld", i ? ", " : "", (long long)v[i]);
+  buf_printf(o, "}");
+}
+
+/* One argument of a call (or field of a shape constant) as C. */
+static void render_arg(Buf *o, const StageProg *sp, const Arg *a, char code) {
+  switch (a->kind) {
+  case ARG_BUF:
+    if (code == 'u') buf_printf(o, "(const uint8_t *)");
+    buf_expr(o, sp, a->buf);
+    break;
+  case ARG_NULL: buf_printf(o, "NULL"); break;
+  case ARG_INT: buf_printf(o, "%lld", (long long)a->i); break;
+  case ARG_FLOAT: float_lit(o, a->f); break;
+  case ARG_CONST: buf_printf(o, "&%s", sp->shapes[a->i].name); break;
+  case ARG_SYM: buf_printf(o, "%s", a->sym); break;
+  case ARG_INTS: int_list(o, a->ints, a->i); break;
   }
+}
+
+/* The C renderer of a call: one statement.  (A CUDA renderer would print a
+ * launch of the same kernel with the same arguments.) */
+static void render_call(Buf *o, const StageProg *sp, const Call *k) {
+  const KernelSig *sig = &KERNELS[k->kernel];
+  buf_printf(o, "%s(", sig->name);
+  for (int a = 0; a < k->nargs; a++) {
+    if (a) buf_printf(o, ", ");
+    render_arg(o, sp, &k->args[a], sig->sig[a]);
+  }
+  buf_printf(o, ");");
+}
+
+static void render_shape(Buf *o, const StageProg *sp, const ShapeConst *c) {
+  buf_printf(o, "static const %s %s = {", c->type, c->name);
+  for (int i = 0; i < c->nfields; i++) {
+    if (i) buf_printf(o, ", ");
+    render_arg(o, sp, &c->fields[i], 0);
+  }
+  buf_printf(o, "};\n");
 }
 
 static void emit_calls(Buf *o, const StageProg *sp, const Call *calls, int n) {
   for (int i = 0; i < n; i++) {
     buf_printf(o, "  /* %s */\n  ", calls[i].comment ? calls[i].comment : "");
-    subst(o, sp, calls[i].text);
+    render_call(o, sp, &calls[i]);
     buf_printf(o, "\n");
   }
 }
@@ -117,8 +151,7 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
       buf_printf(o, "#define %s ((%s *)(arena + OFF_%s))\n", b->name, ctype(b), b->name);
   }
   buf_printf(o, "\nstatic unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));\n\n");
-  for (int i = 0; i < sp->nfwd; i++)
-    if (sp->fwd[i].decl) buf_printf(o, "%s\n", sp->fwd[i].decl);
+  for (int i = 0; i < sp->nshapes; i++) render_shape(o, sp, &sp->shapes[i]);
   buf_printf(o, "\nstatic void forward(int slot) {\n");
   emit_calls(o, sp, sp->fwd, sp->nfwd);
   buf_printf(o, "}\n\nstatic void backward(int slot, int gslot) {\n  (void)slot, (void)gslot;\n");

@@ -60,6 +60,7 @@ typedef struct Node {
   Attr *attrs;
   int nattrs;
   int folded;          /* evaluated at compile time; no longer part of the program */
+  const struct OpDef *def; /* its row of the operator table (set by infer_and_fold) */
 } Node;
 
 typedef struct Graph {

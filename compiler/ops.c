@@ -2,100 +2,64 @@
  * constants over the whole graph. */
 #include "ops.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "fold.h"
 #include "shape.h"
 
-#define ALL 0xffffffffu
 /* Compile-time values bigger than this stay run-time work (or, for fold-only
  * ops, are an error) rather than exhausting the compiler's memory. */
 #define MAX_FOLD_BYTES ((int64_t)256 << 20)
-/* name, shape rule, evaluator, inputs with gradients, stash, runs in training */
-static const OpDef OPS[] = {
-    {"Conv", infer_Conv, NULL, 7, STASH_INPUTS, 1},
-    {"BatchNormalization", infer_BatchNorm, NULL, 7, STASH_INPUTS, 1},
-    {"MaxPool", infer_Pool, NULL, 1, STASH_INPUTS, 1},
-    {"AveragePool", infer_Pool, NULL, 1, STASH_NONE, 1},
-    {"GlobalAveragePool", infer_GlobalPool, NULL, 1, STASH_NONE, 1},
-    {"Relu", infer_Unary, fold_Unary, 1, STASH_OUTPUT, 1},
-    {"LeakyRelu", infer_Unary, NULL, 1, STASH_INPUTS, 0},
-    {"Sigmoid", infer_Unary, fold_Unary, 1, STASH_OUTPUT, 1},
-    {"Tanh", infer_Unary, fold_Unary, 1, STASH_OUTPUT, 1},
-    {"Erf", infer_Unary, fold_Unary, 1, STASH_INPUTS, 1},
-    {"Gelu", infer_Unary, NULL, 1, STASH_INPUTS, 0},
-    {"Sqrt", infer_Unary, fold_Unary, 1, STASH_OUTPUT, 1},
-    {"Add", infer_Binary, fold_Binary, 3, STASH_NONE, 1},
-    {"Sub", infer_Binary, fold_Binary, 3, STASH_NONE, 1},
-    {"Mul", infer_Binary, fold_Binary, 3, STASH_INPUTS, 1},
-    {"Div", infer_Binary, fold_Binary, 3, STASH_INPUTS, 1},
-    {"Pow", infer_Binary, fold_Binary, 3, STASH_INPUTS, 1},
-    {"MatMul", infer_MatMul, NULL, 3, STASH_INPUTS, 1},
-    {"Gemm", infer_Gemm, NULL, 7, STASH_INPUTS, 1},
-    {"Transpose", infer_Transpose, fold_Transpose, 1, STASH_NONE, 1},
-    {"Reshape", infer_Reshape, fold_Copy, 1, STASH_NONE, 1},
-    {"Flatten", infer_Flatten, fold_Copy, 1, STASH_NONE, 1},
-    {"Squeeze", infer_Squeeze, fold_Copy, 1, STASH_NONE, 1},
-    {"Unsqueeze", infer_Unsqueeze, fold_Copy, 1, STASH_NONE, 1},
-    {"Concat", infer_Concat, fold_Concat, ALL, STASH_NONE, 0},
-    {"Split", infer_Split, fold_Split, 1, STASH_NONE, 1},
-    {"Slice", infer_Slice, fold_Slice, 1, STASH_NONE, 0},
-    {"Gather", infer_Gather, fold_Gather, 1, STASH_INPUTS, 1},
-    {"Softmax", infer_Unary, NULL, 1, STASH_OUTPUT, 1},
-    {"LogSoftmax", infer_Unary, NULL, 1, STASH_OUTPUT, 1},
-    {"LayerNormalization", infer_LayerNorm, NULL, 7, STASH_INPUTS, 1},
-    {"ReduceMean", infer_Reduce, fold_Reduce, 1, STASH_NONE, 1},
-    {"ReduceSum", infer_Reduce, fold_Reduce, 1, STASH_NONE, 1},
-    {"Where", infer_Where, fold_Where, 6, STASH_INPUTS, 1},
-    {"Dropout", infer_Dropout, NULL, 1, STASH_OUTPUT, 0},
-    {"Identity", infer_Unary, fold_Unary, 1, STASH_NONE, 1},
-    {"Cast", infer_Cast, fold_Cast, 1, STASH_NONE, 0},
-    {"Expand", infer_Expand, fold_Expand, 1, STASH_NONE, 0},
-    {"Pad", infer_Pad, NULL, 1, STASH_NONE, 1},
-    /* Shape arithmetic and masks: evaluated at compile time only.  (LeakyRelu, Gelu,
-     * Concat, Slice, Cast, Expand and Dropout above have shape rules but no training
-     * kernels yet: they run only when constant folding can evaluate them.) */
-    {"Constant", infer_Constant, fold_Constant, 0, STASH_NONE, 0},
-    {"ConstantOfShape", infer_ConstantOfShape, fold_ConstantOfShape, 0, STASH_NONE, 0},
-    {"Shape", infer_Shape, fold_Shape, 0, STASH_NONE, 0},
-    {"Size", infer_Size, fold_Size, 0, STASH_NONE, 0},
-    {"Range", infer_Range, fold_Range, 0, STASH_NONE, 0},
-    {"Equal", infer_Compare, fold_Binary, 0, STASH_NONE, 0},
-    {"Less", infer_Compare, fold_Binary, 0, STASH_NONE, 0},
-    {"Greater", infer_Compare, fold_Binary, 0, STASH_NONE, 0},
-    {"LessOrEqual", infer_Compare, fold_Binary, 0, STASH_NONE, 0},
-    {"GreaterOrEqual", infer_Compare, fold_Binary, 0, STASH_NONE, 0},
-    {"And", infer_Compare, fold_Binary, 0, STASH_NONE, 0},
-    {"Or", infer_Compare, fold_Binary, 0, STASH_NONE, 0},
-    {"Not", infer_Unary, fold_Unary, 0, STASH_NONE, 0},
-    {"Trilu", infer_Unary, fold_Trilu, 0, STASH_NONE, 0},
-    {"Neg", infer_Unary, fold_Unary, 0, STASH_NONE, 0},
-    {"Exp", infer_Unary, fold_Unary, 0, STASH_NONE, 0},
-    {"Log", infer_Unary, fold_Unary, 0, STASH_NONE, 0},
-    {"Abs", infer_Unary, fold_Unary, 0, STASH_NONE, 0},
-    {"Reciprocal", infer_Unary, fold_Unary, 0, STASH_NONE, 0},
-    {"Floor", infer_Unary, fold_Unary, 0, STASH_NONE, 0},
-    {"Ceil", infer_Unary, fold_Unary, 0, STASH_NONE, 0},
-    {"Max", infer_Binary, fold_Binary, 0, STASH_NONE, 0},
-    {"Min", infer_Binary, fold_Binary, 0, STASH_NONE, 0},
-    {"Mod", infer_Binary, fold_Binary, 0, STASH_NONE, 0},
-};
-#define NOPS (int)(sizeof OPS / sizeof OPS[0])
+
+/* The families, one file each in compiler/ops/; each table ends with an empty row. */
+extern const OpDef OPS_GEMM[], OPS_CONV[], OPS_POOL[], OPS_NORM[], OPS_ELEMENTWISE[], OPS_REDUCE[], OPS_MOVEMENT[],
+    OPS_COMPILE_TIME[];
+static const OpDef *const FAMILIES[] = {OPS_GEMM, OPS_CONV, OPS_POOL, OPS_NORM, OPS_ELEMENTWISE, OPS_REDUCE, OPS_MOVEMENT,
+                                        OPS_COMPILE_TIME};
+#define NFAMILIES (int)(sizeof FAMILIES / sizeof FAMILIES[0])
+
+int op_count(void) {
+  int n = 0;
+  for (int f = 0; f < NFAMILIES; f++)
+    for (const OpDef *d = FAMILIES[f]; d->name; d++) n++;
+  return n;
+}
+
+const OpDef *op_at(int i) {
+  for (int f = 0; f < NFAMILIES; f++)
+    for (const OpDef *d = FAMILIES[f]; d->name; d++)
+      if (i-- == 0) return d;
+  return NULL;
+}
 
 const OpDef *op_find(const char *name) {
-  for (int i = 0; i < NOPS; i++)
-    if (!strcmp(OPS[i].name, name)) return &OPS[i];
+  for (int f = 0; f < NFAMILIES; f++)
+    for (const OpDef *d = FAMILIES[f]; d->name; d++)
+      if (!strcmp(d->name, name)) return d;
   return NULL;
 }
 
 const char *op_supported_list(void) {
-  static char list[1024];
+  static char list[2048];
   if (!list[0]) {
     size_t len = 0;
-    for (int i = 0; i < NOPS; i++)
-      if (OPS[i].runtime) len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", len ? ", " : "", OPS[i].name);
+    for (int i = 0; i < op_count(); i++)
+      if (op_at(i)->fwd) len += (size_t)snprintf(list + len, sizeof list - len, "%s%s", len ? ", " : "", op_at(i)->name);
   }
   return list;
+}
+
+static const char *op_kind(const OpDef *d) {
+  return d->fwd && d->bwd ? "trainable" : d->fwd ? "forward only" : "compile-time only";
+}
+
+void op_list_print(void) {
+  printf("%-20s %-13s %-18s %s\n", "op", "family", "runs", "folds at compile time");
+  for (int i = 0; i < op_count(); i++) {
+    const OpDef *d = op_at(i);
+    printf("%-20s %-13s %-18s %s\n", d->name, d->family, op_kind(d), d->fold ? "yes" : "no");
+  }
 }
 
 /* A float initializer is trainable when a gradient can reach it: walk back
@@ -108,7 +72,7 @@ static void mark_params(Graph *g) {
     Node *n = &g->n[j];
     int live = 0;
     for (int k = 0; k < n->nout; k++) live |= n->out[k] >= 0 && grad[n->out[k]];
-    const OpDef *d = op_find(n->op);
+    const OpDef *d = n->def ? n->def : op_find(n->op);
     if (!live || !d) continue;
     for (int k = 0; k < n->nin; k++)
       if (n->in[k] >= 0 && (d->diff_inputs >> (k < 31 ? k : 31) & 1)) grad[n->in[k]] = 1;
@@ -122,7 +86,7 @@ static void mark_params(Graph *g) {
 static int foldable(Graph *g, const Node *n, const OpDef *d) {
   if (!d->fold) return 0;
   /* Shape and Size need only the (static) shape, never the values. */
-  if (!strcmp(n->op, "Shape") || !strcmp(n->op, "Size")) return 1;
+  if (d->fold == fold_Shape || d->fold == fold_Size) return 1;
   for (int k = 0; k < n->nout; k++)
     if (n->out[k] >= 0 && tensor_bytes(&g->t[n->out[k]]) > MAX_FOLD_BYTES) return 0;
   for (int k = 0; k < n->nin; k++) {
@@ -160,7 +124,7 @@ int infer_and_fold(Graph *g) {
   mark_params(g);
   for (int j = 0; j < g->nn; j++) {
     Node *n = &g->n[j];
-    const OpDef *d = op_find(n->op);
+    const OpDef *d = n->def = op_find(n->op);
     if (!d)
       return err_set("node '%s' uses operator '%s', which pipecc does not support (supported: %s)", n->name, n->op,
                      op_supported_list());
@@ -179,7 +143,7 @@ int infer_and_fold(Graph *g) {
   }
   for (int j = 0; j < g->nn; j++) {
     Node *n = &g->n[j];
-    if (!n->folded && !op_find(n->op)->runtime)
+    if (!n->folded && !n->def->fwd)
       return err_set("node '%s' (%s) depends on run-time data, but pipecc evaluates %s only at compile time "
                      "(supported at run time: %s)", n->name, n->op, n->op, op_supported_list());
   }

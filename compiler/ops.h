@@ -1,32 +1,49 @@
 /* ops.h - the operator table: what pipecc knows about each ONNX op.
  *
- * One row per op: its shape rule (shape.c), its compile-time evaluator for
- * constant folding (fold.c), its cost rule (cost.c), and which inputs carry
- * gradients.  An op absent from the table is rejected with the list below. */
+ * Each family of operators lives in one file of compiler/ops/ and exports
+ * its rows: the shape rule, the compile-time evaluator for constant folding,
+ * the cost, which inputs carry gradients, what backward reads, and the rules
+ * that emit the forward and backward calls.  ops.c gathers the families; a
+ * node keeps a pointer to its row (Node.def), so no pass dispatches on the
+ * op's name.  docs/adding-an-op.md is the recipe for a new op. */
 #ifndef PIPECC_OPS_H
 #define PIPECC_OPS_H
 #include "ir.h"
 
 typedef int (*InferFn)(Graph *g, Node *n);
 typedef int (*FoldFn)(Graph *g, Node *n);
+typedef struct Emit Emit; /* a stage program being built (autodiff.c) */
+typedef int (*RuleFn)(Emit *e, const Node *n, int j); /* j: the node's graph index */
+typedef double (*FlopsFn)(Graph *g, const Node *n);
 
-/* How much backward must keep from the forward pass, in terms of tensors. */
+/* What backward reads from the forward pass, in terms of tensors: the values
+ * a stage must keep (stash) for each micro-batch in flight. */
 enum { STASH_NONE = 0, STASH_INPUTS = 1, STASH_OUTPUT = 2, STASH_BOTH = 3 };
 
 typedef struct OpDef {
   const char *name;
+  const char *family;   /* the compiler/ops/ file it lives in */
   InferFn infer;
   FoldFn fold;          /* NULL: never evaluated at compile time */
   unsigned diff_inputs; /* bit k set: input k carries a gradient */
-  int stash;            /* STASH_* */
-  int runtime;          /* 1: pipecc can run it in a training program; 0: fold-only */
+  int stash;            /* STASH_*: must cover every forward value bwd reads (checked by tests) */
+  FlopsFn flops;        /* forward FLOPs per micro-batch; NULL: data movement only */
+  int weighted;         /* backward costs twice the forward (input and weight gradients) */
+  RuleFn fwd;           /* NULL: the op runs only at compile time (folded) */
+  RuleFn bwd;           /* NULL with fwd set: forward only (no gradient flows through it) */
+  int64_t (*workspace)(Graph *g, const Node *n); /* bytes of scratch one call needs (im2col), or NULL */
 } OpDef;
 
 const OpDef *op_find(const char *name);
 /* Comma-separated list of ops pipecc can run, for error messages. */
 const char *op_supported_list(void);
+/* The whole table, in family order, for --list-ops and the docs. */
+int op_count(void);
+const OpDef *op_at(int i);
+/* Prints the table: op, family, trainable / forward only / compile-time only. */
+void op_list_print(void);
 
-/* Shape inference for every live node, folding constants as it goes.
- * Returns -1 with err_set() naming the node on failure. */
+/* Shape inference for every live node, folding constants as it goes; sets
+ * Node.def.  Returns -1 with err_set() naming the node on failure. */
 int infer_and_fold(Graph *g);
 #endif

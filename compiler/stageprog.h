@@ -28,13 +28,61 @@ typedef struct Buffer {
   int first, last;      /* BUF_TEMP: first/last call index that touches it (fwd: 0.., bwd: 10000..) */
 } Buffer;
 
+/* The kernels a call can name (kernels.def). */
+enum {
+#define KERNEL(id, name, sig) id,
+#include "kernels.def"
+#undef KERNEL
+  K_NKERNELS
+};
+typedef struct KernelSig {
+  const char *name; /* C function */
+  const char *sig;  /* one letter per argument, see kernels.def */
+} KernelSig;
+extern const KernelSig KERNELS[K_NKERNELS];
+
+/* A typed argument of a call. */
+enum { ARG_BUF, ARG_NULL, ARG_INT, ARG_FLOAT, ARG_CONST, ARG_SYM, ARG_INTS };
+typedef struct Arg {
+  int kind;
+  int buf;              /* ARG_BUF: buffer id (a negative id becomes ARG_NULL where the signature allows it) */
+  int64_t i;            /* ARG_INT; ARG_CONST: shape constant id */
+  float f;              /* ARG_FLOAT */
+  const char *sym;      /* ARG_SYM */
+  const int64_t *ints;  /* ARG_INTS (shape constant fields only): i values */
+} Arg;
+#define A_BUF(b) ((Arg){.kind = ARG_BUF, .buf = (b)})
+#define A_INT(v) ((Arg){.kind = ARG_INT, .i = (int64_t)(v)})
+#define A_FLT(v) ((Arg){.kind = ARG_FLOAT, .f = (float)(v)})
+#define A_CONST(id) ((Arg){.kind = ARG_CONST, .i = (id)})
+#define A_SYM(s) ((Arg){.kind = ARG_SYM, .sym = (s)})
+#define A_INTS(p, n) ((Arg){.kind = ARG_INTS, .ints = (p), .i = (n)})
+
+/* What part of a step a call belongs to.  The backward is split so that
+ * schedules can run the input gradient (I) and the weight gradient (W) of a
+ * micro-batch at different times. */
+enum { PH_FWD, PH_IGRAD, PH_WGRAD };
+
+/* One kernel call: data, not text.  reads/writes are derived from the
+ * kernel's signature (call_add), never kept by hand. */
 typedef struct Call {
-  char *text;           /* the C statement, with buffers as @<id>@ */
-  int reads[12], nreads;
-  int writes[6], nwrites;
+  int kernel;           /* K_* */
+  Arg *args;
+  int nargs;
+  int phase;            /* PH_* */
+  int node;             /* graph node it computes (-1: glue such as zeroing a gradient) */
   const char *comment;
-  char *decl;           /* a constant the call uses (ConvShape ...), printed at file scope */
+  int *reads, nreads;   /* buffer ids, each once */
+  int *writes, nwrites;
 } Call;
+
+/* A constant struct a kernel takes by address (ConvShape CONV_12 = {...}),
+ * printed at file scope: its C type, name and fields (ints, floats, int arrays). */
+typedef struct ShapeConst {
+  const char *type, *name;
+  Arg *fields;
+  int nfields;
+} ShapeConst;
 
 /* A value crossing one of the stage's cuts. */
 typedef struct Crossing {
@@ -50,6 +98,8 @@ typedef struct StageProg {
   int nbufs, capbufs;
   Call *fwd, *bwd;
   int nfwd, nbwd, capfwd, capbwd;
+  ShapeConst *shapes;
+  int nshapes, capshapes;
   Crossing *recv, *send;
   int nrecv, nsend;
   int *params, nparams; /* BUF_PARAM buffer ids, in ONNX initializer order */
@@ -60,6 +110,14 @@ typedef struct StageProg {
   int64_t loss_rows, loss_classes;
   int64_t arena_bytes, weights_bytes;
 } StageProg;
+
+/* Appends a call to the forward (PH_FWD) or backward list, checking the
+ * arguments against the kernel's signature and deriving its accesses. */
+Call *call_add(StageProg *sp, Pool *pool, int phase, int kernel, int node, const char *comment, const Arg *args, int nargs);
+/* Adds a shape constant; returns its id. */
+int shape_add(StageProg *sp, Pool *pool, const char *type, const char *name, const Arg *fields, int nfields);
+/* Id of the shape constant called `name`, or -1. */
+int shape_find(const StageProg *sp, const char *name);
 
 /* Builds every stage's program; -1 with err_set (an op without a gradient rule, a weight shared across stages). */
 int autodiff_build(Plan *p, StageProg *progs, Pool *pool);

@@ -1,0 +1,55 @@
+/* conv.c - 2-D convolution (stride, pads, dilation, groups) by im2col + GEMM. */
+#include "ops/rule.h"
+
+static int64_t conv_workspace(Graph *g, const Node *n);
+
+static int conv_fwd(Emit *e, const Node *n, int j) {
+  Tensor *X = em_t(e, n->in[0]), *W = em_t(e, n->in[1]), *Y = em_t(e, n->out[0]);
+  if (X->rank != 4) return err_set("node '%s' (Conv): only 2-D convolution trains so far", n->name);
+  if (strcmp(attr_str(n, "auto_pad", "NOTSET"), "NOTSET"))
+    return err_set("node '%s' (Conv): auto_pad does not train yet; export with explicit pads", n->name);
+  int64_t pads[4] = {0, 0, 0, 0}, st[2] = {1, 1}, dl[2] = {1, 1};
+  attr_ints(n, "pads", pads, 4), attr_ints(n, "strides", st, 2), attr_ints(n, "dilations", dl, 2);
+  int x = em_in(e, n, 0), w = em_in(e, n, 1), b = em_in(e, n, 2), y = em_out(e, n, 0);
+  int col = em_work(e, "col_", n->out[0], conv_workspace(em_graph(e), n));
+  int cs = SHAPE(e, "ConvShape", em_name(e, "CONV_%d", j), A_INT(X->dims[0]), A_INT(X->dims[1]), A_INT(X->dims[2]),
+                 A_INT(X->dims[3]), A_INT(W->dims[0]), A_INT(W->dims[2]), A_INT(W->dims[3]), A_INT(attr_int(n, "group", 1)),
+                 A_INT(Y->dims[2]), A_INT(Y->dims[3]), A_INT(st[0]), A_INT(st[1]), A_INT(pads[0]), A_INT(pads[1]), A_INT(dl[0]),
+                 A_INT(dl[1]));
+  CALL(e, PH_FWD, K_CONV, n, A_BUF(x), A_BUF(w), A_BUF(b), A_BUF(y), A_BUF(col), A_CONST(cs));
+  return 0;
+}
+
+static int conv_bwd(Emit *e, const Node *n, int j) {
+  int x = em_in(e, n, 0), w = em_in(e, n, 1), dy = em_dy(e, n, 0), cs = em_shape_ref(e, em_name(e, "CONV_%d", j)), acc;
+  int col = em_work(e, "dcol_", n->out[0], conv_workspace(em_graph(e), n));
+  if (em_needs(e, n, 1)) {
+    int dw = em_grad(e, n, 1, &acc), db = n->nin > 2 && n->in[2] >= 0 && em_needs(e, n, 2) ? em_grad(e, n, 2, &acc) : -1;
+    CALL(e, PH_WGRAD, K_CONV_GRAD, n, A_BUF(x), A_BUF(w), A_BUF(dy), A_BUF(-1), A_BUF(dw), A_BUF(db), A_BUF(col), A_CONST(cs),
+         A_INT(0), A_INT(1));
+  }
+  if (em_needs(e, n, 0)) {
+    int dx = em_grad(e, n, 0, &acc);
+    CALL(e, PH_IGRAD, K_CONV_GRAD, n, A_BUF(x), A_BUF(w), A_BUF(dy), A_BUF(dx), A_BUF(-1), A_BUF(-1), A_BUF(col), A_CONST(cs),
+         A_INT(acc), A_INT(1));
+  }
+  return 0;
+}
+
+static double conv_flops(Graph *g, const Node *n) {
+  Tensor *w = node_in(g, n, 1);
+  double out = rule_numel(node_out(g, n, 0)), k = 1;
+  for (int i = 1; i < w->rank; i++) k *= (double)w->dims[i];
+  return 2.0 * out * k + (node_in(g, n, 2) ? out : 0);
+}
+
+/* The im2col columns of one sample: [C/group * kh * kw, oh * ow] floats. */
+static int64_t conv_workspace(Graph *g, const Node *n) {
+  Tensor *W = node_in(g, n, 1), *Y = node_out(g, n, 0);
+  return 4 * W->dims[1] * W->dims[2] * W->dims[3] * Y->dims[2] * Y->dims[3];
+}
+
+const OpDef OPS_CONV[] = {
+    {"Conv", "conv", infer_Conv, NULL, 7, STASH_INPUTS, conv_flops, 1, conv_fwd, conv_bwd, conv_workspace},
+    {0},
+};

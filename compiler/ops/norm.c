@@ -1,0 +1,111 @@
+/* norm.c - normalisations: BatchNormalization (training and inference, running
+ * statistics as PyTorch), LayerNormalization, Softmax and LogSoftmax. */
+#include "ops/rule.h"
+
+/* ---- BatchNormalization ---- */
+
+static int bn_training(Emit *e, const Node *n) {
+  return em_graph(e)->opset >= 14 ? (int)attr_int(n, "training_mode", 0) : n->nout > 1;
+}
+
+static int bn_fwd(Emit *e, const Node *n, int j) {
+  Tensor *X = em_t(e, n->in[0]);
+  int64_t sp = X->rank > 2 ? ir_numel(X) / (X->dims[0] * X->dims[1]) : 1;
+  int rm = em_in(e, n, 3), rv = em_in(e, n, 4);
+  int bs = SHAPE(e, "BnShape", em_name(e, "BN_%d", j), A_INT(X->dims[0]), A_INT(X->dims[1]), A_INT(sp),
+                 A_FLT(attr_float(n, "epsilon", 1e-5f)), A_FLT(attr_float(n, "momentum", 0.9f)), A_INT(bn_training(e, n)));
+  CALL(e, PH_FWD, K_BATCHNORM, n, A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_in(e, n, 2)), A_BUF(rm), A_BUF(rv),
+       A_BUF(em_out(e, n, 0)), A_CONST(bs));
+  /* Training mode's other outputs are the updated running statistics. */
+  for (int q = 1; q < 3 && q < n->nout; q++)
+    if (em_used(e, n, q)) CALL(e, PH_FWD, K_COPY, n, A_BUF(q == 1 ? rm : rv), A_BUF(em_out(e, n, q)), A_INT(X->dims[1]));
+  return 0;
+}
+
+static int bn_bwd(Emit *e, const Node *n, int j) {
+  int acc, accx = 0;
+  int dg = em_needs(e, n, 1) ? em_grad(e, n, 1, &acc) : -1;
+  int dbt = em_needs(e, n, 2) ? em_grad(e, n, 2, &acc) : -1;
+  int dx = em_needs(e, n, 0) ? em_grad(e, n, 0, &accx) : -1;
+  /* One pass computes dx, dgamma and dbeta together: it counts as input-gradient work. */
+  CALL(e, PH_IGRAD, K_BATCHNORM_GRAD, n, A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_in(e, n, 3)), A_BUF(em_in(e, n, 4)),
+       A_BUF(em_dy(e, n, 0)), A_BUF(dx), A_BUF(dg), A_BUF(dbt), A_CONST(em_shape_ref(e, em_name(e, "BN_%d", j))), A_INT(accx));
+  return 0;
+}
+
+static double bn_flops(Graph *g, const Node *n) { return 5 * rule_numel(node_in(g, n, 0)); }
+
+/* ---- LayerNormalization over the trailing axes from `axis` ---- */
+
+static int64_t ln_cols(Emit *e, const Node *n) {
+  Tensor *X = em_t(e, n->in[0]);
+  int64_t axis = attr_int(n, "axis", -1), cols = 1;
+  if (axis < 0) axis += X->rank;
+  for (int i = (int)axis; i < X->rank; i++) cols *= X->dims[i];
+  return cols;
+}
+
+static int ln_fwd(Emit *e, const Node *n, int j) {
+  (void)j;
+  Tensor *X = em_t(e, n->in[0]);
+  int64_t cols = ln_cols(e, n), rows = ir_numel(X) / cols;
+  float eps = attr_float(n, "epsilon", 1e-5f);
+  if (ir_numel(em_t(e, n->in[1])) != cols)
+    return err_set("node '%s' (LayerNormalization): a broadcast scale does not train yet", n->name);
+  int x = em_in(e, n, 0);
+  CALL(e, PH_FWD, K_LAYERNORM, n, A_BUF(x), A_BUF(em_in(e, n, 1)), A_BUF(em_in(e, n, 2)), A_BUF(em_out(e, n, 0)), A_INT(rows),
+       A_INT(cols), A_FLT(eps));
+  /* The optional Mean and InvStdDev outputs, when something reads them. */
+  int mo = em_used(e, n, 1) ? em_out(e, n, 1) : -1, io = em_used(e, n, 2) ? em_out(e, n, 2) : -1;
+  if (mo >= 0 || io >= 0) CALL(e, PH_FWD, K_LAYERNORM_STATS, n, A_BUF(x), A_BUF(mo), A_BUF(io), A_INT(rows), A_INT(cols), A_FLT(eps));
+  return 0;
+}
+
+static int ln_bwd(Emit *e, const Node *n, int j) {
+  (void)j;
+  int64_t cols = ln_cols(e, n), rows = ir_numel(em_t(e, n->in[0])) / cols;
+  int acc, accx = 0, hasb = n->nin > 2 && n->in[2] >= 0;
+  int ds = em_needs(e, n, 1) ? em_grad(e, n, 1, &acc) : -1;
+  int db = hasb && em_needs(e, n, 2) ? em_grad(e, n, 2, &acc) : -1;
+  int dx = em_needs(e, n, 0) ? em_grad(e, n, 0, &accx) : -1;
+  CALL(e, PH_IGRAD, K_LAYERNORM_GRAD, n, A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_dy(e, n, 0)), A_BUF(dx), A_BUF(ds),
+       A_BUF(db), A_INT(rows), A_INT(cols), A_FLT(attr_float(n, "epsilon", 1e-5f)), A_INT(accx));
+  return 0;
+}
+
+static double ln_flops(Graph *g, const Node *n) { return 8 * rule_numel(node_in(g, n, 0)); }
+
+/* ---- Softmax / LogSoftmax over the last axis ---- */
+
+static int softmax_fwd(Emit *e, const Node *n, int j) {
+  (void)j;
+  Tensor *X = em_t(e, n->in[0]);
+  int64_t axis = attr_int(n, "axis", em_graph(e)->opset >= 13 ? -1 : 1);
+  if (axis < 0) axis += X->rank;
+  if (axis != X->rank - 1) return err_set("node '%s' (%s): only the last axis trains so far", n->name, n->op);
+  int64_t cols = X->dims[X->rank - 1];
+  CALL(e, PH_FWD, K_SOFTMAX, n, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)), A_INT(ir_numel(X) / cols), A_INT(cols),
+       A_INT(n->def->name[0] == 'L'));
+  return 0;
+}
+
+static int softmax_bwd(Emit *e, const Node *n, int j) {
+  (void)j;
+  if (!em_needs(e, n, 0)) return 0;
+  Tensor *X = em_t(e, n->in[0]);
+  int64_t cols = X->dims[X->rank - 1];
+  int acc, dx = em_grad(e, n, 0, &acc);
+  CALL(e, PH_IGRAD, K_SOFTMAX_GRAD, n, A_BUF(em_out(e, n, 0)), A_BUF(em_dy(e, n, 0)), A_BUF(dx),
+       A_INT(ir_numel(X) / cols), A_INT(cols), A_INT(n->def->name[0] == 'L'), A_INT(acc));
+  return 0;
+}
+
+static double softmax_flops(Graph *g, const Node *n) { return 5 * rule_numel(node_in(g, n, 0)); }
+
+const OpDef OPS_NORM[] = {
+    {"BatchNormalization", "norm", infer_BatchNorm, NULL, 7, STASH_INPUTS, bn_flops, 0, bn_fwd, bn_bwd, NULL},
+    {"LayerNormalization", "norm", infer_LayerNorm, NULL, 7, STASH_INPUTS, ln_flops, 0, ln_fwd, ln_bwd, NULL},
+    {"Softmax", "norm", infer_Unary, NULL, 1, STASH_OUTPUT, softmax_flops, 0, softmax_fwd, softmax_bwd, NULL},
+    {"LogSoftmax", "norm", infer_Unary, NULL, 1, STASH_OUTPUT, softmax_flops, 0, softmax_fwd, softmax_bwd, NULL},
+    {0},
+};
