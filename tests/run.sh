@@ -33,6 +33,7 @@ suite() {
 }
 
 suite "partitioner: DP vs brute force" bin/test_partition
+suite "schedules: action lists, validator, planted mistakes" bin/test_schedule
 suite "units" bin/test_units
 suite "shapes vs onnx.shape_inference (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_shapes.py
 suite "bad input (ASan build)" env PIPECC=bin/pipecc-asan bash tests/test_cli.sh
