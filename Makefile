@@ -84,6 +84,8 @@ asan: bin/pipecc-asan
 # Unit tests in C link the compiler's passes directly.
 bin/test_partition: tests/test_partition.c $(ASAN_OBJ)
 	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
+bin/test_schedule: tests/test_schedule.c $(ASAN_OBJ)
+	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
 bin/test_units: tests/test_units.c $(ASAN_OBJ)
 	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
 # libFuzzer target for the loader and the passes after it, coverage-instrumented.
@@ -97,7 +99,7 @@ build/fuzz/%.o: compiler/%.c compiler/*.h compiler/*.def compiler/ops/*.h $(PB_D
 bin/fuzz_loader: tests/fuzz_loader.c $(FUZZ_OBJ)
 	clang -O1 -g -fsanitize=fuzzer,address,undefined $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
 
-test: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-asan bin/test_partition bin/test_units bin/fuzz_loader
+test: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-asan bin/test_partition bin/test_schedule bin/test_units bin/fuzz_loader
 	@bash tests/run.sh
 
 # The main job: plan LeNet over 4 stages, build the stage programs, train them

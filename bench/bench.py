@@ -7,7 +7,8 @@ Each pipecc figure is measured in the same invocation as the figure it is compar
 alternating (pipecc, reference, pipecc, reference, ... BENCH_REPEATS rounds, best median kept).
 
 Environment: BENCH_REPEATS (default 4), BENCH_QUICK=1 (fewer steps, for trying the script out),
-BENCH_SKIP (comma list of sections to skip: single,pipeline,compiler).
+BENCH_SKIP (comma list of sections to skip: single,pipeline,compiler), BENCH_PIPE_MODELS (comma list:
+only these pipeline models), BENCH_MS (comma list of micro-batch counts, default 4,8).
 See bench/README.md for what each row means.
 """
 import csv
@@ -49,8 +50,11 @@ PIPE = [
     ("lenet", 256, 80, 30, "mnist"),
     ("gpt", 32, 60, 30, "tokens"),
 ]
-MS = [4, 8]
-SCHEDULES = ["gpipe", "1f1b"]
+MS = [int(x) for x in os.environ.get("BENCH_MS", "4,8").split(",") if x]
+if os.environ.get("BENCH_PIPE_MODELS"):
+    PIPE = [c for c in PIPE if c[0] in os.environ["BENCH_PIPE_MODELS"].split(",")]
+# zb1 (ZB-H1) runs beside 1f1b: its throughput and measured bubble land in the same tables.
+SCHEDULES = ["gpipe", "1f1b", "zb1"]
 PIPE_THREADS = 2          # torch Pipe gets as many cores as pipecc -n 2 uses
 LR = {"mlp": 0.05, "lenet": 0.05, "resnet": 0.02, "gpt": 0.05}
 if QUICK:
@@ -450,6 +454,10 @@ def section_pipeline(data, mem_rows, pred_rows, bubble_rows):
                     targets.append((f"pipeline {case}: -n 2 >= 3x torch Pipe", f"{r_t:.2f}x", yes(okt)))
                 lines.append(f"| {model} | {sched} | {m} | {B} | {sps2:.0f} | {fmt(sps1, '.0f', 'ERROR')} | {fmt(sps1m, '.0f', 'ERROR')} | "
                              f"{fmt(spst, '.0f', 'ERROR')} | {fmt(r_1)} | {yes(ok1)} | {fmt(r_t)} | {yes(okt)} |")
+                p1f1b = attempt(best, res["1f1b"]) if sched == "zb1" and res.get("1f1b") else None
+                if isinstance(p1f1b, dict):
+                    add_row(sec, case, "zb1_over_1f1b_samples_per_s", sps2 / (B / p1f1b["median_s"]), "x",
+                            note=f"measured bubble zb1 {p2['bubble']:.3f} vs 1f1b {p1f1b['bubble']:.3f}")
                 mem_rows.append((f"{model} n=2 B={B} m={m} {sched}", plan, p2))
                 pred_rows.append((f"{model} n=2 B={B} m={m} {sched}", plan, p2))
                 bubble_rows.append((f"{model} n=2 B={B} m={m} {sched}", plan, p2))
@@ -461,7 +469,8 @@ def section_pipeline(data, mem_rows, pred_rows, bubble_rows):
                         f"torch Pipe: 2 nn.Sequential partitions, chunks=m, checkpoint='never' (pipecc does not recompute), "
                         f"torch.set_num_threads({PIPE_THREADS}) (the cores pipecc -n 2 uses); on CPU Pipe runs every partition "
                         "on one worker thread, so it gets no pipeline overlap, only intra-op threads. torch Pipe is GPipe only: the "
-                        "same figure is used for both pipecc schedules.\n\n" + "\n".join(f"- {n}" for n in dict.fromkeys(notes))))
+                        "same figure is used for every pipecc schedule; zb1 is the zero-bubble ZB-H1 schedule (backward split into "
+                        "input- and weight-gradient halves, W's deferred into the bubble).\n\n" + "\n".join(f"- {n}" for n in dict.fromkeys(notes))))
 
 
 def section_bubble(bubble_rows, pred_rows):

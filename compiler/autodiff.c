@@ -118,7 +118,14 @@ int em_shape_ref(Emit *e, const char *name) {
   return id;
 }
 void em_call(Emit *e, int phase, int kernel, const Node *n, const Arg *args, int nargs) {
-  call_add(e->sp, e->pool, phase, kernel, (int)(n - e->p->g.n), n->name, args, nargs);
+  Call *k = call_add(e->sp, e->pool, phase, kernel, (int)(n - e->p->g.n), n->name, args, nargs);
+  /* W work may only produce weight gradients: a call that also writes the
+   * gradient of an activation (a Gemm whose B is computed) is input-gradient
+   * work, which the next I action upstream needs. */
+  for (int w = 0; w < k->nwrites && k->phase == PH_WGRAD; w++) {
+    const Buffer *b = &e->sp->bufs[k->writes[w]];
+    if (b->is_grad && b->kind != BUF_PGRAD) k->phase = PH_IGRAD;
+  }
 }
 const char *em_name(Emit *e, const char *fmt, int j) { return pool_printf(e->pool, fmt, j); }
 

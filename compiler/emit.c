@@ -21,7 +21,7 @@ static const char *kind_name(int k) {
   case BUF_PGRAD: return "weight gradient";
   case BUF_OPT: return "optimizer state";
   case BUF_RING: return "one copy per micro-batch in flight";
-  case BUF_GRING: return "gradient, two copies";
+  case BUF_GRING: return "gradient, one copy per gradient slot";
   case BUF_LABELS: return "labels";
   default: return "temporary";
   }
@@ -88,8 +88,10 @@ static void render_shape(Buf *o, const StageProg *sp, const ShapeConst *c) {
   buf_printf(o, "};\n");
 }
 
-static void emit_calls(Buf *o, const StageProg *sp, const Call *calls, int n) {
+/* which: 0 every call, 1 the input-gradient (I) calls, 2 the weight-gradient (W) calls. */
+static void emit_calls(Buf *o, const StageProg *sp, const Call *calls, int n, int which) {
   for (int i = 0; i < n; i++) {
+    if (which && (which == 2) != call_is_weight(sp, &calls[i])) continue;
     buf_printf(o, "  /* %s */\n  ", calls[i].comment ? calls[i].comment : "");
     render_call(o, sp, &calls[i]);
     buf_printf(o, "\n");
@@ -133,11 +135,11 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
     buf_printf(o, "%s %s %s", i ? "," : "", g->t[sp->send[i].tensor].name, shape_str(&g->t[sp->send[i].tensor]));
   buf_printf(o, "\n * Schedule %s, %d micro-batches of %lld; predicted %s forward + %s backward per micro-batch.\n",
              schedule_name(p->opt.schedule), p->opt.microbatches, (long long)p->mb_size, fmt_time(c->fwd), fmt_time(c->bwd));
-  buf_printf(o, " * Arena: %lld bytes (weights %lld), %d copies of each value in flight.\n */\n", (long long)sp->arena_bytes,
-             (long long)sp->weights_bytes, sp->nslots);
+  buf_printf(o, " * Arena: %lld bytes (weights %lld), %d copies of each value in flight, %d of each gradient.\n */\n",
+             (long long)sp->arena_bytes, (long long)sp->weights_bytes, sp->nslots, sp->ngslots);
   buf_printf(o, "#include \"piperun.h\"\n\n");
-  buf_printf(o, "enum { STAGE = %d, NSTAGES = %d, MICROBATCHES = %d, MB_SIZE = %lld, BATCH = %lld, NSLOTS = %d };\n", s, n,
-             p->opt.microbatches, (long long)p->mb_size, (long long)p->batch, sp->nslots);
+  buf_printf(o, "enum { STAGE = %d, NSTAGES = %d, MICROBATCHES = %d, MB_SIZE = %lld, BATCH = %lld, NSLOTS = %d, NGSLOTS = %d };\n",
+             s, n, p->opt.microbatches, (long long)p->mb_size, (long long)p->batch, sp->nslots, sp->ngslots);
   buf_printf(o, "#define ARENA_BYTES %lldLL\n#define WEIGHTS_BYTES %lldLL\n\n", (long long)sp->arena_bytes, (long long)sp->weights_bytes);
   buf_printf(o, "/* Buffers: arena offset and size of one copy. */\n");
   for (int i = 0; i < sp->nbufs; i++) {
@@ -153,9 +155,15 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   buf_printf(o, "\nstatic unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));\n\n");
   for (int i = 0; i < sp->nshapes; i++) render_shape(o, sp, &sp->shapes[i]);
   buf_printf(o, "\nstatic void forward(int slot) {\n");
-  emit_calls(o, sp, sp->fwd, sp->nfwd);
-  buf_printf(o, "}\n\nstatic void backward(int slot, int gslot) {\n  (void)slot, (void)gslot;\n");
-  emit_calls(o, sp, sp->bwd, sp->nbwd);
+  emit_calls(o, sp, sp->fwd, sp->nfwd, 0);
+  int split = p->opt.schedule == SCHED_ZB1;
+  static const char *const fn[] = {"backward", "backward_input", "backward_weight"};
+  static const char *const what[] = {"", "/* The input-gradient half (zb1's I): everything but the weight gradients. */\n",
+                                     "/* The weight-gradient half (zb1's W), run later for the same slots. */\n"};
+  for (int which = 0; which <= (split ? 2 : 0); which++) {
+    buf_printf(o, "}\n\n%sstatic void %s(int slot, int gslot) {\n  (void)slot, (void)gslot;\n", what[which], fn[which]);
+    emit_calls(o, sp, sp->bwd, sp->nbwd, which);
+  }
   buf_printf(o, "}\n\n");
   if (sp->loss_buf >= 0) {
     int64_t rows = sp->loss_rows * p->opt.microbatches;
@@ -174,9 +182,12 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
     else
       buf_printf(o, ", %lld, %lld, 1.0f / %lld);\n}\n\n", (long long)sp->loss_rows, (long long)sp->loss_classes, (long long)rows);
   }
-  buf_printf(o, "/* The schedule: this stage's actions for one optimizer step, in order. */\nstatic const PrAction SCHEDULE[] = {");
-  for (int k = 0; k < 2 * p->opt.microbatches; k++)
-    buf_printf(o, "%s{'%c', %d}", !k ? "\n    " : k % 8 ? ", " : ",\n    ", p->sched.act[s][k].kind, p->sched.act[s][k].mb);
+  buf_printf(o, "/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot}. */\n"
+                "static const PrAction SCHEDULE[] = {");
+  for (int k = 0; k < p->sched.nact[s]; k++) {
+    const Action *ac = &p->sched.act[s][k];
+    buf_printf(o, "%s{PR_%s, %d, %d, %d}", !k ? "\n    " : k % 6 ? ", " : ",\n    ", action_kind_name(ac->kind), ac->mb, ac->slot, ac->gslot);
+  }
   buf_printf(o, "\n};\n\n");
   value_table(o, p, sp, sp->recv, sp->nrecv, "RECV");
   value_table(o, p, sp, sp->send, sp->nsend, "SEND");
@@ -202,16 +213,17 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
       : "";
   const char *keys[] = {"MODEL", "NACTIONS", "RECV", "NRECV", "SEND", "NSEND", "PARAMS", "NPARAMS", "LOSS", "LOSS_FIELDS",
                         "OPTIMIZER", "LR", "MOMENTUM", "WEIGHT_DECAY", "VOCAB", "PREDICTED_BYTES", "PREDICTED_STEP",
-                        "FORWARD_ONLY"};
+                        "FORWARD_ONLY", "BACKWARD_INPUT", "BACKWARD_WEIGHT"};
   const char *vals[] = {
-      g->path, pool_printf(&tp, "%d", 2 * p->opt.microbatches), sp->nrecv ? "RECV" : "NULL", pool_printf(&tp, "%d", sp->nrecv),
+      g->path, pool_printf(&tp, "%d", p->sched.nact[s]), sp->nrecv ? "RECV" : "NULL", pool_printf(&tp, "%d", sp->nrecv),
       sp->nsend ? "SEND" : "NULL", pool_printf(&tp, "%d", sp->nsend), sp->nparams ? "PARAMS" : "NULL",
       pool_printf(&tp, "%d", sp->nparams), sp->loss_buf >= 0 ? "loss" : "NULL", loss_fields,
       !strcmp(optname, "sgd") ? "PR_SGD" : !strcmp(optname, "adam") ? "PR_ADAM" : "PR_ADAMW",
       pool_printf(&tp, "%.9g", p->opt.lr > 0 ? p->opt.lr : !strcmp(optname, "sgd") ? 0.01 : 0.001),
       pool_printf(&tp, "%.9g", p->opt.momentum), pool_printf(&tp, "%.9g", p->opt.weight_decay),
       pool_printf(&tp, "%lld", (long long)vocab), pool_printf(&tp, "%.0f", c->mem_total),
-      pool_printf(&tp, "%.9g", p->sched.step_time), p->opt.forward_only ? "1" : "0"};
+      pool_printf(&tp, "%.9g", p->sched.step_time), p->opt.forward_only ? "1" : "0", split ? "backward_input" : "NULL",
+      split ? "backward_weight" : "NULL"};
   tmpl_fill(o, TMPL_STAGE_MAIN, keys, vals, (int)(sizeof keys / sizeof keys[0]));
   pool_free(&tp);
 }

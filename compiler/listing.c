@@ -69,8 +69,9 @@ static void stage_text(const Plan *p, int s, Buf *b) {
 static void schedule_table(const Plan *p, Buf *b) {
   const Schedule *u = &p->slots;
   int slots = (int)lround(u->step_time);
-  buf_printf(b, "\nschedule (%s, %d micro-batches; one slot per action, F<k>/B<k> = forward/backward of micro-batch k)\n",
-             schedule_name(p->opt.schedule), p->opt.microbatches);
+  buf_printf(b, "\nschedule (%s, %d micro-batches; one slot per unit of time, F<k>/B<k> = forward/backward of micro-batch k%s)\n",
+             schedule_name(p->opt.schedule), p->opt.microbatches,
+             p->opt.schedule == SCHED_ZB1 ? ", I<k>/W<k> = its input-/weight-gradient halves" : "");
   buf_printf(b, "  slot |");
   for (int s = 0; s < u->nstages; s++) buf_printf(b, " stage %-3d|", s);
   buf_printf(b, "\n  -----+");
@@ -80,9 +81,28 @@ static void schedule_table(const Plan *p, Buf *b) {
     buf_printf(b, "  %4d |", t);
     for (int s = 0; s < u->nstages; s++) {
       char cell[16] = "";
-      for (int k = 0; k < 2 * u->m; k++)
-        if (lround(u->act[s][k].start) == t) snprintf(cell, sizeof cell, "%c%d", u->act[s][k].kind, u->act[s][k].mb);
+      for (int k = 0; k < u->nact[s]; k++)
+        if (action_is_compute(u->act[s][k].kind) && lround(u->act[s][k].start) == t) action_str(&u->act[s][k], cell, sizeof cell);
       buf_printf(b, " %-9s|", cell);
+    }
+    buf_printf(b, "\n");
+  }
+}
+
+/* Each rank's whole list as the runtime executes it, with its ring copies. */
+static void action_lists(const Plan *p, Buf *b) {
+  const Schedule *u = &p->sched;
+  buf_printf(b, "\nactions per rank (one step, in order; [k] = forward ring slot, {k} = gradient ring slot)\n");
+  for (int s = 0; s < u->nstages; s++) {
+    buf_printf(b, "  rank %d (%d slot%s, %d gslot%s):", s, u->nslots[s], u->nslots[s] == 1 ? "" : "s", u->ngslots[s],
+               u->ngslots[s] == 1 ? "" : "s");
+    for (int k = 0; k < u->nact[s]; k++) {
+      const Action *a = &u->act[s][k];
+      char name[32];
+      if (k % 12 == 0) buf_printf(b, "\n   ");
+      buf_printf(b, " %s", action_str(a, name, sizeof name));
+      if (a->slot >= 0) buf_printf(b, "[%d]", a->slot);
+      if (a->gslot >= 0) buf_printf(b, "{%d}", a->gslot);
     }
     buf_printf(b, "\n");
   }
@@ -123,6 +143,7 @@ void listing_text(const Plan *p, Buf *b) {
                 "               every value that crosses its cuts), within each rank's memory under %s; among equally fast\n"
                 "               plans the most even one is kept\n", schedule_name(p->opt.schedule));
   schedule_table(p, b);
+  action_lists(p, b);
 }
 
 static void json_str(Buf *b, const char *s) {
@@ -205,11 +226,13 @@ void listing_json(const Plan *p, Buf *b) {
     json_edges(p, b, a);
     buf_printf(b, ",\n     \"send\": ");
     json_edges(p, b, e);
-    buf_printf(b, ",\n     \"actions\": [");
-    for (int k = 0; k < 2 * p->opt.microbatches; k++) {
+    buf_printf(b, ",\n     \"nslots\": %d, \"ngslots\": %d,\n     \"actions\": [", p->sched.nslots[s], p->sched.ngslots[s]);
+    for (int k = 0; k < p->sched.nact[s]; k++) {
       const Action *ac = &p->sched.act[s][k];
-      buf_printf(b, "%s{\"op\": \"%c%d\", \"start_s\": %.9g, \"end_s\": %.9g, \"slot\": %ld}", k ? ", " : "", ac->kind, ac->mb,
-                 ac->start, ac->end, lround(p->slots.act[s][k].start));
+      char name[32];
+      buf_printf(b, "%s{\"op\": \"%s\", \"kind\": \"%s\", \"mb\": %d, \"start_s\": %.9g, \"end_s\": %.9g, \"slot\": %ld, "
+                    "\"ring_slot\": %d, \"grad_slot\": %d}", k ? ",\n       " : "", action_str(ac, name, sizeof name),
+                 action_kind_name(ac->kind), ac->mb, ac->start, ac->end, lround(p->slots.act[s][k].start), ac->slot, ac->gslot);
     }
     buf_printf(b, "]}%s\n", s + 1 < n ? "," : "");
   }

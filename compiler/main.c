@@ -1,6 +1,6 @@
 /* main.c - the pipecc command line.
  *
- *   pipecc model.onnx -n 4 [--schedule gpipe|1f1b] [--microbatches M] [--batch B]
+ *   pipecc model.onnx -n 4 [--schedule gpipe|1f1b|zb1] [--microbatches M] [--batch B]
  *          [--mem-limit SIZE] [--devices FILE] [-o DIR] [--listing] [--dump-shapes]
  *
  * Any problem with the input is one line on stderr, exit status 2, and no
@@ -24,7 +24,7 @@ static void usage(FILE *f) {
         "\n"
         "  -n N                  pipeline stages, one MPI rank each (default 1)\n"
         "  -o DIR                output directory (default: MODEL.pipe)\n"
-        "  --schedule KIND       gpipe or 1f1b (default 1f1b)\n"
+        "  --schedule KIND       gpipe, 1f1b or zb1 (zero-bubble ZB-H1; default 1f1b)\n"
         "  --batch B             samples per optimizer step (default: the model's batch, else 32)\n"
         "  --microbatches M      micro-batches per step; B must divide by M (default 2N)\n"
         "  --mem-limit SIZE      memory per rank, e.g. 2G or 512M (default: unlimited)\n"
@@ -119,7 +119,8 @@ int main(int argc, char **argv) {
       NEEDVAL();
       if (!strcmp(val, "gpipe")) o.schedule = SCHED_GPIPE;
       else if (!strcmp(val, "1f1b")) o.schedule = SCHED_1F1B;
-      else return bad("--schedule '%s': expected gpipe or 1f1b%s", val, "");
+      else if (!strcmp(val, "zb1")) o.schedule = SCHED_ZB1;
+      else return bad("--schedule '%s': expected gpipe, 1f1b or zb1%s", val, "");
     } else if (!strcmp(a, "--batch")) {
       NEEDVAL();
       if (parse_int(val, 1, 1L << 30, &v)) return bad("--batch '%s': expected a positive whole number%s", val, "");

@@ -1,7 +1,7 @@
 /* memplan.c - one arena per stage, every buffer at an offset fixed here.
  *
  * Layout: weights | weight gradients | optimizer state | rings (one copy per
- * micro-batch in flight) | gradient rings (2 copies) | labels | temporaries.
+ * slot of the schedule) | gradient rings (one per gslot) | labels | temporaries.
  * Temporaries live within one forward or backward action; two of them share
  * memory when their lifetimes (first and last call that touches them) do not
  * overlap - greedy first fit, largest first. */
@@ -28,10 +28,32 @@ static int by_size(const void *a, const void *b, void *ctx) {
   return x < y ? 1 : x > y ? -1 : *(const int *)a - *(const int *)b;
 }
 
+
+int call_is_weight(const StageProg *sp, const Call *k) {
+  (void)sp;
+  return k->phase == PH_WGRAD;
+}
+
+/* zb1 runs a micro-batch's W calls actions after its I calls, with other
+ * micro-batches in between: a temporary an I call writes and a W call reads
+ * must survive that long, so it gets a ring copy per slot. */
+static void promote_for_split(StageProg *sp) {
+  for (int i = 0; i < sp->nbwd; i++) {
+    if (!call_is_weight(sp, &sp->bwd[i])) continue;
+    for (int r = 0; r < sp->bwd[i].nreads; r++) {
+      Buffer *b = &sp->bufs[sp->bwd[i].reads[r]];
+      if (b->kind != BUF_TEMP) continue;
+      for (int j = 0; j < sp->nbwd; j++)
+        for (int w = 0; w < sp->bwd[j].nwrites; w++)
+          if (sp->bwd[j].writes[w] == sp->bwd[i].reads[r] && !call_is_weight(sp, &sp->bwd[j])) b->kind = BUF_RING;
+    }
+  }
+}
+
 void memplan(Plan *p, StageProg *sp) {
-  int n = p->opt.nstages, m = p->opt.microbatches;
-  /* One spare copy lets the next micro-batch's receive be posted early. */
-  sp->nslots = stage_copies(p->opt.schedule, sp->stage, n, m);
+  sp->nslots = p->sched.nslots[sp->stage];
+  sp->ngslots = p->sched.ngslots[sp->stage];
+  if (p->opt.schedule == SCHED_ZB1) promote_for_split(sp);
   for (int i = 0; i < sp->nfwd; i++) touch(sp, &sp->fwd[i], i);
   for (int i = 0; i < sp->nbwd; i++) touch(sp, &sp->bwd[i], 1000000 + i);
   int64_t off = 0;
@@ -41,7 +63,7 @@ void memplan(Plan *p, StageProg *sp) {
       Buffer *b = &sp->bufs[i];
       if (b->kind != order[o]) continue;
       b->offset = off;
-      int copies = b->kind == BUF_RING ? sp->nslots : b->kind == BUF_GRING ? 2 : 1;
+      int copies = b->kind == BUF_RING ? sp->nslots : b->kind == BUF_GRING ? sp->ngslots : 1;
       off = b->kind == BUF_PARAM ? off + b->bytes : up(off + b->bytes * copies);
     }
     if (order[o] == BUF_PARAM) sp->weights_bytes = off, off = up(off);

@@ -34,6 +34,11 @@ int stage_copies(int schedule, int s, int nstages, int m) {
   return k < m ? k : m;
 }
 
+int stage_gcopies(int schedule, int s, int nstages, int m) {
+  if (schedule == SCHED_ZB1) return stage_copies(schedule, s, nstages, m);
+  return 2;
+}
+
 PartCtx *part_prepare(const PartProblem *p) {
   PartCtx *c = calloc(1, sizeof *c);
   int N = p->N;
@@ -99,6 +104,9 @@ void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *o) {
   double traffic = c->pf_traffic[j] - c->pf_traffic[i];
   o->fwd = (c->pf_fwd[j] - c->pf_fwd[i]) / rate + traffic / mbw;
   o->bwd = (c->pf_bwd[j] - c->pf_bwd[i]) / rate + 2 * traffic / mbw;
+  /* Until the cost model splits each node's backward, half of it is taken as
+   * the weight gradient (a weighted op's backward is two GEMMs of equal size). */
+  o->bwd_w = o->bwd / 2;
   o->recv_bytes = c->cut_bytes[i];
   o->send_bytes = j < p->N ? c->cut_bytes[j] : 0;
   if (s > 0) o->comm += link_time(&m->link[s - 1], c->cut_bytes[i] + c->cut_grad[i], 2 * c->cut_count[i]);
@@ -110,12 +118,13 @@ void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *o) {
    * gradient crossing a cut, and every temporary without sharing. */
   o->inflight = stage_inflight(p->schedule, s, p->nstages, p->microbatches);
   o->copies = stage_copies(p->schedule, s, p->nstages, p->microbatches);
+  o->gcopies = stage_gcopies(p->schedule, s, p->nstages, p->microbatches);
   o->mem_params = c->pf_param[j] - c->pf_param[i];
   o->mem_grads = o->mem_params;
   o->mem_opt = o->mem_params * p->opt_state_per_param;
   o->mem_stash = o->copies * (c->pf_stash[j] - c->pf_stash[i]);
   double last = j == p->N ? c->cut_bytes[j] : 0; /* d(logits); the labels take no more than the logits */
-  o->mem_recv = o->copies * (c->cut_bytes[i] + c->cut_bytes[j] + last) + last + 2 * (c->cut_grad[i] + c->cut_grad[j]);
+  o->mem_recv = o->copies * (c->cut_bytes[i] + c->cut_bytes[j] + last) + last + o->gcopies * (c->cut_grad[i] + c->cut_grad[j]);
   o->mem_work = c->pf_work[j] - c->pf_work[i];
   o->mem_total = o->mem_params + o->mem_grads + o->mem_opt + o->mem_stash + o->mem_recv + o->mem_work;
 }

@@ -7,7 +7,7 @@
 #define PIPECC_PARTITION_H
 #include "cost.h"
 
-enum { SCHED_GPIPE = 0, SCHED_1F1B = 1 };
+enum { SCHED_GPIPE = 0, SCHED_1F1B = 1, SCHED_ZB1 = 2 };
 
 /* A value crossing from the node that makes it to the last node that reads
  * it.  from = -1: the data loader (stage 0); to = N: the loss (last stage). */
@@ -32,11 +32,13 @@ typedef struct PartProblem {
 
 typedef struct StageCost {
   double fwd, bwd;              /* compute seconds per micro-batch */
+  double bwd_w;                 /* of bwd, the weight-gradient part (zb1's W; the rest is I) */
   double comm;                  /* seconds per micro-batch sending/receiving */
   double time;                  /* fwd + bwd + comm */
   double mem_params, mem_grads, mem_opt, mem_stash, mem_recv, mem_work, mem_total;
   int inflight;                 /* micro-batches whose activations are held at once */
   int copies;                   /* ring copies the arena keeps: inflight + 1 (at most m), so receives post early */
+  int gcopies;                  /* gradient ring copies: 2, or under zb1 as many as ring copies (W reads the gradient late) */
   double recv_bytes, send_bytes;/* forward activations per micro-batch */
 } StageCost;
 
@@ -60,7 +62,10 @@ double part_boundary_bytes(const PartCtx *c, int b);
 int partition_solve(const PartProblem *p, Partition *out, Pool *pool);
 
 /* Micro-batches stage s holds at once under the schedule, and the ring
- * copies its arena keeps for them. */
+ * copies its arena keeps for them: the partitioner's bounds, before the
+ * action lists exist.  The lists' own simulation sizes the real rings
+ * (schedule.c), never larger than these (tests/test_schedule.c). */
 int stage_inflight(int schedule, int s, int nstages, int m);
 int stage_copies(int schedule, int s, int nstages, int m);
+int stage_gcopies(int schedule, int s, int nstages, int m);
 #endif

@@ -132,10 +132,14 @@ int plan_build(Plan *p, const Options *o) {
   pr->machine = &p->machine;
   pr->mem_limit = o->mem_limit;
   if (partition_solve(pr, &p->part, &g->pool)) return -1;
-  schedule_build(&p->sched, o->schedule, o->nstages, p->opt.microbatches, p->part.cost, &g->pool);
+  schedule_build(&p->sched, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, p->part.cost, &g->pool);
+  if (schedule_validate(&p->sched)) return -1;
+  /* The listing's table: unit times (zb1: F = I = W = 1, as in the zero-bubble paper). */
   StageCost *unit = pool_alloc(&g->pool, sizeof(StageCost) * (size_t)o->nstages);
-  for (int s = 0; s < o->nstages; s++) unit[s].fwd = unit[s].bwd = 1;
-  schedule_build(&p->slots, o->schedule, o->nstages, p->opt.microbatches, unit, &g->pool);
+  for (int s = 0; s < o->nstages; s++) {
+    unit[s].fwd = 1, unit[s].bwd = o->schedule == SCHED_ZB1 ? 2 : 1, unit[s].bwd_w = unit[s].bwd / 2;
+  }
+  schedule_build(&p->slots, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, unit, &g->pool);
   return 0;
 }
 

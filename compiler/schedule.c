@@ -1,82 +1,272 @@
-/* schedule.c - GPipe and 1F1B action orders, and a timing simulation.
+/* schedule.c - each rank's action list for one step, its ring slots, and a
+ * timing simulation.
  *
- * GPipe: every stage runs F0..F(m-1), then B0..B(m-1).  (torchgpipe runs the
+ * Compute orders.  GPipe: F0..F(m-1), then B0..B(m-1) (torchgpipe runs the
  * backwards in reverse; ascending order takes the same time and sums the
- * weight gradients over micro-batches in the same order as 1F1B, so the two
- * schedules give bit-identical weights.)  1F1B (PipeDream-flush): stage s runs min(p-s-1, m) warm-up
- * forwards, then alternates one forward and one backward, then drains the
- * remaining backwards.  Both are synchronous: weights change only after all
- * m backwards, so the order does not change the result.
+ * weight gradients over micro-batches in the same order as 1F1B, so the
+ * schedules give bit-identical weights).  1F1B (PipeDream-flush): stage s
+ * runs min(p-s-1, m) warm-up forwards, then alternates F and B, then drains.
+ * ZB-H1 (zero bubble, Qi et al. 2023): the backward is split into I (input
+ * gradient, on the critical path) and W (weight gradient, free to move); a
+ * unit-time simulation (F = I = W = 1) runs I as soon as it can, then F, and
+ * W when nothing else is ready, with at most 1F1B's in-flight count of
+ * micro-batches whose W is not done, so activation memory matches 1F1B.
+ * Backwards, and W's, run in ascending micro-batch order in every schedule.
  *
- * The simulation runs each stage's actions in order, starting one when the
- * stage is free and its input has arrived: F(s,i) needs F(s-1,i), B(s,i)
- * needs B(s+1,i) (or F(s,i) on the last stage).  A transfer costs the
- * stage's communication time, split evenly over the actions it sends. */
+ * Messages are actions too: SEND right after the F that makes the values,
+ * SEND_GRAD right after the B/I that makes the gradients, and RECV /
+ * RECV_GRAD posted as early as a ring slot is free for them (one slot more
+ * than the compute order keeps live, so the next receive overlaps compute).
+ * Slots are then assigned by running the list: lowest free slot first. */
 #include "schedule.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-const char *schedule_name(int kind) { return kind == SCHED_GPIPE ? "gpipe" : "1f1b"; }
+const char *schedule_name(int kind) { return kind == SCHED_GPIPE ? "gpipe" : kind == SCHED_ZB1 ? "zb1" : "1f1b"; }
 
 double schedule_ideal_bubble(int p, int m) { return (double)(p - 1) / (double)(m + p - 1); }
 
-static void order_actions(Action *a, int kind, int s, int p, int m) {
-  int k = 0;
-  if (kind == SCHED_GPIPE) {
-    for (int i = 0; i < m; i++) a[k++] = (Action){'F', i, 0, 0};
-    for (int i = 0; i < m; i++) a[k++] = (Action){'B', i, 0, 0};
-    return;
-  }
-  int warm = p - s - 1 < m ? p - s - 1 : m, f = 0, b = 0;
-  for (; f < warm; f++) a[k++] = (Action){'F', f, 0, 0};
-  while (f < m) {
-    a[k++] = (Action){'F', f++, 0, 0};
-    a[k++] = (Action){'B', b++, 0, 0};
-  }
-  while (b < m) a[k++] = (Action){'B', b++, 0, 0};
+const char *action_kind_name(int kind) {
+  static const char *names[ACT_NKINDS] = {"F", "B", "I", "W", "SEND", "RECV", "SEND_GRAD", "RECV_GRAD", "UPDATE",
+                                          "OFFLOAD", "PREFETCH", "RECOMPUTE"};
+  return kind >= 0 && kind < ACT_NKINDS ? names[kind] : "?";
 }
 
-void schedule_build(Schedule *sc, int kind, int p, int m, const StageCost *cost, Pool *pool) {
-  sc->nstages = p, sc->m = m, sc->kind = kind;
-  sc->act = pool_alloc(pool, sizeof(Action *) * (size_t)p);
-  sc->busy = pool_alloc(pool, sizeof(double) * (size_t)p);
-  for (int s = 0; s < p; s++) {
-    sc->act[s] = pool_alloc(pool, sizeof(Action) * (size_t)(2 * m));
-    order_actions(sc->act[s], kind, s, p, m);
+const char *action_str(const Action *a, char *buf, size_t len) {
+  if (a->kind == ACT_UPDATE) snprintf(buf, len, "UPDATE");
+  else snprintf(buf, len, "%s%d", action_kind_name(a->kind), a->mb);
+  return buf;
+}
+
+static Action act(int kind, int mb) { return (Action){kind, mb, -1, -1, 0, 0}; }
+
+/* ---- compute orders ---- */
+
+static int order_gpipe(Action *a, int m, int fwd_only) {
+  int k = 0;
+  for (int i = 0; i < m; i++) a[k++] = act(ACT_F, i);
+  for (int i = 0; i < m && !fwd_only; i++) a[k++] = act(ACT_B, i);
+  return k;
+}
+
+static int order_1f1b(Action *a, int s, int p, int m) {
+  int warm = p - s - 1 < m ? p - s - 1 : m, f = 0, b = 0, k = 0;
+  for (; f < warm; f++) a[k++] = act(ACT_F, f);
+  while (f < m) {
+    a[k++] = act(ACT_F, f++);
+    a[k++] = act(ACT_B, b++);
   }
-  /* fdone[s][i] / bdone[s][i]: when the result is available downstream. */
-  double *fdone = pool_alloc(pool, sizeof(double) * (size_t)(p * m));
-  double *bdone = pool_alloc(pool, sizeof(double) * (size_t)(p * m));
+  while (b < m) a[k++] = act(ACT_B, b++);
+  return k;
+}
+
+/* ZB-H1 for all stages at once: each unit of time every stage runs the
+ * first ready of I, F (within the in-flight cap), W. */
+static void order_zb1(Action **ord, int *len, int p, int m, Pool *pool) {
+  int *nf = pool_alloc(pool, sizeof(int) * (size_t)p), *ni = pool_alloc(pool, sizeof(int) * (size_t)p);
+  int *nw = pool_alloc(pool, sizeof(int) * (size_t)p);
+  int *fend = pool_alloc(pool, sizeof(int) * (size_t)(p * m)), *iend = pool_alloc(pool, sizeof(int) * (size_t)(p * m));
+  for (int k = 0; k < p * m; k++) fend[k] = iend[k] = -1;
+  int left = 3 * m * p;
+  for (int t = 0; left > 0 && t < 8 * (m + p) * p; t++) {
+    for (int s = 0; s < p; s++) {
+      int cap = stage_inflight(SCHED_1F1B, s, p, m), i = ni[s], f = nf[s];
+      int dep = i < f ? (s == p - 1 ? fend[s * m + i] : iend[(s + 1) * m + i]) : -1;
+      int iready = dep >= 0 && dep <= t;
+      int fready = f < m && f - nw[s] < cap && (s == 0 || (fend[(s - 1) * m + f] >= 0 && fend[(s - 1) * m + f] <= t));
+      if (iready) ord[s][len[s]++] = act(ACT_I, i), iend[s * m + i] = t + 1, ni[s]++;
+      else if (fready) ord[s][len[s]++] = act(ACT_F, f), fend[s * m + f] = t + 1, nf[s]++;
+      else if (nw[s] < ni[s]) ord[s][len[s]++] = act(ACT_W, nw[s]++);
+      else continue;
+      left--;
+    }
+  }
+}
+
+/* ---- messages ---- */
+
+/* For each micro-batch, where its slot is taken in the compute order (F;
+ * for gradients B/I) and after which action it is dead (B or W; F in a
+ * forward-only program), and the most live at once. */
+static int live_span(const Action *c, int n, int m, int grad, int *take_at, int *release_at) {
+  for (int i = 0; i < m; i++) take_at[i] = release_at[i] = -1;
+  for (int k = 0; k < n; k++) {
+    int kind = c[k].kind, mb = c[k].mb;
+    if (take_at[mb] < 0 && (grad ? kind == ACT_B || kind == ACT_I : kind == ACT_F)) take_at[mb] = k;
+    if (grad ? kind == ACT_B || kind == ACT_W : kind != ACT_I) release_at[mb] = k;
+  }
+  int *delta = calloc((size_t)n + 1, sizeof(int)), live = 0, peak = 0;
+  if (!delta) abort();
+  for (int i = 0; i < m; i++)
+    if (take_at[i] >= 0) delta[take_at[i]]++, delta[release_at[i] + 1]--;
+  for (int k = 0; k < n; k++) live += delta[k], peak = live > peak ? live : peak;
+  free(delta);
+  return peak;
+}
+
+/* Interleaves the compute order with SEND/RECV/SEND_GRAD/RECV_GRAD/UPDATE. */
+static int add_messages(Action *out, const Action *c, int n, int s, int p, int m, int fwd_only) {
+  int *take_at = malloc(sizeof(int) * (size_t)m), *rel = malloc(sizeof(int) * (size_t)m);
+  int *gtake = malloc(sizeof(int) * (size_t)m), *grel = malloc(sizeof(int) * (size_t)m);
+  if (!take_at || !rel || !gtake || !grel) abort();
+  int cap = live_span(c, n, m, 0, take_at, rel) + 1, gcap = fwd_only ? 0 : live_span(c, n, m, 1, gtake, grel) + 1;
+  if (cap > m) cap = m;
+  if (gcap > m) gcap = m;
+  int k = 0, live = 0, glive = 0, nrecv = 0, ngrecv = 0, recv = s > 0, grecv = !fwd_only && s < p - 1;
+  for (int j = 0; j < n; j++) {
+    const Action *a = &c[j];
+    int bwd = a->kind == ACT_B || a->kind == ACT_I;
+    /* Post receives while a slot is free, and always the one this action needs. */
+    while (recv && nrecv < m && (live < cap || (a->kind == ACT_F && a->mb >= nrecv))) out[k++] = act(ACT_RECV, nrecv++), live++;
+    while (grecv && ngrecv < m && (glive < gcap || (bwd && a->mb >= ngrecv))) out[k++] = act(ACT_RECV_GRAD, ngrecv++), glive++;
+    out[k++] = *a;
+    if (a->kind == ACT_F && s < p - 1) out[k++] = act(ACT_SEND, a->mb);
+    if (bwd && s > 0) out[k++] = act(ACT_SEND_GRAD, a->mb);
+    if (recv && rel[a->mb] == j) live--;
+    if (grecv && grel[a->mb] == j) glive--;
+  }
+  if (!fwd_only) out[k++] = act(ACT_UPDATE, -1);
+  free(take_at), free(rel), free(gtake), free(grel);
+  return k;
+}
+
+/* ---- slots ---- */
+
+static int reads_fwd(int kind) { return kind == ACT_F || kind == ACT_SEND || kind == ACT_B || kind == ACT_I || kind == ACT_W; }
+static int reads_grad(int kind) { return kind == ACT_B || kind == ACT_I || kind == ACT_W || kind == ACT_SEND_GRAD || kind == ACT_RECV_GRAD; }
+
+/* Takes the lowest free slot of a ring; grows the ring's size as needed. */
+static int take(int *owner, int *size, int mb) {
+  int k = 0;
+  while (owner[k] >= 0) k++;
+  owner[k] = mb;
+  if (k + 1 > *size) *size = k + 1;
+  return k;
+}
+
+void schedule_assign_slots(Schedule *sc, int s) {
+  Action *a = sc->act[s];
+  int n = sc->nact[s], m = sc->m;
+  /* Per ring r (0 forward, 1 gradient): who owns each slot, mb's slot, the last action touching mb. */
+  int *owner[2], *slot[2], *last[2];
+  for (int r = 0; r < 2; r++) {
+    owner[r] = malloc(sizeof(int) * (size_t)(m + 1)), slot[r] = malloc(sizeof(int) * (size_t)m), last[r] = malloc(sizeof(int) * (size_t)m);
+    if (!owner[r] || !slot[r] || !last[r]) abort();
+    for (int i = 0; i < m; i++) owner[r][i] = slot[r][i] = last[r][i] = -1;
+    owner[r][m] = -1;
+  }
+  for (int k = 0; k < n; k++) {
+    if (a[k].mb < 0 || a[k].mb >= m) continue;
+    if (reads_fwd(a[k].kind) || a[k].kind == ACT_RECV) last[0][a[k].mb] = k;
+    if (reads_grad(a[k].kind)) last[1][a[k].mb] = k;
+  }
+  sc->nslots[s] = sc->ngslots[s] = 0;
+  for (int k = 0; k < n; k++) {
+    int mb = a[k].mb, kind = a[k].kind;
+    a[k].slot = a[k].gslot = -1;
+    if (mb < 0 || mb >= m) continue;
+    if (reads_fwd(kind) || kind == ACT_RECV) {
+      if (slot[0][mb] < 0) slot[0][mb] = take(owner[0], &sc->nslots[s], mb);
+      a[k].slot = slot[0][mb];
+    }
+    if (reads_grad(kind)) {
+      if (slot[1][mb] < 0) slot[1][mb] = take(owner[1], &sc->ngslots[s], mb);
+      a[k].gslot = slot[1][mb];
+    }
+    for (int r = 0; r < 2; r++)
+      if (last[r][mb] == k && slot[r][mb] >= 0) owner[r][slot[r][mb]] = -1;
+  }
+  if (!sc->nslots[s]) sc->nslots[s] = 1;
+  if (!sc->ngslots[s]) sc->ngslots[s] = 1;
+  for (int r = 0; r < 2; r++) free(owner[r]), free(slot[r]), free(last[r]);
+}
+
+/* ---- timing ---- */
+
+static double duration(const Action *a, const StageCost *c) {
+  switch (a->kind) {
+  case ACT_F: return c->fwd + c->comm / 2;
+  case ACT_B: return c->bwd + c->comm / 2;
+  case ACT_I: return c->bwd - c->bwd_w + c->comm / 2;
+  case ACT_W: return c->bwd_w;
+  default: return 0; /* posting a message, the update: not modelled */
+  }
+}
+
+/* When the input of rank s's action a has arrived, or -1 if not yet known. */
+static double ready_at(const Schedule *sc, const Action *a, int s, const double *fdone, const double *bdone) {
+  int p = sc->nstages, m = sc->m;
+  if (a->kind == ACT_F) return s == 0 ? 0 : fdone[(s - 1) * m + a->mb];
+  if (a->kind == ACT_B || a->kind == ACT_I) return s == p - 1 ? fdone[s * m + a->mb] : bdone[(s + 1) * m + a->mb];
+  return 0;
+}
+
+int schedule_time(Schedule *sc, const StageCost *cost) {
+  int p = sc->nstages, m = sc->m;
+  double *fdone = malloc(sizeof(double) * (size_t)(2 * p * m + p)), *bdone = fdone + p * m, *free_at = bdone + p * m;
+  int *next = malloc(sizeof(int) * (size_t)p), remaining = 0;
+  if (!fdone || !next) abort();
   for (int k = 0; k < p * m; k++) fdone[k] = bdone[k] = -1;
-  int *next = pool_alloc(pool, sizeof(int) * (size_t)p);
-  double *free_at = pool_alloc(pool, sizeof(double) * (size_t)p);
-  int remaining = 2 * m * p;
+  for (int s = 0; s < p; s++) free_at[s] = 0, next[s] = 0, sc->busy[s] = 0, remaining += sc->nact[s];
   while (remaining > 0) {
     int progressed = 0;
     for (int s = 0; s < p; s++) {
-      while (next[s] < 2 * m) {
+      while (next[s] < sc->nact[s]) {
         Action *a = &sc->act[s][next[s]];
-        double ready;
-        if (a->kind == 'F') ready = s == 0 ? 0 : fdone[(s - 1) * m + a->mb];
-        else ready = s == p - 1 ? fdone[s * m + a->mb] : bdone[(s + 1) * m + a->mb];
+        double ready = ready_at(sc, a, s, fdone, bdone);
         if (ready < 0) break;
-        /* Half of a stage's communication goes with its forwards, half with its backwards. */
-        double dur = (a->kind == 'F' ? cost[s].fwd : cost[s].bwd) + cost[s].comm / 2;
+        double dur = duration(a, &cost[s]);
         a->start = fmax(ready, free_at[s]);
         a->end = a->start + dur;
         free_at[s] = a->end;
         sc->busy[s] += dur;
-        if (a->kind == 'F') fdone[s * m + a->mb] = a->end;
-        else bdone[s * m + a->mb] = a->end;
+        if (a->kind == ACT_F) fdone[s * m + a->mb] = a->end;
+        else if (a->kind == ACT_B || a->kind == ACT_I) bdone[s * m + a->mb] = a->end;
         next[s]++, remaining--, progressed = 1;
       }
     }
-    if (!progressed) break; /* cannot happen for these orders; guards a bad table */
+    if (!progressed) {
+      int at0 = next[0];
+      free(fdone), free(next);
+      return err_set("schedule: the timing simulation stalls (rank 0 at action %d)", at0);
+    }
   }
   sc->step_time = 0;
   for (int s = 0; s < p; s++) sc->step_time = fmax(sc->step_time, free_at[s]);
   double busy = 0;
   for (int s = 0; s < p; s++) busy += sc->busy[s];
   sc->bubble = sc->step_time > 0 ? 1 - busy / ((double)p * sc->step_time) : 0;
+  free(fdone), free(next);
+  return 0;
+}
+
+/* ---- building ---- */
+
+void schedule_build(Schedule *sc, int kind, int p, int m, int fwd_only, const StageCost *cost, Pool *pool) {
+  memset(sc, 0, sizeof *sc);
+  sc->nstages = p, sc->m = m, sc->kind = kind, sc->forward_only = fwd_only;
+  sc->act = pool_alloc(pool, sizeof(Action *) * (size_t)p);
+  sc->nact = pool_alloc(pool, sizeof(int) * (size_t)p);
+  sc->nslots = pool_alloc(pool, sizeof(int) * (size_t)p);
+  sc->ngslots = pool_alloc(pool, sizeof(int) * (size_t)p);
+  sc->busy = pool_alloc(pool, sizeof(double) * (size_t)p);
+  Action **ord = pool_alloc(pool, sizeof(Action *) * (size_t)p);
+  int *len = pool_alloc(pool, sizeof(int) * (size_t)p);
+  for (int s = 0; s < p; s++) ord[s] = pool_alloc(pool, sizeof(Action) * (size_t)(3 * m + 1));
+  if (fwd_only || kind == SCHED_GPIPE)
+    for (int s = 0; s < p; s++) len[s] = order_gpipe(ord[s], m, fwd_only);
+  else if (kind == SCHED_ZB1) order_zb1(ord, len, p, m, pool);
+  else
+    for (int s = 0; s < p; s++) len[s] = order_1f1b(ord[s], s, p, m);
+  for (int s = 0; s < p; s++) {
+    /* At most 3 compute and 4 message actions per micro-batch, and the update. */
+    sc->act[s] = pool_alloc(pool, sizeof(Action) * (size_t)(7 * m + 2));
+    sc->nact[s] = add_messages(sc->act[s], ord[s], len[s], s, p, m, fwd_only);
+    schedule_assign_slots(sc, s);
+  }
+  schedule_time(sc, cost); /* a stall is reported by schedule_validate, with names */
+  err_clear();
 }

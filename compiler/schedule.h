@@ -1,27 +1,61 @@
-/* schedule.h - the per-stage order of forward (F) and backward (B) actions
- * for one optimizer step, and its predicted timing. */
+/* schedule.h - each rank's ordered list of actions for one optimizer step
+ * (compute, messages, the update), the ring slots they use, a validator
+ * that runs all lists together under MPI's blocking rules, and the
+ * predicted timing. */
 #ifndef PIPECC_SCHEDULE_H
 #define PIPECC_SCHEDULE_H
 #include "partition.h"
 
+enum {
+  ACT_F,         /* forward of mb (stage 0 loads its inputs; the last stage runs the loss) */
+  ACT_B,         /* full backward of mb */
+  ACT_I,         /* input-gradient part of the backward (zb1) */
+  ACT_W,         /* weight-gradient part of the backward (zb1) */
+  ACT_SEND,      /* post the send of mb's forward values to the next rank */
+  ACT_RECV,      /* post the receive of mb's forward values from the previous rank */
+  ACT_SEND_GRAD, /* post the send of the gradients of mb's received values back to the previous rank */
+  ACT_RECV_GRAD, /* post the receive of the gradients of mb's sent values from the next rank */
+  ACT_UPDATE,    /* the optimizer step, once, last */
+  ACT_OFFLOAD, ACT_PREFETCH, ACT_RECOMPUTE, /* reserved: activation offload and recomputation */
+  ACT_NKINDS
+};
+
 typedef struct Action {
-  char kind;   /* 'F' or 'B' */
-  int mb;      /* micro-batch */
+  int kind;          /* ACT_* */
+  int mb;            /* micro-batch, -1 for UPDATE */
+  int slot;          /* ring copy of mb's forward values, -1 if the action does not touch them */
+  int gslot;         /* gradient ring copy, -1 if the action does not touch it */
   double start, end; /* predicted seconds from the step's start */
 } Action;
 
 typedef struct Schedule {
-  int nstages, m, kind;
-  Action **act;      /* act[s][k]: stage s's k-th action, 2m per stage */
+  int nstages, m, kind, forward_only;
+  Action **act;      /* act[s][k]: rank s's k-th action */
+  int *nact;         /* actions per rank */
+  int *nslots;       /* forward ring copies per rank: the most slots live at once */
+  int *ngslots;      /* gradient ring copies per rank */
   double step_time;  /* predicted makespan of one step */
   double bubble;     /* 1 - mean busy / makespan */
   double *busy;      /* per stage */
 } Schedule;
 
-/* Orders and times the actions given each stage's per-micro-batch forward,
- * backward and communication time. */
-void schedule_build(Schedule *sc, int kind, int nstages, int m, const StageCost *cost, Pool *pool);
+/* Builds each rank's action list, assigns slots and predicts its timing from
+ * each stage's per-micro-batch forward, backward (bwd_w of it the weight
+ * gradient) and communication time. */
+void schedule_build(Schedule *sc, int kind, int nstages, int m, int forward_only, const StageCost *cost, Pool *pool);
+/* Runs every rank's list together: complete and consistent lists, matching
+ * sends and receives, no deadlock, no slot taken while still live.  0, or -1
+ * with err_set naming the ranks and actions. */
+int schedule_validate(const Schedule *sc);
+/* Re-derives slot/gslot assignments and ring sizes of an edited list (tests). */
+void schedule_assign_slots(Schedule *sc, int s);
+/* Predicted timing of the lists as they stand; -1 with err_set if they stall. */
+int schedule_time(Schedule *sc, const StageCost *cost);
 /* The analytic bubble of a balanced pipeline: (p - 1) / (m + p - 1). */
 double schedule_ideal_bubble(int nstages, int m);
 const char *schedule_name(int kind);
+const char *action_kind_name(int kind);
+/* "F3", "SEND_GRAD5", "UPDATE" */
+const char *action_str(const Action *a, char *buf, size_t len);
+static inline int action_is_compute(int kind) { return kind == ACT_F || kind == ACT_B || kind == ACT_I || kind == ACT_W; }
 #endif

@@ -13,7 +13,7 @@ enum {
   BUF_PGRAD,  /* its gradient, summed over the micro-batches of a step */
   BUF_OPT,    /* optimizer state (momentum, Adam moments) */
   BUF_RING,   /* one copy per in-flight micro-batch: received values, sent values, stashed activations */
-  BUF_GRING,  /* two copies: gradients received from the next stage or sent to the previous */
+  BUF_GRING,  /* one copy per gradient slot of the schedule: gradients received from the next stage or sent to the previous */
   BUF_TEMP,   /* lives within one forward or backward action; shares memory by lifetime */
   BUF_LABELS, /* int64 labels of one micro-batch (last stage) */
 };
@@ -105,7 +105,7 @@ typedef struct StageProg {
   int *params, nparams; /* BUF_PARAM buffer ids, in ONNX initializer order */
   int *consts, nconsts; /* constants and state in the weights region: folded values, BatchNorm running statistics */
   int *pgrad, *opt1, *opt2; /* per param: gradient, optimizer slots (-1 if none) */
-  int nslots;           /* ring copies */
+  int nslots, ngslots;  /* ring and gradient ring copies (the schedule's simulation) */
   int loss_buf, dloss_buf, labels_buf; /* last stage: logits, their gradient, labels */
   int64_t loss_rows, loss_classes;
   int64_t arena_bytes, weights_bytes;
@@ -121,8 +121,11 @@ int shape_find(const StageProg *sp, const char *name);
 
 /* Builds every stage's program; -1 with err_set (an op without a gradient rule, a weight shared across stages). */
 int autodiff_build(Plan *p, StageProg *progs, Pool *pool);
-/* Lays out each stage's arena. */
+/* Lays out each stage's arena (under zb1, first keeps what I passes to W in rings). */
 void memplan(Plan *p, StageProg *sp);
+/* A backward call that only adds into weight gradients (besides its own
+ * scratch workspace): zb1 runs it in W, after the input-gradient calls. */
+int call_is_weight(const StageProg *sp, const Call *k);
 /* Writes DIR's sources; -1 with err_set. */
 struct OutDir;
 int emit_all(Plan *p, StageProg *progs, struct OutDir *d);

@@ -1,14 +1,15 @@
 /* piperun.c - the runtime of a generated stage program.
  *
- * One process per stage.  Each optimizer step runs the stage's schedule
- * table: F(k) takes micro-batch k's inputs (from the data loader or the
- * previous stage), runs the generated forward and sends what crosses the
- * next cut; B(k) takes the gradients the next stage sends back, runs the
- * generated backward and sends gradients to the previous stage.  Receives
- * for the next actions are posted ahead and sends are non-blocking, so
- * messages travel while the stage computes.  After the last action every
- * stage updates its own weights: gradients were summed over the micro-
- * batches in a fixed order, so the step is the same as one large batch. */
+ * One process per stage.  Each optimizer step executes the stage's action
+ * list as the compiler wrote it, slots included; the runtime decides
+ * nothing of its own.  RECV / RECV_GRAD post non-blocking receives into a
+ * slot (the compiler placed them as early as the slot is free, so messages
+ * travel while the stage computes); F waits for its slot's receives, runs
+ * the generated forward (and the loss on the last stage); SEND / SEND_GRAD
+ * post non-blocking sends; B, or I then W under zb1, run the generated
+ * backward halves; UPDATE applies the optimizer: gradients were summed over
+ * the micro-batches in a fixed order, so the step is the same as one large
+ * batch.  Before anything refills a slot it waits for the sends from it. */
 #include "piperun.h"
 
 #include <errno.h>
@@ -25,11 +26,12 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "trace.h"
 
 void openblas_set_num_threads(int);
 
 typedef struct Args {
-  const char *data, *log, *save, *checkpoint, *resume, *lr_schedule;
+  const char *data, *log, *save, *checkpoint, *resume, *lr_schedule, *trace;
   int64_t steps, ckpt_every, warmup;
   uint64_t seed;
   int shuffle, quiet;
@@ -43,16 +45,18 @@ typedef struct Run {
   int rank;
   DataSet data;
   int have_data;
-  /* message state */
+  /* message state, per slot */
   MPI_Request *rreq;  /* [nslots][nrecv] forward receives */
-  int *rposted;       /* [nslots]: micro-batch whose receive is posted there, -1 */
-  int *busy;          /* [nslots]: micro-batch using the slot, -1 */
   MPI_Request *sreq;  /* [nslots][nsend] forward sends */
-  MPI_Request *greq;  /* [2][nsend] gradient receives */
-  int gposted[2];
-  MPI_Request *gsreq; /* [2][nrecv] gradient sends */
+  MPI_Request *greq;  /* [ngslots][nsend] gradient receives */
+  MPI_Request *gsreq; /* [ngslots][nrecv] gradient sends */
   int64_t *idx;       /* sample indices of the step's batch */
+  /* scratch for the loader, allocated once: labels/targets it also returns, images/tokens the labels come with */
+  int64_t *in_labels, *in_y, *lab_x;
+  float *lab_img;
   int64_t step;
+  const PrAction *cur; /* the action running, for the trace's wait spans */
+  PrTrace trace;
   double t_compute, t_wait, t_total;
 } Run;
 
@@ -80,7 +84,8 @@ static void usage_error(const char *fmt, const char *arg) {
     fprintf(stderr, fmt, arg);
     fprintf(stderr, "\nusage: run.sh --data PATH --steps N [--lr X] [--momentum X] [--weight-decay X] [--seed S]\n"
                     "       [--shuffle|--no-shuffle] [--log FILE] [--save FILE.onnx] [--checkpoint DIR]\n"
-                    "       [--checkpoint-every K] [--resume DIR] [--lr-schedule constant|cosine] [--warmup K] [--quiet]\n");
+                    "       [--checkpoint-every K] [--resume DIR] [--lr-schedule constant|cosine] [--warmup K] [--quiet]\n"
+                    "       [--trace FILE.json]\n");
   }
   MPI_Finalize();
   exit(2);
@@ -116,6 +121,7 @@ static void parse_args(Args *a, int argc, char **argv) {
     else if (!strcmp(f, "--warmup")) a->warmup = (int64_t)num(f, TAKE(), 0);
     else if (!strcmp(f, "--min-lr")) a->min_lr = num(f, TAKE(), 0);
     else if (!strcmp(f, "--quiet")) a->quiet = 1;
+    else if (!strcmp(f, "--trace")) a->trace = TAKE();
     else usage_error("unknown flag '%s'", f);
     if (i >= argc) usage_error("flag '%s' needs a value", f);
   }
@@ -211,54 +217,58 @@ static int tag_of(int64_t step, int mb, int v, int grad) { return ((int)(step % 
 static unsigned char *ring(const Run *r, int64_t off, int64_t bytes, int slot) { return r->st->arena + off + (int64_t)slot * bytes; }
 
 static void wait_all(Run *r, MPI_Request *req, int n) {
+  int any = 0;
+  for (int i = 0; i < n; i++) any |= req[i] != MPI_REQUEST_NULL;
+  if (!any) return;
   double t0 = now();
   MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
-  r->t_wait += now() - t0;
+  double t1 = now();
+  r->t_wait += t1 - t0;
+  trace_add(&r->trace, -1, r->cur->mb, r->cur->slot, r->step, t0, t1);
 }
 
-/* Posts the receives of micro-batch mb's forward inputs into its slot. */
-static void post_forward_recv(Run *r, int mb) {
+/* Sends still leaving slot / gslot must finish before anything refills it. */
+static void wait_sends(Run *r, int slot) { wait_all(r, r->sreq + (size_t)slot * r->st->nsend, r->st->nsend); }
+static void wait_grad_sends(Run *r, int gslot) { wait_all(r, r->gsreq + (size_t)gslot * r->st->nrecv, r->st->nrecv); }
+
+static void do_recv(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
-  int slot = mb % st->nslots;
-  if (r->rposted[slot] == mb) return;
-  /* Values sent onward from this slot must have left before it is refilled. */
-  wait_all(r, r->sreq + (size_t)slot * st->nsend, st->nsend);
+  wait_sends(r, a->slot);
   for (int v = 0; v < st->nrecv; v++) {
     const PrValue *pv = &st->recv[v];
-    MPI_Request *q = &r->rreq[(size_t)slot * st->nrecv + v];
     if (pv->source != PR_FROM_PREV) continue;
-    MPI_Irecv(ring(r, pv->offset, pv->bytes, slot), (int)pv->bytes, MPI_BYTE, st->stage - 1, tag_of(r->step, mb, v, 0), MPI_COMM_WORLD, q);
+    MPI_Irecv(ring(r, pv->offset, pv->bytes, a->slot), (int)pv->bytes, MPI_BYTE, st->stage - 1, tag_of(r->step, a->mb, v, 0),
+              MPI_COMM_WORLD, &r->rreq[(size_t)a->slot * st->nrecv + v]);
   }
-  r->rposted[slot] = mb;
 }
 
-static void post_grad_recv(Run *r, int mb) {
+static void do_send(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
-  int gs = mb % 2;
-  if (r->gposted[gs] == mb || st->loss) return;
+  for (int v = 0; v < st->nsend; v++) {
+    const PrValue *pv = &st->send[v];
+    MPI_Isend(ring(r, pv->offset, pv->bytes, a->slot), (int)pv->bytes, MPI_BYTE, st->stage + 1, tag_of(r->step, a->mb, v, 0),
+              MPI_COMM_WORLD, &r->sreq[(size_t)a->slot * st->nsend + v]);
+  }
+}
+
+static void do_recv_grad(Run *r, const PrAction *a) {
+  const PrStage *st = r->st;
+  wait_grad_sends(r, a->gslot);
   for (int v = 0; v < st->nsend; v++) {
     const PrValue *pv = &st->send[v];
     if (pv->goffset < 0) continue;
-    MPI_Irecv(ring(r, pv->goffset, pv->bytes, gs), (int)pv->bytes, MPI_BYTE, st->stage + 1,
-              tag_of(r->step, mb, v, 1), MPI_COMM_WORLD, &r->greq[(size_t)gs * st->nsend + v]);
+    MPI_Irecv(ring(r, pv->goffset, pv->bytes, a->gslot), (int)pv->bytes, MPI_BYTE, st->stage + 1, tag_of(r->step, a->mb, v, 1),
+              MPI_COMM_WORLD, &r->greq[(size_t)a->gslot * st->nsend + v]);
   }
-  r->gposted[gs] = mb;
 }
 
-/* Looks ahead in the schedule from action k and posts what can be posted. */
-static void post_ahead(Run *r, int k) {
+static void do_send_grad(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
-  int posted_f = 0, posted_b = 0;
-  for (int j = k; j < st->nactions && !(posted_f && posted_b); j++) {
-    const PrAction *a = &st->actions[j];
-    if (a->kind == 'F' && !posted_f) {
-      int slot = a->mb % st->nslots;
-      if (r->busy[slot] < 0 || r->busy[slot] == a->mb) post_forward_recv(r, a->mb);
-      posted_f = 1;
-    } else if (a->kind == 'B' && !posted_b) {
-      post_grad_recv(r, a->mb);
-      posted_b = 1;
-    }
+  for (int v = 0; v < st->nrecv; v++) {
+    const PrValue *pv = &st->recv[v];
+    if (pv->goffset < 0 || pv->source != PR_FROM_PREV) continue;
+    MPI_Isend(ring(r, pv->goffset, pv->bytes, a->gslot), (int)pv->bytes, MPI_BYTE, st->stage - 1, tag_of(r->step, a->mb, v, 1),
+              MPI_COMM_WORLD, &r->gsreq[(size_t)a->gslot * st->nrecv + v]);
   }
 }
 
@@ -266,75 +276,88 @@ static void post_ahead(Run *r, int k) {
 static void load_input(Run *r, const PrValue *pv, int mb, int slot) {
   const PrStage *st = r->st;
   const int64_t *idx = r->idx + (int64_t)mb * st->mb_size;
-  if (pv->source == PR_FROM_IMAGES) {
-    static int64_t *labels;
-    if (!labels) labels = malloc(sizeof(int64_t) * (size_t)st->mb_size);
-    data_images(&r->data, idx, st->mb_size, (float *)ring(r, pv->offset, pv->bytes, slot), labels);
-  } else {
-    static int64_t *y;
-    int64_t T = pv->dims[1];
-    if (!y) y = malloc(sizeof(int64_t) * (size_t)(st->mb_size * T));
-    data_tokens(&r->data, r->step, st->batch, (int)T, mb * st->mb_size, st->mb_size, (int64_t *)ring(r, pv->offset, pv->bytes, slot), y);
-  }
+  if (pv->source == PR_FROM_IMAGES)
+    data_images(&r->data, idx, st->mb_size, (float *)ring(r, pv->offset, pv->bytes, slot), r->in_labels);
+  else
+    data_tokens(&r->data, r->step, st->batch, (int)pv->dims[1], mb * st->mb_size, st->mb_size, (int64_t *)ring(r, pv->offset, pv->bytes, slot),
+                r->in_y);
 }
 
 static void load_labels(Run *r, int mb, int64_t *labels) {
   const PrStage *st = r->st;
-  if (r->data.kind == DATA_TOKENS) {
-    int64_t T = st->loss_rows / st->mb_size;
-    int64_t *x = malloc(sizeof(int64_t) * (size_t)st->loss_rows);
-    data_tokens(&r->data, r->step, st->batch, (int)T, mb * st->mb_size, st->mb_size, x, labels);
-    free(x);
-  } else {
-    float *img = malloc(sizeof(float) * (size_t)st->mb_size * r->data.c * r->data.h * r->data.w);
-    data_images(&r->data, r->idx + (int64_t)mb * st->mb_size, st->mb_size, img, labels);
-    free(img);
-  }
+  if (r->data.kind == DATA_TOKENS)
+    data_tokens(&r->data, r->step, st->batch, (int)(st->loss_rows / st->mb_size), mb * st->mb_size, st->mb_size, r->lab_x, labels);
+  else
+    data_images(&r->data, r->idx + (int64_t)mb * st->mb_size, st->mb_size, r->lab_img, labels);
 }
 
-static double forward_action(Run *r, int mb) {
+/* The loader's scratch, sized once the data is open: nothing is allocated in the step loop. */
+static void alloc_scratch(Run *r) {
   const PrStage *st = r->st;
-  int slot = mb % st->nslots;
-  post_forward_recv(r, mb);
-  r->busy[slot] = mb;
+  int64_t T = 1;
   for (int v = 0; v < st->nrecv; v++)
-    if (st->recv[v].source != PR_FROM_PREV) load_input(r, &st->recv[v], mb, slot);
-  wait_all(r, r->rreq + (size_t)slot * st->nrecv, st->nrecv);
-  r->rposted[slot] = -1;
+    if (st->recv[v].source == PR_FROM_TOKENS && st->recv[v].dims[1] > T) T = st->recv[v].dims[1];
+  r->in_labels = malloc(sizeof(int64_t) * (size_t)st->mb_size);
+  r->in_y = malloc(sizeof(int64_t) * (size_t)(st->mb_size * T));
+  r->lab_x = malloc(sizeof(int64_t) * (size_t)(st->loss_rows + 1));
+  int64_t img = r->have_data && r->data.kind != DATA_TOKENS ? (int64_t)st->mb_size * r->data.c * r->data.h * r->data.w : 1;
+  r->lab_img = malloc(sizeof(float) * (size_t)img);
+  if (!r->in_labels || !r->in_y || !r->lab_x || !r->lab_img) die(2, "out of memory for the loader's buffers");
+}
+
+static double do_forward(Run *r, const PrAction *a) {
+  const PrStage *st = r->st;
+  wait_sends(r, a->slot); /* the forward writes the slot's outgoing values */
+  for (int v = 0; v < st->nrecv; v++)
+    if (st->recv[v].source != PR_FROM_PREV) load_input(r, &st->recv[v], a->mb, a->slot);
+  wait_all(r, r->rreq + (size_t)a->slot * st->nrecv, st->nrecv);
   double t0 = now(), loss = 0;
-  st->forward(slot);
+  st->forward(a->slot);
   if (st->loss) {
     int64_t *labels = (int64_t *)(st->arena + st->labels_offset);
-    load_labels(r, mb, labels);
-    loss = st->loss(slot, labels);
+    load_labels(r, a->mb, labels);
+    loss = st->loss(a->slot, labels);
   }
   r->t_compute += now() - t0;
-  for (int v = 0; v < st->nsend; v++) {
-    const PrValue *pv = &st->send[v];
-    MPI_Isend(ring(r, pv->offset, pv->bytes, slot), (int)pv->bytes, MPI_BYTE, st->stage + 1, tag_of(r->step, mb, v, 0), MPI_COMM_WORLD,
-              &r->sreq[(size_t)slot * st->nsend + v]);
-  }
   return loss;
 }
 
-static void backward_action(Run *r, int mb) {
+static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int)) {
   const PrStage *st = r->st;
-  int slot = mb % st->nslots, gs = mb % 2;
-  post_grad_recv(r, mb);
-  if (!st->loss) wait_all(r, r->greq + (size_t)gs * st->nsend, st->nsend);
-  r->gposted[gs] = -1;
-  /* The gradient buffers we send from must be free again. */
-  wait_all(r, r->gsreq + (size_t)gs * st->nrecv, st->nrecv);
-  double t0 = now();
-  st->backward(slot, gs);
-  r->t_compute += now() - t0;
-  for (int v = 0; v < st->nrecv; v++) {
-    const PrValue *pv = &st->recv[v];
-    if (pv->goffset < 0 || pv->source != PR_FROM_PREV) continue;
-    MPI_Isend(ring(r, pv->goffset, pv->bytes, gs), (int)pv->bytes, MPI_BYTE, st->stage - 1, tag_of(r->step, mb, v, 1), MPI_COMM_WORLD,
-              &r->gsreq[(size_t)gs * st->nrecv + v]);
+  if (a->kind != PR_W) {
+    if (!st->loss) wait_all(r, r->greq + (size_t)a->gslot * st->nsend, st->nsend);
+    wait_grad_sends(r, a->gslot); /* it writes the gradients sent back from gslot */
   }
-  r->busy[slot] = -1;
+  double t0 = now();
+  fn(a->slot, a->gslot);
+  r->t_compute += now() - t0;
+}
+
+static void optimizer_step(Run *r);
+
+/* Runs one action; returns the loss it adds (F on the last stage). */
+static double run_action(Run *r, const PrAction *a) {
+  const PrStage *st = r->st;
+  r->cur = a;
+  switch (a->kind) {
+  case PR_F: return do_forward(r, a);
+  case PR_B: do_backward(r, a, st->backward); break;
+  case PR_I: do_backward(r, a, st->backward_input); break;
+  case PR_W: do_backward(r, a, st->backward_weight); break;
+  case PR_SEND: do_send(r, a); break;
+  case PR_RECV: do_recv(r, a); break;
+  case PR_SEND_GRAD: do_send_grad(r, a); break;
+  case PR_RECV_GRAD: do_recv_grad(r, a); break;
+  case PR_UPDATE: optimizer_step(r); break;
+  default: die(2, "action kind %d is not supported by this runtime (regenerate with pipecc)", a->kind);
+  }
+  return 0;
+}
+
+const char *pr_kind_name(int kind) {
+  static const char *names[PR_NKINDS] = {"F", "B", "I", "W", "SEND", "RECV", "SEND_GRAD", "RECV_GRAD", "UPDATE",
+                                         "OFFLOAD", "PREFETCH", "RECOMPUTE"};
+  return kind >= 0 && kind < PR_NKINDS ? names[kind] : "?";
 }
 
 /* ---- the optimizer ---- */
@@ -491,19 +514,21 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   agree(load_file(path, st->arena, st->weights_bytes, msg, sizeof msg) == 0, msg);
   open_data(&r);
   if (r.a.resume) load_checkpoint(&r, r.a.resume);
-  int ns = st->nslots;
+  int ns = st->nslots, ngs = st->ngslots;
   r.rreq = malloc(sizeof(MPI_Request) * (size_t)(ns * st->nrecv + 1));
   r.sreq = malloc(sizeof(MPI_Request) * (size_t)(ns * st->nsend + 1));
-  r.greq = malloc(sizeof(MPI_Request) * (size_t)(2 * st->nsend + 1));
-  r.gsreq = malloc(sizeof(MPI_Request) * (size_t)(2 * st->nrecv + 1));
+  r.greq = malloc(sizeof(MPI_Request) * (size_t)(ngs * st->nsend + 1));
+  r.gsreq = malloc(sizeof(MPI_Request) * (size_t)(ngs * st->nrecv + 1));
   for (int i = 0; i < ns * st->nrecv; i++) r.rreq[i] = MPI_REQUEST_NULL;
   for (int i = 0; i < ns * st->nsend; i++) r.sreq[i] = MPI_REQUEST_NULL;
-  for (int i = 0; i < 2 * st->nsend; i++) r.greq[i] = MPI_REQUEST_NULL;
-  for (int i = 0; i < 2 * st->nrecv; i++) r.gsreq[i] = MPI_REQUEST_NULL;
-  r.rposted = malloc(sizeof(int) * (size_t)ns);
-  r.busy = malloc(sizeof(int) * (size_t)ns);
-  for (int i = 0; i < ns; i++) r.rposted[i] = r.busy[i] = -1;
-  r.gposted[0] = r.gposted[1] = -1;
+  for (int i = 0; i < ngs * st->nsend; i++) r.greq[i] = MPI_REQUEST_NULL;
+  for (int i = 0; i < ngs * st->nrecv; i++) r.gsreq[i] = MPI_REQUEST_NULL;
+  alloc_scratch(&r);
+  /* The trace: one span per action, and room for waits; capped (a very long run keeps its first events). */
+  if (r.a.trace) {
+    int64_t cap = (r.a.steps - r.step) * st->nactions * 4 + 16;
+    trace_init(&r.trace, cap < (1 << 22) ? cap : (1 << 22));
+  }
   r.idx = malloc(sizeof(int64_t) * (size_t)st->batch);
   FILE *log = NULL;
   if (st->loss && r.a.log) {
@@ -513,6 +538,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   double t_start = now(), first_loss = NAN, last_loss = NAN;
+  r.trace.start = t_start;
   int64_t first_step = r.step;
   for (; r.step < r.a.steps; r.step++) {
     double t0 = now(), loss = 0;
@@ -521,11 +547,10 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     for (int i = 0; i < st->nparams; i++) memset(st->arena + st->params[i].goffset, 0, (size_t)st->params[i].count * 4);
     for (int k = 0; k < st->nactions; k++) {
       const PrAction *a = &st->actions[k];
-      if (a->kind == 'F') loss += forward_action(&r, a->mb);
-      else backward_action(&r, a->mb);
-      post_ahead(&r, k + 1);
+      double a0 = now();
+      loss += run_action(&r, a);
+      trace_add(&r.trace, a->kind, a->mb, a->kind == PR_SEND_GRAD || a->kind == PR_RECV_GRAD ? a->gslot : a->slot, r.step, a0, now());
     }
-    optimizer_step(&r);
     double dt = now() - t0;
     if (st->loss) {
       loss /= (double)(st->loss_rows * st->microbatches);
@@ -546,35 +571,45 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     }
   }
   /* Drain what is still in flight. */
+  static const PrAction drain = {PR_UPDATE, -1, -1, -1};
+  r.cur = &drain;
   wait_all(&r, r.sreq, ns * st->nsend);
-  wait_all(&r, r.gsreq, 2 * st->nrecv);
+  wait_all(&r, r.gsreq, ngs * st->nrecv);
   for (int i = 0; i < ns * st->nrecv; i++)
     if (r.rreq[i] != MPI_REQUEST_NULL) MPI_Cancel(&r.rreq[i]), MPI_Request_free(&r.rreq[i]);
-  for (int i = 0; i < 2 * st->nsend; i++)
+  for (int i = 0; i < ngs * st->nsend; i++)
     if (r.greq[i] != MPI_REQUEST_NULL) MPI_Cancel(&r.greq[i]), MPI_Request_free(&r.greq[i]);
   r.t_total = now() - t_start;
+  if (r.a.trace) {
+    if (r.trace.dropped && g_rank == 0) fprintf(stderr, "piperun: the trace kept its first %lld events\n", (long long)r.trace.cap);
+    if (trace_write(&r.trace, r.a.trace, g_rank, st->nstages) && g_rank == 0) fprintf(stderr, "piperun: cannot write --trace %s\n", r.a.trace);
+    trace_free(&r.trace);
+  }
   if (log) fclose(log);
   if (r.a.save) pr_save_onnx(st, r.a.save, stage_dir());
   /* The summary: every stage's compute, wait and memory, on the last stage. */
-  double mine[4] = {r.t_compute, r.t_wait, (double)st->arena_bytes, st->predicted_bytes}, *all = NULL;
-  if (st->loss) all = malloc(sizeof(double) * 4 * (size_t)st->nstages);
-  MPI_Gather(mine, 4, MPI_DOUBLE, all, 4, MPI_DOUBLE, st->nstages - 1, MPI_COMM_WORLD);
+  /* Each rank's own wall time: another rank's would make comm+other negative. */
+  double mine[5] = {r.t_compute, r.t_wait, (double)st->arena_bytes, st->predicted_bytes, r.t_total}, *all = NULL;
+  if (st->loss) all = malloc(sizeof(double) * 5 * (size_t)st->nstages);
+  MPI_Gather(mine, 5, MPI_DOUBLE, all, 5, MPI_DOUBLE, st->nstages - 1, MPI_COMM_WORLD);
   if (st->loss && !r.a.quiet) {
     int64_t steps = r.a.steps - first_step;
     double busy = 0;
-    for (int s = 0; s < st->nstages; s++) busy += all[4 * s];
+    for (int s = 0; s < st->nstages; s++) busy += all[5 * s];
     printf("done: %lld steps in %.2f s, %.1f samples/s, loss %.6f -> %.6f\n", (long long)steps, r.t_total,
            steps ? (double)steps * st->batch / r.t_total : 0, first_loss, last_loss);
     printf("step time %.3f ms measured, %.3f ms predicted; bubble %.1f%% measured\n", steps ? 1e3 * r.t_total / (double)steps : 0,
            1e3 * st->predicted_step_s, r.t_total > 0 ? 100 * (1 - busy / (st->nstages * r.t_total)) : 0);
     printf("stage  compute_s  wait_s  comm+other_s  arena_bytes  predicted_bytes\n");
-    for (int s = 0; s < st->nstages; s++)
-      printf("%5d  %9.3f  %6.3f  %12.3f  %11.0f  %15.0f\n", s, all[4 * s], all[4 * s + 1], r.t_total - all[4 * s] - all[4 * s + 1],
-             all[4 * s + 2], all[4 * s + 3]);
+    for (int s = 0; s < st->nstages; s++) {
+      const double *x = &all[5 * s];
+      printf("%5d  %9.3f  %6.3f  %12.3f  %11.0f  %15.0f\n", s, x[0], x[1], fmax(0, x[4] - x[0] - x[1]), x[2], x[3]);
+    }
   }
   free(all);
   if (r.have_data) data_close(&r.data);
-  free(r.rreq), free(r.sreq), free(r.greq), free(r.gsreq), free(r.rposted), free(r.busy), free(r.idx);
+  free(r.rreq), free(r.sreq), free(r.greq), free(r.gsreq), free(r.idx);
+  free(r.in_labels), free(r.in_y), free(r.lab_x), free(r.lab_img);
   MPI_Finalize();
   return 0;
 }

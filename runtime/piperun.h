@@ -2,17 +2,35 @@
  *
  * The compiler decides everything static - buffer offsets, the schedule,
  * what crosses each cut - and writes it into a PrStage.  pr_main runs it:
- * MPI set-up, data, the step loop over the schedule table with
- * non-blocking messages posted ahead, the optimizer, logging, checkpoints. */
+ * MPI set-up, data, the step loop that executes the schedule's action list
+ * (compute, message posts, the update) with the slots the compiler chose,
+ * logging, checkpoints, the trace. */
 #ifndef PIPERUN_H
 #define PIPERUN_H
 #include <stdint.h>
 
 #include "kernels.h"
 
+/* What an action does (the compiler's ACT_* in compiler/schedule.h, in the same order). */
+enum {
+  PR_F,         /* forward: loader inputs, wait the slot's receives, forward(slot), the loss on the last stage */
+  PR_B,         /* backward(slot, gslot), after the gradient received into gslot */
+  PR_I,         /* backward_input(slot, gslot): the input-gradient half (zb1) */
+  PR_W,         /* backward_weight(slot, gslot): the weight-gradient half (zb1) */
+  PR_SEND,      /* Isend the slot's forward values to the next stage */
+  PR_RECV,      /* Irecv mb's forward values from the previous stage into the slot */
+  PR_SEND_GRAD, /* Isend the gradients in gslot to the previous stage */
+  PR_RECV_GRAD, /* Irecv mb's gradients from the next stage into gslot */
+  PR_UPDATE,    /* the optimizer step */
+  PR_OFFLOAD, PR_PREFETCH, PR_RECOMPUTE, /* reserved */
+  PR_NKINDS
+};
+
 typedef struct PrAction {
-  char kind; /* 'F' forward, 'B' backward */
-  int mb;    /* micro-batch */
+  int kind;  /* PR_* */
+  int mb;    /* micro-batch, -1 for UPDATE */
+  int slot;  /* ring copy of the forward values, -1 if unused */
+  int gslot; /* gradient ring copy, -1 if unused */
 } PrAction;
 
 enum { PR_FROM_PREV = 0, PR_FROM_IMAGES = 1, PR_FROM_TOKENS = 2 };
@@ -22,7 +40,7 @@ typedef struct PrValue {
   const char *name;
   int64_t bytes;
   int64_t offset;      /* ring copy 0 in the arena; copy k at offset + k * bytes */
-  int64_t goffset;     /* its gradient's ring (2 copies), -1 if no gradient travels */
+  int64_t goffset;     /* its gradient's ring (ngslots copies), -1 if no gradient travels */
   int source;          /* receives: PR_FROM_* */
   int dtype;           /* ONNX element type: 1 float32, 7 int64 */
   int rank;
@@ -38,7 +56,7 @@ typedef struct PrParam {
 enum { PR_SGD = 0, PR_ADAM = 1, PR_ADAMW = 2 };
 
 typedef struct PrStage {
-  int stage, nstages, microbatches, mb_size, batch, nslots;
+  int stage, nstages, microbatches, mb_size, batch, nslots, ngslots;
   const char *model;           /* for messages */
   unsigned char *arena;
   int64_t arena_bytes, weights_bytes;
@@ -50,6 +68,8 @@ typedef struct PrStage {
   int nparams;
   void (*forward)(int slot);
   void (*backward)(int slot, int gslot);
+  void (*backward_input)(int slot, int gslot);  /* zb1: the I and W halves of backward; NULL otherwise */
+  void (*backward_weight)(int slot, int gslot);
   /* last stage: loss over the logits of one micro-batch; returns the sum over rows */
   double (*loss)(int slot, const int64_t *labels);
   int64_t loss_rows, loss_classes; /* per micro-batch */
@@ -69,6 +89,8 @@ typedef struct PrStage {
 int pr_eval(int argc, char **argv, const PrStage *st);
 
 int pr_main(int argc, char **argv, const PrStage *st);
+/* "F", "SEND_GRAD", ... */
+const char *pr_kind_name(int kind);
 /* Collective: every stage's weights go to stage 0, which writes `path` - the
  * original model (dir/model.onnx) with its initializers replaced. */
 void pr_save_onnx(const PrStage *st, const char *path, const char *dir);

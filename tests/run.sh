@@ -33,6 +33,7 @@ suite() {
 }
 
 suite "partitioner: DP vs brute force" bin/test_partition
+suite "schedules: action lists, validator, planted mistakes" bin/test_schedule
 suite "units" bin/test_units
 suite "shapes vs onnx.shape_inference (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_shapes.py
 suite "bad input (ASan build)" env PIPECC=bin/pipecc-asan bash tests/test_cli.sh
@@ -43,6 +44,7 @@ suite "data loading and piperun-data (ASan build)" $PY tests/test_data.py
 suite "generated/ is what the compiler writes" bash tests/test_generated.sh
 suite "training parity with PyTorch, bit-identity across n and schedules" env PIPECC=bin/pipecc $PY tests/test_parity.py
 suite "ResNet training parity with PyTorch (BatchNorm, residuals), n = 1 and 4" $PY tests/test_parity_models.py
+suite "run traces: one span per executed action, 4 ranks, every schedule" env PIPECC=bin/pipecc $PY tests/test_trace.py
 suite "training runs: demo loss, checkpoint/resume, killed rank, NaN, bad data" $PY tests/test_train.py
 suite "ONNX node conformance through the forward kernels" $PY tests/conformance/run.py
 suite "gradient check per op: PyTorch autograd and finite differences in float64" $PY tests/test_gradcheck.py

@@ -1,9 +1,11 @@
 """The listing and plan.json on every sample model.
 
-For n = 1, 2, 4, 8 and both schedules: pipecc exits 0 in under a second,
-plan.json covers every compute node exactly once with contiguous stages, the
-parameter count equals the trainable initializers onnx sees, memory adds up,
-and the schedule has 2m actions per stage.  A devices file with one rank
+For n = 1, 2, 4, 8 and every schedule (gpipe, 1f1b, zb1): pipecc exits 0 in
+under a second, plan.json covers every compute node exactly once with
+contiguous stages, the parameter count equals the trainable initializers onnx
+sees, memory adds up, and each stage's action list has one F and one backward
+(B, or I and W under zb1) per micro-batch, the messages its position needs,
+one UPDATE, and ring slots within the stage's ring sizes.  A devices file with one rank
 twice as fast gives that rank about twice the work.  Run: /usr/bin/python3."""
 import json
 import os
@@ -53,6 +55,24 @@ def trainable_params(path):
     return total
 
 
+def check_actions(tag, st, n, m, sched):
+    """One stage's action list: kinds per micro-batch, UPDATE last, slots inside the rings."""
+    s, acts = st["stage"], st["actions"]
+    count = {}
+    for a in acts:
+        count[a["kind"]] = count.get(a["kind"], 0) + 1
+    want = {"F": m, "UPDATE": 1}
+    want.update({"I": m, "W": m} if sched == "zb1" else {"B": m})
+    if s > 0:
+        want.update(RECV=m, SEND_GRAD=m)
+    if s < n - 1:
+        want.update(SEND=m, RECV_GRAD=m)
+    check(count == want, f"{tag}: stage {s} action counts {count}, expected {want}")
+    check(acts[-1]["kind"] == "UPDATE", f"{tag}: stage {s} does not end with UPDATE")
+    ok = all(a["ring_slot"] < st["nslots"] and a["grad_slot"] < st["ngslots"] for a in acts)
+    check(ok, f"{tag}: stage {s} uses a slot beyond its rings ({st['nslots']}, {st['ngslots']})")
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="pipecc-listing.")
     os.environ["PIPECC_CACHE"] = os.path.join(tmp, "machine.txt")
@@ -61,7 +81,7 @@ def main():
         path = os.path.join(ROOT, "onnx_models", name + ".onnx")
         want_params = trainable_params(path)
         for n in (1, 2, 4, 8):
-            for sched in ("gpipe", "1f1b"):
+            for sched in ("gpipe", "1f1b", "zb1"):
                 out = os.path.join(tmp, f"{name}-{n}-{sched}.pipe")
                 r, secs = run(path, n, out, "--schedule", sched, "--batch", "16", "--listing", "--devices", devices)
                 tag = f"{name} -n {n} --schedule {sched}"
@@ -83,7 +103,7 @@ def main():
                     mem = s["memory"]
                     parts = sum(mem[k] for k in ("params", "grads", "optimizer", "stash", "received", "workspace"))
                     check(abs(parts - mem["total"]) <= 2, f"{tag}: stage {s['stage']} memory parts {parts} != total {mem['total']}")
-                    check(len(s["actions"]) == 2 * plan["microbatches"], f"{tag}: stage {s['stage']} has {len(s['actions'])} actions")
+                    check_actions(tag, s, n, plan["microbatches"], sched)
                     want_inflight = plan["microbatches"] if sched == "gpipe" else min(plan["microbatches"], n - s["stage"])
                     check(mem["inflight"] == want_inflight, f"{tag}: stage {s['stage']} inflight {mem['inflight']} != {want_inflight}")
                 # Every value a stage receives is one its predecessor sends.
@@ -92,7 +112,7 @@ def main():
                           f"{tag}: stage {a['stage']} sends differ from stage {b['stage']} receives")
                 check(0 <= plan["bubble"] < 1 and plan["predicted_step_time_s"] > 0, f"{tag}: bubble/step time out of range")
                 check("schedule (" in text and "| stage 0" in text, f"{tag}: no schedule table in the listing")
-        print(f"ok - {name}: listings for n = 1, 2, 4, 8 under gpipe and 1f1b")
+        print(f"ok - {name}: listings for n = 1, 2, 4, 8 under gpipe, 1f1b and zb1")
 
     # The memory the listing states is an upper bound on the arena the compiler lays out.
     for name in MODELS:

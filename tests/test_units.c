@@ -59,14 +59,14 @@ static void orders(int kind, int p, int m) {
   memset(unit, 0, sizeof unit);
   for (int s = 0; s < p; s++) unit[s].fwd = unit[s].bwd = 1;
   Schedule sc;
-  schedule_build(&sc, kind, p, m, unit, &pool);
+  schedule_build(&sc, kind, p, m, 0, unit, &pool);
   for (int s = 0; s < p; s++) {
     /* Every micro-batch once forward and once backward, its forward first. */
     int fseen[64] = {0}, bseen[64] = {0}, ok = 1, inflight = 0, peak = 0;
-    for (int k = 0; k < 2 * m; k++) {
+    for (int k = 0; k < sc.nact[s]; k++) {
       Action *a = &sc.act[s][k];
-      if (a->kind == 'F') fseen[a->mb]++, inflight++;
-      else ok &= fseen[a->mb] == 1, bseen[a->mb]++, inflight--;
+      if (a->kind == ACT_F) fseen[a->mb]++, inflight++;
+      else if (a->kind == ACT_B) ok &= fseen[a->mb] == 1, bseen[a->mb]++, inflight--;
       if (inflight > peak) peak = inflight;
     }
     for (int i = 0; i < m; i++) ok &= fseen[i] == 1 && bseen[i] == 1;

@@ -5,12 +5,12 @@
  * Receives: input [8,1,28,28] (data loader)
  * Sends: /conv1/Conv_output_0 [8,6,28,28]
  * Schedule 1f1b, 8 micro-batches of 8; predicted 38.4 us forward + 76.8 us backward per micro-batch.
- * Arena: 1258880 bytes (weights 624), 5 copies of each value in flight.
+ * Arena: 1083264 bytes (weights 624), 4 copies of each value in flight, 2 of each gradient.
  */
 #include "piperun.h"
 
-enum { STAGE = 0, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS = 5 };
-#define ARENA_BYTES 1258880LL
+enum { STAGE = 0, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS = 4, NGSLOTS = 2 };
+#define ARENA_BYTES 1083264LL
 #define WEIGHTS_BYTES 624LL
 
 /* Buffers: arena offset and size of one copy. */
@@ -23,16 +23,16 @@ enum { STAGE = 0, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 #define OFF_input 1344LL
 #define SIZE_input 25088LL /* [8,1,28,28], one copy per micro-batch in flight */
 #define input(k) ((float *)(arena + OFF_input + (int64_t)(k) * SIZE_input))
-#define OFF__conv1_Conv_output_0 126784LL
+#define OFF__conv1_Conv_output_0 101696LL
 #define SIZE__conv1_Conv_output_0 150528LL /* [8,6,28,28], one copy per micro-batch in flight */
 #define _conv1_Conv_output_0(k) ((float *)(arena + OFF__conv1_Conv_output_0 + (int64_t)(k) * SIZE__conv1_Conv_output_0))
-#define OFF_col__conv1_Conv_output_0 1180480LL
+#define OFF_col__conv1_Conv_output_0 1004864LL
 #define SIZE_col__conv1_Conv_output_0 78400LL /* im2col workspace */
 #define col__conv1_Conv_output_0 ((float *)(arena + OFF_col__conv1_Conv_output_0))
-#define OFF_d__conv1_Conv_output_0 879424LL
-#define SIZE_d__conv1_Conv_output_0 150528LL /* [8,6,28,28], gradient, two copies */
+#define OFF_d__conv1_Conv_output_0 703808LL
+#define SIZE_d__conv1_Conv_output_0 150528LL /* [8,6,28,28], gradient, one copy per gradient slot */
 #define d__conv1_Conv_output_0(k) ((float *)(arena + OFF_d__conv1_Conv_output_0 + (int64_t)(k) * SIZE_d__conv1_Conv_output_0))
-#define OFF_dcol__conv1_Conv_output_0 1180480LL
+#define OFF_dcol__conv1_Conv_output_0 1004864LL
 #define SIZE_dcol__conv1_Conv_output_0 78400LL /* im2col workspace */
 #define dcol__conv1_Conv_output_0 ((float *)(arena + OFF_dcol__conv1_Conv_output_0))
 #define OFF_dW_conv1_weight 640LL
@@ -57,10 +57,14 @@ static void backward(int slot, int gslot) {
   k_conv_grad(input(slot), W_conv1_weight, d__conv1_Conv_output_0(gslot), NULL, dW_conv1_weight, dW_conv1_bias, dcol__conv1_Conv_output_0, &CONV_0, 0, 1);
 }
 
-/* The schedule: this stage's actions for one optimizer step, in order. */
+/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot}. */
 static const PrAction SCHEDULE[] = {
-    {'F', 0}, {'F', 1}, {'F', 2}, {'F', 3}, {'B', 0}, {'F', 4}, {'B', 1}, {'F', 5},
-    {'B', 2}, {'F', 6}, {'B', 3}, {'F', 7}, {'B', 4}, {'B', 5}, {'B', 6}, {'B', 7}
+    {PR_RECV_GRAD, 0, -1, 0}, {PR_RECV_GRAD, 1, -1, 1}, {PR_F, 0, 0, -1}, {PR_SEND, 0, 0, -1}, {PR_F, 1, 1, -1}, {PR_SEND, 1, 1, -1},
+    {PR_F, 2, 2, -1}, {PR_SEND, 2, 2, -1}, {PR_F, 3, 3, -1}, {PR_SEND, 3, 3, -1}, {PR_B, 0, 0, 0}, {PR_RECV_GRAD, 2, -1, 0},
+    {PR_F, 4, 0, -1}, {PR_SEND, 4, 0, -1}, {PR_B, 1, 1, 1}, {PR_RECV_GRAD, 3, -1, 1}, {PR_F, 5, 1, -1}, {PR_SEND, 5, 1, -1},
+    {PR_B, 2, 2, 0}, {PR_RECV_GRAD, 4, -1, 0}, {PR_F, 6, 2, -1}, {PR_SEND, 6, 2, -1}, {PR_B, 3, 3, 1}, {PR_RECV_GRAD, 5, -1, 1},
+    {PR_F, 7, 3, -1}, {PR_SEND, 7, 3, -1}, {PR_B, 4, 0, 0}, {PR_RECV_GRAD, 6, -1, 0}, {PR_B, 5, 1, 1}, {PR_RECV_GRAD, 7, -1, 1},
+    {PR_B, 6, 2, 0}, {PR_B, 7, 3, 1}, {PR_UPDATE, -1, -1, -1}
 };
 
 static const PrValue RECV[] = {
@@ -76,11 +80,12 @@ static const PrParam PARAMS[] = {
 
 static const PrStage THIS_STAGE = {
     .stage = STAGE, .nstages = NSTAGES, .microbatches = MICROBATCHES, .mb_size = MB_SIZE, .batch = BATCH,
-    .nslots = NSLOTS, .model = "onnx_models/lenet.onnx", .arena = arena, .arena_bytes = ARENA_BYTES, .weights_bytes = WEIGHTS_BYTES,
-    .actions = SCHEDULE, .nactions = 16,
+    .nslots = NSLOTS, .ngslots = NGSLOTS, .model = "onnx_models/lenet.onnx", .arena = arena, .arena_bytes = ARENA_BYTES, .weights_bytes = WEIGHTS_BYTES,
+    .actions = SCHEDULE, .nactions = 33,
     .recv = RECV, .nrecv = 1, .send = SEND, .nsend = 1,
     .params = PARAMS, .nparams = 2,
-    .forward = forward, .backward = backward, .loss = NULL, .forward_only = 0,
+    .forward = forward, .backward = backward, .backward_input = NULL, .backward_weight = NULL,
+    .loss = NULL, .forward_only = 0,
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,
     .predicted_bytes = 1789472, .predicted_step_s = 0.00265494048,

@@ -5,11 +5,11 @@
  * Receives: /conv1/Conv_output_0 [8,6,28,28]
  * Sends: /MaxPool_output_0 [8,6,14,14]
  * Schedule 1f1b, 8 micro-batches of 8; predicted 50.4 us forward + 99.3 us backward per micro-batch.
- * Arena: 2032128 bytes (weights 0), 4 copies of each value in flight.
+ * Arena: 2032128 bytes (weights 0), 4 copies of each value in flight, 2 of each gradient.
  */
 #include "piperun.h"
 
-enum { STAGE = 1, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS = 4 };
+enum { STAGE = 1, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS = 4, NGSLOTS = 2 };
 #define ARENA_BYTES 2032128LL
 #define WEIGHTS_BYTES 0LL
 
@@ -18,7 +18,7 @@ enum { STAGE = 1, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 #define SIZE__conv1_Conv_output_0 150528LL /* [8,6,28,28], one copy per micro-batch in flight */
 #define _conv1_Conv_output_0(k) ((float *)(arena + OFF__conv1_Conv_output_0 + (int64_t)(k) * SIZE__conv1_Conv_output_0))
 #define OFF_d__conv1_Conv_output_0 1354752LL
-#define SIZE_d__conv1_Conv_output_0 150528LL /* [8,6,28,28], gradient, two copies */
+#define SIZE_d__conv1_Conv_output_0 150528LL /* [8,6,28,28], gradient, one copy per gradient slot */
 #define d__conv1_Conv_output_0(k) ((float *)(arena + OFF_d__conv1_Conv_output_0 + (int64_t)(k) * SIZE_d__conv1_Conv_output_0))
 #define OFF__Relu_output_0 602112LL
 #define SIZE__Relu_output_0 150528LL /* [8,6,28,28], one copy per micro-batch in flight */
@@ -27,7 +27,7 @@ enum { STAGE = 1, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 #define SIZE__MaxPool_output_0 37632LL /* [8,6,14,14], one copy per micro-batch in flight */
 #define _MaxPool_output_0(k) ((float *)(arena + OFF__MaxPool_output_0 + (int64_t)(k) * SIZE__MaxPool_output_0))
 #define OFF_d__MaxPool_output_0 1655808LL
-#define SIZE_d__MaxPool_output_0 37632LL /* [8,6,14,14], gradient, two copies */
+#define SIZE_d__MaxPool_output_0 37632LL /* [8,6,14,14], gradient, one copy per gradient slot */
 #define d__MaxPool_output_0(k) ((float *)(arena + OFF_d__MaxPool_output_0 + (int64_t)(k) * SIZE_d__MaxPool_output_0))
 #define OFF_d__Relu_output_0 1731072LL
 #define SIZE_d__Relu_output_0 150528LL /* [8,6,28,28], temporary */
@@ -57,10 +57,17 @@ static void backward(int slot, int gslot) {
   k_copy_grad(d__conv1_Conv_output_0_6, d__conv1_Conv_output_0(gslot), 37632, 0);
 }
 
-/* The schedule: this stage's actions for one optimizer step, in order. */
+/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot}. */
 static const PrAction SCHEDULE[] = {
-    {'F', 0}, {'F', 1}, {'F', 2}, {'B', 0}, {'F', 3}, {'B', 1}, {'F', 4}, {'B', 2},
-    {'F', 5}, {'B', 3}, {'F', 6}, {'B', 4}, {'F', 7}, {'B', 5}, {'B', 6}, {'B', 7}
+    {PR_RECV, 0, 0, -1}, {PR_RECV, 1, 1, -1}, {PR_RECV, 2, 2, -1}, {PR_RECV, 3, 3, -1}, {PR_RECV_GRAD, 0, -1, 0}, {PR_RECV_GRAD, 1, -1, 1},
+    {PR_F, 0, 0, -1}, {PR_SEND, 0, 0, -1}, {PR_F, 1, 1, -1}, {PR_SEND, 1, 1, -1}, {PR_F, 2, 2, -1}, {PR_SEND, 2, 2, -1},
+    {PR_B, 0, 0, 0}, {PR_SEND_GRAD, 0, -1, 0}, {PR_RECV, 4, 0, -1}, {PR_RECV_GRAD, 2, -1, 0}, {PR_F, 3, 3, -1}, {PR_SEND, 3, 3, -1},
+    {PR_B, 1, 1, 1}, {PR_SEND_GRAD, 1, -1, 1}, {PR_RECV, 5, 1, -1}, {PR_RECV_GRAD, 3, -1, 1}, {PR_F, 4, 0, -1}, {PR_SEND, 4, 0, -1},
+    {PR_B, 2, 2, 0}, {PR_SEND_GRAD, 2, -1, 0}, {PR_RECV, 6, 2, -1}, {PR_RECV_GRAD, 4, -1, 0}, {PR_F, 5, 1, -1}, {PR_SEND, 5, 1, -1},
+    {PR_B, 3, 3, 1}, {PR_SEND_GRAD, 3, -1, 1}, {PR_RECV, 7, 3, -1}, {PR_RECV_GRAD, 5, -1, 1}, {PR_F, 6, 2, -1}, {PR_SEND, 6, 2, -1},
+    {PR_B, 4, 0, 0}, {PR_SEND_GRAD, 4, -1, 0}, {PR_RECV_GRAD, 6, -1, 0}, {PR_F, 7, 3, -1}, {PR_SEND, 7, 3, -1}, {PR_B, 5, 1, 1},
+    {PR_SEND_GRAD, 5, -1, 1}, {PR_RECV_GRAD, 7, -1, 1}, {PR_B, 6, 2, 0}, {PR_SEND_GRAD, 6, -1, 0}, {PR_B, 7, 3, 1}, {PR_SEND_GRAD, 7, -1, 1},
+    {PR_UPDATE, -1, -1, -1}
 };
 
 static const PrValue RECV[] = {
@@ -71,11 +78,12 @@ static const PrValue SEND[] = {
 };
 static const PrStage THIS_STAGE = {
     .stage = STAGE, .nstages = NSTAGES, .microbatches = MICROBATCHES, .mb_size = MB_SIZE, .batch = BATCH,
-    .nslots = NSLOTS, .model = "onnx_models/lenet.onnx", .arena = arena, .arena_bytes = ARENA_BYTES, .weights_bytes = WEIGHTS_BYTES,
-    .actions = SCHEDULE, .nactions = 16,
+    .nslots = NSLOTS, .ngslots = NGSLOTS, .model = "onnx_models/lenet.onnx", .arena = arena, .arena_bytes = ARENA_BYTES, .weights_bytes = WEIGHTS_BYTES,
+    .actions = SCHEDULE, .nactions = 49,
     .recv = RECV, .nrecv = 1, .send = SEND, .nsend = 1,
     .params = NULL, .nparams = 0,
-    .forward = forward, .backward = backward, .loss = NULL, .forward_only = 0,
+    .forward = forward, .backward = backward, .backward_input = NULL, .backward_weight = NULL,
+    .loss = NULL, .forward_only = 0,
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,
     .predicted_bytes = 2559360, .predicted_step_s = 0.00265494048,

@@ -5,12 +5,12 @@
  * Receives: /conv2/Conv_output_0 [8,16,10,10]
  * Sends: its logits to the loss
  * Schedule 1f1b, 8 micro-batches of 8; predicted 39.9 us forward + 79.3 us backward per micro-batch.
- * Arena: 922816 bytes (weights 236536), 2 copies of each value in flight.
+ * Arena: 871616 bytes (weights 236536), 2 copies of each value in flight, 1 of each gradient.
  */
 #include "piperun.h"
 
-enum { STAGE = 3, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS = 2 };
-#define ARENA_BYTES 922816LL
+enum { STAGE = 3, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS = 2, NGSLOTS = 1 };
+#define ARENA_BYTES 871616LL
 #define WEIGHTS_BYTES 236536LL
 
 /* Buffers: arena offset and size of one copy. */
@@ -36,24 +36,24 @@ enum { STAGE = 3, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 #define SIZE__conv2_Conv_output_0 51200LL /* [8,16,10,10], one copy per micro-batch in flight */
 #define _conv2_Conv_output_0(k) ((float *)(arena + OFF__conv2_Conv_output_0 + (int64_t)(k) * SIZE__conv2_Conv_output_0))
 #define OFF_d__conv2_Conv_output_0 717952LL
-#define SIZE_d__conv2_Conv_output_0 51200LL /* [8,16,10,10], gradient, two copies */
+#define SIZE_d__conv2_Conv_output_0 51200LL /* [8,16,10,10], gradient, one copy per gradient slot */
 #define d__conv2_Conv_output_0(k) ((float *)(arena + OFF_d__conv2_Conv_output_0 + (int64_t)(k) * SIZE_d__conv2_Conv_output_0))
 #define OFF__Relu_1_output_0 575616LL
 #define SIZE__Relu_1_output_0 51200LL /* [8,16,10,10], one copy per micro-batch in flight */
 #define _Relu_1_output_0(k) ((float *)(arena + OFF__Relu_1_output_0 + (int64_t)(k) * SIZE__Relu_1_output_0))
-#define OFF__MaxPool_1_output_0 820416LL
+#define OFF__MaxPool_1_output_0 769216LL
 #define SIZE__MaxPool_1_output_0 12800LL /* [8,16,5,5], temporary */
 #define _MaxPool_1_output_0 ((float *)(arena + OFF__MaxPool_1_output_0))
 #define OFF__flatten_Flatten_output_0 678016LL
 #define SIZE__flatten_Flatten_output_0 12800LL /* [8,400], one copy per micro-batch in flight */
 #define _flatten_Flatten_output_0(k) ((float *)(arena + OFF__flatten_Flatten_output_0 + (int64_t)(k) * SIZE__flatten_Flatten_output_0))
-#define OFF__fc1_Gemm_output_0 820416LL
+#define OFF__fc1_Gemm_output_0 769216LL
 #define SIZE__fc1_Gemm_output_0 3840LL /* [8,120], temporary */
 #define _fc1_Gemm_output_0 ((float *)(arena + OFF__fc1_Gemm_output_0))
 #define OFF__Relu_2_output_0 703616LL
 #define SIZE__Relu_2_output_0 3840LL /* [8,120], one copy per micro-batch in flight */
 #define _Relu_2_output_0(k) ((float *)(arena + OFF__Relu_2_output_0 + (int64_t)(k) * SIZE__Relu_2_output_0))
-#define OFF__fc2_Gemm_output_0 820416LL
+#define OFF__fc2_Gemm_output_0 769216LL
 #define SIZE__fc2_Gemm_output_0 2688LL /* [8,84], temporary */
 #define _fc2_Gemm_output_0 ((float *)(arena + OFF__fc2_Gemm_output_0))
 #define OFF__Relu_3_output_0 711296LL
@@ -65,7 +65,7 @@ enum { STAGE = 3, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 #define OFF_d_logits 717312LL
 #define SIZE_d_logits 320LL /* [8,10], one copy per micro-batch in flight */
 #define d_logits(k) ((float *)(arena + OFF_d_logits + (int64_t)(k) * SIZE_d_logits))
-#define OFF_labels_logits 820352LL
+#define OFF_labels_logits 769152LL
 #define SIZE_labels_logits 64LL /* [8,10], labels */
 #define labels_logits ((int64_t *)(arena + OFF_labels_logits))
 #define OFF_dW_fc3_weight 236544LL
@@ -74,10 +74,10 @@ enum { STAGE = 3, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 #define OFF_dW_fc3_bias 239936LL
 #define SIZE_dW_fc3_bias 40LL /* [10], weight gradient */
 #define dW_fc3_bias ((float *)(arena + OFF_dW_fc3_bias))
-#define OFF_d__Relu_3_output_0 820416LL
+#define OFF_d__Relu_3_output_0 769216LL
 #define SIZE_d__Relu_3_output_0 2688LL /* [8,84], temporary */
 #define d__Relu_3_output_0 ((float *)(arena + OFF_d__Relu_3_output_0))
-#define OFF_d__fc2_Gemm_output_0 824256LL
+#define OFF_d__fc2_Gemm_output_0 773056LL
 #define SIZE_d__fc2_Gemm_output_0 2688LL /* [8,84], temporary */
 #define d__fc2_Gemm_output_0 ((float *)(arena + OFF_d__fc2_Gemm_output_0))
 #define OFF_dW_fc2_weight 240000LL
@@ -86,10 +86,10 @@ enum { STAGE = 3, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 #define OFF_dW_fc2_bias 280320LL
 #define SIZE_dW_fc2_bias 336LL /* [84], weight gradient */
 #define dW_fc2_bias ((float *)(arena + OFF_dW_fc2_bias))
-#define OFF_d__Relu_2_output_0 820416LL
+#define OFF_d__Relu_2_output_0 769216LL
 #define SIZE_d__Relu_2_output_0 3840LL /* [8,120], temporary */
 #define d__Relu_2_output_0 ((float *)(arena + OFF_d__Relu_2_output_0))
-#define OFF_d__fc1_Gemm_output_0 833216LL
+#define OFF_d__fc1_Gemm_output_0 782016LL
 #define SIZE_d__fc1_Gemm_output_0 3840LL /* [8,120], temporary */
 #define d__fc1_Gemm_output_0 ((float *)(arena + OFF_d__fc1_Gemm_output_0))
 #define OFF_dW_fc1_weight 280704LL
@@ -98,16 +98,16 @@ enum { STAGE = 3, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 #define OFF_dW_fc1_bias 472704LL
 #define SIZE_dW_fc1_bias 480LL /* [120], weight gradient */
 #define dW_fc1_bias ((float *)(arena + OFF_dW_fc1_bias))
-#define OFF_d__flatten_Flatten_output_0 820416LL
+#define OFF_d__flatten_Flatten_output_0 769216LL
 #define SIZE_d__flatten_Flatten_output_0 12800LL /* [8,400], temporary */
 #define d__flatten_Flatten_output_0 ((float *)(arena + OFF_d__flatten_Flatten_output_0))
-#define OFF_d__MaxPool_1_output_0 871616LL
+#define OFF_d__MaxPool_1_output_0 820416LL
 #define SIZE_d__MaxPool_1_output_0 12800LL /* [8,16,5,5], temporary */
 #define d__MaxPool_1_output_0 ((float *)(arena + OFF_d__MaxPool_1_output_0))
-#define OFF_d__Relu_1_output_0 820416LL
+#define OFF_d__Relu_1_output_0 769216LL
 #define SIZE_d__Relu_1_output_0 51200LL /* [8,16,10,10], temporary */
 #define d__Relu_1_output_0 ((float *)(arena + OFF_d__Relu_1_output_0))
-#define OFF_d__conv2_Conv_output_0_31 871616LL
+#define OFF_d__conv2_Conv_output_0_31 820416LL
 #define SIZE_d__conv2_Conv_output_0_31 51200LL /* [8,16,10,10], temporary */
 #define d__conv2_Conv_output_0_31 ((float *)(arena + OFF_d__conv2_Conv_output_0_31))
 
@@ -173,10 +173,14 @@ static double loss(int slot, const int64_t *labels) {
   return k_softmax_xent(logits(slot), labels, d_logits(slot), 8, 10, 1.0f / 64);
 }
 
-/* The schedule: this stage's actions for one optimizer step, in order. */
+/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot}. */
 static const PrAction SCHEDULE[] = {
-    {'F', 0}, {'B', 0}, {'F', 1}, {'B', 1}, {'F', 2}, {'B', 2}, {'F', 3}, {'B', 3},
-    {'F', 4}, {'B', 4}, {'F', 5}, {'B', 5}, {'F', 6}, {'B', 6}, {'F', 7}, {'B', 7}
+    {PR_RECV, 0, 0, -1}, {PR_RECV, 1, 1, -1}, {PR_F, 0, 0, -1}, {PR_B, 0, 0, 0}, {PR_SEND_GRAD, 0, -1, 0}, {PR_RECV, 2, 0, -1},
+    {PR_F, 1, 1, -1}, {PR_B, 1, 1, 0}, {PR_SEND_GRAD, 1, -1, 0}, {PR_RECV, 3, 1, -1}, {PR_F, 2, 0, -1}, {PR_B, 2, 0, 0},
+    {PR_SEND_GRAD, 2, -1, 0}, {PR_RECV, 4, 0, -1}, {PR_F, 3, 1, -1}, {PR_B, 3, 1, 0}, {PR_SEND_GRAD, 3, -1, 0}, {PR_RECV, 5, 1, -1},
+    {PR_F, 4, 0, -1}, {PR_B, 4, 0, 0}, {PR_SEND_GRAD, 4, -1, 0}, {PR_RECV, 6, 0, -1}, {PR_F, 5, 1, -1}, {PR_B, 5, 1, 0},
+    {PR_SEND_GRAD, 5, -1, 0}, {PR_RECV, 7, 1, -1}, {PR_F, 6, 0, -1}, {PR_B, 6, 0, 0}, {PR_SEND_GRAD, 6, -1, 0}, {PR_F, 7, 1, -1},
+    {PR_B, 7, 1, 0}, {PR_SEND_GRAD, 7, -1, 0}, {PR_UPDATE, -1, -1, -1}
 };
 
 static const PrValue RECV[] = {
@@ -193,11 +197,12 @@ static const PrParam PARAMS[] = {
 
 static const PrStage THIS_STAGE = {
     .stage = STAGE, .nstages = NSTAGES, .microbatches = MICROBATCHES, .mb_size = MB_SIZE, .batch = BATCH,
-    .nslots = NSLOTS, .model = "onnx_models/lenet.onnx", .arena = arena, .arena_bytes = ARENA_BYTES, .weights_bytes = WEIGHTS_BYTES,
-    .actions = SCHEDULE, .nactions = 16,
+    .nslots = NSLOTS, .ngslots = NGSLOTS, .model = "onnx_models/lenet.onnx", .arena = arena, .arena_bytes = ARENA_BYTES, .weights_bytes = WEIGHTS_BYTES,
+    .actions = SCHEDULE, .nactions = 33,
     .recv = RECV, .nrecv = 1, .send = NULL, .nsend = 0,
     .params = PARAMS, .nparams = 6,
-    .forward = forward, .backward = backward, .loss = loss,
+    .forward = forward, .backward = backward, .backward_input = NULL, .backward_weight = NULL,
+    .loss = loss,
     .loss_rows = 8, .loss_classes = 10, .labels_offset = OFF_labels_logits, .forward_only = 0,
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,

@@ -100,9 +100,9 @@ def build_runtime(work):
     m = os.path.join(ROOT, "onnx_models", "mlp.onnx")
     subprocess.run([PIPECC, m, "-o", probe, "--forward-only", "--plan-only"], capture_output=True)
     subprocess.run([PIPECC, m, "-o", probe, "--forward-only"], check=True, capture_output=True)
-    subprocess.run(["make", "-s", "-C", probe, "build/piperun.o", "build/data.o", "build/save_onnx.o", "build/eval.o",
+    subprocess.run(["make", "-s", "-C", probe, "build/piperun.o", "build/trace.o", "build/data.o", "build/save_onnx.o", "build/eval.o",
                     "build/onnx.pb-c.o"], check=True, capture_output=True)
-    return [os.path.join(probe, "build", f) for f in ("piperun.o", "data.o", "save_onnx.o", "eval.o", "onnx.pb-c.o")]
+    return [os.path.join(probe, "build", f) for f in ("piperun.o", "trace.o", "data.o", "save_onnx.o", "eval.o", "onnx.pb-c.o")]
 
 
 def run_case(name, case_dir, work, rt_obj):

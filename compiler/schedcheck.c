@@ -1,0 +1,223 @@
+/* schedcheck.c - the schedule validator, run on every plan before code is
+ * emitted, so that a wrong list is a compile-time error naming ranks and
+ * actions rather than a hang or silently wrong gradients at run time.
+ *
+ * Per rank, statically: every micro-batch has its F, its backward (B, or I
+ * then W), and exactly the messages its position needs (no RECV on stage 0,
+ * no SEND on the last, none of the gradient ones in a forward-only
+ * program), each after what it depends on; F's, backwards and W's run in
+ * ascending micro-batch order (the loss sum, BatchNorm's running statistics
+ * and the weight-gradient sums depend on it: that is what makes every
+ * schedule and -n bit-identical); UPDATE once, last; and no slot or gslot
+ * is taken while another micro-batch still holds it.
+ *
+ * Then all ranks run together under MPI's blocking rules as the runtime
+ * uses them: F waits for the previous rank's SEND, B/I for the next rank's
+ * SEND_GRAD; and before anything refills a slot (RECV, F) or gslot
+ * (RECV_GRAD, B/I) it waits until the neighbour has posted the receive of
+ * what was sent from it (a rendezvous send completes only then).  Tags are
+ * unique per (step, mb, value, direction), so any matching order is
+ * compatible; no progress while actions remain is a deadlock. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "schedule.h"
+
+typedef struct Chk {
+  const Schedule *sc;
+  int **pos;   /* pos[s][kind * m + mb]: index of that action on rank s, -1; -2 if it appears twice */
+  int **done;  /* done[s][kind * m + mb]: executed in the joint run */
+} Chk;
+
+static int at(const Chk *c, int s, int kind, int mb) { return c->pos[s][kind * c->sc->m + mb]; }
+
+static int index_actions(Chk *c, int s) {
+  const Schedule *sc = c->sc;
+  int m = sc->m, nupd = 0;
+  char b[32];
+  for (int k = 0; k < sc->nact[s]; k++) {
+    const Action *a = &sc->act[s][k];
+    if (a->kind == ACT_UPDATE) {
+      if (k != sc->nact[s] - 1 || nupd++) return err_set("schedule: rank %d: UPDATE at action %d must be once and last", s, k);
+      continue;
+    }
+    if (a->kind < 0 || a->kind > ACT_UPDATE || a->mb < 0 || a->mb >= m)
+      return err_set("schedule: rank %d: action %d (%s) is not a valid action of %d micro-batches", s, k, action_str(a, b, sizeof b), m);
+    int *p = &c->pos[s][a->kind * m + a->mb];
+    if (*p >= 0) return err_set("schedule: rank %d: %s appears twice (actions %d and %d)", s, action_str(a, b, sizeof b), *p, k);
+    *p = k;
+  }
+  if (!sc->forward_only && !nupd) return err_set("schedule: rank %d: no UPDATE", s);
+  if (sc->forward_only && nupd) return err_set("schedule: rank %d: UPDATE in a forward-only program", s);
+  return 0;
+}
+
+/* Which kinds rank s must have for every micro-batch, and which it must not. */
+static int wanted(const Schedule *sc, int s, int kind, int split) {
+  int p = sc->nstages, train = !sc->forward_only;
+  switch (kind) {
+  case ACT_F: return 1;
+  case ACT_B: return train && !split;
+  case ACT_I: case ACT_W: return train && split;
+  case ACT_SEND: return s < p - 1;
+  case ACT_RECV: return s > 0;
+  case ACT_SEND_GRAD: return train && s > 0;
+  case ACT_RECV_GRAD: return train && s < p - 1;
+  default: return 0;
+  }
+}
+
+/* "x must come after y" for every micro-batch: kinds whose position depends on another. */
+static const int AFTER[][2] = {{ACT_F, ACT_RECV},       {ACT_SEND, ACT_F},           {ACT_B, ACT_F},
+                               {ACT_I, ACT_F},          {ACT_W, ACT_I},              {ACT_B, ACT_RECV_GRAD},
+                               {ACT_I, ACT_RECV_GRAD},  {ACT_SEND_GRAD, ACT_B},      {ACT_SEND_GRAD, ACT_I}};
+
+static int check_rank(Chk *c, int s) {
+  const Schedule *sc = c->sc;
+  int m = sc->m;
+  if (index_actions(c, s)) return -1;
+  int split = m > 0 && at(c, s, ACT_I, 0) >= 0;
+  for (int kind = 0; kind <= ACT_RECV_GRAD; kind++)
+    for (int mb = 0; mb < m; mb++) {
+      int have = at(c, s, kind, mb) >= 0, want = wanted(sc, s, kind, split);
+      if (have != want)
+        return err_set("schedule: rank %d %s %s%d (stage %d of %d%s)", s, have ? "must not have" : "has no", action_kind_name(kind), mb,
+                       s, sc->nstages, sc->forward_only ? ", forward only" : "");
+    }
+  for (size_t r = 0; r < sizeof AFTER / sizeof AFTER[0]; r++)
+    for (int mb = 0; mb < m; mb++) {
+      int x = at(c, s, AFTER[r][0], mb), y = at(c, s, AFTER[r][1], mb);
+      if (x >= 0 && y >= 0 && x < y)
+        return err_set("schedule: rank %d: %s%d (action %d) comes before %s%d (action %d)", s, action_kind_name(AFTER[r][0]), mb, x,
+                       action_kind_name(AFTER[r][1]), mb, y);
+    }
+  static const int ascending[] = {ACT_F, ACT_B, ACT_I, ACT_W};
+  for (int q = 0; q < 4; q++)
+    for (int mb = 1; mb < m; mb++) {
+      int x = at(c, s, ascending[q], mb - 1), y = at(c, s, ascending[q], mb);
+      if (x >= 0 && y >= 0 && y < x)
+        return err_set("schedule: rank %d: %s%d (action %d) runs before %s%d (action %d); %s actions must run in ascending "
+                       "micro-batch order (the sums over micro-batches depend on it)", s, action_kind_name(ascending[q]), mb, y,
+                       action_kind_name(ascending[q]), mb - 1, x, action_kind_name(ascending[q]));
+    }
+  return 0;
+}
+
+/* One ring: every action of mb uses the slot mb took, and a slot is taken
+ * only once its previous holder's last action has run. */
+static int check_ring(const Schedule *sc, int s, int grad) {
+  int m = sc->m, n = sc->nact[s], size = grad ? sc->ngslots[s] : sc->nslots[s];
+  int *slot = malloc(sizeof(int) * (size_t)m), *last = malloc(sizeof(int) * (size_t)m), *owner = malloc(sizeof(int) * (size_t)size);
+  if (!slot || !last || !owner) abort();
+  for (int i = 0; i < m; i++) slot[i] = last[i] = -1;
+  for (int i = 0; i < size; i++) owner[i] = -1;
+  for (int k = 0; k < n; k++) {
+    const Action *a = &sc->act[s][k];
+    if (a->mb >= 0 && (grad ? a->gslot : a->slot) >= 0) last[a->mb] = k;
+  }
+  int rc = 0;
+  char b[32];
+  const char *ring = grad ? "gslot" : "slot";
+  for (int k = 0; k < n && !rc; k++) {
+    const Action *a = &sc->act[s][k];
+    int x = grad ? a->gslot : a->slot;
+    if (a->mb < 0 || x < 0) continue;
+    if (x >= size) {
+      rc = err_set("schedule: rank %d: %s uses %s %d of a ring of %d", s, action_str(a, b, sizeof b), ring, x, size);
+    } else if (slot[a->mb] < 0) {
+      if (owner[x] >= 0)
+        rc = err_set("schedule: rank %d: %s (action %d) takes %s %d while micro-batch %d still holds it", s, action_str(a, b, sizeof b), k,
+                     ring, x, owner[x]);
+      slot[a->mb] = x, owner[x] = a->mb;
+    } else if (slot[a->mb] != x) {
+      rc = err_set("schedule: rank %d: %s (action %d) uses %s %d, but micro-batch %d holds %s %d", s, action_str(a, b, sizeof b), k, ring,
+                   x, a->mb, ring, slot[a->mb]);
+    }
+    if (!rc && last[a->mb] == k) owner[x] = -1;
+  }
+  free(slot), free(last), free(owner);
+  return rc;
+}
+
+/* ---- the joint run ---- */
+
+/* Rank s may not refill ring slot x until every send from it has a posted receive. */
+static int sends_matched(const Chk *c, int s, int k, int grad, int *peer_out, int *mb_out) {
+  const Schedule *sc = c->sc;
+  const Action *a = &sc->act[s][k];
+  int x = grad ? a->gslot : a->slot, kind = grad ? ACT_SEND_GRAD : ACT_SEND, rkind = grad ? ACT_RECV_GRAD : ACT_RECV;
+  int peer = grad ? s - 1 : s + 1;
+  for (int j = 0; j < k; j++) {
+    const Action *b = &sc->act[s][j];
+    if (b->kind != kind || (grad ? b->gslot : b->slot) != x || b->mb == a->mb) continue;
+    if (!c->done[peer][rkind * sc->m + b->mb]) return *peer_out = peer, *mb_out = b->mb, 0;
+  }
+  return 1;
+}
+
+/* Whether rank s can run its action k now; if not, says what it waits for. */
+static int can_run(const Chk *c, int s, int k, char *why, size_t len) {
+  const Schedule *sc = c->sc;
+  const Action *a = &sc->act[s][k];
+  int m = sc->m, p = sc->nstages, peer, mb;
+  if (a->kind == ACT_F && s > 0 && !c->done[s - 1][ACT_SEND * m + a->mb])
+    return snprintf(why, len, "SEND%d on rank %d", a->mb, s - 1), 0;
+  if ((a->kind == ACT_B || a->kind == ACT_I) && s < p - 1 && !c->done[s + 1][ACT_SEND_GRAD * m + a->mb])
+    return snprintf(why, len, "SEND_GRAD%d on rank %d", a->mb, s + 1), 0;
+  if ((a->kind == ACT_RECV || a->kind == ACT_F) && s < p - 1 && !sends_matched(c, s, k, 0, &peer, &mb))
+    return snprintf(why, len, "RECV%d on rank %d (its send leaves slot %d)", mb, peer, a->slot), 0;
+  if ((a->kind == ACT_RECV_GRAD || a->kind == ACT_B || a->kind == ACT_I) && s > 0 && !sends_matched(c, s, k, 1, &peer, &mb))
+    return snprintf(why, len, "RECV_GRAD%d on rank %d (its send leaves gslot %d)", mb, peer, a->gslot), 0;
+  return 1;
+}
+
+static int run_jointly(Chk *c) {
+  const Schedule *sc = c->sc;
+  int p = sc->nstages, m = sc->m, left = 0;
+  int *next = calloc((size_t)p, sizeof(int));
+  if (!next) abort();
+  for (int s = 0; s < p; s++) left += sc->nact[s];
+  char why[96];
+  for (int progressed = 1; left > 0 && progressed;) {
+    progressed = 0;
+    for (int s = 0; s < p; s++)
+      while (next[s] < sc->nact[s] && can_run(c, s, next[s], why, sizeof why)) {
+        const Action *a = &sc->act[s][next[s]++];
+        if (a->mb >= 0) c->done[s][a->kind * m + a->mb] = 1;
+        left--, progressed = 1;
+      }
+  }
+  if (left > 0) {
+    Buf msg = {0};
+    buf_printf(&msg, "schedule: deadlock:");
+    for (int s = 0; s < p; s++) {
+      if (next[s] >= sc->nact[s]) continue;
+      char b[32];
+      can_run(c, s, next[s], why, sizeof why);
+      buf_printf(&msg, " rank %d waits at %s (action %d) for %s;", s, action_str(&sc->act[s][next[s]], b, sizeof b), next[s], why);
+    }
+    msg.s[msg.len - 1] = 0;
+    err_set("%s", msg.s);
+    buf_free(&msg);
+  }
+  free(next);
+  return left > 0 ? -1 : 0;
+}
+
+int schedule_validate(const Schedule *sc) {
+  int p = sc->nstages, m = sc->m, rc = 0;
+  Chk c = {sc, calloc((size_t)p, sizeof(int *)), calloc((size_t)p, sizeof(int *))};
+  if (!c.pos || !c.done) abort();
+  for (int s = 0; s < p; s++) {
+    c.pos[s] = malloc(sizeof(int) * (size_t)(ACT_NKINDS * m));
+    c.done[s] = calloc((size_t)(ACT_NKINDS * m), sizeof(int));
+    if (!c.pos[s] || !c.done[s]) abort();
+    for (int i = 0; i < ACT_NKINDS * m; i++) c.pos[s][i] = -1;
+  }
+  for (int s = 0; s < p && !rc; s++) rc = check_rank(&c, s) || check_ring(sc, s, 0) || check_ring(sc, s, 1) ? -1 : 0;
+  if (!rc) rc = run_jointly(&c);
+  for (int s = 0; s < p; s++) free(c.pos[s]), free(c.done[s]);
+  free(c.pos), free(c.done);
+  return rc;
+}

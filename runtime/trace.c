@@ -1,0 +1,67 @@
+/* trace.c - gathering every rank's spans on rank 0 and writing them as one
+ * Chrome trace event file: {"traceEvents": [...], "displayTimeUnit": "ms"},
+ * complete events ("ph": "X", microseconds) on track tid = rank, named by
+ * thread_name metadata events. */
+#include "trace.h"
+
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "piperun.h"
+
+void trace_init(PrTrace *t, int64_t cap) {
+  memset(t, 0, sizeof *t);
+  if (cap <= 0) return;
+  t->ev = malloc(sizeof(PrEvent) * (size_t)cap);
+  if (t->ev) t->cap = cap;
+}
+
+void trace_free(PrTrace *t) { free(t->ev), memset(t, 0, sizeof *t); }
+
+/* This rank's events as JSON objects, each followed by ",\n". */
+static char *format_events(const PrTrace *t, int rank, long *len) {
+  size_t cap = 256 + (size_t)t->n * 220, n = 0;
+  char *s = malloc(cap);
+  if (!s) return *len = 0, NULL;
+  n += (size_t)snprintf(s + n, cap - n, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
+                                        "\"args\": {\"name\": \"rank %d (stage %d)\"}},\n", rank, rank, rank);
+  for (int64_t i = 0; i < t->n && n + 220 < cap; i++) {
+    const PrEvent *e = &t->ev[i];
+    const char *kind = e->kind < 0 ? "wait" : pr_kind_name(e->kind);
+    char name[32];
+    if (e->kind < 0 || e->kind == PR_UPDATE) snprintf(name, sizeof name, "%s", kind);
+    else snprintf(name, sizeof name, "%s%d", kind, e->mb);
+    n += (size_t)snprintf(s + n, cap - n, "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, "
+                          "\"tid\": %d, \"args\": {\"step\": %lld, \"mb\": %d, \"kind\": \"%s\", \"slot\": %d}},\n", name, kind,
+                          e->t0 * 1e6, (e->t1 - e->t0) * 1e6, rank, (long long)e->step, e->mb, kind, e->slot);
+  }
+  *len = (long)n;
+  return s;
+}
+
+int trace_write(PrTrace *t, const char *path, int rank, int nranks) {
+  long len;
+  char *mine = format_events(t, rank, &len);
+  int ilen = len > 1 << 30 ? 1 << 30 : (int)len, *lens = NULL, *displs = NULL;
+  char *all = NULL;
+  if (rank == 0) lens = calloc((size_t)nranks, sizeof(int)), displs = calloc((size_t)nranks, sizeof(int));
+  MPI_Gather(&ilen, 1, MPI_INT, lens, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  long total = 0;
+  if (rank == 0) {
+    for (int r = 0; r < nranks; r++) displs[r] = (int)total, total += lens[r];
+    all = malloc((size_t)total + 1);
+  }
+  MPI_Gatherv(mine, ilen, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, MPI_COMM_WORLD);
+  int rc = 0;
+  if (rank == 0) {
+    /* Drop the last ",\n" so the array is valid JSON. */
+    while (total > 0 && (all[total - 1] == '\n' || all[total - 1] == ',')) total--;
+    FILE *f = fopen(path, "w");
+    rc = !f || fprintf(f, "{\"traceEvents\": [\n%.*s\n], \"displayTimeUnit\": \"ms\"}\n", (int)total, all) < 0 ? -1 : 0;
+    if (f && fclose(f)) rc = -1;
+  }
+  free(mine), free(all), free(lens), free(displs);
+  return rc;
+}

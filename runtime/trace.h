@@ -1,0 +1,34 @@
+/* trace.h - a run's timeline: one span per executed action and per wait in
+ * MPI, written by rank 0 as Chrome trace event JSON (chrome://tracing,
+ * Perfetto, and the SVG tool read it). */
+#ifndef PIPERUN_TRACE_H
+#define PIPERUN_TRACE_H
+#include <stdint.h>
+
+typedef struct PrEvent {
+  double t0, t1;   /* seconds since the common start */
+  int64_t step;
+  int kind;        /* PR_*, or -1 for a wait */
+  int mb, slot;
+} PrEvent;
+
+typedef struct PrTrace {
+  PrEvent *ev;     /* preallocated: nothing is allocated while training */
+  int64_t n, cap, dropped;
+  double start;    /* MPI_Wtime of the common start (after a barrier) */
+} PrTrace;
+
+/* cap events; 0 = tracing off. */
+void trace_init(PrTrace *t, int64_t cap);
+static inline void trace_add(PrTrace *t, int kind, int mb, int slot, int64_t step, double t0, double t1) {
+  if (!t->cap) return;
+  if (t->n == t->cap) {
+    t->dropped++;
+    return;
+  }
+  t->ev[t->n++] = (PrEvent){t0 - t->start, t1 - t->start, step, kind, mb, slot};
+}
+/* Collective: every rank's events go to rank 0, which writes path; 0 or -1. */
+int trace_write(PrTrace *t, const char *path, int rank, int nranks);
+void trace_free(PrTrace *t);
+#endif

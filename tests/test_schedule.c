@@ -1,0 +1,145 @@
+/* test_schedule.c - the action lists and their validator.
+ *
+ * (a) Every schedule the compiler builds - gpipe, 1f1b, zb1, and forward
+ * only - for n = 1..8 stages and m = 1..16 micro-batches passes the
+ * validator; its rings are no larger than the partitioner's memory bounds;
+ * backwards and W's run in ascending micro-batch order; zb1 keeps at most
+ * 1F1B's in-flight count of micro-batches without their W, and in unit time
+ * (F = I = W = 1) is never slower than 1F1B (F = 1, B = 2).
+ * (b) Planted mistakes are rejected with a message naming the rank: forwards
+ * out of order, a missing SEND, a slot taken while still live, and a
+ * deadlock between two ranks. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "schedule.h"
+
+static int passed, failed;
+#define CHECK(cond, ...)                         \
+  do {                                           \
+    if (cond) passed++;                          \
+    else {                                       \
+      failed++;                                  \
+      printf("not ok - " __VA_ARGS__);           \
+      printf("  (%s:%d)\n", __FILE__, __LINE__); \
+    }                                            \
+  } while (0)
+
+static void unit_costs(StageCost *c, int p, double bwd) {
+  memset(c, 0, sizeof(StageCost) * (size_t)p);
+  for (int s = 0; s < p; s++) c[s].fwd = 1, c[s].bwd = bwd, c[s].bwd_w = bwd / 2;
+}
+
+/* Backwards (B or I) and W's ascending; the most micro-batches without their W (zb1) or B. */
+static int order_ok(const Schedule *sc, int s, int *peak) {
+  int lastb = -1, lastw = -1, open = 0, ok = 1;
+  *peak = 0;
+  for (int k = 0; k < sc->nact[s]; k++) {
+    const Action *a = &sc->act[s][k];
+    if (a->kind == ACT_F) open++;
+    if (a->kind == ACT_B || a->kind == ACT_W) open--;
+    if (a->kind == ACT_B || a->kind == ACT_I) ok &= a->mb == lastb + 1, lastb = a->mb;
+    if (a->kind == ACT_W) ok &= a->mb == lastw + 1, lastw = a->mb;
+    if (open > *peak) *peak = open;
+  }
+  return ok;
+}
+
+static void accepts(int kind, int p, int m, int fwd_only) {
+  Pool pool = {0};
+  StageCost c[8];
+  unit_costs(c, p, kind == SCHED_ZB1 ? 2 : 1);
+  Schedule sc;
+  schedule_build(&sc, kind, p, m, fwd_only, c, &pool);
+  const char *name = fwd_only ? "forward-only" : schedule_name(kind);
+  int rc = schedule_validate(&sc);
+  CHECK(rc == 0, "%s n=%d m=%d rejected: %s\n", name, p, m, rc ? err_msg() : "");
+  for (int s = 0; s < p && !fwd_only; s++) {
+    int peak;
+    CHECK(order_ok(&sc, s, &peak), "%s n=%d m=%d rank %d: backwards or W's out of order\n", name, p, m, s);
+    CHECK(peak <= stage_inflight(kind, s, p, m), "%s n=%d m=%d rank %d: %d micro-batches open, 1f1b allows %d\n", name, p, m, s, peak,
+          stage_inflight(kind, s, p, m));
+    CHECK(sc.nslots[s] <= stage_copies(kind, s, p, m) && sc.ngslots[s] <= stage_gcopies(kind, s, p, m),
+          "%s n=%d m=%d rank %d: rings %d/%d over the partitioner's bounds %d/%d\n", name, p, m, s, sc.nslots[s], sc.ngslots[s],
+          stage_copies(kind, s, p, m), stage_gcopies(kind, s, p, m));
+  }
+  if (kind == SCHED_ZB1 && !fwd_only) {
+    Schedule ref;
+    schedule_build(&ref, SCHED_1F1B, p, m, 0, c, &pool);
+    CHECK(sc.step_time <= ref.step_time + 1e-9, "zb1 n=%d m=%d: %g units, 1f1b %g\n", p, m, sc.step_time, ref.step_time);
+  }
+  pool_free(&pool);
+}
+
+/* Builds 1f1b n=4 m=8, applies a mistake, and expects a message naming rank `rank` and containing `what`. */
+static void rejects(const char *label, void (*plant)(Schedule *), int rank, const char *what) {
+  Pool pool = {0};
+  StageCost c[4];
+  unit_costs(c, 4, 1);
+  Schedule sc;
+  schedule_build(&sc, SCHED_1F1B, 4, 8, 0, c, &pool);
+  plant(&sc);
+  char want[32];
+  snprintf(want, sizeof want, "rank %d", rank);
+  int rc = schedule_validate(&sc);
+  const char *msg = rc ? err_msg() : "";
+  CHECK(rc == -1 && strstr(msg, want) && strstr(msg, what), "%s: got %s'%s', want a message with '%s' and '%s'\n", label,
+        rc ? "" : "acceptance ", msg, want, what);
+  if (rc == -1) printf("ok - rejects %s: %s\n", label, msg);
+  err_clear();
+  pool_free(&pool);
+}
+
+static int find(const Schedule *sc, int s, int kind, int mb) {
+  for (int k = 0; k < sc->nact[s]; k++)
+    if (sc->act[s][k].kind == kind && sc->act[s][k].mb == mb) return k;
+  return -1;
+}
+
+/* Rank 2 runs F3 (and SEND3) where F2 was, and F2 where F3 was. */
+static void swap_forwards(Schedule *sc) {
+  for (int kind = ACT_F; kind <= ACT_SEND; kind += ACT_SEND - ACT_F) {
+    int a = find(sc, 2, kind, 2), b = find(sc, 2, kind, 3);
+    Action t = sc->act[2][a];
+    sc->act[2][a] = sc->act[2][b], sc->act[2][b] = t;
+  }
+}
+
+/* Rank 1 forgets to send micro-batch 3 on. */
+static void drop_send(Schedule *sc) {
+  int k = find(sc, 1, ACT_SEND, 3);
+  memmove(&sc->act[1][k], &sc->act[1][k + 1], sizeof(Action) * (size_t)(sc->nact[1] - k - 1));
+  sc->nact[1]--;
+}
+
+/* Rank 1 receives micro-batch 1 into micro-batch 0's slot. */
+static void reuse_slot(Schedule *sc) {
+  int slot0 = sc->act[1][find(sc, 1, ACT_F, 0)].slot;
+  for (int k = 0; k < sc->nact[1]; k++)
+    if (sc->act[1][k].mb == 1 && sc->act[1][k].slot >= 0) sc->act[1][k].slot = slot0;
+}
+
+/* Rank 1 runs B0 before F1; rank 2 needs F1 (from rank 1) before its B0. */
+static void deadlock(Schedule *sc) {
+  int f = find(sc, 1, ACT_F, 1), b = find(sc, 1, ACT_B, 0);
+  Action moved = sc->act[1][b];
+  memmove(&sc->act[1][f + 1], &sc->act[1][f], sizeof(Action) * (size_t)(b - f));
+  sc->act[1][f] = moved;
+}
+
+int main(void) {
+  for (int kind = 0; kind <= SCHED_ZB1; kind++)
+    for (int p = 1; p <= 8; p++)
+      for (int m = 1; m <= 16; m++) accepts(kind, p, m, 0);
+  for (int p = 1; p <= 8; p++)
+    for (int m = 1; m <= 16; m++) accepts(SCHED_GPIPE, p, m, 1);
+  printf("ok - gpipe, 1f1b, zb1 and forward-only lists for n = 1..8, m = 1..16 pass the validator, within the memory bounds\n");
+  rejects("forwards out of order", swap_forwards, 2, "ascending");
+  rejects("a missing SEND", drop_send, 1, "SEND3");
+  rejects("a slot reused while live", reuse_slot, 1, "still holds");
+  rejects("a deadlock", deadlock, 2, "deadlock");
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed != 0;
+}
