@@ -141,6 +141,7 @@ static int span_ok(const TlSpan *s, int nranks) {
 void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *title) {
   if (n < 0 || !spans) n = 0;
   if (nranks < 0) nranks = 0;
+  if (nranks > TL_MAX_RANKS) nranks = TL_MAX_RANKS;
 
   /* The time range and what is present. */
   double t0 = 0, t1 = 0;
@@ -253,11 +254,13 @@ void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *ti
       double last_label = -1e9;
       for (int i = 0; i < nsteps; i++) {
         double x = X(ss[i].start);
+        /* Only a labelled line reaches up to its label. */
+        int label = x - last_label >= 60 && x < W_PX - RIGHT - 40;
         buf_printf(o,
                    "<line class=\"step\" x1=\"%.2f\" y1=\"%.0f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#777777\" "
                    "stroke-width=\"1\" stroke-dasharray=\"4 3\"/>\n",
-                   x, TOP - 14, x, rows_end + 2);
-        if (x - last_label >= 60 && x < W_PX - RIGHT - 40) {
+                   x, label ? TOP - 14 : TOP - 2, x, rows_end + 2);
+        if (label) {
           buf_printf(o, "<text x=\"%.2f\" y=\"%.0f\">step %d</text>\n", x + 3, TOP - 5, ss[i].step);
           last_label = x;
         }

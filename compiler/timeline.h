@@ -15,6 +15,8 @@ typedef struct TlSpan {
   double start, end;
 } TlSpan;
 
+#define TL_MAX_RANKS 65536
+
 enum { TL_F, TL_B, TL_I, TL_W, TL_SEND, TL_RECV, TL_SEND_GRAD, TL_RECV_GRAD, TL_UPDATE, TL_WAIT, TL_NKINDS };
 
 /* "F","B","I","W","SEND","RECV","SEND_GRAD","RECV_GRAD","UPDATE","wait";
@@ -31,6 +33,6 @@ int tl_kind_from_name(const char *s);
  * is visible.  Spans with a rank outside [0, nranks), a kind out of range or a
  * non-finite time are skipped; end < start is drawn as zero width.  The same
  * input gives the same bytes.  title may be NULL; it is XML-escaped, control
- * characters and invalid UTF-8 become '?'. */
+ * characters and invalid UTF-8 become '?'.  At most TL_MAX_RANKS rows are drawn. */
 void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *title);
 #endif
