@@ -16,7 +16,7 @@ PY      := /usr/bin/python3
 
 DEB_PKGS := protobuf-c-compiler libprotobuf-c-dev libonnx-dev openmpi-bin libopenmpi-dev \
             libopenblas-dev clang libclang-rt-14-dev python3-onnx python3-torch \
-            python3-torchvision python3-numpy
+            python3-torchvision python3-numpy chromium
 
 COMPILER_SRC := $(filter-out compiler/main.c,$(wildcard compiler/*.c compiler/ops/*.c))
 COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
@@ -24,7 +24,7 @@ ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 .PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench
-all: bin/pipecc bin/pipecc-probe bin/piperun-data
+all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
 bin/piperun-data: runtime/datagen.c runtime/data.c runtime/data.h
@@ -79,7 +79,18 @@ build/asan/%.o: compiler/%.c compiler/*.h compiler/*.def compiler/ops/*.h $(PB_D
 	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) -c $< -o $@
 bin/pipecc-asan: build/asan/main.o $(ASAN_OBJ)
 	clang $(SAN) $^ -o $@ $(LDLIBS)
-asan: bin/pipecc-asan
+asan: bin/pipecc-asan bin/pipecc-trace-asan
+
+# Draws a run's trace (the runtime's trace-event JSON) as an SVG Gantt chart.
+bin/pipecc-trace: tools/pipecc_trace.c build/obj/timeline.o build/obj/util.o
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(WARN) $(CPPFLAGS) $^ -o $@ -lm
+bin/pipecc-trace-asan: tools/pipecc_trace.c build/asan/timeline.o build/asan/util.o
+	@mkdir -p $(@D)
+	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ -lm
+bin/test_timeline: tests/test_timeline_c.c build/asan/timeline.o build/asan/util.o
+	@mkdir -p $(@D)
+	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ -lm
 
 # Unit tests in C link the compiler's passes directly.
 bin/test_partition: tests/test_partition.c $(ASAN_OBJ)
@@ -99,7 +110,8 @@ build/fuzz/%.o: compiler/%.c compiler/*.h compiler/*.def compiler/ops/*.h $(PB_D
 bin/fuzz_loader: tests/fuzz_loader.c $(FUZZ_OBJ)
 	clang -O1 -g -fsanitize=fuzzer,address,undefined $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
 
-test: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-asan bin/test_partition bin/test_schedule bin/test_units bin/fuzz_loader
+test: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-asan bin/test_partition bin/test_schedule bin/test_units bin/fuzz_loader \
+      bin/pipecc-trace bin/pipecc-trace-asan bin/test_timeline
 	@bash tests/run.sh
 
 # The main job: plan LeNet over 4 stages, build the stage programs, train them

@@ -1,0 +1,332 @@
+/* timeline.c - a pipeline schedule as an SVG Gantt chart (timeline.h).
+ *
+ * Layout, top to bottom: the title line (with a summary on the right), one row
+ * per rank with its label on the left, the time axis (ticks at 1/2/5 x 10^k in
+ * s, ms, us or ns, measured from the earliest action), and the legend of the
+ * kinds present.  Within a row, "wait" boxes are drawn first, compute boxes
+ * (F, B, I, W, UPDATE) over them at full height, communication boxes (SEND,
+ * RECV, SEND_GRAD, RECV_GRAD) over those as a band along the bottom of the row,
+ * and actions narrower than a pixel last, as ticks across the row.  Every
+ * number is printed with a fixed format, so the output is a pure function of
+ * the input. */
+#include "timeline.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const struct {
+  const char *name, *what, *fill, *ink; /* ink: text on the fill, and the tick colour */
+} KIND[TL_NKINDS] = {
+    [TL_F] = {"F", "forward", "#4e79a7", "#ffffff"},
+    [TL_B] = {"B", "backward", "#59a14f", "#ffffff"},
+    [TL_I] = {"I", "backward, input gradient", "#f28e2b", "#1a1a1a"},
+    [TL_W] = {"W", "backward, weight gradient", "#edc948", "#1a1a1a"},
+    [TL_SEND] = {"SEND", "send activation", "#6b6b6b", "#ffffff"},
+    [TL_RECV] = {"RECV", "receive activation", "#a9a9a9", "#1a1a1a"},
+    [TL_SEND_GRAD] = {"SEND_GRAD", "send gradient", "#4f5d73", "#ffffff"},
+    [TL_RECV_GRAD] = {"RECV_GRAD", "receive gradient", "#9aa8bd", "#1a1a1a"},
+    [TL_UPDATE] = {"UPDATE", "optimizer update", "#8e6bb0", "#ffffff"},
+    [TL_WAIT] = {"wait", "waiting", "#f6c1c1", "#b03030"},
+};
+
+const char *tl_kind_name(int kind) { return kind >= 0 && kind < TL_NKINDS ? KIND[kind].name : "?"; }
+
+int tl_kind_from_name(const char *s) {
+  if (!s) return -1;
+  for (int k = 0; k < TL_NKINDS; k++)
+    if (!strcmp(s, KIND[k].name)) return k;
+  return -1;
+}
+
+enum { LAYER_WAIT, LAYER_COMPUTE, LAYER_COMM, LAYER_TICK };
+static int is_comm(int kind) {
+  return kind == TL_SEND || kind == TL_RECV || kind == TL_SEND_GRAD || kind == TL_RECV_GRAD;
+}
+
+/* Geometry, in px. */
+#define W_PX 1400.0
+#define LEFT 90.0
+#define RIGHT 30.0
+#define TOP 56.0
+#define ROW_H 28.0
+#define ROW_GAP 8.0
+#define COMM_H 12.0
+#define FONT_BOX 11.0
+#define FONT_COMM 9.0
+
+/* Text with &<>"' escaped; control characters and bytes that are not valid
+ * UTF-8 become '?', so the document always parses. */
+static void put_text(Buf *o, const char *s) {
+  const unsigned char *p = (const unsigned char *)s;
+  while (*p) {
+    unsigned c = *p;
+    if (c == '&') buf_printf(o, "&amp;"), p++;
+    else if (c == '<') buf_printf(o, "&lt;"), p++;
+    else if (c == '>') buf_printf(o, "&gt;"), p++;
+    else if (c == '"') buf_printf(o, "&quot;"), p++;
+    else if (c == '\'') buf_printf(o, "&apos;"), p++;
+    else if (c < 0x20 || c == 0x7f) buf_printf(o, "?"), p++;
+    else if (c < 0x80) buf_printf(o, "%c", (char)c), p++;
+    else {
+      /* A well-formed UTF-8 sequence (no overlongs, surrogates or > U+10FFFF). */
+      int len = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+      int ok = len > 0;
+      for (int i = 1; ok && i < len; i++) ok = (p[i] & 0xc0) == 0x80;
+      if (ok && len == 3) {
+        if (c == 0xe0 && p[1] < 0xa0) ok = 0;
+        if (c == 0xed && p[1] >= 0xa0) ok = 0;
+        /* U+FFFE and U+FFFF are not XML characters. */
+        if (c == 0xef && p[1] == 0xbf && (p[2] == 0xbe || p[2] == 0xbf)) ok = 0;
+      }
+      if (ok && len == 4) {
+        if (c == 0xf0 && p[1] < 0x90) ok = 0;
+        if (c == 0xf4 && p[1] >= 0x90) ok = 0;
+      }
+      if (!ok) {
+        buf_printf(o, "?");
+        p++;
+      } else {
+        buf_printf(o, "%.*s", len, (const char *)p);
+        p += len;
+      }
+    }
+  }
+}
+
+/* The display unit for a time range: s, ms, us or ns. */
+static void pick_unit(double range, double *unit, const char **uname) {
+  static const double u[] = {1, 1e-3, 1e-6, 1e-9};
+  static const char *n[] = {"s", "ms", "\xc2\xb5s", "ns"};
+  int k = 0;
+  while (k < 3 && range < u[k]) k++;
+  *unit = u[k];
+  *uname = n[k];
+}
+
+/* A tick step of 1, 2 or 5 x 10^k (in units) giving about `want` ticks. */
+static double nice_step(double range_units, int want, int *decimals) {
+  double raw = range_units / want;
+  if (!(raw > 0)) raw = 1;
+  double mag = pow(10, floor(log10(raw)));
+  double norm = raw / mag;
+  double nice = norm < 1.5 ? 1 : norm < 3.5 ? 2 : norm < 7.5 ? 5 : 10;
+  double step = nice * mag;
+  int d = (int)-floor(log10(step) + 1e-9);
+  *decimals = d > 0 ? (d > 9 ? 9 : d) : 0;
+  return step;
+}
+
+static int ndigits(int v) {
+  int d = 1;
+  while (v >= 10) v /= 10, d++;
+  return d;
+}
+
+typedef struct {
+  int step;
+  double start;
+} StepStart;
+static int cmp_step(const void *a, const void *b) {
+  const StepStart *x = a, *y = b;
+  if (x->step != y->step) return x->step < y->step ? -1 : 1;
+  return x->start < y->start ? -1 : x->start > y->start ? 1 : 0;
+}
+
+static int span_ok(const TlSpan *s, int nranks) {
+  return s->rank >= 0 && s->rank < nranks && s->kind >= 0 && s->kind < TL_NKINDS && isfinite(s->start) &&
+         isfinite(s->end);
+}
+
+void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *title) {
+  if (n < 0 || !spans) n = 0;
+  if (nranks < 0) nranks = 0;
+  if (nranks > TL_MAX_RANKS) nranks = TL_MAX_RANKS;
+
+  /* The time range and what is present. */
+  double t0 = 0, t1 = 0;
+  int nvalid = 0, present[TL_NKINDS] = {0};
+  for (int i = 0; i < n; i++) {
+    const TlSpan *s = &spans[i];
+    if (!span_ok(s, nranks)) continue;
+    double e = s->end > s->start ? s->end : s->start;
+    if (!nvalid || s->start < t0) t0 = s->start;
+    if (!nvalid || e > t1) t1 = e;
+    nvalid++;
+    present[s->kind] = 1;
+  }
+  double range = t1 - t0;
+  if (!(range > 0)) range = 1e-3;
+  double unit;
+  const char *uname;
+  pick_unit(range, &unit, &uname);
+  double pw = W_PX - LEFT - RIGHT;
+  double pitch = ROW_H + ROW_GAP;
+#define X(t) (LEFT + ((t) - t0) / range * pw)
+  double rows_end = TOP + nranks * pitch - ROW_GAP;
+  double axis_y = rows_end + 6;
+  double legend_y = axis_y + 52;
+
+  /* The legend's entries, wrapped to the width. */
+  double lx = LEFT, ly = legend_y;
+  double legend_x[TL_NKINDS], legend_row_y[TL_NKINDS];
+  for (int k = 0; k < TL_NKINDS; k++) {
+    if (!present[k]) continue;
+    double w = 22 + 6.6 * (double)(strlen(KIND[k].name) + 3 + strlen(KIND[k].what)) + 22;
+    if (lx > LEFT && lx + w > W_PX - RIGHT) lx = LEFT, ly += 22;
+    legend_x[k] = lx;
+    legend_row_y[k] = ly;
+    lx += w;
+  }
+  double height = ly + 28;
+
+  buf_printf(o, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
+  buf_printf(o,
+             "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
+             "font-family=\"DejaVu Sans, Arial, Helvetica, sans-serif\">\n",
+             W_PX, height, W_PX, height);
+  buf_printf(o, "<title>");
+  put_text(o, title ? title : "pipeline schedule");
+  buf_printf(o, "</title>\n");
+  buf_printf(o, "<rect x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" fill=\"#ffffff\"/>\n", W_PX, height);
+
+  /* Title line and summary. */
+  buf_printf(o, "<text id=\"title\" x=\"%.0f\" y=\"26\" font-size=\"16\" font-weight=\"bold\" fill=\"#1a1a1a\">",
+             LEFT - 70);
+  put_text(o, title ? title : "pipeline schedule");
+  buf_printf(o, "</text>\n");
+  buf_printf(o,
+             "<text id=\"summary\" x=\"%.0f\" y=\"26\" font-size=\"12\" fill=\"#555555\" text-anchor=\"end\">"
+             "%d action%s on %d rank%s, %.3f %s</text>\n",
+             W_PX - RIGHT, nvalid, nvalid == 1 ? "" : "s", nranks, nranks == 1 ? "" : "s",
+             nvalid ? (t1 - t0) / unit : 0.0, uname);
+
+  /* Row backgrounds and labels. */
+  buf_printf(o, "<g id=\"rows\">\n");
+  for (int r = 0; r < nranks; r++) {
+    double y = TOP + r * pitch;
+    buf_printf(o, "<rect x=\"%.0f\" y=\"%.2f\" width=\"%.0f\" height=\"%.0f\" fill=\"%s\"/>\n", LEFT, y, pw, ROW_H,
+               r % 2 ? "#f1f3f6" : "#f7f8fa");
+    buf_printf(o,
+               "<text class=\"rank\" x=\"%.0f\" y=\"%.2f\" font-size=\"13\" fill=\"#1a1a1a\" "
+               "text-anchor=\"end\">rank %d</text>\n",
+               LEFT - 10, y + ROW_H / 2 + 4.5, r);
+  }
+  buf_printf(o, "</g>\n");
+
+  /* Axis: grid lines through the rows, ticks and labels below. */
+  int dec;
+  double step = nice_step(range / unit, 8, &dec);
+  buf_printf(o, "<g id=\"axis\" font-size=\"11\" fill=\"#333333\">\n");
+  buf_printf(o, "<line x1=\"%.0f\" y1=\"%.2f\" x2=\"%.0f\" y2=\"%.2f\" stroke=\"#333333\" stroke-width=\"1\"/>\n",
+             LEFT, axis_y, W_PX - RIGHT, axis_y);
+  for (int k = 0; k <= 1000; k++) {
+    double v = k * step;
+    if (v > range / unit * (1 + 1e-9)) break;
+    double x = LEFT + v * unit / range * pw;
+    if (nranks)
+      buf_printf(o,
+                 "<line x1=\"%.2f\" y1=\"%.0f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#dddddd\" stroke-width=\"1\"/>\n", x,
+                 TOP - 2, x, rows_end);
+    buf_printf(o, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#333333\" stroke-width=\"1\"/>\n", x,
+               axis_y, x, axis_y + 5);
+    buf_printf(o, "<text class=\"tick-label\" x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">%.*f</text>\n", x,
+               axis_y + 18, dec, v);
+  }
+  buf_printf(o, "<text id=\"axis-label\" x=\"%.0f\" y=\"%.2f\" font-size=\"12\" text-anchor=\"middle\">time (%s) from the first action</text>\n",
+             LEFT + pw / 2, axis_y + 36, uname);
+  buf_printf(o, "</g>\n");
+
+  /* Step boundaries when several steps are drawn: a dashed line where each
+   * step's first action starts, labelled when there is room. */
+  if (nvalid) {
+    StepStart *ss = malloc((size_t)nvalid * sizeof *ss);
+    if (!ss) abort();
+    int m = 0;
+    for (int i = 0; i < n; i++)
+      if (span_ok(&spans[i], nranks)) ss[m++] = (StepStart){spans[i].step, spans[i].start};
+    qsort(ss, (size_t)m, sizeof *ss, cmp_step);
+    int nsteps = 0;
+    for (int i = 0; i < m; i++)
+      if (!i || ss[i].step != ss[i - 1].step) ss[nsteps++] = ss[i];
+    if (nsteps > 1 && nsteps <= 500) {
+      buf_printf(o, "<g id=\"steps\" font-size=\"11\" fill=\"#555555\">\n");
+      double last_label = -1e9;
+      for (int i = 0; i < nsteps; i++) {
+        double x = X(ss[i].start);
+        /* Only a labelled line reaches up to its label. */
+        int label = x - last_label >= 60 && x < W_PX - RIGHT - 40;
+        buf_printf(o,
+                   "<line class=\"step\" x1=\"%.2f\" y1=\"%.0f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#777777\" "
+                   "stroke-width=\"1\" stroke-dasharray=\"4 3\"/>\n",
+                   x, label ? TOP - 14 : TOP - 2, x, rows_end + 2);
+        if (label) {
+          buf_printf(o, "<text x=\"%.2f\" y=\"%.0f\">step %d</text>\n", x + 3, TOP - 5, ss[i].step);
+          last_label = x;
+        }
+      }
+      buf_printf(o, "</g>\n");
+    }
+    free(ss);
+  }
+
+  /* The actions, layer by layer, each layer in input order. */
+  buf_printf(o, "<g id=\"actions\">\n");
+  for (int layer = LAYER_WAIT; layer <= LAYER_TICK; layer++) {
+    for (int i = 0; i < n; i++) {
+      const TlSpan *s = &spans[i];
+      if (!span_ok(s, nranks)) continue;
+      double end = s->end > s->start ? s->end : s->start;
+      double x = X(s->start), w = X(end) - x;
+      int tick = w < 1.0;
+      int l = tick ? LAYER_TICK : s->kind == TL_WAIT ? LAYER_WAIT : is_comm(s->kind) ? LAYER_COMM : LAYER_COMPUTE;
+      if (l != layer) continue;
+      double ytop = TOP + s->rank * pitch;
+      char mbtxt[32] = "";
+      if (s->mb >= 0) snprintf(mbtxt, sizeof mbtxt, " mb %d,", s->mb);
+      char tip[192];
+      snprintf(tip, sizeof tip, "%s (%s),%s step %d, rank %d: %.3f to %.3f %s (%.3f %s)", KIND[s->kind].name,
+               KIND[s->kind].what, mbtxt, s->step, s->rank, (s->start - t0) / unit, (end - t0) / unit, uname,
+               (end - s->start) / unit, uname);
+      if (tick) {
+        buf_printf(o,
+                   "<line class=\"tick\" data-kind=\"%s\" data-rank=\"%d\" data-mb=\"%d\" data-step=\"%d\" "
+                   "x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" stroke-width=\"1.5\">"
+                   "<title>%s</title></line>\n",
+                   KIND[s->kind].name, s->rank, s->mb, s->step, x, ytop - 3, x, ytop + ROW_H + 3,
+                   s->kind == TL_WAIT ? KIND[s->kind].ink : KIND[s->kind].fill, tip);
+        continue;
+      }
+      int comm = layer == LAYER_COMM;
+      double y = comm ? ytop + ROW_H - COMM_H : ytop + 1, h = comm ? COMM_H : ROW_H - 2;
+      buf_printf(o,
+                 "<rect class=\"span\" data-kind=\"%s\" data-rank=\"%d\" data-mb=\"%d\" data-step=\"%d\" "
+                 "x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"%s><title>%s</title></rect>\n",
+                 KIND[s->kind].name, s->rank, s->mb, s->step, x, y, w, h, KIND[s->kind].fill,
+                 w >= 4 ? " stroke=\"#ffffff\" stroke-width=\"0.75\"" : "", tip);
+      double font = comm ? FONT_COMM : FONT_BOX;
+      if (s->mb >= 0 && w >= ndigits(s->mb) * 0.62 * font + 4)
+        buf_printf(o,
+                   "<text class=\"mb\" x=\"%.2f\" y=\"%.2f\" font-size=\"%.0f\" fill=\"%s\" "
+                   "text-anchor=\"middle\">%d</text>\n",
+                   x + w / 2, y + h / 2 + font * 0.36, font, KIND[s->kind].ink, s->mb);
+    }
+  }
+  buf_printf(o, "</g>\n");
+
+  /* Legend. */
+  buf_printf(o, "<g id=\"legend\" font-size=\"12\" fill=\"#1a1a1a\">\n");
+  for (int k = 0; k < TL_NKINDS; k++) {
+    if (!present[k]) continue;
+    buf_printf(o,
+               "<rect class=\"legend\" data-kind=\"%s\" x=\"%.2f\" y=\"%.2f\" width=\"16\" height=\"12\" "
+               "fill=\"%s\"/>\n",
+               KIND[k].name, legend_x[k], legend_row_y[k] - 10, KIND[k].fill);
+    buf_printf(o, "<text x=\"%.2f\" y=\"%.2f\"><tspan font-weight=\"bold\">%s</tspan> %s</text>\n",
+               legend_x[k] + 22, legend_row_y[k], KIND[k].name, KIND[k].what);
+  }
+  if (!nvalid)
+    buf_printf(o, "<text x=\"%.0f\" y=\"%.2f\" fill=\"#777777\">no actions</text>\n", LEFT, legend_y);
+  buf_printf(o, "</g>\n</svg>\n");
+#undef X
+}

@@ -1,0 +1,38 @@
+/* timeline.h - pipeline schedules drawn as SVG Gantt charts: one row per
+ * rank, one box per action.  The compiler draws its planned schedule with it,
+ * bin/pipecc-trace a measured one from the runtime's trace (docs/timeline.md). */
+#ifndef PIPECC_TIMELINE_H
+#define PIPECC_TIMELINE_H
+#include "util.h"
+
+/* One action on one rank; start and end in seconds (any origin: the chart
+ * starts at the earliest start).  mb < 0: no micro-batch (nothing written). */
+typedef struct TlSpan {
+  int rank;
+  int kind;
+  int mb;
+  int step;
+  double start, end;
+} TlSpan;
+
+#define TL_MAX_RANKS 65536
+
+enum { TL_F, TL_B, TL_I, TL_W, TL_SEND, TL_RECV, TL_SEND_GRAD, TL_RECV_GRAD, TL_UPDATE, TL_WAIT, TL_NKINDS };
+
+/* "F","B","I","W","SEND","RECV","SEND_GRAD","RECV_GRAD","UPDATE","wait";
+ * "?" for a kind out of range. */
+const char *tl_kind_name(int kind);
+/* The inverse (exact, case-sensitive); -1 if unknown or NULL. */
+int tl_kind_from_name(const char *s);
+
+/* Appends a standalone SVG document: a title line, one row per rank
+ * ("rank k"), a time axis with ticks and units, one colour per action kind
+ * with a legend of the kinds present, the micro-batch number in each box
+ * wide enough to hold it, and a tooltip (<title>) on every action.
+ * Zero-width actions (SEND/RECV posts) are drawn as thin ticks so every action
+ * is visible.  Spans with a rank outside [0, nranks), a kind out of range or a
+ * non-finite time are skipped; end < start is drawn as zero width.  The same
+ * input gives the same bytes.  title may be NULL; it is XML-escaped, control
+ * characters and invalid UTF-8 become '?'.  At most TL_MAX_RANKS rows are drawn. */
+void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *title);
+#endif
