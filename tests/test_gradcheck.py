@@ -30,8 +30,12 @@ passes when the largest is <= 1e-3 against both references, i.e. rtol 1e-3,
 atol 1e-5 x scale.  Initializers pipecc must not train must come back
 unchanged; BatchNorm running statistics must hold PyTorch's update.
 
-A case pipecc refuses with a 'pipecc: error:' message is printed as
-'skip - ...' and not counted.
+A case pipecc refuses with a 'pipecc: error:' message FAILS, unless it is
+pinned in EXPECTED_REFUSALS (case -> a text the error message must contain,
+which says why): a pinned refusal with that text is printed as 'refused - ...'
+and counted on its own line, not as passed; a pinned case refused for another
+reason, or one that now compiles ("expected refusal no longer refused: unpin
+it"), fails.
 
   /usr/bin/python3 tests/test_gradcheck.py [--case SUBSTR]... [--keep] [--list]
 
@@ -71,15 +75,21 @@ TIMEOUT = {"pipecc": 60, "make": 180, "run": 90}
 
 torch.set_default_dtype(torch.float64)
 
-passed = failed = skipped = 0
+# Cases pipecc is expected to refuse at compile time: "op case name" -> a text
+# the 'pipecc: error:' line must contain (the reason).  Every case compiles
+# today, so the list is empty; a refusal of any case is a failure.
+EXPECTED_REFUSALS = {
+}
+
+passed = failed = refused = 0
 
 
 def result(status, what, detail=""):
-    global passed, failed, skipped
+    global passed, failed, refused
     if status == "ok":
         passed += 1
-    elif status == "skip":
-        skipped += 1
+    elif status == "refused":
+        refused += 1
     else:
         failed += 1
     print(f"{status} - {what}" + (f": {detail}" if detail else ""))
@@ -946,8 +956,18 @@ def check_case(op, cname, opset, build, rt, work, imgs, labels, keep):
         if len(e.args) > 1 and e.args[1]:
             note(e.args[1])
         return
+    pinned = EXPECTED_REFUSALS.get(tag)
     if skip:
-        result("skip", tag, skip)
+        if pinned is None:
+            result("not ok", tag, f"refused at compile time: {skip} (pin it in EXPECTED_REFUSALS with its reason "
+                                  "if the refusal is intended)")
+        elif pinned not in skip:
+            result("not ok", tag, f"refused for another reason than the pinned one ({pinned!r}): {skip}")
+        else:
+            result("refused", tag, skip)
+        return
+    if pinned is not None:
+        result("not ok", tag, f"expected refusal no longer refused: unpin it (pinned reason: {pinned!r})")
         return
     loss32, trained = got
     opset = max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
@@ -1054,7 +1074,11 @@ def main():
             print(f"# work dir kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
-    print(f"# {len(cases)} cases in {time.time() - t0:.0f} s ({skipped} skipped)")
+    stale = [k for k in EXPECTED_REFUSALS if k not in {f"{c[0]} {c[1]}" for c in CASES}]
+    for k in stale:
+        result("not ok", k, "pinned in EXPECTED_REFUSALS but no such case: unpin it")
+    print(f"# {len(cases)} cases in {time.time() - t0:.0f} s")
+    print(f"# pinned refusals: {refused} of {len(EXPECTED_REFUSALS)} pinned cases refused as expected (not counted as passed)")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
