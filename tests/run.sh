@@ -34,6 +34,7 @@ suite() {
 
 suite "partitioner: DP vs brute force" bin/test_partition
 suite "units" bin/test_units
+suite "run-time kernels (Gelu, LeakyRelu, Concat) against double references (ASan build)" bin/test_kernels
 suite "shapes vs onnx.shape_inference (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_shapes.py
 suite "bad input (ASan build)" env PIPECC=bin/pipecc-asan bash tests/test_cli.sh
 suite "listings on every sample model" env PIPECC=bin/pipecc $PY tests/test_listing.py
