@@ -46,6 +46,7 @@ suite "training parity with PyTorch, bit-identity across n and schedules" env PI
 suite "ResNet training parity with PyTorch (BatchNorm, residuals), n = 1 and 4" $PY tests/test_parity_models.py
 suite "training runs: demo loss, checkpoint/resume, killed rank, NaN, bad data" $PY tests/test_train.py
 suite "ONNX node conformance through the forward kernels" $PY tests/conformance/run.py
+suite "Split into K and Concat of K (K = 2..16) trained against PyTorch, n = 1 and 2" $PY tests/test_split_concat.py
 suite "gradient check per op: PyTorch autograd and finite differences in float64" $PY tests/test_gradcheck.py
 
 fuzz() {
