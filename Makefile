@@ -99,6 +99,10 @@ bin/test_schedule: tests/test_schedule.c $(ASAN_OBJ)
 	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
 bin/test_units: tests/test_units.c $(ASAN_OBJ)
 	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
+# The run-time kernels (runtime/kernels.h) against double references.
+bin/test_kernels: tests/test_kernels.c runtime/kernels.h
+	@mkdir -p $(@D)
+	clang -O1 -g $(SAN) $(WARN) -D_GNU_SOURCE -Iruntime $< -o $@ -lopenblas -lm
 # libFuzzer target for the loader and the passes after it, coverage-instrumented.
 FUZZ_OBJ := $(COMPILER_SRC:compiler/%.c=build/fuzz/%.o) build/fuzz/onnx.pb-c.o
 build/fuzz/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
@@ -110,8 +114,8 @@ build/fuzz/%.o: compiler/%.c compiler/*.h compiler/*.def compiler/ops/*.h $(PB_D
 bin/fuzz_loader: tests/fuzz_loader.c $(FUZZ_OBJ)
 	clang -O1 -g -fsanitize=fuzzer,address,undefined $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
 
-test: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-asan bin/test_partition bin/test_schedule bin/test_units bin/fuzz_loader \
-      bin/pipecc-trace bin/pipecc-trace-asan bin/test_timeline
+test: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-asan bin/test_partition bin/test_schedule bin/test_units \
+      bin/test_kernels bin/fuzz_loader bin/pipecc-trace bin/pipecc-trace-asan bin/test_timeline
 	@bash tests/run.sh
 
 # The main job: plan LeNet over 4 stages, build the stage programs, train them

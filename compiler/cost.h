@@ -2,8 +2,10 @@
  *
  * Node costs are per micro-batch: FLOPs forward and backward, parameter
  * bytes, output bytes and the bytes backward keeps (the stash).  Machine
- * figures come from a probe of this machine (probe.c, cached) or from a
- * --devices file that describes each rank and link. */
+ * figures come from a probe of this machine (machine_probe in cost.c, the
+ * MPI link by bin/pipecc-probe from runtime/probe_mpi.c; cached in
+ * ~/.cache/pipecc/machine.txt or $PIPECC_CACHE) or from a --devices file
+ * that describes each rank and link. */
 #ifndef PIPECC_COST_H
 #define PIPECC_COST_H
 #include "ir.h"
@@ -34,7 +36,7 @@ typedef struct Machine {
   Device dev[MAX_RANKS];
   Link link[MAX_RANKS]; /* link[s]: between rank s and s+1 */
   double memcpy_bw;
-  const char *source; /* "probe (cached in ...)", "--devices FILE" */
+  const char *source; /* "probe of this machine ..., cached in PATH", "--devices FILE" */
 } Machine;
 
 /* Fills c[j] for every node of g (folded nodes cost nothing). */

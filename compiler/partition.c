@@ -20,7 +20,7 @@ struct PartCtx {
   const PartProblem *p;
   double *pf_fwd, *pf_bwd, *pf_traffic, *pf_param, *pf_stash, *pf_work; /* prefix sums, N + 1 */
   double *cut_bytes, *cut_grad, *cut_count;                    /* per cut b = 0..N */
-  double *max_work;                                            /* unused placeholder for ranges */
+  double *max_work;  /* never allocated or read (NULL): a stage's workspace is the sum pf_work[j] - pf_work[i] */
 };
 
 int stage_inflight(int schedule, int s, int nstages, int m) {

@@ -742,6 +742,81 @@ static inline double k_mse_onehot(const float *logits, const int64_t *labels, fl
   return total;
 }
 
+/* ---- Gelu (ONNX opset 20), computed as PyTorch's CPU kernels do, in float ---- */
+/* approximate="none": 0.5 x (1 + erf(x / sqrt 2)); "tanh" (tanh_approx = 1):
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+static inline void k_gelu(const float *x, float *y, int64_t n, int tanh_approx) {
+  const float kAlpha = 0.70710678118654752440f; /* 1/sqrt(2) */
+  const float kBeta = 0.79788456080286535588f;  /* sqrt(2/pi) */
+  const float kKappa = 0.044715f;
+  for (int64_t i = 0; i < n; i++) {
+    float v = x[i];
+    if (tanh_approx) {
+      float inner = kBeta * (v + kKappa * (v * v * v));
+      y[i] = 0.5f * v * (1.0f + tanhf(inner));
+    } else {
+      y[i] = v * 0.5f * (1.0f + erff(v * kAlpha));
+    }
+  }
+}
+/* d gelu / dx from the forward's input x:
+ * none: Phi(x) + x phi(x); tanh: 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2). */
+static inline void k_gelu_grad(const float *x, const float *dy, float *dx, int64_t n, int tanh_approx, int acc) {
+  const float kAlpha = 0.70710678118654752440f;  /* 1/sqrt(2) */
+  const float kPdf = 0.39894228040143267794f;    /* 1/sqrt(2 pi) */
+  const float kBeta = 0.79788456080286535588f;   /* sqrt(2/pi) */
+  const float kKappa = 0.044715f;
+  for (int64_t i = 0; i < n; i++) {
+    float v = x[i], d;
+    if (tanh_approx) {
+      float v2 = v * v;
+      float t = tanhf(kBeta * (v + kKappa * (v2 * v)));
+      float left = 0.5f * v, right = 1.0f + t;
+      float dleft = 0.5f * right;
+      float dright = left * (1.0f - t * t) * (kBeta * (1.0f + 3.0f * kKappa * v2));
+      d = dleft + dright;
+    } else {
+      float cdf = 0.5f * (1.0f + erff(v * kAlpha));
+      float pdf = kPdf * expf(v * v * -0.5f);
+      d = cdf + v * pdf;
+    }
+    float g = dy[i] * d;
+    dx[i] = acc ? dx[i] + g : g;
+  }
+}
+
+/* ---- LeakyRelu: y = x > 0 ? x : alpha x; its gradient uses x > 0, as PyTorch's does ---- */
+static inline void k_leakyrelu(const float *x, float *y, int64_t n, float alpha) {
+  for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : x[i] * alpha;
+}
+static inline void k_leakyrelu_grad(const float *x, const float *dy, float *dx, int64_t n, float alpha, int acc) {
+  for (int64_t i = 0; i < n; i++) {
+    float g = x[i] > 0 ? dy[i] : dy[i] * alpha;
+    dx[i] = acc ? dx[i] + g : g;
+  }
+}
+
+/* ---- Concat at run time: each input is put into its slice of the output ---- */
+/* The inverse of k_take: x [outer, len, inner] goes to y's slice [start,
+ * start + len) along an axis of size `axis` ([outer, axis, inner]).  The K
+ * inputs of a Concat cover y, so y needs no zeroing. */
+static inline void k_put(const float *x, float *y, int64_t outer, int64_t axis, int64_t inner, int64_t start, int64_t len) {
+  for (int64_t o = 0; o < outer; o++) memcpy(y + (o * axis + start) * inner, x + o * len * inner, sizeof(float) * (size_t)(len * inner));
+}
+/* Concat's gradient for one input: dx [outer, len, inner] = dy's slice, written
+ * (acc = 0, the same as k_take(dy, dx, ...)) or added (acc = 1).  k_take_grad
+ * is NOT this: it scatters a small dy INTO a slice of a large dx (Split's
+ * gradient), the opposite direction, and always adds. */
+static inline void k_put_grad(const float *dy, float *dx, int64_t outer, int64_t axis, int64_t inner, int64_t start, int64_t len,
+                              int acc) {
+  if (!acc) {
+    k_take(dy, dx, outer, axis, inner, start, len);
+    return;
+  }
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t k = 0; k < len * inner; k++) dx[o * len * inner + k] += dy[(o * axis + start) * inner + k];
+}
+
 /* ---- optimizers (PyTorch's update rules, step by step) ---- */
 static inline void k_sgd(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd, int first) {
   for (int64_t i = 0; i < n; i++) {

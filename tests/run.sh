@@ -35,6 +35,7 @@ suite() {
 suite "partitioner: DP vs brute force" bin/test_partition
 suite "schedules: action lists, validator, planted mistakes" bin/test_schedule
 suite "units" bin/test_units
+suite "run-time kernels (Gelu, LeakyRelu, Concat) against double references (ASan build)" bin/test_kernels
 suite "shapes vs onnx.shape_inference (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_shapes.py
 suite "bad input (ASan build)" env PIPECC=bin/pipecc-asan bash tests/test_cli.sh
 suite "listings on every sample model" env PIPECC=bin/pipecc $PY tests/test_listing.py
@@ -49,6 +50,7 @@ suite "training runs: demo loss, checkpoint/resume, killed rank, NaN, bad data" 
 suite "ONNX node conformance through the forward kernels" $PY tests/conformance/run.py
 suite "timeline renderer: timeline_svg called directly (ASan build)" bin/test_timeline
 suite "pipecc-trace: trace JSON to SVG, hostile traces, headless Chromium (ASan build)" $PY tests/test_timeline.py
+suite "Split into K and Concat of K (K = 2..16) trained against PyTorch, n = 1 and 2" $PY tests/test_split_concat.py
 suite "gradient check per op: PyTorch autograd and finite differences in float64" $PY tests/test_gradcheck.py
 
 fuzz() {

@@ -148,7 +148,7 @@ static double sumsq_of(const Partition *pt, int n) {
 }
 
 static void test_random(void) {
-  int infeasible = 0, agree = 0;
+  int infeasible = 0, agree = 0, f0 = failed;
   for (int it = 0; it < 3000; it++) {
     Inst in;
     random_instance(&in);
@@ -171,8 +171,9 @@ static void test_random(void) {
     }
     pool_free(&pool);
   }
-  printf("ok - DP equals brute force on %d random DAGs (%d agreed, %d infeasible under their memory limit)\n", 3000, agree,
-         infeasible);
+  if (failed == f0) /* only when every instance's check held */
+    printf("ok - DP equals brute force on %d random DAGs (%d agreed, %d infeasible under their memory limit)\n", 3000, agree,
+           infeasible);
 }
 
 /* A chain of equal layers on equal ranks splits evenly. */

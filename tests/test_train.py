@@ -82,8 +82,8 @@ def main():
     if check(a.returncode == b.returncode == c.returncode == 0, f"runs with checkpoint/resume ({a.stderr}{b.stderr}{c.stderr})"[:400]):
         check(open(os.path.join(ck, "step")).read().strip() == "12", "the checkpoint records step 12")
         wa, wc = weights(full), weights(part)
-        check(wa.keys() == wc.keys() and all(wa[k] == wc[k] for k in wa),
-              "30 steps straight and 12 + resume to 30 give bit-identical weights")
+        check(len(wa) > 0 and wa.keys() == wc.keys() and all(wa[k] == wc[k] for k in wa),
+              f"30 steps straight and 12 + resume to 30 give bit-identical weights ({len(wa)} initializers compared)")
 
     # A rank killed mid-run: the others stop within 10 s naming it; the checkpoint survives.
     ck2 = os.path.join(tmp, "ckpt2")

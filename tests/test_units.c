@@ -17,16 +17,24 @@ static int passed, failed;
     }                                     \
   } while (0)
 
+/* An "ok" summary line is printed only when every check since `since` held. */
+#define OK_IF_NONE_FAILED(since, ...) \
+  do {                                \
+    if (failed == (since)) printf("ok - " __VA_ARGS__); \
+  } while (0)
+
 static void test_sizes(void) {
+  int f0 = failed;
   CHECK(parse_size("4G") == 4.0 * (1 << 30), "4G\n");
   CHECK(parse_size("512M") == 512.0 * (1 << 20), "512M\n");
   CHECK(parse_size("1.5GiB") == 1.5 * (1 << 30), "1.5GiB\n");
   CHECK(parse_size("100000") == 100000, "plain bytes\n");
   CHECK(parse_size("12X") < 0 && parse_size("") < 0 && parse_size("-1G") < 0 && parse_size("G") < 0, "bad sizes rejected\n");
-  printf("ok - sizes\n");
+  OK_IF_NONE_FAILED(f0, "sizes\n");
 }
 
 static void test_devices(void) {
+  int f0 = failed;
   Machine m;
   err_clear();
   int rc = machine_parse(&m, 3, "# two speeds\nrank * flops=10G mem=1G\nrank 2 flops=20G\nlink * bandwidth=1G latency=5us\n"
@@ -50,7 +58,7 @@ static void test_devices(void) {
     CHECK(rc == -1 && strstr(err_msg(), bad[i][1]), "devices error %zu: got '%s', want '%s'\n", i, rc ? err_msg() : "ok",
           bad[i][1]);
   }
-  printf("ok - devices files\n");
+  OK_IF_NONE_FAILED(f0, "devices files\n");
 }
 
 static void orders(int kind, int p, int m) {
@@ -83,10 +91,11 @@ static void orders(int kind, int p, int m) {
 }
 
 static void test_schedules(void) {
+  int f0 = failed;
   for (int kind = 0; kind < 2; kind++)
     for (int p = 1; p <= 8; p++)
       for (int m = 1; m <= 12; m++) orders(kind, p, m);
-  printf("ok - gpipe and 1f1b orders, in-flight counts and bubbles for p <= 8, m <= 12\n");
+  OK_IF_NONE_FAILED(f0, "gpipe and 1f1b orders, in-flight counts and bubbles for p <= 8, m <= 12\n");
 }
 
 int main(void) {

@@ -1,0 +1,239 @@
+/* test_kernels.c - the run-time kernels for Gelu, LeakyRelu and Concat
+ * (runtime/kernels.h) against references computed in double:
+ *   - forward values against the formula in double;
+ *   - each gradient against the derivative in double, and against central
+ *     finite differences of the double forward (which also checks the
+ *     reference derivative);
+ *   - acc = 1 adds exactly the acc = 0 gradient to what dx held;
+ *   - k_put / k_put_grad: slices land where they should, nothing else is
+ *     touched, put and put_grad are adjoint (<put x, dy> = <x, put_grad dy>),
+ *     take(put(x)) = x, and k_put_grad(acc = 0) = k_take.
+ * Built under ASan + UBSan (make bin/test_kernels); ends with "N passed, M failed". */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+static int passed, failed;
+#define CHECK(cond, ...)                  \
+  do {                                    \
+    if (cond) passed++;                   \
+    else {                                \
+      failed++;                           \
+      printf("not ok - " __VA_ARGS__);    \
+      printf("  (line %d)\n", __LINE__);  \
+    }                                     \
+  } while (0)
+/* A summary line, printed only when every check since `since` held. */
+#define OK_IF_NONE_FAILED(since, ...)                     \
+  do {                                                    \
+    if (failed == (since)) printf("ok - " __VA_ARGS__);   \
+  } while (0)
+
+static uint64_t rng_state = 88172645463325252ull;
+static double urand(void) { /* xorshift64*, uniform in [0, 1) */
+  rng_state ^= rng_state >> 12, rng_state ^= rng_state << 25, rng_state ^= rng_state >> 27;
+  return (double)((rng_state * 2685821657736338717ull) >> 11) * 0x1.0p-53;
+}
+
+/* ---- references in double ---- */
+static double gelu_ref(double x, int t) {
+  if (t) return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+  return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+}
+static double gelu_dref(double x, int t) {
+  if (t) {
+    double k = sqrt(2 / M_PI), u = k * (x + 0.044715 * x * x * x), th = tanh(u);
+    return 0.5 * (1 + th) + 0.5 * x * (1 - th * th) * k * (1 + 3 * 0.044715 * x * x);
+  }
+  return 0.5 * (1 + erf(x / sqrt(2.0))) + x * exp(-0.5 * x * x) / sqrt(2 * M_PI);
+}
+static double leaky_ref(double x, double a) { return x > 0 ? x : a * x; }
+
+/* Test inputs: a grid over [-8, 8], the points where things happen, and random values. */
+#define NX 2300
+static float xs[NX];
+static int nx;
+static void make_inputs(void) {
+  nx = 0;
+  for (int i = 0; i <= 2000; i++) xs[nx++] = (float)(-8.0 + 16.0 * i / 2000);
+  const float special[] = {0.0f, -0.0f, 1e-3f, -1e-3f, 1e-30f, -1e-30f, FLT_MIN, -FLT_MIN, 0.5f, -0.5f, 3.0f, -3.0f,
+                           10.0f, -10.0f, 20.0f, -20.0f, 100.0f, -100.0f, 1e4f, -1e4f};
+  for (size_t i = 0; i < sizeof special / sizeof special[0]; i++) xs[nx++] = special[i];
+  while (nx < NX) xs[nx++] = (float)(12 * urand() - 6);
+}
+
+static void test_gelu(int t) {
+  int f0 = failed;
+  const char *name = t ? "tanh" : "none";
+  float *y = malloc(sizeof(float) * NX), *dy = malloc(sizeof(float) * NX), *dx = malloc(sizeof(float) * NX),
+        *dx2 = malloc(sizeof(float) * NX), *base = malloc(sizeof(float) * NX);
+  for (int i = 0; i < nx; i++) dy[i] = (float)(2 * urand() - 1), base[i] = (float)(4 * urand() - 2);
+  k_gelu(xs, y, nx, t);
+  k_gelu_grad(xs, dy, dx, nx, t, 0);
+  double worst_y = 0, worst_d = 0, worst_fd = 0;
+  for (int i = 0; i < nx; i++) {
+    double x = xs[i], ref = gelu_ref(x, t);
+    /* float rounding of 1 + erf / 1 + tanh, scaled by 0.5 x, plus the result's own rounding */
+    double tol_y = 4 * FLT_EPSILON * (fabs(ref) + fabs(x)) + 1e-37;
+    double ey = fabs(y[i] - ref);
+    if (ey / (fabs(ref) + fabs(x) + 1e-30) > worst_y) worst_y = ey / (fabs(ref) + fabs(x) + 1e-30);
+    CHECK(ey <= tol_y, "gelu(%s) x=%.9g: got %.9g, double %.17g\n", name, x, y[i], ref);
+    double dref = dy[i] * gelu_dref(x, t);
+    double tol_d = 8 * FLT_EPSILON * fabs(dy[i]) * (1 + fabs(x) + x * x) + 1e-37;
+    double ed = fabs(dx[i] - dref);
+    if (ed / (fabs(dy[i]) * (1 + fabs(x) + x * x) + 1e-30) > worst_d) worst_d = ed / (fabs(dy[i]) * (1 + fabs(x) + x * x) + 1e-30);
+    CHECK(ed <= tol_d, "gelu_grad(%s) x=%.9g dy=%.6g: got %.9g, double %.17g\n", name, x, dy[i], dx[i], dref);
+    /* central differences of the double forward, where it is smooth and finite */
+    if (fabs(x) <= 8) {
+      double h = 1e-5 * (1 + fabs(x));
+      double fd = (gelu_ref(x + h, t) - gelu_ref(x - h, t)) / (2 * h);
+      double e = fabs(fd - gelu_dref(x, t));
+      if (e > worst_fd) worst_fd = e;
+      CHECK(e <= 1e-8, "gelu(%s) x=%.9g: derivative %.12g, finite differences %.12g\n", name, x, gelu_dref(x, t), fd);
+      CHECK(fabs(dx[i] - dy[i] * fd) <= tol_d + 1e-8 * fabs(dy[i]), "gelu_grad(%s) x=%.9g vs finite differences: %.9g vs %.9g\n",
+            name, x, dx[i], dy[i] * fd);
+    }
+  }
+  /* acc = 1 adds the acc = 0 gradient to what was there, in float */
+  memcpy(dx2, base, sizeof(float) * NX);
+  k_gelu_grad(xs, dy, dx2, nx, t, 1);
+  int same = 1;
+  for (int i = 0; i < nx; i++) same &= dx2[i] == base[i] + dx[i];
+  CHECK(same, "gelu_grad(%s) acc=1 is not base + the acc=0 gradient\n", name);
+  /* acc = 0 overwrites whatever dx held (NaN included) */
+  for (int i = 0; i < nx; i++) dx2[i] = NAN;
+  k_gelu_grad(xs, dy, dx2, nx, t, 0);
+  CHECK(!memcmp(dx2, dx, sizeof(float) * (size_t)nx), "gelu_grad(%s) acc=0 does not overwrite dx\n", name);
+  OK_IF_NONE_FAILED(f0, "gelu approximate=%s on %d inputs: forward within %.2g, gradient within %.2g (relative to |x| + |y| and "
+                        "|dy| (1 + |x| + x^2)) of double; derivative vs finite differences %.1e; acc=1 adds\n",
+                    name, nx, worst_y, worst_d, worst_fd);
+  free(y), free(dy), free(dx), free(dx2), free(base);
+}
+
+static void test_leakyrelu(float alpha) {
+  int f0 = failed;
+  float *y = malloc(sizeof(float) * NX), *dy = malloc(sizeof(float) * NX), *dx = malloc(sizeof(float) * NX),
+        *dx2 = malloc(sizeof(float) * NX), *base = malloc(sizeof(float) * NX);
+  for (int i = 0; i < nx; i++) dy[i] = (float)(2 * urand() - 1), base[i] = (float)(4 * urand() - 2);
+  k_leakyrelu(xs, y, nx, alpha);
+  k_leakyrelu_grad(xs, dy, dx, nx, alpha, 0);
+  for (int i = 0; i < nx; i++) {
+    double x = xs[i], ref = leaky_ref(x, alpha);
+    /* + FLT_TRUE_MIN: alpha x of a tiny x is subnormal, rounded to 2^-149 */
+    CHECK(fabs(y[i] - ref) <= FLT_EPSILON * fabs(ref) + FLT_TRUE_MIN, "leakyrelu(%g) x=%.9g: got %.9g, double %.17g\n", alpha, x, y[i], ref);
+    /* PyTorch: x > 0 ? dy : alpha dy, so x = 0 and x = -0 take alpha */
+    double dref = dy[i] * (x > 0 ? 1.0 : (double)alpha);
+    CHECK(fabs(dx[i] - dref) <= FLT_EPSILON * fabs(dref) + FLT_TRUE_MIN, "leakyrelu_grad(%g) x=%.9g: got %.9g, want %.17g\n", alpha, x, dx[i], dref);
+    if (fabs(x) > 1e-3) {
+      double h = 1e-4 * fabs(x);
+      double fd = (leaky_ref(x + h, alpha) - leaky_ref(x - h, alpha)) / (2 * h);
+      CHECK(fabs(dx[i] - dy[i] * fd) <= 1e-6 * fabs(dy[i]), "leakyrelu_grad(%g) x=%.9g vs finite differences: %.9g vs %.9g\n", alpha,
+            x, dx[i], dy[i] * fd);
+    }
+  }
+  float z[2] = {0.0f, -0.0f}, one[2] = {1, 1}, g[2];
+  k_leakyrelu_grad(z, one, g, 2, alpha, 0);
+  CHECK(g[0] == alpha && g[1] == alpha, "leakyrelu_grad(%g) at 0 and -0: %g %g, want alpha (x > 0 is false)\n", alpha, g[0], g[1]);
+  memcpy(dx2, base, sizeof(float) * NX);
+  k_leakyrelu_grad(xs, dy, dx2, nx, alpha, 1);
+  int same = 1;
+  for (int i = 0; i < nx; i++) same &= dx2[i] == base[i] + dx[i];
+  CHECK(same, "leakyrelu_grad(%g) acc=1 is not base + the acc=0 gradient\n", alpha);
+  OK_IF_NONE_FAILED(f0, "leakyrelu alpha=%g on %d inputs: forward and gradient exact to float rounding, finite differences agree, "
+                        "gradient at 0 is alpha, acc=1 adds\n",
+                    alpha, nx);
+  free(y), free(dy), free(dx), free(dx2), free(base);
+}
+
+/* Concat of K inputs of sizes len[k] along the middle axis of [outer, axis, inner]. */
+static void test_put(int64_t outer, int64_t inner, int K, const int64_t *len) {
+  int f0 = failed;
+  int64_t axis = 0;
+  for (int k = 0; k < K; k++) axis += len[k];
+  int64_t n = outer * axis * inner;
+  float *y = malloc(sizeof(float) * (size_t)n), *dy = malloc(sizeof(float) * (size_t)n);
+  float *x[16], *g[16], *gb[16];
+  for (int k = 0; k < K; k++) {
+    int64_t m = outer * len[k] * inner;
+    x[k] = malloc(sizeof(float) * (size_t)m), g[k] = malloc(sizeof(float) * (size_t)m), gb[k] = malloc(sizeof(float) * (size_t)m);
+    for (int64_t i = 0; i < m; i++) x[k][i] = (float)(2 * urand() - 1);
+  }
+  for (int64_t i = 0; i < n; i++) y[i] = NAN, dy[i] = (float)(2 * urand() - 1);
+  /* one input at a time: its slice is filled, nothing else changes */
+  int64_t start = 0;
+  int untouched = 1;
+  for (int k = 0; k < K; k++) {
+    k_put(x[k], y, outer, axis, inner, start, len[k]);
+    for (int64_t o = 0; o < outer; o++)
+      for (int64_t a = start + len[k]; a < axis; a++)
+        for (int64_t i = 0; i < inner; i++) untouched &= isnan(y[(o * axis + a) * inner + i]);
+    start += len[k];
+  }
+  CHECK(untouched, "k_put (K=%d): wrote past its slice\n", K);
+  /* the result is the concatenation (torch.cat semantics, reference built by index) */
+  int cat = 1;
+  for (int64_t o = 0; o < outer; o++) {
+    int64_t a = 0;
+    for (int k = 0; k < K; k++)
+      for (int64_t l = 0; l < len[k]; l++, a++)
+        for (int64_t i = 0; i < inner; i++) cat &= y[(o * axis + a) * inner + i] == x[k][(o * len[k] + l) * inner + i];
+  }
+  CHECK(cat, "k_put (K=%d, outer %lld, inner %lld): not the concatenation\n", K, (long long)outer, (long long)inner);
+  /* put_grad (acc = 0) = take; take(put(x)) = x; adjointness in double; acc = 1 adds */
+  start = 0;
+  for (int k = 0; k < K; k++) {
+    int64_t m = outer * len[k] * inner;
+    k_put_grad(dy, g[k], outer, axis, inner, start, len[k], 0);
+    k_take(dy, gb[k], outer, axis, inner, start, len[k]);
+    CHECK(!memcmp(g[k], gb[k], sizeof(float) * (size_t)m), "k_put_grad acc=0 differs from k_take (input %d)\n", k);
+    k_take(y, gb[k], outer, axis, inner, start, len[k]);
+    CHECK(!memcmp(gb[k], x[k], sizeof(float) * (size_t)m), "k_take(k_put(x)) != x (input %d)\n", k);
+    double lhs = 0, rhs = 0; /* <put x_k, dy> over the whole output (zero outside the slice) vs <x_k, put_grad dy> */
+    for (int64_t o = 0; o < outer; o++)
+      for (int64_t l = 0; l < len[k]; l++)
+        for (int64_t i = 0; i < inner; i++) lhs += (double)y[(o * axis + start + l) * inner + i] * dy[(o * axis + start + l) * inner + i];
+    for (int64_t i = 0; i < m; i++) rhs += (double)x[k][i] * g[k][i];
+    CHECK(fabs(lhs - rhs) <= 1e-12 * (1 + fabs(lhs)), "k_put/k_put_grad not adjoint (input %d): %.17g vs %.17g\n", k, lhs, rhs);
+    for (int64_t i = 0; i < m; i++) gb[k][i] = (float)(urand() - 0.5);
+    float *keep = malloc(sizeof(float) * (size_t)m);
+    memcpy(keep, gb[k], sizeof(float) * (size_t)m);
+    k_put_grad(dy, gb[k], outer, axis, inner, start, len[k], 1);
+    int adds = 1;
+    for (int64_t i = 0; i < m; i++) adds &= gb[k][i] == keep[i] + g[k][i];
+    CHECK(adds, "k_put_grad acc=1 is not dx + the acc=0 gradient (input %d)\n", k);
+    free(keep);
+    start += len[k];
+  }
+  /* k_take_grad is Split's gradient (the other direction): it scatters dx_k into a zeroed
+   * [outer, axis, inner] buffer; summed over k it rebuilds what k_put builds. */
+  float *z = calloc((size_t)n, sizeof(float));
+  start = 0;
+  for (int k = 0; k < K; k++) k_take_grad(x[k], z, outer, axis, inner, start, len[k]), start += len[k];
+  CHECK(!memcmp(z, y, sizeof(float) * (size_t)n), "k_take_grad into zeros is not k_put (K=%d)\n", K);
+  OK_IF_NONE_FAILED(f0, "k_put / k_put_grad: Concat of %d inputs along an axis of %lld (outer %lld, inner %lld): slices, "
+                        "take(put x) = x, adjoint, acc=1 adds, k_take_grad scatters the same\n",
+                    K, (long long)axis, (long long)outer, (long long)inner);
+  for (int k = 0; k < K; k++) free(x[k]), free(g[k]), free(gb[k]);
+  free(y), free(dy), free(z);
+}
+
+int main(void) {
+  make_inputs();
+  test_gelu(0);
+  test_gelu(1);
+  test_leakyrelu(0.01f);
+  test_leakyrelu(0.2f);
+  const int64_t l2[] = {3, 5}, l6[] = {1, 2, 3, 4, 5, 6}, l16[] = {2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2, 2};
+  const int64_t l3[] = {7, 1, 4};
+  test_put(4, 1, 2, l2);   /* [B, C] concat on axis 1 */
+  test_put(4, 1, 6, l6);
+  test_put(4, 1, 16, l16);
+  test_put(1, 5, 3, l3);   /* axis 0 */
+  test_put(3, 7, 6, l6);   /* a middle axis */
+  printf("%d passed, %d failed\n", passed, failed);
+  return failed != 0;
+}
