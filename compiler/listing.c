@@ -6,6 +6,10 @@
  * plan.json carries the same numbers for scripts and tests. */
 #include "listing.h"
 
+#include <stdlib.h>
+
+#include "timeline.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -237,4 +241,25 @@ void listing_json(const Plan *p, Buf *b) {
     buf_printf(b, "]}%s\n", s + 1 < n ? "," : "");
   }
   buf_printf(b, "  ]\n}\n");
+}
+
+/* ACT_F .. ACT_UPDATE and TL_F .. TL_UPDATE name the same kinds in the same order. */
+void listing_timeline(const Plan *p, Buf *b) {
+  const Schedule *sc = &p->sched;
+  int n = 0;
+  for (int s = 0; s < sc->nstages; s++) n += sc->nact[s];
+  TlSpan *spans = calloc((size_t)(n ? n : 1), sizeof *spans);
+  if (!spans) abort();
+  int k = 0;
+  for (int s = 0; s < sc->nstages; s++)
+    for (int i = 0; i < sc->nact[s]; i++) {
+      const Action *a = &sc->act[s][i];
+      if (a->kind > ACT_UPDATE) continue; /* no kind beyond the update is planned yet */
+      spans[k++] = (TlSpan){s, a->kind - ACT_F + TL_F, a->mb, 0, a->start, a->end};
+    }
+  char title[512];
+  snprintf(title, sizeof title, "%s: planned step, %s, %d stages, %d micro-batches, predicted %s, bubble %.0f%%", p->g.path,
+           schedule_name(p->opt.schedule), sc->nstages, sc->m, fmt_time(sc->step_time), 100 * sc->bubble);
+  timeline_svg(b, spans, k, sc->nstages, title);
+  free(spans);
 }

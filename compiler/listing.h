@@ -5,4 +5,6 @@
 
 void listing_text(const Plan *p, Buf *b);
 void listing_json(const Plan *p, Buf *b);
+/* The planned step as an SVG Gantt chart (timeline.svg): one row per rank, every action. */
+void listing_timeline(const Plan *p, Buf *b);
 #endif

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "listing.h"
+#include "ops.h"
 #include "outdir.h"
 #include "plan.h"
 #include "stageprog.h"
@@ -34,6 +35,7 @@ static void usage(FILE *f) {
         "  --listing             print the plan listing (always written to DIR/schedule.txt)\n"
         "  --dump-shapes         print every tensor's inferred type and shape, write nothing\n"
         "  --plan-only           write the plan and listing but no stage programs\n"
+        "  --list-ops            print the operator table (trainable / forward only / compile-time only) and exit\n"
         "  --forward-only        programs that run the forward pass on given inputs (no loss, no training)\n"
         "  --loss xent|mse       softmax cross-entropy on integer labels (default), or mean squared error\n"
         "                        against their one-hot encoding\n"
@@ -103,6 +105,9 @@ int main(int argc, char **argv) {
   } while (0)
     if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
       usage(stdout);
+      return 0;
+    } else if (!strcmp(a, "--list-ops")) {
+      op_list_print();
       return 0;
     } else if (!strcmp(a, "--version")) {
       printf("pipecc %s\n", VERSION);
@@ -207,13 +212,13 @@ int main(int argc, char **argv) {
         }
       }
     }
-    Buf text = {0}, json = {0};
-    if (ok) listing_text(&p, &text), listing_json(&p, &json);
+    Buf text = {0}, json = {0}, svg = {0};
+    if (ok) listing_text(&p, &text), listing_json(&p, &json), listing_timeline(&p, &svg);
     OutDir d = {0};
     if (!ok) {
       /* reported above */
     } else if (outdir_begin(&d, o.outdir) || outdir_write(&d, "schedule.txt", text.s, text.len) ||
-        outdir_write(&d, "plan.json", json.s, json.len) || (progs && emit_all(&p, progs, &d)) || outdir_commit(&d)) {
+        outdir_write(&d, "plan.json", json.s, json.len) || outdir_write(&d, "timeline.svg", svg.s, svg.len) || (progs && emit_all(&p, progs, &d)) || outdir_commit(&d)) {
       fprintf(stderr, "pipecc: error: %s\n", err_msg());
       outdir_abort(&d);
       rc = 2;
@@ -222,6 +227,7 @@ int main(int argc, char **argv) {
     }
     buf_free(&text);
     buf_free(&json);
+    buf_free(&svg);
   }
   plan_free(&p);
   free(outdir);
