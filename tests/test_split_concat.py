@@ -74,14 +74,14 @@ def load_parity():
 # Models: ONNX graph + the same computation in torch
 # --------------------------------------------------------------------------
 
-def sizes_for(total, k, equal):
+def sizes_for(total, k, equal, least=1):
     if equal:
         return [total // k] * k
-    # unequal: 1, 2, 3, ... scaled to add up to total (every part >= 1)
+    # unequal: 1, 2, 3, ... scaled to add up to total (every part >= least)
     raw = np.arange(1, k + 1, dtype=np.float64)
-    s = np.maximum(1, np.floor(raw / raw.sum() * total)).astype(int)
+    s = np.maximum(least, np.floor(raw / raw.sum() * total)).astype(int)
     s[-1] += total - s.sum()
-    assert s.min() >= 1 and s.sum() == total
+    assert s.min() >= least and s.sum() == total
     return [int(v) for v in s]
 
 
@@ -131,7 +131,9 @@ def split_model(k, equal, axis, seed):
 def concat_model(k, equal, seed):
     rng = np.random.default_rng(seed)
     total = 4 * k
-    sizes = sizes_for(total, k, equal)
+    # Each part has its own Gemm bias of its width; pipecc treats a one-element
+    # initializer as a constant (ops.c mark_params), so every part is >= 2 wide.
+    sizes = sizes_for(total, k, equal, least=2)
     inits = {}
     for i, d in enumerate(sizes):
         inits[f"W{i}"] = rng.standard_normal((784, d)) * 0.05
