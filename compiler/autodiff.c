@@ -99,7 +99,11 @@ int em_out(Emit *e, const Node *n, int k) { return out_buf(e, n->out[k]); }
 int em_used(Emit *e, const Node *n, int k) {
   return k < n->nout && n->out[k] >= 0 && (T(e, n->out[k])->is_output || T(e, n->out[k])->nuses);
 }
-int em_work(Emit *e, const char *prefix, int tensor, int64_t bytes) { return add_buf(e, prefix, tensor, BUF_TEMP, bytes, DT_FLOAT); }
+int em_work(Emit *e, const char *prefix, int tensor, int64_t bytes) {
+  int b = add_buf(e, prefix, tensor, BUF_TEMP, bytes, DT_FLOAT);
+  e->sp->bufs[b].is_workspace = 1;
+  return b;
+}
 int em_needs(Emit *e, const Node *n, int k) { return k < n->nin && n->in[k] >= 0 && e->needs[n->in[k]]; }
 int em_grad(Emit *e, const Node *n, int k, int *acc) { return grad_target(e, n->in[k], acc); }
 int em_dy(Emit *e, const Node *n, int k) {

@@ -13,7 +13,6 @@
 #include "stageprog.h"
 #include "templates.h"
 
-#define PIPECC_VERSION "0.2.0"
 
 static const char *kind_name(int k) {
   switch (k) {
@@ -25,6 +24,17 @@ static const char *kind_name(int k) {
   case BUF_LABELS: return "labels";
   default: return "temporary";
   }
+}
+
+/* What a buffer holds, for its comment: the tensor's shape and its role.
+ * Labels are one int64 per loss row, whatever shape the logits have. */
+static const char *buf_what(const Graph *g, const Buffer *b) {
+  static char s[256];
+  if (b->is_workspace) return "workspace of one kernel (im2col columns)";
+  if (b->kind == BUF_LABELS) snprintf(s, sizeof s, "[%lld] int64, labels", (long long)(b->bytes / 8));
+  else if (b->tensor >= 0) snprintf(s, sizeof s, "%s, %s", shape_str(&g->t[b->tensor]), kind_name(b->kind));
+  else snprintf(s, sizeof s, "%s", kind_name(b->kind));
+  return s;
 }
 
 /* The C expression for buffer b inside the forward/backward functions:
@@ -144,9 +154,8 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   buf_printf(o, "/* Buffers: arena offset and size of one copy. */\n");
   for (int i = 0; i < sp->nbufs; i++) {
     const Buffer *b = &sp->bufs[i];
-    const char *shape = b->tensor >= 0 && b->name[0] != 'c' && strncmp(b->name, "dcol_", 5) ? shape_str(&g->t[b->tensor]) : "";
-    buf_printf(o, "#define OFF_%s %lldLL\n#define SIZE_%s %lldLL /* %s%s%s */\n", b->name, (long long)b->offset, b->name,
-               (long long)b->bytes, shape, *shape ? ", " : "", !strncmp(b->name, "col_", 4) || !strncmp(b->name, "dcol_", 5) ? "im2col workspace" : kind_name(b->kind));
+    buf_printf(o, "#define OFF_%s %lldLL\n#define SIZE_%s %lldLL /* %s */\n", b->name, (long long)b->offset, b->name,
+               (long long)b->bytes, buf_what(g, b));
     if (b->kind == BUF_RING || b->kind == BUF_GRING)
       buf_printf(o, "#define %s(k) ((%s *)(arena + OFF_%s + (int64_t)(k) * SIZE_%s))\n", b->name, ctype(b), b->name, b->name);
     else

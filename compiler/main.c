@@ -15,7 +15,6 @@
 #include "plan.h"
 #include "stageprog.h"
 
-#define VERSION "0.1.0"
 
 static void usage(FILE *f) {
   fputs("usage: pipecc MODEL.onnx [-n STAGES] [options]\n"
@@ -110,7 +109,7 @@ int main(int argc, char **argv) {
       op_list_print();
       return 0;
     } else if (!strcmp(a, "--version")) {
-      printf("pipecc %s\n", VERSION);
+      printf("pipecc %s\n", PIPECC_VERSION);
       return 0;
     } else if (!strcmp(a, "-n")) {
       NEEDVAL();

@@ -20,7 +20,6 @@ struct PartCtx {
   const PartProblem *p;
   double *pf_fwd, *pf_bwd, *pf_traffic, *pf_param, *pf_stash, *pf_work; /* prefix sums, N + 1 */
   double *cut_bytes, *cut_grad, *cut_count;                    /* per cut b = 0..N */
-  double *max_work;  /* never allocated or read (NULL): a stage's workspace is the sum pf_work[j] - pf_work[i] */
 };
 
 int stage_inflight(int schedule, int s, int nstages, int m) {
@@ -85,7 +84,7 @@ PartCtx *part_prepare(const PartProblem *p) {
 void part_ctx_free(PartCtx *c) {
   if (!c) return;
   free(c->pf_fwd), free(c->pf_bwd), free(c->pf_traffic), free(c->pf_param), free(c->pf_stash), free(c->pf_work);
-  free(c->cut_bytes), free(c->cut_grad), free(c->cut_count), free(c->max_work);
+  free(c->cut_bytes), free(c->cut_grad), free(c->cut_count);
   free(c);
 }
 

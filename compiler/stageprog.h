@@ -23,6 +23,7 @@ typedef struct Buffer {
   int tensor;           /* IR tensor it holds (or the gradient of), -1 for workspace */
   int kind, dtype;
   int is_grad;
+  int is_workspace;     /* scratch of one kernel (im2col columns), not a tensor's value */
   int64_t bytes;        /* one copy */
   int64_t offset;       /* arena offset of copy 0 */
   int first, last;      /* BUF_TEMP: first/last call index that touches it (fwd: 0.., bwd: 10000..) */

@@ -6,6 +6,9 @@
 #include <stdint.h>
 #include <stdio.h>
 
+/* One version for `pipecc --version` and the generated files' headers. */
+#define PIPECC_VERSION "0.3.0"
+
 /* Every pass reports a user-facing problem with err_set() and returns -1;
  * the driver prints err_msg() once and exits with status 2.  Passes never
  * exit on their own, so the loader can be fuzzed and leak-checked. */
