@@ -22,9 +22,12 @@ struct PartCtx {
   double *cut_bytes, *cut_grad, *cut_count;                    /* per cut b = 0..N */
 };
 
+/* Micro-batches whose stash a stage holds at once: all of them under GPipe;
+ * p - s under 1F1B; p on every stage under ZB-H1, whose deferred W's keep
+ * the stash longer (the peak of 1F1B's first stage, now on each stage). */
 int stage_inflight(int schedule, int s, int nstages, int m) {
   if (schedule == SCHED_GPIPE) return m;
-  int k = nstages - s;
+  int k = schedule == SCHED_ZB1 ? nstages : nstages - s;
   return k < m ? k : m;
 }
 

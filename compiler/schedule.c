@@ -8,9 +8,13 @@
  * runs min(p-s-1, m) warm-up forwards, then alternates F and B, then drains.
  * ZB-H1 (zero bubble, Qi et al. 2023): the backward is split into I (input
  * gradient, on the critical path) and W (weight gradient, free to move); a
- * unit-time simulation (F = I = W = 1) runs I as soon as it can, then F, and
- * W when nothing else is ready, with at most 1F1B's in-flight count of
- * micro-batches whose W is not done, so activation memory matches 1F1B.
+ * unit-time simulation (F = I = W = 1) runs, on every stage but the first,
+ * I as soon as it can, then F, and W when nothing else is ready; the first
+ * stage's I feeds no one, so it runs F first, then W, then I.  Every stage
+ * keeps at most p micro-batches whose W is not done: the peak of 1F1B (its
+ * first stage), as the paper's H1 rule has it.  That gives a step of
+ * 3m + p - 1 units for m >= p (up to two more for some shapes with p > 6)
+ * (1F1B: 3m + 3(p - 1)).
  * Backwards, and W's, run in ascending micro-batch order in every schedule.
  *
  * Messages are actions too: SEND right after the F that makes the values,
@@ -64,7 +68,8 @@ static int order_1f1b(Action *a, int s, int p, int m) {
 }
 
 /* ZB-H1 for all stages at once: each unit of time every stage runs the
- * first ready of I, F (within the in-flight cap), W. */
+ * first ready action in its order (I, F, W; the first stage F, W, I), F only
+ * within the in-flight cap. */
 static void order_zb1(Action **ord, int *len, int p, int m, Pool *pool) {
   int *nf = pool_alloc(pool, sizeof(int) * (size_t)p), *ni = pool_alloc(pool, sizeof(int) * (size_t)p);
   int *nw = pool_alloc(pool, sizeof(int) * (size_t)p);
@@ -73,14 +78,19 @@ static void order_zb1(Action **ord, int *len, int p, int m, Pool *pool) {
   int left = 3 * m * p;
   for (int t = 0; left > 0 && t < 8 * (m + p) * p; t++) {
     for (int s = 0; s < p; s++) {
-      int cap = stage_inflight(SCHED_1F1B, s, p, m), i = ni[s], f = nf[s];
+      int cap = stage_inflight(SCHED_ZB1, s, p, m), i = ni[s], f = nf[s];
       int dep = i < f ? (s == p - 1 ? fend[s * m + i] : iend[(s + 1) * m + i]) : -1;
-      int iready = dep >= 0 && dep <= t;
-      int fready = f < m && f - nw[s] < cap && (s == 0 || (fend[(s - 1) * m + f] >= 0 && fend[(s - 1) * m + f] <= t));
-      if (iready) ord[s][len[s]++] = act(ACT_I, i), iend[s * m + i] = t + 1, ni[s]++;
-      else if (fready) ord[s][len[s]++] = act(ACT_F, f), fend[s * m + f] = t + 1, nf[s]++;
-      else if (nw[s] < ni[s]) ord[s][len[s]++] = act(ACT_W, nw[s]++);
-      else continue;
+      int ready[3] = {dep >= 0 && dep <= t,
+                      f < m && f - nw[s] < cap && (s == 0 || (fend[(s - 1) * m + f] >= 0 && fend[(s - 1) * m + f] <= t)),
+                      nw[s] < ni[s]};
+      static const int later_stage[3] = {ACT_I, ACT_F, ACT_W}, first_stage[3] = {ACT_F, ACT_W, ACT_I};
+      const int *order = s == 0 && p > 1 ? first_stage : later_stage;
+      int k = 0;
+      while (k < 3 && !ready[order[k] == ACT_I ? 0 : order[k] == ACT_F ? 1 : 2]) k++;
+      if (k == 3) continue;
+      if (order[k] == ACT_I) ord[s][len[s]++] = act(ACT_I, i), iend[s * m + i] = t + 1, ni[s]++;
+      else if (order[k] == ACT_F) ord[s][len[s]++] = act(ACT_F, f), fend[s * m + f] = t + 1, nf[s]++;
+      else ord[s][len[s]++] = act(ACT_W, nw[s]++);
       left--;
     }
   }

@@ -4,8 +4,9 @@
  * only - for n = 1..8 stages and m = 1..16 micro-batches passes the
  * validator; its rings are no larger than the partitioner's memory bounds;
  * backwards and W's run in ascending micro-batch order; zb1 keeps at most
- * 1F1B's in-flight count of micro-batches without their W, and in unit time
- * (F = I = W = 1) is never slower than 1F1B (F = 1, B = 2).
+ * p micro-batches without their W on any stage (1F1B's peak), and in unit
+ * time (F = I = W = 1) is never slower than 1F1B (F = 1, B = 2) and, for
+ * m >= p, within two units of the ZB-H1 step 3m + p - 1.
  * (b) Planted mistakes are rejected with a message naming the rank: forwards
  * out of order, a missing SEND, a slot taken while still live, and a
  * deadlock between two ranks. */
@@ -69,6 +70,8 @@ static void accepts(int kind, int p, int m, int fwd_only) {
     Schedule ref;
     schedule_build(&ref, SCHED_1F1B, p, m, 0, c, &pool);
     CHECK(sc.step_time <= ref.step_time + 1e-9, "zb1 n=%d m=%d: %g units, 1f1b %g\n", p, m, sc.step_time, ref.step_time);
+    if (m >= p)
+      CHECK(sc.step_time <= 3 * m + p + 1 + 1e-9, "zb1 n=%d m=%d: %g units, ZB-H1 takes %d\n", p, m, sc.step_time, 3 * m + p - 1);
   }
   pool_free(&pool);
 }
@@ -129,13 +132,30 @@ static void deadlock(Schedule *sc) {
   sc->act[1][f] = moved;
 }
 
+/* The paper's figure: n = 4, m = 8, F = I = W = 1 takes 27 units (1F1B 33). */
+static void zb1_paper_case(void) {
+  Pool pool = {0};
+  StageCost c[4];
+  unit_costs(c, 4, 2);
+  Schedule zb, ref;
+  schedule_build(&zb, SCHED_ZB1, 4, 8, 0, c, &pool);
+  schedule_build(&ref, SCHED_1F1B, 4, 8, 0, c, &pool);
+  CHECK(fabs(zb.step_time - 27) < 1e-9 && fabs(ref.step_time - 33) < 1e-9, "zb1 n=4 m=8: %g units (want 27), 1f1b %g (want 33)\n",
+        zb.step_time, ref.step_time);
+  if (fabs(zb.step_time - 27) < 1e-9) printf("ok - zb1 n=4 m=8 in unit time: 27 units, 1f1b 33\n");
+  pool_free(&pool);
+}
+
 int main(void) {
+  int f0 = failed;
   for (int kind = 0; kind <= SCHED_ZB1; kind++)
     for (int p = 1; p <= 8; p++)
       for (int m = 1; m <= 16; m++) accepts(kind, p, m, 0);
   for (int p = 1; p <= 8; p++)
     for (int m = 1; m <= 16; m++) accepts(SCHED_GPIPE, p, m, 1);
-  printf("ok - gpipe, 1f1b, zb1 and forward-only lists for n = 1..8, m = 1..16 pass the validator, within the memory bounds\n");
+  if (failed == f0)
+    printf("ok - gpipe, 1f1b, zb1 and forward-only lists for n = 1..8, m = 1..16 pass the validator, within the memory bounds\n");
+  zb1_paper_case();
   rejects("forwards out of order", swap_forwards, 2, "ascending");
   rejects("a missing SEND", drop_send, 1, "SEND3");
   rejects("a slot reused while live", reuse_slot, 1, "still holds");
