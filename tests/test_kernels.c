@@ -17,16 +17,7 @@
 
 #include "kernels.h"
 
-static int passed, failed;
-#define CHECK(cond, ...)                  \
-  do {                                    \
-    if (cond) passed++;                   \
-    else {                                \
-      failed++;                           \
-      printf("not ok - " __VA_ARGS__);    \
-      printf("  (line %d)\n", __LINE__);  \
-    }                                     \
-  } while (0)
+#include "check.h"
 /* A summary line, printed only when every check since `since` held. */
 #define OK_IF_NONE_FAILED(since, ...)                     \
   do {                                                    \

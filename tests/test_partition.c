@@ -13,16 +13,7 @@
 #include "partition.h"
 #include "schedule.h"
 
-static int passed, failed;
-#define CHECK(cond, ...)                      \
-  do {                                        \
-    if (cond) passed++;                       \
-    else {                                    \
-      failed++;                               \
-      printf("not ok - " __VA_ARGS__);        \
-      printf("  (%s:%d)\n", __FILE__, __LINE__); \
-    }                                         \
-  } while (0)
+#include "check.h"
 
 static unsigned rng = 12345;
 static double rnd(void) {

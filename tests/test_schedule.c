@@ -17,16 +17,7 @@
 
 #include "schedule.h"
 
-static int passed, failed;
-#define CHECK(cond, ...)                         \
-  do {                                           \
-    if (cond) passed++;                          \
-    else {                                       \
-      failed++;                                  \
-      printf("not ok - " __VA_ARGS__);           \
-      printf("  (%s:%d)\n", __FILE__, __LINE__); \
-    }                                            \
-  } while (0)
+#include "check.h"
 
 static void unit_costs(StageCost *c, int p, double bwd) {
   memset(c, 0, sizeof(StageCost) * (size_t)p);
