@@ -27,9 +27,15 @@ static int bn_bwd(Emit *e, const Node *n, int j) {
   int dg = em_needs(e, n, 1) ? em_grad(e, n, 1, &acc) : -1;
   int dbt = em_needs(e, n, 2) ? em_grad(e, n, 2, &acc) : -1;
   int dx = em_needs(e, n, 0) ? em_grad(e, n, 0, &accx) : -1;
-  /* One pass computes dx, dgamma and dbeta together: it counts as input-gradient work. */
-  CALL(e, PH_IGRAD, K_BATCHNORM_GRAD, n, A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_in(e, n, 3)), A_BUF(em_in(e, n, 4)),
-       A_BUF(em_dy(e, n, 0)), A_BUF(dx), A_BUF(dg), A_BUF(dbt), A_CONST(em_shape_ref(e, em_name(e, "BN_%d", j))), A_INT(accx));
+  int shape = em_shape_ref(e, em_name(e, "BN_%d", j));
+  /* One pass computes dx, dgamma and dbeta together; when W runs apart it is
+   * two passes, the same sums in the same order, so the weights do not change. */
+  int apart = em_split_wgrad(e) && dx >= 0 && (dg >= 0 || dbt >= 0);
+  for (int half = 0; half <= apart; half++) {
+    int wx = apart && half == 1 ? -1 : dx, wg = apart && half == 0 ? -1 : dg, wb = apart && half == 0 ? -1 : dbt;
+    CALL(e, wx >= 0 ? PH_IGRAD : PH_WGRAD, K_BATCHNORM_GRAD, n, A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_in(e, n, 3)),
+         A_BUF(em_in(e, n, 4)), A_BUF(em_dy(e, n, 0)), A_BUF(wx), A_BUF(wg), A_BUF(wb), A_CONST(shape), A_INT(accx));
+  }
   return 0;
 }
 
@@ -68,8 +74,13 @@ static int ln_bwd(Emit *e, const Node *n, int j) {
   int ds = em_needs(e, n, 1) ? em_grad(e, n, 1, &acc) : -1;
   int db = hasb && em_needs(e, n, 2) ? em_grad(e, n, 2, &acc) : -1;
   int dx = em_needs(e, n, 0) ? em_grad(e, n, 0, &accx) : -1;
-  CALL(e, PH_IGRAD, K_LAYERNORM_GRAD, n, A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_dy(e, n, 0)), A_BUF(dx), A_BUF(ds),
-       A_BUF(db), A_INT(rows), A_INT(cols), A_FLT(attr_float(n, "epsilon", 1e-5f)), A_INT(accx));
+  /* As for BatchNormalization: two passes when W runs apart, one otherwise. */
+  int apart = em_split_wgrad(e) && dx >= 0 && (ds >= 0 || db >= 0);
+  for (int half = 0; half <= apart; half++) {
+    int wx = apart && half == 1 ? -1 : dx, ws = apart && half == 0 ? -1 : ds, wb = apart && half == 0 ? -1 : db;
+    CALL(e, wx >= 0 ? PH_IGRAD : PH_WGRAD, K_LAYERNORM_GRAD, n, A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_dy(e, n, 0)),
+         A_BUF(wx), A_BUF(ws), A_BUF(wb), A_INT(rows), A_INT(cols), A_FLT(attr_float(n, "epsilon", 1e-5f)), A_INT(accx));
+  }
   return 0;
 }
 

@@ -37,6 +37,10 @@ int em_dy(Emit *e, const Node *n, int k);
 /* Shape constants: define one (its name must be unique in the stage), or find one by name. */
 int em_shape(Emit *e, const char *type, const char *name, const Arg *fields, int nfields);
 int em_shape_ref(Emit *e, const char *name);
+/* The schedule runs weight gradients apart (zb1's W): a kernel that computes
+ * an input gradient and a weight gradient in one pass is then called twice,
+ * once for each (NULL for the other), so the W half can wait for the bubble. */
+int em_split_wgrad(Emit *e);
 void em_call(Emit *e, int phase, int kernel, const Node *n, const Arg *args, int nargs);
 const char *em_name(Emit *e, const char *fmt, int j); /* "CONV_%d" -> pooled string */
 
