@@ -59,10 +59,14 @@ static inline void rule_around(const Tensor *t, int a, int64_t *outer, int64_t *
 /* Strides of src along each axis of the broadcast output y (0 where src is broadcast). */
 static inline void rule_bcast_strides(const Tensor *y, const Tensor *src, int64_t *st) {
   for (int i = 0; i < y->rank; i++) {
-    int si = i - (y->rank - src->rank);
+    int si = i - (y->rank - src->rank), z = si + 1;
     int64_t m = 1;
-    for (int z = si + 1; z < src->rank; z++) m *= src->dims[z];
-    st[i] = si < 0 || src->dims[si] == 1 ? 0 : m;
+    if (si < 0) { /* an axis src lacks: broadcast */
+      st[i] = 0;
+      continue;
+    }
+    for (; z < src->rank; z++) m *= src->dims[z];
+    st[i] = src->dims[si] == 1 ? 0 : m;
   }
 }
 
