@@ -7,10 +7,12 @@
 #include "onnx_load.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "onnx.pb-c.h"
 
@@ -54,6 +56,46 @@ static const char *ext_entry(const Onnx__TensorProto *tp, const char *key) {
   return NULL;
 }
 
+/* Opens `path` for reading only if it is a regular file: a FIFO or a device
+ * would block pipecc or feed it endless bytes.  O_NONBLOCK keeps open() of a
+ * FIFO from waiting for a writer.  Returns the fd, or -1 with *why set. */
+static int open_regular(const char *path, struct stat *st, const char **why) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return *why = strerror(errno), -1;
+  if (fstat(fd, st) || !S_ISREG(st->st_mode)) {
+    close(fd);
+    return *why = "not a regular file", -1;
+  }
+  return fd;
+}
+
+/* The real path of dir/loc, only if it stays inside dir's real path: a
+ * symlink (to a file or a folder) must not pull in a file from elsewhere. */
+static char *confined_path(Graph *g, const Tensor *t, const char *dir, const char *loc) {
+  char root[PATH_MAX], real[PATH_MAX];
+  if (!realpath(dir, root)) return err_set("initializer '%s': cannot resolve the model's folder: %s", t->name, strerror(errno)), NULL;
+  char *joined = pool_printf(&g->pool, "%s/%s", dir, loc);
+  if (!realpath(joined, real))
+    return err_set("initializer '%s': cannot open external data '%s': %s", t->name, joined, strerror(errno)), NULL;
+  size_t n = strlen(root);
+  if (strncmp(real, root, n) || (real[n] != '/' && strcmp(root, "/")))
+    return err_set("initializer '%s': external data location '%s' resolves to '%s', outside the model's folder '%s'",
+                   t->name, loc, real, root), NULL;
+  return pool_strdup(&g->pool, real);
+}
+
+/* Reads exactly `bytes` at `off` (checked against the file's size without
+ * overflow: off and len come from the model). */
+static int read_at(int fd, const struct stat *st, long long off, size_t bytes, void *out) {
+  if (off > (long long)st->st_size || (long long)bytes > (long long)st->st_size - off) return -1;
+  for (size_t got = 0; got < bytes;) {
+    ssize_t r = pread(fd, (char *)out + got, bytes - got, (off_t)(off + (long long)got));
+    if (r <= 0) return -1;
+    got += (size_t)r;
+  }
+  return 0;
+}
+
 static int load_external(Graph *g, Tensor *t, const Onnx__TensorProto *tp, const char *dir,
                          size_t bytes) {
   const char *loc = ext_entry(tp, "location");
@@ -63,26 +105,26 @@ static int load_external(Graph *g, Tensor *t, const Onnx__TensorProto *tp, const
     return err_set("initializer '%s': external data location '%s' leaves the model's folder", t->name, loc);
   const char *off_s = ext_entry(tp, "offset"), *len_s = ext_entry(tp, "length");
   char *end;
+  errno = 0;
   long long off = off_s ? strtoll(off_s, &end, 10) : 0;
-  if (off_s && (*end || off < 0)) return err_set("initializer '%s': bad external offset '%s'", t->name, off_s);
+  if (off_s && (*end || off < 0 || errno)) return err_set("initializer '%s': bad external offset '%s'", t->name, off_s);
   long long len = len_s ? strtoll(len_s, &end, 10) : (long long)bytes;
-  if (len_s && (*end || len < 0)) return err_set("initializer '%s': bad external length '%s'", t->name, len_s);
-  if ((size_t)len != bytes)
+  if (len_s && (*end || len < 0 || errno)) return err_set("initializer '%s': bad external length '%s'", t->name, len_s);
+  if ((unsigned long long)len != bytes)
     return err_set("initializer '%s': external length %lld does not match %zu bytes of %s%s", t->name,
                    len, bytes, dtype_name(t->dtype), shape_str(t));
-  char *path = pool_printf(&g->pool, "%s/%s", dir, loc);
-  FILE *f = fopen(path, "rb");
-  if (!f) return err_set("initializer '%s': cannot open external data '%s': %s", t->name, path, strerror(errno));
+  char *path = confined_path(g, t, dir, loc);
+  if (!path) return -1;
   struct stat st;
-  if (fstat(fileno(f), &st) || (long long)st.st_size < off + len) {
-    fclose(f);
-    return err_set("initializer '%s': external data '%s' is shorter than offset %lld + length %lld",
-                   t->name, path, off, len);
-  }
-  t->data = pool_alloc(&g->pool, bytes);
-  int ok = fseeko(f, off, SEEK_SET) == 0 && fread(t->data, 1, bytes, f) == bytes;
-  fclose(f);
-  if (!ok) return err_set("initializer '%s': cannot read external data '%s'", t->name, path);
+  const char *why;
+  int fd = open_regular(path, &st, &why);
+  if (fd < 0) return err_set("initializer '%s': cannot use external data '%s': %s", t->name, path, why);
+  t->data = pool_alloc(&g->pool, bytes ? bytes : 1);
+  int rc = read_at(fd, &st, off, bytes, t->data);
+  close(fd);
+  if (rc)
+    return err_set("initializer '%s': external data '%s' (%lld bytes) is shorter than offset %lld + length %lld",
+                   t->name, path, (long long)st.st_size, off, len);
   return 0;
 }
 
@@ -331,26 +373,23 @@ int onnx_load_buffer(const uint8_t *data, size_t len, const char *name, const ch
 }
 
 int onnx_load_file(const char *path, Graph *g) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return err_set("%s: cannot open: %s", path, strerror(errno));
   struct stat st;
-  if (fstat(fileno(f), &st) || !S_ISREG(st.st_mode)) {
-    fclose(f);
-    return err_set("%s: not a regular file", path);
-  }
+  const char *why;
+  int fd = open_regular(path, &st, &why);
+  if (fd < 0) return err_set("%s: cannot open: %s", path, why);
   size_t len = (size_t)st.st_size;
   if (len == 0) {
-    fclose(f);
+    close(fd);
     return err_set("%s: the file is empty, not an ONNX model", path);
   }
-  uint8_t *buf = malloc(len);
+  uint8_t *buf = len <= MAX_FILE_BYTES ? malloc(len) : NULL;
   if (!buf) {
-    fclose(f);
+    close(fd);
     return err_set("%s: too large to read (%zu bytes)", path, len);
   }
-  size_t got = fread(buf, 1, len, f);
-  fclose(f);
-  if (got != len) {
+  int bad = read_at(fd, &st, 0, len, buf);
+  close(fd);
+  if (bad) {
     free(buf);
     return err_set("%s: read error", path);
   }

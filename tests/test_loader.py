@@ -76,12 +76,38 @@ def main():
         got, err = plan(vi_path, os.path.join(tmp, name + "_vi.pipe"))
         check(got == want, f"{name}: with value_info the plan is the same ({err})")
 
-    # Broken external data: outside the folder, missing file, too short.
+    # Broken or hostile external data: outside the folder (by name, by a
+    # symlinked file, by a symlinked folder), missing, too short, an offset
+    # that overflows, a FIFO (which would block a reader forever).
     base = os.path.join(tmp, "lenet_ext")
+    outside = os.path.join(tmp, "outside")
+    os.makedirs(outside, exist_ok=True)
+    with open(os.path.join(base, "weights.bin"), "rb") as f:
+        blob = f.read()
+    with open(os.path.join(outside, "weights.bin"), "wb") as f:
+        f.write(blob)  # a file of the right size, so only confinement can refuse it
+
+    def link_file(d):
+        os.symlink(os.path.join(outside, "weights.bin"), os.path.join(base, "linked.bin"))
+        d.update(location="linked.bin")
+
+    def link_dir(d):
+        os.symlink(outside, os.path.join(base, "linkdir"))
+        d.update(location="linkdir/weights.bin")
+
+    def fifo(d):
+        os.mkfifo(os.path.join(base, "fifo.bin"))
+        d.update(location="fifo.bin")
+
     for label, edit, words in (
         ("a location outside the model's folder", lambda d: d.update(location="../weights.bin"), "leaves the model's folder"),
+        ("a symlink in the folder to a file outside it", link_file, "outside the model's folder"),
+        ("a symlinked folder that leads outside", link_dir, "outside the model's folder"),
+        ("a FIFO as the data file", fifo, "not a regular file"),
         ("a missing data file", lambda d: d.update(location="nope.bin"), "cannot open external data"),
         ("an offset past the end", lambda d: d.update(offset="99999999"), "shorter than"),
+        ("the largest offset (offset + length overflows)", lambda d: d.update(offset=str(2**63 - 1)), "shorter than"),
+        ("an offset past 64 bits", lambda d: d.update(offset="99999999999999999999"), "bad external offset"),
     ):
         m = onnx.load(os.path.join(base, "model.onnx"), load_external_data=False)
         t = m.graph.initializer[0]
@@ -94,9 +120,22 @@ def main():
         with open(bad, "wb") as f:
             f.write(m.SerializeToString())
         out = os.path.join(tmp, "bad.pipe")
-        r = subprocess.run([PIPECC, bad, "-o", out], capture_output=True, text=True)
+        try:
+            r = subprocess.run([PIPECC, bad, "-o", out], capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            check(False, f"external data with {label}: pipecc hung (killed after 60 s)")
+            continue
         check(r.returncode == 2 and words in r.stderr and t.name in r.stderr and not os.path.exists(out),
               f"external data with {label}: exit 2 naming '{t.name}' ({r.stderr.strip()})")
+
+    # The model itself as a FIFO: refused at once, not a blocked read.
+    fifo_model = os.path.join(tmp, "fifo.onnx")
+    os.mkfifo(fifo_model)
+    try:
+        r = subprocess.run([PIPECC, fifo_model, "-o", os.path.join(tmp, "fifo.pipe")], capture_output=True, text=True, timeout=60)
+        check(r.returncode == 2 and "not a regular file" in r.stderr, f"a FIFO as the model: exit 2 ({r.stderr.strip()})")
+    except subprocess.TimeoutExpired:
+        check(False, "a FIFO as the model: pipecc hung (killed after 60 s)")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
