@@ -6,6 +6,8 @@
  * Any problem with the input is one line on stderr, exit status 2, and no
  * output directory. */
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -61,7 +63,8 @@ static int parse_int(const char *s, long lo, long hi, long *out) {
 static int parse_double(const char *s, double lo, double *out) {
   char *end;
   double v = strtod(s, &end);
-  if (end == s || *end || v != v || v < lo) return -1;
+  /* Finite as a float too: the value is printed into the stage programs as one. */
+  if (end == s || *end || !isfinite(v) || v < lo || v > FLT_MAX) return -1;
   *out = v;
   return 0;
 }
@@ -148,7 +151,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(a, "--lr") || !strcmp(a, "--momentum") || !strcmp(a, "--weight-decay")) {
       NEEDVAL();
       double x;
-      if (parse_double(val, 0, &x)) return bad("%s '%s': expected a non-negative number", a, val);
+      if (parse_double(val, 0, &x)) return bad("%s '%s': expected a finite, non-negative number (at most 3.4e38, a float)", a, val);
       if (a[2] == 'l') o.lr = x;
       else if (a[2] == 'm') o.momentum = x;
       else o.weight_decay = x;

@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -199,12 +200,22 @@ static int read_value_info(Graph *g, const Onnx__ValueInfoProto *vi, int idx, co
   return 0;
 }
 
+/* A NaN or infinite attribute (a Gemm alpha of NaN) has no meaning to train
+ * with, and would print as no valid C literal in the stage program. */
+static int bad_float(const Node *n, const char *attr, float v) {
+  return err_set("node '%s' (%s): attribute '%s' is %s; pipecc refuses non-finite attribute values", n->name, n->op, attr,
+                 isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf");
+}
+
 static int read_attr(Graph *g, Node *n, Attr *a, const Onnx__AttributeProto *ap, const char *dir) {
   a->name = pool_strdup(&g->pool, ap->name ? ap->name : "");
   a->type = ap->has_type ? (int)ap->type : 0;
   if (ap->ref_attr_name) return err_set("node '%s' (%s): attribute references are not supported", n->name, n->op);
   switch (a->type) {
-  case ATTR_FLOAT: a->f = ap->f; break;
+  case ATTR_FLOAT:
+    a->f = ap->f;
+    if (!isfinite(a->f)) return bad_float(n, a->name, a->f);
+    break;
   case ATTR_INT: a->i = ap->i; break;
   case ATTR_STRING: {
     char *s = pool_alloc(&g->pool, ap->s.len + 1);
@@ -221,6 +232,8 @@ static int read_attr(Graph *g, Node *n, Attr *a, const Onnx__AttributeProto *ap,
     a->n = (int)ap->n_floats;
     a->floats = pool_alloc(&g->pool, ap->n_floats * sizeof(float));
     if (ap->n_floats) memcpy(a->floats, ap->floats, ap->n_floats * sizeof(float));
+    for (int k = 0; k < a->n; k++)
+      if (!isfinite(a->floats[k])) return bad_float(n, a->name, a->floats[k]);
     break;
   case ATTR_TENSOR: {
     if (!ap->t) return err_set("node '%s' (%s): attribute '%s' has no tensor", n->name, n->op, a->name);

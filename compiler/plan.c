@@ -47,6 +47,11 @@ static int bind_inputs(Plan *p) {
     }
     if (t->rank == 0) return err_set("%s: graph input '%s' is a scalar; the first axis must be the batch", g->path, t->name);
     if (!dtype_size(t->dtype)) return err_set("%s: graph input '%s' has an unsupported element type", g->path, t->name);
+    /* The data loader writes float32 images or int64 token ids; any other
+     * declared type would be read as one of those and train on garbage. */
+    if (!p->opt.forward_only && t->dtype != DT_FLOAT && t->dtype != DT_INT64)
+      return err_set("%s: graph input '%s' is %s; a training program's data inputs must be float32 (images) or int64 "
+                     "(token ids)", g->path, t->name, dtype_name(t->dtype));
   }
   if (!g->ninputs) return err_set("%s: the graph has no data inputs", g->path);
   g->batch = declared;

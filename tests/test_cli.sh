@@ -152,6 +152,14 @@ save("undefined_input", [helper.make_node("Relu", ["x"], ["h"], name="relu0"),
 # 17: a symbolic dimension that is not the batch.
 save("symbolic_seq", [helper.make_node("Gather", ["emb", "tokens"], ["y"], name="embed")],
      [vi("tokens", ["batch", "seq"], TensorProto.INT64)], [vi("y", ["batch", "seq", 4])], [w("emb", 10, 4)])
+# 18: data inputs the loader cannot fill (it writes float32 images or int64 token ids).
+for name, t in (("input_double", TensorProto.DOUBLE), ("input_half", TensorProto.FLOAT16), ("input_int32", TensorProto.INT32)):
+    save(name, [helper.make_node("Relu", ["x_in"], ["y"], name="relu0")], [vi("x_in", ["batch", 4], t)], [vi("y", ["batch", 4], t)], [])
+# 19: non-finite attributes.
+save("gemm_alpha_nan", [helper.make_node("Gemm", ["x", "w"], ["y"], name="gemm_nan", alpha=float("nan"))],
+     [vi("x", ["batch", 3])], [vi("y", ["batch", 4])], [w("w", 3, 4)])
+save("leaky_inf", [helper.make_node("LeakyRelu", ["x"], ["y"], name="leaky_inf", alpha=float("inf"))],
+     [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], [])
 EOF
   notok "setup" "could not write the broken models with $PY"
   echo "$PASS passed, $FAIL failed"
@@ -254,6 +262,15 @@ fi
 fail_case "15 raw_data length does not match dims" "$M/raw_mismatch.onnx" "w_short" "raw_data" -- "$M/raw_mismatch.onnx" -o @OUT@
 fail_case "16 node reads an undefined tensor" "$M/undefined_input.onnx" "add_reader" "ghost_tensor" -- "$M/undefined_input.onnx" -o @OUT@
 fail_case "17 symbolic non-batch input dim" "$M/symbolic_seq.onnx" "tokens" "seq" -- "$M/symbolic_seq.onnx" -o @OUT@
+fail_case "18 a double data input" "input_double.onnx" "'x_in'" "double" "float32" -- "$M/input_double.onnx" -o @OUT@
+fail_case "18 a float16 data input" "input_half.onnx" "'x_in'" "float16" -- "$M/input_half.onnx" -o @OUT@
+fail_case "18 an int32 data input" "input_int32.onnx" "'x_in'" "int32" -- "$M/input_int32.onnx" -o @OUT@
+fail_case "19 Gemm alpha NaN" "gemm_nan" "alpha" "NaN" -- "$M/gemm_alpha_nan.onnx" -o @OUT@
+fail_case "19 LeakyRelu alpha +Inf" "leaky_inf" "alpha" "Inf" -- "$M/leaky_inf.onnx" -o @OUT@
+fail_case "19 --lr 1e999" "--lr" "1e999" "finite" -- "$MLP" --lr 1e999 -o @OUT@
+fail_case "19 --lr inf" "--lr" "inf" "finite" -- "$MLP" --lr inf -o @OUT@
+fail_case "19 --momentum nan" "--momentum" "nan" -- "$MLP" --momentum nan -o @OUT@
+fail_case "19 --weight-decay 1e39 (overflows a float)" "--weight-decay" "1e39" -- "$MLP" --weight-decay 1e39 -o @OUT@
 
 # --- positive control -----------------------------------------------------------------
 good=$T/out/ok.pipe
