@@ -9,13 +9,29 @@
 
 static char g_err[1024];
 
+/* Names in a message come from the model: a newline or an escape sequence
+ * in one must not forge a second line or drive the terminal, so control
+ * bytes are written as \n, \t or \xNN. */
+static void escape_controls(const char *in, char *out, size_t cap) {
+  size_t k = 0;
+  for (const unsigned char *c = (const unsigned char *)in; *c && k + 5 < cap; c++) {
+    if (*c == '\n') out[k++] = '\\', out[k++] = 'n';
+    else if (*c == '\t') out[k++] = '\\', out[k++] = 't';
+    else if (*c < 0x20 || *c == 0x7f) k += (size_t)snprintf(out + k, cap - k, "\\x%02x", *c);
+    else out[k++] = (char)*c;
+  }
+  out[k] = 0;
+}
+
 int err_set(const char *fmt, ...) {
   /* Keep the first error: it is the one nearest the cause. */
   if (g_err[0]) return -1;
+  char raw[sizeof g_err];
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(g_err, sizeof g_err, fmt, ap);
+  vsnprintf(raw, sizeof raw, fmt, ap);
   va_end(ap);
+  escape_controls(raw, g_err, sizeof g_err);
   return -1;
 }
 const char *err_msg(void) { return g_err[0] ? g_err : "unknown error"; }

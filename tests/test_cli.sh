@@ -158,6 +158,9 @@ for name, t in (("input_double", TensorProto.DOUBLE), ("input_half", TensorProto
 # 19: non-finite attributes.
 save("gemm_alpha_nan", [helper.make_node("Gemm", ["x", "w"], ["y"], name="gemm_nan", alpha=float("nan"))],
      [vi("x", ["batch", 3])], [vi("y", ["batch", 4])], [w("w", 3, 4)])
+# 20: a node name with a newline and a terminal escape, in a model pipecc refuses.
+save("name_controls", [helper.make_node("Gemm", ["x", "w"], ["y"], name="evil\nnode\x1b[31m", alpha=float("nan"))],
+     [vi("x", ["batch", 3])], [vi("y", ["batch", 4])], [w("w", 3, 4)])
 save("leaky_inf", [helper.make_node("LeakyRelu", ["x"], ["y"], name="leaky_inf", alpha=float("inf"))],
      [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], [])
 EOF
@@ -267,6 +270,7 @@ fail_case "18 a float16 data input" "input_half.onnx" "'x_in'" "float16" -- "$M/
 fail_case "18 an int32 data input" "input_int32.onnx" "'x_in'" "int32" -- "$M/input_int32.onnx" -o @OUT@
 fail_case "19 Gemm alpha NaN" "gemm_nan" "alpha" "NaN" -- "$M/gemm_alpha_nan.onnx" -o @OUT@
 fail_case "19 LeakyRelu alpha +Inf" "leaky_inf" "alpha" "Inf" -- "$M/leaky_inf.onnx" -o @OUT@
+fail_case "20 control characters in a name stay escaped on one line" 'evil\nnode\x1b[31m' -- "$M/name_controls.onnx" -o @OUT@
 fail_case "19 --lr 1e999" "--lr" "1e999" "finite" -- "$MLP" --lr 1e999 -o @OUT@
 fail_case "19 --lr inf" "--lr" "inf" "finite" -- "$MLP" --lr inf -o @OUT@
 fail_case "19 --momentum nan" "--momentum" "nan" -- "$MLP" --momentum nan -o @OUT@
