@@ -43,9 +43,10 @@ static void stage_text(const Plan *p, int s, Buf *b) {
   buf_printf(b, "  predicted    forward %s + backward %s + communication %s = %s per micro-batch (%.2fx the mean)\n",
              fmt_time(c->fwd), fmt_time(c->bwd), fmt_time(c->comm), fmt_time(c->time), c->time / mean_time(p));
   buf_printf(b, "  memory       %s (%.0f bytes) = weights %s + grads %s + optimizer %s + kept for backward %s + crossing values %s + "
-                "temporaries %s (%d ring copies, %d micro-batches in flight)\n",
+                "temporaries %s (%d ring cop%s, %d micro-batch%s in flight)\n",
              fmt_bytes(c->mem_total), c->mem_total, fmt_bytes(c->mem_params), fmt_bytes(c->mem_grads), fmt_bytes(c->mem_opt),
-             fmt_bytes(c->mem_stash), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work), c->copies, c->inflight);
+             fmt_bytes(c->mem_stash), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work), c->copies, c->copies == 1 ? "y" : "ies",
+             c->inflight, c->inflight == 1 ? "" : "es");
   for (int pass = 0; pass < 2; pass++) {
     int cut = pass ? e : a, any = 0;
     for (int q = 0; q < p->nedges; q++) {
