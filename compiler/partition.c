@@ -5,7 +5,8 @@
  * crosses its two cuts (a skip connection that crosses three cuts is sent
  * three times, since each stage in between forwards it).  The pipeline's
  * step time grows with the slowest stage, so the DP minimises the maximum
- * stage time, subject to each stage's memory under the chosen schedule.
+ * stage time, subject to each stage's memory under the chosen schedule: the
+ * arena its program lays out (stage_mem), or the closed-form estimate.
  * A second DP, limited to stages no slower than that optimum, minimises the
  * sum of squared stage times, so that among equally fast plans the most even
  * one is chosen. */
@@ -113,7 +114,8 @@ void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *o) {
   if (s > 0) o->comm += link_time(&m->link[s - 1], c->cut_bytes[i] + c->cut_grad[i], 2 * c->cut_count[i]);
   if (s + 1 < p->nstages) o->comm += link_time(&m->link[s], c->cut_bytes[j] + c->cut_grad[j], 2 * c->cut_count[j]);
   o->time = o->fwd + o->bwd + o->comm;
-  /* Memory as the arena lays it out, bounded from above: ring copies of the
+  /* The closed-form estimate of the arena (what the DP trusts when it fits,
+   * see partition_solve; exact pricing is stage_mem): ring copies of the
    * stashed activations and of everything crossing either cut (the loss's
    * logits and their gradient on the last stage), two copies of each
    * gradient crossing a cut, and every temporary without sharing. */
