@@ -22,6 +22,7 @@ struct Emit {
   int *fbuf, *gbuf;   /* tensor -> forward / gradient buffer in this stage (-1) */
   int *gcount;        /* gradient contributions so far */
   const char *needs;  /* tensor needs a gradient */
+  int named;          /* give buffers their C names (pricing a candidate stage needs only sizes) */
 };
 typedef struct Emit Ctx;
 
@@ -41,9 +42,9 @@ static int add_buf(Ctx *c, const char *prefix, int tensor, int kind, int64_t byt
   Buffer *b = &sp->bufs[sp->nbufs];
   memset(b, 0, sizeof *b);
   const char *base = tensor >= 0 ? c->p->g.t[tensor].name : "work";
-  b->name = cname(c->pool, prefix, base);
+  b->name = c->named ? cname(c->pool, prefix, base) : prefix;
   /* Names must be unique C identifiers: add the buffer number when needed. */
-  for (int i = 0; i < sp->nbufs; i++)
+  for (int i = 0; i < sp->nbufs && c->named; i++)
     if (!strcmp(sp->bufs[i].name, b->name)) {
       b->name = pool_printf(c->pool, "%s_%d", b->name, sp->nbufs);
       break;
@@ -159,21 +160,16 @@ static int build_stage(Ctx *c) {
   /* Parameters this stage reads, in ONNX initializer (tensor) order. */
   sp->params = pool_alloc(c->pool, sizeof(int) * (size_t)g->nt);
   sp->consts = pool_alloc(c->pool, sizeof(int) * (size_t)g->nt);
+  char *here = pool_alloc(c->pool, (size_t)g->nt);
+  for (int k = c->a; k < c->e; k++)
+    for (int q = 0; q < g->n[p->node[k]].nin; q++)
+      if (g->n[p->node[k]].in[q] >= 0) here[g->n[p->node[k]].in[q]] = 1;
   for (int i = 0; i < g->nt; i++) {
-    if (!g->t[i].is_param) continue;
-    int here = 0, other = -1;
-    for (int k = 0; k < p->N; k++) {
-      Node *nd = &g->n[p->node[k]];
-      for (int q = 0; q < nd->nin; q++)
-        if (nd->in[q] == i) {
-          if (k >= c->a && k < c->e) here = 1;
-          else other = k;
-        }
-    }
-    if (here && other >= 0)
+    if (!g->t[i].is_param || !here[i]) continue;
+    int other = p->first_read[i] < c->a ? p->first_read[i] : p->last_read[i] >= c->e ? p->last_read[i] : -1;
+    if (other >= 0)
       return err_set("weight '%s' is read in stage %d and by node '%s' in another stage; weights shared across stages "
                      "are not supported yet (use fewer stages)", g->t[i].name, c->s, g->n[p->node[other]].name);
-    if (!here) continue;
     int b = add_buf(c, "W_", i, BUF_PARAM, tensor_bytes(&g->t[i]), DT_FLOAT);
     c->fbuf[i] = b;
     sp->params[sp->nparams++] = b;
@@ -298,22 +294,22 @@ static int build_stage(Ctx *c) {
   return 0;
 }
 
-int autodiff_build(Plan *p, StageProg *progs, Pool *pool) {
+int stage_build(Plan *p, StageProg *sp, int s, int a, int e, int named, Pool *pool) {
   Graph *g = &p->g;
-  const char *need = p->opt.forward_only ? pool_alloc(pool, (size_t)g->nt) : needs_grad(p, pool);
-  for (int s = 0; s < p->opt.nstages; s++) {
-    StageProg *sp = &progs[s];
-    memset(sp, 0, sizeof *sp);
-    sp->stage = s;
-    sp->loss_buf = sp->dloss_buf = sp->labels_buf = -1;
-    Ctx c = {p, sp, pool, s, p->part.start[s], p->part.start[s + 1], NULL, NULL, NULL, need};
-    c.fbuf = pool_alloc(pool, sizeof(int) * (size_t)g->nt);
-    c.gbuf = pool_alloc(pool, sizeof(int) * (size_t)g->nt);
-    c.gcount = pool_alloc(pool, sizeof(int) * (size_t)g->nt);
-    for (int i = 0; i < g->nt; i++) c.fbuf[i] = c.gbuf[i] = -1;
-    /* Constants a node reads (folded shapes are attributes of the call; float
-     * constants such as a scalar would need a buffer: not yet). */
-    if (build_stage(&c)) return -1;
-  }
+  if (!p->needs) p->needs = p->opt.forward_only ? pool_alloc(&g->pool, (size_t)g->nt) : needs_grad(p, &g->pool);
+  memset(sp, 0, sizeof *sp);
+  sp->stage = s;
+  sp->loss_buf = sp->dloss_buf = sp->labels_buf = -1;
+  Ctx c = {p, sp, pool, s, a, e, NULL, NULL, NULL, p->needs, named};
+  c.fbuf = pool_alloc(pool, sizeof(int) * (size_t)g->nt);
+  c.gbuf = pool_alloc(pool, sizeof(int) * (size_t)g->nt);
+  c.gcount = pool_alloc(pool, sizeof(int) * (size_t)g->nt);
+  for (int i = 0; i < g->nt; i++) c.fbuf[i] = c.gbuf[i] = -1;
+  return build_stage(&c);
+}
+
+int autodiff_build(Plan *p, StageProg *progs, Pool *pool) {
+  for (int s = 0; s < p->opt.nstages; s++)
+    if (stage_build(p, &progs[s], s, p->part.start[s], p->part.start[s + 1], 1, pool)) return -1;
   return 0;
 }

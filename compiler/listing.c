@@ -36,17 +36,17 @@ static void stage_text(const Plan *p, int s, Buf *b) {
   for (int k = a; k < e; k++) params += p->cost[k].param_count, ff += p->cost[k].fwd_flops, bf += p->cost[k].bwd_flops;
   buf_printf(b, "stage %d (rank %d): nodes %d..%d, %d node%s: %s .. %s\n", s, s, a, e - 1, e - a, e - a == 1 ? "" : "s",
              node_name(p, a), node_name(p, e - 1));
-  buf_printf(b, "  parameters   %s (%s)\n", fmt_count(params), fmt_bytes(c->mem_params));
+  double pbytes = 0;
+  for (int k = a; k < e; k++) pbytes += p->cost[k].param_bytes;
+  buf_printf(b, "  parameters   %s (%s)\n", fmt_count(params), fmt_bytes(pbytes));
   buf_printf(b, "  FLOPs        %s forward, %s backward per micro-batch\n", fmt_count(ff), fmt_count(bf));
   buf_printf(b, "  predicted    forward %s + backward %s + communication %s = %s per micro-batch (%.2fx the mean)\n",
              fmt_time(c->fwd), fmt_time(c->bwd), fmt_time(c->comm), fmt_time(c->time), c->time / mean_time(p));
-  buf_printf(b, "  memory       at most %s = params %s + grads %s + optimizer %s + stash %d x %s + crossing values %s + "
-                "temporaries %s (%d micro-batches in flight)\n",
-             fmt_bytes(c->mem_total), fmt_bytes(c->mem_params), fmt_bytes(c->mem_grads), fmt_bytes(c->mem_opt), c->copies,
-             fmt_bytes(c->copies ? c->mem_stash / c->copies : 0), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work), c->inflight);
-  if (p->arena)
-    buf_printf(b, "  arena        %s (%lld bytes), laid out by the compiler: no allocation while training\n", fmt_bytes((double)p->arena[s]),
-               (long long)p->arena[s]);
+  buf_printf(b, "  memory       %s (%.0f bytes) = weights %s + grads %s + optimizer %s + kept for backward %s + crossing values %s + "
+                "temporaries %s (%d ring cop%s, %d micro-batch%s in flight)\n",
+             fmt_bytes(c->mem_total), c->mem_total, fmt_bytes(c->mem_params), fmt_bytes(c->mem_grads), fmt_bytes(c->mem_opt),
+             fmt_bytes(c->mem_stash), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work), c->copies, c->copies == 1 ? "y" : "ies",
+             c->inflight, c->inflight == 1 ? "" : "es");
   for (int pass = 0; pass < 2; pass++) {
     int cut = pass ? e : a, any = 0;
     for (int q = 0; q < p->nedges; q++) {
@@ -131,6 +131,13 @@ void listing_text(const Plan *p, Buf *b) {
   if (p->opt.mem_limit > 0) buf_printf(b, "  mem limit    %s per rank\n", fmt_bytes(p->opt.mem_limit));
   buf_printf(b, "\n");
   for (int s = 0; s < n; s++) stage_text(p, s, b);
+  if (p->mem_note)
+    buf_printf(b, "\nmemory: %s; the partitioner's upper bound, not the arena\n", p->mem_note);
+  else
+    buf_printf(b, "\nmemory: each stage's arena, exactly: its static buffer ARENA_BYTES in stage_<k>.c, which holds everything\n"
+                  "        the stage keeps (weights, constants, gradients, optimizer state, rings, temporaries); the runtime adds\n"
+                  "        only its per-rank bookkeeping (MPI requests, one micro-batch of loader input) and the data set.  The\n"
+                  "        partitioner priced each candidate stage by the same arena, and --mem-limit is decided against it.\n");
   double mx = 0, mn = INFINITY;
   int slow = 0;
   for (int s = 0; s < n; s++) {
@@ -223,8 +230,9 @@ void listing_json(const Plan *p, Buf *b) {
     buf_printf(b, "],\n     \"parameters\": %.0f, \"fwd_flops\": %.0f, \"bwd_flops\": %.0f,\n", params, ff, bf);
     buf_printf(b, "     \"fwd_time_s\": %.9g, \"bwd_time_s\": %.9g, \"comm_time_s\": %.9g, \"time_s\": %.9g,\n", c->fwd, c->bwd, c->comm, c->time);
     buf_printf(b, "     \"memory\": {\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"stash\": %.0f, \"received\": %.0f, "
-                  "\"workspace\": %.0f, \"total\": %.0f, \"inflight\": %d, \"copies\": %d},\n",
-               c->mem_params, c->mem_grads, c->mem_opt, c->mem_stash, c->mem_recv, c->mem_work, c->mem_total, c->inflight, c->copies);
+                  "\"workspace\": %.0f, \"total\": %.0f, \"inflight\": %d, \"copies\": %d, \"estimate\": %.0f, \"exact\": %s},\n",
+               c->mem_params, c->mem_grads, c->mem_opt, c->mem_stash, c->mem_recv, c->mem_work, c->mem_total, c->inflight, c->copies,
+               c->mem_estimate, p->mem_note ? "false" : "true");
     if (p->arena) buf_printf(b, "     \"arena_bytes\": %lld,\n", (long long)p->arena[s]);
     buf_printf(b, "     \"recv\": ");
     json_edges(p, b, a);

@@ -190,30 +190,23 @@ int main(int argc, char **argv) {
   if (o.dump_shapes) {
     dump_shapes(&p);
   } else {
-    /* Stage programs first: the listing reports their arena sizes. */
-    StageProg *progs = NULL;
+    /* Stage programs first: the listing states their arenas. */
     int ok = 1;
-    if (!o.plan_only) {
-      progs = pool_alloc(&p.g.pool, sizeof(StageProg) * (size_t)o.nstages);
-      p.arena = pool_alloc(&p.g.pool, sizeof(int64_t) * (size_t)o.nstages);
-      if (autodiff_build(&p, progs, &p.g.pool)) {
-        fprintf(stderr, "pipecc: error: %s: %s (--plan-only writes the plan and listing alone)\n", o.model, err_msg());
+    if (plan_programs(&p)) {
+      fprintf(stderr, "pipecc: error: %s: %s (--plan-only writes the plan and listing alone)\n", o.model, err_msg());
+      ok = 0, rc = 2;
+    }
+    /* The partitioner priced every stage by this arena; this only guards that promise. */
+    for (int s = 0; ok && p.arena && s < o.nstages; s++) {
+      double lim = p.machine.dev[s].mem_bytes;
+      if (o.mem_limit > 0 && (lim <= 0 || o.mem_limit < lim)) lim = o.mem_limit;
+      if (lim > 0 && (double)p.arena[s] > lim) {
+        fprintf(stderr, "pipecc: error: %s: internal error: stage %d's arena needs %lld bytes (%s), over the memory limit of %s\n",
+                o.model, s, (long long)p.arena[s], fmt_bytes((double)p.arena[s]), fmt_bytes(lim));
         ok = 0, rc = 2;
-      } else {
-        for (int s = 0; s < o.nstages; s++) memplan(&p, &progs[s]), p.arena[s] = progs[s].arena_bytes;
-        /* The planner partitioned on estimates; the laid-out arena is what must fit. */
-        for (int s = 0; ok && s < o.nstages; s++) {
-          double lim = p.machine.dev[s].mem_bytes;
-          if (o.mem_limit > 0 && (lim <= 0 || o.mem_limit < lim)) lim = o.mem_limit;
-          if (lim > 0 && (double)p.arena[s] > lim) {
-            fprintf(stderr, "pipecc: error: %s: stage %d's arena needs %lld bytes (%s), over the memory limit of %s (the "
-                            "partitioner estimated %s); raise --mem-limit or use more stages\n", o.model, s, (long long)p.arena[s],
-                    fmt_bytes((double)p.arena[s]), fmt_bytes(lim), fmt_bytes(p.part.cost[s].mem_total));
-            ok = 0, rc = 2;
-          }
-        }
       }
     }
+    StageProg *progs = o.plan_only ? NULL : p.progs;
     Buf text = {0}, json = {0}, svg = {0};
     if (ok) listing_text(&p, &text), listing_json(&p, &json), listing_timeline(&p, &svg);
     OutDir d = {0};

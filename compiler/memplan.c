@@ -38,21 +38,41 @@ int call_is_weight(const StageProg *sp, const Call *k) {
  * micro-batches in between: a temporary an I call writes and a W call reads
  * must survive that long, so it gets a ring copy per slot. */
 static void promote_for_split(StageProg *sp) {
-  for (int i = 0; i < sp->nbwd; i++) {
-    if (!call_is_weight(sp, &sp->bwd[i])) continue;
-    for (int r = 0; r < sp->bwd[i].nreads; r++) {
+  char *by_i = calloc((size_t)sp->nbufs + 1, 1); /* written by an input-gradient call */
+  if (!by_i) abort();
+  for (int j = 0; j < sp->nbwd; j++)
+    for (int w = 0; w < sp->bwd[j].nwrites && !call_is_weight(sp, &sp->bwd[j]); w++) by_i[sp->bwd[j].writes[w]] = 1;
+  for (int i = 0; i < sp->nbwd; i++)
+    for (int r = 0; r < sp->bwd[i].nreads && call_is_weight(sp, &sp->bwd[i]); r++) {
       Buffer *b = &sp->bufs[sp->bwd[i].reads[r]];
-      if (b->kind != BUF_TEMP) continue;
-      for (int j = 0; j < sp->nbwd; j++)
-        for (int w = 0; w < sp->bwd[j].nwrites; w++)
-          if (sp->bwd[j].writes[w] == sp->bwd[i].reads[r] && !call_is_weight(sp, &sp->bwd[j])) b->kind = BUF_RING;
+      if (b->kind == BUF_TEMP && by_i[sp->bwd[i].reads[r]]) b->kind = BUF_RING;
     }
+  free(by_i);
+}
+
+/* A ring that holds a value crossing a cut (or the loss's logits and their
+ * gradient), as opposed to an activation kept for backward. */
+static int is_crossing(const StageProg *sp, int id) {
+  for (int i = 0; i < sp->nrecv; i++)
+    if (sp->recv[i].buf == id) return 1;
+  for (int i = 0; i < sp->nsend; i++)
+    if (sp->send[i].buf == id) return 1;
+  return id == sp->loss_buf || id == sp->dloss_buf;
+}
+
+/* Where a buffer's bytes are counted in the stage's memory breakdown. */
+static int64_t *share_of(StageProg *sp, int id) {
+  switch (sp->bufs[id].kind) {
+  case BUF_PGRAD: return &sp->mem_grads;
+  case BUF_OPT: return &sp->mem_opt;
+  case BUF_RING: return is_crossing(sp, id) ? &sp->mem_cross : &sp->mem_stash;
+  default: return &sp->mem_cross; /* gradient rings, labels */
   }
 }
 
-void memplan(Plan *p, StageProg *sp) {
-  sp->nslots = p->sched.nslots[sp->stage];
-  sp->ngslots = p->sched.ngslots[sp->stage];
+void memplan(Plan *p, StageProg *sp, int nslots, int ngslots) {
+  sp->nslots = nslots;
+  sp->ngslots = ngslots;
   if (p->opt.schedule == SCHED_ZB1) promote_for_split(sp);
   for (int i = 0; i < sp->nfwd; i++) touch(sp, &sp->fwd[i], i);
   for (int i = 0; i < sp->nbwd; i++) touch(sp, &sp->bwd[i], 1000000 + i);
@@ -64,9 +84,15 @@ void memplan(Plan *p, StageProg *sp) {
       if (b->kind != order[o]) continue;
       b->offset = off;
       int copies = b->kind == BUF_RING ? sp->nslots : b->kind == BUF_GRING ? sp->ngslots : 1;
-      off = b->kind == BUF_PARAM ? off + b->bytes : up(off + b->bytes * copies);
+      if (b->kind == BUF_PARAM) {
+        off += b->bytes;
+        continue;
+      }
+      int64_t next = up(off + b->bytes * copies);
+      *share_of(sp, i) += next - off;
+      off = next;
     }
-    if (order[o] == BUF_PARAM) sp->weights_bytes = off, off = up(off);
+    if (order[o] == BUF_PARAM) sp->weights_bytes = off, off = up(off), sp->mem_weights = off;
   }
   /* Temporaries by first fit, largest first. */
   int64_t base = off, end = off;
@@ -92,4 +118,5 @@ void memplan(Plan *p, StageProg *sp) {
   }
   free(idx);
   sp->arena_bytes = end;
+  sp->mem_temps = end - base;
 }

@@ -5,7 +5,8 @@
  * crosses its two cuts (a skip connection that crosses three cuts is sent
  * three times, since each stage in between forwards it).  The pipeline's
  * step time grows with the slowest stage, so the DP minimises the maximum
- * stage time, subject to each stage's memory under the chosen schedule.
+ * stage time, subject to each stage's memory under the chosen schedule: the
+ * arena its program lays out (stage_mem), or the closed-form estimate.
  * A second DP, limited to stages no slower than that optimum, minimises the
  * sum of squared stage times, so that among equally fast plans the most even
  * one is chosen. */
@@ -20,6 +21,7 @@ struct PartCtx {
   const PartProblem *p;
   double *pf_fwd, *pf_bwd, *pf_traffic, *pf_param, *pf_stash, *pf_work; /* prefix sums, N + 1 */
   double *cut_bytes, *cut_grad, *cut_count;                    /* per cut b = 0..N */
+  int screen;        /* with stage_mem: a candidate whose estimate fits is taken as fitting without building it */
 };
 
 /* Micro-batches whose stash a stage holds at once: all of them under GPipe;
@@ -114,7 +116,8 @@ void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *o) {
   if (s > 0) o->comm += link_time(&m->link[s - 1], c->cut_bytes[i] + c->cut_grad[i], 2 * c->cut_count[i]);
   if (s + 1 < p->nstages) o->comm += link_time(&m->link[s], c->cut_bytes[j] + c->cut_grad[j], 2 * c->cut_count[j]);
   o->time = o->fwd + o->bwd + o->comm;
-  /* Memory as the arena lays it out, bounded from above: ring copies of the
+  /* The closed-form estimate of the arena (what the DP trusts when it fits,
+   * see partition_solve; exact pricing is stage_mem): ring copies of the
    * stashed activations and of everything crossing either cut (the loss's
    * logits and their gradient on the last stage), two copies of each
    * gradient crossing a cut, and every temporary without sharing. */
@@ -137,6 +140,88 @@ static double stage_limit(const PartProblem *p, int s) {
   return lim;
 }
 
+double part_stage_mem(const PartCtx *c, int s, int i, int j) {
+  const PartProblem *p = c->p;
+  if (p->stage_mem) return p->stage_mem(p->mem_ctx, s, i, j);
+  StageCost sc;
+  part_stage_cost(c, s, i, j, &sc);
+  return sc.mem_total;
+}
+
+/* Per start i of a stage ending at j: bytes of the activations made and
+ * kept for backward within [i, j). */
+static void stash_within(const PartProblem *p, int j, double *kept) {
+  for (int i = 0; i <= j; i++) kept[i] = 0;
+  for (int k = 0; k < p->nstash; k++)
+    if (p->stash[k].to < j && p->stash[k].from >= 0) kept[p->stash[k].from] += p->stash[k].bytes;
+  for (int i = j - 1; i >= 0; i--) kept[i] += kept[i + 1];
+}
+
+/* A bound from below on stage s's exact memory, from sums alone: its
+ * parameters' weights, gradients and optimizer state, and a ring copy per
+ * slot of the values it receives and the activations it keeps (all distinct
+ * buffers), or of those it sends if more. */
+static double mem_lower(const PartCtx *c, int s, int i, int j, const double *kept) {
+  const PartProblem *p = c->p;
+  if (!p->stage_mem) return part_stage_mem(c, s, i, j);
+  double params = c->pf_param[j] - c->pf_param[i];
+  return params * p->param_copies + p->ring_copies[s] * fmax(c->cut_bytes[i] + kept[i], c->cut_bytes[j]);
+}
+
+/* One candidate of a DP cell: stage s = [i, j) after the best plan of [0, i). */
+typedef struct Cand {
+  double key; /* the value it gives if its memory fits (mode 2: a bound from below) */
+  double est; /* its estimated memory */
+  int i;
+} Cand;
+
+static int by_key(const void *a, const void *b) {
+  const Cand *x = a, *y = b;
+  return x->key < y->key ? -1 : x->key > y->key ? 1 : x->i - y->i;
+}
+
+/* The best i for cell (s, j), or -1; *best gets its value.  Candidates are
+ * tried best value first (ties: smallest i, as a plain scan keeps), so the
+ * exact memory is computed only for those that could win, and only where a
+ * limit applies; a lower bound rules out most without building anything. */
+static int best_cut(const PartCtx *c, int mode, double cap, const double *prev, int s, int j, Cand *cand, double *kept,
+                    double *best) {
+  double lim = stage_limit(c->p, s);
+  StageCost sc;
+  int nc = 0;
+  if (lim > 0 && c->p->stage_mem) stash_within(c->p, j, kept);
+  for (int i = s; i < j; i++) {
+    if (prev[i] == INFINITY) continue;
+    double key;
+    sc.mem_total = INFINITY;
+    if (mode == 2) {
+      key = fmax(prev[i], lim > 0 ? mem_lower(c, s, i, j, kept) / lim : mem_lower(c, s, i, j, kept));
+    } else {
+      part_stage_cost(c, s, i, j, &sc);
+      if (mode == 1 && sc.time > cap) continue;
+      if (lim > 0 && mem_lower(c, s, i, j, kept) > lim) continue;
+      key = mode == 0 ? fmax(prev[i], sc.time) : prev[i] + sc.time * sc.time;
+    }
+    cand[nc++] = (Cand){key, sc.mem_total, i};
+  }
+  qsort(cand, (size_t)nc, sizeof *cand, by_key);
+  *best = INFINITY;
+  int barg = -1;
+  for (int k = 0; k < nc; k++) {
+    int i = cand[k].i;
+    if (mode != 2) {
+      int fits = lim <= 0 || (c->screen && cand[k].est <= lim) || part_stage_mem(c, s, i, j) <= lim;
+      if (!fits) continue;
+      *best = cand[k].key;
+      return i;
+    }
+    if (cand[k].key > *best) break;
+    double m = part_stage_mem(c, s, i, j), v = fmax(prev[i], lim > 0 ? m / lim : m);
+    if (v < *best || (v == *best && i < barg)) *best = v, barg = i;
+  }
+  return barg;
+}
+
 /* One DP over (stages, prefix length).  mode 0: minimise the max stage time;
  * mode 1: minimise the sum of squared times with every stage <= cap;
  * mode 2: minimise the max of memory / limit, ignoring limits (for errors). */
@@ -146,35 +231,18 @@ static double run_dp(const PartCtx *c, int mode, double cap, int *start) {
   size_t W = (size_t)N + 1;
   double *f = malloc(sizeof(double) * (size_t)(n + 1) * W);
   int *arg = malloc(sizeof(int) * (size_t)(n + 1) * W);
-  if (!f || !arg) abort();
+  Cand *cand = malloc(sizeof(Cand) * W);
+  double *kept = malloc(sizeof(double) * (W + 1));
+  if (!f || !arg || !cand || !kept) abort();
   for (size_t k = 0; k < (size_t)(n + 1) * W; k++) f[k] = INFINITY, arg[k] = -1;
   f[0] = 0;
-  StageCost sc;
-  for (int s = 0; s < n; s++) {
-    double lim = stage_limit(p, s);
-    /* Stage s covers [i, j); leave at least one node for each later stage. */
-    for (int j = s + 1; j <= N - (n - s - 1); j++) {
-      double best = INFINITY;
-      int barg = -1;
-      for (int i = s; i < j; i++) {
-        double prev = f[(size_t)s * W + (size_t)i];
-        if (prev == INFINITY) continue;
-        part_stage_cost(c, s, i, j, &sc);
-        double v;
-        if (mode == 2) {
-          v = fmax(prev, lim > 0 ? sc.mem_total / lim : sc.mem_total);
-        } else {
-          if (lim > 0 && sc.mem_total > lim) continue;
-          if (mode == 0) v = fmax(prev, sc.time);
-          else if (sc.time > cap) continue;
-          else v = prev + sc.time * sc.time;
-        }
-        if (v < best) best = v, barg = i;
-      }
-      f[(size_t)(s + 1) * W + (size_t)j] = best;
-      arg[(size_t)(s + 1) * W + (size_t)j] = barg;
+  for (int s = 0; s < n; s++)
+    /* Stage s covers [i, j); leave at least one node for each later stage
+     * (the last stage ends at N). */
+    for (int j = s == n - 1 ? N : s + 1; j <= N - (n - s - 1); j++) {
+      size_t at = (size_t)(s + 1) * W + (size_t)j;
+      arg[at] = best_cut(c, mode, cap, f + (size_t)s * W, s, j, cand, kept, &f[at]);
     }
-  }
   double res = f[(size_t)n * W + (size_t)N];
   if (start && res < INFINITY) {
     start[n] = N;
@@ -183,8 +251,32 @@ static double run_dp(const PartCtx *c, int mode, double cap, int *start) {
       start[s - 1] = j;
     }
   }
-  free(f), free(arg);
+  free(f), free(arg), free(cand), free(kept);
   return res;
+}
+
+/* The fullest rank's memory in the leanest plan, as an error. */
+static int no_fit(const PartCtx *c, Pool *pool) {
+  const PartProblem *p = c->p;
+  int *tmp = pool_alloc(pool, sizeof(int) * (size_t)(p->nstages + 1));
+  run_dp(c, 2, 0, tmp);
+  double need = 0;
+  for (int s = 0; s < p->nstages; s++) need = fmax(need, part_stage_mem(c, s, tmp[s], tmp[s + 1]));
+  return err_set("no partition into %d stage%s fits the memory limit (%s per rank); the leanest plan needs %.0f bytes "
+                 "(%s) on its fullest rank: raise --mem-limit to at least %.0fK, or use more stages, fewer "
+                 "micro-batches or 1f1b", p->nstages, p->nstages == 1 ? "" : "s",
+                 fmt_bytes(p->mem_limit > 0 ? p->mem_limit : p->machine->dev[0].mem_bytes), ceil(need), fmt_bytes(need),
+                 ceil(need / 1024));
+}
+
+/* Whether every stage of the plan fits by its exact memory (the screen
+ * trusted estimates). */
+static int plan_fits(const PartCtx *c, const int *start) {
+  for (int s = 0; s < c->p->nstages; s++) {
+    double lim = stage_limit(c->p, s);
+    if (lim > 0 && part_stage_mem(c, s, start[s], start[s + 1]) > lim) return 0;
+  }
+  return 1;
 }
 
 int partition_solve(const PartProblem *p, Partition *out, Pool *pool) {
@@ -194,29 +286,27 @@ int partition_solve(const PartProblem *p, Partition *out, Pool *pool) {
   PartCtx *c = part_prepare(p);
   out->start = pool_alloc(pool, sizeof(int) * (size_t)(p->nstages + 1));
   out->cost = pool_alloc(pool, sizeof(StageCost) * (size_t)p->nstages);
-  double best = run_dp(c, 0, 0, out->start);
-  if (best == INFINITY) {
-    /* Say how much memory the leanest plan needs. */
-    int *tmp = pool_alloc(pool, sizeof(int) * (size_t)(p->nstages + 1));
-    run_dp(c, 2, 0, tmp);
-    double need = 0;
-    StageCost sc;
-    for (int s = 0; s < p->nstages; s++) {
-      part_stage_cost(c, s, tmp[s], tmp[s + 1], &sc);
-      if (sc.mem_total > need) need = sc.mem_total;
+  /* Building a stage's program costs far more than its estimate, and the
+   * estimate has stayed above the arena on every sample model, so a
+   * candidate whose estimate fits is taken as fitting; the chosen plan is
+   * then checked by its arenas, and if the screen misjudged one, planned
+   * again on arenas alone.  Accepting more candidates can only lower the
+   * DP's value, so a plan that passes the check is optimal. */
+  for (c->screen = p->stage_mem != NULL;; c->screen = 0) {
+    double best = run_dp(c, 0, 0, out->start);
+    if (best == INFINITY) {
+      int rc = no_fit(c, pool);
+      part_ctx_free(c);
+      return rc;
     }
-    part_ctx_free(c);
-    return err_set("no partition into %d stage%s fits the memory limit (%s per rank); the leanest plan needs %.0f bytes "
-                   "(%s) on its fullest rank: raise --mem-limit to at least %.0fK, or use more stages, fewer "
-                   "micro-batches or 1f1b", p->nstages, p->nstages == 1 ? "" : "s",
-                   fmt_bytes(p->mem_limit > 0 ? p->mem_limit : p->machine->dev[0].mem_bytes), ceil(need), fmt_bytes(need),
-                   ceil(need / 1024));
+    /* Among plans as fast as the optimum, the most even (ties within 1e-9 relative). */
+    run_dp(c, 1, best * (1 + 1e-9), out->start);
+    if (!c->screen || plan_fits(c, out->start)) break;
   }
-  /* Among plans as fast as the optimum, the most even (ties within 1e-9 relative). */
-  run_dp(c, 1, best * (1 + 1e-9), out->start);
   out->max_time = 0;
   for (int s = 0; s < p->nstages; s++) {
     part_stage_cost(c, s, out->start[s], out->start[s + 1], &out->cost[s]);
+    out->cost[s].mem_estimate = out->cost[s].mem_total;
     if (out->cost[s].time > out->max_time) out->max_time = out->cost[s].time;
   }
   part_ctx_free(c);

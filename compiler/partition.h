@@ -28,6 +28,20 @@ typedef struct PartProblem {
   double opt_state_per_param; /* optimizer slots per parameter: sgd 0, momentum 1, adam 2 */
   const Machine *machine;
   double mem_limit;             /* per rank, bytes; 0 = none beyond the devices' own */
+  /* The exact memory of stage s holding [i, j): the arena its program lays
+   * out.  When given, the DP prices candidates with it (lazily: only where a
+   * limit applies and the candidate could be chosen, after the lower bound
+   * below) and the closed-form estimate is not used for decisions.  NULL:
+   * the estimate (tests of the DP alone). */
+  double (*stage_mem)(void *ctx, int s, int i, int j);
+  void *mem_ctx;
+  const int *ring_copies;       /* with stage_mem, per stage: ring slots of the schedule (for the lower bound) */
+  double param_copies;          /* with stage_mem: weight + gradient + optimizer bytes per parameter byte */
+  /* With stage_mem, for the lower bound: activations backward keeps, each
+   * made by node `from` and read by the backward of node `to` (the first
+   * such reader), so kept by any stage holding both. */
+  const PartEdge *stash;
+  int nstash;
 } PartProblem;
 
 typedef struct StageCost {
@@ -36,6 +50,8 @@ typedef struct StageCost {
   double comm;                  /* seconds per micro-batch sending/receiving */
   double time;                  /* fwd + bwd + comm */
   double mem_params, mem_grads, mem_opt, mem_stash, mem_recv, mem_work, mem_total;
+  double mem_estimate;          /* the closed-form estimate of mem_total (part_stage_cost); once the stage
+                                   programs are laid out, mem_* above are their arena's (plan_programs) */
   int inflight;                 /* micro-batches whose activations are held at once */
   int copies;                   /* ring copies the arena keeps: inflight + 1 (at most m), so receives post early */
   int gcopies;                  /* gradient ring copies: 2, or under zb1 as many as ring copies (W reads the gradient late) */
@@ -54,6 +70,8 @@ typedef struct PartCtx PartCtx;
 PartCtx *part_prepare(const PartProblem *p);
 void part_ctx_free(PartCtx *c);
 void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *out);
+/* The memory the DP decides with: stage_mem if given, else the estimate. */
+double part_stage_mem(const PartCtx *c, int s, int i, int j);
 /* Bytes of everything crossing the cut before node b (1 <= b < N). */
 double part_boundary_bytes(const PartCtx *c, int b);
 

@@ -3,10 +3,13 @@
  * sequences them and gathers what the listing needs. */
 #include "plan.h"
 
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "onnx_load.h"
 #include "ops.h"
+#include "stageprog.h"
 
 /* Gives every graph input its static shape: the batch axis becomes the
  * micro-batch size; any other symbolic axis is an error. */
@@ -75,6 +78,17 @@ static void collect_edges(Plan *p) {
     for (int q = 0; q < n->nin; q++)
       if (n->in[q] >= 0 && to[n->in[q]] < k && to[n->in[q]] != p->N) to[n->in[q]] = k;
   }
+  p->first_read = pool_alloc(&g->pool, sizeof(int) * (size_t)g->nt);
+  p->last_read = pool_alloc(&g->pool, sizeof(int) * (size_t)g->nt);
+  for (int i = 0; i < g->nt; i++) p->first_read[i] = p->last_read[i] = -1;
+  for (int k = p->N - 1; k >= 0; k--) {
+    Node *n = &g->n[p->node[k]];
+    for (int q = 0; q < n->nin; q++)
+      if (n->in[q] >= 0) {
+        p->first_read[n->in[q]] = k;
+        if (p->last_read[n->in[q]] < 0) p->last_read[n->in[q]] = k;
+      }
+  }
   p->edges = pool_alloc(&g->pool, sizeof(PartEdge) * (size_t)g->nt);
   p->edge_tensor = pool_alloc(&g->pool, sizeof(int) * (size_t)g->nt);
   p->nedges = 0;
@@ -88,6 +102,133 @@ static void collect_edges(Plan *p) {
     e->grad_bytes = dtype_is_float(t->dtype) && !t->is_input ? e->bytes : 0;
     p->edge_tensor[p->nedges++] = i;
   }
+}
+
+
+/* ---- pricing candidate stages by their arena ---- */
+
+/* Exact prices already computed, by (first node, end, ring slots, gradient
+ * ring slots): open addressing, doubled when half full. */
+typedef struct PriceKey {
+  int i, j, nslots, ngslots;
+} PriceKey;
+struct PriceMemo {
+  PriceKey *key;
+  double *val;
+  size_t cap, n;
+};
+
+static size_t price_hash(PriceKey k, size_t cap) {
+  uint64_t h = (uint64_t)k.i * 0x9E3779B97F4A7C15ull ^ (uint64_t)k.j * 0xC2B2AE3D27D4EB4Full ^
+               (uint64_t)k.nslots * 0x165667B19E3779F9ull ^ (uint64_t)k.ngslots * 0x27D4EB2F165667C5ull;
+  return (size_t)(h ^ h >> 29) & (cap - 1);
+}
+
+static double *memo_slot(struct PriceMemo *m, PriceKey k, int *found) {
+  if (2 * (m->n + 1) > m->cap) { /* grow */
+    struct PriceMemo g = {calloc(m->cap ? 2 * m->cap : 1024, sizeof(PriceKey)), NULL, m->cap ? 2 * m->cap : 1024, 0};
+    g.val = malloc(sizeof(double) * g.cap);
+    if (!g.key || !g.val) abort();
+    for (size_t a = 0; a < m->cap; a++)
+      if (m->key[a].j) {
+        int f;
+        *memo_slot(&g, m->key[a], &f) = m->val[a];
+      }
+    free(m->key), free(m->val);
+    *m = g;
+  }
+  size_t a = price_hash(k, m->cap);
+  while (m->key[a].j && memcmp(&m->key[a], &k, sizeof k)) a = (a + 1) & (m->cap - 1);
+  *found = m->key[a].j != 0; /* j >= 1 for every stage, so j = 0 marks an empty entry */
+  if (!*found) m->key[a] = k, m->n++;
+  return &m->val[a];
+}
+
+/* The arena stage s would lay out if it held compute nodes [i, j): its
+ * program built and laid out exactly as the emitted one will be.  A range
+ * that cannot be built (a weight shared with another stage) never fits. */
+static double price_stage(void *ctx, int s, int i, int j) {
+  Plan *p = ctx;
+  PriceKey k = {i, j, p->slots.nslots[s], p->slots.ngslots[s]};
+  int found;
+  double *v = memo_slot(p->memo, k, &found);
+  if (found) return *v;
+  Pool tmp = {0};
+  StageProg sp;
+  if (stage_build(p, &sp, s, i, j, 0, &tmp)) {
+    err_clear();
+    *v = INFINITY;
+  } else {
+    memplan(p, &sp, k.nslots, k.ngslots);
+    *v = (double)sp.arena_bytes;
+  }
+  pool_free(&tmp);
+  return *v;
+}
+
+/* Whether bwd call k of the whole-model program reads buffer b, a value any
+ * stage holding both ends of [*lo, *hi] keeps in a ring: an activation its
+ * backward reads (from its producer to the reader), or under zb1 a gradient
+ * an input-gradient call writes and a weight-gradient call reads (from that
+ * reader to the gradient's last writer, its tensor's last reader). */
+static int kept_span(const Plan *p, const StageProg *sp, const Call *k, int id, const char *by_i, const int *pos, int *lo, int *hi) {
+  const Buffer *b = &sp->bufs[id];
+  const Tensor *t = b->tensor >= 0 ? &p->g.t[b->tensor] : NULL;
+  int at = pos[k->node];
+  if (!t || t->producer < 0) return 0;
+  if (b->kind == BUF_RING && !b->is_grad) {
+    *lo = pos[t->producer], *hi = at;
+    return 1;
+  }
+  if (p->opt.schedule == SCHED_ZB1 && b->kind == BUF_TEMP && b->is_grad && by_i[id] && call_is_weight(sp, k) &&
+      p->last_read[b->tensor] >= at) {
+    *lo = at, *hi = p->last_read[b->tensor];
+    return 1;
+  }
+  return 0;
+}
+
+/* From the whole model as one program: the values a stage keeps in rings
+ * whenever it holds both ends of their span (kept_span), for the
+ * partitioner's lower bound.  Each value once, with its narrowest span. */
+static void stash_pairs(Plan *p, const StageProg *sp, PartProblem *pr) {
+  Graph *g = &p->g;
+  int *pos = pool_alloc(&g->pool, sizeof(int) * (size_t)g->nn), *slot = pool_alloc(&g->pool, sizeof(int) * (size_t)sp->nbufs);
+  char *by_i = pool_alloc(&g->pool, (size_t)sp->nbufs + 1);
+  PartEdge *e = pool_alloc(&g->pool, sizeof(PartEdge) * (size_t)sp->nbufs);
+  for (int k = 0; k < p->N; k++) pos[p->node[k]] = k;
+  for (int b = 0; b < sp->nbufs; b++) slot[b] = -1;
+  for (int j = 0; j < sp->nbwd; j++)
+    for (int w = 0; w < sp->bwd[j].nwrites && !call_is_weight(sp, &sp->bwd[j]); w++) by_i[sp->bwd[j].writes[w]] = 1;
+  for (int k = 0; k < sp->nbwd; k++)
+    for (int r = 0; r < sp->bwd[k].nreads && sp->bwd[k].node >= 0; r++) {
+      int id = sp->bwd[k].reads[r], lo, hi;
+      if (!kept_span(p, sp, &sp->bwd[k], id, by_i, pos, &lo, &hi)) continue;
+      if (slot[id] < 0) slot[id] = pr->nstash++, e[slot[id]] = (PartEdge){lo, hi, (double)sp->bufs[id].bytes, 0};
+      PartEdge *x = &e[slot[id]];
+      if (hi - lo < x->to - x->from) x->from = lo, x->to = hi;
+    }
+  pr->stash = e;
+}
+
+/* Exact pricing needs every op's kernels; the whole model as one program
+ * says whether they are there.  If not, the estimate decides (--plan-only on
+ * a model pipecc cannot run yet) and p->mem_note says why. */
+static void setup_pricing(Plan *p, PartProblem *pr) {
+  Pool tmp = {0};
+  StageProg sp;
+  if (stage_build(p, &sp, 0, 0, p->N, 0, &tmp)) {
+    p->mem_note = pool_printf(&p->g.pool, "estimate: no stage program (%s)", err_msg());
+    err_clear();
+  } else {
+    p->memo = calloc(1, sizeof *p->memo);
+    if (!p->memo) abort();
+    pr->stage_mem = price_stage, pr->mem_ctx = p;
+    pr->ring_copies = p->slots.nslots;
+    pr->param_copies = p->opt.forward_only ? 1 : 2 + p->opt_slots;
+    stash_pairs(p, &sp, pr);
+  }
+  pool_free(&tmp);
 }
 
 int plan_build(Plan *p, const Options *o) {
@@ -136,16 +277,51 @@ int plan_build(Plan *p, const Options *o) {
   pr->opt_state_per_param = p->opt_slots;
   pr->machine = &p->machine;
   pr->mem_limit = o->mem_limit;
-  if (partition_solve(pr, &p->part, &g->pool)) return -1;
-  schedule_build(&p->sched, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, p->part.cost, &g->pool);
-  if (schedule_validate(&p->sched)) return -1;
-  /* The listing's table: unit times (zb1: F = I = W = 1, as in the zero-bubble paper). */
+  /* Ring sizes come from the order of each rank's actions, not from times:
+   * the unit-time lists (the listing's table) give them before the cuts. */
   StageCost *unit = pool_alloc(&g->pool, sizeof(StageCost) * (size_t)o->nstages);
   for (int s = 0; s < o->nstages; s++) {
     unit[s].fwd = 1, unit[s].bwd = o->schedule == SCHED_ZB1 ? 2 : 1, unit[s].bwd_w = unit[s].bwd / 2;
   }
   schedule_build(&p->slots, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, unit, &g->pool);
+  setup_pricing(p, pr);
+  if (partition_solve(pr, &p->part, &g->pool)) return -1;
+  schedule_build(&p->sched, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, p->part.cost, &g->pool);
+  if (schedule_validate(&p->sched)) return -1;
+  for (int s = 0; s < o->nstages; s++)
+    if (p->sched.nslots[s] != p->slots.nslots[s] || p->sched.ngslots[s] != p->slots.ngslots[s])
+      return err_set("internal error: stage %d's ring sizes depend on its times (%d/%d slots, %d/%d with unit times)", s,
+                     p->sched.nslots[s], p->sched.ngslots[s], p->slots.nslots[s], p->slots.ngslots[s]);
   return 0;
 }
 
-void plan_free(Plan *p) { ir_free(&p->g); }
+int plan_programs(Plan *p) {
+  int n = p->opt.nstages;
+  StageProg *progs = pool_alloc(&p->g.pool, sizeof(StageProg) * (size_t)n);
+  if (autodiff_build(p, progs, &p->g.pool)) {
+    if (!p->opt.plan_only) return -1;
+    if (!p->mem_note) p->mem_note = pool_printf(&p->g.pool, "estimate: no stage program (%s)", err_msg());
+    err_clear();
+    return 0;
+  }
+  p->progs = progs;
+  p->arena = pool_alloc(&p->g.pool, sizeof(int64_t) * (size_t)n);
+  for (int s = 0; s < n; s++) {
+    StageProg *sp = &progs[s];
+    StageCost *c = &p->part.cost[s];
+    memplan(p, sp, p->sched.nslots[s], p->sched.ngslots[s]);
+    p->arena[s] = sp->arena_bytes;
+    /* The listing states the arena, by what it holds. */
+    c->mem_params = (double)sp->mem_weights, c->mem_grads = (double)sp->mem_grads, c->mem_opt = (double)sp->mem_opt;
+    c->mem_stash = (double)sp->mem_stash, c->mem_recv = (double)sp->mem_cross, c->mem_work = (double)sp->mem_temps;
+    c->mem_total = (double)sp->arena_bytes;
+    c->copies = sp->nslots, c->gcopies = sp->ngslots;
+  }
+  p->mem_note = NULL;
+  return 0;
+}
+
+void plan_free(Plan *p) {
+  if (p->memo) free(p->memo->key), free(p->memo->val), free(p->memo);
+  ir_free(&p->g);
+}

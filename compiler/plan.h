@@ -31,9 +31,19 @@ typedef struct Plan {
   Partition part;
   Schedule sched, slots; /* predicted timing, and the unit-time table */
   int64_t *arena;    /* per stage, once the stage programs are laid out (NULL before) */
+  int *first_read, *last_read; /* per tensor: first and last compute node (k) reading it, -1 if none */
+  char *needs;       /* per tensor: it needs a gradient (autodiff.c, built on first use) */
+  struct StageProg *progs; /* per stage, laid out by plan_programs (NULL before, or if they cannot be built) */
+  const char *mem_note;    /* NULL: each stage's memory is its arena; else why it is only the estimate */
+  struct PriceMemo *memo;  /* exact prices of candidate stages (plan.c) */
 } Plan;
 
 /* Loads, infers, costs, partitions and schedules.  -1 with err_set on failure. */
 int plan_build(Plan *p, const Options *o);
+/* Builds and lays out every stage's program and makes each stage's memory
+ * in p->part.cost the arena's (the estimate is kept in mem_estimate).  -1
+ * with err_set when a stage cannot be built; with --plan-only that is not an
+ * error: the memory stays the estimate and p->mem_note says why. */
+int plan_programs(Plan *p);
 void plan_free(Plan *p);
 #endif

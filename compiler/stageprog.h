@@ -110,6 +110,12 @@ typedef struct StageProg {
   int loss_buf, dloss_buf, labels_buf; /* last stage: logits, their gradient, labels */
   int64_t loss_rows, loss_classes;
   int64_t arena_bytes, weights_bytes;
+  /* The arena by what it holds (memplan); they add up to arena_bytes:
+   * weights region (weights, constants, state; aligned), weight gradients,
+   * optimizer state, rings of activations kept for backward, rings of values
+   * crossing a cut (received, sent, the loss's logits and their gradient)
+   * with the gradient rings and labels, and the temporaries' shared region. */
+  int64_t mem_weights, mem_grads, mem_opt, mem_stash, mem_cross, mem_temps;
 } StageProg;
 
 /* Appends a call to the forward (PH_FWD) or backward list, checking the
@@ -122,8 +128,13 @@ int shape_find(const StageProg *sp, const char *name);
 
 /* Builds every stage's program; -1 with err_set (an op without a gradient rule, a weight shared across stages). */
 int autodiff_build(Plan *p, StageProg *progs, Pool *pool);
-/* Lays out each stage's arena (under zb1, first keeps what I passes to W in rings). */
-void memplan(Plan *p, StageProg *sp);
+/* Builds the program of stage s holding compute nodes [a, e), whatever the
+ * partition says: the partitioner prices candidate stages with it (named = 0:
+ * buffers get no C names, which only the emitted code needs). */
+int stage_build(Plan *p, StageProg *sp, int s, int a, int e, int named, Pool *pool);
+/* Lays out a stage's arena for its ring sizes (under zb1, first keeps what I
+ * passes to W in rings). */
+void memplan(Plan *p, StageProg *sp, int nslots, int ngslots);
 /* A backward call that only adds into weight gradients (besides its own
  * scratch workspace): zb1 runs it in W, after the input-gradient calls. */
 int call_is_weight(const StageProg *sp, const Call *k);
