@@ -26,6 +26,12 @@ struct Emit {
 };
 typedef struct Emit Ctx;
 
+/* A buffer's C identifier: its role's prefix (v_ value, d_ gradient, dW_
+ * weight gradient, W_ weight, C_ constant, M1_/M2_ optimizer state, L_
+ * labels, col_/dcol_ workspace) and the tensor's name with every other byte
+ * made '_'.  The prefix keeps a name from the model from ever being a C
+ * keyword, a kernel, a runtime field or a function the stage defines
+ * ("main", "forward", "k_gemm", "offset" as L_offset...); add_buf makes it unique. */
 static const char *cname(Pool *pool, const char *prefix, const char *name) {
   char *s = pool_printf(pool, "%s%s", prefix, name);
   for (char *c = s; *c; c++)
@@ -83,7 +89,7 @@ static int grad_target(Ctx *c, int t, int *acc) {
 }
 
 static int out_buf(Ctx *c, int t) {
-  if (c->fbuf[t] < 0) c->fbuf[t] = add_buf(c, "", t, BUF_TEMP, tensor_bytes(T(c, t)), T(c, t)->dtype);
+  if (c->fbuf[t] < 0) c->fbuf[t] = add_buf(c, "v_", t, BUF_TEMP, tensor_bytes(T(c, t)), T(c, t)->dtype);
   return c->fbuf[t];
 }
 
@@ -184,7 +190,7 @@ static int build_stage(Ctx *c) {
       Crossing *x = &sp->recv[sp->nrecv++];
       x->tensor = t;
       x->from_loader = ed->from < 0 && c->s == 0;
-      x->buf = c->fbuf[t] = add_buf(c, "", t, BUF_RING, tensor_bytes(&g->t[t]), g->t[t].dtype);
+      x->buf = c->fbuf[t] = add_buf(c, "v_", t, BUF_RING, tensor_bytes(&g->t[t]), g->t[t].dtype);
       x->gbuf = -1;
       if (c->s > 0 && c->needs[t]) {
         x->gbuf = add_buf(c, "d_", t, BUF_GRING, tensor_bytes(&g->t[t]), DT_FLOAT);
@@ -225,7 +231,7 @@ static int build_stage(Ctx *c) {
       sp->dloss_buf = c->gbuf[t] = add_buf(c, "d_", t, BUF_RING, tensor_bytes(L), DT_FLOAT);
       sp->bufs[sp->dloss_buf].is_grad = 1;
       c->gcount[t] = 1;
-      sp->labels_buf = add_buf(c, "labels_", t, BUF_LABELS, 8 * sp->loss_rows, DT_INT64);
+      sp->labels_buf = add_buf(c, "L_", t, BUF_LABELS, 8 * sp->loss_rows, DT_INT64);
       continue;
     }
     Crossing *x = &sp->send[sp->nsend++];

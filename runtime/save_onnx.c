@@ -5,6 +5,7 @@
  * Every stage sends its weights to stage 0, which replaces those
  * initializers' data (as raw_data) and writes the file under a temporary
  * name, renamed into place when complete. */
+#include <ctype.h>
 #include <errno.h>
 #include <mpi.h>
 #include <stdio.h>
@@ -32,6 +33,21 @@ static uint8_t *read_all(const char *path, size_t *len) {
   fclose(f);
   *len = (size_t)n;
   return buf;
+}
+
+/* The manifest writes a name's space, '%' and non-ASCII bytes as %XX, so a
+ * name holding a newline stays on its line.  Decodes in place. */
+static int unescape_name(char *s) {
+  char *o = s;
+  for (; *s; s++) {
+    unsigned v;
+    if (*s != '%') *o++ = *s;
+    else if (sscanf(s + 1, "%2X", &v) == 1 && isxdigit((unsigned char)s[1]) && isxdigit((unsigned char)s[2]) && v)
+      *o++ = (char)v, s += 2;
+    else return -1;
+  }
+  *o = 0;
+  return 0;
 }
 
 void pr_save_onnx(const PrStage *st, const char *path, const char *dir) {
@@ -69,6 +85,7 @@ void pr_save_onnx(const PrStage *st, const char *path, const char *dir) {
     char name[3000];
     if (line[0] == '#' || sscanf(line, "%d %lld %lld %2999[^\n]", &stage, &off, &cnt, name) != 4) continue;
     if (stage < 0 || stage >= st->nstages) fail("bad stage in %s%s", mpath, "");
+    if (unescape_name(name)) fail("bad initializer name in %s%s", mpath, "");
     Onnx__TensorProto *t = NULL;
     for (size_t i = 0; i < m->graph->n_initializer; i++)
       if (m->graph->initializer[i]->name && !strcmp(m->graph->initializer[i]->name, name)) t = m->graph->initializer[i];

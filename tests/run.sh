@@ -39,6 +39,7 @@ suite "run-time kernels (Gelu, LeakyRelu, Concat) against double references (ASa
 suite "shapes vs onnx.shape_inference (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_shapes.py
 suite "bad input (ASan build)" env PIPECC=bin/pipecc-asan bash tests/test_cli.sh
 suite "every sample model through code generation (ASan/UBSan build), n = 1..8, every schedule" bash tests/test_asan_models.sh
+suite "hostile names: escaped in comments and strings, prefixed identifiers, --save keeps them" $PY tests/test_names.py
 suite "listings on every sample model" env PIPECC=bin/pipecc $PY tests/test_listing.py
 suite "constant folding of exported shape arithmetic (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_fold.py
 suite "loader: external data, typed fields, value_info (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_loader.py

@@ -20,12 +20,12 @@ enum { STAGE = 0, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 #define OFF_W_conv1_bias 600LL
 #define SIZE_W_conv1_bias 24LL /* [6], weight */
 #define W_conv1_bias ((float *)(arena + OFF_W_conv1_bias))
-#define OFF_input 1344LL
-#define SIZE_input 25088LL /* [8,1,28,28], one copy per micro-batch in flight */
-#define input(k) ((float *)(arena + OFF_input + (int64_t)(k) * SIZE_input))
-#define OFF__conv1_Conv_output_0 101696LL
-#define SIZE__conv1_Conv_output_0 150528LL /* [8,6,28,28], one copy per micro-batch in flight */
-#define _conv1_Conv_output_0(k) ((float *)(arena + OFF__conv1_Conv_output_0 + (int64_t)(k) * SIZE__conv1_Conv_output_0))
+#define OFF_v_input 1344LL
+#define SIZE_v_input 25088LL /* [8,1,28,28], one copy per micro-batch in flight */
+#define v_input(k) ((float *)(arena + OFF_v_input + (int64_t)(k) * SIZE_v_input))
+#define OFF_v__conv1_Conv_output_0 101696LL
+#define SIZE_v__conv1_Conv_output_0 150528LL /* [8,6,28,28], one copy per micro-batch in flight */
+#define v__conv1_Conv_output_0(k) ((float *)(arena + OFF_v__conv1_Conv_output_0 + (int64_t)(k) * SIZE_v__conv1_Conv_output_0))
 #define OFF_col__conv1_Conv_output_0 1004864LL
 #define SIZE_col__conv1_Conv_output_0 78400LL /* workspace of one kernel (im2col columns) */
 #define col__conv1_Conv_output_0 ((float *)(arena + OFF_col__conv1_Conv_output_0))
@@ -48,13 +48,13 @@ static const ConvShape CONV_0 = {8, 1, 28, 28, 6, 5, 5, 1, 28, 28, 1, 1, 2, 2, 1
 
 static void forward(int slot) {
   /* /conv1/Conv */
-  k_conv(input(slot), W_conv1_weight, W_conv1_bias, _conv1_Conv_output_0(slot), col__conv1_Conv_output_0, &CONV_0);
+  k_conv(v_input(slot), W_conv1_weight, W_conv1_bias, v__conv1_Conv_output_0(slot), col__conv1_Conv_output_0, &CONV_0);
 }
 
 static void backward(int slot, int gslot) {
   (void)slot, (void)gslot;
   /* /conv1/Conv */
-  k_conv_grad(input(slot), W_conv1_weight, d__conv1_Conv_output_0(gslot), NULL, dW_conv1_weight, dW_conv1_bias, dcol__conv1_Conv_output_0, &CONV_0, 0, 1);
+  k_conv_grad(v_input(slot), W_conv1_weight, d__conv1_Conv_output_0(gslot), NULL, dW_conv1_weight, dW_conv1_bias, dcol__conv1_Conv_output_0, &CONV_0, 0, 1);
 }
 
 /* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot}. */
@@ -68,10 +68,10 @@ static const PrAction SCHEDULE[] = {
 };
 
 static const PrValue RECV[] = {
-    {"input", 25088, OFF_input, -1, PR_FROM_IMAGES, 1, 4, {8, 1, 28, 28}},
+    {"input", 25088, OFF_v_input, -1, PR_FROM_IMAGES, 1, 4, {8, 1, 28, 28}},
 };
 static const PrValue SEND[] = {
-    {"/conv1/Conv_output_0", 150528, OFF__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}},
+    {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}},
 };
 static const PrParam PARAMS[] = {
     {"conv1.weight", 150, OFF_W_conv1_weight, OFF_dW_conv1_weight, -1, -1},

@@ -14,18 +14,18 @@ enum { STAGE = 1, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 #define WEIGHTS_BYTES 0LL
 
 /* Buffers: arena offset and size of one copy. */
-#define OFF__conv1_Conv_output_0 0LL
-#define SIZE__conv1_Conv_output_0 150528LL /* [8,6,28,28], one copy per micro-batch in flight */
-#define _conv1_Conv_output_0(k) ((float *)(arena + OFF__conv1_Conv_output_0 + (int64_t)(k) * SIZE__conv1_Conv_output_0))
+#define OFF_v__conv1_Conv_output_0 0LL
+#define SIZE_v__conv1_Conv_output_0 150528LL /* [8,6,28,28], one copy per micro-batch in flight */
+#define v__conv1_Conv_output_0(k) ((float *)(arena + OFF_v__conv1_Conv_output_0 + (int64_t)(k) * SIZE_v__conv1_Conv_output_0))
 #define OFF_d__conv1_Conv_output_0 1354752LL
 #define SIZE_d__conv1_Conv_output_0 150528LL /* [8,6,28,28], gradient, one copy per gradient slot */
 #define d__conv1_Conv_output_0(k) ((float *)(arena + OFF_d__conv1_Conv_output_0 + (int64_t)(k) * SIZE_d__conv1_Conv_output_0))
-#define OFF__Relu_output_0 602112LL
-#define SIZE__Relu_output_0 150528LL /* [8,6,28,28], one copy per micro-batch in flight */
-#define _Relu_output_0(k) ((float *)(arena + OFF__Relu_output_0 + (int64_t)(k) * SIZE__Relu_output_0))
-#define OFF__MaxPool_output_0 1204224LL
-#define SIZE__MaxPool_output_0 37632LL /* [8,6,14,14], one copy per micro-batch in flight */
-#define _MaxPool_output_0(k) ((float *)(arena + OFF__MaxPool_output_0 + (int64_t)(k) * SIZE__MaxPool_output_0))
+#define OFF_v__Relu_output_0 602112LL
+#define SIZE_v__Relu_output_0 150528LL /* [8,6,28,28], one copy per micro-batch in flight */
+#define v__Relu_output_0(k) ((float *)(arena + OFF_v__Relu_output_0 + (int64_t)(k) * SIZE_v__Relu_output_0))
+#define OFF_v__MaxPool_output_0 1204224LL
+#define SIZE_v__MaxPool_output_0 37632LL /* [8,6,14,14], one copy per micro-batch in flight */
+#define v__MaxPool_output_0(k) ((float *)(arena + OFF_v__MaxPool_output_0 + (int64_t)(k) * SIZE_v__MaxPool_output_0))
 #define OFF_d__MaxPool_output_0 1655808LL
 #define SIZE_d__MaxPool_output_0 37632LL /* [8,6,14,14], gradient, one copy per gradient slot */
 #define d__MaxPool_output_0(k) ((float *)(arena + OFF_d__MaxPool_output_0 + (int64_t)(k) * SIZE_d__MaxPool_output_0))
@@ -42,17 +42,17 @@ static const PoolShape POOL_2 = {8, 6, 28, 28, 14, 14, 2, 2, 2, 2, 0, 0, 1, 1, 0
 
 static void forward(int slot) {
   /* /Relu */
-  k_relu(_conv1_Conv_output_0(slot), _Relu_output_0(slot), 37632);
+  k_relu(v__conv1_Conv_output_0(slot), v__Relu_output_0(slot), 37632);
   /* /MaxPool */
-  k_maxpool(_Relu_output_0(slot), _MaxPool_output_0(slot), &POOL_2);
+  k_maxpool(v__Relu_output_0(slot), v__MaxPool_output_0(slot), &POOL_2);
 }
 
 static void backward(int slot, int gslot) {
   (void)slot, (void)gslot;
   /* /MaxPool */
-  k_maxpool_grad(_Relu_output_0(slot), d__MaxPool_output_0(gslot), d__Relu_output_0, &POOL_2, 0);
+  k_maxpool_grad(v__Relu_output_0(slot), d__MaxPool_output_0(gslot), d__Relu_output_0, &POOL_2, 0);
   /* /Relu */
-  k_relu_grad(_Relu_output_0(slot), d__Relu_output_0, d__conv1_Conv_output_0_6, 37632, 0);
+  k_relu_grad(v__Relu_output_0(slot), d__Relu_output_0, d__conv1_Conv_output_0_6, 37632, 0);
   /* to the send buffer */
   k_copy_grad(d__conv1_Conv_output_0_6, d__conv1_Conv_output_0(gslot), 37632, 0);
 }
@@ -71,10 +71,10 @@ static const PrAction SCHEDULE[] = {
 };
 
 static const PrValue RECV[] = {
-    {"/conv1/Conv_output_0", 150528, OFF__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}},
+    {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}},
 };
 static const PrValue SEND[] = {
-    {"/MaxPool_output_0", 37632, OFF__MaxPool_output_0, OFF_d__MaxPool_output_0, PR_FROM_PREV, 1, 4, {8, 6, 14, 14}},
+    {"/MaxPool_output_0", 37632, OFF_v__MaxPool_output_0, OFF_d__MaxPool_output_0, PR_FROM_PREV, 1, 4, {8, 6, 14, 14}},
 };
 static const PrStage THIS_STAGE = {
     .stage = STAGE, .nstages = NSTAGES, .microbatches = MICROBATCHES, .mb_size = MB_SIZE, .batch = BATCH,

@@ -20,15 +20,15 @@ enum { STAGE = 2, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 #define OFF_W_conv2_bias 9600LL
 #define SIZE_W_conv2_bias 64LL /* [16], weight */
 #define W_conv2_bias ((float *)(arena + OFF_W_conv2_bias))
-#define OFF__MaxPool_output_0 19328LL
-#define SIZE__MaxPool_output_0 37632LL /* [8,6,14,14], one copy per micro-batch in flight */
-#define _MaxPool_output_0(k) ((float *)(arena + OFF__MaxPool_output_0 + (int64_t)(k) * SIZE__MaxPool_output_0))
+#define OFF_v__MaxPool_output_0 19328LL
+#define SIZE_v__MaxPool_output_0 37632LL /* [8,6,14,14], one copy per micro-batch in flight */
+#define v__MaxPool_output_0(k) ((float *)(arena + OFF_v__MaxPool_output_0 + (int64_t)(k) * SIZE_v__MaxPool_output_0))
 #define OFF_d__MaxPool_output_0 285824LL
 #define SIZE_d__MaxPool_output_0 37632LL /* [8,6,14,14], gradient, one copy per gradient slot */
 #define d__MaxPool_output_0(k) ((float *)(arena + OFF_d__MaxPool_output_0 + (int64_t)(k) * SIZE_d__MaxPool_output_0))
-#define OFF__conv2_Conv_output_0 132224LL
-#define SIZE__conv2_Conv_output_0 51200LL /* [8,16,10,10], one copy per micro-batch in flight */
-#define _conv2_Conv_output_0(k) ((float *)(arena + OFF__conv2_Conv_output_0 + (int64_t)(k) * SIZE__conv2_Conv_output_0))
+#define OFF_v__conv2_Conv_output_0 132224LL
+#define SIZE_v__conv2_Conv_output_0 51200LL /* [8,16,10,10], one copy per micro-batch in flight */
+#define v__conv2_Conv_output_0(k) ((float *)(arena + OFF_v__conv2_Conv_output_0 + (int64_t)(k) * SIZE_v__conv2_Conv_output_0))
 #define OFF_col__conv2_Conv_output_0 463488LL
 #define SIZE_col__conv2_Conv_output_0 60000LL /* workspace of one kernel (im2col columns) */
 #define col__conv2_Conv_output_0 ((float *)(arena + OFF_col__conv2_Conv_output_0))
@@ -54,15 +54,15 @@ static const ConvShape CONV_3 = {8, 6, 14, 14, 16, 5, 5, 1, 10, 10, 1, 1, 0, 0, 
 
 static void forward(int slot) {
   /* /conv2/Conv */
-  k_conv(_MaxPool_output_0(slot), W_conv2_weight, W_conv2_bias, _conv2_Conv_output_0(slot), col__conv2_Conv_output_0, &CONV_3);
+  k_conv(v__MaxPool_output_0(slot), W_conv2_weight, W_conv2_bias, v__conv2_Conv_output_0(slot), col__conv2_Conv_output_0, &CONV_3);
 }
 
 static void backward(int slot, int gslot) {
   (void)slot, (void)gslot;
   /* /conv2/Conv */
-  k_conv_grad(_MaxPool_output_0(slot), W_conv2_weight, d__conv2_Conv_output_0(gslot), NULL, dW_conv2_weight, dW_conv2_bias, dcol__conv2_Conv_output_0, &CONV_3, 0, 1);
+  k_conv_grad(v__MaxPool_output_0(slot), W_conv2_weight, d__conv2_Conv_output_0(gslot), NULL, dW_conv2_weight, dW_conv2_bias, dcol__conv2_Conv_output_0, &CONV_3, 0, 1);
   /* /conv2/Conv */
-  k_conv_grad(_MaxPool_output_0(slot), W_conv2_weight, d__conv2_Conv_output_0(gslot), d__MaxPool_output_0_10, NULL, NULL, dcol__conv2_Conv_output_0, &CONV_3, 0, 1);
+  k_conv_grad(v__MaxPool_output_0(slot), W_conv2_weight, d__conv2_Conv_output_0(gslot), d__MaxPool_output_0_10, NULL, NULL, dcol__conv2_Conv_output_0, &CONV_3, 0, 1);
   /* to the send buffer */
   k_copy_grad(d__MaxPool_output_0_10, d__MaxPool_output_0(gslot), 9408, 0);
 }
@@ -81,10 +81,10 @@ static const PrAction SCHEDULE[] = {
 };
 
 static const PrValue RECV[] = {
-    {"/MaxPool_output_0", 37632, OFF__MaxPool_output_0, OFF_d__MaxPool_output_0, PR_FROM_PREV, 1, 4, {8, 6, 14, 14}},
+    {"/MaxPool_output_0", 37632, OFF_v__MaxPool_output_0, OFF_d__MaxPool_output_0, PR_FROM_PREV, 1, 4, {8, 6, 14, 14}},
 };
 static const PrValue SEND[] = {
-    {"/conv2/Conv_output_0", 51200, OFF__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}},
+    {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}},
 };
 static const PrParam PARAMS[] = {
     {"conv2.weight", 2400, OFF_W_conv2_weight, OFF_dW_conv2_weight, -1, -1},

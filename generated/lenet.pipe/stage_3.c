@@ -32,42 +32,42 @@ enum { STAGE = 3, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 #define OFF_W_fc3_bias 236496LL
 #define SIZE_W_fc3_bias 40LL /* [10], weight */
 #define W_fc3_bias ((float *)(arena + OFF_W_fc3_bias))
-#define OFF__conv2_Conv_output_0 473216LL
-#define SIZE__conv2_Conv_output_0 51200LL /* [8,16,10,10], one copy per micro-batch in flight */
-#define _conv2_Conv_output_0(k) ((float *)(arena + OFF__conv2_Conv_output_0 + (int64_t)(k) * SIZE__conv2_Conv_output_0))
+#define OFF_v__conv2_Conv_output_0 473216LL
+#define SIZE_v__conv2_Conv_output_0 51200LL /* [8,16,10,10], one copy per micro-batch in flight */
+#define v__conv2_Conv_output_0(k) ((float *)(arena + OFF_v__conv2_Conv_output_0 + (int64_t)(k) * SIZE_v__conv2_Conv_output_0))
 #define OFF_d__conv2_Conv_output_0 717952LL
 #define SIZE_d__conv2_Conv_output_0 51200LL /* [8,16,10,10], gradient, one copy per gradient slot */
 #define d__conv2_Conv_output_0(k) ((float *)(arena + OFF_d__conv2_Conv_output_0 + (int64_t)(k) * SIZE_d__conv2_Conv_output_0))
-#define OFF__Relu_1_output_0 575616LL
-#define SIZE__Relu_1_output_0 51200LL /* [8,16,10,10], one copy per micro-batch in flight */
-#define _Relu_1_output_0(k) ((float *)(arena + OFF__Relu_1_output_0 + (int64_t)(k) * SIZE__Relu_1_output_0))
-#define OFF__MaxPool_1_output_0 769216LL
-#define SIZE__MaxPool_1_output_0 12800LL /* [8,16,5,5], temporary */
-#define _MaxPool_1_output_0 ((float *)(arena + OFF__MaxPool_1_output_0))
-#define OFF__flatten_Flatten_output_0 678016LL
-#define SIZE__flatten_Flatten_output_0 12800LL /* [8,400], one copy per micro-batch in flight */
-#define _flatten_Flatten_output_0(k) ((float *)(arena + OFF__flatten_Flatten_output_0 + (int64_t)(k) * SIZE__flatten_Flatten_output_0))
-#define OFF__fc1_Gemm_output_0 769216LL
-#define SIZE__fc1_Gemm_output_0 3840LL /* [8,120], temporary */
-#define _fc1_Gemm_output_0 ((float *)(arena + OFF__fc1_Gemm_output_0))
-#define OFF__Relu_2_output_0 703616LL
-#define SIZE__Relu_2_output_0 3840LL /* [8,120], one copy per micro-batch in flight */
-#define _Relu_2_output_0(k) ((float *)(arena + OFF__Relu_2_output_0 + (int64_t)(k) * SIZE__Relu_2_output_0))
-#define OFF__fc2_Gemm_output_0 769216LL
-#define SIZE__fc2_Gemm_output_0 2688LL /* [8,84], temporary */
-#define _fc2_Gemm_output_0 ((float *)(arena + OFF__fc2_Gemm_output_0))
-#define OFF__Relu_3_output_0 711296LL
-#define SIZE__Relu_3_output_0 2688LL /* [8,84], one copy per micro-batch in flight */
-#define _Relu_3_output_0(k) ((float *)(arena + OFF__Relu_3_output_0 + (int64_t)(k) * SIZE__Relu_3_output_0))
-#define OFF_logits 716672LL
-#define SIZE_logits 320LL /* [8,10], one copy per micro-batch in flight */
-#define logits(k) ((float *)(arena + OFF_logits + (int64_t)(k) * SIZE_logits))
+#define OFF_v__Relu_1_output_0 575616LL
+#define SIZE_v__Relu_1_output_0 51200LL /* [8,16,10,10], one copy per micro-batch in flight */
+#define v__Relu_1_output_0(k) ((float *)(arena + OFF_v__Relu_1_output_0 + (int64_t)(k) * SIZE_v__Relu_1_output_0))
+#define OFF_v__MaxPool_1_output_0 769216LL
+#define SIZE_v__MaxPool_1_output_0 12800LL /* [8,16,5,5], temporary */
+#define v__MaxPool_1_output_0 ((float *)(arena + OFF_v__MaxPool_1_output_0))
+#define OFF_v__flatten_Flatten_output_0 678016LL
+#define SIZE_v__flatten_Flatten_output_0 12800LL /* [8,400], one copy per micro-batch in flight */
+#define v__flatten_Flatten_output_0(k) ((float *)(arena + OFF_v__flatten_Flatten_output_0 + (int64_t)(k) * SIZE_v__flatten_Flatten_output_0))
+#define OFF_v__fc1_Gemm_output_0 769216LL
+#define SIZE_v__fc1_Gemm_output_0 3840LL /* [8,120], temporary */
+#define v__fc1_Gemm_output_0 ((float *)(arena + OFF_v__fc1_Gemm_output_0))
+#define OFF_v__Relu_2_output_0 703616LL
+#define SIZE_v__Relu_2_output_0 3840LL /* [8,120], one copy per micro-batch in flight */
+#define v__Relu_2_output_0(k) ((float *)(arena + OFF_v__Relu_2_output_0 + (int64_t)(k) * SIZE_v__Relu_2_output_0))
+#define OFF_v__fc2_Gemm_output_0 769216LL
+#define SIZE_v__fc2_Gemm_output_0 2688LL /* [8,84], temporary */
+#define v__fc2_Gemm_output_0 ((float *)(arena + OFF_v__fc2_Gemm_output_0))
+#define OFF_v__Relu_3_output_0 711296LL
+#define SIZE_v__Relu_3_output_0 2688LL /* [8,84], one copy per micro-batch in flight */
+#define v__Relu_3_output_0(k) ((float *)(arena + OFF_v__Relu_3_output_0 + (int64_t)(k) * SIZE_v__Relu_3_output_0))
+#define OFF_v_logits 716672LL
+#define SIZE_v_logits 320LL /* [8,10], one copy per micro-batch in flight */
+#define v_logits(k) ((float *)(arena + OFF_v_logits + (int64_t)(k) * SIZE_v_logits))
 #define OFF_d_logits 717312LL
 #define SIZE_d_logits 320LL /* [8,10], one copy per micro-batch in flight */
 #define d_logits(k) ((float *)(arena + OFF_d_logits + (int64_t)(k) * SIZE_d_logits))
-#define OFF_labels_logits 769152LL
-#define SIZE_labels_logits 64LL /* [8] int64, labels */
-#define labels_logits ((int64_t *)(arena + OFF_labels_logits))
+#define OFF_L_logits 769152LL
+#define SIZE_L_logits 64LL /* [8] int64, labels */
+#define L_logits ((int64_t *)(arena + OFF_L_logits))
 #define OFF_dW_fc3_weight 236544LL
 #define SIZE_dW_fc3_weight 3360LL /* [10,84], weight gradient */
 #define dW_fc3_weight ((float *)(arena + OFF_dW_fc3_weight))
@@ -117,43 +117,43 @@ static const PoolShape POOL_5 = {8, 16, 10, 10, 5, 5, 2, 2, 2, 2, 0, 0, 1, 1, 0}
 
 static void forward(int slot) {
   /* /Relu_1 */
-  k_relu(_conv2_Conv_output_0(slot), _Relu_1_output_0(slot), 12800);
+  k_relu(v__conv2_Conv_output_0(slot), v__Relu_1_output_0(slot), 12800);
   /* /MaxPool_1 */
-  k_maxpool(_Relu_1_output_0(slot), _MaxPool_1_output_0, &POOL_5);
+  k_maxpool(v__Relu_1_output_0(slot), v__MaxPool_1_output_0, &POOL_5);
   /* /flatten/Flatten */
-  k_copy(_MaxPool_1_output_0, _flatten_Flatten_output_0(slot), 3200);
+  k_copy(v__MaxPool_1_output_0, v__flatten_Flatten_output_0(slot), 3200);
   /* /fc1/Gemm */
-  k_gemm(_flatten_Flatten_output_0(slot), W_fc1_weight, W_fc1_bias, _fc1_Gemm_output_0, 8, 120, 400, 0, 1, 1.0f, 1.0f, 1, 120);
+  k_gemm(v__flatten_Flatten_output_0(slot), W_fc1_weight, W_fc1_bias, v__fc1_Gemm_output_0, 8, 120, 400, 0, 1, 1.0f, 1.0f, 1, 120);
   /* /Relu_2 */
-  k_relu(_fc1_Gemm_output_0, _Relu_2_output_0(slot), 960);
+  k_relu(v__fc1_Gemm_output_0, v__Relu_2_output_0(slot), 960);
   /* /fc2/Gemm */
-  k_gemm(_Relu_2_output_0(slot), W_fc2_weight, W_fc2_bias, _fc2_Gemm_output_0, 8, 84, 120, 0, 1, 1.0f, 1.0f, 1, 84);
+  k_gemm(v__Relu_2_output_0(slot), W_fc2_weight, W_fc2_bias, v__fc2_Gemm_output_0, 8, 84, 120, 0, 1, 1.0f, 1.0f, 1, 84);
   /* /Relu_3 */
-  k_relu(_fc2_Gemm_output_0, _Relu_3_output_0(slot), 672);
+  k_relu(v__fc2_Gemm_output_0, v__Relu_3_output_0(slot), 672);
   /* /fc3/Gemm */
-  k_gemm(_Relu_3_output_0(slot), W_fc3_weight, W_fc3_bias, logits(slot), 8, 10, 84, 0, 1, 1.0f, 1.0f, 1, 10);
+  k_gemm(v__Relu_3_output_0(slot), W_fc3_weight, W_fc3_bias, v_logits(slot), 8, 10, 84, 0, 1, 1.0f, 1.0f, 1, 10);
 }
 
 static void backward(int slot, int gslot) {
   (void)slot, (void)gslot;
   /* /fc3/Gemm */
-  k_gemm_dB(d_logits(slot), _Relu_3_output_0(slot), dW_fc3_weight, 8, 10, 84, 0, 1, 1.0f, 1);
+  k_gemm_dB(d_logits(slot), v__Relu_3_output_0(slot), dW_fc3_weight, 8, 10, 84, 0, 1, 1.0f, 1);
   /* /fc3/Gemm */
   k_gemm_dC(d_logits(slot), dW_fc3_bias, 8, 10, 1, 10, 1.0f, 1);
   /* /fc3/Gemm */
   k_gemm_dA(d_logits(slot), W_fc3_weight, d__Relu_3_output_0, 8, 10, 84, 0, 1, 1.0f, 0);
   /* /Relu_3 */
-  k_relu_grad(_Relu_3_output_0(slot), d__Relu_3_output_0, d__fc2_Gemm_output_0, 672, 0);
+  k_relu_grad(v__Relu_3_output_0(slot), d__Relu_3_output_0, d__fc2_Gemm_output_0, 672, 0);
   /* /fc2/Gemm */
-  k_gemm_dB(d__fc2_Gemm_output_0, _Relu_2_output_0(slot), dW_fc2_weight, 8, 84, 120, 0, 1, 1.0f, 1);
+  k_gemm_dB(d__fc2_Gemm_output_0, v__Relu_2_output_0(slot), dW_fc2_weight, 8, 84, 120, 0, 1, 1.0f, 1);
   /* /fc2/Gemm */
   k_gemm_dC(d__fc2_Gemm_output_0, dW_fc2_bias, 8, 84, 1, 84, 1.0f, 1);
   /* /fc2/Gemm */
   k_gemm_dA(d__fc2_Gemm_output_0, W_fc2_weight, d__Relu_2_output_0, 8, 84, 120, 0, 1, 1.0f, 0);
   /* /Relu_2 */
-  k_relu_grad(_Relu_2_output_0(slot), d__Relu_2_output_0, d__fc1_Gemm_output_0, 960, 0);
+  k_relu_grad(v__Relu_2_output_0(slot), d__Relu_2_output_0, d__fc1_Gemm_output_0, 960, 0);
   /* /fc1/Gemm */
-  k_gemm_dB(d__fc1_Gemm_output_0, _flatten_Flatten_output_0(slot), dW_fc1_weight, 8, 120, 400, 0, 1, 1.0f, 1);
+  k_gemm_dB(d__fc1_Gemm_output_0, v__flatten_Flatten_output_0(slot), dW_fc1_weight, 8, 120, 400, 0, 1, 1.0f, 1);
   /* /fc1/Gemm */
   k_gemm_dC(d__fc1_Gemm_output_0, dW_fc1_bias, 8, 120, 1, 120, 1.0f, 1);
   /* /fc1/Gemm */
@@ -161,16 +161,16 @@ static void backward(int slot, int gslot) {
   /* /flatten/Flatten */
   k_copy_grad(d__flatten_Flatten_output_0, d__MaxPool_1_output_0, 3200, 0);
   /* /MaxPool_1 */
-  k_maxpool_grad(_Relu_1_output_0(slot), d__MaxPool_1_output_0, d__Relu_1_output_0, &POOL_5, 0);
+  k_maxpool_grad(v__Relu_1_output_0(slot), d__MaxPool_1_output_0, d__Relu_1_output_0, &POOL_5, 0);
   /* /Relu_1 */
-  k_relu_grad(_Relu_1_output_0(slot), d__Relu_1_output_0, d__conv2_Conv_output_0_31, 12800, 0);
+  k_relu_grad(v__Relu_1_output_0(slot), d__Relu_1_output_0, d__conv2_Conv_output_0_31, 12800, 0);
   /* to the send buffer */
   k_copy_grad(d__conv2_Conv_output_0_31, d__conv2_Conv_output_0(gslot), 12800, 0);
 }
 
 /* Softmax cross-entropy, mean over the 64 rows of the whole batch. */
 static double loss(int slot, const int64_t *labels) {
-  return k_softmax_xent(logits(slot), labels, d_logits(slot), 8, 10, 1.0f / 64);
+  return k_softmax_xent(v_logits(slot), labels, d_logits(slot), 8, 10, 1.0f / 64);
 }
 
 /* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot}. */
@@ -184,7 +184,7 @@ static const PrAction SCHEDULE[] = {
 };
 
 static const PrValue RECV[] = {
-    {"/conv2/Conv_output_0", 51200, OFF__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}},
+    {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}},
 };
 static const PrParam PARAMS[] = {
     {"fc1.weight", 48000, OFF_W_fc1_weight, OFF_dW_fc1_weight, -1, -1},
@@ -203,7 +203,7 @@ static const PrStage THIS_STAGE = {
     .params = PARAMS, .nparams = 6,
     .forward = forward, .backward = backward, .backward_input = NULL, .backward_weight = NULL,
     .loss = loss,
-    .loss_rows = 8, .loss_classes = 10, .labels_offset = OFF_labels_logits, .forward_only = 0,
+    .loss_rows = 8, .loss_classes = 10, .labels_offset = OFF_L_logits, .forward_only = 0,
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,
     .predicted_bytes = 871616, .predicted_step_s = 0.00265494048,
