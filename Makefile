@@ -113,6 +113,13 @@ build/fuzz/%.o: compiler/%.c compiler/*.h compiler/*.def compiler/ops/*.h $(PB_D
 	clang -O1 -g -fsanitize=fuzzer-no-link,address,undefined $(WARN) $(CPPFLAGS) -c $< -o $@
 bin/fuzz_loader: tests/fuzz_loader.c $(FUZZ_OBJ)
 	clang -O1 -g -fsanitize=fuzzer,address,undefined $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
+# The long run (FUZZ_SECONDS, default 1800): loading through code generation,
+# then a build of what it accepted.  build/fuzz-corpus keeps what it found.
+fuzz: bin/fuzz_loader bin/pipecc
+	@mkdir -p build/fuzz-corpus build/fuzz-accepted
+	FUZZ_KEEP_DIR=build/fuzz-accepted bin/fuzz_loader -max_total_time=$${FUZZ_SECONDS:-1800} -rss_limit_mb=4096 \
+	  -artifact_prefix=build/ build/fuzz-corpus tests/fuzz_seeds
+	bash tests/fuzz_build.sh build/fuzz-accepted 30
 
 test: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-asan bin/test_partition bin/test_schedule bin/test_units \
       bin/test_kernels bin/fuzz_loader bin/pipecc-trace bin/pipecc-trace-asan bin/test_timeline

@@ -314,11 +314,15 @@ static const char *runtime_dir(char *buf, size_t len) {
   return buf;
 }
 
+void emit_stage(const Plan *p, const StageProg *progs, int s, Buf *o) {
+  stage_source(p, &progs[s], progs[p->opt.nstages - 1].loss_classes, o);
+}
+
 int emit_all(Plan *p, StageProg *progs, OutDir *d) {
   int n = p->opt.nstages;
   for (int s = 0; s < n; s++) {
     Buf src = {0};
-    stage_source(p, &progs[s], progs[n - 1].loss_classes, &src);
+    emit_stage(p, progs, s, &src);
     char name[64];
     snprintf(name, sizeof name, "stage_%d.c", s);
     int rc = outdir_write(d, name, src.s, src.len);

@@ -6,6 +6,7 @@
  * Any problem with the input is one line on stderr, exit status 2, and no
  * output directory. */
 #include <errno.h>
+#include <stdarg.h>
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -44,11 +45,25 @@ static void usage(FILE *f) {
         f);
 }
 
-static int bad(const char *fmt, const char *a, const char *b) {
-  fprintf(stderr, "pipecc: error: ");
-  fprintf(stderr, fmt, a, b);
-  fprintf(stderr, " (see pipecc --help)\n");
+/* Prints the one error line, through err_set so that a model path or name
+ * with a newline or an escape sequence in it is escaped; returns the status. */
+static int report(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int report(const char *fmt, ...) {
+  char msg[2048];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  err_clear();
+  err_set("%s", msg);
+  fprintf(stderr, "pipecc: error: %s\n", err_msg());
   return 2;
+}
+
+static int bad(const char *fmt, const char *a, const char *b) {
+  char msg[1500];
+  snprintf(msg, sizeof msg, fmt, a, b);
+  return report("%s (see pipecc --help)", msg);
 }
 
 static int parse_int(const char *s, long lo, long hi, long *out) {
@@ -182,7 +197,7 @@ int main(int argc, char **argv) {
   Plan p;
   int rc = 0;
   if (plan_build(&p, &o)) {
-    fprintf(stderr, "pipecc: error: %s\n", err_msg());
+    report("%s", err_msg());
     plan_free(&p);
     free(outdir);
     return 2;
@@ -193,7 +208,7 @@ int main(int argc, char **argv) {
     /* Stage programs first: the listing states their arenas. */
     int ok = 1;
     if (plan_programs(&p)) {
-      fprintf(stderr, "pipecc: error: %s: %s (--plan-only writes the plan and listing alone)\n", o.model, err_msg());
+      report("%s: %s (--plan-only writes the plan and listing alone)", o.model, err_msg());
       ok = 0, rc = 2;
     }
     /* The partitioner priced every stage by this arena; this only guards that promise. */
@@ -201,7 +216,7 @@ int main(int argc, char **argv) {
       double lim = p.machine.dev[s].mem_bytes;
       if (o.mem_limit > 0 && (lim <= 0 || o.mem_limit < lim)) lim = o.mem_limit;
       if (lim > 0 && (double)p.arena[s] > lim) {
-        fprintf(stderr, "pipecc: error: %s: internal error: stage %d's arena needs %lld bytes (%s), over the memory limit of %s\n",
+        report("%s: internal error: stage %d's arena needs %lld bytes (%s), over the memory limit of %s",
                 o.model, s, (long long)p.arena[s], fmt_bytes((double)p.arena[s]), fmt_bytes(lim));
         ok = 0, rc = 2;
       }
@@ -214,7 +229,7 @@ int main(int argc, char **argv) {
       /* reported above */
     } else if (outdir_begin(&d, o.outdir) || outdir_write(&d, "schedule.txt", text.s, text.len) ||
         outdir_write(&d, "plan.json", json.s, json.len) || outdir_write(&d, "timeline.svg", svg.s, svg.len) || (progs && emit_all(&p, progs, &d)) || outdir_commit(&d)) {
-      fprintf(stderr, "pipecc: error: %s\n", err_msg());
+      report("%s", err_msg());
       outdir_abort(&d);
       rc = 2;
     } else if (o.listing) {

@@ -235,6 +235,11 @@ int plan_build(Plan *p, const Options *o) {
   memset(p, 0, sizeof *p);
   p->opt = *o;
   if (onnx_load_file(o->model, &p->g)) return -1;
+  return plan_from_graph(p);
+}
+
+int plan_from_graph(Plan *p) {
+  const Options *o = &p->opt;
   Graph *g = &p->g;
   if (bind_inputs(p)) return -1;
   if (infer_and_fold(g)) {

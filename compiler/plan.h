@@ -40,6 +40,8 @@ typedef struct Plan {
 
 /* Loads, infers, costs, partitions and schedules.  -1 with err_set on failure. */
 int plan_build(Plan *p, const Options *o);
+/* The same from a graph already in p->g (loaded from memory: the fuzzer), with p->opt set. */
+int plan_from_graph(Plan *p);
 /* Builds and lays out every stage's program and makes each stage's memory
  * in p->part.cost the arena's (the estimate is kept in mem_estimate).  -1
  * with err_set when a stage cannot be built; with --plan-only that is not an

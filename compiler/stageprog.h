@@ -141,4 +141,6 @@ int call_is_weight(const StageProg *sp, const Call *k);
 /* Writes DIR's sources; -1 with err_set. */
 struct OutDir;
 int emit_all(Plan *p, StageProg *progs, struct OutDir *d);
+/* Stage s's C source alone, into o (the fuzzer renders without writing files). */
+void emit_stage(const Plan *p, const StageProg *progs, int s, Buf *o);
 #endif

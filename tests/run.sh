@@ -57,10 +57,10 @@ suite "gradient check per op: PyTorch autograd and finite differences in float64
 
 fuzz() {
   local secs=${FUZZ_SECONDS:-30}
-  mkdir -p "$T/corpus"
-  if bin/fuzz_loader -max_total_time="$secs" -rss_limit_mb=4096 -artifact_prefix="$T/" "$T/corpus" tests/fuzz_seeds \
-       > "$T/fuzz.log" 2>&1; then
-    echo "ok - the loader fuzzer ran $secs s without a crash, leak or sanitizer report"
+  mkdir -p "$T/corpus" "$T/accepted"
+  if FUZZ_KEEP_DIR=$T/accepted bin/fuzz_loader -max_total_time="$secs" -rss_limit_mb=4096 -artifact_prefix="$T/" "$T/corpus" \
+       tests/fuzz_seeds > "$T/fuzz.log" 2>&1; then
+    echo "ok - the fuzzer ran $secs s through loading, planning and code generation without a crash, leak or sanitizer report"
     grep -E "DONE" "$T/fuzz.log" | tail -1
     echo "1 passed, 0 failed"
   else
@@ -70,7 +70,8 @@ fuzz() {
     return 1
   fi
 }
-suite "loader fuzzing" fuzz
+suite "fuzzing the loader through code generation" fuzz
+suite "what the fuzzer got through code generation builds" bash tests/fuzz_build.sh "$T/accepted" 6
 
 echo
 echo "total: $total_pass passed, $total_fail failed"
