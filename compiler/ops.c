@@ -5,8 +5,6 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "fold.h"
-#include "shape.h"
 
 /* Compile-time values bigger than this stay run-time work (or, for fold-only
  * ops, are an error) rather than exhausting the compiler's memory. */
@@ -86,7 +84,7 @@ static void mark_params(Graph *g) {
 static int foldable(Graph *g, const Node *n, const OpDef *d) {
   if (!d->fold) return 0;
   /* Shape and Size need only the (static) shape, never the values. */
-  if (d->fold == fold_Shape || d->fold == fold_Size) return 1;
+  if (d->flags & OPF_FOLD_FROM_SHAPE) return 1;
   for (int k = 0; k < n->nout; k++)
     if (n->out[k] >= 0 && tensor_bytes(&g->t[n->out[k]]) > MAX_FOLD_BYTES) return 0;
   for (int k = 0; k < n->nin; k++) {

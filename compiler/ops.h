@@ -5,7 +5,8 @@
  * the cost, which inputs carry gradients, what backward reads, and the rules
  * that emit the forward and backward calls.  ops.c gathers the families; a
  * node keeps a pointer to its row (Node.def), so no pass dispatches on the
- * op's name.  docs/adding-an-op.md is the recipe for a new op. */
+ * op's name: one place says everything about an op.  docs/adding-an-op.md is
+ * the recipe for a new op. */
 #ifndef PIPECC_OPS_H
 #define PIPECC_OPS_H
 #include "ir.h"
@@ -20,6 +21,11 @@ typedef double (*FlopsFn)(Graph *g, const Node *n);
  * a stage must keep (stash) for each micro-batch in flight. */
 enum { STASH_NONE = 0, STASH_INPUTS = 1, STASH_OUTPUT = 2, STASH_BOTH = 3 };
 
+/* OpDef.flags */
+enum {
+  OPF_FOLD_FROM_SHAPE = 1, /* fold needs only the input's (static) shape, never its values (Shape, Size) */
+};
+
 typedef struct OpDef {
   const char *name;
   const char *family;   /* the compiler/ops/ file it lives in */
@@ -32,6 +38,8 @@ typedef struct OpDef {
   RuleFn fwd;           /* NULL: the op runs only at compile time (folded) */
   RuleFn bwd;           /* NULL with fwd set: forward only (no gradient flows through it) */
   int64_t (*workspace)(Graph *g, const Node *n); /* bytes of scratch one call needs (im2col), or NULL */
+  int code;             /* tells apart the ops that share one rule (EW_ADD, a pool's kind); family-defined */
+  unsigned flags;       /* OPF_* */
 } OpDef;
 
 const OpDef *op_find(const char *name);

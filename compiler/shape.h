@@ -1,4 +1,9 @@
-/* shape.h - shape rules, one per operator (used through the op table). */
+/* shape.h - helpers the operators' shape rules share (compiler/ops/).
+ *
+ * The rules themselves live with their operators; this file keeps what many of
+ * them need: reading inputs that must be known, numpy broadcasting, axes,
+ * int lists that moved from attributes to inputs across opsets, and the
+ * window arithmetic (strides, dilations, pads, auto_pad) of Conv and the pools. */
 #ifndef PIPECC_SHAPE_H
 #define PIPECC_SHAPE_H
 #include "ir.h"
@@ -11,13 +16,24 @@ int norm_axis(int64_t axis, int rank);
 /* Reads the int list of attribute `name` (old opsets) or constant input k (new). */
 int ints_from_attr_or_input(Graph *g, Node *n, const char *name, int k, int64_t *out, int max, int *count);
 
-#define X(op) int infer_##op(Graph *g, Node *n);
-#include "shape_ops.def"
-#undef X
+void set_shape(Tensor *t, int dtype, int rank, const int64_t *dims);
+void copy_shape(Tensor *dst, const Tensor *src);
+/* Input k, present and with a known shape; NULL after node_err() otherwise. */
+Tensor *need_in(Graph *g, Node *n, int k);
+/* The same, and its value must be a compile-time constant (`what` names it in the error). */
+Tensor *need_const(Graph *g, Node *n, int k, const char *what);
+/* Output 0 = inputs [first, first + count) broadcast together, of element type out_dtype. */
+int broadcast_outputs(Graph *g, Node *n, int first, int count, int out_dtype);
+/* The shape rule of every op whose output is its input's shape and type. */
+int infer_same(Graph *g, Node *n);
 
-/* Shared with fold.c, which evaluates what these rules describe. */
-void slice_bounds(int64_t dim, int64_t start, int64_t end, int64_t step, int64_t *s, int64_t *count);
-int slice_params(Graph *g, Node *n, const Tensor *x, int64_t *start, int64_t *step, int64_t *dims);
-int reduce_axes(Graph *g, Node *n, const Tensor *x, int *mask);
-int pad_params(Graph *g, Node *n, const Tensor *x, int64_t *begin, int64_t *end, float *value);
+/* Spatial attributes shared by Conv and the pools. */
+typedef struct Window {
+  int nsp;
+  int64_t k[MAX_RANK], s[MAX_RANK], d[MAX_RANK], pb[MAX_RANK], pe[MAX_RANK];
+} Window;
+/* Fills w from strides, dilations and pads or auto_pad for kernel sizes `kernel`. */
+int window_attrs(Node *n, const Tensor *x, const int64_t *kernel, Window *w);
+/* The spatial output sizes (floor, or ceil as PyTorch and ONNX define ceil_mode). */
+int window_out(Node *n, const Tensor *x, const Window *w, int ceil_mode, int64_t *out);
 #endif

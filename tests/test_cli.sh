@@ -301,5 +301,14 @@ touch "$good/marker"
 (cd "$T/run" && timeout 120 "$PIPECC" "$LENET" -n 4 -o "$good" >"$T/stdout" 2>"$T/stderr")
 check_good "control: again over the existing ok.pipe (replaced)" $?
 
+
+# --- the docs' operator lists are pipecc's operator table -----------------------------
+if PIPECC=$PIPECC $PY "$ROOT/tests/optable.py" --check >"$T/stdout" 2>&1; then
+  ok "README.md and docs/operators.md list the ops of pipecc --list-ops"
+else
+  notok "README.md and docs/operators.md list the ops of pipecc --list-ops" "tests/optable.py --check failed"
+  show "$T/stdout"
+fi
+
 echo "$PASS passed, $FAIL failed"
 [ "$FAIL" -eq 0 ]

@@ -81,6 +81,12 @@ torch.set_default_dtype(torch.float64)
 EXPECTED_REFUSALS = {
 }
 
+# Trainable ops (pipecc --list-ops) whose gradient another test checks: op -> where.
+# Every other trainable op must have a case here.
+CHECKED_ELSEWHERE = {
+    "Concat": "tests/test_split_concat.py (Concat of K = 2..16 inputs trained against PyTorch)",
+}
+
 passed = failed = refused = 0
 
 
@@ -1063,6 +1069,22 @@ def zlib_seed(s):
     return zlib.crc32(s.encode())
 
 
+def check_coverage():
+    """Every op pipecc's table calls trainable has a case (or is pinned in CHECKED_ELSEWHERE)."""
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    os.environ["PIPECC"] = PIPECC
+    import optable
+    have = {op for c in CASES for op in c[0].split("/")}
+    missing = [op for op in optable.trainable_ops() if op not in have and op not in CHECKED_ELSEWHERE]
+    if missing:
+        result("not ok", "coverage", f"trainable per pipecc --list-ops but no case here: {', '.join(missing)}")
+    else:
+        result("ok", "coverage: every trainable op of pipecc --list-ops has a case or is checked elsewhere")
+    for op in CHECKED_ELSEWHERE:
+        if op in have:
+            result("not ok", "coverage", f"{op} has a case here: remove it from CHECKED_ELSEWHERE")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--case", action="append", default=[], help="only cases whose 'op name' contains this")
@@ -1102,6 +1124,8 @@ def main():
             print(f"# work dir kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
+    if not args.case:
+        check_coverage()
     stale = [k for k in EXPECTED_REFUSALS if k not in {f"{c[0]} {c[1]}" for c in CASES}]
     for k in stale:
         result("not ok", k, "pinned in EXPECTED_REFUSALS but no such case: unpin it")

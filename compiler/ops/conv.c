@@ -3,6 +3,34 @@
 
 static int64_t conv_workspace(Graph *g, const Node *n);
 
+static int conv_infer(Graph *g, Node *n) {
+  Tensor *x = need_in(g, n, 0), *wt = need_in(g, n, 1);
+  if (!x || !wt) return -1;
+  if (x->rank < 3) return node_err(n, "input %s needs rank >= 3 (N, C, spatial...)", shape_str(x));
+  if (wt->rank != x->rank) return node_err(n, "weight %s and input %s ranks differ", shape_str(wt), shape_str(x));
+  int64_t group = attr_int(n, "group", 1);
+  if (group < 1 || x->dims[1] % group || wt->dims[0] % group)
+    return node_err(n, "group %lld does not divide channels (%lld in, %lld out)", (long long)group,
+                    (long long)x->dims[1], (long long)wt->dims[0]);
+  if (wt->dims[1] * group != x->dims[1])
+    return node_err(n, "weight %s expects %lld input channels, input %s has %lld", shape_str(wt),
+                    (long long)(wt->dims[1] * group), shape_str(x), (long long)x->dims[1]);
+  int64_t kernel[MAX_RANK];
+  int c = attr_ints(n, "kernel_shape", kernel, MAX_RANK);
+  for (int i = 0; i < x->rank - 2; i++)
+    if (c < 0) kernel[i] = wt->dims[i + 2];
+    else if (c != x->rank - 2 || kernel[i] != wt->dims[i + 2])
+      return node_err(n, "kernel_shape does not match weight %s", shape_str(wt));
+  Tensor *b = node_in(g, n, 2);
+  if (b && (b->rank != 1 || b->dims[0] != wt->dims[0]))
+    return node_err(n, "bias %s must be [%lld]", shape_str(b), (long long)wt->dims[0]);
+  Window w;
+  int64_t dims[MAX_RANK] = {x->dims[0], wt->dims[0]};
+  if (window_attrs(n, x, kernel, &w) || window_out(n, x, &w, 0, dims + 2)) return -1;
+  set_shape(node_out(g, n, 0), x->dtype, x->rank, dims);
+  return 0;
+}
+
 static int conv_fwd(Emit *e, const Node *n, int j) {
   Tensor *X = em_t(e, n->in[0]), *W = em_t(e, n->in[1]), *Y = em_t(e, n->out[0]);
   if (X->rank != 4) return err_set("node '%s' (Conv): only 2-D convolution trains so far", n->name);
@@ -50,6 +78,6 @@ static int64_t conv_workspace(Graph *g, const Node *n) {
 }
 
 const OpDef OPS_CONV[] = {
-    {"Conv", "conv", infer_Conv, NULL, 7, STASH_INPUTS, conv_flops, 1, conv_fwd, conv_bwd, conv_workspace},
+    {"Conv", "conv", conv_infer, NULL, 7, STASH_INPUTS, conv_flops, 1, conv_fwd, conv_bwd, conv_workspace, 0, 0},
     {0},
 };

@@ -1,5 +1,7 @@
 /* elementwise.c - activations, unary maths and broadcasting arithmetic:
  * Relu, LeakyRelu, Tanh, Sigmoid, Gelu, Erf, Sqrt, Add, Sub, Mul, Div, Pow, Where. */
+#include <math.h>
+
 #include "ops/rule.h"
 
 static int64_t out_numel(Emit *e, const Node *n) { return ir_numel(em_t(e, n->out[0])); }
@@ -7,9 +9,9 @@ static int64_t out_numel(Emit *e, const Node *n) { return ir_numel(em_t(e, n->ou
 /* ---- activations whose gradient needs only their output y ---- */
 
 static int act_kernel(const Node *n, int grad) {
-  switch (n->def->name[0]) {
-  case 'R': return grad ? K_RELU_GRAD : K_RELU;
-  case 'T': return grad ? K_TANH_GRAD : K_TANH;
+  switch (n->def->code) {
+  case EW_RELU: return grad ? K_RELU_GRAD : K_RELU;
+  case EW_TANH: return grad ? K_TANH_GRAD : K_TANH;
   default: return grad ? K_SIGMOID_GRAD : K_SIGMOID;
   }
 }
@@ -95,11 +97,15 @@ static int leaky_bwd(Emit *e, const Node *n, int j) {
 
 /* ---- Add, Sub, Mul, Div, Pow with numpy broadcasting ---- */
 
+/* The runtime's name for the op (runtime/kernels.h's BinOp). */
 static const char *bin_code(const Node *n) {
-  static const char *names[] = {"Add", "Sub", "Mul", "Div", "Pow"}, *codes[] = {"BIN_ADD", "BIN_SUB", "BIN_MUL", "BIN_DIV", "BIN_POW"};
-  for (int i = 0; i < 5; i++)
-    if (!strcmp(n->def->name, names[i])) return codes[i];
-  return "BIN_POW";
+  switch (n->def->code) {
+  case EW_ADD: return "BIN_ADD";
+  case EW_SUB: return "BIN_SUB";
+  case EW_MUL: return "BIN_MUL";
+  case EW_DIV: return "BIN_DIV";
+  default: return "BIN_POW";
+  }
 }
 
 static int binary_fwd(Emit *e, const Node *n, int j) {
@@ -117,7 +123,8 @@ static int binary_fwd(Emit *e, const Node *n, int j) {
 
 static int binary_bwd(Emit *e, const Node *n, int j) {
   const char *code = bin_code(n);
-  int lin = !strcmp(code, "BIN_ADD") || !strcmp(code, "BIN_SUB"), a = em_in(e, n, 0), b = em_in(e, n, 1), acc;
+  /* The gradients of a sum or difference do not read the inputs. */
+  int lin = n->def->code == EW_ADD || n->def->code == EW_SUB, a = em_in(e, n, 0), b = em_in(e, n, 1), acc;
   int bs = em_shape_ref(e, em_name(e, "BIN_%d", j));
   /* Reverse input order, as the other rules: the second input's gradient first. */
   for (int which = 1; which >= 0; which--) {
@@ -154,23 +161,182 @@ static int where_bwd(Emit *e, const Node *n, int j) {
   return 0;
 }
 
+/* ---- shape and fold rules: one of each for all elementwise ops, the scalar
+ * function picked by OpDef.code ---- */
+
+int ew_infer_binary(Graph *g, Node *n) {
+  Tensor *a = need_in(g, n, 0), *b = need_in(g, n, 1);
+  if (!a || !b) return -1;
+  if (a->dtype != b->dtype)
+    return node_err(n, "input types differ (%s and %s)", dtype_name(a->dtype), dtype_name(b->dtype));
+  return broadcast_outputs(g, n, 0, 2, a->dtype);
+}
+
+/* Pow alone may raise one element type to another (float ** int). */
+static int pow_infer(Graph *g, Node *n) {
+  Tensor *a = need_in(g, n, 0), *b = need_in(g, n, 1);
+  if (!a || !b) return -1;
+  return broadcast_outputs(g, n, 0, 2, a->dtype);
+}
+
+int ew_infer_compare(Graph *g, Node *n) {
+  Tensor *a = need_in(g, n, 0), *b = need_in(g, n, 1);
+  if (!a || !b) return -1;
+  return broadcast_outputs(g, n, 0, 2, DT_BOOL);
+}
+
+static double unary_f(int code, double x) {
+  switch (code) {
+  case EW_SQRT: return sqrt(x);
+  case EW_NEG: return -x;
+  case EW_RELU: return x > 0 ? x : 0;
+  case EW_EXP: return exp(x);
+  case EW_LOG: return log(x);
+  case EW_ABS: return fabs(x);
+  case EW_ERF: return erf(x);
+  case EW_TANH: return tanh(x);
+  case EW_SIGMOID: return 1 / (1 + exp(-x));
+  case EW_RECIPROCAL: return 1 / x;
+  case EW_NOT: return x == 0;
+  case EW_FLOOR: return floor(x);
+  case EW_CEIL: return ceil(x);
+  default: return x;
+  }
+}
+
+/* Integers stay exact in int64; the ops without an integer form leave them as they are. */
+static int64_t unary_i(int code, int64_t v) {
+  switch (code) {
+  case EW_NEG: return -v;
+  case EW_ABS: return v < 0 ? -v : v;
+  case EW_NOT: return !v;
+  case EW_RELU: return v > 0 ? v : 0;
+  default: return v;
+  }
+}
+
+int ew_fold_unary(Graph *g, Node *n) {
+  Tensor *x = node_in(g, n, 0), *o = node_out(g, n, 0);
+  int code = n->def->code;
+  fold_alloc(g, o);
+  int64_t m = ir_numel(o);
+  /* Sqrt of an integer goes through double: it has no exact integer form. */
+  int intpath = !dtype_is_float(x->dtype) && !dtype_is_float(o->dtype) && code != EW_SQRT;
+  for (int64_t i = 0; i < m; i++)
+    if (intpath) const_set_i64(o, i, unary_i(code, const_i64(x, i)));
+    else const_set_f64(o, i, unary_f(code, const_f64(x, i)));
+  return 0;
+}
+
+/* Wrapping (unsigned) arithmetic: overflow in a model's constants is not UB in the compiler. */
+static int64_t binary_i(Node *n, int code, int64_t a, int64_t b, int *err) {
+  switch (code) {
+  case EW_ADD: return (int64_t)((uint64_t)a + (uint64_t)b);
+  case EW_SUB: return (int64_t)((uint64_t)a - (uint64_t)b);
+  case EW_MUL: return (int64_t)((uint64_t)a * (uint64_t)b);
+  case EW_DIV:
+  case EW_MOD:
+    if (b == 0 || (a == INT64_MIN && b == -1)) {
+      *err = node_err(n, "integer division by zero at compile time");
+      return 0;
+    }
+    return code == EW_DIV ? a / b : a % b;
+  case EW_POW: {
+    int64_t r = 1;
+    for (int64_t k = 0; k < b && k < 64; k++) r *= a;
+    return r;
+  }
+  case EW_EQUAL: return a == b;
+  case EW_LESS: return a < b;
+  case EW_GREATER: return a > b;
+  case EW_LESS_EQUAL: return a <= b;
+  case EW_GREATER_EQUAL: return a >= b;
+  case EW_AND: return a && b;
+  case EW_OR: return a || b;
+  case EW_MAX: return a > b ? a : b;
+  case EW_MIN: return a < b ? a : b;
+  default: return 0;
+  }
+}
+
+static double binary_f(int code, double a, double b) {
+  switch (code) {
+  case EW_ADD: return a + b;
+  case EW_SUB: return a - b;
+  case EW_MUL: return a * b;
+  case EW_DIV: return a / b;
+  case EW_POW: return pow(a, b);
+  case EW_EQUAL: return a == b;
+  case EW_LESS: return a < b;
+  case EW_GREATER: return a > b;
+  case EW_LESS_EQUAL: return a <= b;
+  case EW_GREATER_EQUAL: return a >= b;
+  case EW_AND: return a && b;
+  case EW_OR: return a || b;
+  case EW_MAX: return a > b ? a : b;
+  case EW_MIN: return a < b ? a : b;
+  case EW_MOD: return fmod(a, b);
+  default: return 0;
+  }
+}
+
+int ew_fold_binary(Graph *g, Node *n) {
+  Tensor *a = node_in(g, n, 0), *b = node_in(g, n, 1), *o = node_out(g, n, 0);
+  fold_alloc(g, o);
+  int64_t sa[MAX_RANK], sb[MAX_RANK], m = ir_numel(o);
+  bcast_strides(a, o->rank, sa);
+  bcast_strides(b, o->rank, sb);
+  int intpath = !dtype_is_float(a->dtype) && !dtype_is_float(b->dtype), err = 0, code = n->def->code;
+  for (int64_t i = 0; i < m && !err; i++) {
+    int64_t ia = bcast_offset(i, o, sa), ib = bcast_offset(i, o, sb);
+    if (intpath) const_set_i64(o, i, binary_i(n, code, const_i64(a, ia), const_i64(b, ib), &err));
+    else const_set_f64(o, i, binary_f(code, const_f64(a, ia), const_f64(b, ib)));
+  }
+  return err;
+}
+
+static int where_infer(Graph *g, Node *n) {
+  Tensor *c = need_in(g, n, 0), *x = need_in(g, n, 1), *y = need_in(g, n, 2);
+  if (!c || !x || !y) return -1;
+  if (c->dtype != DT_BOOL) return node_err(n, "condition must be bool, not %s", dtype_name(c->dtype));
+  if (x->dtype != y->dtype) return node_err(n, "X and Y types differ");
+  return broadcast_outputs(g, n, 0, 3, x->dtype);
+}
+
+static int where_fold(Graph *g, Node *n) {
+  Tensor *c = node_in(g, n, 0), *x = node_in(g, n, 1), *y = node_in(g, n, 2), *o = node_out(g, n, 0);
+  fold_alloc(g, o);
+  int64_t sc[MAX_RANK], sx[MAX_RANK], sy[MAX_RANK], m = ir_numel(o), esz = dtype_size(o->dtype);
+  bcast_strides(c, o->rank, sc);
+  bcast_strides(x, o->rank, sx);
+  bcast_strides(y, o->rank, sy);
+  for (int64_t i = 0; i < m; i++) {
+    int pick = const_i64(c, bcast_offset(i, o, sc)) != 0;
+    const Tensor *src = pick ? x : y;
+    int64_t off = bcast_offset(i, o, pick ? sx : sy);
+    memcpy((char *)o->data + i * esz, (const char *)src->data + off * esz, (size_t)esz);
+  }
+  return 0;
+}
+
 static double flops_1(Graph *g, const Node *n) { return rule_numel(node_out(g, n, 0)); }
 static double flops_8(Graph *g, const Node *n) { return 8 * rule_numel(node_out(g, n, 0)); }
 
-#define ALU(name, stash, fold) {name, "elementwise", infer_Binary, fold, 3, stash, flops_1, 0, binary_fwd, binary_bwd, NULL}
+#define ALU(name, stash, code, infer) \
+  {name, "elementwise", infer, ew_fold_binary, 3, stash, flops_1, 0, binary_fwd, binary_bwd, NULL, code, 0}
 const OpDef OPS_ELEMENTWISE[] = {
-    {"Relu", "elementwise", infer_Unary, fold_Unary, 1, STASH_OUTPUT, flops_1, 0, act_fwd, act_bwd, NULL},
-    {"Tanh", "elementwise", infer_Unary, fold_Unary, 1, STASH_OUTPUT, flops_8, 0, act_fwd, act_bwd, NULL},
-    {"Sigmoid", "elementwise", infer_Unary, fold_Unary, 1, STASH_OUTPUT, flops_8, 0, act_fwd, act_bwd, NULL},
-    {"LeakyRelu", "elementwise", infer_Unary, NULL, 1, STASH_INPUTS, flops_1, 0, leaky_fwd, leaky_bwd, NULL},
-    {"Gelu", "elementwise", infer_Unary, NULL, 1, STASH_INPUTS, flops_8, 0, gelu_fwd, gelu_bwd, NULL},
-    {"Erf", "elementwise", infer_Unary, fold_Unary, 1, STASH_INPUTS, flops_8, 0, erf_fwd, erf_bwd, NULL},
-    {"Sqrt", "elementwise", infer_Unary, fold_Unary, 1, STASH_OUTPUT, flops_1, 0, sqrt_fwd, sqrt_bwd, NULL},
-    ALU("Add", STASH_NONE, fold_Binary),
-    ALU("Sub", STASH_NONE, fold_Binary),
-    ALU("Mul", STASH_INPUTS, fold_Binary),
-    ALU("Div", STASH_INPUTS, fold_Binary),
-    ALU("Pow", STASH_INPUTS, fold_Binary),
-    {"Where", "elementwise", infer_Where, fold_Where, 6, STASH_INPUTS, flops_1, 0, where_fwd, where_bwd, NULL},
+    {"Relu", "elementwise", infer_same, ew_fold_unary, 1, STASH_OUTPUT, flops_1, 0, act_fwd, act_bwd, NULL, EW_RELU, 0},
+    {"Tanh", "elementwise", infer_same, ew_fold_unary, 1, STASH_OUTPUT, flops_8, 0, act_fwd, act_bwd, NULL, EW_TANH, 0},
+    {"Sigmoid", "elementwise", infer_same, ew_fold_unary, 1, STASH_OUTPUT, flops_8, 0, act_fwd, act_bwd, NULL, EW_SIGMOID, 0},
+    {"LeakyRelu", "elementwise", infer_same, NULL, 1, STASH_INPUTS, flops_1, 0, leaky_fwd, leaky_bwd, NULL, 0, 0},
+    {"Gelu", "elementwise", infer_same, NULL, 1, STASH_INPUTS, flops_8, 0, gelu_fwd, gelu_bwd, NULL, 0, 0},
+    {"Erf", "elementwise", infer_same, ew_fold_unary, 1, STASH_INPUTS, flops_8, 0, erf_fwd, erf_bwd, NULL, EW_ERF, 0},
+    {"Sqrt", "elementwise", infer_same, ew_fold_unary, 1, STASH_OUTPUT, flops_1, 0, sqrt_fwd, sqrt_bwd, NULL, EW_SQRT, 0},
+    ALU("Add", STASH_NONE, EW_ADD, ew_infer_binary),
+    ALU("Sub", STASH_NONE, EW_SUB, ew_infer_binary),
+    ALU("Mul", STASH_INPUTS, EW_MUL, ew_infer_binary),
+    ALU("Div", STASH_INPUTS, EW_DIV, ew_infer_binary),
+    ALU("Pow", STASH_INPUTS, EW_POW, pow_infer),
+    {"Where", "elementwise", where_infer, where_fold, 6, STASH_INPUTS, flops_1, 0, where_fwd, where_bwd, NULL, 0, 0},
     {0},
 };

@@ -3,6 +3,29 @@
 
 /* ---- Gemm: Y = alpha * op(A) op(B) + beta * C ---- */
 
+static int gemm_infer(Graph *g, Node *n) {
+  Tensor *a = need_in(g, n, 0), *b = need_in(g, n, 1);
+  if (!a || !b) return -1;
+  if (a->rank != 2 || b->rank != 2) return node_err(n, "A %s and B %s must be matrices", shape_str(a), shape_str(b));
+  int ta = (int)attr_int(n, "transA", 0), tb = (int)attr_int(n, "transB", 0);
+  int64_t m = ta ? a->dims[1] : a->dims[0], k = ta ? a->dims[0] : a->dims[1];
+  int64_t k2 = tb ? b->dims[1] : b->dims[0], nn = tb ? b->dims[0] : b->dims[1];
+  if (k != k2) return node_err(n, "inner dimensions differ: A %s%s, B %s%s", shape_str(a), ta ? "^T" : "",
+                               shape_str(b), tb ? "^T" : "");
+  int64_t dims[2] = {m, nn};
+  Tensor *c = node_in(g, n, 2);
+  if (c) {
+    Tensor y = {0};
+    y.rank = 2, y.dims[0] = m, y.dims[1] = nn;
+    int r;
+    int64_t bd[MAX_RANK];
+    if (c->rank < 0 || broadcast_shape(&y, c, &r, bd) || r != 2 || bd[0] != m || bd[1] != nn)
+      return node_err(n, "C %s does not broadcast to [%lld,%lld]", shape_str(c), (long long)m, (long long)nn);
+  }
+  set_shape(node_out(g, n, 0), a->dtype, 2, dims);
+  return 0;
+}
+
 typedef struct GemmDims { int M, N, K, ta, tb, cm, cn; } GemmDims;
 
 static GemmDims gemm_dims(Emit *e, const Node *n) {
@@ -58,6 +81,28 @@ static double gemm_flops(Graph *g, const Node *n) {
 
 /* ---- MatMul: numpy semantics, the batch dimensions broadcast ---- */
 
+static int matmul_infer(Graph *g, Node *n) {
+  Tensor *a = need_in(g, n, 0), *b = need_in(g, n, 1);
+  if (!a || !b) return -1;
+  if (a->rank < 1 || b->rank < 1) return node_err(n, "inputs must have rank >= 1");
+  /* Promote 1-D operands as numpy does, then broadcast the batch dims. */
+  Tensor A = *a, B = *b;
+  if (A.rank == 1) A.rank = 2, A.dims[1] = a->dims[0], A.dims[0] = 1;
+  if (B.rank == 1) B.rank = 2, B.dims[0] = b->dims[0], B.dims[1] = 1;
+  if (A.dims[A.rank - 1] != B.dims[B.rank - 2])
+    return node_err(n, "inner dimensions differ: %s x %s", shape_str(a), shape_str(b));
+  Tensor ab = A, bb = B;
+  ab.rank -= 2, bb.rank -= 2;
+  int rank;
+  int64_t dims[MAX_RANK];
+  if (broadcast_shape(&ab, &bb, &rank, dims))
+    return node_err(n, "batch dimensions of %s and %s do not broadcast", shape_str(a), shape_str(b));
+  if (a->rank > 1) dims[rank++] = A.dims[A.rank - 2];
+  if (b->rank > 1) dims[rank++] = B.dims[B.rank - 1];
+  set_shape(node_out(g, n, 0), a->dtype, rank, dims);
+  return 0;
+}
+
 static int matmul_fwd(Emit *e, const Node *n, int j) {
   Tensor *A = em_t(e, n->in[0]), *B = em_t(e, n->in[1]), *Y = em_t(e, n->out[0]);
   if (A->rank < 2 || B->rank < 2) return err_set("node '%s' (MatMul): 1-D operands do not train yet", n->name);
@@ -104,7 +149,7 @@ static double matmul_flops(Graph *g, const Node *n) {
 }
 
 const OpDef OPS_GEMM[] = {
-    {"Gemm", "gemm", infer_Gemm, NULL, 7, STASH_INPUTS, gemm_flops, 1, gemm_fwd, gemm_bwd, NULL},
-    {"MatMul", "gemm", infer_MatMul, NULL, 3, STASH_INPUTS, matmul_flops, 1, matmul_fwd, matmul_bwd, NULL},
+    {"Gemm", "gemm", gemm_infer, NULL, 7, STASH_INPUTS, gemm_flops, 1, gemm_fwd, gemm_bwd, NULL, 0, 0},
+    {"MatMul", "gemm", matmul_infer, NULL, 3, STASH_INPUTS, matmul_flops, 1, matmul_fwd, matmul_bwd, NULL, 0, 0},
     {0},
 };

@@ -2,7 +2,28 @@
  * statistics as PyTorch), LayerNormalization, Softmax and LogSoftmax. */
 #include "ops/rule.h"
 
+enum { SOFTMAX = 1, LOG_SOFTMAX }; /* OpDef.code */
+
 /* ---- BatchNormalization ---- */
+
+static int bn_infer(Graph *g, Node *n) {
+  Tensor *x = need_in(g, n, 0);
+  if (!x) return -1;
+  if (x->rank < 2) return node_err(n, "input %s needs rank >= 2", shape_str(x));
+  for (int k = 1; k < 5; k++) {
+    Tensor *p = need_in(g, n, k);
+    if (!p) return -1;
+    if (p->rank != 1 || p->dims[0] != x->dims[1])
+      return node_err(n, "input '%s' %s must be [%lld] (one value per channel)", p->name, shape_str(p),
+                      (long long)x->dims[1]);
+  }
+  copy_shape(node_out(g, n, 0), x);
+  for (int k = 1; k < n->nout; k++) {
+    Tensor *o = node_out(g, n, k);
+    if (o) set_shape(o, x->dtype, 1, &x->dims[1]);
+  }
+  return 0;
+}
 
 static int bn_training(Emit *e, const Node *n) {
   return em_graph(e)->opset >= 14 ? (int)attr_int(n, "training_mode", 0) : n->nout > 1;
@@ -42,6 +63,31 @@ static int bn_bwd(Emit *e, const Node *n, int j) {
 static double bn_flops(Graph *g, const Node *n) { return 5 * rule_numel(node_in(g, n, 0)); }
 
 /* ---- LayerNormalization over the trailing axes from `axis` ---- */
+
+static int ln_infer(Graph *g, Node *n) {
+  Tensor *x = need_in(g, n, 0), *s = need_in(g, n, 1);
+  if (!x || !s) return -1;
+  int a = norm_axis(attr_int(n, "axis", -1), x->rank);
+  if (a < 0) return node_err(n, "axis is out of range for %s", shape_str(x));
+  for (int k = 1; k < 3; k++) {
+    Tensor *p = node_in(g, n, k);
+    if (!p) continue;
+    Tensor norm = *x;
+    int r;
+    int64_t bd[MAX_RANK];
+    if (p->rank > x->rank - a || broadcast_shape(&norm, p, &r, bd) || memcmp(bd, x->dims, sizeof(int64_t) * (size_t)r))
+      return node_err(n, "%s %s does not match the normalised dims of %s", k == 1 ? "scale" : "bias", shape_str(p), shape_str(x));
+  }
+  copy_shape(node_out(g, n, 0), x);
+  for (int k = 1; k < 3; k++) {
+    Tensor *o = node_out(g, n, k);
+    if (!o) continue;
+    copy_shape(o, x);
+    o->dtype = (int)attr_int(n, "stash_type", DT_FLOAT);
+    for (int i = a; i < x->rank; i++) o->dims[i] = 1;
+  }
+  return 0;
+}
 
 static int64_t ln_cols(Emit *e, const Node *n) {
   Tensor *X = em_t(e, n->in[0]);
@@ -96,7 +142,7 @@ static int softmax_fwd(Emit *e, const Node *n, int j) {
   if (axis != X->rank - 1) return err_set("node '%s' (%s): only the last axis trains so far", n->name, n->op);
   int64_t cols = X->dims[X->rank - 1];
   CALL(e, PH_FWD, K_SOFTMAX, n, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)), A_INT(ir_numel(X) / cols), A_INT(cols),
-       A_INT(n->def->name[0] == 'L'));
+       A_INT(n->def->code == LOG_SOFTMAX));
   return 0;
 }
 
@@ -107,16 +153,16 @@ static int softmax_bwd(Emit *e, const Node *n, int j) {
   int64_t cols = X->dims[X->rank - 1];
   int acc, dx = em_grad(e, n, 0, &acc);
   CALL(e, PH_IGRAD, K_SOFTMAX_GRAD, n, A_BUF(em_out(e, n, 0)), A_BUF(em_dy(e, n, 0)), A_BUF(dx),
-       A_INT(ir_numel(X) / cols), A_INT(cols), A_INT(n->def->name[0] == 'L'), A_INT(acc));
+       A_INT(ir_numel(X) / cols), A_INT(cols), A_INT(n->def->code == LOG_SOFTMAX), A_INT(acc));
   return 0;
 }
 
 static double softmax_flops(Graph *g, const Node *n) { return 5 * rule_numel(node_in(g, n, 0)); }
 
 const OpDef OPS_NORM[] = {
-    {"BatchNormalization", "norm", infer_BatchNorm, NULL, 7, STASH_INPUTS, bn_flops, 0, bn_fwd, bn_bwd, NULL},
-    {"LayerNormalization", "norm", infer_LayerNorm, NULL, 7, STASH_INPUTS, ln_flops, 0, ln_fwd, ln_bwd, NULL},
-    {"Softmax", "norm", infer_Unary, NULL, 1, STASH_OUTPUT, softmax_flops, 0, softmax_fwd, softmax_bwd, NULL},
-    {"LogSoftmax", "norm", infer_Unary, NULL, 1, STASH_OUTPUT, softmax_flops, 0, softmax_fwd, softmax_bwd, NULL},
+    {"BatchNormalization", "norm", bn_infer, NULL, 7, STASH_INPUTS, bn_flops, 0, bn_fwd, bn_bwd, NULL, 0, 0},
+    {"LayerNormalization", "norm", ln_infer, NULL, 7, STASH_INPUTS, ln_flops, 0, ln_fwd, ln_bwd, NULL, 0, 0},
+    {"Softmax", "norm", infer_same, NULL, 1, STASH_OUTPUT, softmax_flops, 0, softmax_fwd, softmax_bwd, NULL, SOFTMAX, 0},
+    {"LogSoftmax", "norm", infer_same, NULL, 1, STASH_OUTPUT, softmax_flops, 0, softmax_fwd, softmax_bwd, NULL, LOG_SOFTMAX, 0},
     {0},
 };

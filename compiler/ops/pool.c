@@ -1,9 +1,40 @@
 /* pool.c - 2-D pooling: MaxPool, AveragePool, GlobalAveragePool. */
 #include "ops/rule.h"
 
+enum { POOL_MAX = 1, POOL_AVG, POOL_GLOBAL }; /* OpDef.code */
+
+static int pool_infer(Graph *g, Node *n) {
+  Tensor *x = need_in(g, n, 0);
+  if (!x) return -1;
+  if (x->rank < 3) return node_err(n, "input %s needs rank >= 3", shape_str(x));
+  int64_t kernel[MAX_RANK];
+  if (attr_ints(n, "kernel_shape", kernel, MAX_RANK) != x->rank - 2)
+    return node_err(n, "kernel_shape must give %d values", x->rank - 2);
+  if (node_attr(n, "storage_order") && attr_int(n, "storage_order", 0) != 0)
+    return node_err(n, "storage_order=1 (column-major indices) is not supported");
+  int ceil_mode = (int)attr_int(n, "ceil_mode", 0);
+  Window w;
+  int64_t dims[MAX_RANK] = {x->dims[0], x->dims[1]};
+  if (window_attrs(n, x, kernel, &w) || window_out(n, x, &w, ceil_mode, dims + 2)) return -1;
+  set_shape(node_out(g, n, 0), x->dtype, x->rank, dims);
+  Tensor *idx = node_out(g, n, 1);
+  if (idx) set_shape(idx, DT_INT64, x->rank, dims);
+  return 0;
+}
+
+static int global_infer(Graph *g, Node *n) {
+  Tensor *x = need_in(g, n, 0);
+  if (!x) return -1;
+  if (x->rank < 3) return node_err(n, "input %s needs rank >= 3", shape_str(x));
+  int64_t dims[MAX_RANK];
+  for (int i = 0; i < x->rank; i++) dims[i] = i < 2 ? x->dims[i] : 1;
+  set_shape(node_out(g, n, 0), x->dtype, x->rank, dims);
+  return 0;
+}
+
 static int pool_fwd(Emit *e, const Node *n, int j) {
   Tensor *X = em_t(e, n->in[0]), *Y = em_t(e, n->out[0]);
-  int global = !strcmp(n->def->name, "GlobalAveragePool"), max = !strcmp(n->def->name, "MaxPool");
+  int global = n->def->code == POOL_GLOBAL, max = n->def->code == POOL_MAX;
   if (X->rank != 4) return err_set("node '%s' (%s): only 2-D pooling trains so far", n->name, n->op);
   int64_t ks[2] = {X->dims[2], X->dims[3]}, pads[4] = {0, 0, 0, 0}, st[2] = {1, 1}, dl[2] = {1, 1};
   if (!global) {
@@ -23,7 +54,7 @@ static int pool_bwd(Emit *e, const Node *n, int j) {
   if (!em_needs(e, n, 0)) return 0;
   int ps = em_shape_ref(e, em_name(e, "POOL_%d", j)), dy = em_dy(e, n, 0), acc;
   int dx = em_grad(e, n, 0, &acc);
-  if (!strcmp(n->def->name, "MaxPool"))
+  if (n->def->code == POOL_MAX)
     CALL(e, PH_IGRAD, K_MAXPOOL_GRAD, n, A_BUF(em_in(e, n, 0)), A_BUF(dy), A_BUF(dx), A_CONST(ps), A_INT(acc));
   else
     CALL(e, PH_IGRAD, K_AVGPOOL_GRAD, n, A_BUF(dy), A_BUF(dx), A_CONST(ps), A_INT(acc));
@@ -41,8 +72,8 @@ static double pool_flops(Graph *g, const Node *n) {
 static double global_flops(Graph *g, const Node *n) { return rule_numel(node_in(g, n, 0)); }
 
 const OpDef OPS_POOL[] = {
-    {"MaxPool", "pool", infer_Pool, NULL, 1, STASH_INPUTS, pool_flops, 0, pool_fwd, pool_bwd, NULL},
-    {"AveragePool", "pool", infer_Pool, NULL, 1, STASH_NONE, pool_flops, 0, pool_fwd, pool_bwd, NULL},
-    {"GlobalAveragePool", "pool", infer_GlobalPool, NULL, 1, STASH_NONE, global_flops, 0, pool_fwd, pool_bwd, NULL},
+    {"MaxPool", "pool", pool_infer, NULL, 1, STASH_INPUTS, pool_flops, 0, pool_fwd, pool_bwd, NULL, POOL_MAX, 0},
+    {"AveragePool", "pool", pool_infer, NULL, 1, STASH_NONE, pool_flops, 0, pool_fwd, pool_bwd, NULL, POOL_AVG, 0},
+    {"GlobalAveragePool", "pool", global_infer, NULL, 1, STASH_NONE, global_flops, 0, pool_fwd, pool_bwd, NULL, POOL_GLOBAL, 0},
     {0},
 };

@@ -1,6 +1,68 @@
 /* reduce.c - ReduceMean and ReduceSum over any set of axes. */
 #include "ops/rule.h"
 
+enum { RED_MEAN = 1, RED_SUM }; /* OpDef.code */
+
+/* ---- shape and fold rules ---- */
+
+/* Axes of a reduction: an attribute before opset 18 (13 for ReduceSum), an input after. */
+static int reduce_axes(Graph *g, Node *n, const Tensor *x, int *mask) {
+  int64_t axes[MAX_RANK];
+  int c;
+  if (ints_from_attr_or_input(g, n, "axes", 1, axes, MAX_RANK, &c)) return -1;
+  *mask = 0;
+  if (c <= 0) {
+    if (attr_int(n, "noop_with_empty_axes", 0)) return 0;
+    *mask = (1 << x->rank) - 1;
+    return 0;
+  }
+  for (int i = 0; i < c; i++) {
+    int a = norm_axis(axes[i], x->rank);
+    if (a < 0) return node_err(n, "axis %lld is out of range for %s", (long long)axes[i], shape_str(x));
+    *mask |= 1 << a;
+  }
+  return 0;
+}
+
+static int reduce_infer(Graph *g, Node *n) {
+  Tensor *x = need_in(g, n, 0);
+  if (!x) return -1;
+  int mask, keep = (int)attr_int(n, "keepdims", 1), r = 0;
+  if (reduce_axes(g, n, x, &mask)) return -1;
+  int64_t dims[MAX_RANK];
+  for (int i = 0; i < x->rank; i++)
+    if (!(mask >> i & 1)) dims[r++] = x->dims[i];
+    else if (keep) dims[r++] = 1;
+  set_shape(node_out(g, n, 0), x->dtype, r, dims);
+  return 0;
+}
+
+static int reduce_fold(Graph *g, Node *n) {
+  Tensor *x = node_in(g, n, 0), *o = node_out(g, n, 0);
+  fold_alloc(g, o);
+  int mask;
+  if (reduce_axes(g, n, x, &mask)) return -1;
+  int64_t m = ir_numel(x), count = 1, xs[MAX_RANK];
+  for (int i = 0; i < x->rank; i++)
+    if (mask >> i & 1) count *= x->dims[i];
+  /* Output index of each input element: drop the reduced coordinates. */
+  row_strides(x, xs);
+  double *acc = pool_alloc(&g->pool, (size_t)ir_numel(o) * sizeof(double) + 1);
+  for (int64_t lin = 0; lin < m; lin++) {
+    int64_t out = 0, rem = lin;
+    for (int i = 0; i < x->rank; i++) {
+      int64_t c = rem / xs[i];
+      rem %= xs[i];
+      if (!(mask >> i & 1)) out = out * x->dims[i] + c;
+    }
+    acc[out] += const_f64(x, lin);
+  }
+  int mean = n->def->code == RED_MEAN;
+  for (int64_t i = 0; i < ir_numel(o); i++) const_set_f64(o, i, mean ? acc[i] / (double)count : acc[i]);
+  return 0;
+}
+
+
 static int reduce_fwd(Emit *e, const Node *n, int j) {
   Tensor *X = em_t(e, n->in[0]), *Y = em_t(e, n->out[0]);
   int mask;
@@ -9,7 +71,7 @@ static int reduce_fwd(Emit *e, const Node *n, int j) {
   for (int i = 0; i < X->rank; i++)
     if (mask >> i & 1) cnt *= X->dims[i];
   /* The mean's scale is rounded to float once, here, as 1.0f / count would be in C. */
-  float scale = n->def->name[6] == 'M' ? 1.0f / (float)cnt : 1.0f;
+  float scale = n->def->code == RED_MEAN ? 1.0f / (float)cnt : 1.0f;
   int rs = SHAPE(e, "ReduceShape", em_name(e, "RED_%d", j), A_INT(X->rank), A_INTS(X->dims, X->rank), A_INT(mask), A_INT(ir_numel(X)),
                  A_INT(ir_numel(Y)), A_FLT(scale));
   CALL(e, PH_FWD, K_REDUCE, n, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)), A_CONST(rs));
@@ -26,7 +88,7 @@ static int reduce_bwd(Emit *e, const Node *n, int j) {
 static double reduce_flops(Graph *g, const Node *n) { return rule_numel(node_in(g, n, 0)); }
 
 const OpDef OPS_REDUCE[] = {
-    {"ReduceMean", "reduce", infer_Reduce, fold_Reduce, 1, STASH_NONE, reduce_flops, 0, reduce_fwd, reduce_bwd, NULL},
-    {"ReduceSum", "reduce", infer_Reduce, fold_Reduce, 1, STASH_NONE, reduce_flops, 0, reduce_fwd, reduce_bwd, NULL},
+    {"ReduceMean", "reduce", reduce_infer, reduce_fold, 1, STASH_NONE, reduce_flops, 0, reduce_fwd, reduce_bwd, NULL, RED_MEAN, 0},
+    {"ReduceSum", "reduce", reduce_infer, reduce_fold, 1, STASH_NONE, reduce_flops, 0, reduce_fwd, reduce_bwd, NULL, RED_SUM, 0},
     {0},
 };
