@@ -748,9 +748,10 @@ static int read_manifest(const Run *r, const char *dir, Manifest *m, char *msg, 
   size_t n = fread(text, 1, sizeof text - 1, f);
   fclose(f);
   text[n] = 0;
-  char *sum = strstr(text, "checksum ");
+  char *sum = strstr(text, "\nchecksum "); /* the last line; no other line starts with it */
   unsigned long long want = 0;
-  if (strncmp(text, "pipecc-checkpoint 2\n", 20) || !sum || (sum > text && sum[-1] != '\n') || sscanf(sum, "checksum %llx", &want) != 1)
+  if (sum) sum++;
+  if (strncmp(text, "pipecc-checkpoint 2\n", 20) || !sum || sscanf(sum, "checksum %llx", &want) != 1)
     return snprintf(msg, len, "--resume %s: %s is not a pipecc checkpoint manifest (or one of another version)", dir, path), -1;
   if (fnv1a(FNV_INIT, text, (size_t)(sum - text)) != want)
     return snprintf(msg, len, "--resume %s: %s is corrupted or was edited (its checksum does not match its text)", dir, path), -1;
@@ -801,7 +802,7 @@ static int read_stage_file(Run *r, const char *dir, const Manifest *m, char *msg
   snprintf(path, sizeof path, "%s/%s/stage_%d.ckpt", dir, m->sub, st->stage);
   FILE *f = fopen(path, "rb");
   if (!f) return snprintf(msg, len, "--resume %s: cannot open %s: %s", dir, path, strerror(errno)), -1;
-  struct stat sb;
+  struct stat sb = {0};
   CkptHeader h;
   int64_t *off = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 1)), *ln = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 1));
   int n, ok = fstat(fileno(f), &sb) == 0 && sb.st_size == m->mine.bytes && fread(&h, sizeof h, 1, f) == 1;
