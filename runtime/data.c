@@ -21,6 +21,7 @@
 typedef struct Mapped {
   uint8_t *p;
   size_t len;
+  char path[4096]; /* for data_mapped_file's messages */
 } Mapped;
 
 struct DataPriv {
@@ -73,6 +74,7 @@ static int is_file(const char *p) {
 /* Maps a whole regular file read-only; an empty file gives p = NULL, len = 0. */
 static int map_file(const char *path, Mapped *m, char *err, size_t errlen) {
   m->p = NULL, m->len = 0;
+  snprintf(m->path, sizeof m->path, "%s", path);
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return fail(err, errlen, "data %s: cannot open: %s", path, strerror(errno));
   struct stat st;
@@ -366,6 +368,20 @@ void data_close(DataSet *d) {
     free(pv);
   }
   memset(d, 0, sizeof *d);
+}
+
+const char *data_mapped_file(const DataSet *d, const void *addr, long long *mapped, long long *now) {
+  if (!d->priv) return NULL;
+  for (int i = 0; i < 2; i++) {
+    const Mapped *m = &d->priv->maps[i];
+    const uint8_t *a = addr;
+    if (!m->p || a < m->p || a >= m->p + m->len) continue;
+    struct stat st;
+    *mapped = (long long)m->len;
+    *now = stat(m->path, &st) == 0 ? (long long)st.st_size : -1;
+    return m->path;
+  }
+  return NULL;
 }
 
 /* ---- checks ---- */

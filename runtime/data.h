@@ -43,6 +43,10 @@ typedef struct DataSet {
 int data_open(DataSet *d, const char *path, int kind_hint, char *err, size_t errlen);
 void data_close(DataSet *d);
 
+/* Which mapped file holds addr (a SIGBUS's fault address: the file shrank under the
+ * mapping), its size when mapped and now (-1 if it cannot be stat'ed); NULL if none. */
+const char *data_mapped_file(const DataSet *d, const void *addr, long long *mapped, long long *now);
+
 /* Before the first step: image shape c x h x w, and every label < nclasses (all scanned). */
 int data_check_images(const DataSet *d, int c, int h, int w, int nclasses, char *err, size_t errlen);
 /* Every token id < vocab (vocab <= 0: not checked), and at least need_tokens tokens

@@ -58,12 +58,15 @@ static inline void k_gemm_dC(const float *dY, float *dC, int M, int N, int cm, i
 }
 
 /* ---- elementwise activations ---- */
+/* NaN stays NaN, as torch.relu keeps it: a NaN made 0 here would hide a
+ * broken weight from the loss check and let --save write it. */
 static inline void k_relu(const float *x, float *y, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : 0;
+  for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 || x[i] != x[i] ? x[i] : 0;
 }
+/* PyTorch's threshold_backward: zero where y <= 0, so a NaN output passes its gradient. */
 static inline void k_relu_grad(const float *y, const float *dy, float *dx, int64_t n, int acc) {
   for (int64_t i = 0; i < n; i++) {
-    float g = y[i] > 0 ? dy[i] : 0;
+    float g = y[i] <= 0 ? 0 : dy[i];
     dx[i] = acc ? dx[i] + g : g;
   }
 }
@@ -237,7 +240,8 @@ PR_INLINE void k_maxpool(const float *x, float *y, const PoolShape *s) {
       }
 }
 
-/* The gradient goes to the first maximum of each window, as PyTorch does. */
+/* The gradient goes to the first maximum of each window, or to its last NaN,
+ * as PyTorch's index does (it takes a NaN whenever it sees one). */
 PR_INLINE void k_maxpool_grad(const float *x, const float *dy, float *dx, const PoolShape *s, int acc) {
   if (!acc) memset(dx, 0, sizeof(float) * (size_t)s->n * s->c * s->h * s->w);
   for (int64_t nc = 0; nc < (int64_t)s->n * s->c; nc++)
@@ -252,7 +256,7 @@ PR_INLINE void k_maxpool_grad(const float *x, const float *dy, float *dx, const 
             int ix = ox * s->sw - s->pw + kj * s->dw;
             if (ix < 0 || ix >= s->w) continue;
             int64_t k = (nc * s->h + iy) * s->w + ix;
-            if (at < 0 || x[k] > best || (isnan(x[k]) && !isnan(best))) best = x[k], at = k;
+            if (at < 0 || x[k] > best || isnan(x[k])) best = x[k], at = k;
           }
         }
         if (at >= 0) dx[at] += dy[(nc * s->oh + oy) * s->ow + ox];

@@ -12,10 +12,13 @@
  * batch.  Before anything refills a slot it waits for the sends from it. */
 #include "piperun.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <mpi.h>
+#include <sched.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -35,7 +38,7 @@ typedef struct Args {
   int64_t steps, ckpt_every, warmup;
   uint64_t seed;
   int shuffle, quiet;
-  double lr, momentum, weight_decay, min_lr;
+  double lr, momentum, weight_decay, min_lr, timeout;
   int have_lr, have_momentum, have_wd;
 } Args;
 
@@ -55,6 +58,8 @@ typedef struct Run {
   int64_t *in_labels, *in_y, *lab_x;
   float *lab_img;
   int64_t step;
+  double timeout;      /* seconds a wait may last before the job is stopped (--timeout) */
+  uint32_t run_id;     /* names this run's checkpoint directories (rank 0's, broadcast) */
   const PrAction *cur; /* the action running, for the trace's wait spans */
   PrTrace trace;
   double t_compute, t_wait, t_total;
@@ -85,7 +90,7 @@ static void usage_error(const char *fmt, const char *arg) {
     fprintf(stderr, "\nusage: run.sh --data PATH --steps N [--lr X] [--momentum X] [--weight-decay X] [--seed S]\n"
                     "       [--shuffle|--no-shuffle] [--log FILE] [--save FILE.onnx] [--checkpoint DIR]\n"
                     "       [--checkpoint-every K] [--resume DIR] [--lr-schedule constant|cosine] [--warmup K] [--quiet]\n"
-                    "       [--trace FILE.json]\n");
+                    "       [--trace FILE.json] [--timeout SECONDS]\n");
   }
   MPI_Finalize();
   exit(2);
@@ -122,6 +127,7 @@ static void parse_args(Args *a, int argc, char **argv) {
     else if (!strcmp(f, "--min-lr")) a->min_lr = num(f, TAKE(), 0);
     else if (!strcmp(f, "--quiet")) a->quiet = 1;
     else if (!strcmp(f, "--trace")) a->trace = TAKE();
+    else if (!strcmp(f, "--timeout")) a->timeout = num(f, TAKE(), 0.001);
     else usage_error("unknown flag '%s'", f);
     if (i >= argc) usage_error("flag '%s' needs a value", f);
   }
@@ -216,20 +222,45 @@ static int tag_of(int64_t step, int mb, int v, int grad) { return ((int)(step % 
 
 static unsigned char *ring(const Run *r, int64_t off, int64_t bytes, int slot) { return r->st->arena + off + (int64_t)slot * bytes; }
 
-static void wait_all(Run *r, MPI_Request *req, int n) {
+/* Completes requests, or stops the job when they take longer than --timeout:
+ * a peer that stopped (kill -STOP, a hung node, a lost link) would otherwise
+ * leave every rank waiting forever.  MPI_Testall in a loop is what
+ * MPI_Waitall does inside; sched_yield lets an oversubscribed peer run.
+ * peer < 0: a collective (any stage may be the one missing). */
+static void wait_watched(const Run *r, MPI_Request *req, int n, int peer, const char *what) {
+  double t0 = now();
+  for (;;) {
+    int done = 0;
+    MPI_Testall(n, req, &done, MPI_STATUSES_IGNORE);
+    if (done) return;
+    if (now() - t0 > r->timeout) break;
+    sched_yield();
+  }
+  if (peer >= 0)
+    die(4, "step %lld: no progress for %.1f s waiting for stage %d (%s); stage %d stopped or hung, stopping the job (run.sh --timeout S)",
+        (long long)r->step + 1, r->timeout, peer, what, peer);
+  die(4, "no progress for %.1f s waiting for the other stages (%s); one of them stopped or hung, stopping the job (run.sh --timeout S)",
+      r->timeout, what);
+}
+
+static void wait_all(Run *r, MPI_Request *req, int n, int peer, const char *what) {
   int any = 0;
   for (int i = 0; i < n; i++) any |= req[i] != MPI_REQUEST_NULL;
   if (!any) return;
   double t0 = now();
-  MPI_Waitall(n, req, MPI_STATUSES_IGNORE);
+  wait_watched(r, req, n, peer, what);
   double t1 = now();
   r->t_wait += t1 - t0;
   trace_add(&r->trace, -1, r->cur->mb, r->cur->slot, r->step, t0, t1);
 }
 
 /* Sends still leaving slot / gslot must finish before anything refills it. */
-static void wait_sends(Run *r, int slot) { wait_all(r, r->sreq + (size_t)slot * r->st->nsend, r->st->nsend); }
-static void wait_grad_sends(Run *r, int gslot) { wait_all(r, r->gsreq + (size_t)gslot * r->st->nrecv, r->st->nrecv); }
+static void wait_sends(Run *r, int slot) {
+  wait_all(r, r->sreq + (size_t)slot * r->st->nsend, r->st->nsend, r->st->stage + 1, "to take the forward values it was sent");
+}
+static void wait_grad_sends(Run *r, int gslot) {
+  wait_all(r, r->gsreq + (size_t)gslot * r->st->nrecv, r->st->nrecv, r->st->stage - 1, "to take the gradients it was sent");
+}
 
 static void do_recv(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
@@ -291,6 +322,55 @@ static void load_labels(Run *r, int mb, int64_t *labels) {
     data_images(&r->data, r->idx + (int64_t)mb * st->mb_size, st->mb_size, r->lab_img, labels);
 }
 
+/* The data files are mapped: if one shrinks during the run (truncated,
+ * rewritten in place), reading the lost pages raises SIGBUS, which would kill
+ * the rank with no word of why.  Loads run under a handler that jumps back
+ * here, and the rank stops naming the file. */
+static sigjmp_buf g_data_jmp;
+static volatile sig_atomic_t g_in_data;
+static void *volatile g_fault_addr;
+static struct sigaction g_old_sigbus; /* Open MPI's (a stack trace), for a SIGBUS elsewhere */
+
+static void on_sigbus(int sig, siginfo_t *si, void *uc) {
+  (void)uc;
+  if (!g_in_data) { /* not a data read: what was there before (Open MPI's stack trace, or a core) */
+    sigaction(sig, &g_old_sigbus, NULL);
+    raise(sig);
+    return;
+  }
+  g_fault_addr = si->si_addr;
+  siglongjmp(g_data_jmp, 1);
+}
+
+static void data_fault(const Run *r) {
+  long long was = 0, is = 0;
+  const char *file = data_mapped_file(&r->data, g_fault_addr, &was, &is);
+  if (!file) die(5, "step %lld: reading the data %s failed (SIGBUS): did a data file change during the run?", (long long)r->step + 1, r->a.data);
+  die(5, "step %lld: data file %s changed during the run: %lld bytes when opened, %lld now (truncated or rewritten?); stopping",
+      (long long)r->step + 1, file, was, is);
+}
+
+/* A loader input (pv) or, pv NULL, the labels of micro-batch mb, under the SIGBUS guard. */
+static void load_guarded(Run *r, const PrValue *pv, int mb, int slot, int64_t *labels) {
+  if (sigsetjmp(g_data_jmp, 1)) {
+    g_in_data = 0;
+    data_fault(r);
+  }
+  g_in_data = 1;
+  if (pv) load_input(r, pv, mb, slot);
+  else load_labels(r, mb, labels);
+  g_in_data = 0;
+}
+
+static void guard_data_reads(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_sigbus;
+  sa.sa_flags = SA_SIGINFO;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGBUS, &sa, &g_old_sigbus);
+}
+
 /* The loader's scratch, sized once the data is open: nothing is allocated in the step loop. */
 static void alloc_scratch(Run *r) {
   const PrStage *st = r->st;
@@ -309,13 +389,13 @@ static double do_forward(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
   wait_sends(r, a->slot); /* the forward writes the slot's outgoing values */
   for (int v = 0; v < st->nrecv; v++)
-    if (st->recv[v].source != PR_FROM_PREV) load_input(r, &st->recv[v], a->mb, a->slot);
-  wait_all(r, r->rreq + (size_t)a->slot * st->nrecv, st->nrecv);
+    if (st->recv[v].source != PR_FROM_PREV) load_guarded(r, &st->recv[v], a->mb, a->slot, NULL);
+  wait_all(r, r->rreq + (size_t)a->slot * st->nrecv, st->nrecv, st->stage - 1, "the forward values of a micro-batch");
   double t0 = now(), loss = 0;
   st->forward(a->slot);
   if (st->loss) {
     int64_t *labels = (int64_t *)(st->arena + st->labels_offset);
-    load_labels(r, a->mb, labels);
+    load_guarded(r, NULL, a->mb, a->slot, labels);
     loss = st->loss(a->slot, labels);
   }
   r->t_compute += now() - t0;
@@ -325,7 +405,7 @@ static double do_forward(Run *r, const PrAction *a) {
 static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int)) {
   const PrStage *st = r->st;
   if (a->kind != PR_W) {
-    if (!st->loss) wait_all(r, r->greq + (size_t)a->gslot * st->nsend, st->nsend);
+    if (!st->loss) wait_all(r, r->greq + (size_t)a->gslot * st->nsend, st->nsend, st->stage + 1, "the gradients of a micro-batch");
     wait_grad_sends(r, a->gslot); /* it writes the gradients sent back from gslot */
   }
   double t0 = now();
@@ -400,13 +480,128 @@ static void optimizer_step(Run *r) {
   }
 }
 
-/* ---- checkpoints: each stage its own file, written whole or not at all ---- */
+/* ---- checkpoints ----
+ *
+ * DIR/MANIFEST names the committed checkpoint; its stage files are in a
+ * directory of their own, DIR/step-<S>-<run id>/stage_<k>.ckpt.  A new
+ * checkpoint goes into a new directory beside the committed one: each rank
+ * writes its file under a temporary name, fsyncs it and renames it; rank 0
+ * gathers every file's size and checksum, writes MANIFEST.tmp (the step, the
+ * plan, the files, and last the manifest's own checksum), fsyncs it and
+ * renames it over MANIFEST.  That rename is the commit: a crash before it
+ * leaves the previous checkpoint in force, a crash after it the new one.  Only
+ * then are the other step directories removed.  --resume checks the
+ * manifest's checksum, that the plan is this one (naming what differs), and
+ * each file's size, FNV-1a 64 checksum and step. */
+
+#define FNV_INIT 0xcbf29ce484222325ull
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+static uint64_t fnv_i64(uint64_t h, int64_t v) { return fnv1a(h, &v, sizeof v); }
+static uint64_t fnv_str(uint64_t h, const char *s) { return fnv1a(h, s ? s : "", s ? strlen(s) + 1 : 1); }
+
+/* A model is known by its file name: the same model compiled from another
+ * folder is the same plan. */
+static const char *base_name(const char *p) {
+  const char *s = strrchr(p ? p : "", '/');
+  return s ? s + 1 : p ? p : "";
+}
+
+/* The stage's schedule: every action, in order. */
+static uint64_t sched_hash(const PrStage *st) {
+  uint64_t h = FNV_INIT;
+  for (int i = 0; i < st->nactions; i++) {
+    const PrAction *a = &st->actions[i];
+    h = fnv_i64(fnv_i64(fnv_i64(fnv_i64(h, a->kind), a->mb), a->slot), a->gslot);
+  }
+  return h;
+}
+
+static uint64_t values_hash(uint64_t h, const PrValue *v, int n) {
+  for (int i = 0; i < n; i++) h = fnv_i64(fnv_i64(fnv_i64(fnv_str(h, v[i].name), v[i].bytes), v[i].offset), v[i].goffset);
+  return h;
+}
+
+/* The rest of what the checkpoint's bytes mean: the model, the batch split,
+ * the optimizer, the parameters and the values that cross the cuts (names,
+ * sizes, offsets). */
+static uint64_t prog_hash(const PrStage *st) {
+  int64_t f[] = {st->stage, st->nstages, st->microbatches, st->mb_size, st->batch, st->nslots, st->ngslots, st->optimizer};
+  uint64_t h = fnv1a(fnv_str(FNV_INIT, base_name(st->model)), f, sizeof f);
+  for (int i = 0; i < st->nparams; i++) {
+    const PrParam *p = &st->params[i];
+    h = fnv_i64(fnv_i64(fnv_i64(fnv_str(h, p->name), p->count), p->offset), p->goffset);
+    h = fnv_i64(fnv_i64(h, p->m1offset), p->m2offset);
+  }
+  return values_hash(values_hash(h, st->recv, st->nrecv), st->send, st->nsend);
+}
 
 typedef struct CkptHeader {
-  char magic[8];
+  char magic[8]; /* "PIPECK2" */
   int32_t stage, nstages;
   int64_t step, arena_bytes, weights_bytes;
+  uint64_t sched, prog;
 } CkptHeader;
+
+/* One stage's line of the manifest. */
+typedef struct CkptInfo {
+  int64_t arena, weights, bytes;
+  uint64_t sched, prog, fnv;
+} CkptInfo;
+
+/* Testing only: PIPERUN_CRASH_AT=R:K makes rank R kill itself with SIGKILL
+ * (as kill -9 would) at the K-th point of the checkpoint writing it passes,
+ * counted from 1 over the whole run: before a file is created, half written,
+ * written and synced, renamed; on rank 0 also the manifest's points and each
+ * old file removed.  tests/test_safety.py crashes at every point. */
+static void crash_point(void) {
+  static int rank = -2, k;
+  static int count;
+  if (rank == -2) {
+    const char *e = getenv("PIPERUN_CRASH_AT");
+    if (!e || sscanf(e, "%d:%d", &rank, &k) != 2) rank = -1;
+  }
+  if (rank == g_rank && ++count == k) raise(SIGKILL);
+}
+
+/* Writes a file's bytes, hashing them; a crash point when half are out. */
+typedef struct CkWriter {
+  int fd, err;
+  uint64_t fnv;
+  int64_t done, half;
+} CkWriter;
+
+static void ck_write(CkWriter *w, const void *p, int64_t n) {
+  const char *b = p;
+  while (n > 0 && !w->err) {
+    int64_t cut = w->done < w->half && w->done + n > w->half ? w->half - w->done : n;
+    ssize_t k = write(w->fd, b, (size_t)cut);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      w->err = k < 0 ? errno : EIO;
+      return;
+    }
+    w->fnv = fnv1a(w->fnv, b, (size_t)k);
+    if (w->done < w->half && w->done + k >= w->half) crash_point();
+    w->done += k, b += k, n -= k;
+  }
+}
+
+/* Syncs a file under its temporary name and renames it into place, durably. */
+static void ck_finish(CkWriter *w, const char *tmp, const char *path, const char *dir) {
+  if (!w->err && fsync(w->fd)) w->err = errno;
+  if (close(w->fd) && !w->err) w->err = errno;
+  if (w->err) die(2, "cannot write checkpoint file %s: %s", tmp, strerror(w->err));
+  crash_point();
+  if (rename(tmp, path)) die(2, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+  crash_point();
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0 || fsync(fd)) die(2, "cannot sync directory %s: %s", dir, strerror(errno));
+  close(fd);
+}
 
 /* Everything a step changes: weights and optimizer state (weights come first
  * in the arena; optimizer slots are found through the parameter table). */
@@ -419,64 +614,272 @@ static void ckpt_regions(const PrStage *st, int64_t *off, int64_t *len, int *n) 
   }
 }
 
-static void save_checkpoint(Run *r, const char *dir) {
+/* Each rank: its stage file in DIR/SUB, and the manifest line that describes it. */
+static CkptInfo write_stage_file(const Run *r, const char *dir, const char *sub) {
   const PrStage *st = r->st;
-  mkdir(dir, 0755);
-  char path[4096], tmp[4200];
-  snprintf(path, sizeof path, "%s/stage_%d.ckpt", dir, st->stage);
+  char d[4200], path[4300], tmp[4400];
+  snprintf(d, sizeof d, "%s/%s", dir, sub);
+  if (mkdir(d, 0755) && errno != EEXIST) die(2, "cannot create checkpoint directory %s: %s", d, strerror(errno));
+  snprintf(path, sizeof path, "%s/stage_%d.ckpt", d, st->stage);
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "wb");
-  if (!f) die(2, "cannot write checkpoint %s: %s", tmp, strerror(errno));
-  CkptHeader h = {"PIPECKP", st->stage, st->nstages, r->step, st->arena_bytes, st->weights_bytes};
-  int ok = fwrite(&h, sizeof h, 1, f) == 1;
   int64_t *off = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 1)), *len = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 1));
   int n;
   ckpt_regions(st, off, len, &n);
-  for (int i = 0; i < n; i++) ok &= fwrite(st->arena + off[i], 1, (size_t)len[i], f) == (size_t)len[i];
+  CkptHeader h = {"PIPECK2", st->stage, st->nstages, r->step, st->arena_bytes, st->weights_bytes, sched_hash(st), prog_hash(st)};
+  int64_t total = sizeof h;
+  for (int i = 0; i < n; i++) total += len[i];
+  crash_point();
+  CkWriter w = {open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), 0, FNV_INIT, 0, total / 2};
+  if (w.fd < 0) die(2, "cannot write checkpoint file %s: %s", tmp, strerror(errno));
+  ck_write(&w, &h, sizeof h);
+  for (int i = 0; i < n; i++) ck_write(&w, st->arena + off[i], len[i]);
   free(off), free(len);
-  ok &= fflush(f) == 0 && fsync(fileno(f)) == 0;
-  ok &= fclose(f) == 0;
-  if (!ok || rename(tmp, path)) die(2, "cannot write checkpoint %s: %s", path, strerror(errno));
-  /* The step file names a checkpoint whose every stage file is written. */
-  MPI_Barrier(MPI_COMM_WORLD);
-  if (st->stage == 0) {
-    snprintf(path, sizeof path, "%s/step", dir);
-    snprintf(tmp, sizeof tmp, "%s/step.tmp", dir);
-    FILE *s = fopen(tmp, "w");
-    if (!s || fprintf(s, "%lld\n", (long long)r->step) < 0 || fclose(s) || rename(tmp, path))
-      die(2, "cannot write %s", path);
+  ck_finish(&w, tmp, path, d);
+  return (CkptInfo){st->arena_bytes, st->weights_bytes, total, h.sched, h.prog, w.fnv};
+}
+
+/* The manifest's text, its own checksum on the last line. */
+static char *manifest_text(const Run *r, const char *sub, const CkptInfo *all, size_t *len) {
+  const PrStage *st = r->st;
+  size_t cap = 1024 + 256 * (size_t)st->nstages + strlen(st->model), n = 0;
+  char *t = malloc(cap);
+  n += (size_t)snprintf(t + n, cap - n, "pipecc-checkpoint 2\nstep %lld\nmodel %s\nstages %d\nbatch %d microbatches %d\ndir %s\n",
+                        (long long)r->step, st->model, st->nstages, st->batch, st->microbatches, sub);
+  for (int s = 0; s < st->nstages; s++) {
+    const CkptInfo *c = &all[s];
+    n += (size_t)snprintf(t + n, cap - n, "stage %d arena %lld weights %lld sched %016llx prog %016llx bytes %lld fnv %016llx\n", s,
+                          (long long)c->arena, (long long)c->weights, (unsigned long long)c->sched, (unsigned long long)c->prog,
+                          (long long)c->bytes, (unsigned long long)c->fnv);
   }
-  MPI_Barrier(MPI_COMM_WORLD);
+  n += (size_t)snprintf(t + n, cap - n, "checksum %016llx\n", (unsigned long long)fnv1a(FNV_INIT, t, n));
+  *len = n;
+  return t;
+}
+
+/* Removes DIR's step directories other than `keep`: older checkpoints, and
+ * what a crash left of uncommitted ones. */
+static void remove_old(const char *dir, const char *keep) {
+  DIR *dd = opendir(dir);
+  struct dirent *e;
+  while (dd && (e = readdir(dd))) {
+    if (strncmp(e->d_name, "step-", 5) || !strcmp(e->d_name, keep)) continue;
+    char sub[4400];
+    snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
+    DIR *sd = opendir(sub);
+    struct dirent *f;
+    while (sd && (f = readdir(sd))) {
+      char p[8800];
+      if (f->d_name[0] == '.') continue;
+      snprintf(p, sizeof p, "%s/%s", sub, f->d_name);
+      if (unlink(p) == 0) crash_point();
+    }
+    if (sd) closedir(sd);
+    rmdir(sub);
+  }
+  if (dd) closedir(dd);
+}
+
+/* Rank 0, once every stage file is written: the commit. */
+static void commit_manifest(const Run *r, const char *dir, const char *sub, const CkptInfo *all) {
+  char path[4200], tmp[4300];
+  snprintf(path, sizeof path, "%s/MANIFEST", dir);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  size_t len;
+  char *text = manifest_text(r, sub, all, &len);
+  crash_point();
+  CkWriter w = {open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644), 0, FNV_INIT, 0, (int64_t)len / 2};
+  if (w.fd < 0) die(2, "cannot write %s: %s", tmp, strerror(errno));
+  ck_write(&w, text, (int64_t)len);
+  free(text);
+  ck_finish(&w, tmp, path, dir);
+  remove_old(dir, sub);
+}
+
+/* Nothing non-finite is written (a checkpoint, --save): resuming from NaN
+ * weights could only reproduce them.  0, or -1 with msg naming the tensor. */
+static int weights_finite(const Run *r, const char *what, char *msg, size_t len) {
+  const PrStage *st = r->st;
+  for (int i = 0; i < st->nparams; i++) {
+    const float *w = (const float *)(st->arena + st->params[i].offset);
+    for (int64_t k = 0; k < st->params[i].count; k++)
+      if (!isfinite(w[k]))
+        return snprintf(msg, len, "after step %lld: weight '%s' is %s at element %lld; not writing %s of non-finite weights",
+                        (long long)r->step, st->params[i].name, isnan(w[k]) ? "NaN" : "Inf", (long long)k, what), -1;
+  }
+  return 0;
+}
+
+static void save_checkpoint(Run *r, const char *dir) {
+  const PrStage *st = r->st;
+  char msg[1024];
+  if (weights_finite(r, "a checkpoint", msg, sizeof msg)) die(3, "%s", msg);
+  char sub[64];
+  snprintf(sub, sizeof sub, "step-%08lld-%08x", (long long)r->step, r->run_id);
+  CkptInfo mine = write_stage_file(r, dir, sub), *all = st->stage == 0 ? malloc(sizeof mine * (size_t)st->nstages) : NULL;
+  MPI_Request req;
+  MPI_Igather(&mine, sizeof mine, MPI_BYTE, all, sizeof mine, MPI_BYTE, 0, MPI_COMM_WORLD, &req);
+  wait_watched(r, &req, 1, -1, "for every stage's checkpoint file");
+  if (st->stage == 0) commit_manifest(r, dir, sub, all);
+  free(all);
+}
+
+/* ---- --resume: the committed checkpoint, verified ---- */
+
+typedef struct Manifest {
+  long long step;
+  int stages, batch, microbatches;
+  char model[1024], sub[256];
+  CkptInfo mine; /* this stage's line */
+  int have_mine;
+} Manifest;
+
+/* Reads and verifies DIR/MANIFEST; 0, or -1 with msg. */
+static int read_manifest(const Run *r, const char *dir, Manifest *m, char *msg, size_t len) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/MANIFEST", dir);
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    char old[4200];
+    snprintf(old, sizeof old, "%s/step", dir);
+    return snprintf(msg, len, "--resume %s: cannot open %s: %s%s", dir, path, strerror(errno),
+                    access(old, F_OK) ? " (no committed checkpoint there)" : " (a checkpoint of an older pipecc: not resumable)"), -1;
+  }
+  static char text[1 << 20];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = 0;
+  char *sum = strstr(text, "\nchecksum "); /* the last line; no other line starts with it */
+  unsigned long long want = 0;
+  if (sum) sum++;
+  if (strncmp(text, "pipecc-checkpoint 2\n", 20) || !sum || sscanf(sum, "checksum %llx", &want) != 1)
+    return snprintf(msg, len, "--resume %s: %s is not a pipecc checkpoint manifest (or one of another version)", dir, path), -1;
+  if (fnv1a(FNV_INIT, text, (size_t)(sum - text)) != want)
+    return snprintf(msg, len, "--resume %s: %s is corrupted or was edited (its checksum does not match its text)", dir, path), -1;
+  memset(m, 0, sizeof *m);
+  for (char *line = text; line < sum; line = strchr(line, '\n') + 1) {
+    int s;
+    unsigned long long a, w, sc, pg, b, fv;
+    if (sscanf(line, "step %lld", &m->step) == 1 || sscanf(line, "stages %d", &m->stages) == 1 ||
+        sscanf(line, "batch %d microbatches %d", &m->batch, &m->microbatches) == 2 || sscanf(line, "dir %255s", m->sub) == 1 ||
+        sscanf(line, "model %1023[^\n]", m->model) == 1)
+      continue;
+    if (sscanf(line, "stage %d arena %llu weights %llu sched %llx prog %llx bytes %llu fnv %llx", &s, &a, &w, &sc, &pg, &b, &fv) == 7 &&
+        s == r->st->stage)
+      m->mine = (CkptInfo){(int64_t)a, (int64_t)w, (int64_t)b, sc, pg, fv}, m->have_mine = 1;
+  }
+  return 0;
+}
+
+/* Is the checkpoint of this plan?  Names the first thing that differs. */
+static int same_plan(const PrStage *st, const char *dir, const Manifest *m, char *msg, size_t len) {
+  const char *p = "--resume %s: the checkpoint is of another plan: ";
+  char head[4400];
+  snprintf(head, sizeof head, p, dir);
+  if (strcmp(base_name(m->model), base_name(st->model)))
+    return snprintf(msg, len, "%smodel '%s' there, '%s' here", head, m->model, st->model), -1;
+  if (m->stages != st->nstages) return snprintf(msg, len, "%s%d stages there, %d here", head, m->stages, st->nstages), -1;
+  if (m->batch != st->batch || m->microbatches != st->microbatches)
+    return snprintf(msg, len, "%sbatch %d in %d micro-batches there, %d in %d here", head, m->batch, m->microbatches, st->batch,
+                    st->microbatches), -1;
+  if (!m->have_mine) return snprintf(msg, len, "%sthe manifest has no line for stage %d", head, st->stage), -1;
+  const CkptInfo *c = &m->mine;
+  if (c->weights != st->weights_bytes)
+    return snprintf(msg, len, "%sstage %d's weights are %lld bytes there, %lld here", head, st->stage, (long long)c->weights,
+                    (long long)st->weights_bytes), -1;
+  if (c->arena != st->arena_bytes)
+    return snprintf(msg, len, "%sstage %d's arena is %lld bytes there, %lld here", head, st->stage, (long long)c->arena,
+                    (long long)st->arena_bytes), -1;
+  if (c->sched != sched_hash(st)) return snprintf(msg, len, "%sstage %d's schedule differs", head, st->stage), -1;
+  if (c->prog != prog_hash(st))
+    return snprintf(msg, len, "%sstage %d's program differs (parameters, buffers or optimizer)", head, st->stage), -1;
+  return 0;
+}
+
+/* Reads this stage's file into the arena, checking size, checksum and step. */
+static int read_stage_file(Run *r, const char *dir, const Manifest *m, char *msg, size_t len) {
+  const PrStage *st = r->st;
+  char path[4600];
+  snprintf(path, sizeof path, "%s/%s/stage_%d.ckpt", dir, m->sub, st->stage);
+  FILE *f = fopen(path, "rb");
+  if (!f) return snprintf(msg, len, "--resume %s: cannot open %s: %s", dir, path, strerror(errno)), -1;
+  struct stat sb = {0};
+  CkptHeader h;
+  int64_t *off = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 1)), *ln = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 1));
+  int n, ok = fstat(fileno(f), &sb) == 0 && sb.st_size == m->mine.bytes && fread(&h, sizeof h, 1, f) == 1;
+  uint64_t fnv = fnv1a(FNV_INIT, &h, sizeof h);
+  ckpt_regions(st, off, ln, &n);
+  for (int i = 0; i < n && ok; i++) {
+    ok = fread(st->arena + off[i], 1, (size_t)ln[i], f) == (size_t)ln[i];
+    fnv = fnv1a(fnv, st->arena + off[i], (size_t)ln[i]);
+  }
+  fclose(f);
+  free(off), free(ln);
+  if (!ok)
+    return snprintf(msg, len, "--resume %s: %s is %lld bytes, the manifest says %lld (truncated?)", dir, path, (long long)sb.st_size,
+                    (long long)m->mine.bytes), -1;
+  if (fnv != m->mine.fnv)
+    return snprintf(msg, len, "--resume %s: %s is corrupted: its FNV-1a checksum is %016llx, the manifest says %016llx", dir, path,
+                    (unsigned long long)fnv, (unsigned long long)m->mine.fnv), -1;
+  if (memcmp(h.magic, "PIPECK2", 8) || h.stage != st->stage || h.step != m->step)
+    return snprintf(msg, len, "--resume %s: %s holds stage %d at step %lld, the manifest says stage %d at step %lld", dir, path, h.stage,
+                    (long long)h.step, st->stage, m->step), -1;
+  r->step = h.step;
+  return 0;
 }
 
 static void load_checkpoint(Run *r, const char *dir) {
-  const PrStage *st = r->st;
-  char path[4096], msg[1024] = "";
-  int ok = 1;
-  snprintf(path, sizeof path, "%s/stage_%d.ckpt", dir, st->stage);
-  FILE *f = fopen(path, "rb");
-  CkptHeader h;
-  if (!f) ok = 0, snprintf(msg, sizeof msg, "--resume %s: cannot open %s: %s", dir, path, strerror(errno));
-  else if (fread(&h, sizeof h, 1, f) != 1 || memcmp(h.magic, "PIPECKP", 8) || h.stage != st->stage || h.nstages != st->nstages ||
-           h.arena_bytes != st->arena_bytes || h.weights_bytes != st->weights_bytes)
-    ok = 0, snprintf(msg, sizeof msg, "--resume %s: %s is not a checkpoint of this stage program", dir, path);
-  if (ok) {
-    int64_t *off = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 1)), *len = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 1));
-    int n;
-    ckpt_regions(st, off, len, &n);
-    for (int i = 0; i < n && ok; i++) ok = fread(st->arena + off[i], 1, (size_t)len[i], f) == (size_t)len[i];
-    if (!ok) snprintf(msg, sizeof msg, "--resume %s: %s is truncated", dir, path);
-    free(off), free(len);
-    r->step = h.step;
-  }
-  if (f) fclose(f);
+  char msg[2048] = "";
+  Manifest m;
+  int ok = read_manifest(r, dir, &m, msg, sizeof msg) == 0 && same_plan(r->st, dir, &m, msg, sizeof msg) == 0 &&
+           read_stage_file(r, dir, &m, msg, sizeof msg) == 0;
   agree(ok, msg);
-  int64_t s0 = r->step, s1;
-  MPI_Allreduce(&s0, &s1, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
-  agree(s0 == s1, "the stages' checkpoints are from different steps");
 }
 
 /* ---- the run ---- */
+
+/* The directory a file will be written into must exist and be writable:
+ * found out after the training, the trained weights would be lost. */
+static int writable_dir_of(const char *flag, const char *file, char *msg, size_t len) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", file);
+  char *slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) slash[1] = 0;
+  else *slash = 0;
+  struct stat sb;
+  if (stat(dir, &sb) || !S_ISDIR(sb.st_mode))
+    return snprintf(msg, len, "%s %s: directory %s does not exist", flag, file, dir), -1;
+  if (access(dir, W_OK)) return snprintf(msg, len, "%s %s: cannot write in %s: %s", flag, file, dir, strerror(errno)), -1;
+  if (stat(file, &sb) == 0 && S_ISDIR(sb.st_mode)) return snprintf(msg, len, "%s %s: is a directory", flag, file), -1;
+  return 0;
+}
+
+/* --checkpoint DIR is created now (its parent must exist), on every rank. */
+static int checkpoint_dir_ok(const char *dir, char *msg, size_t len) {
+  struct stat sb;
+  if (mkdir(dir, 0755) && errno != EEXIST) return snprintf(msg, len, "--checkpoint %s: cannot create it: %s", dir, strerror(errno)), -1;
+  if (stat(dir, &sb) || !S_ISDIR(sb.st_mode)) return snprintf(msg, len, "--checkpoint %s: not a directory", dir), -1;
+  if (access(dir, W_OK)) return snprintf(msg, len, "--checkpoint %s: cannot write in it: %s", dir, strerror(errno)), -1;
+  return 0;
+}
+
+/* Before step 1: everything the run will write can be written. */
+static void check_outputs(Run *r) {
+  char msg[1024] = "";
+  int ok = 1;
+  if (r->rank == 0 && r->a.save) ok = writable_dir_of("--save", r->a.save, msg, sizeof msg) == 0;
+  if (ok && r->rank == 0 && r->a.trace) ok = writable_dir_of("--trace", r->a.trace, msg, sizeof msg) == 0;
+  if (ok && r->st->loss && r->a.log) ok = writable_dir_of("--log", r->a.log, msg, sizeof msg) == 0;
+  if (ok && r->a.checkpoint) ok = checkpoint_dir_ok(r->a.checkpoint, msg, sizeof msg) == 0;
+  agree(ok, msg);
+}
+
+/* Names this run's checkpoint directories apart from any earlier run's. */
+static uint32_t make_run_id(void) {
+  uint32_t id = (uint32_t)data_mix64((uint64_t)time(NULL) ^ (uint64_t)getpid() << 32 ^ (uint64_t)(now() * 1e9));
+  MPI_Bcast(&id, 1, MPI_UINT32_T, 0, MPI_COMM_WORLD);
+  return id;
+}
 
 static void on_signal(int sig) {
   char msg[96];
@@ -492,6 +895,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   signal(SIGTERM, on_signal);
+  guard_data_reads();
   if (size != st->nstages || g_rank != st->stage) {
     if (g_rank == 0)
       fprintf(stderr, "piperun: error: this is a %d-stage program; start it with run.sh (mpirun started %d ranks, stage %d got rank %d)\n",
@@ -513,6 +917,10 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   snprintf(path, sizeof path, "%s/weights/stage_%d.bin", stage_dir(), st->stage);
   agree(load_file(path, st->arena, st->weights_bytes, msg, sizeof msg) == 0, msg);
   open_data(&r);
+  check_outputs(&r);
+  /* The watchdog: far beyond any wait a healthy step has, never under a minute. */
+  r.timeout = r.a.timeout > 0 ? r.a.timeout : fmax(60, 100 * st->predicted_step_s);
+  r.run_id = make_run_id();
   if (r.a.resume) load_checkpoint(&r, r.a.resume);
   int ns = st->nslots, ngs = st->ngslots;
   r.rreq = malloc(sizeof(MPI_Request) * (size_t)(ns * st->nrecv + 1));
@@ -573,8 +981,8 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   /* Drain what is still in flight. */
   static const PrAction drain = {PR_UPDATE, -1, -1, -1};
   r.cur = &drain;
-  wait_all(&r, r.sreq, ns * st->nsend);
-  wait_all(&r, r.gsreq, ngs * st->nrecv);
+  wait_all(&r, r.sreq, ns * st->nsend, st->stage + 1, "to take the last forward values");
+  wait_all(&r, r.gsreq, ngs * st->nrecv, st->stage - 1, "to take the last gradients");
   for (int i = 0; i < ns * st->nrecv; i++)
     if (r.rreq[i] != MPI_REQUEST_NULL) MPI_Cancel(&r.rreq[i]), MPI_Request_free(&r.rreq[i]);
   for (int i = 0; i < ngs * st->nsend; i++)
@@ -586,7 +994,10 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     trace_free(&r.trace);
   }
   if (log) fclose(log);
-  if (r.a.save) pr_save_onnx(st, r.a.save, stage_dir());
+  if (r.a.save) {
+    agree(weights_finite(&r, "the model (--save)", msg, sizeof msg) == 0, msg);
+    pr_save_onnx(st, r.a.save, stage_dir());
+  }
   /* The summary: every stage's compute, wait and memory, on the last stage. */
   /* Each rank's own wall time: another rank's would make comm+other negative. */
   double mine[5] = {r.t_compute, r.t_wait, (double)st->arena_bytes, st->predicted_bytes, r.t_total}, *all = NULL;

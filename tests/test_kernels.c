@@ -8,6 +8,7 @@
  *   - k_put / k_put_grad: slices land where they should, nothing else is
  *     touched, put and put_grad are adjoint (<put x, dy> = <x, put_grad dy>),
  *     take(put(x)) = x, and k_put_grad(acc = 0) = k_take.
+ *   - NaN: relu, maxpool, softmax, ... give what PyTorch gives on NaN input.
  * Built under ASan + UBSan (make bin/test_kernels); ends with "N passed, M failed". */
 #include <float.h>
 #include <math.h>
@@ -212,8 +213,53 @@ static void test_put(int64_t outer, int64_t inner, int K, const int64_t *len) {
   free(y), free(dy), free(z);
 }
 
+/* NaN in, NaN out, as PyTorch (torch 1.13 on CPU; the values below are what it gives):
+ *   torch.relu([nan, -1, 2]) = [nan, 0, 2], its gradient of ones = [1, 0, 1]
+ *   leaky_relu([nan, -1, 2], 0.1) = [nan, -0.1, 2], gradient [0.1, 0.1, 1]
+ *   max_pool2d([1, nan, 3, nan], (1, 4)) = nan, the gradient on the last NaN: [0, 0, 0, 1]
+ *   softmax / log_softmax([nan, -1, 2]) = [nan, nan, nan]
+ *   tanh, sigmoid, gelu of nan = nan; cross-entropy of a row holding a NaN = nan
+ * A kernel that turns NaN into a number hides a broken weight from the NaN checks. */
+static void test_nan(void) {
+  int f0 = failed;
+  const float x[3] = {NAN, -1, 2}, one[3] = {1, 1, 1};
+  float y[3], g[3];
+  k_relu(x, y, 3);
+  CHECK(isnan(y[0]) && y[1] == 0 && y[2] == 2, "relu([nan, -1, 2]) = [%g, %g, %g], torch: [nan, 0, 2]\n", y[0], y[1], y[2]);
+  k_relu_grad(y, one, g, 3, 0);
+  CHECK(g[0] == 1 && g[1] == 0 && g[2] == 1, "relu_grad at [nan, 0, 2] = [%g, %g, %g], torch: [1, 0, 1]\n", g[0], g[1], g[2]);
+  k_leakyrelu(x, y, 3, 0.1f);
+  CHECK(isnan(y[0]) && y[1] == -0.1f && y[2] == 2, "leakyrelu([nan, -1, 2]) = [%g, %g, %g], torch: [nan, -0.1, 2]\n", y[0], y[1], y[2]);
+  k_leakyrelu_grad(x, one, g, 3, 0.1f, 0);
+  CHECK(g[0] == 0.1f && g[1] == 0.1f && g[2] == 1, "leakyrelu_grad([nan, -1, 2]) = [%g, %g, %g], torch: [0.1, 0.1, 1]\n", g[0], g[1], g[2]);
+  const float px[4] = {1, NAN, 3, NAN};
+  float py[1], pdx[4];
+  const PoolShape ps = {.n = 1, .c = 1, .h = 1, .w = 4, .oh = 1, .ow = 1, .kh = 1, .kw = 4, .sh = 1, .sw = 4, .dh = 1, .dw = 1};
+  k_maxpool(px, py, &ps);
+  CHECK(isnan(py[0]), "maxpool([1, nan, 3, nan]) = %g, torch: nan\n", py[0]);
+  k_maxpool_grad(px, one, pdx, &ps, 0);
+  CHECK(pdx[0] == 0 && pdx[1] == 0 && pdx[2] == 0 && pdx[3] == 1, "maxpool_grad([1, nan, 3, nan]) = [%g, %g, %g, %g], torch: [0, 0, 0, 1]\n",
+        pdx[0], pdx[1], pdx[2], pdx[3]);
+  for (int lg = 0; lg < 2; lg++) {
+    k_softmax(x, y, 1, 3, lg);
+    CHECK(isnan(y[0]) && isnan(y[1]) && isnan(y[2]), "%s([nan, -1, 2]) = [%g, %g, %g], torch: all nan\n", lg ? "log_softmax" : "softmax",
+          y[0], y[1], y[2]);
+  }
+  const float x2[3] = {-1, NAN, 2}; /* the NaN not first: the row's max must not skip it */
+  k_softmax(x2, y, 1, 3, 0);
+  CHECK(isnan(y[0]) && isnan(y[1]) && isnan(y[2]), "softmax([-1, nan, 2]) = [%g, %g, %g], torch: all nan\n", y[0], y[1], y[2]);
+  k_tanh(x, y, 1), k_sigmoid(x, y + 1, 1), k_gelu(x, y + 2, 1, 0);
+  CHECK(isnan(y[0]) && isnan(y[1]) && isnan(y[2]), "tanh, sigmoid, gelu of nan = %g, %g, %g, torch: nan\n", y[0], y[1], y[2]);
+  const int64_t label = 2;
+  double l1 = k_softmax_xent(x2, &label, g, 1, 3, 1);
+  CHECK(isnan(l1), "cross-entropy of [-1, nan, 2] = %g, torch: nan\n", l1);
+  OK_IF_NONE_FAILED(f0, "NaN propagates as in PyTorch: relu and its gradient, leakyrelu, maxpool (the gradient on the last NaN), "
+                        "softmax, log_softmax, tanh, sigmoid, gelu, cross-entropy\n");
+}
+
 int main(void) {
   make_inputs();
+  test_nan();
   test_gelu(0);
   test_gelu(1);
   test_leakyrelu(0.01f);

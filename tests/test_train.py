@@ -52,6 +52,14 @@ def losses(path):
         return [float(row["loss"]) for row in csv.DictReader(f)]
 
 
+def manifest_step(ck):
+    """The step of the committed checkpoint in ck (its MANIFEST's "step S" line)."""
+    for line in open(os.path.join(ck, "MANIFEST")):
+        if line.startswith("step "):
+            return int(line.split()[1])
+    return -1
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="pipecc-train.")
     os.environ["PIPECC_CACHE"] = os.path.join(tmp, "machine.txt")
@@ -80,7 +88,7 @@ def main():
     b = sh([run, "--data", data, "--steps", "12", "--shuffle", "--quiet", "--checkpoint", ck, "--checkpoint-every", "6"])
     c = sh([run, "--data", data, "--steps", "30", "--shuffle", "--quiet", "--resume", ck, "--save", part])
     if check(a.returncode == b.returncode == c.returncode == 0, f"runs with checkpoint/resume ({a.stderr}{b.stderr}{c.stderr})"[:400]):
-        check(open(os.path.join(ck, "step")).read().strip() == "12", "the checkpoint records step 12")
+        check(manifest_step(ck) == 12, "the checkpoint's manifest records step 12")
         wa, wc = weights(full), weights(part)
         check(len(wa) > 0 and wa.keys() == wc.keys() and all(wa[k] == wc[k] for k in wa),
               f"30 steps straight and 12 + resume to 30 give bit-identical weights ({len(wa)} initializers compared)")
@@ -90,7 +98,7 @@ def main():
     p = subprocess.Popen([run, "--data", data, "--steps", "100000", "--quiet", "--checkpoint", ck2, "--checkpoint-every", "20"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 60
-    while time.time() < deadline and not os.path.exists(os.path.join(ck2, "step")):
+    while time.time() < deadline and not os.path.exists(os.path.join(ck2, "MANIFEST")):
         time.sleep(0.2)
     # The rank's own process (its command line starts with the binary), not mpirun's.
     victim = sh(["pgrep", "-f", "^" + os.path.join(pipe, "stage_2")]).stdout.split()
@@ -110,7 +118,7 @@ def main():
         check(not left, f"no stage process is left running ({left})")
         for pid in left:
             os.kill(int(pid), signal.SIGKILL)
-        r = sh([run, "--data", data, "--steps", str(int(open(os.path.join(ck2, "step")).read()) + 1), "--quiet", "--resume", ck2])
+        r = sh([run, "--data", data, "--steps", str(manifest_step(ck2) + 1), "--quiet", "--resume", ck2])
         check(r.returncode == 0, f"the last checkpoint is intact and resumes ({r.stderr.strip()[-200:]})")
     else:
         p.kill()
