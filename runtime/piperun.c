@@ -711,8 +711,9 @@ static int weights_finite(const Run *r, const char *what, char *msg, size_t len)
 
 static void save_checkpoint(Run *r, const char *dir) {
   const PrStage *st = r->st;
-  char msg[1024];
-  if (weights_finite(r, "a checkpoint", msg, sizeof msg)) die(3, "%s", msg);
+  char msg[1024] = "";
+  /* Every stage checks before any writes: no stage file of a refused checkpoint is left behind. */
+  agree(weights_finite(r, "a checkpoint", msg, sizeof msg) == 0, msg);
   char sub[64];
   snprintf(sub, sizeof sub, "step-%08lld-%08x", (long long)r->step, r->run_id);
   CkptInfo mine = write_stage_file(r, dir, sub), *all = st->stage == 0 ? malloc(sizeof mine * (size_t)st->nstages) : NULL;
