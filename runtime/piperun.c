@@ -68,13 +68,25 @@ typedef struct Run {
 static int g_rank = -1;
 
 static void die(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
+/* Writes one message line: tensor names come from the model, so a newline or
+ * a terminal escape in one is printed as \n or \xNN, never raw. */
+static void put_line(const char *prefix, const char *msg) {
+  fputs(prefix, stderr);
+  for (const unsigned char *c = (const unsigned char *)msg; *c; c++)
+    if (*c == '\n') fputs("\\n", stderr);
+    else if (*c < 0x20 || *c == 0x7f) fprintf(stderr, "\\x%02x", *c);
+    else fputc(*c, stderr);
+  fputc('\n', stderr);
+}
+
 static void die(int code, const char *fmt, ...) {
+  char msg[2048], prefix[64];
   va_list ap;
   va_start(ap, fmt);
-  fprintf(stderr, "piperun: stage %d: error: ", g_rank);
-  vfprintf(stderr, fmt, ap);
-  fprintf(stderr, "\n");
+  vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
+  snprintf(prefix, sizeof prefix, "piperun: stage %d: error: ", g_rank);
+  put_line(prefix, msg);
   MPI_Abort(MPI_COMM_WORLD, code);
   exit(code);
 }
@@ -148,7 +160,9 @@ static void agree(int ok, const char *msg) {
   char buf[1024];
   snprintf(buf, sizeof buf, "%s", msg ? msg : "");
   MPI_Bcast(buf, sizeof buf, MPI_CHAR, first, MPI_COMM_WORLD);
-  fprintf(stderr, "piperun: stage %d: error: %s%s\n", g_rank, first == g_rank ? "" : "(reported by another stage) ", buf);
+  char prefix[96];
+  snprintf(prefix, sizeof prefix, "piperun: stage %d: error: %s", g_rank, first == g_rank ? "" : "(reported by another stage) ");
+  put_line(prefix, buf);
   MPI_Finalize();
   exit(2);
 }
