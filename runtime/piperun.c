@@ -71,12 +71,24 @@ static void die(int code, const char *fmt, ...) __attribute__((noreturn, format(
 /* Writes one message line: tensor names come from the model, so a newline or
  * a terminal escape in one is printed as \n or \xNN, never raw. */
 static void put_line(const char *prefix, const char *msg) {
-  fputs(prefix, stderr);
-  for (const unsigned char *c = (const unsigned char *)msg; *c; c++)
-    if (*c == '\n') fputs("\\n", stderr);
-    else if (*c < 0x20 || *c == 0x7f) fprintf(stderr, "\\x%02x", *c);
-    else fputc(*c, stderr);
-  fputc('\n', stderr);
+  /* One write() per line: stderr is unbuffered and the stages share one
+     terminal or pipe, so a line written piecewise interleaves with another
+     stage's.  Lines under PIPE_BUF (4096 bytes) are written atomically. */
+  char line[4096];
+  size_t n = 0, cap = sizeof line - 2;
+  for (const char *c = prefix; *c && n < cap; c++) line[n++] = *c;
+  for (const unsigned char *c = (const unsigned char *)msg; *c && n + 4 < cap; c++) {
+    if (*c == '\n') { line[n++] = '\\'; line[n++] = 'n'; }
+    else if (*c < 0x20 || *c == 0x7f) n += (size_t)snprintf(line + n, 5, "\\x%02x", *c);
+    else line[n++] = (char)*c;
+  }
+  line[n++] = '\n';
+  fflush(stderr);
+  for (size_t off = 0; off < n;) {
+    ssize_t w = write(2, line + off, n - off);
+    if (w <= 0) break;
+    off += (size_t)w;
+  }
 }
 
 static void die(int code, const char *fmt, ...) {
