@@ -238,6 +238,26 @@ int plan_build(Plan *p, const Options *o) {
   return plan_from_graph(p);
 }
 
+/* A run-time tensor with a zero-sized axis (an empty Slice, a Reshape to 0)
+ * has nothing to train on and would divide by zero in the rules that take
+ * rows = numel / last axis: refuse it, naming the node. */
+static int check_nonempty(Graph *g) {
+  for (int j = 0; j < g->nn; j++) {
+    const Node *n = &g->n[j];
+    if (n->folded) continue;
+    for (int side = 0; side < 2; side++)
+      for (int k = 0; k < (side ? n->nout : n->nin); k++) {
+        if ((side ? n->out[k] : n->in[k]) < 0) continue;
+        const Tensor *t = side ? node_out(g, n, k) : node_in(g, n, k);
+        for (int d = 0; d < t->rank; d++)
+          if (t->dims[d] == 0)
+            return err_set("%s: node '%s' (%s): %s '%s' is empty (axis %d has size 0); pipecc does not run empty "
+                           "tensors", g->path, n->name, n->op, side ? "output" : "input", t->name, d);
+      }
+  }
+  return 0;
+}
+
 int plan_from_graph(Plan *p) {
   const Options *o = &p->opt;
   Graph *g = &p->g;
@@ -249,6 +269,7 @@ int plan_from_graph(Plan *p) {
     err_clear();
     return err_set("%s: %s", g->path, msg);
   }
+  if (check_nonempty(g)) return -1;
   p->node = pool_alloc(&g->pool, sizeof(int) * (size_t)g->nn);
   for (int j = 0; j < g->nn; j++)
     if (!g->n[j].folded) p->node[p->N++] = j;

@@ -136,6 +136,24 @@ def main():
         check(r.returncode == 2 and "not a regular file" in r.stderr, f"a FIFO as the model: exit 2 ({r.stderr.strip()})")
     except subprocess.TimeoutExpired:
         check(False, "a FIFO as the model: pipecc hung (killed after 60 s)")
+    # An empty run-time tensor (a Split part of size 0) used to divide by zero
+    # in the Softmax rule (found by the fuzzer): refused, naming the node and tensor.
+    from onnx import helper, TensorProto
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 6])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    w = numpy_helper.from_array(np.ones((6, 6), np.float32), "w")
+    consts = [numpy_helper.from_array(np.array([6, 0], np.int64), "parts")]
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"], name="mm"),
+                           helper.make_node("Split", ["h", "parts"], ["full", "sl"], name="empty_split", axis=1),
+                           helper.make_node("Softmax", ["sl"], ["y"], name="sm", axis=-1)],
+                          "g", [x], [y], [w] + consts)
+    empty = os.path.join(tmp, "empty.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), empty)
+    r = subprocess.run([PIPECC, empty, "--batch", "8", "-o", os.path.join(tmp, "empty.pipe")], capture_output=True,
+                       text=True, timeout=60)
+    check(r.returncode == 2 and "'sl' is empty" in r.stderr and "pipecc: error:" in r.stderr
+          and not os.path.exists(os.path.join(tmp, "empty.pipe")),
+          f"an empty run-time tensor is refused naming it ({r.stderr.strip()})")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
