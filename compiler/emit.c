@@ -4,6 +4,7 @@
  * A stage file is meant to be read: a header comment says what the stage
  * holds, buffers are named constants (offset, size), each op is one call,
  * and the schedule is a table. */
+#include <ctype.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -367,6 +368,18 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
   if (slash) *slash = 0;
   else strcpy(parent, ".");
   relpath(parent, rt, rel, sizeof rel);
+  /* make passes PIPERUN to the shell unquoted (and '%' is its pattern
+   * character): a space or a shell character in the path from the output to
+   * the runtime would split it or run as a command.  The Makefile names no
+   * other path outside DIR, so DIR's own path may hold anything. */
+  for (const unsigned char *c = (const unsigned char *)rel; *c; c++)
+    if (!(isalnum(*c) || strchr("/._+-", *c) || *c >= 0x80))
+      return err_set("-o %s: the generated Makefile reaches pipecc's runtime by the path %s, and '%c' in it would "
+                     "break make's commands; install pipecc (or set PIPECC_RUNTIME) where the path has no spaces or "
+                     "shell characters", d->final, rel, *c);
+  /* The model's path goes into comments of run.sh and the Makefile: one line, escaped. */
+  Buf model = {0};
+  put_comment(&model, p->g.path);
   Buf stages = {0}, mpmd = {0};
   for (int s = 0; s < n; s++) {
     buf_printf(&stages, " stage_%d", s);
@@ -375,12 +388,12 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
   char nst[16];
   snprintf(nst, sizeof nst, "%d", n);
   const char *keys[] = {"NSTAGES", "MODEL", "RUNTIME", "STAGE_LIST", "MPMD"};
-  const char *vals[] = {nst, p->g.path, rel, stages.s, mpmd.s};
+  const char *vals[] = {nst, model.s, rel, stages.s, mpmd.s};
   Buf mk = {0}, sh = {0};
   tmpl_fill(&mk, TMPL_MAKEFILE, keys, vals, 5);
   tmpl_fill(&sh, TMPL_RUN_SH, keys, vals, 5);
   int rc = outdir_write(d, "Makefile", mk.s, mk.len) || outdir_write(d, "run.sh", sh.s, sh.len) ? -1 : 0;
-  buf_free(&mk), buf_free(&sh), buf_free(&stages), buf_free(&mpmd);
+  buf_free(&mk), buf_free(&sh), buf_free(&stages), buf_free(&mpmd), buf_free(&model);
   if (rc) return -1;
   return outdir_chmod(d, "run.sh", 0755);
 }

@@ -297,9 +297,61 @@ check_good() {
 }
 (cd "$T/run" && timeout 120 "$PIPECC" "$LENET" -n 4 -o "$good" >"$T/stdout" 2>"$T/stderr")
 check_good "control: lenet -n 4 -o ok.pipe" $?
-touch "$good/marker"
+touch "$good/stage_9.c"   # a file pipecc writes (an older, wider compile): replaced, not merged
+(cd "$T/run" && timeout 120 "$PIPECC" "$LENET" -n 4 -o "$good/" >"$T/stdout" 2>"$T/stderr")
+check_good "21 again over the existing ok.pipe, as -o ok.pipe/ (trailing slash; replaced)" $?
+if [ -e "$good/stage_9.c" ]; then notok "21 the old output's stage_9.c is gone (replaced, not merged)" "still there"
+else ok "21 the old output's stage_9.c is gone (replaced, not merged)"; fi
+
+# 21: files pipecc did not write in its own output directory are never deleted: refused, naming them.
+mkdir "$good/ckpt" && echo "days of work" >"$good/ckpt/MANIFEST" && echo "trained" >"$good/trained.onnx"
+plan_before=$(cat "$good/plan.json")
+fail_case "21 a user's ckpt/ and trained.onnx in the output directory (refused)" "ckpt/" "trained.onnx" \
+  "nothing was changed" -- "$LENET" -n 2 -o "$good"
+if [ "$(cat "$good/ckpt/MANIFEST" "$good/trained.onnx" 2>/dev/null)" = "days of work
+trained" ] && [ "$(cat "$good/plan.json")" = "$plan_before" ] && [ -z "$(leftovers "$good")" ]; then
+  ok "21 the user's files and the old output are kept intact"
+else
+  notok "21 the user's files and the old output are kept intact" "something changed or a sibling was left"
+fi
+rm -rf "$good/ckpt" "$good/trained.onnx"
+
+# 21: a compile stopped by a signal while it writes leaves no DIR.tmp-PID and the old output intact;
+# one killed with -9 leaves it, and the next compile into the same DIR removes it.
+for sig in TERM INT HUP KILL; do
+  (cd "$T/run" && PIPECC_STOP_AFTER_WRITING=plan.json exec "$PIPECC" "$LENET" -n 2 -o "$good" >"$T/stdout" 2>"$T/stderr") &
+  pid=$!
+  for _ in $(seq 100); do [ -n "$(leftovers "$good")" ] && break; sleep 0.1; done
+  had=$(leftovers "$good")
+  kill -s "$sig" "$pid" 2>/dev/null; kill -s CONT "$pid" 2>/dev/null
+  wait "$pid"
+  rc=$?
+  left=$(leftovers "$good")
+  if [ -z "$had" ]; then
+    notok "21 SIG$sig during the write" "the compile never reached the hook (rc $rc)"; show "$T/stderr"
+  elif [ "$(cat "$good/plan.json")" != "$plan_before" ]; then
+    notok "21 SIG$sig during the write" "the old output changed"
+  elif [ "$sig" = KILL ]; then
+    if [ -n "$left" ]; then ok "21 SIGKILL during the write leaves $(basename "$left") and the old output intact"
+    else notok "21 SIGKILL during the write" "no temporary left (the hook did not stop in time?)"; fi
+  elif [ -n "$left" ] || [ -s "$T/stderr" ] || [ "$rc" -lt 128 ]; then
+    notok "21 SIG$sig during the write" "rc $rc, left '$left', stderr: $(head -c 300 "$T/stderr")"
+  else
+    ok "21 SIG$sig during the write: rc $rc, temporary removed, old output intact"
+  fi
+done
 (cd "$T/run" && timeout 120 "$PIPECC" "$LENET" -n 4 -o "$good" >"$T/stdout" 2>"$T/stderr")
-check_good "control: again over the existing ok.pipe (replaced)" $?
+check_good "21 the next compile into ok.pipe removes the killed compile's temporary" $?
+
+# 21: an existing empty directory is used; '.', 'DIR/..' and a missing parent are refused.
+mkdir "$T/out/empty"
+(cd "$T/run" && timeout 120 "$PIPECC" "$MLP" -n 2 -o "$T/out/empty" >"$T/stdout" 2>"$T/stderr")
+if [ $? -eq 0 ] && [ -s "$T/out/empty/plan.json" ] && [ -s "$T/out/empty/.pipecc-output" ]; then
+  ok "21 an existing empty directory is used, and marked as pipecc's"
+else notok "21 an existing empty directory is used" "$(head -c 300 "$T/stderr")"; fi
+fail_case "21 -o . (the working directory)" "-o ." "name the output directory itself" -- "$MLP" -n 2 -o .
+fail_case "21 -o DIR/.." "name the output directory itself" -- "$MLP" -n 2 -o "$T/out/empty/.."
+fail_case "21 -o under a missing parent" "its parent directory" "$T/out/no-such" -- "$MLP" -n 2 -o "$T/out/no-such/x.pipe"
 
 
 # --- the docs' operator lists are pipecc's operator table -----------------------------

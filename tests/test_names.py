@@ -106,20 +106,28 @@ def main():
         model(plain, base)
         want, err = train(base, os.path.join(tmp, "plain.pipe"), data, env)
         check(want is not None, f"the plain-named model trains ({err})")
-        evil = os.path.join(tmp, 'evil "name" $(touch pwned) `touch pwned`.onnx')  # run from tmp: pwned lands there
+        # The model's file name and the output directory carry shell code and newlines too; run from tmp,
+        # so pwned lands there.  run.sh and the Makefile name the model in a comment, on one line.
+        evil = os.path.join(tmp, 'evil "name"\ntouch pwned\n$(touch pwned) `touch pwned`.onnx')
+        evil_out = os.path.join(tmp, "evil $(touch pwned) `touch pwned`\n;touch pwned.pipe")
         model(hostile, evil)
-        got, err = train(evil, os.path.join(tmp, "evil.pipe"), data, env)
+        got, err = train(evil, evil_out, data, env)
+        for f in ("run.sh", "Makefile"):
+            a, b = (os.path.join(d, f) for d in (os.path.join(tmp, "plain.pipe"), evil_out))
+            na = len(open(a).read().splitlines()) if os.path.exists(a) else -1
+            nb = len(open(b).read().splitlines()) if os.path.exists(b) else -2
+            check(na == nb, f"{f} names the model path with newlines on one line ({nb} lines, the plain one {na})")
         check(got is not None, f"the hostile-named model compiles, builds and trains ({err})")
         check(got is not None and want is not None and got == want,
               f"its losses are the plain model's, bit for bit ({got} vs {want})")
         if got is not None and want is not None:
             a = {t.name: numpy_helper.to_array(t) for t in onnx.load(os.path.join(tmp, "plain.pipe.onnx")).graph.initializer}
-            b = {t.name: numpy_helper.to_array(t) for t in onnx.load(os.path.join(tmp, "evil.pipe.onnx")).graph.initializer}
+            b = {t.name: numpy_helper.to_array(t) for t in onnx.load(evil_out + ".onnx").graph.initializer}
             same = all(np.array_equal(a[k], b[hostile[k]]) for k in ("w1", "b1", "w2", "b2"))
             check(same and set(b) == {hostile[k] for k in ("w1", "b1", "w2", "b2")},
                   "--save writes the trained weights back under their hostile names (a newline in one included)")
         check(not os.path.exists(pwned), "nothing a name carries ran (no " + pwned + ")")
-        gen = [os.path.join(tmp, "evil.pipe", f"stage_{s}.c") for s in range(2)]
+        gen = [os.path.join(evil_out, f"stage_{s}.c") for s in range(2)]
         src = "".join(open(f).read() for f in gen if os.path.exists(f))
         check(bool(src) and "system(" not in code_only(src), "the injected call is only ever inside a comment or a string")
     finally:
