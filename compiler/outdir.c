@@ -291,12 +291,12 @@ int outdir_begin(OutDir *d, const char *path) {
     }
     return err_set("-o %s: cannot create %s.tmp-%ld: %s", path, clean, (long)getpid(), strerror(e));
   }
-  char note[4600];
-  int len = snprintf(note, sizeof note,
-                     "Written by pipecc " PIPECC_VERSION ". A new compile with -o %s replaces this directory as a whole;\n"
-                     "pipecc refuses instead if it holds files it did not write (a checkpoint, a trained model).\n",
-                     clean);
-  return outdir_write(d, MARKER, note, (size_t)len);
+  /* The note names no path: the directory may be moved or copied, and the
+   * sample in generated/ must compare equal to a fresh compile elsewhere. */
+  static const char note[] =
+      "Written by pipecc " PIPECC_VERSION ". A new compile into this directory replaces it as a whole;\n"
+      "pipecc refuses instead if it holds files it did not write (a checkpoint, a trained model).\n";
+  return outdir_write(d, MARKER, note, sizeof note - 1);
 }
 
 int outdir_write(OutDir *d, const char *name, const char *data, size_t len) {

@@ -249,6 +249,8 @@ static int check_nonempty(Graph *g) {
       for (int k = 0; k < (side ? n->nout : n->nin); k++) {
         if ((side ? n->out[k] : n->in[k]) < 0) continue;
         const Tensor *t = side ? node_out(g, n, k) : node_in(g, n, k);
+        /* A constant input (ReduceSum's empty `axes`) is read at compile time, never run. */
+        if (!side && (t->data || t->is_initializer || (t->producer >= 0 && g->n[t->producer].folded))) continue;
         for (int d = 0; d < t->rank; d++)
           if (t->dims[d] == 0)
             return err_set("%s: node '%s' (%s): %s '%s' is empty (axis %d has size 0); pipecc does not run empty "
