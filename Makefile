@@ -16,7 +16,7 @@ PY      := /usr/bin/python3
 
 DEB_PKGS := protobuf-c-compiler libprotobuf-c-dev libonnx-dev openmpi-bin libopenmpi-dev \
             libopenblas-dev clang libclang-rt-14-dev python3-onnx python3-torch \
-            python3-torchvision python3-numpy chromium
+            python3-torchvision python3-numpy chromium iproute2
 
 COMPILER_SRC := $(filter-out compiler/main.c,$(wildcard compiler/*.c compiler/ops/*.c))
 COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
@@ -63,7 +63,7 @@ $(PB_DIR)/templates.inc: templates/Makefile.in templates/run.sh.in templates/sta
 build/obj/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
-build/obj/%.o: compiler/%.c compiler/*.h compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
+build/obj/%.o: compiler/%.c compiler/*.h runtime/blas_core.h compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(WARN) $(CPPFLAGS) -c $< -o $@
 bin/pipecc: build/obj/main.o $(COMPILER_OBJ)
@@ -74,7 +74,7 @@ bin/pipecc: build/obj/main.o $(COMPILER_OBJ)
 build/asan/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
 	@mkdir -p $(@D)
 	clang -O1 -g $(SAN) $(CPPFLAGS) -c $< -o $@
-build/asan/%.o: compiler/%.c compiler/*.h compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
+build/asan/%.o: compiler/%.c compiler/*.h runtime/blas_core.h compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
 	@mkdir -p $(@D)
 	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) -c $< -o $@
 bin/pipecc-asan: build/asan/main.o $(ASAN_OBJ)
@@ -108,7 +108,7 @@ FUZZ_OBJ := $(COMPILER_SRC:compiler/%.c=build/fuzz/%.o) build/fuzz/onnx.pb-c.o
 build/fuzz/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
 	@mkdir -p $(@D)
 	clang -O1 -g -fsanitize=fuzzer-no-link,address,undefined $(CPPFLAGS) -c $< -o $@
-build/fuzz/%.o: compiler/%.c compiler/*.h compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
+build/fuzz/%.o: compiler/%.c compiler/*.h runtime/blas_core.h compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
 	@mkdir -p $(@D)
 	clang -O1 -g -fsanitize=fuzzer-no-link,address,undefined $(WARN) $(CPPFLAGS) -c $< -o $@
 bin/fuzz_loader: tests/fuzz_loader.c $(FUZZ_OBJ)

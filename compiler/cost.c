@@ -329,8 +329,12 @@ int machine_load(Machine *m, int n, const char *devices_file, Pool *pool) {
   }
   char buf[1024];
   const char *path = cache_path(buf, sizeof buf);
+  /* The figures hold for the BLAS kernels they were measured with (blas_core.h). */
+  const char *core = getenv("OPENBLAS_CORETYPE");
+  char blas_line[96];
+  snprintf(blas_line, sizeof blas_line, "# blas kernels: %s\n", core && *core ? core : "OpenBLAS's choice");
   char *text = read_text(path);
-  if (text && !machine_parse(m, n, text, path)) {
+  if (text && strstr(text, blas_line) && !machine_parse(m, n, text, path)) {
     free(text);
     m->source = pool_printf(pool, "probe of this machine, cached in %s", path);
     return 0;
@@ -345,6 +349,7 @@ int machine_load(Machine *m, int n, const char *devices_file, Pool *pool) {
     fprintf(f, "# pipecc machine probe: single-thread OpenBLAS SGEMM rate, memcpy bandwidth,\n");
     fprintf(f, mpi ? "# and the MPI link measured by pipecc-probe (two ranks on this machine).\n"
                    : "# and the link estimated from memcpy (pipecc-probe could not run MPI here).\n");
+    fputs(blas_line, f);
     fprintf(f, "rank * flops=%.4gG\nlink * bandwidth=%.4gG latency=%.3gus\nmemcpy bandwidth=%.4gG\n", probe.dev[0].flops / 1e9,
             probe.link[0].bandwidth / 1e9, probe.link[0].latency * 1e6, probe.memcpy_bw / 1e9);
     fclose(f);

@@ -17,6 +17,7 @@
 #include "outdir.h"
 #include "plan.h"
 #include "stageprog.h"
+#include "../runtime/blas_core.h"
 
 
 static void usage(FILE *f) {
@@ -108,6 +109,8 @@ static void dump_shapes(const Plan *p) {
 }
 
 int main(int argc, char **argv) {
+  /* The probe times the BLAS kernels the stage programs will run. */
+  blas_core_pin(argv, NULL);
   Options o = {0};
   o.nstages = 1;
   o.schedule = SCHED_1F1B;

@@ -57,8 +57,7 @@ static int tensor_bytes_into(const Onnx__TensorProto *t, unsigned char *dst, int
 int pr_eval(int argc, char **argv, const PrStage *st) {
   if (argc != 3) return fail("usage: %s INPUT_DIR OUTPUT_DIR%s", argv[0], "");
   char path[4096];
-  const char *dir = getenv("PIPERUN_DIR");
-  snprintf(path, sizeof path, "%s/weights/stage_0.bin", dir && *dir ? dir : ".");
+  snprintf(path, sizeof path, "%s/weights/stage_0.bin", pr_stage_dir());
   FILE *w = fopen(path, "rb");
   if (!w) return fail("cannot open %s: %s", path, strerror(errno));
   size_t got = st->weights_bytes ? fread(st->arena, 1, (size_t)st->weights_bytes, w) : 0;

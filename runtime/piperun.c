@@ -28,10 +28,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "blas_core.h"
 #include "data.h"
 #include "trace.h"
 
 void openblas_set_num_threads(int);
+char *openblas_get_corename(void);
 
 typedef struct Args {
   const char *data, *log, *save, *checkpoint, *resume, *lr_schedule, *trace;
@@ -152,6 +154,7 @@ static void parse_args(Args *a, int argc, char **argv) {
     else if (!strcmp(f, "--quiet")) a->quiet = 1;
     else if (!strcmp(f, "--trace")) a->trace = TAKE();
     else if (!strcmp(f, "--timeout")) a->timeout = num(f, TAKE(), 0.001);
+    else if (!strcmp(f, "--blas-kernels")) TAKE(); /* pr_main pinned them */
     else usage_error("unknown flag '%s'", f);
     if (i >= argc) usage_error("flag '%s' needs a value", f);
   }
@@ -179,9 +182,44 @@ static void agree(int ok, const char *msg) {
   exit(2);
 }
 
-static const char *stage_dir(void) {
+const char *pr_stage_dir(void) {
+  static char dir[4096];
   const char *d = getenv("PIPERUN_DIR");
-  return d && *d ? d : ".";
+  if (d && *d) return d;
+  /* The directory this program is in: run.sh starts every stage by its full
+   * path, so a rank on another host finds its weights beside it. */
+  if (!dir[0]) {
+    ssize_t n = readlink("/proc/self/exe", dir, sizeof dir - 1);
+    char *slash = n > 0 ? (dir[n] = 0, strrchr(dir, '/')) : NULL;
+    if (slash) *slash = 0;
+    else strcpy(dir, ".");
+  }
+  return dir;
+}
+
+/* Every rank must run the same BLAS kernels (blas_core.h), on a CPU that has
+ * their instructions: other kernels round other ways, and the run would not
+ * be the one the same job gives on one host. */
+static void check_blas_core(int nranks) {
+  char me[128] = "", msg[1024] = "";
+  snprintf(me, 64, "%s", openblas_get_corename());
+  gethostname(me + 64, 63);
+  if (blas_core_runs_here(me) == 0)
+    snprintf(msg, sizeof msg, "OpenBLAS runs its %s kernels on host %s, whose CPU lacks their instructions; "
+             "set OPENBLAS_CORETYPE to the oldest host's type before run.sh (it passes it to every rank)", me, me + 64);
+  agree(!msg[0], msg);
+  char (*all)[128] = malloc(128 * (size_t)nranks);
+  if (!all) abort();
+  MPI_Allgather(me, 128, MPI_CHAR, all, 128, MPI_CHAR, MPI_COMM_WORLD);
+  int odd = -1;
+  for (int r = 1; r < nranks && odd < 0; r++)
+    if (strcmp(all[r], all[0])) odd = r;
+  if (odd >= 0)
+    snprintf(msg, sizeof msg, "stage %d (host %s) runs OpenBLAS's %s kernels and stage 0 (host %s) its %s kernels: their "
+             "sums would round differently; run the stages through run.sh, which gives every rank the launching host's "
+             "kernels (--blas-kernels NAME)", odd, all[odd] + 64, all[odd], all[0] + 64, all[0]);
+  free(all);
+  agree(odd < 0, msg);
 }
 
 static int load_file(const char *path, void *dst, int64_t bytes, char *msg, size_t len) {
@@ -916,6 +954,14 @@ static void on_signal(int sig) {
 }
 
 int pr_main(int argc, char **argv, const PrStage *st) {
+  if (argc == 2 && !strcmp(argv[1], "--blas-core")) { /* run.sh asks which kernels this host runs best */
+    puts(blas_core_for_cpu());
+    return 0;
+  }
+  const char *kernels = NULL;
+  for (int i = 1; i + 1 < argc; i++)
+    if (!strcmp(argv[i], "--blas-kernels")) kernels = argv[i + 1];
+  blas_core_pin(argv, kernels);
   if (st->forward_only) return pr_eval(argc, argv, st);
   MPI_Init(&argc, &argv);
   int size;
@@ -931,6 +977,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     return 2;
   }
   openblas_set_num_threads(1);
+  check_blas_core(size);
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
   int *tag_ub, flag;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag);
@@ -941,7 +988,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   r.rank = g_rank;
   parse_args(&r.a, argc, argv);
   char path[4096], msg[1024] = "";
-  snprintf(path, sizeof path, "%s/weights/stage_%d.bin", stage_dir(), st->stage);
+  snprintf(path, sizeof path, "%s/weights/stage_%d.bin", pr_stage_dir(), st->stage);
   agree(load_file(path, st->arena, st->weights_bytes, msg, sizeof msg) == 0, msg);
   open_data(&r);
   check_outputs(&r);
@@ -1023,7 +1070,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   if (log) fclose(log);
   if (r.a.save) {
     agree(weights_finite(&r, "the model (--save)", msg, sizeof msg) == 0, msg);
-    pr_save_onnx(st, r.a.save, stage_dir());
+    pr_save_onnx(st, r.a.save, pr_stage_dir());
   }
   /* The summary: every stage's compute, wait and memory, on the last stage. */
   /* Each rank's own wall time: another rank's would make comm+other negative. */

@@ -87,6 +87,8 @@ typedef struct PrStage {
  * graph-input order), runs forward once, writes each output raw to
  * OUT/<k>.bin in the order of st->send.  Used by the conformance tests. */
 int pr_eval(int argc, char **argv, const PrStage *st);
+/* The stage's directory (weights/ is in it): PIPERUN_DIR, else the one the program is in. */
+const char *pr_stage_dir(void);
 
 int pr_main(int argc, char **argv, const PrStage *st);
 /* "F", "SEND_GRAD", ... */

@@ -49,6 +49,7 @@ suite "training parity with PyTorch, bit-identity across n and schedules" env PI
 suite "ResNet training parity with PyTorch (BatchNorm, residuals), n = 1 and 4" $PY tests/test_parity_models.py
 suite "run traces: one span per executed action, 4 ranks, every schedule" env PIPECC=bin/pipecc $PY tests/test_trace.py
 suite "training runs: demo loss, checkpoint/resume, killed rank, NaN, bad data" $PY tests/test_train.py
+suite "two hosts (network namespaces joined by a veth pair): a 4-stage job gives the bits of one host" bash tests/test_two_hosts.sh
 suite "failures are safe: checkpoint crashes at every point, corrupt/foreign checkpoints, early errors, watchdog, NaN" $PY tests/test_safety.py
 suite "ONNX node conformance through the forward kernels" $PY tests/conformance/run.py
 suite "timeline renderer: timeline_svg called directly (ASan build)" bin/test_timeline

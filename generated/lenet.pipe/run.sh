@@ -16,5 +16,9 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
-export PIPERUN_DIR="$here"
+# On a cluster this directory must be at the same path on every host (shared or copied): each
+# stage finds its weights beside its program.  Every rank runs the launching host's BLAS kernels
+# (--blas-kernels; the stages check it), so every host computes the same bits.
+kernels=${OPENBLAS_CORETYPE:-$("$here/stage_0" --blas-core)}
+prog+=(--blas-kernels "$kernels")
 exec mpirun --oversubscribe ${mpi[@]+"${mpi[@]}"} -n 1 "$here/stage_0" ${prog[@]+"${prog[@]}"} : -n 1 "$here/stage_1" ${prog[@]+"${prog[@]}"} : -n 1 "$here/stage_2" ${prog[@]+"${prog[@]}"} : -n 1 "$here/stage_3" ${prog[@]+"${prog[@]}"}
