@@ -23,6 +23,8 @@ struct Emit {
   int *gcount;        /* gradient contributions so far */
   const char *needs;  /* tensor needs a gradient */
   int named;          /* give buffers their C names (pricing a candidate stage needs only sizes) */
+  struct Partial { int t, node, buf; } *part; /* a tied weight's partial gradient per reading node here */
+  int npart, cappart;
 };
 typedef struct Emit Ctx;
 
@@ -74,9 +76,29 @@ static int fb(Ctx *c, int t) {
   return c->fbuf[t];
 }
 
-/* Gradient buffer for input tensor t of a node, and whether to add. */
-static int grad_target(Ctx *c, int t, int *acc) {
+static int is_tied(Ctx *c, int t) { return T(c, t)->is_param && c->p->nreaders[t] > 1; }
+
+/* The partial gradient of tied weight t that node `node` adds into. */
+static int partial(Ctx *c, int t, int node) {
+  for (int i = 0; i < c->npart; i++)
+    if (c->part[i].t == t && c->part[i].node == node) return c->part[i].buf;
+  if (c->npart == c->cappart) {
+    c->cappart = c->cappart ? 2 * c->cappart : 8;
+    c->part = pool_realloc(c->pool, c->part, sizeof *c->part * (size_t)c->cappart);
+  }
+  int b = add_buf(c, "dP_", t, BUF_PGRAD, tensor_bytes(T(c, t)), DT_FLOAT);
+  c->sp->bufs[b].is_grad = 1;
+  c->part[c->npart++] = (struct Partial){t, node, b};
+  return b;
+}
+
+/* Gradient buffer for input tensor t of graph node `node` (-1: none), and whether to add. */
+static int grad_target(Ctx *c, int t, int *acc, int node) {
   Tensor *x = T(c, t);
+  if (node >= 0 && is_tied(c, t)) { /* summed over micro-batches, like any weight gradient */
+    *acc = 1;
+    return partial(c, t, node);
+  }
   if (c->gbuf[t] < 0) {
     if (x->is_param) c->gbuf[t] = add_buf(c, "dW_", t, BUF_PGRAD, tensor_bytes(x), DT_FLOAT);
     else c->gbuf[t] = add_buf(c, "d_", t, BUF_TEMP, tensor_bytes(x), DT_FLOAT);
@@ -113,7 +135,14 @@ int em_work(Emit *e, const char *prefix, int tensor, int64_t bytes) {
 }
 int em_split_wgrad(Emit *e) { return e->p->opt.schedule == SCHED_ZB1 && !e->p->opt.forward_only; }
 int em_needs(Emit *e, const Node *n, int k) { return k < n->nin && n->in[k] >= 0 && e->needs[n->in[k]]; }
-int em_grad(Emit *e, const Node *n, int k, int *acc) { return grad_target(e, n->in[k], acc); }
+int em_grad(Emit *e, const Node *n, int k, int *acc) { return grad_target(e, n->in[k], acc, (int)(n - e->p->g.n)); }
+int em_grad_add(Emit *e, const Node *n, int k) {
+  int acc, node = (int)(n - e->p->g.n), b = grad_target(e, n->in[k], &acc, node);
+  if (!acc) /* an activation's gradient (a scale computed at run time): its first contribution must not add to garbage */
+    call_add(e->sp, e->pool, PH_IGRAD, K_ZERO, node, "its first contribution, and the kernel below adds",
+             (Arg[]){A_BUF(b), A_INT(ir_numel(T(e, n->in[k])))}, 2);
+  return b;
+}
 int em_dy(Emit *e, const Node *n, int k) {
   int t = k < n->nout ? n->out[k] : -1;
   return t >= 0 && e->gbuf[t] >= 0 && e->gcount[t] ? e->gbuf[t] : -1;
@@ -158,6 +187,34 @@ static char *needs_grad(Plan *p, Pool *pool) {
   return need;
 }
 
+/* The stage holding compute node k under the plan's partition; -1 while a
+ * candidate stage is priced (the other stages are not decided yet). */
+static int stage_of(Ctx *c, int k) {
+  if (!c->named) return -1;
+  for (int s = 0; s < c->p->opt.nstages; s++)
+    if (k < c->p->part.start[s + 1]) return s;
+  return -1;
+}
+
+/* Param i (tensor t) is tied: every reading node's partial gradient, in graph
+ * order - this stage's, and a buffer to receive each other stage's into. */
+static void tie_parts(Ctx *c, int i, int t) {
+  Plan *p = c->p;
+  StageProg *sp = c->sp;
+  int *ks = pool_alloc(c->pool, sizeof(int) * (size_t)p->nreaders[t]), same;
+  int nk = plan_tie_readers(p, t, ks, &same);
+  sp->nparts[i] = 0;
+  sp->parts[i] = pool_alloc(c->pool, sizeof(struct TiePart) * (size_t)nk);
+  for (int r = 0; r < nk; r++) {
+    int k = ks[r];
+    int local = c->a <= k && k < c->e;
+    /* A local reader no gradient reached still has its (zero) part. */
+    int b = local ? partial(c, t, p->node[k]) : add_buf(c, "dP_", t, BUF_PGRAD, tensor_bytes(T(c, t)), DT_FLOAT);
+    c->sp->bufs[b].is_grad = 1;
+    sp->parts[i][sp->nparts[i]++] = (struct TiePart){b, local ? c->s : stage_of(c, k), p->node[k]};
+  }
+}
+
 static int build_stage(Ctx *c) {
   Plan *p = c->p;
   Graph *g = &p->g;
@@ -172,10 +229,6 @@ static int build_stage(Ctx *c) {
       if (g->n[p->node[k]].in[q] >= 0) here[g->n[p->node[k]].in[q]] = 1;
   for (int i = 0; i < g->nt; i++) {
     if (!g->t[i].is_param || !here[i]) continue;
-    int other = p->first_read[i] < c->a ? p->first_read[i] : p->last_read[i] >= c->e ? p->last_read[i] : -1;
-    if (other >= 0)
-      return err_set("weight '%s' is read in stage %d and by node '%s' in another stage; weights shared across stages "
-                     "are not supported yet (use fewer stages)", g->t[i].name, c->s, g->n[p->node[other]].name);
     int b = add_buf(c, "W_", i, BUF_PARAM, tensor_bytes(&g->t[i]), DT_FLOAT);
     c->fbuf[i] = b;
     sp->params[sp->nparams++] = b;
@@ -287,13 +340,16 @@ static int build_stage(Ctx *c) {
   sp->pgrad = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
   sp->opt1 = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
   sp->opt2 = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
+  sp->parts = pool_alloc(c->pool, sizeof(*sp->parts) * (size_t)(sp->nparams + 1));
+  sp->nparts = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
   for (int i = 0; i < sp->nparams; i++) {
     int t = sp->bufs[sp->params[i]].tensor;
     if (c->gbuf[t] < 0) {
       int acc;
-      grad_target(c, t, &acc);
+      grad_target(c, t, &acc, -1);
     }
     sp->pgrad[i] = c->gbuf[t];
+    if (is_tied(c, t)) tie_parts(c, i, t);
     sp->opt1[i] = slots >= 1 ? add_buf(c, "M1_", t, BUF_OPT, tensor_bytes(&g->t[t]), DT_FLOAT) : -1;
     sp->opt2[i] = slots >= 2 ? add_buf(c, "M2_", t, BUF_OPT, tensor_bytes(&g->t[t]), DT_FLOAT) : -1;
   }
@@ -306,7 +362,7 @@ int stage_build(Plan *p, StageProg *sp, int s, int a, int e, int named, Pool *po
   memset(sp, 0, sizeof *sp);
   sp->stage = s;
   sp->loss_buf = sp->dloss_buf = sp->labels_buf = -1;
-  Ctx c = {p, sp, pool, s, a, e, NULL, NULL, NULL, p->needs, named};
+  Ctx c = {p, sp, pool, s, a, e, NULL, NULL, NULL, p->needs, named, NULL, 0, 0};
   c.fbuf = pool_alloc(pool, sizeof(int) * (size_t)g->nt);
   c.gbuf = pool_alloc(pool, sizeof(int) * (size_t)g->nt);
   c.gcount = pool_alloc(pool, sizeof(int) * (size_t)g->nt);

@@ -236,6 +236,18 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   buf_printf(o, "\n};\n\n");
   value_table(o, p, sp, sp->recv, sp->nrecv, "RECV");
   value_table(o, p, sp, sp->send, sp->nsend, "SEND");
+  for (int i = 0; i < sp->nparams; i++) {
+    if (!sp->nparts || !sp->nparts[i]) continue;
+    const Buffer *b = &sp->bufs[sp->params[i]];
+    buf_printf(o, "/* '");
+    put_comment(o, g->t[b->tensor].name);
+    buf_printf(o, "' is tied: its gradient is the sum of each reading node's part, in graph order, on every stage\n"
+                  " * that holds it; parts computed elsewhere arrive at the update.  {offset, stage that computes it} */\n"
+                  "static const PrPart PARTS_%s[] = {", b->name);
+    for (int j = 0; j < sp->nparts[i]; j++)
+      buf_printf(o, "%s{OFF_%s, %d}", j ? ", " : "", sp->bufs[sp->parts[i][j].buf].name, sp->parts[i][j].stage);
+    buf_printf(o, "};\n\n");
+  }
   if (sp->nparams) {
     buf_printf(o, "static const PrParam PARAMS[] = {\n");
     for (int i = 0; i < sp->nparams; i++) {
@@ -247,8 +259,10 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
       else buf_printf(o, "-1, ");
       if (sp->opt1[i] >= 0) buf_printf(o, "OFF_%s, ", sp->bufs[sp->opt1[i]].name);
       else buf_printf(o, "-1, ");
-      if (sp->opt2[i] >= 0) buf_printf(o, "OFF_%s},\n", sp->bufs[sp->opt2[i]].name);
-      else buf_printf(o, "-1},\n");
+      if (sp->opt2[i] >= 0) buf_printf(o, "OFF_%s", sp->bufs[sp->opt2[i]].name);
+      else buf_printf(o, "-1");
+      if (sp->nparts && sp->nparts[i]) buf_printf(o, ", PARTS_%s, %d},\n", b->name, sp->nparts[i]);
+      else buf_printf(o, ", NULL, 0},\n");
     }
     buf_printf(o, "};\n\n");
   }

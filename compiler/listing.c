@@ -112,6 +112,33 @@ static void action_lists(const Plan *p, Buf *b) {
   }
 }
 
+/* Weights several nodes read: where each copy lives and what it costs. */
+static void tie_text(const Plan *p, Buf *b) {
+  const Graph *g = &p->g;
+  int *ks = malloc(sizeof(int) * (size_t)(p->N + 1)), head = 0;
+  for (int t = 0; t < g->nt; t++) {
+    if (!g->t[t].is_param || p->nreaders[t] < 2) continue;
+    int same, nk = plan_tie_readers(p, t, ks, &same);
+    if (!head++) buf_printf(b, "\ntied weights (read by several nodes: each stage holding a reader keeps a copy; every step the\n"
+                               "  holders exchange each reader's part of the gradient and sum them in graph order)\n");
+    buf_printf(b, "  '%s' (%s) read by %d nodes:", g->t[t].name, fmt_bytes((double)tensor_bytes(&g->t[t])), nk);
+    int holders = 0, last = -1;
+    for (int j = 0; j < nk; j++) {
+      int s = stage_of(p, ks[j]);
+      buf_printf(b, "%s '%s' (%s, stage %d)", j ? "," : "", node_name(p, ks[j]), g->n[p->node[ks[j]]].op, s);
+      holders += s != last, last = s;
+    }
+    buf_printf(b, "\n    copies on %d stage%s", holders, holders == 1 ? "" : "s");
+    if (holders > 1) buf_printf(b, "; %s of gradient parts sent per step", fmt_bytes((double)tensor_bytes(&g->t[t]) * (nk - 1) * holders / nk));
+    buf_printf(b, "\n");
+    if (same)
+      buf_printf(b, "    warning: nodes of the same kind share it - an exporter merges initializers with equal values (torch.onnx\n"
+                    "      in eval mode with constant folding), which ties weights the model meant to keep apart; re-export with\n"
+                    "      training=torch.onnx.TrainingMode.TRAINING or do_constant_folding=False, or compile with --untie\n");
+  }
+  free(ks);
+}
+
 void listing_text(const Plan *p, Buf *b) {
   const Graph *g = &p->g;
   const Machine *m = &p->machine;
@@ -131,6 +158,7 @@ void listing_text(const Plan *p, Buf *b) {
   if (p->opt.mem_limit > 0) buf_printf(b, "  mem limit    %s per rank\n", fmt_bytes(p->opt.mem_limit));
   buf_printf(b, "\n");
   for (int s = 0; s < n; s++) stage_text(p, s, b);
+  tie_text(p, b);
   if (p->mem_note)
     buf_printf(b, "\nmemory: %s; the partitioner's upper bound, not the arena\n", p->mem_note);
   else
@@ -212,7 +240,25 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, "]},\n");
   buf_printf(b, "  \"predicted_step_time_s\": %.9g,\n  \"bubble\": %.6f,\n  \"ideal_bubble\": %.6f,\n  \"max_stage_time_s\": %.9g,\n",
              p->sched.step_time, p->sched.bubble, schedule_ideal_bubble(n, p->opt.microbatches), p->part.max_time);
-  buf_printf(b, "  \"imbalance\": %.6f,\n  \"stage_plans\": [\n", p->part.max_time / mean_time(p));
+  buf_printf(b, "  \"imbalance\": %.6f,\n  \"ties\": [", p->part.max_time / mean_time(p));
+  int *ks = malloc(sizeof(int) * (size_t)(p->N + 1)), nties = 0;
+  for (int t = 0; t < p->g.nt; t++) {
+    if (!p->g.t[t].is_param || p->nreaders[t] < 2) continue;
+    int same, nk = plan_tie_readers(p, t, ks, &same);
+    buf_printf(b, "%s\n    {\"weight\": ", nties++ ? "," : "");
+    json_str(b, p->g.t[t].name);
+    buf_printf(b, ", \"bytes\": %lld, \"same_kind\": %s, \"readers\": [", (long long)tensor_bytes(&p->g.t[t]), same ? "true" : "false");
+    for (int j = 0; j < nk; j++) {
+      buf_printf(b, "%s{\"node\": ", j ? ", " : "");
+      json_str(b, node_name(p, ks[j]));
+      buf_printf(b, ", \"op\": ");
+      json_str(b, p->g.n[p->node[ks[j]]].op);
+      buf_printf(b, ", \"stage\": %d}", stage_of(p, ks[j]));
+    }
+    buf_printf(b, "]}");
+  }
+  free(ks);
+  buf_printf(b, "%s],\n  \"stage_plans\": [\n", nties ? "\n  " : "");
   for (int s = 0; s < n; s++) {
     const StageCost *c = &p->part.cost[s];
     int a = p->part.start[s], e = p->part.start[s + 1];

@@ -67,6 +67,27 @@ static int bad(const char *fmt, const char *a, const char *b) {
   return report("%s (see pipecc --help)", msg);
 }
 
+/* A weight nodes of one kind share (several LayerNorms, Convs) is what an
+ * exporter's merging of equal initializers looks like: pipecc trains it as
+ * one tied weight, which is what the file says but rarely what was meant. */
+static void warn_ties(const Plan *p) {
+  const Graph *g = &p->g;
+  int *ks = malloc(sizeof(int) * (size_t)(p->N + 1));
+  for (int t = 0; ks && t < g->nt; t++) {
+    int same;
+    if (!g->t[t].is_param || p->nreaders[t] < 2 || (plan_tie_readers(p, t, ks, &same), !same)) continue;
+    err_clear();
+    err_set("%s: weight '%s' is read by %d nodes, some of the same kind ('%s' %s, '%s' %s): they share one weight and "
+            "train it as one (an exporter merging equal initializers does this); if they should not, re-export with "
+            "training=torch.onnx.TrainingMode.TRAINING or do_constant_folding=False, or compile with --untie",
+            g->path, g->t[t].name, p->nreaders[t], g->n[p->node[ks[0]]].name, g->n[p->node[ks[0]]].op,
+            g->n[p->node[ks[1]]].name, g->n[p->node[ks[1]]].op);
+    fprintf(stderr, "pipecc: warning: %s\n", err_msg());
+    err_clear();
+  }
+  free(ks);
+}
+
 static int parse_int(const char *s, long lo, long hi, long *out) {
   char *end;
   errno = 0;
@@ -205,6 +226,7 @@ int main(int argc, char **argv) {
     free(outdir);
     return 2;
   }
+  warn_ties(&p);
   if (o.dump_shapes) {
     dump_shapes(&p);
   } else {

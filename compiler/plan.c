@@ -80,11 +80,13 @@ static void collect_edges(Plan *p) {
   }
   p->first_read = pool_alloc(&g->pool, sizeof(int) * (size_t)g->nt);
   p->last_read = pool_alloc(&g->pool, sizeof(int) * (size_t)g->nt);
+  p->nreaders = pool_alloc(&g->pool, sizeof(int) * (size_t)g->nt);
   for (int i = 0; i < g->nt; i++) p->first_read[i] = p->last_read[i] = -1;
   for (int k = p->N - 1; k >= 0; k--) {
     Node *n = &g->n[p->node[k]];
     for (int q = 0; q < n->nin; q++)
       if (n->in[q] >= 0) {
+        if (p->first_read[n->in[q]] != k) p->nreaders[n->in[q]]++; /* a node reading it twice counts once */
         p->first_read[n->in[q]] = k;
         if (p->last_read[n->in[q]] < 0) p->last_read[n->in[q]] = k;
       }
@@ -352,4 +354,18 @@ int plan_programs(Plan *p) {
 void plan_free(Plan *p) {
   if (p->memo) free(p->memo->key), free(p->memo->val), free(p->memo);
   ir_free(&p->g);
+}
+
+int plan_tie_readers(const Plan *p, int t, int *ks, int *same_kind) {
+  int n = 0;
+  *same_kind = 0;
+  for (int k = 0; k < p->N; k++) {
+    const Node *nd = &p->g.n[p->node[k]];
+    int reads = 0;
+    for (int q = 0; q < nd->nin; q++) reads |= nd->in[q] == t;
+    if (!reads) continue;
+    for (int j = 0; j < n; j++) *same_kind |= p->g.n[p->node[ks[j]]].def == nd->def;
+    ks[n++] = k;
+  }
+  return n;
 }

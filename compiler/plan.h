@@ -32,6 +32,7 @@ typedef struct Plan {
   Schedule sched, slots; /* predicted timing, and the unit-time table */
   int64_t *arena;    /* per stage, once the stage programs are laid out (NULL before) */
   int *first_read, *last_read; /* per tensor: first and last compute node (k) reading it, -1 if none */
+  int *nreaders;                /* per tensor: how many compute nodes read it (a weight read by several is tied) */
   char *needs;       /* per tensor: it needs a gradient (autodiff.c, built on first use) */
   struct StageProg *progs; /* per stage, laid out by plan_programs (NULL before, or if they cannot be built) */
   const char *mem_note;    /* NULL: each stage's memory is its arena; else why it is only the estimate */
@@ -48,4 +49,9 @@ int plan_from_graph(Plan *p);
  * error: the memory stays the estimate and p->mem_note says why. */
 int plan_programs(Plan *p);
 void plan_free(Plan *p);
+/* Tied weights (a parameter several compute nodes read): the reading nodes'
+ * positions k in compute order into ks (room for p->nreaders[t]); returns
+ * how many.  *same_kind: two of them are the same op (two LayerNorms, two
+ * Convs), the mark of an exporter that merged equal initializers. */
+int plan_tie_readers(const Plan *p, int t, int *ks, int *same_kind);
 #endif

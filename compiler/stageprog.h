@@ -106,6 +106,14 @@ typedef struct StageProg {
   int *params, nparams; /* BUF_PARAM buffer ids, in ONNX initializer order */
   int *consts, nconsts; /* constants and state in the weights region: folded values, BatchNorm running statistics */
   int *pgrad, *opt1, *opt2; /* per param: gradient, optimizer slots (-1 if none) */
+  /* A weight several nodes read (a tied embedding and output head, an
+   * initializer an exporter de-duplicated) gets one partial gradient per
+   * reading node, summed over the micro-batches, and its gradient is their
+   * sum in graph order, taken at the update by every stage that holds a copy:
+   * the same sums in the same order whatever the partition.  Per param: its
+   * parts in graph order (NULL / 0 for a weight one node reads). */
+  struct TiePart { int buf, stage, node; } **parts; /* stage: who computes it; -1 while pricing a candidate stage */
+  int *nparts;
   int nslots, ngslots;  /* ring and gradient ring copies (the schedule's simulation) */
   int loss_buf, dloss_buf, labels_buf; /* last stage: logits, their gradient, labels */
   int64_t loss_rows, loss_classes;

@@ -63,6 +63,7 @@ typedef struct Run {
   double timeout;      /* seconds a wait may last before the job is stopped (--timeout) */
   uint32_t run_id;     /* names this run's checkpoint directories (rank 0's, broadcast) */
   const PrAction *cur; /* the action running, for the trace's wait spans */
+  MPI_Request *tie_req; /* tied weights' part exchange: nparts * nstages requests at most */
   PrTrace trace;
   double t_compute, t_wait, t_total;
 } Run;
@@ -524,8 +525,48 @@ static void check_finite(const Run *r, const char *what, const char *name, const
           isnan(x[i]) ? "NaN" : "Inf", (long long)i);
 }
 
+/* Tied weights: every stage holding one sends the parts it computed to the
+ * other holders and receives theirs, then sums all parts in graph order, so
+ * each copy gets the same gradient, bit for bit, and the same update. */
+static int tie_tag(const PrParam *p, int part) {
+  uint64_t h = 1469598103934665603ull;
+  for (const char *c = p->name; *c; c++) h = (h ^ (unsigned char)*c) * 1099511628211ull;
+  return TAG_SPAN + (int)(h % 4096) * 1024 + part % 1024; /* the same on every stage; messages of one pair keep their order */
+}
+
+static void reduce_ties(Run *r) {
+  const PrStage *st = r->st;
+  for (int i = 0; i < st->nparams; i++) {
+    const PrParam *p = &st->params[i];
+    if (!p->nparts) continue;
+    int bytes = (int)(p->count * 4), n = 0;
+    MPI_Request *req = r->tie_req;
+    for (int j = 0; j < p->nparts; j++) {
+      unsigned char *buf = st->arena + p->parts[j].offset;
+      if (p->parts[j].stage != st->stage) {
+        MPI_Irecv(buf, bytes, MPI_BYTE, p->parts[j].stage, tie_tag(p, j), MPI_COMM_WORLD, &req[n++]);
+        continue;
+      }
+      /* To every other holder, once each. */
+      for (int h = 0; h < p->nparts; h++) {
+        int to = p->parts[h].stage, seen = to == st->stage;
+        for (int e = 0; e < h && !seen; e++) seen = p->parts[e].stage == to;
+        if (!seen) MPI_Isend(buf, bytes, MPI_BYTE, to, tie_tag(p, j), MPI_COMM_WORLD, &req[n++]);
+      }
+    }
+    wait_all(r, req, n, -1, "to exchange a tied weight's gradient parts");
+    float *g = (float *)(st->arena + p->goffset);
+    memcpy(g, st->arena + p->parts[0].offset, (size_t)bytes);
+    for (int j = 1; j < p->nparts; j++) {
+      const float *x = (const float *)(st->arena + p->parts[j].offset);
+      for (int64_t e = 0; e < p->count; e++) g[e] += x[e];
+    }
+  }
+}
+
 static void optimizer_step(Run *r) {
   const PrStage *st = r->st;
+  reduce_ties(r);
   float lr = (float)lr_at(r, r->step);
   float mom = r->a.have_momentum ? (float)r->a.momentum : st->momentum;
   float wd = r->a.have_wd ? (float)r->a.weight_decay : st->weight_decay;
@@ -981,7 +1022,8 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
   int *tag_ub, flag;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag);
-  if (flag && *tag_ub < TAG_SPAN) die(2, "this MPI allows tags up to %d; piperun needs %d", *tag_ub, TAG_SPAN);
+  if (flag && *tag_ub < TAG_SPAN + 4096 * 1024)
+    die(2, "this MPI allows tags up to %d; piperun needs %d", *tag_ub, TAG_SPAN + 4096 * 1024);
   Run r;
   memset(&r, 0, sizeof r);
   r.st = st;
@@ -1006,6 +1048,9 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   for (int i = 0; i < ngs * st->nsend; i++) r.greq[i] = MPI_REQUEST_NULL;
   for (int i = 0; i < ngs * st->nrecv; i++) r.gsreq[i] = MPI_REQUEST_NULL;
   alloc_scratch(&r);
+  int most_parts = 1;
+  for (int i = 0; i < st->nparams; i++) most_parts = st->params[i].nparts > most_parts ? st->params[i].nparts : most_parts;
+  r.tie_req = malloc(sizeof(MPI_Request) * (size_t)most_parts * (size_t)st->nstages);
   /* The trace: one span per action, and room for waits; capped (a very long run keeps its first events). */
   if (r.a.trace) {
     int64_t cap = (r.a.steps - r.step) * st->nactions * 4 + 16;
@@ -1026,7 +1071,12 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     double t0 = now(), loss = 0;
     if (r.have_data && r.data.kind != DATA_TOKENS)
       data_batch_indices(&r.data, r.step, st->batch, r.a.seed, r.a.shuffle, r.idx);
-    for (int i = 0; i < st->nparams; i++) memset(st->arena + st->params[i].goffset, 0, (size_t)st->params[i].count * 4);
+    for (int i = 0; i < st->nparams; i++) {
+      const PrParam *p = &st->params[i];
+      memset(st->arena + p->goffset, 0, (size_t)p->count * 4);
+      for (int j = 0; j < p->nparts; j++)
+        if (p->parts[j].stage == st->stage) memset(st->arena + p->parts[j].offset, 0, (size_t)p->count * 4);
+    }
     for (int k = 0; k < st->nactions; k++) {
       const PrAction *a = &st->actions[k];
       double a0 = now();

@@ -47,10 +47,21 @@ typedef struct PrValue {
   int64_t dims[8];
 } PrValue;
 
+/* One reading node's part of a tied weight's gradient. */
+typedef struct PrPart {
+  int64_t offset;      /* in this stage's arena: computed here, or received into */
+  int stage;           /* the stage that computes it */
+} PrPart;
+
 typedef struct PrParam {
   const char *name;    /* the ONNX initializer */
   int64_t count;       /* floats */
   int64_t offset, goffset, m1offset, m2offset; /* -1 when absent */
+  /* A weight several nodes read (tied): each node's partial gradient, in graph
+   * order; the gradient (goffset) is their sum in that order, formed at the
+   * update on every stage that holds the weight.  NULL / 0 otherwise. */
+  const PrPart *parts;
+  int nparts;
 } PrParam;
 
 enum { PR_SGD = 0, PR_ADAM = 1, PR_ADAMW = 2 };

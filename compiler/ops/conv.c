@@ -52,7 +52,7 @@ static int conv_bwd(Emit *e, const Node *n, int j) {
   int x = em_in(e, n, 0), w = em_in(e, n, 1), dy = em_dy(e, n, 0), cs = em_shape_ref(e, em_name(e, "CONV_%d", j)), acc;
   int col = em_work(e, "dcol_", n->out[0], conv_workspace(em_graph(e), n));
   if (em_needs(e, n, 1)) {
-    int dw = em_grad(e, n, 1, &acc), db = n->nin > 2 && n->in[2] >= 0 && em_needs(e, n, 2) ? em_grad(e, n, 2, &acc) : -1;
+    int dw = em_grad_add(e, n, 1), db = n->nin > 2 && n->in[2] >= 0 && em_needs(e, n, 2) ? em_grad_add(e, n, 2) : -1;
     CALL(e, PH_WGRAD, K_CONV_GRAD, n, A_BUF(x), A_BUF(w), A_BUF(dy), A_BUF(-1), A_BUF(dw), A_BUF(db), A_BUF(col), A_CONST(cs),
          A_INT(0), A_INT(1));
   }

@@ -44,9 +44,9 @@ static int bn_fwd(Emit *e, const Node *n, int j) {
 }
 
 static int bn_bwd(Emit *e, const Node *n, int j) {
-  int acc, accx = 0;
-  int dg = em_needs(e, n, 1) ? em_grad(e, n, 1, &acc) : -1;
-  int dbt = em_needs(e, n, 2) ? em_grad(e, n, 2, &acc) : -1;
+  int accx = 0;
+  int dg = em_needs(e, n, 1) ? em_grad_add(e, n, 1) : -1;
+  int dbt = em_needs(e, n, 2) ? em_grad_add(e, n, 2) : -1;
   int dx = em_needs(e, n, 0) ? em_grad(e, n, 0, &accx) : -1;
   int shape = em_shape_ref(e, em_name(e, "BN_%d", j));
   /* One pass computes dx, dgamma and dbeta together; when W runs apart it is
@@ -116,9 +116,9 @@ static int ln_fwd(Emit *e, const Node *n, int j) {
 static int ln_bwd(Emit *e, const Node *n, int j) {
   (void)j;
   int64_t cols = ln_cols(e, n), rows = ir_numel(em_t(e, n->in[0])) / cols;
-  int acc, accx = 0, hasb = n->nin > 2 && n->in[2] >= 0;
-  int ds = em_needs(e, n, 1) ? em_grad(e, n, 1, &acc) : -1;
-  int db = hasb && em_needs(e, n, 2) ? em_grad(e, n, 2, &acc) : -1;
+  int accx = 0, hasb = n->nin > 2 && n->in[2] >= 0;
+  int ds = em_needs(e, n, 1) ? em_grad_add(e, n, 1) : -1;
+  int db = hasb && em_needs(e, n, 2) ? em_grad_add(e, n, 2) : -1;
   int dx = em_needs(e, n, 0) ? em_grad(e, n, 0, &accx) : -1;
   /* As for BatchNormalization: two passes when W runs apart, one otherwise. */
   int apart = em_split_wgrad(e) && dx >= 0 && (ds >= 0 || db >= 0);

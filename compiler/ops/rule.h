@@ -32,6 +32,10 @@ int em_needs(Emit *e, const Node *n, int k);
 /* The buffer input k's gradient goes to, and whether this call adds to it
  * (acc = 1) or is its first contribution (acc = 0). */
 int em_grad(Emit *e, const Node *n, int k, int *acc);
+/* The same for a kernel that always adds into it (a weight gradient summed
+ * over micro-batches: Conv's dW, the norms' dscale): when input k is not a
+ * weight but a value computed at run time, its gradient is zeroed first. */
+int em_grad_add(Emit *e, const Node *n, int k);
 /* The gradient of output k, or -1 when none reached it. */
 int em_dy(Emit *e, const Node *n, int k);
 /* Shape constants: define one (its name must be unique in the stage), or find one by name. */

@@ -74,8 +74,8 @@ static const PrValue SEND[] = {
     {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}},
 };
 static const PrParam PARAMS[] = {
-    {"conv1.weight", 150, OFF_W_conv1_weight, OFF_dW_conv1_weight, -1, -1},
-    {"conv1.bias", 6, OFF_W_conv1_bias, OFF_dW_conv1_bias, -1, -1},
+    {"conv1.weight", 150, OFF_W_conv1_weight, OFF_dW_conv1_weight, -1, -1, NULL, 0},
+    {"conv1.bias", 6, OFF_W_conv1_bias, OFF_dW_conv1_bias, -1, -1, NULL, 0},
 };
 
 static const PrStage THIS_STAGE = {
