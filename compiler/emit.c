@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "onnx_load.h"
 #include "outdir.h"
 #include "stageprog.h"
 #include "templates.h"
@@ -372,7 +373,17 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
     }
   int rc0 = outdir_write(d, "weights/manifest.txt", man.s, man.len);
   buf_free(&man);
-  if (rc0 || outdir_copy(d, "model.onnx", p->g.path)) return -1;
+  if (rc0) return -1;
+  if (p->g.nuntied) { /* --untie: the model with its copies, so that --save writes each one back */
+    uint8_t *bytes;
+    size_t len;
+    if (onnx_pack_untied(&p->g, &bytes, &len)) return -1;
+    int rc = outdir_write(d, "model.onnx", (const char *)bytes, len);
+    free(bytes);
+    if (rc) return -1;
+  } else if (outdir_copy(d, "model.onnx", p->g.path)) {
+    return -1;
+  }
   char rbuf[PATH_MAX + 16], rel[PATH_MAX];
   const char *rt = runtime_dir(rbuf, sizeof rbuf);
   /* The final directory does not exist yet: resolve against its parent. */

@@ -81,6 +81,9 @@ typedef struct Graph {
    * copied, so a large model is held once.  Freed by ir_free. */
   void *proto;
   void (*proto_free)(void *);
+  /* --untie (untie.c): tensor `copy` is a copy of initializer `from` that node `node` now reads. */
+  struct Untied { int from, copy, node; } *untied;
+  int nuntied, capuntied;
 } Graph;
 
 /* Construction. */

@@ -40,6 +40,8 @@ static void usage(FILE *f) {
         "  --plan-only           write the plan and listing but no stage programs\n"
         "  --list-ops            print the operator table (trainable / forward only / compile-time only) and exit\n"
         "  --forward-only        programs that run the forward pass on given inputs (no loss, no training)\n"
+        "  --untie               a weight that nodes of one kind share (an exporter merged equal initializers)\n"
+        "                        gets a copy per reading node instead of being trained as one tied weight\n"
         "  --loss xent|mse       softmax cross-entropy on integer labels (default), or mean squared error\n"
         "                        against their one-hot encoding\n"
         "  -h, --help            this text;  --version  the version\n",
@@ -202,6 +204,8 @@ int main(int argc, char **argv) {
       o.plan_only = 1;
     } else if (!strcmp(a, "--forward-only")) {
       o.forward_only = 1;
+    } else if (!strcmp(a, "--untie")) {
+      o.untie = 1;
     } else if (!strcmp(a, "--loss")) {
       NEEDVAL();
       if (!strcmp(val, "mse")) o.loss_mse = 1;

@@ -415,3 +415,60 @@ int onnx_load_file(const char *path, Graph *g) {
   free(buf);
   return rc;
 }
+
+/* The model with --untie's copies (g->untied): each a new float initializer
+ * holding the original's initial value, read by its node instead of the
+ * original.  The unpacked model is edited for the packing and restored after,
+ * so the graph's data (which points into it) is untouched.  Returns the bytes
+ * (malloc'd) in *out; -1 with err_set if g has no model. */
+int onnx_pack_untied(const Graph *g, uint8_t **out, size_t *len) {
+  Onnx__ModelProto *m = g->proto;
+  if (!m || !m->graph) return err_set("internal error: no model to write");
+  Onnx__GraphProto *gp = m->graph;
+  int nu = g->nuntied;
+  /* The graph's node j is the model's node j (read_graph adds one per node, in order). */
+  for (int u = 0; u < nu; u++) {
+    int j = g->untied[u].node;
+    if ((size_t)j >= gp->n_node || !gp->node[j]->op_type || strcmp(gp->node[j]->op_type, g->n[j].op))
+      return err_set("internal error: node %d of the model is not the graph's '%s'", j, g->n[j].name);
+  }
+  Onnx__TensorProto *tp = calloc((size_t)nu + 1, sizeof *tp);
+  Onnx__TensorProto **inits = calloc(gp->n_initializer + (size_t)nu + 1, sizeof *inits);
+  char ***saved = calloc((size_t)nu + 1, sizeof *saved); /* each renamed node's input array */
+  int64_t *dims = calloc((size_t)nu * MAX_RANK + 1, sizeof *dims);
+  if (!tp || !inits || !saved || !dims) abort();
+  memcpy(inits, gp->initializer, gp->n_initializer * sizeof *inits);
+  for (int u = 0; u < nu; u++) {
+    const Tensor *c = &g->t[g->untied[u].copy];
+    onnx__tensor_proto__init(&tp[u]);
+    tp[u].name = (char *)c->name;
+    tp[u].data_type = c->dtype, tp[u].has_data_type = 1;
+    for (int i = 0; i < c->rank; i++) dims[u * MAX_RANK + i] = c->dims[i];
+    tp[u].n_dims = (size_t)c->rank, tp[u].dims = &dims[u * MAX_RANK];
+    tp[u].has_raw_data = 1, tp[u].raw_data.len = (size_t)tensor_bytes(c), tp[u].raw_data.data = c->data;
+    inits[gp->n_initializer + (size_t)u] = &tp[u];
+    /* The node reads the copy: a new input array, the old one kept to restore. */
+    Onnx__NodeProto *np = gp->node[g->untied[u].node];
+    char **in = calloc(np->n_input + 1, sizeof *in);
+    if (!in) abort();
+    for (size_t q = 0; q < np->n_input; q++)
+      in[q] = np->input[q] && !strcmp(np->input[q], g->t[g->untied[u].from].name) ? (char *)c->name : np->input[q];
+    saved[u] = np->input;
+    np->input = in;
+  }
+  Onnx__TensorProto **old = gp->initializer;
+  size_t nold = gp->n_initializer;
+  gp->initializer = inits, gp->n_initializer = nold + (size_t)nu;
+  *len = onnx__model_proto__get_packed_size(m);
+  *out = malloc(*len + 1);
+  if (!*out) abort();
+  onnx__model_proto__pack(m, *out);
+  gp->initializer = old, gp->n_initializer = nold;
+  for (int u = nu - 1; u >= 0; u--) { /* a node untied twice is restored in reverse */
+    Onnx__NodeProto *np = gp->node[g->untied[u].node];
+    free(np->input);
+    np->input = saved[u];
+  }
+  free(tp), free(inits), free(saved), free(dims);
+  return 0;
+}

@@ -274,6 +274,7 @@ int plan_from_graph(Plan *p) {
     return err_set("%s: %s", g->path, msg);
   }
   if (check_nonempty(g)) return -1;
+  if (o->untie && untie_merged(g)) return -1;
   p->node = pool_alloc(&g->pool, sizeof(int) * (size_t)g->nn);
   for (int j = 0; j < g->nn; j++)
     if (!g->n[j].folded) p->node[p->N++] = j;

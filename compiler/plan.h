@@ -10,6 +10,7 @@ typedef struct Options {
   int nstages, microbatches, schedule, listing, dump_shapes, plan_only;
   int forward_only;  /* an inference program: no loss, no backward (conformance tests) */
   int loss_mse;      /* MSE against one-hot labels instead of softmax cross-entropy */
+  int untie;         /* --untie: a weight nodes of one kind share gets a copy per reader (untie.c) */
   int64_t batch;
   double mem_limit, lr, momentum, weight_decay;
 } Options;
@@ -54,4 +55,6 @@ void plan_free(Plan *p);
  * how many.  *same_kind: two of them are the same op (two LayerNorms, two
  * Convs), the mark of an exporter that merged equal initializers. */
 int plan_tie_readers(const Plan *p, int t, int *ks, int *same_kind);
+/* --untie (untie.c): a weight read by nodes of one kind gets a copy per reader after the first. */
+int untie_merged(Graph *g);
 #endif

@@ -220,6 +220,54 @@ def merged_gpt(tmp, tok):
         runs[n] = trained
     bit_identical(runs, "merged: n = 1, 2 and 4 give bit-identical weights")
 
+    # --untie: each reader its own copy - the model torch trained.
+    init_state = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
+    want = torch_losses(model, tok)
+    state = {k: v.detach().numpy() for k, v in model.named_parameters()}
+    runs = {}
+    for n in (1, 4):
+        got = compile_run(tmp, "untied", path, n, STEPS, extra=("--untie",))
+        if got is None:
+            continue
+        err, losses, trained, _ = got
+        check("pipecc: warning:" not in err, f"untied n={n}: no tie is left to warn about ({err.strip()[:120]})")
+        e = rel_err(losses, want)
+        check(e < 1e-4, f"untied n={n}: per-step losses within 1e-4 relative of PyTorch's untied model (max {e:.2e})")
+        saved = onnx.load(os.path.join(tmp, f"untied.{n}.onnx"))
+        matched = {name: (key, False) for name in trained for key in [torch_key(saved, name, state)] if key in state}
+        # What the exporter folded (Linear weights transposed, wpe gathered at arange(T)): by initial value.
+        initial = {t.name: numpy_helper.to_array(t) for t in onnx.load(os.path.join(tmp, f"untied.{n}.pipe", "model.onnx")).graph.initializer}
+        taken = {key for key, _ in matched.values()}
+        for name, v in initial.items():
+            for key, p in init_state.items():
+                for tr in (False, True):
+                    q = p.T if tr else p
+                    if name not in matched and key not in taken and v.shape == q.shape and np.array_equal(v, q):
+                        matched[name] = (key, tr)
+                        taken.add(key)
+        w = max(float(np.abs(trained[name].astype(np.float64) - (state[key].T if tr else state[key])).max())
+                for name, (key, tr) in matched.items())
+        got_keys = {key for key, _ in matched.values()}
+        check(len(got_keys) == len(state) and w < 1e-4,
+              f"untied n={n}: every torch parameter has its own trained copy ({len(got_keys)} of {len(state)}, "
+              f"missing {sorted(set(state) - got_keys)}), "
+              f"within 1e-4 (max {w:.2e})")
+        runs[n] = trained
+    bit_identical(runs, "untied: n = 1 and 4 give bit-identical weights")
+
+
+def torch_key(model, name, params):
+    """The torch parameter an initializer of the exported GPT holds: its own name, or for a merged one
+    (or a copy --untie made) the output an Identity gives it, or the LayerNorm scope that reads it."""
+    for n in model.graph.node:
+        if name in n.input:
+            if n.op_type == "Identity":
+                return n.output[0]
+            if n.op_type == "LayerNormalization" and name not in params:
+                scope = n.name.strip("/").rsplit("/", 1)[0].replace("/", ".")
+                return scope + (".weight" if list(n.input).index(name) == 1 else ".bias")
+    return name
+
 
 def main():
     global TOKENS
