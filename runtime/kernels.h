@@ -827,7 +827,8 @@ static inline void k_put_grad(const float *dy, float *dx, int64_t outer, int64_t
  * easy as 1, 2, 3", SC 2011; Random123's reference): a keyed bijection of a
  * 128-bit counter, so any element's random number is computed from where it
  * is - no stream state to carry between actions, ranks or micro-batches.
- * Element e of Dropout node `node` in step `step` reads lane e % 4 of
+ * Element e of Dropout node `node` (its index in the ONNX graph, fixed at
+ * compile time) in step `step` reads lane e % 4 of
  *   philox(counter = {e / 4 (64 bits), node, step}, key = the run's --seed),
  * where e = mb * n + i counts across the step's micro-batches (so a
  * batch-major tensor gets the same mask for any --microbatches too).  Where a

@@ -12,7 +12,7 @@ read from a small harness that calls the kernel (k_dropout) itself.
      training_mode true) on 10^6 values: kept fraction within 5 sigma of
      1 - ratio, kept values exactly x * (1 / (1 - ratio)) in float (PyTorch's
      CPU noise), dropped ones 0, the mask output = the harness's mask;
-  3. nn.Dropout(0.0) exported in training mode trains as PyTorch with its
+  3. nn.Dropout(0.0) exported in training mode (opset 17) trains as PyTorch with its
      own dropout (losses and weights within 1e-5), n = 1 and 2;
   4. an MLP with two nn.Dropout(0.3) (opset 13, training mode): every step's
      loss and the trained weights within 1e-5 of a PyTorch model that applies
@@ -316,7 +316,7 @@ def check_training(tmp, env, exe):
 
     # 3. p = 0: PyTorch's own dropout.
     torch.manual_seed(0)
-    path0 = export(DropMLP(0.0), os.path.join(tmp, "p0.onnx"), 13)
+    path0 = export(DropMLP(0.0), os.path.join(tmp, "p0.onnx"), 17)   # the same form as opset 13's below
     ref0 = tp.torch_reference(lambda: DropMLP(0.0), path0, imgs, labels)
     runs = {(n, s): run(f"p=0 n={n} {s} vs PyTorch", path0, n, s, ref0, tmp, env, datadir, None)
             for n, s in ((1, "1f1b"), (2, "gpipe"))}

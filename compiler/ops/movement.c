@@ -575,7 +575,8 @@ static int expand_fold(Graph *g, Node *n) {
  * training program drops and an inference one (--forward-only) copies. */
 enum { DROP_NEVER, DROP_ALWAYS, DROP_WHEN_TRAINING };
 
-/* Reads ratio and the mode; infer has checked that they are constants. */
+/* Reads ratio and the mode; infer has checked that they are constants.  The
+ * optional seed attribute is not read: masks are keyed by the run's --seed. */
 static int dropout_params(Graph *g, const Node *n, float *ratio) {
   if (g->opset < 12) {
     *ratio = attr_float(n, "ratio", 0.5f);
