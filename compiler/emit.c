@@ -90,6 +90,7 @@ static void render_arg(Buf *o, const StageProg *sp, const Arg *a, char code) {
   switch (a->kind) {
   case ARG_BUF:
     if (code == 'u') buf_printf(o, "(const uint8_t *)");
+    if (code == 'M') buf_printf(o, "(uint8_t *)");
     buf_expr(o, sp, a->buf);
     break;
   case ARG_NULL: buf_printf(o, "NULL"); break;

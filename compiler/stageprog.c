@@ -30,7 +30,7 @@ static void add_unique(int *list, int *n, int id) {
   list[(*n)++] = id;
 }
 
-static int is_buffer_code(char c) { return strchr("rRwWaAu", c) != NULL; }
+static int is_buffer_code(char c) { return strchr("rRwWaAuM", c) != NULL; }
 
 Call *call_add(StageProg *sp, Pool *pool, int phase, int kernel, int node, const char *comment, const Arg *args, int nargs) {
   const char *sig = KERNELS[kernel].sig;
@@ -53,13 +53,13 @@ Call *call_add(StageProg *sp, Pool *pool, int phase, int kernel, int node, const
     if (is_buffer_code(code)) {
       if (x.kind != ARG_BUF) bad_call(kernel, "expected a buffer", a);
       if (x.buf < 0) {
-        if (code != 'R' && code != 'W' && code != 'A') bad_call(kernel, "a required buffer is missing", a);
+        if (code != 'R' && code != 'W' && code != 'A' && code != 'M') bad_call(kernel, "a required buffer is missing", a);
         x.kind = ARG_NULL;
       } else if (x.buf >= sp->nbufs) {
         bad_call(kernel, "no such buffer", a);
       } else {
         if (strchr("rRaAu", code)) add_unique(k->reads, &k->nreads, x.buf);
-        if (strchr("wWaA", code)) add_unique(k->writes, &k->nwrites, x.buf);
+        if (strchr("wWaAM", code)) add_unique(k->writes, &k->nwrites, x.buf);
       }
     } else if ((code == 'i' && x.kind != ARG_INT) || (code == 'f' && x.kind != ARG_FLOAT) ||
                (code == 'c' && (x.kind != ARG_CONST || x.i < 0 || x.i >= sp->nshapes)) || (code == 's' && x.kind != ARG_SYM)) {

@@ -69,6 +69,7 @@ typedef struct Run {
 } Run;
 
 static int g_rank = -1;
+RandCtx pr_rand = {1, 0, 0}; /* piperun.h; seed 1 is --seed's default */
 
 static void die(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 /* Writes one message line: tensor names come from the model, so a newline or
@@ -484,6 +485,8 @@ static void optimizer_step(Run *r);
 static double run_action(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
   r->cur = a;
+  if (a->kind == PR_F || a->kind == PR_B || a->kind == PR_I || a->kind == PR_W)
+    pr_rand.step = r->step, pr_rand.mb = a->mb; /* the backward redraws the forward's Dropout masks */
   switch (a->kind) {
   case PR_F: return do_forward(r, a);
   case PR_B: do_backward(r, a, st->backward); break;
@@ -1029,6 +1032,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   r.st = st;
   r.rank = g_rank;
   parse_args(&r.a, argc, argv);
+  pr_rand.seed = r.a.seed;
   char path[4096], msg[1024] = "";
   snprintf(path, sizeof path, "%s/weights/stage_%d.bin", pr_stage_dir(), st->stage);
   agree(load_file(path, st->arena, st->weights_bytes, msg, sizeof msg) == 0, msg);

@@ -94,6 +94,14 @@ typedef struct PrStage {
   int forward_only;            /* an inference program: pr_main runs pr_eval */
 } PrStage;
 
+/* What the random kernels (Dropout) key their numbers by, besides the node:
+ * the run's --seed, and the step and micro-batch of the action running.
+ * pr_main sets step and mb before every F, B, I and W action; generated
+ * calls name it as a symbol argument (k_dropout(..., &pr_rand)), so the
+ * kernel reads it at run time while the call stays data in the compiler.
+ * An inference program (pr_eval) runs step 0, micro-batch 0, seed 1. */
+extern RandCtx pr_rand;
+
 /* Inference: reads each input from DIR/input_<k>.pb (ONNX TensorProto, in
  * graph-input order), runs forward once, writes each output raw to
  * OUT/<k>.bin in the order of st->send.  Used by the conformance tests. */

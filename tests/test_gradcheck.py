@@ -274,15 +274,35 @@ def run_node(op, ins, a, opset):
     raise NotImplementedError(op)
 
 
+def dropout(index, ins, a, opset):
+    """Dropout as pipecc trains it in this test's one step (step 0, --seed 1):
+    the mask is Philox's for node `index` (tests/test_dropout.py computes it as
+    runtime/kernels.h does), applied as PyTorch applies its own: x * (mask / (1 - p))."""
+    from test_dropout import philox_mask
+    x = ins[0]
+    if opset < 12:   # the ratio attribute: the op drops in a training program
+        ratio, drops = a.get("ratio", 0.5), True
+    else:            # training_mode false when absent
+        ratio = float(ins[1]) if len(ins) > 1 and ins[1] is not None else 0.5
+        drops = len(ins) > 2 and ins[2] is not None and bool(ins[2])
+    if not drops or ratio == 0:
+        return [x, torch.ones(x.shape, dtype=torch.bool)]
+    keep = torch.from_numpy(philox_mask(0, index, x.numel(), ratio).reshape(tuple(x.shape)))
+    return [x * (keep.to(x.dtype) / (1 - ratio)), keep]
+
+
 def run_graph(model, env):
     """Evaluates model's nodes over env (name -> tensor); returns env."""
     opset = max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
     env = dict(env)
-    for n in model.graph.node:
+    for index, n in enumerate(model.graph.node):
         ins = [env[i] if i else None for i in n.input]
         while ins and ins[-1] is None:
             ins.pop()
-        outs = run_node(n.op_type, ins, node_attrs(n), opset)
+        if n.op_type == "Dropout":   # its mask depends on where the node is
+            outs = dropout(index, ins, node_attrs(n), opset)
+        else:
+            outs = run_node(n.op_type, ins, node_attrs(n), opset)
         if n.op_type == "Split":
             xx, sizes, axis = outs
             if sizes is None:
@@ -813,6 +833,23 @@ def _(g):
 @case("LeakyRelu", "alpha=0.2 [B,4,6], then * W[4,6]")
 def _(g):
     g.head(g.node("Mul", [g.node("LeakyRelu", [g.stem([4, 6])], alpha=0.2), g.rand([4, 6], 1.0)]))
+
+
+# Dropout: the mask is known (Philox, step 0, seed 1), so the gradient is checked where it drops too
+@case("Dropout", "ratio 0 training_mode=1 [B,4,6] (the identity)")
+def _(g):
+    g.head(g.node("Dropout", [g.stem([4, 6]), g.init(np.float32(0.0), "r"), g.init(np.array(True), "t")]))
+
+
+@case("Dropout", "ratio 0.4 training_mode=1 [B,4,6], then * W[4,6]")
+def _(g):
+    d = g.node("Dropout", [g.stem([4, 6]), g.init(np.float32(0.4), "r"), g.init(np.array(True), "t")])
+    g.head(g.node("Mul", [d, g.rand([4, 6], 1.0)]))
+
+
+@case("Dropout", "ratio attribute 0.25, opset 11 [B,4,6]", opset=11)
+def _(g):
+    g.head(g.node("Dropout", [g.stem([4, 6])], ratio=0.25))
 
 
 # Reshapes

@@ -9,6 +9,10 @@
  *     touched, put and put_grad are adjoint (<put x, dy> = <x, put_grad dy>),
  *     take(put(x)) = x, and k_put_grad(acc = 0) = k_take.
  *   - NaN: relu, maxpool, softmax, ... give what PyTorch gives on NaN input.
+ *   - Philox4x32-10 against Random123's known-answer vectors; k_dropout /
+ *     k_dropout_grad: the mask is the generator's, kept values are x * scale,
+ *     the backward redraws the forward's mask, micro-batch mb continues the
+ *     step's stream at element mb * n, acc = 1 adds.
  * Built under ASan + UBSan (make bin/test_kernels); ends with "N passed, M failed". */
 #include <float.h>
 #include <math.h>
@@ -257,6 +261,64 @@ static void test_nan(void) {
                         "softmax, log_softmax, tanh, sigmoid, gelu, cross-entropy\n");
 }
 
+
+/* ---- Dropout ---- */
+
+/* Random123's tests/kat_vectors, the three "philox4x32 10" lines: counter, key, result. */
+static void test_philox(void) {
+  static const uint32_t kat[3][10] = {
+      {0, 0, 0, 0, 0, 0, 0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8},
+      {0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff, 0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd},
+      {0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344, 0xa4093822, 0x299f31d0, 0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1},
+  };
+  int since = failed;
+  for (int v = 0; v < 3; v++) {
+    uint32_t c[4] = {kat[v][0], kat[v][1], kat[v][2], kat[v][3]};
+    k_philox4x32_10(c, kat[v][4], kat[v][5]);
+    for (int l = 0; l < 4; l++)
+      CHECK(c[l] == kat[v][6 + l], "philox4x32-10 vector %d word %d: %08x, Random123: %08x\n", v, l, c[l], kat[v][6 + l]);
+  }
+  OK_IF_NONE_FAILED(since, "philox4x32-10 matches Random123's 3 known-answer vectors\n");
+}
+
+static void test_dropout(float ratio) {
+  enum { N = 4099, MB = 3 }; /* not a multiple of 4: micro-batches start inside a Philox block */
+  static float x[MB * N], y[MB * N], dy[MB * N], dx[MB * N], dx2[MB * N];
+  static uint8_t m[MB * N], mfull[MB * N];
+  int since = failed;
+  for (int i = 0; i < MB * N; i++) x[i] = (float)(urand() * 4 - 2), dy[i] = (float)(urand() * 2 - 1);
+  RandCtx rc = {0x123456789abcdefull, 7, 0};
+  float scale = 1.0f / (float)(1.0 - (double)ratio);
+  uint64_t thr = (uint64_t)((double)ratio * 4294967296.0);
+  int64_t kept = 0;
+  k_dropout(x, y, mfull, MB * N, ratio, 42, &rc); /* the whole step as one micro-batch */
+  for (int i = 0; i < MB * N; i++) {
+    uint32_t c[4] = {(uint32_t)(i / 4), 0, 42, 7};
+    k_philox4x32_10(c, 0x89abcdefu, 0x01234567u);
+    int keep = c[i % 4] >= thr;
+    kept += keep;
+    CHECK(mfull[i] == keep, "dropout(%g): element %d: mask %d, the generator says %d\n", (double)ratio, i, mfull[i], keep);
+    CHECK(y[i] == x[i] * (keep ? scale : 0.0f), "dropout(%g): element %d: %.9g from %.9g (kept %d)\n", (double)ratio, i, y[i], x[i], keep);
+  }
+  for (int mb = 0; mb < MB; mb++) { /* micro-batch mb of N elements draws the step's elements mb * N .. */
+    rc.mb = mb;
+    k_dropout(x + mb * N, y + mb * N, m + mb * N, N, ratio, 42, &rc);
+    k_dropout_grad(dy + mb * N, dx + mb * N, N, ratio, 42, &rc, 0);
+  }
+  CHECK(!memcmp(m, mfull, sizeof m), "dropout(%g): micro-batches do not continue the step's mask\n", (double)ratio);
+  for (int i = 0; i < MB * N; i++)
+    CHECK(dx[i] == dy[i] * (mfull[i] ? scale : 0.0f), "dropout_grad(%g): element %d: %.9g, want %.9g\n", (double)ratio, i, dx[i],
+          dy[i] * (mfull[i] ? scale : 0.0f));
+  memcpy(dx2, dx, sizeof dx);
+  rc.mb = 0;
+  k_dropout_grad(dy, dx2, N, ratio, 42, &rc, 1);
+  for (int i = 0; i < N; i++) CHECK(dx2[i] == dx[i] + dx[i], "dropout_grad(%g) acc=1 is not dx + the gradient at %d\n", (double)ratio, i);
+  double p = (double)kept / (MB * N), want = 1 - ratio, sd = sqrt(want * (1 - want) / (MB * N));
+  CHECK(fabs(p - want) <= 5 * sd + 1e-12, "dropout(%g): kept %.4f, want %.4f +- %.4f\n", (double)ratio, p, want, 5 * sd);
+  OK_IF_NONE_FAILED(since, "dropout(%g): mask from Philox, kept %.4f (want %.4f), x * %.9g, backward redraws it, acc\n", (double)ratio,
+                    p, want, (double)scale);
+}
+
 int main(void) {
   make_inputs();
   test_nan();
@@ -271,6 +333,11 @@ int main(void) {
   test_put(4, 1, 16, l16);
   test_put(1, 5, 3, l3);   /* axis 0 */
   test_put(3, 7, 6, l6);   /* a middle axis */
+  test_philox();
+  test_dropout(0.0f);
+  test_dropout(0.3f);
+  test_dropout(0.5f);
+  test_dropout(1.0f);
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
 }

@@ -1,6 +1,7 @@
 /* movement.c - ops that move data without arithmetic: the reshapes (Reshape,
  * Flatten, Squeeze, Unsqueeze, Identity), Transpose, Split, Concat, Pad,
- * Gather (embeddings), and Slice, Cast, Expand, Dropout (compile time only). */
+ * Gather (embeddings), Dropout (a mask times its input), and Slice, Cast, Expand
+ * (compile time only). */
 #include "ops/rule.h"
 
 /* ---- reshapes: the same bytes under a new shape (folded by fold_copy) ---- */
@@ -456,7 +457,7 @@ static int gather_bwd(Emit *e, const Node *n, int j) {
   return 0;
 }
 
-/* ---- compile time only: Slice, Cast, Expand; Dropout (inference) ---- */
+/* ---- compile time only: Slice, Cast, Expand ---- */
 
 /* Clamps ONNX Slice bounds for one axis exactly as the spec does. */
 static void slice_bounds(int64_t dim, int64_t start, int64_t end, int64_t step, int64_t *s, int64_t *count) {
@@ -565,12 +566,72 @@ static int expand_fold(Graph *g, Node *n) {
   return 0;
 }
 
+/* ---- Dropout: drops at run time in training (kernels.h draws the masks) ---- */
+
+/* When a Dropout drops.  From opset 12 ONNX says it with a training_mode
+ * input (false when absent): torch exports nn.Dropout in training mode with
+ * training_mode = true, and in eval mode no node at all.  Before 12 there is
+ * no flag: the op drops while training and copies in inference, so a
+ * training program drops and an inference one (--forward-only) copies. */
+enum { DROP_NEVER, DROP_ALWAYS, DROP_WHEN_TRAINING };
+
+/* Reads ratio and the mode; infer has checked that they are constants.  The
+ * optional seed attribute is not read: masks are keyed by the run's --seed. */
+static int dropout_params(Graph *g, const Node *n, float *ratio) {
+  if (g->opset < 12) {
+    *ratio = attr_float(n, "ratio", 0.5f);
+    return DROP_WHEN_TRAINING;
+  }
+  Tensor *r = node_in(g, n, 1), *t = node_in(g, n, 2);
+  *ratio = r ? (float)const_f64(r, 0) : 0.5f;
+  return t && const_i64(t, 0) ? DROP_ALWAYS : DROP_NEVER;
+}
+
 static int dropout_infer(Graph *g, Node *n) {
   Tensor *x = need_in(g, n, 0);
   if (!x) return -1;
+  if (g->opset >= 12)
+    for (int k = 1; k <= 2; k++) {
+      Tensor *c = node_in(g, n, k);
+      if (c && !need_const(g, n, k, k == 1 ? "the ratio" : "training_mode")) return -1;
+      if (c && ir_numel(c) != 1) return node_err(n, "%s must be a single value, not %s", k == 1 ? "the ratio" : "training_mode", shape_str(c));
+    }
+  float ratio;
+  dropout_params(g, n, &ratio);
+  if (!(ratio >= 0 && ratio <= 1)) return node_err(n, "the ratio %g is outside [0, 1]", (double)ratio);
   copy_shape(node_out(g, n, 0), x);
   Tensor *m = node_out(g, n, 1);
   if (m) copy_shape(m, x), m->dtype = DT_BOOL;
+  return 0;
+}
+
+/* The ratio this node drops with in this program: 0 when it copies. */
+static float dropout_ratio(Emit *e, const Node *n) {
+  float ratio;
+  int mode = dropout_params(em_graph(e), n, &ratio);
+  return mode == DROP_ALWAYS || (mode == DROP_WHEN_TRAINING && em_training(e)) ? ratio : 0;
+}
+
+/* A Philox draw per 4 elements and a multiply: about 8 operations an element. */
+static double dropout_flops(Graph *g, const Node *n) { return 8 * rule_numel(node_out(g, n, 0)); }
+
+/* The node's graph index j keys its masks: the same node has the same id in every partition. */
+static int dropout_fwd(Emit *e, const Node *n, int j) {
+  float ratio = dropout_ratio(e, n);
+  int64_t count = ir_numel(em_t(e, n->out[0]));
+  int mask = em_used(e, n, 1) ? em_out(e, n, 1) : -1;
+  if (ratio == 0 && mask < 0) return copy_fwd(e, n, j); /* the identity: an eval-mode Dropout, or p = 0 */
+  CALL(e, PH_FWD, K_DROPOUT, n, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)), A_BUF(mask), A_INT(count), A_FLT(ratio),
+       A_INT(j), A_SYM("&pr_rand"));
+  return 0;
+}
+static int dropout_bwd(Emit *e, const Node *n, int j) {
+  float ratio = dropout_ratio(e, n);
+  if (ratio == 0) return copy_bwd(e, n, j);
+  if (!em_needs(e, n, 0)) return 0;
+  int acc, dx = em_grad(e, n, 0, &acc);
+  CALL(e, PH_IGRAD, K_DROPOUT_GRAD, n, A_BUF(em_dy(e, n, 0)), A_BUF(dx), A_INT(ir_numel(em_t(e, n->out[0]))), A_FLT(ratio),
+       A_INT(j), A_SYM("&pr_rand"), A_INT(acc));
   return 0;
 }
 
@@ -587,10 +648,11 @@ const OpDef OPS_MOVEMENT[] = {
     {"Concat", "movement", concat_check, concat_fold, 0xffffffffu, STASH_NONE, NULL, 0, concat_fwd, concat_bwd, NULL, 0, 0},
     {"Pad", "movement", pad_infer, NULL, 1, STASH_NONE, NULL, 0, pad_fwd, pad_bwd, NULL, 0, 0},
     {"Gather", "movement", gather_infer, gather_fold, 1, STASH_INPUTS, NULL, 0, gather_fwd, gather_bwd, NULL, 0, 0},
+    /* Backward redraws the mask (k_dropout_grad says why): nothing is stashed. */
+    {"Dropout", "movement", dropout_infer, NULL, 1, STASH_NONE, dropout_flops, 0, dropout_fwd, dropout_bwd, NULL, 0, 0},
     /* Shape rules and folding, no run-time kernels yet. */
     FOLD_ONLY("Slice", slice_infer, slice_fold, STASH_NONE),
     FOLD_ONLY("Cast", cast_infer, cast_fold, STASH_NONE),
     FOLD_ONLY("Expand", expand_infer, expand_fold, STASH_NONE),
-    FOLD_ONLY("Dropout", dropout_infer, NULL, STASH_OUTPUT),
     {0},
 };

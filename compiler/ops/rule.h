@@ -45,6 +45,9 @@ int em_shape_ref(Emit *e, const char *name);
  * an input gradient and a weight gradient in one pass is then called twice,
  * once for each (NULL for the other), so the W half can wait for the bubble. */
 int em_split_wgrad(Emit *e);
+/* A training program (1), or an inference one (--forward-only, 0): ops whose
+ * ONNX meaning depends on it (Dropout before opset 12) ask. */
+int em_training(Emit *e);
 void em_call(Emit *e, int phase, int kernel, const Node *n, const Arg *args, int nargs);
 const char *em_name(Emit *e, const char *fmt, int j); /* "CONV_%d" -> pooled string */
 
