@@ -634,9 +634,30 @@ static inline void k_view_grad(const float *dy, float *dx, const ViewShape *s, i
   }
 }
 
-/* ---- Cast between the two element types run-time values have ---- */
+/* ---- Cast to and from float32 at run time ----
+ * Training values are float32 or int64; an inference program (--forward-only)
+ * also reads bool, int32 and float16 inputs.  Buffers of those types are
+ * declared float in the generated C, hence `const void *`. */
 static inline void k_cast_i64_f32(const int64_t *x, float *y, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] = (float)x[i];
+}
+static inline void k_cast_i32_f32(const void *x, float *y, int64_t n) {
+  const int32_t *v = (const int32_t *)x;
+  for (int64_t i = 0; i < n; i++) y[i] = (float)v[i];
+}
+static inline void k_cast_bool_f32(const void *x, float *y, int64_t n) {
+  const uint8_t *v = (const uint8_t *)x;
+  for (int64_t i = 0; i < n; i++) y[i] = v[i] ? 1.0f : 0.0f;
+}
+/* IEEE half to float, exactly (every half is a float): subnormals, infinities, NaN. */
+static inline float pr_half_to_float(uint16_t h) {
+  int e = h >> 10 & 0x1f, m = h & 0x3ff;
+  float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 0x400), e - 25);
+  return h >> 15 ? -v : v;
+}
+static inline void k_cast_f16_f32(const void *x, float *y, int64_t n) {
+  const uint16_t *v = (const uint16_t *)x;
+  for (int64_t i = 0; i < n; i++) y[i] = pr_half_to_float(v[i]);
 }
 /* Truncation toward zero, as numpy's astype and torch's .long(); NaN and
  * values outside int64 give INT64_MIN, what both give on x86 (and no

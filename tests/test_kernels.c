@@ -338,7 +338,23 @@ static void test_cast(void) {
   int64_t yi[9];
   k_cast_f32_i64(xf, yi, 9);
   for (int i = 0; i < 9; i++) CHECK(yi[i] == wanti[i], "k_cast_f32_i64(%.9g) = %lld, want %lld\n", xf[i], (long long)yi[i], (long long)wanti[i]);
-  OK_IF_NONE_FAILED(f0, "k_cast_i64_f32 / k_cast_f32_i64: rounding, truncation toward zero, NaN and out of range\n");
+  const int32_t x32[4] = {-7, 0, INT32_MAX, INT32_MIN};
+  const float want32[4] = {-7.0f, 0.0f, 2147483648.0f, -2147483648.0f};
+  k_cast_i32_f32(x32, yf, 4);
+  for (int i = 0; i < 4; i++) CHECK(yf[i] == want32[i], "k_cast_i32_f32(%d) = %.9g, want %.9g\n", x32[i], yf[i], want32[i]);
+  const uint8_t xb[3] = {0, 1, 0};
+  k_cast_bool_f32(xb, yf, 3);
+  CHECK(yf[0] == 0 && yf[1] == 1 && yf[2] == 0, "k_cast_bool_f32([0, 1, 0]) = [%g, %g, %g]\n", yf[0], yf[1], yf[2]);
+  /* Halves by their bits; the values are numpy's np.float16 -> np.float32. */
+  const uint16_t xh[10] = {0x3c00, 0xc000, 0x0001, 0x03ff, 0x7bff, 0x3555, 0x7c00, 0xfc00, 0x8000, 0x7e00};
+  const float wanth[10] = {1.0f, -2.0f, 0x1p-24f, 1023 * 0x1p-24f, 65504.0f, 0.333251953125f, INFINITY, -INFINITY, -0.0f, NAN};
+  float yh[10];
+  k_cast_f16_f32(xh, yh, 10);
+  for (int i = 0; i < 10; i++)
+    CHECK(isnan(wanth[i]) ? isnan(yh[i]) : yh[i] == wanth[i] && signbit(yh[i]) == signbit(wanth[i]),
+          "k_cast_f16_f32(0x%04x) = %.9g, want %.9g\n", xh[i], yh[i], wanth[i]);
+  OK_IF_NONE_FAILED(f0, "k_cast_*: int64, int32, bool, float16 -> float32 (rounding, subnormal halves, infinities, NaN); "
+                        "float32 -> int64 (truncation toward zero, NaN and out of range)\n");
 }
 
 int main(void) {

@@ -20,6 +20,12 @@ weight within 1e-4 absolute, the saved model's graph unchanged.  The -n 1 and
 run-time kernels (k_view, k_view_grad, k_cast_f32_i64, k_cast_i64_f32): a
 model that folded them away would test nothing.
 
+Then each run-time Cast on its own, in an inference program (--forward-only,
+which reads typed ONNX inputs): bool, int32, int64, float16 -> float32 and
+float32 -> int64 / float32, on special values (float16 subnormals, infinities
+and NaN; int32/int64 extremes; float32 halves, NaN, out of int64 range), must
+equal numpy's astype bit for bit.
+
   /usr/bin/python3 tests/test_movement.py [--keep]
 
 PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"."""
@@ -32,10 +38,17 @@ import sys
 import tempfile
 import time
 
+import subprocess
+import warnings
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
 import torch
 import torch.nn as nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
 KERNELS = ("k_view(", "k_view_grad(", "k_cast_f32_i64(", "k_cast_i64_f32(")
 
 
@@ -44,6 +57,74 @@ def load_parity():
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
+
+
+def load_conformance():
+    spec = importlib.util.spec_from_file_location("conformance", os.path.join(ROOT, "tests", "conformance", "run.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def cast_cases():
+    """(name, input array, ONNX 'to', numpy result type)."""
+    rng = np.random.default_rng(11)
+    i64 = np.iinfo(np.int64)
+    f32 = np.concatenate([[2.7, -2.7, -0.5, 0.5, 1e18, -1e19, 2.0 ** 63, np.nan, np.inf, -np.inf], rng.normal(0, 50, 6)])
+    f16_bits = np.array([0x3c00, 0xc000, 0x0001, 0x03ff, 0x7bff, 0x3555, 0x7c00, 0xfc00, 0x8000, 0x7e00], np.uint16)
+    return [
+        ("bool -> float32", rng.integers(0, 2, 16).astype(np.bool_), TensorProto.FLOAT, np.float32),
+        ("int32 -> float32", np.concatenate([[-7, 0, 2 ** 31 - 1, -2 ** 31], rng.integers(-2 ** 31, 2 ** 31, 12)]).astype(np.int32),
+         TensorProto.FLOAT, np.float32),
+        ("int64 -> float32", np.concatenate([[i64.max, i64.min, 2 ** 53 + 1, -(2 ** 24) - 1], rng.integers(-10 ** 12, 10 ** 12, 12)])
+         .astype(np.int64), TensorProto.FLOAT, np.float32),
+        ("float16 -> float32", np.concatenate([f16_bits.view(np.float16), rng.normal(0, 100, 6).astype(np.float16)]),
+         TensorProto.FLOAT, np.float32),
+        ("float32 -> int64", f32.astype(np.float32), TensorProto.INT64, np.int64),
+        ("float32 -> float32", f32.astype(np.float32), TensorProto.FLOAT, np.float32),
+    ]
+
+
+def check_casts(par, tmp, env):
+    """Each run-time Cast alone in a --forward-only program, against numpy's astype."""
+    conf = load_conformance()
+    rt_obj = conf.build_runtime(tmp)
+    runtime = os.path.join(ROOT, "runtime")
+    for name, x, to, want_type in cast_cases():
+        work = os.path.join(tmp, "cast_" + name.replace(" ", "").replace(">", ""))
+        os.makedirs(os.path.join(work, "in"))
+        os.makedirs(os.path.join(work, "out"))
+        x = x.reshape(2, 8)
+        elem = onnx.mapping.NP_TYPE_TO_TENSOR_TYPE[x.dtype]
+        g = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], name="cast_node", to=to)], "cast",
+                              [helper.make_tensor_value_info("x", elem, [2, 8])],
+                              [helper.make_tensor_value_info("y", to, [2, 8])])
+        path = os.path.join(work, "cast.onnx")
+        onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+        with open(os.path.join(work, "in", "input_0.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(x).SerializeToString())
+        out = os.path.join(work, "prog")
+        try:
+            par.run_cmd("pipecc", [PIPECC, path, "--forward-only", "-o", out], env)
+            par.run_cmd("cc", ["mpicc", "-O1", "-Wall", "-Werror", "-I" + runtime, "-I" + os.path.join(ROOT, "build", "gen"),
+                               "-D_GNU_SOURCE", os.path.join(out, "stage_0.c"), *rt_obj, "-o", os.path.join(out, "stage_0"),
+                               "-lopenblas", "-lprotobuf-c", "-lm"], dict(env, OMPI_CC="clang"))
+            par.run_cmd("stage_0", [os.path.join(out, "stage_0"), os.path.join(work, "in"), os.path.join(work, "out")],
+                        dict(env, PIPERUN_DIR=out))
+            code = open(os.path.join(out, "stage_0.c")).read()
+        except par.StepFailed as e:
+            par.result(False, f"Cast {name} at run time", e.args[0])
+            if e.args[1]:
+                par.note(e.args[1])
+            continue
+        got = np.fromfile(os.path.join(work, "out", "0.bin"), dtype=want_type)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # numpy warns on NaN/inf -> int64 (it gives INT64_MIN, as x86 does)
+            want = x.reshape(-1).astype(want_type)
+        kernel = "k_copy(" if name == "float32 -> float32" else "k_cast_"
+        same = got.shape == want.shape and np.array_equal(got.view(np.uint8), want.view(np.uint8))
+        par.result(same and kernel in code, f"Cast {name} at run time equals numpy's astype bit for bit",
+                   "" if same else f"got {got.tolist()}, numpy {want.tolist()}" if kernel in code else "no run-time kernel call")
 
 
 class MoveNet(nn.Module):
@@ -96,6 +177,7 @@ def main():
                        f"not checked: only {len(runs)} run(s) succeeded")
         else:
             par.result(runs[1] == runs[2], "movenet: n=1 and n=2 give bit-identical weights")
+        check_casts(par, tmp, env)
     except Exception as e:
         par.result(False, "setup", f"{type(e).__name__}: {e}")
     finally:

@@ -590,21 +590,28 @@ static int cast_fold(Graph *g, Node *n) {
   return 0;
 }
 
-/* Run-time values are float32 or int64 (the loader's images and token ids,
- * and what Cast makes of them); a Cast between those runs, any other type
- * only folds.  Only float -> float passes a gradient: an integer has none. */
+/* The casts that run: training values are float32 or int64 (the loader's
+ * images and token ids, and what Cast makes of them); an inference program
+ * also reads bool, int32 and float16 inputs.  Any other cast only folds. */
+static const struct {
+  int from, to, kernel;
+} RUN_CASTS[] = {
+    {DT_FLOAT, DT_FLOAT, K_COPY},           {DT_INT64, DT_FLOAT, K_CAST_I64_F32}, {DT_FLOAT, DT_INT64, K_CAST_F32_I64},
+    {DT_INT32, DT_FLOAT, K_CAST_I32_F32},   {DT_BOOL, DT_FLOAT, K_CAST_BOOL_F32}, {DT_FLOAT16, DT_FLOAT, K_CAST_F16_F32},
+};
+
 static int cast_fwd(Emit *e, const Node *n, int j) {
   (void)j;
   Tensor *X = em_t(e, n->in[0]), *Y = em_t(e, n->out[0]);
-  int x = em_in(e, n, 0), y = em_out(e, n, 0);
-  if (X->dtype == DT_FLOAT && Y->dtype == DT_FLOAT) CALL(e, PH_FWD, K_COPY, n, A_BUF(x), A_BUF(y), A_INT(ir_numel(Y)));
-  else if (X->dtype == DT_INT64 && Y->dtype == DT_FLOAT) CALL(e, PH_FWD, K_CAST_I64_F32, n, A_BUF(x), A_BUF(y), A_INT(ir_numel(Y)));
-  else if (X->dtype == DT_FLOAT && Y->dtype == DT_INT64) CALL(e, PH_FWD, K_CAST_F32_I64, n, A_BUF(x), A_BUF(y), A_INT(ir_numel(Y)));
-  else
-    return err_set("node '%s' (Cast): a cast from %s to %s runs only at compile time (at run time: float32 <-> int64, float32 -> "
-                   "float32)", n->name, dtype_name(X->dtype), dtype_name(Y->dtype));
-  return 0;
+  for (size_t k = 0; k < sizeof RUN_CASTS / sizeof RUN_CASTS[0]; k++)
+    if (RUN_CASTS[k].from == X->dtype && RUN_CASTS[k].to == Y->dtype) {
+      CALL(e, PH_FWD, RUN_CASTS[k].kernel, n, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)), A_INT(ir_numel(Y)));
+      return 0;
+    }
+  return err_set("node '%s' (Cast): a cast from %s to %s runs only at compile time (at run time: float32 <-> int64, "
+                 "float32 -> float32, and bool, int32 or float16 -> float32)", n->name, dtype_name(X->dtype), dtype_name(Y->dtype));
 }
+
 static int expand_infer(Graph *g, Node *n) {
   Tensor *x = need_in(g, n, 0), *s = need_const(g, n, 1, "the shape");
   if (!x || !s) return -1;
