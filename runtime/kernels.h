@@ -592,6 +592,80 @@ static inline void k_take_grad(const float *dy, float *dx, int64_t outer, int64_
 }
 static inline void k_zero(float *x, int64_t n) { memset(x, 0, sizeof(float) * (size_t)n); }
 
+/* ---- strided views: Slice, Expand, Tile ----
+ * y[i] = x[base + sum_d idx_d(i) * st[d]] over y's dims `out`.  A Slice has
+ * its steps (negative when it walks backwards) times x's strides; Expand has
+ * stride 0 on broadcast axes; Tile reads x as [r0, d0, r1, d1, ...] with stride
+ * 0 on each repeat axis (16 axes: two per axis of a rank-8 input). */
+typedef struct ViewShape {
+  int rank;
+  int64_t out[16]; /* output dims */
+  int64_t st[16];  /* input stride along each output axis */
+  int64_t base;    /* input offset of output element 0 */
+  int64_t n, nx;   /* output and input element counts */
+} ViewShape;
+
+/* Input offset of the first element of output row r (a row: the last axis). */
+static inline int64_t view_row(const ViewShape *s, int64_t r) {
+  int64_t off = s->base;
+  for (int d = s->rank - 2; d >= 0; d--) {
+    off += (r % s->out[d]) * s->st[d];
+    r /= s->out[d];
+  }
+  return off;
+}
+static inline void k_view(const float *x, float *y, const ViewShape *s) {
+  int64_t len = s->out[s->rank - 1], step = s->st[s->rank - 1];
+  for (int64_t r = 0; r < s->n / len; r++) {
+    const float *src = x + view_row(s, r);
+    for (int64_t k = 0; k < len; k++) y[r * len + k] = src[k * step];
+  }
+}
+/* The adjoint: dx = 0 (acc = 0), then dy added at the element each output
+ * read, in output order.  A Slice reads each element at most once; Expand
+ * and Tile sum over the copies, so dx holds the sum over broadcast axes or
+ * tiles. */
+static inline void k_view_grad(const float *dy, float *dx, const ViewShape *s, int acc) {
+  int64_t len = s->out[s->rank - 1], step = s->st[s->rank - 1];
+  if (!acc) memset(dx, 0, sizeof(float) * (size_t)s->nx);
+  for (int64_t r = 0; r < s->n / len; r++) {
+    float *dst = dx + view_row(s, r);
+    for (int64_t k = 0; k < len; k++) dst[k * step] += dy[r * len + k];
+  }
+}
+
+/* ---- Cast to and from float32 at run time ----
+ * Training values are float32 or int64; an inference program (--forward-only)
+ * also reads bool, int32 and float16 inputs.  Buffers of those types are
+ * declared float in the generated C, hence `const void *`. */
+static inline void k_cast_i64_f32(const int64_t *x, float *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = (float)x[i];
+}
+static inline void k_cast_i32_f32(const void *x, float *y, int64_t n) {
+  const int32_t *v = (const int32_t *)x;
+  for (int64_t i = 0; i < n; i++) y[i] = (float)v[i];
+}
+static inline void k_cast_bool_f32(const void *x, float *y, int64_t n) {
+  const uint8_t *v = (const uint8_t *)x;
+  for (int64_t i = 0; i < n; i++) y[i] = v[i] ? 1.0f : 0.0f;
+}
+/* IEEE half to float, exactly (every half is a float): subnormals, infinities, NaN. */
+static inline float pr_half_to_float(uint16_t h) {
+  int e = h >> 10 & 0x1f, m = h & 0x3ff;
+  float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 0x400), e - 25);
+  return h >> 15 ? -v : v;
+}
+static inline void k_cast_f16_f32(const void *x, float *y, int64_t n) {
+  const uint16_t *v = (const uint16_t *)x;
+  for (int64_t i = 0; i < n; i++) y[i] = pr_half_to_float(v[i]);
+}
+/* Truncation toward zero, as numpy's astype and torch's .long(); NaN and
+ * values outside int64 give INT64_MIN, what both give on x86 (and no
+ * undefined behaviour here). */
+static inline void k_cast_f32_i64(const float *x, int64_t *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = x[i] >= -0x1p63f && x[i] < 0x1p63f ? (int64_t)x[i] : INT64_MIN;
+}
+
 /* ---- ReduceMean / ReduceSum over a set of axes ---- */
 typedef struct ReduceShape {
   int rank;

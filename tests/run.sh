@@ -56,6 +56,7 @@ suite "ONNX node conformance through the forward kernels" $PY tests/conformance/
 suite "timeline renderer: timeline_svg called directly (ASan build)" bin/test_timeline
 suite "pipecc-trace: trace JSON to SVG, hostile traces, headless Chromium (ASan build)" $PY tests/test_timeline.py
 suite "Split into K and Concat of K (K = 2..16) trained against PyTorch, n = 1 and 2" $PY tests/test_split_concat.py
+suite "Slice, Expand, Tile, Cast at run time: a torch.nn model trained against PyTorch, n = 1 and 2" $PY tests/test_movement.py
 suite "gradient check per op: PyTorch autograd and finite differences in float64" $PY tests/test_gradcheck.py
 suite "Dropout: Philox masks, keep rate and scaling, training against PyTorch fed pipecc's masks, bit-identity across n and schedules" env PIPECC=bin/pipecc $PY tests/test_dropout.py
 

@@ -163,6 +163,15 @@ save("name_controls", [helper.make_node("Gemm", ["x", "w"], ["y"], name="evil\nn
      [vi("x", ["batch", 3])], [vi("y", ["batch", 4])], [w("w", 3, 4)])
 save("leaky_inf", [helper.make_node("LeakyRelu", ["x"], ["y"], name="leaky_inf", alpha=float("inf"))],
      [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], [])
+# 22: run-time movement of what only folds: a Slice of int64 token ids, a Cast to double.
+ints = lambda name, v: numpy_helper.from_array(np.array(v, dtype=np.int64), name)
+save("slice_tokens", [helper.make_node("Slice", ["tokens", "s0", "s1", "ax"], ["t2"], name="slice_ids"),
+                      helper.make_node("Gather", ["emb", "t2"], ["y"], name="embed")],
+     [vi("tokens", ["batch", 8], TensorProto.INT64)], [vi("y", ["batch", 7, 4])],
+     [w("emb", 10, 4), ints("s0", [0]), ints("s1", [-1]), ints("ax", [1])])
+save("cast_double", [helper.make_node("Cast", ["x"], ["d"], name="to_double", to=TensorProto.DOUBLE),
+                     helper.make_node("Cast", ["d"], ["y"], name="back", to=TensorProto.FLOAT)],
+     [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], [])
 EOF
   notok "setup" "could not write the broken models with $PY"
   echo "$PASS passed, $FAIL failed"
@@ -271,6 +280,8 @@ fail_case "18 an int32 data input" "input_int32.onnx" "'x_in'" "int32" -- "$M/in
 fail_case "19 Gemm alpha NaN" "gemm_nan" "alpha" "NaN" -- "$M/gemm_alpha_nan.onnx" -o @OUT@
 fail_case "19 LeakyRelu alpha +Inf" "leaky_inf" "alpha" "Inf" -- "$M/leaky_inf.onnx" -o @OUT@
 fail_case "20 control characters in a name stay escaped on one line" 'evil\nnode\x1b[31m' -- "$M/name_controls.onnx" -o @OUT@
+fail_case "22 Slice of int64 values at run time" "slice_ids" "Slice" "float" "int64" -- "$M/slice_tokens.onnx" -o @OUT@
+fail_case "22 Cast to double at run time" "to_double" "Cast" "float64" -- "$M/cast_double.onnx" -o @OUT@
 fail_case "19 --lr 1e999" "--lr" "1e999" "finite" -- "$MLP" --lr 1e999 -o @OUT@
 fail_case "19 --lr inf" "--lr" "inf" "finite" -- "$MLP" --lr inf -o @OUT@
 fail_case "19 --momentum nan" "--momentum" "nan" -- "$MLP" --momentum nan -o @OUT@

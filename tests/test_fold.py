@@ -72,6 +72,31 @@ class Pinned(nn.Module):
         return self.fc(x.reshape(2, 12))
 
 
+def check_tile_fold(tmp):
+    """Tile folds its constants: Tile([2, 4], [2]) = [2, 4, 2, 4] (torch.Tensor.repeat) becomes
+    the Reshape target, so x [B, 64] must come out [B, 2, 4, 2, 4] (a wrong tiling order would
+    give [B, 2, 2, 4, 4])."""
+    from onnx import TensorProto, helper, numpy_helper
+    import numpy as np
+    want = torch.tensor([2, 4]).repeat(2).tolist()
+    ints = lambda name, v: numpy_helper.from_array(np.array(v, dtype=np.int64), name)
+    g = helper.make_graph(
+        [helper.make_node("Tile", ["c", "reps"], ["tiled"], name="tile_c"),
+         helper.make_node("Concat", ["m1", "tiled"], ["shape"], name="cat", axis=0),
+         helper.make_node("Reshape", ["x", "shape"], ["y"], name="reshape")],
+        "tile_fold", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [ints("c", [2, 4]), ints("reps", [2]), ints("m1", [-1])])
+    path = os.path.join(tmp, "tile_fold.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    r = pipecc(path, "--batch", "3", "--microbatches", "1", "--dump-shapes")
+    rows = {l.split("\t")[0]: l.split("\t") for l in r.stdout.splitlines()}
+    ok = r.returncode == 0 and rows.get("tiled", [""] * 4)[3] == "const" and rows.get("y", [""] * 4)[2] == ",".join(
+        map(str, [3] + want))
+    check(ok, f"Tile folds [2, 4] by [2] to {want}: y is [3,{','.join(map(str, want))}] ({r.stderr.strip()}"
+              f"{rows.get('tiled')}, {rows.get('y')})")
+
+
 def pipecc(*args):
     return subprocess.run([PIPECC, *args], capture_output=True, text=True)
 
@@ -141,6 +166,7 @@ def main():
     reshape = [n.name for n in onnx.load(pinned).graph.node if n.op_type == "Reshape"][0]
     check(r.returncode == 2 and reshape in r.stderr and "pins the batch" in r.stderr,
           f"at another batch the error names the node that pins it ({r.stderr.strip()})")
+    check_tile_fold(tmp)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

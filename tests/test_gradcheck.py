@@ -271,6 +271,16 @@ def run_node(op, ins, a, opset):
         return [x]
     if op == "Identity":
         return [x]
+    if op == "Slice":
+        return [onnx_slice(x, ins, a, opset)]
+    if op == "Expand":
+        return [torch.broadcast_to(x, torch.broadcast_shapes(x.shape, tuple(ints_of(ins[1]))))]
+    if op == "Tile":
+        return [x.repeat(*ints_of(ins[1]))]
+    if op == "Cast":
+        to = a["to"]
+        assert to in (TensorProto.FLOAT, TensorProto.INT64), to
+        return [x.long() if to == TensorProto.INT64 else x.to(torch.float64)]   # float64 stands for float here
     raise NotImplementedError(op)
 
 
@@ -289,6 +299,23 @@ def dropout(index, ins, a, opset):
         return [x, torch.ones(x.shape, dtype=torch.bool)]
     keep = torch.from_numpy(philox_mask(0, index, x.numel(), ratio).reshape(tuple(x.shape)))
     return [x * (keep.to(x.dtype) / (1 - ratio)), keep]
+
+
+def onnx_slice(x, ins, a, opset):
+    """ONNX Slice by Python's own slice clamping (slice.indices), which is the
+    spec's: starts/ends/axes/steps from inputs (opset 10+) or attributes."""
+    if opset >= 10:
+        starts, ends = ints_of(ins[1]), ints_of(ins[2])
+        axes = ints_of(ins[3]) if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+        steps = ints_of(ins[4]) if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    else:
+        starts, ends = list(a["starts"]), list(a["ends"])
+        axes, steps = list(a.get("axes", range(len(starts)))), [1] * len(starts)
+    for s0, e0, ax, st in zip(starts, ends, axes, steps):
+        ax %= x.dim()
+        idx = list(range(*slice(s0, e0, st).indices(x.shape[ax])))
+        x = torch.index_select(x, ax, torch.tensor(idx, dtype=torch.int64))
+    return x
 
 
 def run_graph(model, env):
@@ -869,6 +896,67 @@ def _(g):
     f = g.node("Flatten", [g.stem([1, 4, 6])], axis=2)
     u = g.node("Unsqueeze", [f, g.ints([-1])])
     g.head(g.node("Mul", [u, g.rand([24, 1], 1.0)]))
+
+
+# Strided views (k_view / k_view_grad) and Cast
+INT64_MIN = -(2 ** 63)
+
+
+@case("Slice", "axes=[1,2] starts=[1,-1] ends=[4,INT64_MIN] steps=[2,-2] [B,5,6]")
+def _(g):
+    g.head(g.node("Slice", [g.stem([5, 6]), g.ints([1, -1]), g.ints([4, INT64_MIN]), g.ints([1, 2]), g.ints([2, -2])]))
+
+
+@case("Slice", "x[:, 1::2] + x[:, ::-3] of one activation (acc), out-of-range ends clamp")
+def _(g):
+    h = g.stem([7, 4])
+    a = g.node("Slice", [h, g.ints([1]), g.ints([100]), g.ints([1]), g.ints([2])])            # rows 1,3,5
+    b = g.node("Slice", [h, g.ints([-1]), g.ints([-100]), g.ints([-2]), g.ints([-3])])        # rows 6,3,0
+    g.head(g.node("Add", [a, b]))
+
+
+@case("Slice", "of a weight W[6,8][2:5, ::3] * h, default axes and steps", )
+def _(g):
+    w = g.node("Slice", [g.rand([6, 8], 1.0), g.ints([2, 0]), g.ints([5, 8]), g.ints([0, 1]), g.ints([1, 3])])  # [3,3]
+    g.head(g.node("Mul", [g.stem([3, 3]), w]))
+
+
+@case("Slice", "opset 9 attributes starts=[0,2] ends=[-1,1000] axes=[2,1] [B,4,6]", opset=9)
+def _(g):
+    g.head(g.node("Slice", [g.stem([4, 6])], starts=[0, 2], ends=[-1, 1000], axes=[2, 1]))
+
+
+@case("Expand", "[B,1,6] to [1,3,1] (rank kept, 1 keeps the axis)")
+def _(g):
+    g.head(g.node("Expand", [g.stem([1, 6]), g.ints([1, 3, 1])]))
+
+
+@case("Expand", "[B,6] to [2,B,6] (a new leading axis), then Transpose")
+def _(g):
+    e = g.node("Expand", [g.stem([6]), g.ints([2, B, 6])])
+    g.head(g.node("Transpose", [e], perm=[1, 0, 2]))
+
+
+@case("Expand", "of a weight W[1,6] to [4,6], * h[B,4,6]")
+def _(g):
+    g.head(g.node("Mul", [g.stem([4, 6]), g.node("Expand", [g.rand([1, 6], 1.0), g.ints([4, 6])])]))
+
+
+@case("Tile", "[B,2,3] by [1,2,3]")
+def _(g):
+    g.head(g.node("Tile", [g.stem([2, 3]), g.ints([1, 2, 3])]))
+
+
+@case("Tile", "of a weight W[2,3] by [2,2], * h[B,4,6]")
+def _(g):
+    g.head(g.node("Mul", [g.stem([4, 6]), g.node("Tile", [g.rand([2, 3], 1.0), g.ints([2, 2])])]))
+
+
+@case("Cast", "float -> float passes the gradient, float -> int64 -> float does not: h * float(long(3 h))")
+def _(g):
+    h = g.node("Cast", [g.stem([4, 6])], to=TensorProto.FLOAT)
+    k = g.node("Cast", [g.node("Mul", [h, g.init(np.float32(3.0), "s")])], to=TensorProto.INT64)
+    g.head(g.node("Mul", [h, g.node("Cast", [k], to=TensorProto.FLOAT)]))
 
 
 # --------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-/* test_kernels.c - the run-time kernels for Gelu, LeakyRelu and Concat
+/* test_kernels.c - the run-time kernels for Gelu, LeakyRelu, Concat, the
+ * strided views (Slice, Expand, Tile) and Cast
  * (runtime/kernels.h) against references computed in double:
  *   - forward values against the formula in double;
  *   - each gradient against the derivative in double, and against central
@@ -319,6 +320,105 @@ static void test_dropout(float ratio) {
                     p, want, (double)scale);
 }
 
+/* ---- k_view / k_view_grad (Slice, Expand, Tile) against index loops in double ----
+ * x is [4, 5, 6] (values i + 0.25).  Each case is a ViewShape as the compiler
+ * builds it and a reference map from an output index (a, b, c) to the input
+ * index it reads, written with the op's own definition:
+ *   Slice  x[s0 + a p0, s1 + b p1, s2 + c p2] (steps negative too)
+ *   Expand x[a % 4 or 0 on a broadcast axis ...] (an input dim of 1 reads index 0)
+ *   Tile   x[a % 4, b % 5, c % 6] */
+enum { VX0 = 4, VX1 = 5, VX2 = 6 };
+typedef struct ViewCase {
+  const char *what;
+  int kind;             /* 0 slice, 1 expand ([4,1,6] -> [4,3,6] read from x's first column), 2 tile */
+  int64_t y[3];         /* output dims */
+  int64_t s[3], p[3];   /* slice starts and steps */
+} ViewCase;
+
+static int64_t view_ref_at(const ViewCase *c, int64_t a, int64_t b, int64_t k) {
+  if (c->kind == 0) return ((c->s[0] + a * c->p[0]) * VX1 + c->s[1] + b * c->p[1]) * VX2 + c->s[2] + k * c->p[2];
+  if (c->kind == 1) return (a * 1 + 0) * VX2 + k; /* x viewed as [4, 1, 6]: b broadcast */
+  return ((a % VX0) * VX1 + b % VX1) * VX2 + k % VX2;
+}
+
+static void test_view(const ViewCase *c) {
+  int f0 = failed;
+  int64_t nxe = c->kind == 1 ? VX0 * VX2 : VX0 * VX1 * VX2, ny = c->y[0] * c->y[1] * c->y[2];
+  ViewShape vs = {.rank = 3, .out = {c->y[0], c->y[1], c->y[2]}, .n = ny, .nx = nxe};
+  if (c->kind == 0) {
+    vs.base = (c->s[0] * VX1 + c->s[1]) * VX2 + c->s[2];
+    vs.st[0] = c->p[0] * VX1 * VX2, vs.st[1] = c->p[1] * VX2, vs.st[2] = c->p[2];
+  } else if (c->kind == 1) {
+    vs.st[0] = VX2, vs.st[1] = 0, vs.st[2] = 1;
+  } else { /* tile as the compiler reads it: [r0, 4, r1, 5, r2, 6] with repeat strides 0 */
+    vs.rank = 6;
+    const int64_t d[3] = {VX0, VX1, VX2}, xs[3] = {VX1 * VX2, VX2, 1};
+    for (int i = 0; i < 3; i++) vs.out[2 * i] = c->y[i] / d[i], vs.st[2 * i] = 0, vs.out[2 * i + 1] = d[i], vs.st[2 * i + 1] = xs[i];
+  }
+  float *x = malloc(sizeof(float) * (size_t)nxe), *y = malloc(sizeof(float) * (size_t)ny), *dy = malloc(sizeof(float) * (size_t)ny);
+  float *dx = malloc(sizeof(float) * (size_t)nxe), *dx1 = malloc(sizeof(float) * (size_t)nxe);
+  double *ref = calloc((size_t)nxe, sizeof(double));
+  for (int64_t i = 0; i < nxe; i++) x[i] = (float)i + 0.25f;
+  for (int64_t i = 0; i < ny; i++) dy[i] = (float)(urand() - 0.5);
+  k_view(x, y, &vs);
+  int bad = 0;
+  for (int64_t a = 0, i = 0; a < c->y[0]; a++)
+    for (int64_t b = 0; b < c->y[1]; b++)
+      for (int64_t k = 0; k < c->y[2]; k++, i++) {
+        int64_t at = view_ref_at(c, a, b, k);
+        bad += y[i] != x[at];
+        ref[at] += dy[i];
+      }
+  CHECK(!bad, "k_view %s: %d of %lld elements differ from the index reference\n", c->what, bad, (long long)ny);
+  for (int64_t i = 0; i < nxe; i++) dx[i] = 7; /* acc = 0 must overwrite, zeros included */
+  k_view_grad(dy, dx, &vs, 0);
+  double worst = 0;
+  for (int64_t i = 0; i < nxe; i++) worst = fmax(worst, fabs(dx[i] - ref[i]));
+  CHECK(worst <= 1e-6, "k_view_grad %s: max error %.3g against the double sum over the outputs that read each element\n", c->what, worst);
+  for (int64_t i = 0; i < nxe; i++) dx1[i] = (float)(urand() - 0.5);
+  memcpy(x, dx1, sizeof(float) * (size_t)nxe);
+  k_view_grad(dy, dx1, &vs, 1);
+  double wa = 0;
+  for (int64_t i = 0; i < nxe; i++) wa = fmax(wa, fabs(dx1[i] - ((double)x[i] + ref[i])));
+  CHECK(wa <= 2e-6, "k_view_grad %s acc=1: max error %.3g against dx + the gradient\n", c->what, wa);
+  OK_IF_NONE_FAILED(f0, "k_view / k_view_grad %s: values, gradient (acc 0 and 1) against the index reference\n", c->what);
+  free(x), free(y), free(dy), free(dx), free(dx1), free(ref);
+}
+
+/* Cast: int64 -> float rounds to nearest even as C's conversion and numpy do;
+ * float -> int64 truncates toward zero, NaN and out of range give INT64_MIN
+ * (numpy's astype and torch's .long() on x86). */
+static void test_cast(void) {
+  int f0 = failed;
+  const int64_t xi[6] = {0, -3, 16777217, -16777219, INT64_MAX, INT64_MIN};
+  const float wantf[6] = {0.0f, -3.0f, 16777216.0f, -16777220.0f, 0x1p63f, -0x1p63f};
+  float yf[6];
+  k_cast_i64_f32(xi, yf, 6);
+  for (int i = 0; i < 6; i++) CHECK(yf[i] == wantf[i], "k_cast_i64_f32(%lld) = %.9g, want %.9g\n", (long long)xi[i], yf[i], wantf[i]);
+  const float xf[9] = {2.7f, -2.7f, -0.5f, 0.0f, 1e18f, -0x1p63f, 0x1p63f, NAN, -INFINITY};
+  const int64_t wanti[9] = {2, -2, 0, 0, 999999984306749440LL, INT64_MIN, INT64_MIN, INT64_MIN, INT64_MIN};
+  int64_t yi[9];
+  k_cast_f32_i64(xf, yi, 9);
+  for (int i = 0; i < 9; i++) CHECK(yi[i] == wanti[i], "k_cast_f32_i64(%.9g) = %lld, want %lld\n", xf[i], (long long)yi[i], (long long)wanti[i]);
+  const int32_t x32[4] = {-7, 0, INT32_MAX, INT32_MIN};
+  const float want32[4] = {-7.0f, 0.0f, 2147483648.0f, -2147483648.0f};
+  k_cast_i32_f32(x32, yf, 4);
+  for (int i = 0; i < 4; i++) CHECK(yf[i] == want32[i], "k_cast_i32_f32(%d) = %.9g, want %.9g\n", x32[i], yf[i], want32[i]);
+  const uint8_t xb[3] = {0, 1, 0};
+  k_cast_bool_f32(xb, yf, 3);
+  CHECK(yf[0] == 0 && yf[1] == 1 && yf[2] == 0, "k_cast_bool_f32([0, 1, 0]) = [%g, %g, %g]\n", yf[0], yf[1], yf[2]);
+  /* Halves by their bits; the values are numpy's np.float16 -> np.float32. */
+  const uint16_t xh[10] = {0x3c00, 0xc000, 0x0001, 0x03ff, 0x7bff, 0x3555, 0x7c00, 0xfc00, 0x8000, 0x7e00};
+  const float wanth[10] = {1.0f, -2.0f, 0x1p-24f, 1023 * 0x1p-24f, 65504.0f, 0.333251953125f, INFINITY, -INFINITY, -0.0f, NAN};
+  float yh[10];
+  k_cast_f16_f32(xh, yh, 10);
+  for (int i = 0; i < 10; i++)
+    CHECK(isnan(wanth[i]) ? isnan(yh[i]) : yh[i] == wanth[i] && signbit(yh[i]) == signbit(wanth[i]),
+          "k_cast_f16_f32(0x%04x) = %.9g, want %.9g\n", xh[i], yh[i], wanth[i]);
+  OK_IF_NONE_FAILED(f0, "k_cast_*: int64, int32, bool, float16 -> float32 (rounding, subnormal halves, infinities, NaN); "
+                        "float32 -> int64 (truncation toward zero, NaN and out of range)\n");
+}
+
 int main(void) {
   make_inputs();
   test_nan();
@@ -338,6 +438,15 @@ int main(void) {
   test_dropout(0.3f);
   test_dropout(0.5f);
   test_dropout(1.0f);
+  const ViewCase views[] = {
+      {"Slice x[1:4, ::2, 5:0:-2]", 0, {3, 3, 3}, {1, 0, 5}, {1, 2, -2}},
+      {"Slice x[::-1, 4:1:-3, 1:]", 0, {4, 1, 5}, {3, 4, 1}, {-1, -3, 1}},
+      {"Slice x[:, 1::2, :] (a run of whole rows)", 0, {4, 2, 6}, {0, 1, 0}, {1, 2, 1}},
+      {"Expand [4,1,6] -> [4,3,6]", 1, {4, 3, 6}, {0}, {0}},
+      {"Tile [4,5,6] by [2,1,3]", 2, {8, 5, 18}, {0}, {0}},
+  };
+  for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) test_view(&views[i]);
+  test_cast();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
 }

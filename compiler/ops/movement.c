@@ -1,7 +1,7 @@
 /* movement.c - ops that move data without arithmetic: the reshapes (Reshape,
  * Flatten, Squeeze, Unsqueeze, Identity), Transpose, Split, Concat, Pad,
- * Gather (embeddings), Dropout (a mask times its input), and Slice, Cast, Expand
- * (compile time only). */
+ * Gather (embeddings), the strided views Slice, Expand and Tile, Cast, and
+ * Dropout (a mask times its input). */
 #include "ops/rule.h"
 
 /* ---- reshapes: the same bytes under a new shape (folded by fold_copy) ---- */
@@ -457,7 +457,45 @@ static int gather_bwd(Emit *e, const Node *n, int j) {
   return 0;
 }
 
-/* ---- compile time only: Slice, Cast, Expand ---- */
+/* ---- strided views: Slice, Expand, Tile (k_view / k_view_grad) ---- */
+
+/* Drops axes of size 1 and merges an axis into the next where the input is
+ * contiguous across them, so the kernel's rows are as long as they can be.
+ * Keeps at least one axis (a scalar is one element of stride 0). */
+static int view_compact(int rank, int64_t *out, int64_t *st) {
+  int r = 0;
+  for (int i = 0; i < rank; i++) {
+    if (out[i] == 1) continue;
+    if (r > 0 && st[r - 1] == st[i] * out[i]) {
+      out[r - 1] *= out[i], st[r - 1] = st[i];
+      continue;
+    }
+    out[r] = out[i], st[r] = st[i], r++;
+  }
+  if (!r) out[0] = 1, st[0] = 0, r = 1;
+  return r;
+}
+
+/* The forward call of a view of input 0: output dims `out`, input strides
+ * `st` (rank axes), input offset `base`; its shape constant is VIEW_<j>. */
+static int view_fwd(Emit *e, const Node *n, int j, int rank, int64_t *out, int64_t *st, int64_t base) {
+  Tensor *X = em_t(e, n->in[0]), *Y = em_t(e, n->out[0]);
+  if (X->dtype != DT_FLOAT)
+    return err_set("node '%s' (%s): only float values are moved at run time (this input is %s)", n->name, n->op, dtype_name(X->dtype));
+  rank = view_compact(rank, out, st);
+  int vs = SHAPE(e, "ViewShape", em_name(e, "VIEW_%d", j), A_INT(rank), A_INTS(out, rank), A_INTS(st, rank), A_INT(base),
+                 A_INT(ir_numel(Y)), A_INT(ir_numel(X)));
+  CALL(e, PH_FWD, K_VIEW, n, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)), A_CONST(vs));
+  return 0;
+}
+/* Every view's gradient: dy added back where each output element came from. */
+static int view_bwd(Emit *e, const Node *n, int j) {
+  if (!em_needs(e, n, 0)) return 0;
+  int acc, dx = em_grad(e, n, 0, &acc);
+  int ph = em_t(e, n->in[0])->is_param ? PH_WGRAD : PH_IGRAD;
+  CALL(e, ph, K_VIEW_GRAD, n, A_BUF(em_dy(e, n, 0)), A_BUF(dx), A_CONST(em_shape_ref(e, em_name(e, "VIEW_%d", j))), A_INT(acc));
+  return 0;
+}
 
 /* Clamps ONNX Slice bounds for one axis exactly as the spec does. */
 static void slice_bounds(int64_t dim, int64_t start, int64_t end, int64_t step, int64_t *s, int64_t *count) {
@@ -524,6 +562,15 @@ static int slice_fold(Graph *g, Node *n) {
   return 0;
 }
 
+static int slice_fwd(Emit *e, const Node *n, int j) {
+  Tensor *X = em_t(e, n->in[0]);
+  int64_t start[MAX_RANK], step[MAX_RANK], dims[MAX_RANK], st[MAX_RANK], base = 0;
+  if (slice_params(em_graph(e), (Node *)n, X, start, step, dims)) return -1;
+  row_strides(X, st);
+  for (int i = 0; i < X->rank; i++) base += start[i] * st[i], st[i] *= step[i];
+  return view_fwd(e, n, j, X->rank, dims, st, base);
+}
+
 static int cast_infer(Graph *g, Node *n) {
   Tensor *x = need_in(g, n, 0);
   if (!x) return -1;
@@ -541,6 +588,28 @@ static int cast_fold(Graph *g, Node *n) {
     if (dtype_is_float(x->dtype)) const_set_f64(o, i, const_f64(x, i));
     else const_set_i64(o, i, const_i64(x, i));
   return 0;
+}
+
+/* The casts that run: training values are float32 or int64 (the loader's
+ * images and token ids, and what Cast makes of them); an inference program
+ * also reads bool, int32 and float16 inputs.  Any other cast only folds. */
+static const struct {
+  int from, to, kernel;
+} RUN_CASTS[] = {
+    {DT_FLOAT, DT_FLOAT, K_COPY},           {DT_INT64, DT_FLOAT, K_CAST_I64_F32}, {DT_FLOAT, DT_INT64, K_CAST_F32_I64},
+    {DT_INT32, DT_FLOAT, K_CAST_I32_F32},   {DT_BOOL, DT_FLOAT, K_CAST_BOOL_F32}, {DT_FLOAT16, DT_FLOAT, K_CAST_F16_F32},
+};
+
+static int cast_fwd(Emit *e, const Node *n, int j) {
+  (void)j;
+  Tensor *X = em_t(e, n->in[0]), *Y = em_t(e, n->out[0]);
+  for (size_t k = 0; k < sizeof RUN_CASTS / sizeof RUN_CASTS[0]; k++)
+    if (RUN_CASTS[k].from == X->dtype && RUN_CASTS[k].to == Y->dtype) {
+      CALL(e, PH_FWD, RUN_CASTS[k].kernel, n, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)), A_INT(ir_numel(Y)));
+      return 0;
+    }
+  return err_set("node '%s' (Cast): a cast from %s to %s runs only at compile time (at run time: float32 <-> int64, "
+                 "float32 -> float32, and bool, int32 or float16 -> float32)", n->name, dtype_name(X->dtype), dtype_name(Y->dtype));
 }
 
 static int expand_infer(Graph *g, Node *n) {
@@ -564,6 +633,72 @@ static int expand_fold(Graph *g, Node *n) {
   bcast_strides(x, o->rank, st);
   gather_view(x, o, 0, st);
   return 0;
+}
+
+static int expand_fwd(Emit *e, const Node *n, int j) {
+  Tensor *X = em_t(e, n->in[0]), *Y = em_t(e, n->out[0]);
+  int64_t dims[MAX_RANK], st[MAX_RANK];
+  memcpy(dims, Y->dims, sizeof dims);
+  bcast_strides(X, Y->rank, st);
+  return view_fwd(e, n, j, Y->rank, dims, st, 0);
+}
+
+/* ---- Tile: y = x repeated repeats[i] times along each axis i ---- */
+
+static int tile_repeats(Graph *g, Node *n, const Tensor *x, int64_t *reps) {
+  if (!need_const(g, n, 1, "repeats")) return -1;
+  int c;
+  if (ints_from_attr_or_input(g, n, "", 1, reps, MAX_RANK, &c)) return -1;
+  if (c != x->rank) return node_err(n, "repeats has %d values for input %s of rank %d", c, shape_str(x), x->rank);
+  for (int i = 0; i < c; i++)
+    if (reps[i] < 0) return node_err(n, "repeats[%d] is negative (%lld)", i, (long long)reps[i]);
+  return 0;
+}
+
+static int tile_infer(Graph *g, Node *n) {
+  Tensor *x = need_in(g, n, 0);
+  if (!x) return -1;
+  int64_t reps[MAX_RANK], dims[MAX_RANK];
+  if (tile_repeats(g, n, x, reps)) return -1;
+  for (int i = 0; i < x->rank; i++) {
+    if (reps[i] && x->dims[i] > INT64_MAX / reps[i]) return node_err(n, "the result is too large");
+    dims[i] = x->dims[i] * reps[i];
+  }
+  set_shape(node_out(g, n, 0), x->dtype, x->rank, dims);
+  return 0;
+}
+
+/* x read as [r0, d0, r1, d1, ...]: a repeat axis has stride 0. */
+static int tile_view(const Tensor *x, const int64_t *reps, int64_t *out, int64_t *st) {
+  int64_t xs[MAX_RANK];
+  int r = 0;
+  row_strides(x, xs);
+  for (int i = 0; i < x->rank; i++) {
+    out[r] = reps[i], st[r++] = 0;
+    out[r] = x->dims[i], st[r++] = xs[i];
+  }
+  return r;
+}
+
+static int tile_fold(Graph *g, Node *n) {
+  Tensor *x = node_in(g, n, 0), *o = node_out(g, n, 0);
+  fold_alloc(g, o);
+  int64_t reps[MAX_RANK], out[2 * MAX_RANK], st[2 * MAX_RANK], esz = dtype_size(x->dtype);
+  if (tile_repeats(g, n, x, reps)) return -1;
+  int r = tile_view(x, reps, out, st);
+  for (int64_t i = 0; i < ir_numel(o); i++) {
+    int64_t off = 0, rest = i;
+    for (int d = r - 1; d >= 0; d--) off += (rest % out[d]) * st[d], rest /= out[d];
+    memcpy((char *)o->data + i * esz, (const char *)x->data + off * esz, (size_t)esz);
+  }
+  return 0;
+}
+
+static int tile_fwd(Emit *e, const Node *n, int j) {
+  Tensor *X = em_t(e, n->in[0]);
+  int64_t reps[MAX_RANK], out[2 * MAX_RANK], st[2 * MAX_RANK];
+  if (tile_repeats(em_graph(e), (Node *)n, X, reps)) return -1;
+  return view_fwd(e, n, j, tile_view(X, reps, out, st), out, st, 0);
 }
 
 /* ---- Dropout: drops at run time in training (kernels.h draws the masks) ---- */
@@ -648,11 +783,12 @@ const OpDef OPS_MOVEMENT[] = {
     {"Concat", "movement", concat_check, concat_fold, 0xffffffffu, STASH_NONE, NULL, 0, concat_fwd, concat_bwd, NULL, 0, 0},
     {"Pad", "movement", pad_infer, NULL, 1, STASH_NONE, NULL, 0, pad_fwd, pad_bwd, NULL, 0, 0},
     {"Gather", "movement", gather_infer, gather_fold, 1, STASH_INPUTS, NULL, 0, gather_fwd, gather_bwd, NULL, 0, 0},
+    {"Slice", "movement", slice_infer, slice_fold, 1, STASH_NONE, NULL, 0, slice_fwd, view_bwd, NULL, 0, 0},
+    {"Expand", "movement", expand_infer, expand_fold, 1, STASH_NONE, NULL, 0, expand_fwd, view_bwd, NULL, 0, 0},
+    {"Tile", "movement", tile_infer, tile_fold, 1, STASH_NONE, NULL, 0, tile_fwd, view_bwd, NULL, 0, 0},
+    /* Cast's gradient is a copy: it reaches only float -> float casts (an integer carries none). */
+    {"Cast", "movement", cast_infer, cast_fold, 1, STASH_NONE, NULL, 0, cast_fwd, copy_bwd, NULL, 0, 0},
     /* Backward redraws the mask (k_dropout_grad says why): nothing is stashed. */
     {"Dropout", "movement", dropout_infer, NULL, 1, STASH_NONE, dropout_flops, 0, dropout_fwd, dropout_bwd, NULL, 0, 0},
-    /* Shape rules and folding, no run-time kernels yet. */
-    FOLD_ONLY("Slice", slice_infer, slice_fold, STASH_NONE),
-    FOLD_ONLY("Cast", cast_infer, cast_fold, STASH_NONE),
-    FOLD_ONLY("Expand", expand_infer, expand_fold, STASH_NONE),
     {0},
 };
