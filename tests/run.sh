@@ -35,7 +35,7 @@ suite() {
 suite "partitioner: DP vs brute force" bin/test_partition
 suite "schedules: action lists, validator, planted mistakes" bin/test_schedule
 suite "units" bin/test_units
-suite "run-time kernels (Gelu, LeakyRelu, Concat) against double references (ASan build)" bin/test_kernels
+suite "run-time kernels (Gelu, LeakyRelu, Concat, unary maths, Clip, HardSigmoid, HardSwish, Max/Min, comparisons, ReduceMax, ArgMax) against double references (ASan build)" bin/test_kernels
 suite "shapes vs onnx.shape_inference (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_shapes.py
 suite "bad input (ASan build)" env PIPECC=bin/pipecc-asan bash tests/test_cli.sh
 suite "every sample model through code generation (ASan/UBSan build), n = 1..8, every schedule" bash tests/test_asan_models.sh
