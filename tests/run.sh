@@ -56,6 +56,7 @@ suite "timeline renderer: timeline_svg called directly (ASan build)" bin/test_ti
 suite "pipecc-trace: trace JSON to SVG, hostile traces, headless Chromium (ASan build)" $PY tests/test_timeline.py
 suite "Split into K and Concat of K (K = 2..16) trained against PyTorch, n = 1 and 2" $PY tests/test_split_concat.py
 suite "gradient check per op: PyTorch autograd and finite differences in float64" $PY tests/test_gradcheck.py
+suite "element-wise, comparison and reduction ops train bit-identically across -n 1, 3, 4 and schedules (bool and int64 tensors across cuts)" $PY tests/test_ops_across_stages.py
 
 fuzz() {
   local secs=${FUZZ_SECONDS:-30}
