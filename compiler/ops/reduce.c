@@ -104,19 +104,20 @@ static double reduce_flops(Graph *g, const Node *n) { return rule_numel(node_in(
 
 /* ---- ArgMax: int64 indices along one axis, forward only ---- */
 
-static int argmax_axis(Graph *g, Node *n, const Tensor *x) {
+/* The axis, or -1 with the error set (naming the node). */
+static int argmax_axis(const Node *n, const Tensor *x) {
   int64_t axis = attr_int(n, "axis", 0);
   int a = norm_axis(axis, x->rank);
   if (a < 0) node_err(n, "axis %lld is out of range for %s", (long long)axis, shape_str(x));
-  (void)g;
   return a;
 }
 
 static int argmax_infer(Graph *g, Node *n) {
   Tensor *x = need_in(g, n, 0);
   if (!x) return -1;
-  int a = argmax_axis(g, n, x), keep = (int)attr_int(n, "keepdims", 1), r = 0;
+  int a = argmax_axis(n, x), keep = (int)attr_int(n, "keepdims", 1), r = 0;
   if (a < 0) return -1;
+  if (x->dims[a] == 0) return node_err(n, "axis %d of %s is empty: it has no largest element", a, shape_str(x));
   int64_t dims[MAX_RANK];
   for (int i = 0; i < x->rank; i++)
     if (i != a) dims[r++] = x->dims[i];
@@ -129,7 +130,7 @@ static int argmax_infer(Graph *g, Node *n) {
 static int argmax_fold(Graph *g, Node *n) {
   Tensor *x = node_in(g, n, 0), *o = node_out(g, n, 0);
   fold_alloc(g, o);
-  int64_t outer, inner, a = argmax_axis(g, n, x), last = attr_int(n, "select_last_index", 0);
+  int64_t outer, inner, a = argmax_axis(n, x), last = attr_int(n, "select_last_index", 0);
   rule_around(x, (int)a, &outer, &inner);
   for (int64_t p = 0; p < outer; p++)
     for (int64_t k = 0; k < inner; k++) {
@@ -148,7 +149,7 @@ static int argmax_fwd(Emit *e, const Node *n, int j) {
   (void)j;
   Tensor *X = em_t(e, n->in[0]);
   if (X->dtype != DT_FLOAT) return err_set("node '%s' (ArgMax): only float32 inputs run at training time", n->name);
-  int64_t outer, inner, a = argmax_axis(em_graph(e), (Node *)n, X);
+  int64_t outer, inner, a = argmax_axis(n, X);
   rule_around(X, (int)a, &outer, &inner);
   CALL(e, PH_FWD, K_ARGMAX, n, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)), A_INT(outer), A_INT(X->dims[a]), A_INT(inner),
        A_INT(attr_int(n, "select_last_index", 0) != 0));
