@@ -447,8 +447,8 @@ static double binary_f(int code, double a, double b) {
   case EW_GREATER_EQUAL: return a >= b;
   case EW_AND: return a && b;
   case EW_OR: return a || b;
-  case EW_MAX: return a > b ? a : b;
-  case EW_MIN: return a < b ? a : b;
+  case EW_MAX: return a > b || a != a ? a : b; /* a NaN wins, as in k_binary and torch.maximum */
+  case EW_MIN: return a < b || a != a ? a : b;
   case EW_MOD: return fmod(a, b);
   default: return 0;
   }
