@@ -921,6 +921,17 @@ def _(g):
     g.head(g.node("Mul", [g.node("Max", [g.stem([4, 6])]), g.rand([4, 6], 1.0)]))
 
 
+@case("Max", "3 inputs: a[B,4,6], W[6], V[4,1] (chained, partials recomputed)")
+def _(g):
+    g.head(g.node("Max", [g.stem([4, 6]), g.rand([6], 0.7), g.rand([4, 1], 0.7)]))
+
+
+@case("Min", "4 inputs: W[4,1], a[B,4,6], b[B,4,6], V[6]")
+def _(g):
+    a, b = g.stem([4, 6]), g.stem([4, 6])
+    g.head(g.node("Min", [g.rand([4, 1], 0.7), a, b, g.rand([6], 0.7)]))
+
+
 @case("Min", "a[B,4,6] min b[6]")
 def _(g):
     g.head(g.node("Min", [g.stem([4, 6]), g.rand([6], 0.7)]))

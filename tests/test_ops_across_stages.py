@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Synchronous training is bit-identical across stage counts and schedules for
 models built on the element-wise, comparison and reduction kernels (Clip,
-HardSwish, Max with ties, ReduceMax, a run-time Less -> Where, ArgMax ->
+HardSwish, Max and Min with ties and with 3 and 4 inputs, ReduceMax, a run-time Less -> Where, ArgMax ->
 Gather): 3 SGD steps of 16 samples in 4 micro-batches at -n 1 (1F1B), -n 3
 (GPipe), -n 4 (1F1B) and -n 4 (ZB-H1) give the same losses and the same
 trained weights, to the bit.
@@ -65,7 +65,7 @@ def gradcheck_case(prefix):
 
 MODELS = [("Less -> Where, a bool tensor across a cut", 17, bool_crossing, "bool"),
           ("ArgMax -> Gather, an int64 tensor across a cut", 17, int_crossing, "int64")]
-for _p in ("Clip min=-0.5", "HardSwish", "Max a max a * W", "ReduceMax axes=[1]", "Min b[4,1]"):
+for _p in ("Clip min=-0.5", "HardSwish", "Max a max a * W", "ReduceMax axes=[1]", "Min b[4,1]", "Max 3 inputs", "Min 4 inputs"):
     _n, _o, _b = gradcheck_case(_p)
     MODELS.append((f"{_p.split()[0]} {_n}", _o, _b, None))
 

@@ -5,6 +5,7 @@
 #include <float.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "ops/rule.h"
 
@@ -244,13 +245,8 @@ static int maxmin_fold(Graph *g, Node *n) {
 }
 
 /* Three inputs or more: y = max(x0, x1), then y = max(y, xk) for each next
- * input, one call each, every call broadcast to y's shape.  Their gradient
- * would need each partial result, which no buffer keeps: refused. */
+ * input, one call each, every call broadcast to y's shape (BIN_<j>_<k>). */
 static int maxmin_chain(Emit *e, const Node *n, int j) {
-  for (int k = 0; k < n->nin; k++)
-    if (em_needs(e, n, k))
-      return err_set("node '%s' (%s): the gradient of a %s of %d inputs is not computed (chain two-input %s nodes to train through it)",
-                     n->name, n->op, n->op, n->nin, n->op);
   Tensor *Y = em_t(e, n->out[0]);
   int y = em_out(e, n, 0);
   for (int k = 1; k < n->nin; k++) {
@@ -266,6 +262,50 @@ static int maxmin_chain(Emit *e, const Node *n, int j) {
   return 0;
 }
 
+static int chain_shape(Emit *e, int j, int k) {
+  char fmt[32];
+  snprintf(fmt, sizeof fmt, "BIN_%%d_%d", k);
+  return em_shape_ref(e, em_name(e, fmt, j));
+}
+
+/* The gradient of that chain, as autograd through nested torch.maximum calls
+ * gives it: the partial results m_k = max(m_(k-1), x_k) (the forward wrote
+ * over them) are recomputed into workspaces, then the output's gradient walks
+ * back through each pair: x_k takes its share, m_(k-1) the rest, split at
+ * ties as with two inputs.  Every call is input-gradient work, so the
+ * workspaces live within the one action. */
+static int maxmin_chain_bwd(Emit *e, const Node *n, int j) {
+  int N = n->nin, acc, *part = calloc((size_t)N, sizeof *part);
+  if (!part) return err_set("out of memory");
+  int64_t bytes = 4 * out_numel(e, n);
+  const char *op = bin_code(n);
+  part[0] = em_in(e, n, 0);
+  for (int k = 1; k < N - 1; k++) {
+    part[k] = em_work(e, em_name(e, "mx%d_", k), n->out[0], bytes);
+    CALL(e, PH_IGRAD, K_BINARY, n, A_SYM(op), A_BUF(part[k - 1]), A_BUF(em_in(e, n, k)), A_BUF(part[k]), A_CONST(chain_shape(e, j, k)));
+  }
+  int g = em_dy(e, n, 0), gbuf[2] = {-1, -1}; /* the walk's dy, alternating between two workspaces */
+  for (int k = N - 1; k >= 1; k--) {
+    int bs = chain_shape(e, j, k), below = 0;
+    if (em_needs(e, n, k)) {
+      int d = em_grad(e, n, k, &acc);
+      CALL(e, PH_IGRAD, K_BINARY_GRAD, n, A_SYM(op), A_INT(1), A_BUF(part[k - 1]), A_BUF(em_in(e, n, k)), A_BUF(g), A_BUF(d), A_CONST(bs),
+           A_INT(acc));
+    }
+    for (int q = 0; q < k; q++) below |= em_needs(e, n, q);
+    if (!below) break;
+    /* m_(k-1)'s share: x0's gradient itself at k = 1, else the next dy of the walk */
+    if (k > 1 && gbuf[k % 2] < 0) gbuf[k % 2] = em_work(e, em_name(e, "mxg%d_", k % 2), n->out[0], bytes);
+    int d = k == 1 ? em_grad(e, n, 0, &acc) : gbuf[k % 2];
+    if (k > 1) acc = 0;
+    CALL(e, PH_IGRAD, K_BINARY_GRAD, n, A_SYM(op), A_INT(0), A_BUF(part[k - 1]), A_BUF(em_in(e, n, k)), A_BUF(g), A_BUF(d), A_CONST(bs),
+         A_INT(acc));
+    g = d;
+  }
+  free(part);
+  return 0;
+}
+
 static int maxmin_fwd(Emit *e, const Node *n, int j) {
   for (int k = 0; k < n->nin; k++)
     if (em_t(e, n->in[k])->dtype != DT_FLOAT) return err_set("node '%s' (%s): only float32 runs at training time", n->name, n->op);
@@ -277,7 +317,7 @@ static int maxmin_fwd(Emit *e, const Node *n, int j) {
 
 static int maxmin_bwd(Emit *e, const Node *n, int j) {
   if (n->nin == 2) return binary_bwd(e, n, j);
-  if (n->nin > 2) return maxmin_chain(e, n, j); /* refuses: no gradient rule for 3+ inputs */
+  if (n->nin > 2) return maxmin_chain_bwd(e, n, j);
   if (!em_needs(e, n, 0)) return 0;
   int acc, dx = em_grad(e, n, 0, &acc);
   CALL(e, PH_IGRAD, K_COPY_GRAD, n, A_BUF(em_dy(e, n, 0)), A_BUF(dx), A_INT(out_numel(e, n)), A_INT(acc));
