@@ -6,6 +6,7 @@
  * and the schedule is a table. */
 #include <ctype.h>
 #include <limits.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -75,6 +76,10 @@ static const char *ctype(const Buffer *b) { return b->dtype == DT_INT64 || b->ki
 /* A float as a valid C literal that reads back as the same float: 1.0f, 0.05f, 1e-05f. */
 static void float_lit(Buf *o, float v) {
   char num[64];
+  if (isinf(v) || isnan(v)) { /* printf's "inf" is no C literal; math.h's macros are (Clip's open bounds) */
+    buf_printf(o, "%s", isnan(v) ? "NAN" : v > 0 ? "INFINITY" : "-INFINITY");
+    return;
+  }
   snprintf(num, sizeof num, "%.9g", v);
   buf_printf(o, "%s%sf", num, strpbrk(num, ".eEni") ? "" : ".0");
 }
@@ -90,7 +95,7 @@ static void render_arg(Buf *o, const StageProg *sp, const Arg *a, char code) {
   switch (a->kind) {
   case ARG_BUF:
     if (code == 'u') buf_printf(o, "(const uint8_t *)");
-    if (code == 'M') buf_printf(o, "(uint8_t *)");
+    if (code == 'M' || code == 'U') buf_printf(o, "(uint8_t *)");
     buf_expr(o, sp, a->buf);
     break;
   case ARG_NULL: buf_printf(o, "NULL"); break;

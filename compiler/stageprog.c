@@ -30,7 +30,7 @@ static void add_unique(int *list, int *n, int id) {
   list[(*n)++] = id;
 }
 
-static int is_buffer_code(char c) { return strchr("rRwWaAuM", c) != NULL; }
+static int is_buffer_code(char c) { return strchr("rRwWaAuMU", c) != NULL; }
 
 Call *call_add(StageProg *sp, Pool *pool, int phase, int kernel, int node, const char *comment, const Arg *args, int nargs) {
   const char *sig = KERNELS[kernel].sig;
@@ -59,7 +59,7 @@ Call *call_add(StageProg *sp, Pool *pool, int phase, int kernel, int node, const
         bad_call(kernel, "no such buffer", a);
       } else {
         if (strchr("rRaAu", code)) add_unique(k->reads, &k->nreads, x.buf);
-        if (strchr("wWaAM", code)) add_unique(k->writes, &k->nwrites, x.buf);
+        if (strchr("wWaAMU", code)) add_unique(k->writes, &k->nwrites, x.buf);
       }
     } else if ((code == 'i' && x.kind != ARG_INT) || (code == 'f' && x.kind != ARG_FLOAT) ||
                (code == 'c' && (x.kind != ARG_CONST || x.i < 0 || x.i >= sp->nshapes)) || (code == 's' && x.kind != ARG_SYM)) {

@@ -309,7 +309,7 @@ PR_INLINE void k_avgpool_grad(const float *dy, float *dx, const PoolShape *s, in
 }
 
 /* ---- elementwise binary ops with numpy broadcasting ---- */
-enum { BIN_ADD = 0, BIN_SUB = 1, BIN_MUL = 2, BIN_DIV = 3, BIN_POW = 4 };
+enum { BIN_ADD = 0, BIN_SUB = 1, BIN_MUL = 2, BIN_DIV = 3, BIN_POW = 4, BIN_MAX = 5, BIN_MIN = 6 };
 typedef struct BcastShape {
   int rank;
   int64_t out[8];      /* output dims */
@@ -332,6 +332,8 @@ static inline float bin_apply(int op, float a, float b) {
   case BIN_SUB: return a - b;
   case BIN_MUL: return a * b;
   case BIN_DIV: return a / b;
+  case BIN_MAX: return a > b || a != a ? a : b; /* a NaN on either side wins, as torch.maximum */
+  case BIN_MIN: return a < b || a != a ? a : b;
   default: return b == 2.0f ? a * a : powf(a, b); /* x**2 as x*x: exact either way, and far cheaper */
   }
 }
@@ -358,6 +360,14 @@ static inline void k_binary_grad(int op, int which, const float *a, const float 
     case BIN_SUB: g = which ? -dy[i] : dy[i]; break;
     case BIN_MUL: g = dy[i] * (which ? a[ia] : b[ib]); break;
     case BIN_DIV: g = which ? -dy[i] * a[ia] / (b[ib] * b[ib]) : dy[i] / b[ib]; break;
+    /* torch.maximum / minimum: dy / 2 to each side of a tie, dy to the winner
+     * and to both when a NaN makes every comparison false. */
+    case BIN_MAX:
+    case BIN_MIN: {
+      float u = which ? b[ib] : a[ia], v = which ? a[ia] : b[ib];
+      g = u == v ? dy[i] / 2 : (op == BIN_MAX ? u < v : u > v) ? 0 : dy[i];
+      break;
+    }
     default: /* pow */
       g = which ? dy[i] * powf(a[ia], b[ib]) * logf(a[ia]) : dy[i] * b[ib] * powf(a[ia], b[ib] - 1);
     }
@@ -970,6 +980,122 @@ static inline void k_dropout_grad(const float *dy, float *dx, int64_t n, float r
     float g = dy[i] * f[e % 4];
     dx[i] = acc ? dx[i] + g : g;
   }
+}
+
+/* ---- unary maths and bounded activations: Neg, Exp, Log, Abs, Reciprocal,
+ * Clip, HardSigmoid, HardSwish.  One kernel, the op a constant argument, so
+ * each call specialises; a, b are Clip's bounds or HardSigmoid's alpha, beta. ---- */
+enum { UN_NEG = 0, UN_EXP, UN_LOG, UN_ABS, UN_RECIPROCAL, UN_CLIP, UN_HARDSIGMOID, UN_HARDSWISH };
+
+/* Comparisons written so that a NaN input gives NaN, as torch.clamp and
+ * torch.nn.Hardsigmoid do (fmaxf would drop it). */
+static inline float un_apply(int op, float x, float a, float b) {
+  switch (op) {
+  case UN_NEG: return -x;
+  case UN_EXP: return expf(x);
+  case UN_LOG: return logf(x);
+  case UN_ABS: return fabsf(x);
+  case UN_RECIPROCAL: return 1.0f / x;
+  case UN_CLIP: { /* min(max(x, lo), hi): hi wins when lo > hi, as torch.clamp and np.clip */
+    float v = x < a ? a : x;
+    return v > b ? b : v;
+  }
+  case UN_HARDSIGMOID: {
+    float v = a * x + b;
+    return v < 0 ? 0 : v > 1 ? 1 : v;
+  }
+  default: { /* hardswish, as PyTorch computes it: x * min(max(x + 3, 0), 6) / 6 */
+    float t = x + 3.0f;
+    t = t < 0 ? 0 : t > 6 ? 6 : t;
+    return x * t / 6.0f;
+  }
+  }
+}
+static inline void k_unary(int op, const float *x, float *y, int64_t n, float a, float b) {
+  for (int64_t i = 0; i < n; i++) y[i] = un_apply(op, x[i], a, b);
+}
+/* d/dx times dy, as PyTorch's backward formulas: Exp and Reciprocal from the
+ * output y, the rest from the input x (the other may be NULL).  At the kinks:
+ * Abs 0 at 0 (and NaN); Clip passes dy on [lo, hi] inclusive (torch.clamp),
+ * 0 outside and for NaN; HardSigmoid alpha dy strictly inside (0, 1);
+ * HardSwish 0 below -3, dy (x/3 + 1/2) on [-3, 3], dy above (and for NaN). */
+static inline float un_grad(int op, float x, float y, float dy, float a, float b) {
+  switch (op) {
+  case UN_NEG: return -dy;
+  case UN_EXP: return dy * y;
+  case UN_LOG: return dy / x;
+  case UN_ABS: return x > 0 ? dy : x < 0 ? -dy : 0;
+  case UN_RECIPROCAL: return -dy * (y * y);
+  case UN_CLIP: return x >= a && x <= b ? dy : 0;
+  case UN_HARDSIGMOID: {
+    float v = a * x + b;
+    return v > 0 && v < 1 ? dy * a : 0;
+  }
+  default: return x < -3.0f ? 0 : x <= 3.0f ? dy * (x / 3.0f + 0.5f) : dy;
+  }
+}
+static inline void k_unary_grad(int op, const float *x, const float *y, const float *dy, float *dx, int64_t n, float a, float b,
+                                int acc) {
+  for (int64_t i = 0; i < n; i++) {
+    float g = un_grad(op, x ? x[i] : 0, y ? y[i] : 0, dy[i], a, b);
+    dx[i] = acc ? dx[i] + g : g;
+  }
+}
+
+/* ---- Equal, Less, Greater (float inputs, broadcast) and Not: bool (uint8) results ---- */
+enum { CMP_EQUAL = 0, CMP_LESS, CMP_GREATER };
+static inline void k_compare(int op, const float *a, const float *b, uint8_t *y, const BcastShape *s) {
+  for (int64_t i = 0; i < s->ny; i++) {
+    float u = a[bcast_at(s, s->sa, i)], v = b[bcast_at(s, s->sb, i)];
+    y[i] = op == CMP_EQUAL ? u == v : op == CMP_LESS ? u < v : u > v;
+  }
+}
+static inline void k_not(const uint8_t *x, uint8_t *y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = !x[i];
+}
+
+/* ---- ReduceMax over a set of axes (ReduceShape; scale unused) ---- */
+/* A NaN wins, as torch.amax propagates it. */
+static inline void k_reduce_max(const float *x, float *y, const ReduceShape *s) {
+  for (int64_t o = 0; o < s->nout; o++) y[o] = -INFINITY;
+  for (int64_t i = 0; i < s->n; i++) {
+    int64_t o = reduce_at(s, i);
+    if (x[i] > y[o] || x[i] != x[i]) y[o] = x[i];
+  }
+}
+/* torch.amax's gradient: dy split equally over the elements equal to the max,
+ * (dy / count) * (x == y); a NaN max matches nothing, so its count is 0 and
+ * the whole slice gets NaN, as in PyTorch.  cnt: nout floats of scratch. */
+static inline void k_reduce_max_grad(const float *x, const float *y, const float *dy, float *dx, float *cnt, const ReduceShape *s,
+                                     int acc) {
+  memset(cnt, 0, sizeof(float) * (size_t)s->nout);
+  for (int64_t i = 0; i < s->n; i++) {
+    int64_t o = reduce_at(s, i);
+    if (x[i] == y[o]) cnt[o] += 1;
+  }
+  for (int64_t i = 0; i < s->n; i++) {
+    int64_t o = reduce_at(s, i);
+    float g = dy[o] / cnt[o] * (x[i] == y[o] ? 1.0f : 0.0f);
+    dx[i] = acc ? dx[i] + g : g;
+  }
+}
+
+/* ---- ArgMax along one axis ([outer, axis, inner]), int64 result ---- */
+/* A NaN counts as larger than any number (torch.argmax, np.argmax); ties go
+ * to the first index, or the last with select_last_index. */
+static inline void k_argmax(const float *x, int64_t *y, int64_t outer, int64_t axis, int64_t inner, int last) {
+  for (int64_t o = 0; o < outer; o++)
+    for (int64_t k = 0; k < inner; k++) {
+      const float *p = x + o * axis * inner + k;
+      int64_t at = 0;
+      for (int64_t j = 1; j < axis; j++) {
+        float v = p[j * inner], best = p[at * inner];
+        int vn = v != v, bn = best != best;
+        int better = vn ? !bn || last : !bn && (v > best || (last && v == best));
+        if (better) at = j;
+      }
+      y[o * inner + k] = at;
+    }
 }
 
 /* ---- optimizers (PyTorch's update rules, step by step) ---- */

@@ -35,7 +35,7 @@ suite() {
 suite "partitioner: DP vs brute force" bin/test_partition
 suite "schedules: action lists, validator, planted mistakes" bin/test_schedule
 suite "units" bin/test_units
-suite "run-time kernels (Gelu, LeakyRelu, Concat) against double references (ASan build)" bin/test_kernels
+suite "run-time kernels (Gelu, LeakyRelu, Concat, views, Cast, unary maths, Max/Min, comparisons, ReduceMax, ArgMax, Philox and Dropout) against double references (ASan build)" bin/test_kernels
 suite "shapes vs onnx.shape_inference (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_shapes.py
 suite "bad input (ASan build)" env PIPECC=bin/pipecc-asan bash tests/test_cli.sh
 suite "every sample model through code generation (ASan/UBSan build), n = 1..8, every schedule" bash tests/test_asan_models.sh
@@ -59,6 +59,7 @@ suite "Split into K and Concat of K (K = 2..16) trained against PyTorch, n = 1 a
 suite "Slice, Expand, Tile, Cast at run time: a torch.nn model trained against PyTorch, n = 1 and 2" $PY tests/test_movement.py
 suite "gradient check per op: PyTorch autograd and finite differences in float64" $PY tests/test_gradcheck.py
 suite "Dropout: Philox masks, keep rate and scaling, training against PyTorch fed pipecc's masks, bit-identity across n and schedules" env PIPECC=bin/pipecc $PY tests/test_dropout.py
+suite "element-wise, comparison and reduction ops train bit-identically across -n 1, 3, 4 and schedules (bool and int64 tensors across cuts)" $PY tests/test_ops_across_stages.py
 
 fuzz() {
   local secs=${FUZZ_SECONDS:-30}

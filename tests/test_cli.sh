@@ -172,6 +172,14 @@ save("slice_tokens", [helper.make_node("Slice", ["tokens", "s0", "s1", "ax"], ["
 save("cast_double", [helper.make_node("Cast", ["x"], ["d"], name="to_double", to=TensorProto.DOUBLE),
                      helper.make_node("Cast", ["d"], ["y"], name="back", to=TensorProto.FLOAT)],
      [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], [])
+# 23: what the run-time kernels of Clip and the comparisons cannot do: a bound computed at run time, int64 inputs.
+save("clip_runtime_min", [helper.make_node("ReduceMean", ["x"], ["m"], name="mean0", axes=[1]),
+                          helper.make_node("Clip", ["x", "m"], ["y"], name="clip_rt")],
+     [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], [])
+save("less_int64", [helper.make_node("ArgMax", ["x"], ["i"], name="argmax0", axis=1, keepdims=1),
+                    helper.make_node("Less", ["i", "two"], ["c"], name="less_i64"),
+                    helper.make_node("Where", ["c", "x", "w"], ["y"], name="where0")],
+     [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], [w("w", 4), numpy_helper.from_array(np.array(2, dtype=np.int64), "two")])
 EOF
   notok "setup" "could not write the broken models with $PY"
   echo "$PASS passed, $FAIL failed"
@@ -279,6 +287,8 @@ fail_case "18 a float16 data input" "input_half.onnx" "'x_in'" "float16" -- "$M/
 fail_case "18 an int32 data input" "input_int32.onnx" "'x_in'" "int32" -- "$M/input_int32.onnx" -o @OUT@
 fail_case "19 Gemm alpha NaN" "gemm_nan" "alpha" "NaN" -- "$M/gemm_alpha_nan.onnx" -o @OUT@
 fail_case "19 LeakyRelu alpha +Inf" "leaky_inf" "alpha" "Inf" -- "$M/leaky_inf.onnx" -o @OUT@
+fail_case "23 Clip with a min computed at run time" "clip_rt" "min" "'m'" "constant" -- "$M/clip_runtime_min.onnx" -o @OUT@
+fail_case "23 Less on int64 values computed at run time" "less_i64" "float32" "int64" -- "$M/less_int64.onnx" -o @OUT@
 fail_case "20 control characters in a name stay escaped on one line" 'evil\nnode\x1b[31m' -- "$M/name_controls.onnx" -o @OUT@
 fail_case "22 Slice of int64 values at run time" "slice_ids" "Slice" "float" "int64" -- "$M/slice_tokens.onnx" -o @OUT@
 fail_case "22 Cast to double at run time" "to_double" "Cast" "float64" -- "$M/cast_double.onnx" -o @OUT@

@@ -247,6 +247,39 @@ def run_node(op, ins, a, opset):
         return [F.gelu(x, approximate=a.get("approximate", "none"))]
     if op == "LeakyRelu":
         return [F.leaky_relu(x, a.get("alpha", 0.01))]
+    if op in ("Neg", "Exp", "Log", "Abs", "Reciprocal"):
+        return [{"Neg": torch.neg, "Exp": torch.exp, "Log": torch.log, "Abs": torch.abs,
+                 "Reciprocal": torch.reciprocal}[op](x)]
+    if op == "Clip":   # attributes before opset 11 (default the float32 range), optional scalar inputs after
+        if opset < 11:
+            f32 = np.finfo(np.float32)
+            lo, hi = a.get("min", float(f32.min)), a.get("max", float(f32.max))
+        else:
+            lo = ins[1].item() if len(ins) > 1 and ins[1] is not None else None
+            hi = ins[2].item() if len(ins) > 2 and ins[2] is not None else None
+        return [torch.clamp(x, lo, hi)]
+    if op == "HardSigmoid":
+        return [torch.clamp(a.get("alpha", 0.2) * x + a.get("beta", 0.5), 0.0, 1.0)]
+    if op == "HardSwish":
+        return [F.hardswish(x)]
+    if op in ("Max", "Min"):   # variadic: chained as torch.maximum(torch.maximum(a, b), c)
+        fn = torch.maximum if op == "Max" else torch.minimum
+        y = ins[0]
+        for v in ins[1:]:
+            y = fn(y, v)
+        return [y]
+    if op in ("Equal", "Less", "Greater"):
+        return [{"Equal": torch.eq, "Less": torch.lt, "Greater": torch.gt}[op](x, ins[1])]
+    if op == "Not":
+        return [torch.logical_not(x)]
+    if op == "ReduceMax":
+        axes = ints_of(ins[1]) if opset >= 18 and len(ins) > 1 else list(a.get("axes", range(x.dim())))
+        return [torch.amax(x, dim=tuple(v % x.dim() for v in axes), keepdim=bool(a.get("keepdims", 1)))]
+    if op == "ArgMax":
+        axis, keep = a.get("axis", 0) % x.dim(), bool(a.get("keepdims", 1))
+        if a.get("select_last_index", 0):
+            return [x.shape[axis] - 1 - torch.argmax(x.flip(axis), dim=axis, keepdim=keep)]
+        return [torch.argmax(x, dim=axis, keepdim=keep)]
     if op == "Reshape":
         shape = ints_of(ins[1])
         if not a.get("allowzero", 0):
@@ -877,6 +910,155 @@ def _(g):
 @case("Dropout", "ratio attribute 0.25, opset 11 [B,4,6]", opset=11)
 def _(g):
     g.head(g.node("Dropout", [g.stem([4, 6])], ratio=0.25))
+# Unary maths (k_unary): Neg, Exp, Log, Abs, Reciprocal; Log and Reciprocal on positive values
+for _op in ("Neg", "Exp", "Abs"):
+    case(_op, "[B,4,6]")(lambda g, _op=_op: g.head(g.node(_op, [g.stem([4, 6])])))
+for _op in ("Log", "Reciprocal"):
+    case(_op, "[B,4,6] positive")(lambda g, _op=_op: g.head(g.node(_op, [g.stem([4, 6], offset=2.0, wscale=0.015)])))
+
+
+@case("Exp", "as the logits [B,3] (gradient from the stashed output)")
+def _(g):
+    g.node("Exp", [g.node("Gemm", [g.stem([5]), g.rand([5, 3], 0.5)])], out="logits")
+
+
+# Clip: bounds as constant scalar inputs (opset 11+) or attributes (opset 6..10)
+@case("Clip", "min=-0.5 max=0.4 inputs [B,4,6]")
+def _(g):
+    lo, hi = g.init(np.float32(-0.5), "lo"), g.init(np.float32(0.4), "hi")
+    g.head(g.node("Clip", [g.stem([4, 6]), lo, hi]))
+
+
+@case("Clip", "max only (min absent) [B,4,6], * W")
+def _(g):
+    g.head(g.node("Mul", [g.node("Clip", [g.stem([4, 6]), "", g.init(np.float32(0.3), "hi")]), g.rand([4, 6], 1.0)]))
+
+
+@case("Clip", "min only [B,4,6]")
+def _(g):
+    g.head(g.node("Clip", [g.stem([4, 6]), g.init(np.float32(-0.2), "lo")]))
+
+
+@case("Clip", "attributes min=-0.3 max=0.6 opset 9", opset=9)
+def _(g):
+    g.head(g.node("Clip", [g.stem([4, 6])], min=-0.3, max=0.6))
+
+
+# HardSigmoid, HardSwish: inputs spread over the saturated and the linear parts
+@case("HardSigmoid", "default alpha=0.2 beta=0.5, x * 4")
+def _(g):
+    g.head(g.node("HardSigmoid", [g.node("Mul", [g.stem([4, 6]), g.init(np.float32(4.0), "s")])]))
+
+
+@case("HardSigmoid", "alpha=0.5 beta=0.4, * W")
+def _(g):
+    y = g.node("HardSigmoid", [g.node("Mul", [g.stem([4, 6]), g.init(np.float32(2.0), "s")])], alpha=0.5, beta=0.4)
+    g.head(g.node("Mul", [y, g.rand([4, 6], 1.0)]))
+
+
+@case("HardSwish", "x * 5 [B,4,6] opset 14", opset=14)
+def _(g):
+    g.head(g.node("HardSwish", [g.node("Mul", [g.stem([4, 6]), g.init(np.float32(5.0), "s")])]))
+
+
+# Max, Min (broadcasting k_binary; ties split the gradient in halves as torch.maximum)
+@case("Max", "a[B,4,6] max b[6]")
+def _(g):
+    g.head(g.node("Max", [g.stem([4, 6]), g.rand([6], 0.7)]))
+
+
+@case("Max", "b[4,1] max a[B,4,6]")
+def _(g):
+    g.head(g.node("Max", [g.rand([4, 1], 0.7), g.stem([4, 6])]))
+
+
+@case("Max", "a max a * W, W = 1: a tie everywhere, split in halves")
+def _(g):
+    a = g.stem([4, 6])
+    g.head(g.node("Max", [a, g.node("Mul", [a, g.init(np.ones([4, 6], np.float32))])]))
+
+
+@case("Max", "one input (a copy)")
+def _(g):
+    g.head(g.node("Mul", [g.node("Max", [g.stem([4, 6])]), g.rand([4, 6], 1.0)]))
+
+
+@case("Max", "3 inputs: a[B,4,6], W[6], V[4,1] (chained, partials recomputed)")
+def _(g):
+    g.head(g.node("Max", [g.stem([4, 6]), g.rand([6], 0.7), g.rand([4, 1], 0.7)]))
+
+
+@case("Min", "4 inputs: W[4,1], a[B,4,6], b[B,4,6], V[6]")
+def _(g):
+    a, b = g.stem([4, 6]), g.stem([4, 6])
+    g.head(g.node("Min", [g.rand([4, 1], 0.7), a, b, g.rand([6], 0.7)]))
+
+
+@case("Min", "a[B,4,6] min b[6]")
+def _(g):
+    g.head(g.node("Min", [g.stem([4, 6]), g.rand([6], 0.7)]))
+
+
+@case("Min", "b[4,1] min a[B,4,6]")
+def _(g):
+    g.head(g.node("Min", [g.rand([4, 1], 0.7), g.stem([4, 6])]))
+
+
+@case("Min", "a min a * W, W = 1: a tie everywhere, split in halves")
+def _(g):
+    a = g.stem([4, 6])
+    g.head(g.node("Min", [a, g.node("Mul", [a, g.init(np.ones([4, 6], np.float32))])]))
+
+
+# Comparisons computed at run time feeding Where (Where's gradient flows; the comparison has none)
+@case("Where", "Less(a, W[6]) ? a : V[4,6] (condition computed at run time)")
+def _(g):
+    a = g.stem([4, 6])
+    g.head(g.node("Where", [g.node("Less", [a, g.rand([6], 0.5)]), a, g.rand([4, 6], 0.5)]))
+
+
+@case("Where", "Not(Greater(a, W[4,1])) ? W2[6] : a (run-time condition, broadcast)")
+def _(g):
+    a = g.stem([4, 6])
+    c = g.node("Not", [g.node("Greater", [a, g.rand([4, 1], 0.5)])])
+    g.head(g.node("Where", [c, g.rand([6], 0.5), a]))
+
+
+@case("Where", "Equal(Relu(a), 0) ? W[4,6] : a (run-time condition)")
+def _(g):
+    a = g.stem([4, 6])
+    c = g.node("Equal", [g.node("Relu", [a]), g.init(np.float32(0.0), "z")])
+    g.head(g.node("Where", [c, g.rand([4, 6], 0.5), a]))
+
+
+# ReduceMax (gradient to the max element, as torch.amax) and ArgMax (run-time indices into Gather)
+@case("ReduceMax", "axes=[1] keepdims=1 [B,4,6]")
+def _(g):
+    g.head(g.node("ReduceMax", [g.stem([4, 6])], axes=[1], keepdims=1))
+
+
+@case("ReduceMax", "axes=[2,3] keepdims=0 [B,4,3,3]")
+def _(g):
+    g.head(g.node("ReduceMax", [g.stem([4, 3, 3])], axes=[2, 3], keepdims=0))
+
+
+@case("ReduceMax", "all axes, keepdims=1, * W, then + a")
+def _(g):
+    a = g.stem([4, 6])
+    m = g.node("ReduceMax", [g.node("Mul", [a, g.rand([4, 6], 1.0)])], keepdims=1)
+    g.head(g.node("Add", [a, m]))
+
+
+@case("ArgMax", "Gather(W[6,5], ArgMax(a[B,6], axis=1, keepdims=0)) + b")
+def _(g):
+    i = g.node("ArgMax", [g.stem([6], wscale=0.2)], axis=1, keepdims=0)
+    g.head(g.node("Add", [g.node("Gather", [g.rand([6, 5], 0.7), i]), g.stem([5])]))
+
+
+@case("ArgMax", "select_last_index=1 axis=-1 keepdims=1 [B,2,6] into Gather")
+def _(g):
+    i = g.node("ArgMax", [g.stem([2, 6], wscale=0.2)], axis=-1, keepdims=1, select_last_index=1)
+    g.head(g.node("Gather", [g.rand([6, 3], 0.7), i]))
 
 
 # Reshapes

@@ -1,5 +1,6 @@
 /* test_kernels.c - the run-time kernels for Gelu, LeakyRelu, Concat, the
- * strided views (Slice, Expand, Tile) and Cast
+ * strided views (Slice, Expand, Tile), Cast, the unary maths (Neg ..
+ * HardSwish), Max/Min, comparisons, ReduceMax, ArgMax and Dropout
  * (runtime/kernels.h) against references computed in double:
  *   - forward values against the formula in double;
  *   - each gradient against the derivative in double, and against central
@@ -419,6 +420,265 @@ static void test_cast(void) {
                         "float32 -> int64 (truncation toward zero, NaN and out of range)\n");
 }
 
+/* ---- k_unary / k_unary_grad: Neg, Exp, Log, Abs, Reciprocal, Clip, HardSigmoid, HardSwish ---- */
+/* ONNX's definitions in double (HardSwish: x max(0, min(1, x/6 + 1/2))). */
+static double un_ref(int op, double x, double a, double b) {
+  switch (op) {
+  case UN_NEG: return -x;
+  case UN_EXP: return exp(x);
+  case UN_LOG: return log(x);
+  case UN_ABS: return fabs(x);
+  case UN_RECIPROCAL: return 1 / x;
+  case UN_CLIP: return fmin(fmax(x, a), b);
+  case UN_HARDSIGMOID: return fmax(0, fmin(1, a * x + b));
+  default: return x * fmax(0, fmin(1, x / 6 + 0.5));
+  }
+}
+/* The derivative away from the kinks (where the kernels follow PyTorch, checked apart). */
+static double un_dref(int op, double x, double a, double b) {
+  switch (op) {
+  case UN_NEG: return -1;
+  case UN_EXP: return exp(x);
+  case UN_LOG: return 1 / x;
+  case UN_ABS: return x > 0 ? 1 : -1;
+  case UN_RECIPROCAL: return -1 / (x * x);
+  case UN_CLIP: return x > a && x < b ? 1 : 0;
+  case UN_HARDSIGMOID: return a * x + b > 0 && a * x + b < 1 ? a : 0;
+  default: return x < -3 ? 0 : x > 3 ? 1 : x / 3 + 0.5;
+  }
+}
+/* Distance to the nearest kink of op, for finite differences (inf: smooth). */
+static double un_kink(int op, double x, double a, double b) {
+  switch (op) {
+  case UN_ABS: return fabs(x);
+  case UN_CLIP: return fmin(fabs(x - a), fabs(x - b));
+  case UN_HARDSIGMOID: return fmin(fabs(x + b / a), fabs(x - (1 - b) / a));
+  case UN_HARDSWISH: return fmin(fabs(x + 3), fabs(x - 3));
+  default: return INFINITY;
+  }
+}
+static int same_class(double got, double ref) { /* both NaN, or the same infinity, or both finite */
+  if (isnan(ref) || isnan(got)) return isnan(ref) && isnan(got);
+  if (isinf(ref) || isinf(got)) return got == ref;
+  return 1;
+}
+
+static void test_unary(int op, const char *name, float a, float b) {
+  int f0 = failed;
+  float *y = malloc(sizeof(float) * NX), *dy = malloc(sizeof(float) * NX), *dx = malloc(sizeof(float) * NX),
+        *dx2 = malloc(sizeof(float) * NX), *base = malloc(sizeof(float) * NX);
+  for (int i = 0; i < nx; i++) dy[i] = (float)(2 * urand() - 1), base[i] = (float)(4 * urand() - 2);
+  k_unary(op, xs, y, nx, a, b);
+  k_unary_grad(op, xs, y, dy, dx, nx, a, b, 0);
+  double worst_y = 0, worst_d = 0;
+  for (int i = 0; i < nx; i++) {
+    double x = xs[i], ref = un_ref(op, x, a, b), reff = (float)ref; /* reff: what float can hold (exp(100) = inf) */
+    if (!isfinite(reff)) {
+      CHECK(same_class(y[i], reff), "%s x=%.9g: got %.9g, want %.9g\n", name, x, y[i], reff);
+      continue;
+    }
+    /* a few roundings of float (HardSigmoid's a x + b is rounded before the clamp) */
+    double scale = fabs(ref) + (op == UN_HARDSIGMOID ? fabs(a * x) + fabs(b) : 0);
+    double tol = 4 * FLT_EPSILON * scale + FLT_TRUE_MIN, e = fabs(y[i] - ref);
+    if (scale >= FLT_MIN && e / scale > worst_y) worst_y = e / scale; /* normal floats (a subnormal result has fewer bits) */
+    CHECK(e <= tol, "%s x=%.9g: got %.9g, double %.17g\n", name, x, y[i], ref);
+    if (un_kink(op, x, a, b) < 1e-4 * (1 + fabs(x))) continue;
+    double dref = dy[i] * un_dref(op, x, a, b), ed = fabs(dx[i] - dref);
+    if (!isfinite((float)dref)) continue; /* 1/x^2 of a tiny x: beyond float's range, inf or NaN (inf * 0) in float */
+    /* HardSwish's x/3 + 1/2 cancels near x = -1.5: its rounding is relative to the terms */
+    double dscale = op == UN_HARDSWISH ? fabs(dy[i]) * (fabs(x) / 3 + 0.5) : fabs(dref) + fabs(dy[i]) * FLT_EPSILON;
+    if (ed / dscale > worst_d) worst_d = ed / dscale;
+    CHECK(ed <= 8 * FLT_EPSILON * dscale + FLT_TRUE_MIN, "%s_grad x=%.9g dy=%.6g: got %.9g, double %.17g\n", name, x, dy[i], dx[i], dref);
+    if (fabs(x) <= 8 && (op != UN_LOG && op != UN_RECIPROCAL ? 1 : fabs(x) > 0.05)) { /* the reference derivative itself */
+      double h = 1e-6 * (1 + fabs(x)), fd = (un_ref(op, x + h, a, b) - un_ref(op, x - h, a, b)) / (2 * h);
+      CHECK(fabs(fd - un_dref(op, x, a, b)) <= 1e-6 * (1 + fabs(fd)), "%s x=%.9g: derivative %.12g, finite differences %.12g\n", name, x,
+            un_dref(op, x, a, b), fd);
+    }
+  }
+  memcpy(dx2, base, sizeof(float) * NX);
+  k_unary_grad(op, xs, y, dy, dx2, nx, a, b, 1);
+  int same = 1;
+  for (int i = 0; i < nx; i++) same &= dx2[i] == base[i] + dx[i] || (isnan(dx[i]) && isnan(dx2[i]));
+  CHECK(same, "%s_grad acc=1 is not base + the acc=0 gradient\n", name);
+  OK_IF_NONE_FAILED(f0, "%s on %d inputs: forward within %.2g of double, gradient within %.2g away from kinks; acc=1 adds\n", name, nx,
+                    worst_y, worst_d);
+  free(y), free(dy), free(dx), free(dx2), free(base);
+}
+
+/* Values at the kinks and on NaN, as torch 1.13 gives them (gradient of ones):
+ *   clamp([-0.5, 0.4, nextafter below -0.5, above 0.4, nan], -0.5, 0.4): gradient [1, 1, 0, 0, 0], nan -> nan
+ *   clamp(x, 0.5, -0.5) = -0.5 everywhere (max wins), gradient 0
+ *   hardswish at [-3, 3, nan]: gradient [-0.5, 1.5, 1]; hardsigmoid (alpha 1/6, beta 1/2) at [-3, 3]: 0, nan -> nan, gradient 0
+ *   abs at [0, -0, nan]: gradient [0, 0, 0]; maximum/minimum: a tie gives each side 0.5, a NaN gives both 1 */
+static void test_unary_kinks(void) {
+  int f0 = failed;
+  const float one[5] = {1, 1, 1, 1, 1};
+  float y[5], g[5];
+  const float cx[5] = {-0.5f, 0.4f, nextafterf(-0.5f, -1), nextafterf(0.4f, 1), NAN};
+  k_unary(UN_CLIP, cx, y, 5, -0.5f, 0.4f);
+  CHECK(y[0] == -0.5f && y[1] == 0.4f && y[2] == -0.5f && y[3] == 0.4f && isnan(y[4]), "clip at its bounds: %g %g %g %g %g\n", y[0], y[1],
+        y[2], y[3], y[4]);
+  k_unary_grad(UN_CLIP, cx, NULL, one, g, 5, -0.5f, 0.4f, 0);
+  CHECK(g[0] == 1 && g[1] == 1 && g[2] == 0 && g[3] == 0 && g[4] == 0, "clip_grad at [lo, hi, below, above, nan] = [%g %g %g %g %g], torch: "
+        "[1 1 0 0 0]\n", g[0], g[1], g[2], g[3], g[4]);
+  k_unary(UN_CLIP, cx, y, 4, 0.5f, -0.5f);
+  k_unary_grad(UN_CLIP, cx, NULL, one, g, 4, 0.5f, -0.5f, 0);
+  CHECK(y[0] == -0.5f && y[1] == -0.5f && y[2] == -0.5f && y[3] == -0.5f && g[0] == 0 && g[1] == 0 && g[3] == 0,
+        "clip with min > max: %g %g %g %g (gradient %g %g), torch: max everywhere, gradient 0\n", y[0], y[1], y[2], y[3], g[0], g[1]);
+  const float inf[2] = {-INFINITY, INFINITY};
+  k_unary(UN_CLIP, inf, y, 2, -INFINITY, INFINITY);
+  CHECK(y[0] == -INFINITY && y[1] == INFINITY, "clip with open bounds changes infinities: %g %g\n", y[0], y[1]);
+  const float hx[3] = {-3, 3, NAN};
+  k_unary(UN_HARDSWISH, hx, y, 3, 0, 0);
+  k_unary_grad(UN_HARDSWISH, hx, NULL, one, g, 3, 0, 0, 0);
+  CHECK(y[0] == 0 && y[1] == 3 && isnan(y[2]) && g[0] == -0.5f && g[1] == 1.5f && g[2] == 1,
+        "hardswish at [-3, 3, nan] = [%g %g %g], gradient [%g %g %g]; torch: [0 3 nan], [-0.5 1.5 1]\n", y[0], y[1], y[2], g[0], g[1], g[2]);
+  k_unary(UN_HARDSIGMOID, hx, y, 3, 0.5f, 0.5f);
+  k_unary_grad(UN_HARDSIGMOID, hx, NULL, one, g, 3, 0.25f, 0.75f, 0); /* v = 0 at -3, 1.5 at 3 */
+  CHECK(y[0] == 0 && y[1] == 1 && isnan(y[2]) && g[0] == 0 && g[1] == 0 && g[2] == 0,
+        "hardsigmoid at [-3, 3, nan] = [%g %g %g], gradient at the kinks and nan [%g %g %g], want [0 1 nan], [0 0 0]\n", y[0], y[1], y[2],
+        g[0], g[1], g[2]);
+  const float ax[3] = {0.0f, -0.0f, NAN};
+  k_unary_grad(UN_ABS, ax, NULL, one, g, 3, 0, 0, 0);
+  CHECK(g[0] == 0 && g[1] == 0 && g[2] == 0, "abs_grad at [0, -0, nan] = [%g %g %g], torch: [0 0 0]\n", g[0], g[1], g[2]);
+  OK_IF_NONE_FAILED(f0, "clip, hardswish, hardsigmoid, abs at their kinks, out of order bounds and NaN: PyTorch's values and gradients\n");
+}
+
+/* ---- Max / Min through k_binary: broadcasting, ties, NaN ---- */
+static void test_maxmin(int op) {
+  int f0 = failed;
+  const char *name = op == BIN_MAX ? "max" : "min";
+  /* a [2,3,4] against b [3,1]: values on a coarse grid, so ties are frequent */
+  BcastShape s = {.rank = 3, .out = {2, 3, 4}, .sa = {12, 4, 1}, .sb = {0, 1, 0}, .na = 24, .nb = 3, .ny = 24};
+  float a[24], b[3], y[24], dy[24], da[24], db[3], da2[24];
+  for (int i = 0; i < 24; i++) a[i] = (float)((int)(urand() * 5) - 2) * 0.5f, dy[i] = (float)(2 * urand() - 1);
+  b[0] = 0.5f, b[1] = -0.5f, b[2] = NAN, a[5] = NAN;
+  k_binary(op, a, b, y, &s);
+  k_binary_grad(op, 0, a, b, dy, da, &s, 0);
+  k_binary_grad(op, 1, a, b, dy, db, &s, 0);
+  double rda[24] = {0}, rdb[3] = {0};
+  int ties = 0;
+  for (int i = 0; i < 24; i++) {
+    int r = i / 4 % 3;
+    double u = a[i], v = b[r], want = isnan(u) || isnan(v) ? NAN : op == BIN_MAX ? fmax(u, v) : fmin(u, v);
+    CHECK(same_class(y[i], want) && (isnan(want) || y[i] == want), "%s(%g, %g) = %g, want %g\n", name, u, v, y[i], want);
+    /* torch: where(a == b, dy / 2, dy), zeroed on the losing side; a NaN loses nowhere */
+    double ga = u == v ? dy[i] / 2.0 : (op == BIN_MAX ? u < v : u > v) ? 0 : dy[i];
+    double gb = u == v ? dy[i] / 2.0 : (op == BIN_MAX ? v < u : v > u) ? 0 : dy[i];
+    ties += u == v;
+    rda[i] += ga, rdb[r] += gb;
+  }
+  int ok = 1;
+  for (int i = 0; i < 24; i++) ok &= da[i] == (float)rda[i];
+  CHECK(ok, "%s_grad of a differs from torch's rule\n", name);
+  for (int r = 0; r < 3; r++) CHECK(fabs(db[r] - rdb[r]) <= 1e-6 * (1 + fabs(rdb[r])), "%s_grad of b[%d] = %.9g, want %.9g\n", name, r, db[r], rdb[r]);
+  CHECK(ties > 0, "%s: the test made no ties\n", name);
+  for (int i = 0; i < 24; i++) da2[i] = 1.0f;
+  k_binary_grad(op, 0, a, b, dy, da2, &s, 1);
+  ok = 1;
+  for (int i = 0; i < 24; i++) ok &= da2[i] == 1.0f + da[i];
+  CHECK(ok, "%s_grad acc=1 does not add\n", name);
+  OK_IF_NONE_FAILED(f0, "%s with broadcasting: values, NaN wins, gradient of both inputs as torch (%d ties split in halves, NaN passes to both), "
+                        "acc=1 adds\n", name, ties);
+}
+
+/* ---- Equal / Less / Greater (broadcast, NaN compares false) and Not ---- */
+static void test_compare(void) {
+  int f0 = failed;
+  BcastShape s = {.rank = 2, .out = {3, 4}, .sa = {4, 1}, .sb = {0, 1}, .na = 12, .nb = 4, .ny = 12};
+  const float a[12] = {0, 1, 2, 3, -1, 1, NAN, 3, 2, 2, 2, 2}, b[4] = {0, 1.5f, 2, NAN};
+  uint8_t y[12], z[12];
+  for (int op = CMP_EQUAL; op <= CMP_GREATER; op++) {
+    k_compare(op, a, b, y, &s);
+    int ok = 1;
+    for (int i = 0; i < 12; i++) {
+      double u = a[i], v = b[i % 4];
+      ok &= y[i] == (op == CMP_EQUAL ? u == v : op == CMP_LESS ? u < v : u > v);
+    }
+    CHECK(ok, "k_compare op %d differs from the double comparison\n", op);
+    k_not(y, z, 12);
+    ok = 1;
+    for (int i = 0; i < 12; i++) ok &= z[i] == !y[i];
+    CHECK(ok, "k_not is not the negation\n");
+  }
+  OK_IF_NONE_FAILED(f0, "equal, less, greater with broadcasting (NaN compares false) and not\n");
+}
+
+/* ---- ReduceMax and its gradient (torch.amax: ties share dy equally; a NaN max: NaN for the slice) ---- */
+static void test_reduce_max(int mask) {
+  int f0 = failed;
+  ReduceShape s = {.rank = 3, .in = {3, 4, 5}, .mask = mask, .n = 60, .scale = 1};
+  s.nout = 1;
+  for (int d = 0; d < 3; d++) if (!(mask >> d & 1)) s.nout *= s.in[d];
+  float x[60], y[60], dy[60], dx[60], dx2[60], cnt[60];
+  for (int i = 0; i < 60; i++) x[i] = (float)((int)(urand() * 4)) * 0.25f, dy[i] = (float)(2 * urand() - 1);
+  if (mask != 7) x[17] = NAN; /* over all axes a NaN would leave no slice to split ties in */
+  k_reduce_max(x, y, &s);
+  k_reduce_max_grad(x, y, dy, dx, cnt, &s, 0);
+  double m[60], c[60];
+  int nan_slice[60] = {0};
+  for (int o = 0; o < s.nout; o++) m[o] = -INFINITY, c[o] = 0;
+  for (int i = 0; i < 60; i++) {
+    int o = (int)reduce_at(&s, i);
+    if (isnan(x[i])) nan_slice[o] = 1;
+    else if (x[i] > m[o]) m[o] = x[i];
+  }
+  for (int i = 0; i < 60; i++) c[reduce_at(&s, i)] += x[i] == m[reduce_at(&s, i)];
+  int ok = 1, ties = 0;
+  for (int o = 0; o < s.nout; o++) {
+    ok &= nan_slice[o] ? isnan(y[o]) : y[o] == m[o];
+    ties += !nan_slice[o] && c[o] > 1;
+  }
+  CHECK(ok, "reduce_max (mask %d) differs from the max in double\n", mask);
+  ok = 1;
+  for (int i = 0; i < 60; i++) {
+    int o = (int)reduce_at(&s, i);
+    double want = nan_slice[o] ? NAN : x[i] == m[o] ? dy[o] / c[o] : 0;
+    ok &= isnan(want) ? isnan(dx[i]) : fabs(dx[i] - want) <= FLT_EPSILON * fabs(want);
+  }
+  CHECK(ok, "reduce_max_grad (mask %d) differs from torch.amax's gradient\n", mask);
+  CHECK(ties > 0, "reduce_max (mask %d): the test made no ties\n", mask);
+  for (int i = 0; i < 60; i++) dx2[i] = 2.0f;
+  k_reduce_max_grad(x, y, dy, dx2, cnt, &s, 1);
+  ok = 1;
+  for (int i = 0; i < 60; i++) ok &= dx2[i] == 2.0f + dx[i] || (isnan(dx[i]) && isnan(dx2[i]));
+  CHECK(ok, "reduce_max_grad acc=1 does not add\n");
+  OK_IF_NONE_FAILED(f0, "reduce_max over axes mask %d of [3,4,5]: max, NaN wins, gradient split over %d tied slices, NaN slice NaN, acc=1 adds\n",
+                    mask, ties);
+}
+
+/* ---- ArgMax: first (or last) index of the max, a NaN counting as the max ---- */
+static void test_argmax(void) {
+  int f0 = failed;
+  enum { NO = 3, NA = 7, NI = 4 };
+  float x[NO * NA * NI];
+  int64_t y[NO * NI];
+  for (int i = 0; i < NO * NA * NI; i++) x[i] = (float)((int)(urand() * 3));
+  x[(1 * NA + 2) * NI + 3] = NAN, x[(1 * NA + 5) * NI + 3] = NAN;
+  for (int last = 0; last < 2; last++) {
+    k_argmax(x, y, NO, NA, NI, last);
+    int ok = 1;
+    for (int o = 0; o < NO; o++)
+      for (int k = 0; k < NI; k++) {
+        double m = -INFINITY;
+        int has_nan = 0;
+        for (int j = 0; j < NA; j++) {
+          double v = x[(o * NA + j) * NI + k];
+          if (isnan(v)) has_nan = 1;
+          else m = fmax(m, v);
+        }
+        int64_t want = -1;
+        for (int j = 0; j < NA; j++) {
+          double v = x[(o * NA + j) * NI + k];
+          if (has_nan ? isnan(v) : v == m) want = last || want < 0 ? j : want;
+        }
+        ok &= y[o * NI + k] == want;
+      }
+    CHECK(ok, "argmax (select_last_index=%d) differs from the reference\n", last);
+  }
+  OK_IF_NONE_FAILED(f0, "argmax along the middle axis of [3,7,4]: ties to the first or the last index, NaN counts as the max\n");
+}
+
 int main(void) {
   make_inputs();
   test_nan();
@@ -447,6 +707,22 @@ int main(void) {
   };
   for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) test_view(&views[i]);
   test_cast();
+  test_unary(UN_NEG, "neg", 0, 0);
+  test_unary(UN_EXP, "exp", 0, 0);
+  test_unary(UN_LOG, "log", 0, 0);
+  test_unary(UN_ABS, "abs", 0, 0);
+  test_unary(UN_RECIPROCAL, "reciprocal", 0, 0);
+  test_unary(UN_CLIP, "clip[-0.5,0.4]", -0.5f, 0.4f);
+  test_unary(UN_CLIP, "clip[-inf,1]", -INFINITY, 1.0f);
+  test_unary(UN_HARDSIGMOID, "hardsigmoid(0.2,0.5)", 0.2f, 0.5f);
+  test_unary(UN_HARDSIGMOID, "hardsigmoid(1/6,0.5)", 1.0f / 6, 0.5f);
+  test_unary(UN_HARDSWISH, "hardswish", 0, 0);
+  test_unary_kinks();
+  test_maxmin(BIN_MAX);
+  test_maxmin(BIN_MIN);
+  test_compare();
+  for (int mask = 1; mask < 8; mask++) test_reduce_max(mask);
+  test_argmax();
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
 }

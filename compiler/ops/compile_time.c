@@ -141,14 +141,6 @@ static int trilu_fold(Graph *g, Node *n) {
   return 0;
 }
 
-/* ---- Not: the one unary op whose input type is fixed ---- */
-
-static int not_infer(Graph *g, Node *n) {
-  if (infer_same(g, n)) return -1;
-  if (node_in(g, n, 0)->dtype != DT_BOOL) return node_err(n, "input must be bool");
-  return 0;
-}
-
 #define CT(name, infer, fold) {name, "compile_time", infer, fold, 0, STASH_NONE, NULL, 0, NULL, NULL, NULL, 0, 0}
 /* Arithmetic, comparisons and logic share elementwise.c's rules, told apart by code. */
 #define CT_EW(name, infer, fold, code) {name, "compile_time", infer, fold, 0, STASH_NONE, NULL, 0, NULL, NULL, NULL, code, 0}
@@ -160,24 +152,13 @@ const OpDef OPS_COMPILE_TIME[] = {
     CT_SHAPE("Shape", shape_infer, shape_fold),
     CT_SHAPE("Size", size_infer, size_fold),
     CT("Range", range_infer, range_fold),
-    CT_EW("Equal", ew_infer_compare, ew_fold_binary, EW_EQUAL),
-    CT_EW("Less", ew_infer_compare, ew_fold_binary, EW_LESS),
-    CT_EW("Greater", ew_infer_compare, ew_fold_binary, EW_GREATER),
     CT_EW("LessOrEqual", ew_infer_compare, ew_fold_binary, EW_LESS_EQUAL),
     CT_EW("GreaterOrEqual", ew_infer_compare, ew_fold_binary, EW_GREATER_EQUAL),
     CT_EW("And", ew_infer_compare, ew_fold_binary, EW_AND),
     CT_EW("Or", ew_infer_compare, ew_fold_binary, EW_OR),
-    CT_EW("Not", not_infer, ew_fold_unary, EW_NOT),
     CT("Trilu", infer_same, trilu_fold),
-    CT_EW("Neg", infer_same, ew_fold_unary, EW_NEG),
-    CT_EW("Exp", infer_same, ew_fold_unary, EW_EXP),
-    CT_EW("Log", infer_same, ew_fold_unary, EW_LOG),
-    CT_EW("Abs", infer_same, ew_fold_unary, EW_ABS),
-    CT_EW("Reciprocal", infer_same, ew_fold_unary, EW_RECIPROCAL),
     CT_EW("Floor", infer_same, ew_fold_unary, EW_FLOOR),
     CT_EW("Ceil", infer_same, ew_fold_unary, EW_CEIL),
-    CT_EW("Max", ew_infer_binary, ew_fold_binary, EW_MAX),
-    CT_EW("Min", ew_infer_binary, ew_fold_binary, EW_MIN),
     CT_EW("Mod", ew_infer_binary, ew_fold_binary, EW_MOD),
     {0},
 };

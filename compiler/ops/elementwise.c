@@ -1,10 +1,17 @@
-/* elementwise.c - activations, unary maths and broadcasting arithmetic:
- * Relu, LeakyRelu, Tanh, Sigmoid, Gelu, Erf, Sqrt, Add, Sub, Mul, Div, Pow, Where. */
+/* elementwise.c - activations, unary maths, broadcasting arithmetic and comparisons:
+ * Relu, LeakyRelu, Tanh, Sigmoid, Gelu, Erf, Sqrt, Neg, Exp, Log, Abs, Reciprocal,
+ * Clip, HardSigmoid, HardSwish, Add, Sub, Mul, Div, Pow, Max, Min, Where,
+ * Equal, Less, Greater, Not. */
+#include <float.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 #include "ops/rule.h"
 
 static int64_t out_numel(Emit *e, const Node *n) { return ir_numel(em_t(e, n->out[0])); }
+static int64_t binary_i(Node *n, int code, int64_t a, int64_t b, int *err);
+static double binary_f(int code, double a, double b);
 
 /* ---- activations whose gradient needs only their output y ---- */
 
@@ -95,6 +102,71 @@ static int leaky_bwd(Emit *e, const Node *n, int j) {
   return 0;
 }
 
+/* ---- Neg, Exp, Log, Abs, Reciprocal, Clip, HardSigmoid, HardSwish: k_unary ---- */
+
+static const char *un_code(const Node *n) {
+  switch (n->def->code) {
+  case EW_NEG: return "UN_NEG";
+  case EW_EXP: return "UN_EXP";
+  case EW_LOG: return "UN_LOG";
+  case EW_ABS: return "UN_ABS";
+  case EW_RECIPROCAL: return "UN_RECIPROCAL";
+  case EW_CLIP: return "UN_CLIP";
+  case EW_HARDSIGMOID: return "UN_HARDSIGMOID";
+  default: return "UN_HARDSWISH";
+  }
+}
+
+/* Clip's bound k (1 = min, 2 = max): an attribute before opset 11 (default
+ * the float range), an optional constant scalar input from 11 (default none). */
+static int clip_bound(Emit *e, const Node *n, int k, float *v) {
+  const char *name = k == 1 ? "min" : "max";
+  float open = k == 1 ? -INFINITY : INFINITY;
+  if (em_graph(e)->opset < 11) {
+    *v = attr_float(n, name, k == 1 ? -FLT_MAX : FLT_MAX);
+    return 0;
+  }
+  Tensor *t = k < n->nin && n->in[k] >= 0 ? em_t(e, n->in[k]) : NULL;
+  *v = open;
+  if (!t) return 0;
+  if (!t->data || t->is_param || ir_numel(t) != 1)
+    return err_set("node '%s' (Clip): %s (input '%s') must be a constant scalar at training time", n->name, name, t->name);
+  *v = (float)const_f64(t, 0);
+  return 0;
+}
+
+/* The kernel's two numbers: Clip's bounds, HardSigmoid's alpha and beta. */
+static int un_params(Emit *e, const Node *n, float *a, float *b) {
+  *a = *b = 0;
+  if (n->def->code == EW_CLIP) return clip_bound(e, n, 1, a) || clip_bound(e, n, 2, b) ? -1 : 0;
+  if (n->def->code == EW_HARDSIGMOID) *a = attr_float(n, "alpha", 0.2f), *b = attr_float(n, "beta", 0.5f);
+  return 0;
+}
+
+static int un_fwd(Emit *e, const Node *n, int j) {
+  (void)j;
+  float a, b;
+  if (em_t(e, n->in[0])->dtype != DT_FLOAT)
+    return err_set("node '%s' (%s): only float32 runs at training time, not %s", n->name, n->op, dtype_name(em_t(e, n->in[0])->dtype));
+  if (un_params(e, n, &a, &b)) return -1;
+  CALL(e, PH_FWD, K_UNARY, n, A_SYM(un_code(n)), A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)), A_INT(out_numel(e, n)), A_FLT(a),
+       A_FLT(b));
+  return 0;
+}
+
+static int un_bwd(Emit *e, const Node *n, int j) {
+  (void)j;
+  if (!em_needs(e, n, 0)) return 0;
+  float a, b;
+  if (un_params(e, n, &a, &b)) return -1;
+  /* Only what the row stashes is passed: Exp and Reciprocal read y, Neg nothing, the rest x. */
+  int x = n->def->stash & STASH_INPUTS ? em_in(e, n, 0) : -1, y = n->def->stash & STASH_OUTPUT ? em_out(e, n, 0) : -1;
+  int acc, dx = em_grad(e, n, 0, &acc);
+  CALL(e, PH_IGRAD, K_UNARY_GRAD, n, A_SYM(un_code(n)), A_BUF(x), A_BUF(y), A_BUF(em_dy(e, n, 0)), A_BUF(dx), A_INT(out_numel(e, n)),
+       A_FLT(a), A_FLT(b), A_INT(acc));
+  return 0;
+}
+
 /* ---- Add, Sub, Mul, Div, Pow with numpy broadcasting ---- */
 
 /* The runtime's name for the op (runtime/kernels.h's BinOp). */
@@ -104,6 +176,8 @@ static const char *bin_code(const Node *n) {
   case EW_SUB: return "BIN_SUB";
   case EW_MUL: return "BIN_MUL";
   case EW_DIV: return "BIN_DIV";
+  case EW_MAX: return "BIN_MAX";
+  case EW_MIN: return "BIN_MIN";
   default: return "BIN_POW";
   }
 }
@@ -135,6 +209,146 @@ static int binary_bwd(Emit *e, const Node *n, int j) {
     CALL(e, ph, K_BINARY_GRAD, n, A_SYM(code), A_INT(which), A_BUF(lin ? -1 : a), A_BUF(lin ? -1 : b), A_BUF(em_dy(e, n, 0)), A_BUF(d),
          A_CONST(bs), A_INT(acc));
   }
+  return 0;
+}
+
+/* ---- Max, Min: variadic in ONNX; one input is a copy, two the broadcasting
+ * k_binary (ties split the gradient as torch.maximum does) ---- */
+
+static int maxmin_infer(Graph *g, Node *n) {
+  if (n->nin < 1) return node_err(n, "needs at least one input");
+  for (int k = 0; k < n->nin; k++) {
+    Tensor *x = need_in(g, n, k);
+    if (!x) return -1;
+    if (x->dtype != node_in(g, n, 0)->dtype)
+      return node_err(n, "input types differ (%s and %s)", dtype_name(node_in(g, n, 0)->dtype), dtype_name(x->dtype));
+  }
+  return broadcast_outputs(g, n, 0, n->nin, node_in(g, n, 0)->dtype);
+}
+
+/* All inputs folded in order, pairwise, as chained Max(Max(a, b), c). */
+static int maxmin_fold(Graph *g, Node *n) {
+  Tensor *o = node_out(g, n, 0);
+  fold_alloc(g, o);
+  int64_t st[MAX_RANK], m = ir_numel(o);
+  int intpath = !dtype_is_float(o->dtype), code = n->def->code, err = 0;
+  for (int k = 0; k < n->nin; k++) {
+    Tensor *x = node_in(g, n, k);
+    bcast_strides(x, o->rank, st);
+    for (int64_t i = 0; i < m; i++) {
+      int64_t at = bcast_offset(i, o, st);
+      if (intpath) const_set_i64(o, i, k ? binary_i(n, code, const_i64(o, i), const_i64(x, at), &err) : const_i64(x, at));
+      else const_set_f64(o, i, k ? binary_f(code, const_f64(o, i), const_f64(x, at)) : const_f64(x, at));
+    }
+  }
+  return err;
+}
+
+/* Three inputs or more: y = max(x0, x1), then y = max(y, xk) for each next
+ * input, one call each, every call broadcast to y's shape (BIN_<j>_<k>). */
+static int maxmin_chain(Emit *e, const Node *n, int j) {
+  Tensor *Y = em_t(e, n->out[0]);
+  int y = em_out(e, n, 0);
+  for (int k = 1; k < n->nin; k++) {
+    Tensor *A = k == 1 ? em_t(e, n->in[0]) : Y, *B = em_t(e, n->in[k]);
+    int64_t sa[MAX_RANK], sb[MAX_RANK];
+    rule_bcast_strides(Y, A, sa), rule_bcast_strides(Y, B, sb);
+    char fmt[32];
+    snprintf(fmt, sizeof fmt, "BIN_%%d_%d", k);
+    int bs = SHAPE(e, "BcastShape", em_name(e, fmt, j), A_INT(Y->rank), A_INTS(Y->dims, Y->rank), A_INTS(sa, Y->rank), A_INTS(sb, Y->rank),
+                   A_INT(ir_numel(A)), A_INT(ir_numel(B)), A_INT(ir_numel(Y)));
+    CALL(e, PH_FWD, K_BINARY, n, A_SYM(bin_code(n)), A_BUF(k == 1 ? em_in(e, n, 0) : y), A_BUF(em_in(e, n, k)), A_BUF(y), A_CONST(bs));
+  }
+  return 0;
+}
+
+static int chain_shape(Emit *e, int j, int k) {
+  char fmt[32];
+  snprintf(fmt, sizeof fmt, "BIN_%%d_%d", k);
+  return em_shape_ref(e, em_name(e, fmt, j));
+}
+
+/* The gradient of that chain, as autograd through nested torch.maximum calls
+ * gives it: the partial results m_k = max(m_(k-1), x_k) (the forward wrote
+ * over them) are recomputed into workspaces, then the output's gradient walks
+ * back through each pair: x_k takes its share, m_(k-1) the rest, split at
+ * ties as with two inputs.  Every call is input-gradient work, so the
+ * workspaces live within the one action. */
+static int maxmin_chain_bwd(Emit *e, const Node *n, int j) {
+  int N = n->nin, acc, *part = calloc((size_t)N, sizeof *part);
+  if (!part) return err_set("out of memory");
+  int64_t bytes = 4 * out_numel(e, n);
+  const char *op = bin_code(n);
+  part[0] = em_in(e, n, 0);
+  for (int k = 1; k < N - 1; k++) {
+    part[k] = em_work(e, em_name(e, "mx%d_", k), n->out[0], bytes);
+    CALL(e, PH_IGRAD, K_BINARY, n, A_SYM(op), A_BUF(part[k - 1]), A_BUF(em_in(e, n, k)), A_BUF(part[k]), A_CONST(chain_shape(e, j, k)));
+  }
+  int g = em_dy(e, n, 0), gbuf[2] = {-1, -1}; /* the walk's dy, alternating between two workspaces */
+  for (int k = N - 1; k >= 1; k--) {
+    int bs = chain_shape(e, j, k), below = 0;
+    if (em_needs(e, n, k)) {
+      int d = em_grad(e, n, k, &acc);
+      CALL(e, PH_IGRAD, K_BINARY_GRAD, n, A_SYM(op), A_INT(1), A_BUF(part[k - 1]), A_BUF(em_in(e, n, k)), A_BUF(g), A_BUF(d), A_CONST(bs),
+           A_INT(acc));
+    }
+    for (int q = 0; q < k; q++) below |= em_needs(e, n, q);
+    if (!below) break;
+    /* m_(k-1)'s share: x0's gradient itself at k = 1, else the next dy of the walk */
+    if (k > 1 && gbuf[k % 2] < 0) gbuf[k % 2] = em_work(e, em_name(e, "mxg%d_", k % 2), n->out[0], bytes);
+    int d = k == 1 ? em_grad(e, n, 0, &acc) : gbuf[k % 2];
+    if (k > 1) acc = 0;
+    CALL(e, PH_IGRAD, K_BINARY_GRAD, n, A_SYM(op), A_INT(0), A_BUF(part[k - 1]), A_BUF(em_in(e, n, k)), A_BUF(g), A_BUF(d), A_CONST(bs),
+         A_INT(acc));
+    g = d;
+  }
+  free(part);
+  return 0;
+}
+
+static int maxmin_fwd(Emit *e, const Node *n, int j) {
+  for (int k = 0; k < n->nin; k++)
+    if (em_t(e, n->in[k])->dtype != DT_FLOAT) return err_set("node '%s' (%s): only float32 runs at training time", n->name, n->op);
+  if (n->nin == 2) return binary_fwd(e, n, j);
+  if (n->nin > 2) return maxmin_chain(e, n, j);
+  CALL(e, PH_FWD, K_COPY, n, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)), A_INT(out_numel(e, n)));
+  return 0;
+}
+
+static int maxmin_bwd(Emit *e, const Node *n, int j) {
+  if (n->nin == 2) return binary_bwd(e, n, j);
+  if (n->nin > 2) return maxmin_chain_bwd(e, n, j);
+  if (!em_needs(e, n, 0)) return 0;
+  int acc, dx = em_grad(e, n, 0, &acc);
+  CALL(e, PH_IGRAD, K_COPY_GRAD, n, A_BUF(em_dy(e, n, 0)), A_BUF(dx), A_INT(out_numel(e, n)), A_INT(acc));
+  return 0;
+}
+
+/* ---- Equal, Less, Greater on float inputs, and Not: bool results, no gradient ---- */
+
+static int compare_fwd(Emit *e, const Node *n, int j) {
+  Tensor *A = em_t(e, n->in[0]), *B = em_t(e, n->in[1]), *Y = em_t(e, n->out[0]);
+  if (A->dtype != DT_FLOAT || B->dtype != DT_FLOAT)
+    return err_set("node '%s' (%s): only float32 inputs are compared at training time, not %s and %s", n->name, n->op,
+                   dtype_name(A->dtype), dtype_name(B->dtype));
+  int64_t sa[MAX_RANK], sb[MAX_RANK];
+  rule_bcast_strides(Y, A, sa), rule_bcast_strides(Y, B, sb);
+  int bs = SHAPE(e, "BcastShape", em_name(e, "CMP_%d", j), A_INT(Y->rank), A_INTS(Y->dims, Y->rank), A_INTS(sa, Y->rank),
+                 A_INTS(sb, Y->rank), A_INT(ir_numel(A)), A_INT(ir_numel(B)), A_INT(ir_numel(Y)));
+  const char *op = n->def->code == EW_EQUAL ? "CMP_EQUAL" : n->def->code == EW_LESS ? "CMP_LESS" : "CMP_GREATER";
+  CALL(e, PH_FWD, K_COMPARE, n, A_SYM(op), A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_out(e, n, 0)), A_CONST(bs));
+  return 0;
+}
+
+static int not_infer(Graph *g, Node *n) {
+  if (infer_same(g, n)) return -1;
+  if (node_in(g, n, 0)->dtype != DT_BOOL) return node_err(n, "input must be bool");
+  return 0;
+}
+
+static int not_fwd(Emit *e, const Node *n, int j) {
+  (void)j;
+  CALL(e, PH_FWD, K_NOT, n, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)), A_INT(out_numel(e, n)));
   return 0;
 }
 
@@ -273,8 +487,8 @@ static double binary_f(int code, double a, double b) {
   case EW_GREATER_EQUAL: return a >= b;
   case EW_AND: return a && b;
   case EW_OR: return a || b;
-  case EW_MAX: return a > b ? a : b;
-  case EW_MIN: return a < b ? a : b;
+  case EW_MAX: return a > b || a != a ? a : b; /* a NaN wins, as in k_binary and torch.maximum */
+  case EW_MIN: return a < b || a != a ? a : b;
   case EW_MOD: return fmod(a, b);
   default: return 0;
   }
@@ -337,6 +551,20 @@ const OpDef OPS_ELEMENTWISE[] = {
     ALU("Mul", STASH_INPUTS, EW_MUL, ew_infer_binary),
     ALU("Div", STASH_INPUTS, EW_DIV, ew_infer_binary),
     ALU("Pow", STASH_INPUTS, EW_POW, pow_infer),
+    {"Neg", "elementwise", infer_same, ew_fold_unary, 1, STASH_NONE, flops_1, 0, un_fwd, un_bwd, NULL, EW_NEG, 0},
+    {"Exp", "elementwise", infer_same, ew_fold_unary, 1, STASH_OUTPUT, flops_8, 0, un_fwd, un_bwd, NULL, EW_EXP, 0},
+    {"Log", "elementwise", infer_same, ew_fold_unary, 1, STASH_INPUTS, flops_8, 0, un_fwd, un_bwd, NULL, EW_LOG, 0},
+    {"Abs", "elementwise", infer_same, ew_fold_unary, 1, STASH_INPUTS, flops_1, 0, un_fwd, un_bwd, NULL, EW_ABS, 0},
+    {"Reciprocal", "elementwise", infer_same, ew_fold_unary, 1, STASH_OUTPUT, flops_1, 0, un_fwd, un_bwd, NULL, EW_RECIPROCAL, 0},
+    {"Clip", "elementwise", infer_same, NULL, 1, STASH_INPUTS, flops_1, 0, un_fwd, un_bwd, NULL, EW_CLIP, 0},
+    {"HardSigmoid", "elementwise", infer_same, NULL, 1, STASH_INPUTS, flops_1, 0, un_fwd, un_bwd, NULL, EW_HARDSIGMOID, 0},
+    {"HardSwish", "elementwise", infer_same, NULL, 1, STASH_INPUTS, flops_1, 0, un_fwd, un_bwd, NULL, EW_HARDSWISH, 0},
+    {"Max", "elementwise", maxmin_infer, maxmin_fold, ~0u, STASH_INPUTS, flops_1, 0, maxmin_fwd, maxmin_bwd, NULL, EW_MAX, 0},
+    {"Min", "elementwise", maxmin_infer, maxmin_fold, ~0u, STASH_INPUTS, flops_1, 0, maxmin_fwd, maxmin_bwd, NULL, EW_MIN, 0},
+    {"Equal", "elementwise", ew_infer_compare, ew_fold_binary, 0, STASH_NONE, flops_1, 0, compare_fwd, NULL, NULL, EW_EQUAL, 0},
+    {"Less", "elementwise", ew_infer_compare, ew_fold_binary, 0, STASH_NONE, flops_1, 0, compare_fwd, NULL, NULL, EW_LESS, 0},
+    {"Greater", "elementwise", ew_infer_compare, ew_fold_binary, 0, STASH_NONE, flops_1, 0, compare_fwd, NULL, NULL, EW_GREATER, 0},
+    {"Not", "elementwise", not_infer, ew_fold_unary, 0, STASH_NONE, flops_1, 0, not_fwd, NULL, NULL, EW_NOT, 0},
     {"Where", "elementwise", where_infer, where_fold, 6, STASH_INPUTS, flops_1, 0, where_fwd, where_bwd, NULL, 0, 0},
     {0},
 };

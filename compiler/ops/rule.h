@@ -86,6 +86,7 @@ enum {
   EW_NONE,
   /* unary */
   EW_SQRT, EW_NEG, EW_RELU, EW_EXP, EW_LOG, EW_ABS, EW_ERF, EW_TANH, EW_SIGMOID, EW_RECIPROCAL, EW_NOT, EW_FLOOR, EW_CEIL,
+  EW_CLIP, EW_HARDSIGMOID, EW_HARDSWISH, /* run time only: their parameters are not the fold rule's */
   /* binary */
   EW_ADD, EW_SUB, EW_MUL, EW_DIV, EW_POW, EW_MOD, EW_MAX, EW_MIN,
   EW_EQUAL, EW_LESS, EW_GREATER, EW_LESS_EQUAL, EW_GREATER_EQUAL, EW_AND, EW_OR,
