@@ -95,6 +95,8 @@ def tied_gpt():
     """The sample GPT (onnx_models/export.py), 2 layers, with the output head's
     weight tied to the token embedding, as GPT-2 has it."""
     m = _export_module().GPT(vocab_size=VOCAB, block_size=SEQ, n_embd=64, n_head=4, n_layer=2)
+    with torch.no_grad():
+        m.wte.weight.normal_(0.0, 0.02)   # GPT-2's init (nn.Embedding's N(0, 1) makes tied logits huge)
     m.lm_head.weight = m.wte.weight
     return m
 

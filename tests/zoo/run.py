@@ -8,14 +8,15 @@ micro-batches, plain SGD lr 0.01): compile, build, train 1 step (--save) and
 5 steps (--log, --save).  PyTorch trains the same micro-batches from the
 ONNX file's own weights, each micro-batch through BatchNorm separately, as
 the pipeline does.  PyTorch's own float32 spread is measured by nudging every
-initial weight one float32 step up (nextafter toward +inf), and again down,
-and re-running torch.  Checked:
+initial weight one float32 step (nextafter) and re-running torch, eight
+times: all up, all down, alternating (two phases), four seeded random
+patterns; the spread is the largest difference any of them shows.  Checked:
 
   * step 1's loss within 1e-5 relative of PyTorch's;
   * after one step, every weight and every BatchNorm running statistic (each
     tensor's largest difference) within 2x the spread of that tensor;
-  * steps 2..5's losses within 2x the spread of that step's loss (or 1e-5
-    relative, whichever is larger);
+  * steps 2..5's losses within 2x the losses' spread up to that step (or
+    1e-5 relative, whichever is larger);
   * n = 1 and n = 4 give bit-identical weights (after 1 and after 5 steps).
 
 A model pipecc refuses is a failure unless PINNED below names it with the
@@ -72,6 +73,10 @@ PINNED = {
     "alexnet": "'/net/avgpool/Expand' (Expand) depends on run-time data",
     "mnasnet0_5": "(Dropout) depends on run-time data",
     "transformer_lm": "(Slice) depends on run-time data",
+    # "MODEL n=N": refused at that stage count only.  The tied embedding/head
+    # weight lives in the first and the last stage; the partitioner finds no
+    # plan (and says it needs "inf bytes").
+    "gpt_tied n=4": "no partition into 4 stages fits the memory limit",
 }
 
 passed = failed = 0
@@ -94,6 +99,7 @@ def _load(name, rel):
 
 par = _load("parity", "tests/test_parity.py")              # map_initializers, load_weights_from_onnx, run_cmd
 parm = _load("parity_models", "tests/test_parity_models.py")  # read_cifar
+par.CMD_TIMEOUT = TIMEOUT   # per pipecc / make / run.sh: densenet121's stage programs take minutes to build
 
 
 # --------------------------------------------------------------------------
@@ -153,23 +159,28 @@ def torch_train(model, data, steps):
 
 
 def nudged(p, how):
-    """p moved one float32 step: every element up, every element down, or
-    alternately up and down (by flat index parity, either phase)."""
+    """p moved one float32 step: every element up, every element down,
+    alternately up and down (by flat index parity, either phase), or up or
+    down at random (seeded)."""
     up, down = torch.nextafter(p, torch.full_like(p, np.inf)), torch.nextafter(p, torch.full_like(p, -np.inf))
     if how == "up":
         return up
     if how == "down":
         return down
-    even = (torch.arange(p.numel()) % 2 == (0 if how == "alt" else 1)).reshape(p.shape)
-    return torch.where(even, up, down)
+    if how.startswith("rand"):
+        g = torch.Generator().manual_seed(int(how[4:]))
+        pick = torch.rand(p.shape, generator=g) < 0.5
+    else:
+        pick = (torch.arange(p.numel()) % 2 == (0 if how == "alt" else 1)).reshape(p.shape)
+    return torch.where(pick, up, down)
 
 
-NUDGES = ("up", "down", "alt", "alt2")
+NUDGES = ("up", "down", "alt", "alt2", "rand1", "rand2", "rand3", "rand4")
 
 
 def reference(name, onnx_model, data, steps):
     """PyTorch from the ONNX file's weights, and again from those weights
-    nudged one float32 step (NUDGES: four ways).  Returns (losses, state after
+    nudged one float32 step (NUDGES: eight ways).  Returns (losses, state after
     step 1, per-tensor spread after step 1, the losses' spread envelope: at
     step s, the largest difference any nudged run's loss showed at a step
     <= s, mapping)."""
@@ -202,14 +213,16 @@ def initializers(path):
 
 
 def pipecc_runs(name, path, n, data, tmp, env, steps):
-    """Compile (timed), build, train 1 step and `steps` steps.  Returns
-    (compile seconds, losses, initializers after 1 step, after `steps`)."""
+    """Compile, build (both timed), train 1 step and `steps` steps.  Returns
+    ((compile seconds, build seconds), losses, initializers after 1 step, after `steps`)."""
     out = os.path.join(tmp, f"{name}-n{n}.pipe")
     t0 = time.time()
     par.run_cmd("pipecc", [PIPECC, path, "-n", str(n), "--batch", str(B), "--microbatches", str(M), "--lr", repr(LR),
                            "--devices", DEVICES, "-o", out], env)
     secs = time.time() - t0
+    t0 = time.time()
     par.run_cmd("make", ["make", "-s", "-C", out, "-j2"], env)
+    build_s = time.time() - t0
     res = []
     for k in (1, steps):
         log, saved = os.path.join(tmp, f"{name}-n{n}-{k}.csv"), os.path.join(tmp, f"{name}-n{n}-{k}.onnx")
@@ -218,7 +231,7 @@ def pipecc_runs(name, path, n, data, tmp, env, steps):
         res.append(([float(r["loss"]) for r in csv.DictReader(open(log))], initializers(saved)))
         os.remove(saved)
     shutil.rmtree(out, ignore_errors=True)
-    return secs, np.array(res[1][0]), res[0][1], res[1][1]
+    return (secs, build_s), np.array(res[1][0]), res[0][1], res[1][1]
 
 
 def compare_step1(got, after1, spread, mapping):
@@ -244,7 +257,7 @@ def compare_step1(got, after1, spread, mapping):
 
 
 def run_model(name, tmp, env, data_paths, steps, ns):
-    row = dict(model=name, params="", nodes="", compile="", status="", error="")
+    row = dict(model=name, params="", nodes="", compile="", build="", status="", error="")
     path = os.path.join(tmp, name + ".onnx")
     try:
         model, om = models.export(name, path)
@@ -266,7 +279,7 @@ def run_model(name, tmp, env, data_paths, steps, ns):
     first = (r.stderr.strip().splitlines() or [""])[0]
     if r.returncode != 0:
         row["compile"] = f"{time.time() - t0:.1f} s"
-        reason = first.replace("pipecc: error: ", "").replace(name + ".onnx: ", "").split(" (supported")[0]
+        reason = first.replace("pipecc: error: ", "").replace(path + ": ", "").split(" (supported")[0]
         pin = PINNED.get(name)
         if pin and pin in first and first.startswith("pipecc: error:"):
             check(True, f"{name}: refused, as pinned: {first}")
@@ -290,16 +303,27 @@ def run_model(name, tmp, env, data_paths, steps, ns):
     print(f"# {name}: torch losses {losses[0]:.5f} -> {losses[-1]:.5f}; loss spread (nudged weights) "
           + " ".join(f"{v:.1e}" for v in loss_spread), flush=True)
     runs, errs, compile_s = {}, [], {}
+    pinned_n, failures = [], []
     for n in ns:
+        pin = PINNED.get(f"{name} n={n}")
         try:
             secs, got_losses, got1, gotN = pipecc_runs(name, path, n, data, tmp, env, steps)
         except par.StepFailed as e:
+            first = ([l for l in e.args[1].splitlines() if l.startswith("pipecc: error:")] or [""])[0]
+            if pin and e.args[0].startswith("pipecc exited") and pin in first:
+                check(True, f"{name} n={n}: refused, as pinned: {first}")
+                errs.append(f"n={n} refused: {first.replace('pipecc: error: ', '')}")
+                pinned_n.append(n)
+                continue
             check(False, f"{name} n={n}: {e.args[0]}")
             if e.args[1]:
                 par.note(e.args[1])
             errs.append(f"n={n}: {e.args[0]}")
+            failures.append(f"n={n} {e.args[0]}")
             continue
         compile_s[n] = secs
+        if pin:
+            check(False, f"{name} n={n}: pinned as refused ({pin!r}) but pipecc compiles it now: unpin")
         ok = check(len(got_losses) == steps, f"{name} n={n}: {steps} steps logged ({len(got_losses)})")
         rel1 = abs(got_losses[0] - losses[0]) / abs(losses[0]) if len(got_losses) else float("inf")
         ok &= check(rel1 <= LOSS1_RTOL, f"{name} n={n}: step 1 loss {got_losses[0]:.7f} within {LOSS1_RTOL:g} relative "
@@ -316,7 +340,10 @@ def run_model(name, tmp, env, data_paths, steps, ns):
                     + " ".join(f"{v:.1e}" for v in d) + ")")
         errs.append(f"n={n}: loss1 {rel1:.1e}, step-1 weights {ratio:.2f}x spread, losses {lratio:.2f}x bound")
         runs[n] = (got1, gotN, ok)
-    if len(runs) < 2:
+    if pinned_n and len(runs) + len(pinned_n) == len(ns):
+        print(f"# {name}: bit-identity across n not checked: n={pinned_n} refused as pinned")
+        same = False
+    elif len(runs) < 2:
         check(False, f"{name}: n=1 and n=4 bit-identical: not checked, {len(runs)} run(s) succeeded (2 needed)")
         same = False
     else:
@@ -325,9 +352,12 @@ def run_model(name, tmp, env, data_paths, steps, ns):
                    for x, y in ((a[0], b[0]), (a[1], b[1])))
         check(same, f"{name}: n={ns[0]} and n={ns[1]} give bit-identical weights after 1 and {steps} steps")
     good = len(runs) == len(ns) and same and all(r[2] for r in runs.values())
-    row["compile"] = " / ".join(f"{compile_s[n]:.1f} s" for n in ns if n in compile_s)
-    row["status"] = "trains and matches" if good else "mismatch"
-    row["error"] = "; ".join(errs) + ("" if len(runs) < 2 else "; bit-identical n=1/n=4" if same else "; n=1/n=4 differ")
+    row["compile"] = " / ".join(f"{compile_s[n][0]:.1f} s" for n in ns if n in compile_s)
+    row["build"] = " / ".join(f"{compile_s[n][1]:.0f} s" for n in ns if n in compile_s)
+    row["status"] = ("trains and matches" if good else f"failed: {'; '.join(failures)}" if failures else
+                     f"n={'/'.join(map(str, runs))} trains and matches, n={'/'.join(map(str, pinned_n))} refused" if pinned_n and all(r[2] for r in runs.values()) and runs
+                     else "mismatch")
+    row["error"] = f"PyTorch's own loss spread by step 2 / {steps}: {loss_spread[min(1, steps - 1)]:.1e} / {loss_spread[-1]:.1e}; " + "; ".join(errs) + ("" if len(runs) < 2 else "; bit-identical n=1/n=4" if same else "; n=1/n=4 differ")
     return row
 
 
@@ -340,10 +370,12 @@ transformer language models with random weights (fixed seeds), compiles each for
 stages, trains {steps} SGD steps (batch {B}, {M} micro-batches, lr {LR}) and compares with PyTorch
 trained on the same weights and batches, each micro-batch through BatchNorm on its own as the
 pipeline does.  PyTorch's own float32 spread is measured by nudging every initial weight by one
-float32 step (nextafter, up and down) and training again.  A model matches when step 1's loss is
+float32 step (nextafter: all up, all down, alternating, four seeded random patterns) and training
+again; the spread of a tensor is the largest difference any of the eight runs shows, that of the
+loss at step s the largest any showed up to step s.  A model matches when step 1's loss is
 within {LOSS1_RTOL:g} relative of PyTorch's, every weight and BatchNorm running statistic after
 step 1 is within {SPREAD_FACTOR:g}x that spread (per tensor), the {steps} losses are within
-{SPREAD_FACTOR:g}x the losses' spread, and n = 1 and n = 4 give bit-identical weights.
+{SPREAD_FACTOR:g}x the losses' spread (or {LOSS1_RTOL:g} relative), and n = 1 and n = 4 give bit-identical weights.
 
 Inputs: 3x32x32 images (CIFAR-10 format from `bin/piperun-data`, 10 classes); the language models
 read uint16 tokens (vocabulary {models.VOCAB}, sequences of {models.SEQ}).  Dropout is set to p = 0
@@ -356,15 +388,22 @@ max-pools take.  Details: `tests/zoo/models.py`.
 
 "error" lists, per n: step 1's loss (relative), the worst tensor after step 1 as a multiple of
 PyTorch's spread, and the worst loss over {steps} steps as a multiple of its bound.  Compile time
-is `pipecc` alone (n = 1 / n = 4; for a refusal, the time to refuse).  This run took
+is `pipecc` alone (n = 1 / n = 4; for a refusal, the time to refuse), build time is `make` of the
+stage programs (clang -O2, `make -j2`).
+
+The CNNs' trajectories are chaotic in PyTorch itself: at 32x32 their last blocks work on 1x1 maps,
+so BatchNorm normalises each channel over the 4 values of a micro-batch, and one float32 step on
+the initial weights moves resnet18's and densenet121's losses by 1e-1 to 4e-1 within 3 to 4
+steps (the spreads are listed per model).  After step 2 the loss check is therefore weak for them;
+step 1's loss and weights carry the comparison.  This run took
 {total_s / 60:.1f} minutes on this machine.
 
-| model | parameters | nodes | compile | status | error against PyTorch |
-|---|---|---|---|---|---|
+| model | parameters | nodes | compile | build | status | error against PyTorch |
+|---|---|---|---|---|---|---|
 """)
         for r in rows:
             status = r["status"].replace("|", "\\|")
-            f.write(f"| {r['model']} | {r['params']} | {r['nodes']} | {r['compile']} | {status} | {r['error']} |\n")
+            f.write(f"| {r['model']} | {r['params']} | {r['nodes']} | {r['compile']} | {r['build']} | {status} | {r['error']} |\n")
 
 
 def main():
