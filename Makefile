@@ -4,6 +4,7 @@
 #   make test   the whole test suite (unit, shapes vs onnx, bad input, fuzz, ASan/UBSan)
 #   make demo   plan the bundled LeNet for 4 stages and show the listing
 #   make models export the large benchmark models (ResNet-18, GPT-2-small size)
+#   make zoo    torchvision models and transformer LMs trained against PyTorch (docs/zoo.md)
 
 CC      ?= cc
 CFLAGS  ?= -O2 -g
@@ -23,7 +24,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench
+.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench zoo
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
@@ -147,6 +148,11 @@ bench: all
 
 models:
 	$(PY) onnx_models/export.py --large
+
+# The real-model suite (not part of make test): torchvision classifiers and two
+# transformer LMs, n = 1 and 4, against PyTorch; writes docs/zoo.md.
+zoo: bin/pipecc bin/piperun-data
+	$(PY) tests/zoo/run.py --docs docs/zoo.md
 
 clean:
 	rm -rf build bin
