@@ -1,0 +1,159 @@
+/* rnn.c - recurrent layers: LSTM and GRU (one layer, forward direction),
+ * trained through time.  One kernel call runs the whole sequence; backward
+ * runs the forward again into its workspace (the gates of every step) and
+ * then the steps in reverse, so nothing but the node's inputs is kept per
+ * micro-batch in flight. */
+#include "ops/rule.h"
+
+enum { RNN_LSTM = 1, RNN_GRU }; /* OpDef.code */
+
+/* Inputs: X, W, R, B, sequence_lens, initial_h, initial_c (LSTM), P (LSTM). */
+enum { IN_X, IN_W, IN_R, IN_B, IN_SEQ, IN_H0, IN_C0, IN_P };
+
+static int ngates(const Node *n) { return n->def->code == RNN_LSTM ? 4 : 3; }
+
+static int has_in(const Node *n, int k) { return k < n->nin && n->in[k] >= 0; }
+
+/* The activations ONNX defaults to (torch's): anything else is refused. */
+static int default_acts(const Node *n) {
+  const Attr *a = node_attr(n, "activations");
+  if (!a) return 1;
+  static const char *const lstm[] = {"Sigmoid", "Tanh", "Tanh"}, *const gru[] = {"Sigmoid", "Tanh"};
+  const char *const *want = n->def->code == RNN_LSTM ? lstm : gru;
+  int count = n->def->code == RNN_LSTM ? 3 : 2;
+  if (a->n != count) return 0;
+  for (int i = 0; i < count; i++)
+    if (!a->strs || !a->strs[i] || strcmp(a->strs[i], want[i])) return 0;
+  return 1;
+}
+
+/* What pipecc's kernels do not run, named; 0 when the node is supported. */
+static int rnn_refuse(Graph *g, Node *n) {
+  const char *dir = attr_str(n, "direction", "forward");
+  if (strcmp(dir, "forward")) return node_err(n, "direction '%s' is not supported (only forward)", dir);
+  if (!default_acts(n)) return node_err(n, "activations other than the default (Sigmoid, Tanh%s) are not supported",
+                                        n->def->code == RNN_LSTM ? ", Tanh" : "");
+  if (node_attr(n, "clip")) return node_err(n, "clip is not supported");
+  if (attr_int(n, "input_forget", 0)) return node_err(n, "input_forget = 1 is not supported");
+  if (n->def->code == RNN_LSTM && has_in(n, IN_P)) return node_err(n, "peepholes (input P) are not supported");
+  if (has_in(n, IN_SEQ)) return node_err(n, "sequence_lens is not supported (every sequence must run all steps)");
+  (void)g;
+  return 0;
+}
+
+static int rnn_infer(Graph *g, Node *n) {
+  Tensor *x = need_in(g, n, IN_X), *w = need_in(g, n, IN_W), *r = need_in(g, n, IN_R);
+  if (!x || !w || !r) return -1;
+  if (rnn_refuse(g, n)) return -1;
+  int layout = (int)attr_int(n, "layout", 0), G = ngates(n);
+  if (layout != 0 && layout != 1) return node_err(n, "layout %d is not 0 or 1", layout);
+  if (x->rank != 3) return node_err(n, "X %s must have rank 3", shape_str(x));
+  int64_t T = x->dims[layout ? 1 : 0], B = x->dims[layout ? 0 : 1], I = x->dims[2];
+  int64_t H = attr_int(n, "hidden_size", r->rank == 3 ? r->dims[2] : 0);
+  if (H <= 0) return node_err(n, "hidden_size must be positive");
+  if (w->rank != 3 || w->dims[0] != 1 || w->dims[1] != G * H || w->dims[2] != I)
+    return node_err(n, "W %s must be [1,%lld,%lld]", shape_str(w), (long long)(G * H), (long long)I);
+  if (r->rank != 3 || r->dims[0] != 1 || r->dims[1] != G * H || r->dims[2] != H)
+    return node_err(n, "R %s must be [1,%lld,%lld]", shape_str(r), (long long)(G * H), (long long)H);
+  Tensor *b = node_in(g, n, IN_B);
+  if (b && (b->rank != 2 || b->dims[0] != 1 || b->dims[1] != 2 * G * H))
+    return node_err(n, "B %s must be [1,%lld]", shape_str(b), (long long)(2 * G * H));
+  for (int k = IN_H0; k <= (n->def->code == RNN_LSTM ? IN_C0 : IN_H0); k++) {
+    Tensor *s = node_in(g, n, k);
+    int64_t want[3] = {layout ? B : 1, layout ? 1 : B, H};
+    if (s && (s->rank != 3 || memcmp(s->dims, want, sizeof want)))
+      return node_err(n, "%s %s must be [%lld,%lld,%lld]", k == IN_H0 ? "initial_h" : "initial_c", shape_str(s),
+                      (long long)want[0], (long long)want[1], (long long)want[2]);
+  }
+  int64_t y[4] = {T, 1, B, H}, yb[4] = {B, T, 1, H}, st[3] = {1, B, H}, stb[3] = {B, 1, H};
+  if (n->nout > 0 && n->out[0] >= 0) set_shape(node_out(g, n, 0), x->dtype, 4, layout ? yb : y);
+  for (int k = 1; k < n->nout && k < (n->def->code == RNN_LSTM ? 3 : 2); k++)
+    if (n->out[k] >= 0) set_shape(node_out(g, n, k), x->dtype, 3, layout ? stb : st);
+  return 0;
+}
+
+/* The shape constant of node j, defined by its forward rule. */
+static int rnn_shape(Emit *e, const Node *n, int j) {
+  Tensor *X = em_t(e, n->in[IN_X]), *R = em_t(e, n->in[IN_R]);
+  int layout = (int)attr_int(n, "layout", 0);
+  return SHAPE(e, "RnnShape", em_name(e, "RNN_%d", j), A_INT(X->dims[layout ? 1 : 0]), A_INT(X->dims[layout ? 0 : 1]),
+               A_INT(X->dims[2]), A_INT(R->dims[2]), A_INT(layout), A_INT(attr_int(n, "linear_before_reset", 0)));
+}
+
+static int64_t rnn_bytes(Graph *g, const Node *n, int grad) {
+  Tensor *X = node_in(g, n, IN_X), *R = node_in(g, n, IN_R);
+  int64_t T = X->dims[0], B = X->dims[1], H = R->dims[2]; /* T * B is the same in either layout */
+  int64_t floats = n->def->code == RNN_LSTM ? T * B * 6 * H + (grad ? T * B * 4 * H + 2 * B * H : 0)
+                                            : T * B * 8 * H + (grad ? T * B * 6 * H + 2 * B * H : 0);
+  return floats * (int64_t)sizeof(float);
+}
+
+/* The forward and backward workspaces (the recurrence's gates and states), kept within one call. */
+static int64_t rnn_workspace(Graph *g, const Node *n) { return rnn_bytes(g, n, 1); }
+
+/* The gradients do not reach the initial state: refuse one that would need them. */
+static int rnn_check_state(Emit *e, const Node *n) {
+  for (int k = IN_H0; k <= IN_C0 && k < n->nin; k++)
+    if (em_training(e) && em_needs(e, n, k))
+      return err_set("node '%s' (%s): initial_%c depends on trained weights; its gradient is not computed (it must be absent "
+                     "or not depend on weights)", n->name, n->op, k == IN_H0 ? 'h' : 'c');
+  return 0;
+}
+
+static int rnn_fwd(Emit *e, const Node *n, int j) {
+  if (rnn_check_state(e, n)) return -1;
+  int shape = rnn_shape(e, n, j), lstm = n->def->code == RNN_LSTM;
+  int work = em_work(e, "rnn_", n->out[0] >= 0 ? n->out[0] : n->out[1], rnn_bytes(em_graph(e), n, 0));
+  int y = em_used(e, n, 0) ? em_out(e, n, 0) : -1, yh = em_used(e, n, 1) ? em_out(e, n, 1) : -1;
+  if (lstm) {
+    int yc = em_used(e, n, 2) ? em_out(e, n, 2) : -1;
+    CALL(e, PH_FWD, K_LSTM, n, A_BUF(em_in(e, n, IN_X)), A_BUF(em_in(e, n, IN_W)), A_BUF(em_in(e, n, IN_R)), A_BUF(em_in(e, n, IN_B)),
+         A_BUF(em_in(e, n, IN_H0)), A_BUF(em_in(e, n, IN_C0)), A_BUF(y), A_BUF(yh), A_BUF(yc), A_BUF(work), A_CONST(shape));
+  } else {
+    CALL(e, PH_FWD, K_GRU, n, A_BUF(em_in(e, n, IN_X)), A_BUF(em_in(e, n, IN_W)), A_BUF(em_in(e, n, IN_R)), A_BUF(em_in(e, n, IN_B)),
+         A_BUF(em_in(e, n, IN_H0)), A_BUF(y), A_BUF(yh), A_BUF(work), A_CONST(shape));
+  }
+  return 0;
+}
+
+/* One backward call computes dX, dW, dR and dB from one pass through time;
+ * when W work runs apart (zb1) it is two calls, each with the same pass, so
+ * the sums and the weights do not change. */
+static int rnn_bwd(Emit *e, const Node *n, int j) {
+  int accx = 0, shape = em_shape_ref(e, em_name(e, "RNN_%d", j)), lstm = n->def->code == RNN_LSTM;
+  int dw = em_needs(e, n, IN_W) ? em_grad_add(e, n, IN_W) : -1;
+  int dr = em_needs(e, n, IN_R) ? em_grad_add(e, n, IN_R) : -1;
+  int db = has_in(n, IN_B) && em_needs(e, n, IN_B) ? em_grad_add(e, n, IN_B) : -1;
+  int dx = em_needs(e, n, IN_X) ? em_grad(e, n, IN_X, &accx) : -1;
+  int apart = em_split_wgrad(e) && dx >= 0 && (dw >= 0 || dr >= 0 || db >= 0);
+  int nout = lstm ? 3 : 2, dys[3];
+  for (int k = 0; k < nout; k++) dys[k] = k < n->nout ? em_dy(e, n, k) : -1;
+  for (int half = 0; half <= apart; half++) {
+    int wx = apart && half == 1 ? -1 : dx, wgt = !(apart && half == 0);
+    int ww = wgt ? dw : -1, wr = wgt ? dr : -1, wb = wgt ? db : -1;
+    int work = em_work(e, "drnn_", n->in[IN_X], rnn_bytes(em_graph(e), n, 1));
+    int ph = wx >= 0 ? PH_IGRAD : PH_WGRAD;
+    if (lstm)
+      CALL(e, ph, K_LSTM_GRAD, n, A_BUF(em_in(e, n, IN_X)), A_BUF(em_in(e, n, IN_W)), A_BUF(em_in(e, n, IN_R)),
+           A_BUF(em_in(e, n, IN_B)), A_BUF(em_in(e, n, IN_H0)), A_BUF(em_in(e, n, IN_C0)), A_BUF(dys[0]), A_BUF(dys[1]),
+           A_BUF(dys[2]), A_BUF(wx), A_BUF(ww), A_BUF(wr), A_BUF(wb), A_BUF(work), A_CONST(shape), A_INT(accx));
+    else
+      CALL(e, ph, K_GRU_GRAD, n, A_BUF(em_in(e, n, IN_X)), A_BUF(em_in(e, n, IN_W)), A_BUF(em_in(e, n, IN_R)),
+           A_BUF(em_in(e, n, IN_B)), A_BUF(em_in(e, n, IN_H0)), A_BUF(dys[0]), A_BUF(dys[1]), A_BUF(wx), A_BUF(ww), A_BUF(wr),
+           A_BUF(wb), A_BUF(work), A_CONST(shape), A_INT(accx));
+  }
+  return 0;
+}
+
+/* Per step: the input and recurrent products (2 * rows * G*H * (I + H)), the gate arithmetic. */
+static double rnn_flops(Graph *g, const Node *n) {
+  Tensor *X = node_in(g, n, IN_X), *R = node_in(g, n, IN_R);
+  double rows = (double)(X->dims[0] * X->dims[1]), H = (double)R->dims[2], I = (double)X->dims[2], G = ngates(n);
+  return 2 * rows * G * H * (I + H) + 10 * rows * H;
+}
+
+const OpDef OPS_RNN[] = {
+    {"LSTM", "rnn", rnn_infer, NULL, 0xF, STASH_INPUTS, rnn_flops, 1, rnn_fwd, rnn_bwd, rnn_workspace, RNN_LSTM, OPF_FIRST_OUTPUT_OPTIONAL},
+    {"GRU", "rnn", rnn_infer, NULL, 0xF, STASH_INPUTS, rnn_flops, 1, rnn_fwd, rnn_bwd, rnn_workspace, RNN_GRU, OPF_FIRST_OUTPUT_OPTIONAL},
+    {0},
+};
