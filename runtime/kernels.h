@@ -1078,6 +1078,11 @@ static inline void rnn_grad_init(const float *dyh, const float *dyc, float *dh, 
   }
 }
 
+/* After step 0, dh and dc are the initial state's gradients: added into dh0 / dc0 when asked. */
+static inline void rnn_state_grad(const float *d, float *d0, int64_t n) {
+  for (int64_t i = 0; d0 && i < n; i++) d0[i] += d[i];
+}
+
 /* The products every recurrent gradient ends with, given dGx [rows, ng*H] (the
  * gradient of the input part of the gates) and dGh (of the recurrent part):
  * dX (= or += by acc), dW += dGx^T X, dR += sum_t dGh_t^T h_{t-1}, dB += their
@@ -1110,7 +1115,7 @@ static inline void rnn_weight_grads(const float *x, const float *w, const float 
  * and hand dh = dG_t R and dc * f to step t-1.  LSTM's dGx and dGh are one array. */
 static inline void k_lstm_grad(const float *x, const float *w, const float *r, const float *b, const float *h0, const float *c0,
                                const float *dy, const float *dyh, const float *dyc, float *dx, float *dw, float *dr, float *db,
-                               float *work, const RnnShape *s, int acc) {
+                               float *dh0, float *dc0, float *work, const RnnShape *s, int acc) {
   int64_t H = s->H, rows = s->T * s->B;
   int rs = rnn_rs(s);
   float *G = work, *HS = G + rows * 4 * H, *CS = HS + rows * H, *dG = CS + rows * H, *dh = dG + rows * 4 * H, *dc = dh + s->B * H;
@@ -1138,6 +1143,8 @@ static inline void k_lstm_grad(const float *x, const float *w, const float *r, c
                 rs * 4 * (int)H, r, (int)H, 0.0f, dh, (int)H);
   }
   rnn_weight_grads(x, w, h0, HS, NULL, 0, dG, dG, dx, dw, dr, db, s, 4, acc);
+  rnn_state_grad(dh, dh0, s->B * H);
+  rnn_state_grad(dc, dc0, s->B * H);
 }
 
 static inline int64_t rnn_gru_work(int64_t T, int64_t B, int64_t H, int grad) {
@@ -1235,7 +1242,8 @@ static inline void rnn_gru_step_grad(const float *r, const float *A, const float
 }
 
 static inline void k_gru_grad(const float *x, const float *w, const float *r, const float *b, const float *h0, const float *dy,
-                              const float *dyh, float *dx, float *dw, float *dr, float *db, float *work, const RnnShape *s, int acc) {
+                              const float *dyh, float *dx, float *dw, float *dr, float *db, float *dh0, float *work, const RnnShape *s,
+                              int acc) {
   int64_t H = s->H, rows = s->T * s->B;
   float *GX = work, *A = GX + rows * 3 * H, *HS = A + rows * 4 * H, *dGx = HS + rows * H, *dGh = dGx + rows * 3 * H;
   float *dh = dGh + rows * 3 * H, *tmp = dh + s->B * H;
@@ -1249,6 +1257,7 @@ static inline void k_gru_grad(const float *x, const float *w, const float *r, co
   }
   /* Without linear_before_reset, Rh multiplies r * h_{t-1} (A's last H columns), not h_{t-1}. */
   rnn_weight_grads(x, w, h0, HS, s->lbr ? NULL : A + 3 * H, 4 * (int)H, dGx, dGh, dx, dw, dr, db, s, 3, acc);
+  rnn_state_grad(dh, dh0, s->B * H);
 }
 
 /* ---- optimizers (PyTorch's update rules, step by step) ---- */

@@ -172,6 +172,21 @@ save("slice_tokens", [helper.make_node("Slice", ["tokens", "s0", "s1", "ax"], ["
 save("cast_double", [helper.make_node("Cast", ["x"], ["d"], name="to_double", to=TensorProto.DOUBLE),
                      helper.make_node("Cast", ["d"], ["y"], name="back", to=TensorProto.FLOAT)],
      [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], [])
+# 23: recurrent layers pipecc does not run: x [batch, 4 steps, 3] -> Transpose -> LSTM/GRU (hidden 2) -> Y_h.
+def rnn(name, op, extra_inputs=(), extra_inits=(), pre=(), **attrs):
+    g = 4 if op == "LSTM" else 3
+    d = 2 if attrs.get("direction") == "bidirectional" else 1
+    nodes = list(pre) + [helper.make_node("Transpose", ["x"], ["xt"], name="to_time_major", perm=[1, 0, 2]),
+                         helper.make_node(op, ["xt", "W", "R", "B"] + list(extra_inputs), ["", "y"], name="rnn_node",
+                                          hidden_size=2, **attrs)]
+    save(name, nodes, [vi("x", ["batch", 4, 3])], [vi("y", [d, "batch", 2])],
+         [w("W", d, g * 2, 3), w("R", d, g * 2, 2), w("B", d, g * 4)] + list(extra_inits), opset=14)
+rnn("lstm_bidirectional", "LSTM", direction="bidirectional")
+rnn("lstm_clip", "LSTM", clip=1.0)
+rnn("gru_relu", "GRU", activations=["Relu", "Tanh"])
+rnn("lstm_input_forget", "LSTM", input_forget=1)
+rnn("lstm_peepholes", "LSTM", ["", "", "", "P"], [w("P", 1, 6)])
+rnn("gru_seq_lens", "GRU", ["seq"], [numpy_helper.from_array(np.full(2, 4, dtype=np.int32), "seq")])
 EOF
   notok "setup" "could not write the broken models with $PY"
   echo "$PASS passed, $FAIL failed"
@@ -282,6 +297,12 @@ fail_case "19 LeakyRelu alpha +Inf" "leaky_inf" "alpha" "Inf" -- "$M/leaky_inf.o
 fail_case "20 control characters in a name stay escaped on one line" 'evil\nnode\x1b[31m' -- "$M/name_controls.onnx" -o @OUT@
 fail_case "22 Slice of int64 values at run time" "slice_ids" "Slice" "float" "int64" -- "$M/slice_tokens.onnx" -o @OUT@
 fail_case "22 Cast to double at run time" "to_double" "Cast" "float64" -- "$M/cast_double.onnx" -o @OUT@
+fail_case "23 LSTM direction=bidirectional" "rnn_node" "LSTM" "bidirectional" -- "$M/lstm_bidirectional.onnx" -o @OUT@
+fail_case "23 LSTM clip" "rnn_node" "LSTM" "clip" -- "$M/lstm_clip.onnx" -o @OUT@
+fail_case "23 GRU activations Relu, Tanh" "rnn_node" "GRU" "activations" -- "$M/gru_relu.onnx" -o @OUT@
+fail_case "23 LSTM input_forget=1" "rnn_node" "LSTM" "input_forget" -- "$M/lstm_input_forget.onnx" -o @OUT@
+fail_case "23 LSTM peepholes" "rnn_node" "LSTM" "peepholes" -- "$M/lstm_peepholes.onnx" -o @OUT@
+fail_case "23 GRU sequence_lens" "rnn_node" "GRU" "sequence_lens" -- "$M/gru_seq_lens.onnx" -o @OUT@
 fail_case "19 --lr 1e999" "--lr" "1e999" "finite" -- "$MLP" --lr 1e999 -o @OUT@
 fail_case "19 --lr inf" "--lr" "inf" "finite" -- "$MLP" --lr inf -o @OUT@
 fail_case "19 --momentum nan" "--momentum" "nan" -- "$MLP" --momentum nan -o @OUT@

@@ -403,15 +403,9 @@ def bn_stat_names(model):
     return out
 
 
-def rnn_state_names(model):
-    """A recurrent op's initial_h / initial_c: read, not trained (no gradient reaches them)."""
-    return {i for n in model.graph.node if n.op_type in ("LSTM", "GRU") for i in n.input[5:7] if i}
-
-
 def trainable(model, inits):
-    """The initializers pipecc trains: float, more than one element, not BN
-    running stats nor a recurrent op's initial state."""
-    stats = bn_stat_names(model) | rnn_state_names(model)
+    """The initializers pipecc trains: float, more than one element, not BN running stats."""
+    stats = bn_stat_names(model)
     return [k for k, v in inits.items() if v.dtype == np.float32 and v.size > 1 and k not in stats]
 
 
@@ -921,7 +915,7 @@ def rnn_case(g, op, T, I, H, layout=0, bias=True, state=False, outs=(0, 1, 2), *
         x = g.node("Transpose", [x], perm=[1, 0, 2])
     s = 1 / np.sqrt(H)
     ins = [x, g.rand([1, G * H, I], s), g.rand([1, G * H, H], s), g.rand([1, 2 * G * H], s) if bias else ""]
-    if state:   # constant initial states: [1,B,H] (layout 0) or [B,1,H]
+    if state:   # initial states as weights (trained): [1,B,H] (layout 0) or [B,1,H]
         shp = [B, 1, H] if layout else [1, B, H]
         ins += ["", g.rand(shp, 0.5)] + ([g.rand(shp, 0.5)] if op == "LSTM" else [])
     nout = 3 if op == "LSTM" else 2
@@ -947,7 +941,7 @@ def _(g):
     rnn_case(g, "LSTM", 5, 3, 4)
 
 
-@case("LSTM", "layout=1 [B,T=4,I=6] H=5, constant initial_h/initial_c, Y_h only", opset=14)
+@case("LSTM", "layout=1 [B,T=4,I=6] H=5, initial_h/initial_c weights, Y_h only", opset=14)
 def _(g):
     rnn_case(g, "LSTM", 4, 6, 5, layout=1, state=True, outs=(1,))
 
@@ -967,12 +961,12 @@ def _(g):
     rnn_case(g, "GRU", 5, 3, 4, outs=(0, 1))
 
 
-@case("GRU", "layout=1 [B,T=4,I=6] H=5 linear_before_reset=0, constant initial_h, Y only", opset=14)
+@case("GRU", "layout=1 [B,T=4,I=6] H=5 linear_before_reset=0, initial_h weight, Y only", opset=14)
 def _(g):
     rnn_case(g, "GRU", 4, 6, 5, layout=1, state=True, outs=(0,))
 
 
-@case("GRU", "layout=1 linear_before_reset=1, no bias, constant initial_h, Y_h only", opset=14)
+@case("GRU", "layout=1 linear_before_reset=1, no bias, initial_h weight, Y_h only", opset=14)
 def _(g):
     rnn_case(g, "GRU", 4, 6, 5, layout=1, bias=False, state=True, outs=(1,), linear_before_reset=1)
 

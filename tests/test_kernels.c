@@ -509,15 +509,16 @@ static void test_rnn(const RnnCase *c) {
     CHECK(c->gru || fabs(yc[i] - ryc[i]) <= 1e-6, "%s layout %d: Y_c[%d] %.9g, double %.12g\n", name, c->layout, i, yc[i], ryc[i]);
   }
   /* Gradients start from 0.25 (dX with acc = 1, the weights always add). */
-  float grad[4][RT * RB * RI + 2 * RG * RH * RI];
-  for (int k = 0; k < 4; k++)
+  float grad[6][RT * RB * RI + 2 * RG * RH * RI];
+  for (int k = 0; k < 6; k++)
     for (int i = 0; i < sizes[k]; i++) grad[k][i] = 0.25f;
-  float *db = c->bias ? grad[3] : NULL;
-  if (c->gru) k_gru_grad(fin[0], fin[1], fin[2], b, h0, fgy, fgh, grad[0], grad[1], grad[2], db, work, &s, 1);
-  else k_lstm_grad(fin[0], fin[1], fin[2], b, h0, c0, fgy, fgh, fgc, grad[0], grad[1], grad[2], db, work, &s, 1);
-  const char *what[4] = {"dX", "dW", "dR", "dB"};
-  for (int k = 0; k < (c->bias ? 4 : 3); k++)
+  float *db = c->bias ? grad[3] : NULL, *dh0 = c->h0 ? grad[4] : NULL, *dc0 = c->h0 ? grad[5] : NULL;
+  if (c->gru) k_gru_grad(fin[0], fin[1], fin[2], b, h0, fgy, fgh, grad[0], grad[1], grad[2], db, dh0, work, &s, 1);
+  else k_lstm_grad(fin[0], fin[1], fin[2], b, h0, c0, fgy, fgh, fgc, grad[0], grad[1], grad[2], db, dh0, dc0, work, &s, 1);
+  const char *what[6] = {"dX", "dW", "dR", "dB", "dinitial_h", "dinitial_c"};
+  for (int k = 0; k < 6; k++)
     for (int i = 0; i < sizes[k]; i++) {
+      if ((k == 3 && !c->bias) || (k >= 4 && !c->h0) || (k == 5 && c->gru)) break;
       double keep = din[k][i], e = 1e-6;
       din[k][i] = keep + e;
       double lp = rnn_loss(c, dp, gy, gh, gc);
@@ -532,14 +533,14 @@ static void test_rnn(const RnnCase *c) {
   for (int i = 0; i < RT * RB * RI; i++) dx0[i] = 7;
   float dx1[RT * RB * RI];
   if (c->gru) {
-    k_gru_grad(fin[0], fin[1], fin[2], b, h0, NULL, fgh, dx0, NULL, NULL, NULL, work, &s, 0);
-    k_gru_grad(fin[0], fin[1], fin[2], b, h0, zy, fgh, dx1, NULL, NULL, NULL, work, &s, 0);
+    k_gru_grad(fin[0], fin[1], fin[2], b, h0, NULL, fgh, dx0, NULL, NULL, NULL, NULL, work, &s, 0);
+    k_gru_grad(fin[0], fin[1], fin[2], b, h0, zy, fgh, dx1, NULL, NULL, NULL, NULL, work, &s, 0);
   } else {
-    k_lstm_grad(fin[0], fin[1], fin[2], b, h0, c0, NULL, fgh, NULL, dx0, NULL, NULL, NULL, work, &s, 0);
-    k_lstm_grad(fin[0], fin[1], fin[2], b, h0, c0, zy, fgh, NULL, dx1, NULL, NULL, NULL, work, &s, 0);
+    k_lstm_grad(fin[0], fin[1], fin[2], b, h0, c0, NULL, fgh, NULL, dx0, NULL, NULL, NULL, NULL, NULL, work, &s, 0);
+    k_lstm_grad(fin[0], fin[1], fin[2], b, h0, c0, zy, fgh, NULL, dx1, NULL, NULL, NULL, NULL, NULL, work, &s, 0);
   }
   CHECK(!memcmp(dx0, dx1, sizeof dx0), "%s layout %d: dY = NULL differs from dY = 0 (or acc = 0 kept dX)\n", name, c->layout);
-  OK_IF_NONE_FAILED(since, "%s layout %d, %s initial state, %s bias: forward vs double, dX/dW/dR/dB vs finite differences, acc\n", name,
+  OK_IF_NONE_FAILED(since, "%s layout %d, %s initial state, %s bias: forward vs double, dX/dW/dR/dB/dinitial_h/dinitial_c vs finite differences, acc\n", name,
                     c->layout, c->h0 ? "given" : "zero", c->bias ? "with" : "no");
 }
 

@@ -91,17 +91,7 @@ static int64_t rnn_bytes(Graph *g, const Node *n, int grad) {
 /* The forward and backward workspaces (the recurrence's gates and states), kept within one call. */
 static int64_t rnn_workspace(Graph *g, const Node *n) { return rnn_bytes(g, n, 1); }
 
-/* The gradients do not reach the initial state: refuse one that would need them. */
-static int rnn_check_state(Emit *e, const Node *n) {
-  for (int k = IN_H0; k <= IN_C0 && k < n->nin; k++)
-    if (em_training(e) && em_needs(e, n, k))
-      return err_set("node '%s' (%s): initial_%c depends on trained weights; its gradient is not computed (it must be absent "
-                     "or not depend on weights)", n->name, n->op, k == IN_H0 ? 'h' : 'c');
-  return 0;
-}
-
 static int rnn_fwd(Emit *e, const Node *n, int j) {
-  if (rnn_check_state(e, n)) return -1;
   int shape = rnn_shape(e, n, j), lstm = n->def->code == RNN_LSTM;
   int work = em_work(e, "rnn_", n->out[0] >= 0 ? n->out[0] : n->out[1], rnn_bytes(em_graph(e), n, 0));
   int y = em_used(e, n, 0) ? em_out(e, n, 0) : -1, yh = em_used(e, n, 1) ? em_out(e, n, 1) : -1;
@@ -116,31 +106,44 @@ static int rnn_fwd(Emit *e, const Node *n, int j) {
   return 0;
 }
 
-/* One backward call computes dX, dW, dR and dB from one pass through time;
- * when W work runs apart (zb1) it is two calls, each with the same pass, so
- * the sums and the weights do not change. */
+/* A gradient buffer for input k, or -1 when none is needed: added into (the
+ * kernel adds; em_grad_add zeroes an activation's first contribution). */
+static int rnn_grad(Emit *e, const Node *n, int k) { return has_in(n, k) && em_needs(e, n, k) ? em_grad_add(e, n, k) : -1; }
+
+/* The gradient of the initial state k is weight work when the state is a
+ * trained weight, input-gradient work otherwise. */
+static int rnn_state_is_weight(Emit *e, const Node *n, int k) { return has_in(n, k) && em_t(e, n->in[k])->is_param; }
+
+/* One backward call computes every gradient from one pass through time; when
+ * W work runs apart (zb1) it is two calls, each with the same pass, the first
+ * for dX (and an activation initial state's), the second for dW, dR, dB (and
+ * a trained initial state's), so the sums and the weights do not change. */
 static int rnn_bwd(Emit *e, const Node *n, int j) {
   int accx = 0, shape = em_shape_ref(e, em_name(e, "RNN_%d", j)), lstm = n->def->code == RNN_LSTM;
-  int dw = em_needs(e, n, IN_W) ? em_grad_add(e, n, IN_W) : -1;
-  int dr = em_needs(e, n, IN_R) ? em_grad_add(e, n, IN_R) : -1;
-  int db = has_in(n, IN_B) && em_needs(e, n, IN_B) ? em_grad_add(e, n, IN_B) : -1;
-  int dx = em_needs(e, n, IN_X) ? em_grad(e, n, IN_X, &accx) : -1;
-  int apart = em_split_wgrad(e) && dx >= 0 && (dw >= 0 || dr >= 0 || db >= 0);
-  int nout = lstm ? 3 : 2, dys[3];
-  for (int k = 0; k < nout; k++) dys[k] = k < n->nout ? em_dy(e, n, k) : -1;
+  int g[7] = {-1, -1, -1, -1, -1, -1, -1}; /* per input: its gradient buffer */
+  for (int k = IN_W; k <= IN_C0; k++)
+    if (k != IN_SEQ && (k != IN_C0 || lstm)) g[k] = rnn_grad(e, n, k);
+  g[IN_X] = em_needs(e, n, IN_X) ? em_grad(e, n, IN_X, &accx) : -1;
+  int wpart[7] = {0, 1, 1, 1, 0, rnn_state_is_weight(e, n, IN_H0), rnn_state_is_weight(e, n, IN_C0)};
+  int has[2] = {0, 0};
+  for (int k = 0; k < 7; k++) has[wpart[k]] |= g[k] >= 0;
+  int apart = em_split_wgrad(e) && has[0] && has[1];
+  int dys[3];
+  for (int k = 0; k < 3; k++) dys[k] = k < n->nout && (k < 2 || lstm) ? em_dy(e, n, k) : -1;
   for (int half = 0; half <= apart; half++) {
-    int wx = apart && half == 1 ? -1 : dx, wgt = !(apart && half == 0);
-    int ww = wgt ? dw : -1, wr = wgt ? dr : -1, wb = wgt ? db : -1;
+    int w[7];
+    for (int k = 0; k < 7; k++) w[k] = apart && wpart[k] != half ? -1 : g[k];
     int work = em_work(e, "drnn_", n->in[IN_X], rnn_bytes(em_graph(e), n, 1));
-    int ph = wx >= 0 ? PH_IGRAD : PH_WGRAD;
+    int ph = apart && half == 1 ? PH_WGRAD : has[0] ? PH_IGRAD : PH_WGRAD;
     if (lstm)
       CALL(e, ph, K_LSTM_GRAD, n, A_BUF(em_in(e, n, IN_X)), A_BUF(em_in(e, n, IN_W)), A_BUF(em_in(e, n, IN_R)),
            A_BUF(em_in(e, n, IN_B)), A_BUF(em_in(e, n, IN_H0)), A_BUF(em_in(e, n, IN_C0)), A_BUF(dys[0]), A_BUF(dys[1]),
-           A_BUF(dys[2]), A_BUF(wx), A_BUF(ww), A_BUF(wr), A_BUF(wb), A_BUF(work), A_CONST(shape), A_INT(accx));
+           A_BUF(dys[2]), A_BUF(w[IN_X]), A_BUF(w[IN_W]), A_BUF(w[IN_R]), A_BUF(w[IN_B]), A_BUF(w[IN_H0]), A_BUF(w[IN_C0]),
+           A_BUF(work), A_CONST(shape), A_INT(accx));
     else
       CALL(e, ph, K_GRU_GRAD, n, A_BUF(em_in(e, n, IN_X)), A_BUF(em_in(e, n, IN_W)), A_BUF(em_in(e, n, IN_R)),
-           A_BUF(em_in(e, n, IN_B)), A_BUF(em_in(e, n, IN_H0)), A_BUF(dys[0]), A_BUF(dys[1]), A_BUF(wx), A_BUF(ww), A_BUF(wr),
-           A_BUF(wb), A_BUF(work), A_CONST(shape), A_INT(accx));
+           A_BUF(em_in(e, n, IN_B)), A_BUF(em_in(e, n, IN_H0)), A_BUF(dys[0]), A_BUF(dys[1]), A_BUF(w[IN_X]), A_BUF(w[IN_W]),
+           A_BUF(w[IN_R]), A_BUF(w[IN_B]), A_BUF(w[IN_H0]), A_BUF(work), A_CONST(shape), A_INT(accx));
   }
   return 0;
 }
@@ -153,7 +156,7 @@ static double rnn_flops(Graph *g, const Node *n) {
 }
 
 const OpDef OPS_RNN[] = {
-    {"LSTM", "rnn", rnn_infer, NULL, 0xF, STASH_INPUTS, rnn_flops, 1, rnn_fwd, rnn_bwd, rnn_workspace, RNN_LSTM, OPF_FIRST_OUTPUT_OPTIONAL},
-    {"GRU", "rnn", rnn_infer, NULL, 0xF, STASH_INPUTS, rnn_flops, 1, rnn_fwd, rnn_bwd, rnn_workspace, RNN_GRU, OPF_FIRST_OUTPUT_OPTIONAL},
+    {"LSTM", "rnn", rnn_infer, NULL, 0x6F, STASH_INPUTS, rnn_flops, 1, rnn_fwd, rnn_bwd, rnn_workspace, RNN_LSTM, OPF_FIRST_OUTPUT_OPTIONAL},
+    {"GRU", "rnn", rnn_infer, NULL, 0x2F, STASH_INPUTS, rnn_flops, 1, rnn_fwd, rnn_bwd, rnn_workspace, RNN_GRU, OPF_FIRST_OUTPUT_OPTIONAL},
     {0},
 };
