@@ -287,10 +287,11 @@ def run_node(op, ins, a, opset):
 
 
 def onnx_rnn(op, ins, a):
-    """LSTM / GRU (one layer, forward) from the ONNX spec's equations, step by
-    step (not torch.nn.LSTM / GRU): gates [i, o, f, c] and [z, r, h], W, R, B
-    packed as ONNX packs them, layout 0 (X [T,B,I]) or 1 (X [B,T,I])."""
-    assert a.get("direction", "forward") == "forward" and "clip" not in a
+    """LSTM / GRU (one layer; forward, reverse or bidirectional) from the ONNX
+    spec's equations, step by step (not torch.nn.LSTM / GRU): gates [i, o, f, c]
+    and [z, r, h], W, R, B packed as ONNX packs them, layout 0 (X [T,B,I]) or 1
+    (X [B,T,I])."""
+    assert "clip" not in a
     ins = ins + [None] * (7 - len(ins))
     x, w, r, b, seq, h0, c0 = ins[:7]
     assert seq is None
@@ -299,15 +300,28 @@ def onnx_rnn(op, ins, a):
         x = x.transpose(0, 1)
         h0 = h0.transpose(0, 1) if h0 is not None else None
         c0 = c0.transpose(0, 1) if c0 is not None else None
+    direction = a.get("direction", "forward")
+    dirs = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]
+    outs = [rnn_direction(op, x, w[d], r[d], b[d] if b is not None else None, h0[d] if h0 is not None else None,
+                          c0[d] if c0 is not None else None, rev, a) for d, rev in enumerate(dirs)]
+    y = torch.stack([o[0] for o in outs], 1)          # [T,D,B,H]
+    yh = torch.stack([o[1] for o in outs])            # [D,B,H]
+    yc = torch.stack([o[2] for o in outs])
+    if layout:
+        y, yh, yc = y.permute(2, 0, 1, 3), yh.transpose(0, 1), yc.transpose(0, 1)
+    return [y, yh, yc] if op == "LSTM" else [y, yh]
+
+
+def rnn_direction(op, x, w, r, b, h0, c0, rev, a):
+    """One direction: Y [T,B,H] (h at each time), the last h and c [B,H]."""
     T, Bn = x.shape[0], x.shape[1]
     H = r.shape[-1]
     G = 4 if op == "LSTM" else 3
-    w, r = w[0], r[0]
-    wb, rb = (b[0, :G * H], b[0, G * H:]) if b is not None else (torch.zeros(G * H), torch.zeros(G * H))
-    h = h0[0] if h0 is not None else torch.zeros(Bn, H)
-    c = c0[0] if c0 is not None else torch.zeros(Bn, H)
-    ys = []
-    for t in range(T):
+    wb, rb = (b[:G * H], b[G * H:]) if b is not None else (torch.zeros(G * H), torch.zeros(G * H))
+    h = h0 if h0 is not None else torch.zeros(Bn, H)
+    c = c0 if c0 is not None else torch.zeros(Bn, H)
+    ys = [None] * T
+    for t in (reversed(range(T)) if rev else range(T)):
         if op == "LSTM":
             gi, go, gf, gc = (x[t] @ w.t() + wb + h @ r.t() + rb).split(H, dim=1)
             c = torch.sigmoid(gf) * c + torch.sigmoid(gi) * torch.tanh(gc)
@@ -322,11 +336,8 @@ def onnx_rnn(op, ins, a):
             else:
                 hh = torch.tanh(xh + (rg * h) @ rh.t() + bh)
             h = (1 - z) * hh + z * h
-        ys.append(h)
-    y, yh, yc = torch.stack(ys)[:, None], h[None], c[None]   # [T,1,B,H], [1,B,H]
-    if layout:
-        y, yh, yc = y.permute(2, 0, 1, 3), yh.transpose(0, 1), yc.transpose(0, 1)
-    return [y, yh, yc] if op == "LSTM" else [y, yh]
+        ys[t] = h
+    return torch.stack(ys), h, c
 
 
 def dropout(index, ins, a, opset):
@@ -910,13 +921,14 @@ def _(g):
 # LSTM / GRU: stem [B,T,I] -> (Transpose to [T,B,I] for layout 0) -> the op -> heads on Y and the last states
 def rnn_case(g, op, T, I, H, layout=0, bias=True, state=False, outs=(0, 1, 2), **attrs):
     G = 4 if op == "LSTM" else 3
+    D = 2 if attrs.get("direction") == "bidirectional" else 1
     x = g.stem([T, I])
     if not layout:
         x = g.node("Transpose", [x], perm=[1, 0, 2])
     s = 1 / np.sqrt(H)
-    ins = [x, g.rand([1, G * H, I], s), g.rand([1, G * H, H], s), g.rand([1, 2 * G * H], s) if bias else ""]
-    if state:   # initial states as weights (trained): [1,B,H] (layout 0) or [B,1,H]
-        shp = [B, 1, H] if layout else [1, B, H]
+    ins = [x, g.rand([D, G * H, I], s), g.rand([D, G * H, H], s), g.rand([D, 2 * G * H], s) if bias else ""]
+    if state:   # initial states as weights (trained): [D,B,H] (layout 0) or [B,D,H]
+        shp = [B, D, H] if layout else [D, B, H]
         ins += ["", g.rand(shp, 0.5)] + ([g.rand(shp, 0.5)] if op == "LSTM" else [])
     nout = 3 if op == "LSTM" else 2
     res = g.node(op, ins, nout=nout, hidden_size=H, layout=layout, **attrs) if layout else \
@@ -949,6 +961,26 @@ def _(g):
 @case("LSTM", "layout=0 no bias, Y omitted: Y_c only", opset=14)
 def _(g):
     rnn_case(g, "LSTM", 3, 4, 3, bias=False, outs=(2,))
+
+
+@case("LSTM", "bidirectional layout=0, Y, Y_h and Y_c to heads", opset=14)
+def _(g):
+    rnn_case(g, "LSTM", 4, 3, 3, direction="bidirectional")
+
+
+@case("LSTM", "reverse layout=1, initial_h/initial_c weights, Y and Y_c", opset=14)
+def _(g):
+    rnn_case(g, "LSTM", 4, 3, 3, layout=1, state=True, outs=(0, 2), direction="reverse")
+
+
+@case("GRU", "bidirectional layout=1 linear_before_reset=1, initial_h weight, Y and Y_h", opset=14)
+def _(g):
+    rnn_case(g, "GRU", 4, 3, 3, layout=1, state=True, outs=(0, 1), linear_before_reset=1, direction="bidirectional")
+
+
+@case("GRU", "reverse layout=0 linear_before_reset=0, Y and Y_h", opset=14)
+def _(g):
+    rnn_case(g, "GRU", 4, 3, 3, outs=(0, 1), direction="reverse")
 
 
 @case("GRU", "layout=0 [T=5,B,I=3] H=4 linear_before_reset=1 (torch's form), Y and Y_h", opset=14)

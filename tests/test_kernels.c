@@ -494,7 +494,7 @@ static void test_rnn(const RnnCase *c) {
   float fgy[RT * RB * RH], fgh[RB * RH], fgc[RB * RH];
   for (int i = 0; i < RT * RB * RH; i++) fgy[i] = (float)(urand() - 0.5), gy[i] = fgy[i];
   for (int i = 0; i < RB * RH; i++) fgh[i] = (float)(urand() - 0.5), gh[i] = fgh[i], fgc[i] = (float)(urand() - 0.5), gc[i] = fgc[i];
-  RnnShape s = {RT, RB, RI, RH, c->layout, c->lbr};
+  RnnShape s = {RT, RB, RI, RH, c->layout, c->lbr, 1, 0};
   const float *b = c->bias ? fin[3] : NULL, *h0 = c->h0 ? fin[4] : NULL, *c0 = c->h0 ? fin[5] : NULL;
   static float work[4096];
   float y[RT * RB * RH], yh[RB * RH], yc[RB * RH];

@@ -6,10 +6,11 @@ of the graph as Slice / Concat / Unsqueeze of torch's own weights):
 
     s = tanh(fc1(image rows))            [B, 28, 16]: 28 steps of 16 features
     y, h = rnn(s)                         LSTM or GRU, hidden 12, one layer
-    logits = fc2(h[-1] + y.mean(time))    both Y and Y_h carry gradients
+    logits = fc2(h + y.mean(time))        both Y and Y_h carry gradients
 
-LSTM with batch_first=True and GRU (linear_before_reset=1, torch's form) with
-batch_first=False.  Each is compiled for -n 1 and -n 2 (1F1B), and -n 2 under
+LSTM with batch_first=True, GRU (linear_before_reset=1, torch's form) with
+batch_first=False, and a bidirectional LSTM (hidden 12 each way, h of both
+directions side by side).  Each is compiled for -n 1 and -n 2 (1F1B), and -n 2 under
 ZB-H1 (whose deferred weight-gradient half runs the backward pass through time
 a second time for dW, dR, dB), B = 32, M = 4,
 and trained 20 plain-SGD steps (lr 0.05) on MNIST-format data with
@@ -46,13 +47,14 @@ def load_parity():
 
 
 class RnnNet(nn.Module):
-    KIND, BATCH_FIRST = "LSTM", True
+    KIND, BATCH_FIRST, BIDIRECTIONAL = "LSTM", True, False
 
     def __init__(self):
         super().__init__()
+        d = 2 if self.BIDIRECTIONAL else 1
         self.fc1 = nn.Linear(28, 16)
-        self.rnn = getattr(nn, self.KIND)(16, 12, batch_first=self.BATCH_FIRST)
-        self.fc2 = nn.Linear(12, 10)
+        self.rnn = getattr(nn, self.KIND)(16, 12, batch_first=self.BATCH_FIRST, bidirectional=self.BIDIRECTIONAL)
+        self.fc2 = nn.Linear(12 * d, 10)
 
     def forward(self, x):
         s = torch.tanh(self.fc1(x.reshape(-1, 28, 28)))
@@ -61,7 +63,8 @@ class RnnNet(nn.Module):
         y, h = self.rnn(s)
         if self.KIND == "LSTM":
             h = h[0]
-        return self.fc2(h.squeeze(0) + y.mean(1 if self.BATCH_FIRST else 0))
+        last = h.transpose(0, 1).reshape(h.shape[1], -1)   # [B, directions * hidden]
+        return self.fc2(last + y.mean(1 if self.BATCH_FIRST else 0))
 
 
 class LstmNet(RnnNet):
@@ -70,6 +73,10 @@ class LstmNet(RnnNet):
 
 class GruNet(RnnNet):
     KIND, BATCH_FIRST = "GRU", False
+
+
+class BiLstmNet(RnnNet):
+    KIND, BATCH_FIRST, BIDIRECTIONAL = "LSTM", True, True
 
 
 def export(model, path):
@@ -86,6 +93,10 @@ def export(model, path):
     ops = {n.op_type for n in m.graph.node}
     if model.KIND not in ops:
         raise RuntimeError(f"the export has no {model.KIND} node: {sorted(ops)}")
+    dirs = [onnx.helper.get_attribute_value(a).decode() for nd in m.graph.node if nd.op_type == model.KIND
+            for a in nd.attribute if a.name == "direction"]
+    if dirs != (["bidirectional"] if model.BIDIRECTIONAL else []):
+        raise RuntimeError(f"the {model.KIND} node's direction attribute is {dirs}")
     onnx.save(m, path)
     return path
 
@@ -106,8 +117,9 @@ def main():
         datadir = os.path.join(tmp, "data")
         par.write_dataset(datadir, imgs, labels)
         torch.set_num_threads(1)
-        for cls, kernels in ((LstmNet, ("k_lstm(", "k_lstm_grad(")), (GruNet, ("k_gru(", "k_gru_grad("))):
-            name = f"{cls.KIND} batch_first={cls.BATCH_FIRST}"
+        for cls, kernels in ((LstmNet, ("k_lstm(", "k_lstm_grad(")), (GruNet, ("k_gru(", "k_gru_grad(")),
+                             (BiLstmNet, ("k_lstm(", "k_lstm_grad("))):
+            name = f"{cls.KIND} batch_first={cls.BATCH_FIRST}" + (" bidirectional" if cls.BIDIRECTIONAL else "")
             try:
                 torch.manual_seed(7)
                 path = export(cls(), os.path.join(tmp, cls.__name__ + ".onnx"))

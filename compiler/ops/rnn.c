@@ -1,5 +1,5 @@
-/* rnn.c - recurrent layers: LSTM and GRU (one layer, forward direction),
- * trained through time.  One kernel call runs the whole sequence; backward
+/* rnn.c - recurrent layers: LSTM and GRU (one layer; forward, reverse or
+ * bidirectional), trained through time.  One kernel call runs the whole sequence; backward
  * runs the forward again into its workspace (the gates of every step) and
  * then the steps in reverse, so nothing but the node's inputs is kept per
  * micro-batch in flight. */
@@ -13,6 +13,12 @@ enum { IN_X, IN_W, IN_R, IN_B, IN_SEQ, IN_H0, IN_C0, IN_P };
 static int ngates(const Node *n) { return n->def->code == RNN_LSTM ? 4 : 3; }
 
 static int has_in(const Node *n, int k) { return k < n->nin && n->in[k] >= 0; }
+
+/* direction: 0 forward, 1 reverse, 2 bidirectional; -1 anything else. */
+static int rnn_direction(const Node *n) {
+  const char *dir = attr_str(n, "direction", "forward");
+  return !strcmp(dir, "forward") ? 0 : !strcmp(dir, "reverse") ? 1 : !strcmp(dir, "bidirectional") ? 2 : -1;
+}
 
 /* The activations ONNX defaults to (torch's): anything else is refused. */
 static int default_acts(const Node *n) {
@@ -29,8 +35,8 @@ static int default_acts(const Node *n) {
 
 /* What pipecc's kernels do not run, named; 0 when the node is supported. */
 static int rnn_refuse(Graph *g, Node *n) {
-  const char *dir = attr_str(n, "direction", "forward");
-  if (strcmp(dir, "forward")) return node_err(n, "direction '%s' is not supported (only forward)", dir);
+  if (rnn_direction(n) < 0)
+    return node_err(n, "direction '%s' is not forward, reverse or bidirectional", attr_str(n, "direction", ""));
   if (!default_acts(n)) return node_err(n, "activations other than the default (Sigmoid, Tanh%s) are not supported",
                                         n->def->code == RNN_LSTM ? ", Tanh" : "");
   if (node_attr(n, "clip")) return node_err(n, "clip is not supported");
@@ -45,27 +51,27 @@ static int rnn_infer(Graph *g, Node *n) {
   Tensor *x = need_in(g, n, IN_X), *w = need_in(g, n, IN_W), *r = need_in(g, n, IN_R);
   if (!x || !w || !r) return -1;
   if (rnn_refuse(g, n)) return -1;
-  int layout = (int)attr_int(n, "layout", 0), G = ngates(n);
+  int layout = (int)attr_int(n, "layout", 0), G = ngates(n), D = rnn_direction(n) == 2 ? 2 : 1;
   if (layout != 0 && layout != 1) return node_err(n, "layout %d is not 0 or 1", layout);
   if (x->rank != 3) return node_err(n, "X %s must have rank 3", shape_str(x));
   int64_t T = x->dims[layout ? 1 : 0], B = x->dims[layout ? 0 : 1], I = x->dims[2];
   int64_t H = attr_int(n, "hidden_size", r->rank == 3 ? r->dims[2] : 0);
   if (H <= 0) return node_err(n, "hidden_size must be positive");
-  if (w->rank != 3 || w->dims[0] != 1 || w->dims[1] != G * H || w->dims[2] != I)
-    return node_err(n, "W %s must be [1,%lld,%lld]", shape_str(w), (long long)(G * H), (long long)I);
-  if (r->rank != 3 || r->dims[0] != 1 || r->dims[1] != G * H || r->dims[2] != H)
-    return node_err(n, "R %s must be [1,%lld,%lld]", shape_str(r), (long long)(G * H), (long long)H);
+  if (w->rank != 3 || w->dims[0] != D || w->dims[1] != G * H || w->dims[2] != I)
+    return node_err(n, "W %s must be [%d,%lld,%lld]", shape_str(w), D, (long long)(G * H), (long long)I);
+  if (r->rank != 3 || r->dims[0] != D || r->dims[1] != G * H || r->dims[2] != H)
+    return node_err(n, "R %s must be [%d,%lld,%lld]", shape_str(r), D, (long long)(G * H), (long long)H);
   Tensor *b = node_in(g, n, IN_B);
-  if (b && (b->rank != 2 || b->dims[0] != 1 || b->dims[1] != 2 * G * H))
-    return node_err(n, "B %s must be [1,%lld]", shape_str(b), (long long)(2 * G * H));
+  if (b && (b->rank != 2 || b->dims[0] != D || b->dims[1] != 2 * G * H))
+    return node_err(n, "B %s must be [%d,%lld]", shape_str(b), D, (long long)(2 * G * H));
   for (int k = IN_H0; k <= (n->def->code == RNN_LSTM ? IN_C0 : IN_H0); k++) {
     Tensor *s = node_in(g, n, k);
-    int64_t want[3] = {layout ? B : 1, layout ? 1 : B, H};
+    int64_t want[3] = {layout ? B : D, layout ? D : B, H};
     if (s && (s->rank != 3 || memcmp(s->dims, want, sizeof want)))
       return node_err(n, "%s %s must be [%lld,%lld,%lld]", k == IN_H0 ? "initial_h" : "initial_c", shape_str(s),
                       (long long)want[0], (long long)want[1], (long long)want[2]);
   }
-  int64_t y[4] = {T, 1, B, H}, yb[4] = {B, T, 1, H}, st[3] = {1, B, H}, stb[3] = {B, 1, H};
+  int64_t y[4] = {T, D, B, H}, yb[4] = {B, T, D, H}, st[3] = {D, B, H}, stb[3] = {B, D, H};
   if (n->nout > 0 && n->out[0] >= 0) set_shape(node_out(g, n, 0), x->dtype, 4, layout ? yb : y);
   for (int k = 1; k < n->nout && k < (n->def->code == RNN_LSTM ? 3 : 2); k++)
     if (n->out[k] >= 0) set_shape(node_out(g, n, k), x->dtype, 3, layout ? stb : st);
@@ -77,7 +83,8 @@ static int rnn_shape(Emit *e, const Node *n, int j) {
   Tensor *X = em_t(e, n->in[IN_X]), *R = em_t(e, n->in[IN_R]);
   int layout = (int)attr_int(n, "layout", 0);
   return SHAPE(e, "RnnShape", em_name(e, "RNN_%d", j), A_INT(X->dims[layout ? 1 : 0]), A_INT(X->dims[layout ? 0 : 1]),
-               A_INT(X->dims[2]), A_INT(R->dims[2]), A_INT(layout), A_INT(attr_int(n, "linear_before_reset", 0)));
+               A_INT(X->dims[2]), A_INT(R->dims[2]), A_INT(layout), A_INT(attr_int(n, "linear_before_reset", 0)),
+               A_INT(rnn_direction(n) == 2 ? 2 : 1), A_INT(rnn_direction(n) == 1));
 }
 
 static int64_t rnn_bytes(Graph *g, const Node *n, int grad) {
@@ -148,11 +155,11 @@ static int rnn_bwd(Emit *e, const Node *n, int j) {
   return 0;
 }
 
-/* Per step: the input and recurrent products (2 * rows * G*H * (I + H)), the gate arithmetic. */
+/* Per step and direction: the input and recurrent products (2 * rows * G*H * (I + H)), the gate arithmetic. */
 static double rnn_flops(Graph *g, const Node *n) {
   Tensor *X = node_in(g, n, IN_X), *R = node_in(g, n, IN_R);
   double rows = (double)(X->dims[0] * X->dims[1]), H = (double)R->dims[2], I = (double)X->dims[2], G = ngates(n);
-  return 2 * rows * G * H * (I + H) + 10 * rows * H;
+  return (double)R->dims[0] * (2 * rows * G * H * (I + H) + 10 * rows * H); /* per direction */
 }
 
 const OpDef OPS_RNN[] = {
