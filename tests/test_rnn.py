@@ -17,7 +17,9 @@ and trained 20 plain-SGD steps (lr 0.05) on MNIST-format data with
 test_parity.py's run_case: every step's loss within 1e-5 relative of
 PyTorch's (float32, the same nn.Module and initial weights), every trained
 weight within 1e-5 absolute; the weights of the three runs must be
-bit-identical, and the stage programs must call the recurrent kernels.
+bit-identical, and the stage programs must call the recurrent kernels.  The
+exporter's Slices of torch's weights must not draw pipecc's warning about
+weights that nodes of one kind share.
 
   /usr/bin/python3 tests/test_rnn.py [--keep]
 
@@ -28,6 +30,7 @@ import importlib.util
 import io
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -101,6 +104,17 @@ def export(model, path):
     return path
 
 
+def check_no_tie_warning(par, name, path, tmp, env):
+    """The exporter reads each of torch's weights through three Slices (its
+    gate reordering): parts of one weight, which pipecc must not call an
+    exporter's merge of equal initializers (a warning, and --untie copies)."""
+    out = os.path.join(tmp, "plan_" + name.replace(" ", "_").replace("=", ""))
+    r = subprocess.run([par.PIPECC, path, "--plan-only", "-o", out], capture_output=True, text=True, env=env)
+    ok = r.returncode == 0 and not r.stderr
+    par.result(ok, f"{name}: pipecc compiles the export without a warning",
+               "" if ok else r.stderr.strip().splitlines()[0] if r.stderr.strip() else f"exit {r.returncode}")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--keep", action="store_true")
@@ -128,6 +142,7 @@ def main():
                 par.result(False, f"{name}: export and PyTorch reference", f"{type(e).__name__}: {e}")
                 continue
             print(f"# {name}: torch losses {ref[0][0]:.4f} -> {ref[0][-1]:.4f} over {par.STEPS} steps")
+            check_no_tie_warning(par, name, path, tmp, env)
             runs = {}
             for n, sched in ((1, "1f1b"), (2, "1f1b"), (2, "zb1")):
                 tag = f"{name} n={n} {sched} (loss rel 1e-5, weights 1e-5)"
