@@ -14,9 +14,10 @@
  *     k_dropout_grad: the mask is the generator's, kept values are x * scale,
  *     the backward redraws the forward's mask, micro-batch mb continues the
  *     step's stream at element mb * n, acc = 1 adds.
- *   - k_lstm / k_gru and their gradients (both layouts, GRU's linear_before_reset
- *     0 and 1, zero or given initial state, with or without bias) against the
- *     ONNX equations in double and central differences of them.
+ *   - k_lstm / k_gru and their gradients (forward, reverse and bidirectional,
+ *     both layouts, GRU's linear_before_reset 0 and 1, zero or given initial
+ *     state, with or without bias) against the ONNX equations in double and
+ *     central differences of them.
  * Built under ASan + UBSan (make bin/test_kernels); ends with "N passed, M failed". */
 #include <float.h>
 #include <math.h>
@@ -423,88 +424,99 @@ static void test_cast(void) {
 }
 
 /* ---- LSTM / GRU: the ONNX equations in double, step by step ---- */
-typedef struct RnnCase { int gru, lbr, layout, h0, bias; } RnnCase;
-enum { RT = 3, RB = 2, RI = 3, RH = 2, RG = 4 }; /* steps, batch, input, hidden, most gates */
+typedef struct RnnCase { int gru, lbr, layout, h0, bias, dir; } RnnCase; /* dir: 0 forward, 1 reverse, 2 bidirectional */
+enum { RT = 3, RB = 2, RI = 3, RH = 2, RG = 4, RD = 2 }; /* steps, batch, input, hidden, most gates, most directions */
 
 static double sigm(double v) { return 1 / (1 + exp(-v)); }
 
-/* Y [T*B*H] in the layout's row order, Y_h and Y_c [B*H]; states from h0 / c0 (or zeros). */
+/* One direction's step at time t for batch entry bb: h (and LSTM's c) [RH] updated in place. */
+static void rnn_ref_step(const RnnCase *c, const double *xr, const double *w, const double *r, const double *b, double *h, double *cs) {
+  int G = c->gru ? 3 : 4;
+  double gx[RG * RH], gh[RG * RH], hn[RH]; /* X's and h's part of each gate, biases included */
+  for (int k = 0; k < G * RH; k++) {
+    gx[k] = c->bias ? b[k] : 0, gh[k] = c->bias ? b[G * RH + k] : 0;
+    for (int i = 0; i < RI; i++) gx[k] += xr[i] * w[k * RI + i];
+    for (int i = 0; i < RH; i++) gh[k] += h[i] * r[k * RH + i];
+  }
+  double rg[RH]; /* GRU's reset gate, all of it: (r * h) Rh^T mixes units */
+  for (int j = 0; j < RH && c->gru; j++) rg[j] = sigm(gx[RH + j] + gh[RH + j]);
+  for (int j = 0; j < RH; j++) {
+    if (!c->gru) {
+      double ig = sigm(gx[j] + gh[j]), og = sigm(gx[RH + j] + gh[RH + j]), fg = sigm(gx[2 * RH + j] + gh[2 * RH + j]);
+      cs[j] = fg * cs[j] + ig * tanh(gx[3 * RH + j] + gh[3 * RH + j]);
+      hn[j] = og * tanh(cs[j]);
+      continue;
+    }
+    double z = sigm(gx[j] + gh[j]), pre = gx[2 * RH + j];
+    if (c->lbr) pre += rg[j] * gh[2 * RH + j];
+    else { /* (r * h) Rh^T + Rbh */
+      pre += c->bias ? b[G * RH + 2 * RH + j] : 0;
+      for (int i = 0; i < RH; i++) pre += rg[i] * h[i] * r[(2 * RH + j) * RH + i];
+    }
+    hn[j] = (1 - z) * tanh(pre) + z * h[j];
+  }
+  memcpy(h, hn, sizeof hn);
+}
+
+/* Y ([T,D,B,H] or [B,T,D,H]), Y_h and Y_c ([D,B,H] or [B,D,H]); states from h0 / c0 (or zeros). */
 static void rnn_ref(const RnnCase *c, const double *x, const double *w, const double *r, const double *b, const double *h0,
                     const double *c0, double *y, double *yh, double *yc) {
-  int G = c->gru ? 3 : 4;
-  double h[RB][RH], cs[RB][RH];
-  for (int bb = 0; bb < RB; bb++)
-    for (int j = 0; j < RH; j++) h[bb][j] = c->h0 ? h0[bb * RH + j] : 0, cs[bb][j] = c->h0 && !c->gru ? c0[bb * RH + j] : 0;
-  for (int t = 0; t < RT; t++) {
-    double hn[RB][RH];
+  int G = c->gru ? 3 : 4, D = c->dir == 2 ? 2 : 1;
+  for (int d = 0; d < D; d++) {
+    int rev = D == 2 ? d : c->dir == 1;
+    const double *wd = w + d * G * RH * RI, *rd = r + d * G * RH * RH, *bd = b + d * 2 * G * RH;
     for (int bb = 0; bb < RB; bb++) {
-      int row = c->layout ? bb * RT + t : t * RB + bb;
-      double gx[3 * RG * RH], gh[3 * RG * RH]; /* X's and h's part of each gate, biases included */
-      for (int k = 0; k < G * RH; k++) {
-        gx[k] = c->bias ? b[k] : 0, gh[k] = c->bias ? b[G * RH + k] : 0;
-        for (int i = 0; i < RI; i++) gx[k] += x[row * RI + i] * w[k * RI + i];
-        for (int i = 0; i < RH; i++) gh[k] += h[bb][i] * r[k * RH + i];
+      int so = c->layout ? (bb * D + d) * RH : (d * RB + bb) * RH;
+      double h[RH], cs[RH];
+      for (int j = 0; j < RH; j++) h[j] = c->h0 ? h0[so + j] : 0, cs[j] = c->h0 && !c->gru ? c0[so + j] : 0;
+      for (int k = 0; k < RT; k++) {
+        int t = rev ? RT - 1 - k : k, row = c->layout ? bb * RT + t : t * RB + bb;
+        rnn_ref_step(c, x + row * RI, wd, rd, bd, h, cs);
+        memcpy(y + (c->layout ? (row * D + d) * RH : ((t * D + d) * RB + bb) * RH), h, sizeof h);
       }
-      double rg[RH]; /* GRU's reset gate, all of it: (r * h) Rh^T mixes units */
-      for (int j = 0; j < RH && c->gru; j++) rg[j] = sigm(gx[RH + j] + gh[RH + j]);
-      for (int j = 0; j < RH; j++) {
-        if (!c->gru) {
-          double ig = sigm(gx[j] + gh[j]), og = sigm(gx[RH + j] + gh[RH + j]), fg = sigm(gx[2 * RH + j] + gh[2 * RH + j]);
-          cs[bb][j] = fg * cs[bb][j] + ig * tanh(gx[3 * RH + j] + gh[3 * RH + j]);
-          hn[bb][j] = og * tanh(cs[bb][j]);
-          continue;
-        }
-        double z = sigm(gx[j] + gh[j]), pre = gx[2 * RH + j];
-        if (c->lbr) pre += rg[j] * gh[2 * RH + j];
-        else { /* (r * h) Rh^T + Rbh */
-          pre += c->bias ? b[G * RH + 2 * RH + j] : 0;
-          for (int i = 0; i < RH; i++) pre += rg[i] * h[bb][i] * r[(2 * RH + j) * RH + i];
-        }
-        hn[bb][j] = (1 - z) * tanh(pre) + z * h[bb][j];
-      }
-      for (int j = 0; j < RH; j++) y[row * RH + j] = hn[bb][j];
+      memcpy(yh + so, h, sizeof h);
+      memcpy(yc + so, cs, sizeof cs);
     }
-    memcpy(h, hn, sizeof h);
   }
-  for (int bb = 0; bb < RB; bb++)
-    for (int j = 0; j < RH; j++) yh[bb * RH + j] = h[bb][j], yc[bb * RH + j] = cs[bb][j];
 }
 
 /* The loss the gradient test differentiates: <gy, Y> + <gh, Y_h> + <gc, Y_c>. */
 static double rnn_loss(const RnnCase *c, double *const in[6], const double *gy, const double *gh, const double *gc) {
-  double y[RT * RB * RH], yh[RB * RH], yc[RB * RH], l = 0;
+  int D = c->dir == 2 ? 2 : 1;
+  double y[RT * RB * RH * RD], yh[RB * RH * RD], yc[RB * RH * RD], l = 0;
   rnn_ref(c, in[0], in[1], in[2], in[3], in[4], in[5], y, yh, yc);
-  for (int i = 0; i < RT * RB * RH; i++) l += gy[i] * y[i];
-  for (int i = 0; i < RB * RH; i++) l += gh[i] * yh[i] + (c->gru ? 0 : gc[i] * yc[i]);
+  for (int i = 0; i < RT * RB * RH * D; i++) l += gy[i] * y[i];
+  for (int i = 0; i < RB * RH * D; i++) l += gh[i] * yh[i] + (c->gru ? 0 : gc[i] * yc[i]);
   return l;
 }
 
 /* Forward against rnn_ref; every gradient (dX, dW, dR, dB) against central
  * differences of rnn_ref's loss; dW, dR, dB add to what they held, dX too with acc = 1. */
 static void test_rnn(const RnnCase *c) {
-  int G = c->gru ? 3 : 4, since = failed;
-  int sizes[6] = {RT * RB * RI, G * RH * RI, G * RH * RH, 2 * G * RH, RB * RH, RB * RH};
+  int G = c->gru ? 3 : 4, since = failed, D = c->dir == 2 ? 2 : 1, ny = RT * RB * RH * D, ns = RB * RH * D;
+  int sizes[6] = {RT * RB * RI, D * G * RH * RI, D * G * RH * RH, D * 2 * G * RH, ns, ns};
   float fin[6][RT * RB * RI + 2 * RG * RH * RI];
   double din[6][RT * RB * RI + 2 * RG * RH * RI], *dp[6];
   for (int k = 0; k < 6; k++) {
     dp[k] = din[k];
     for (int i = 0; i < sizes[k]; i++) fin[k][i] = (float)(urand() * 2 - 1), din[k][i] = fin[k][i];
   }
-  double gy[RT * RB * RH], gh[RB * RH], gc[RB * RH];
-  float fgy[RT * RB * RH], fgh[RB * RH], fgc[RB * RH];
-  for (int i = 0; i < RT * RB * RH; i++) fgy[i] = (float)(urand() - 0.5), gy[i] = fgy[i];
-  for (int i = 0; i < RB * RH; i++) fgh[i] = (float)(urand() - 0.5), gh[i] = fgh[i], fgc[i] = (float)(urand() - 0.5), gc[i] = fgc[i];
-  RnnShape s = {RT, RB, RI, RH, c->layout, c->lbr, 1, 0};
+  double gy[RT * RB * RH * RD], gh[RB * RH * RD], gc[RB * RH * RD];
+  float fgy[RT * RB * RH * RD], fgh[RB * RH * RD], fgc[RB * RH * RD];
+  for (int i = 0; i < ny; i++) fgy[i] = (float)(urand() - 0.5), gy[i] = fgy[i];
+  for (int i = 0; i < ns; i++) fgh[i] = (float)(urand() - 0.5), gh[i] = fgh[i], fgc[i] = (float)(urand() - 0.5), gc[i] = fgc[i];
+  RnnShape s = {RT, RB, RI, RH, c->layout, c->lbr, D, c->dir == 1};
   const float *b = c->bias ? fin[3] : NULL, *h0 = c->h0 ? fin[4] : NULL, *c0 = c->h0 ? fin[5] : NULL;
   static float work[4096];
-  float y[RT * RB * RH], yh[RB * RH], yc[RB * RH];
-  double ry[RT * RB * RH], ryh[RB * RH], ryc[RB * RH];
+  float y[RT * RB * RH * RD], yh[RB * RH * RD], yc[RB * RH * RD];
+  double ry[RT * RB * RH * RD], ryh[RB * RH * RD], ryc[RB * RH * RD];
   if (c->gru) k_gru(fin[0], fin[1], fin[2], b, h0, y, yh, work, &s);
   else k_lstm(fin[0], fin[1], fin[2], b, h0, c0, y, yh, yc, work, &s);
   rnn_ref(c, dp[0], dp[1], dp[2], dp[3], dp[4], dp[5], ry, ryh, ryc);
   const char *name = c->gru ? (c->lbr ? "gru(linear_before_reset)" : "gru") : "lstm";
-  for (int i = 0; i < RT * RB * RH; i++) CHECK(fabs(y[i] - ry[i]) <= 1e-6, "%s layout %d: Y[%d] %.9g, double %.12g\n", name, c->layout, i, y[i], ry[i]);
-  for (int i = 0; i < RB * RH; i++) {
+  const char *dirs[3] = {"forward", "reverse", "bidirectional"};
+  for (int i = 0; i < ny; i++) CHECK(fabs(y[i] - ry[i]) <= 1e-6, "%s layout %d: Y[%d] %.9g, double %.12g\n", name, c->layout, i, y[i], ry[i]);
+  for (int i = 0; i < ns; i++) {
     CHECK(fabs(yh[i] - ryh[i]) <= 1e-6, "%s layout %d: Y_h[%d] %.9g, double %.12g\n", name, c->layout, i, yh[i], ryh[i]);
     CHECK(c->gru || fabs(yc[i] - ryc[i]) <= 1e-6, "%s layout %d: Y_c[%d] %.9g, double %.12g\n", name, c->layout, i, yc[i], ryc[i]);
   }
@@ -529,7 +541,7 @@ static void test_rnn(const RnnCase *c) {
             name, c->layout, c->h0, what[k], i, grad[k][i] - 0.25, fd);
     }
   /* acc = 0 overwrites dX; a NULL dY (only Y_h read) is a zero gradient. */
-  float dx0[RT * RB * RI], zy[RT * RB * RH] = {0};
+  float dx0[RT * RB * RI], zy[RT * RB * RH * RD] = {0};
   for (int i = 0; i < RT * RB * RI; i++) dx0[i] = 7;
   float dx1[RT * RB * RI];
   if (c->gru) {
@@ -540,8 +552,8 @@ static void test_rnn(const RnnCase *c) {
     k_lstm_grad(fin[0], fin[1], fin[2], b, h0, c0, zy, fgh, NULL, dx1, NULL, NULL, NULL, NULL, NULL, work, &s, 0);
   }
   CHECK(!memcmp(dx0, dx1, sizeof dx0), "%s layout %d: dY = NULL differs from dY = 0 (or acc = 0 kept dX)\n", name, c->layout);
-  OK_IF_NONE_FAILED(since, "%s layout %d, %s initial state, %s bias: forward vs double, dX/dW/dR/dB/dinitial_h/dinitial_c vs finite differences, acc\n", name,
-                    c->layout, c->h0 ? "given" : "zero", c->bias ? "with" : "no");
+  OK_IF_NONE_FAILED(since, "%s %s layout %d, %s initial state, %s bias: forward vs double, dX/dW/dR/dB/dinitial_h/dinitial_c vs finite "
+                    "differences, acc\n", name, dirs[c->dir], c->layout, c->h0 ? "given" : "zero", c->bias ? "with" : "no");
 }
 
 int main(void) {
@@ -572,8 +584,9 @@ int main(void) {
   };
   for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) test_view(&views[i]);
   test_cast();
-  const RnnCase rnns[] = {{0, 0, 0, 0, 1}, {0, 0, 1, 1, 1}, {0, 0, 0, 1, 0}, {1, 1, 0, 0, 1}, {1, 0, 0, 1, 1}, {1, 0, 1, 0, 1},
-                          {1, 1, 1, 1, 0}};
+  const RnnCase rnns[] = {{0, 0, 0, 0, 1, 0}, {0, 0, 1, 1, 1, 0}, {0, 0, 0, 1, 0, 0}, {1, 1, 0, 0, 1, 0}, {1, 0, 0, 1, 1, 0},
+                          {1, 0, 1, 0, 1, 0}, {1, 1, 1, 1, 0, 0}, {0, 0, 0, 1, 1, 2}, {0, 0, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 2},
+                          {1, 0, 0, 0, 1, 1}, {1, 0, 1, 1, 0, 2}};
   for (size_t i = 0; i < sizeof rnns / sizeof rnns[0]; i++) test_rnn(&rnns[i]);
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
