@@ -29,11 +29,18 @@ static const char *kind_name(int k) {
   }
 }
 
+/* A workspace's comment, by the prefix its op's rule named it with (em_work). */
+static const char *work_what(const Buffer *b) {
+  return strncmp(b->name, "rnn_", 4) && strncmp(b->name, "drnn_", 5)
+             ? "workspace of one kernel (im2col columns)"
+             : "workspace of one kernel (a recurrent layer's gates and states at every step)";
+}
+
 /* What a buffer holds, for its comment: the tensor's shape and its role.
  * Labels are one int64 per loss row, whatever shape the logits have. */
 static const char *buf_what(const Graph *g, const Buffer *b) {
   static char s[256];
-  if (b->is_workspace) return "workspace of one kernel (im2col columns)";
+  if (b->is_workspace) return work_what(b);
   if (b->kind == BUF_LABELS) snprintf(s, sizeof s, "[%lld] int64, labels", (long long)(b->bytes / 8));
   else if (b->tensor >= 0) snprintf(s, sizeof s, "%s, %s", shape_str(&g->t[b->tensor]), kind_name(b->kind));
   else snprintf(s, sizeof s, "%s", kind_name(b->kind));

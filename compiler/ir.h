@@ -48,7 +48,8 @@ typedef struct Attr {
   const char *s;
   int64_t *ints;
   float *floats;
-  int n;               /* length of ints/floats */
+  const char **strs;   /* ATTR_STRINGS */
+  int n;               /* length of ints/floats/strs */
   int tensor;          /* ATTR_TENSOR: index of a constant tensor */
 } Attr;
 

@@ -242,7 +242,15 @@ static int read_attr(Graph *g, Node *n, Attr *a, const Onnx__AttributeProto *ap,
     if (tensor_from_proto(g, &g->t[a->tensor], ap->t, dir, what)) return -1;
     break;
   }
-  case ATTR_STRINGS: break; /* no supported op reads these; kept by name only */
+  case ATTR_STRINGS: /* the recurrent ops' activations */
+    a->n = (int)ap->n_strings;
+    a->strs = pool_alloc(&g->pool, (ap->n_strings + 1) * sizeof(char *));
+    for (size_t k = 0; k < ap->n_strings; k++) {
+      char *s = pool_alloc(&g->pool, ap->strings[k].len + 1);
+      if (ap->strings[k].len) memcpy(s, ap->strings[k].data, ap->strings[k].len);
+      a->strs[k] = s;
+    }
+    break;
   default:
     return err_set("node '%s' (%s): attribute '%s' has a type pipecc does not support (%d)", n->name, n->op,
                    a->name, a->type);

@@ -12,9 +12,9 @@
 
 /* The families, one file each in compiler/ops/; each table ends with an empty row. */
 extern const OpDef OPS_GEMM[], OPS_CONV[], OPS_POOL[], OPS_NORM[], OPS_ELEMENTWISE[], OPS_REDUCE[], OPS_MOVEMENT[],
-    OPS_COMPILE_TIME[];
+    OPS_RNN[], OPS_COMPILE_TIME[];
 static const OpDef *const FAMILIES[] = {OPS_GEMM, OPS_CONV, OPS_POOL, OPS_NORM, OPS_ELEMENTWISE, OPS_REDUCE, OPS_MOVEMENT,
-                                        OPS_COMPILE_TIME};
+                                        OPS_RNN, OPS_COMPILE_TIME};
 #define NFAMILIES (int)(sizeof FAMILIES / sizeof FAMILIES[0])
 
 int op_count(void) {
@@ -126,7 +126,9 @@ int infer_and_fold(Graph *g) {
     if (!d)
       return err_set("node '%s' uses operator '%s', which pipecc does not support (supported: %s)", n->name, n->op,
                      op_supported_list());
-    if (n->nout < 1 || n->out[0] < 0) return err_set("node '%s' (%s) has no output", n->name, n->op);
+    int any = 0; /* a recurrent op's Y may be omitted when only Y_h is read */
+    for (int k = (d->flags & OPF_FIRST_OUTPUT_OPTIONAL) ? 0 : n->nout; k < n->nout; k++) any |= n->out[k] >= 0;
+    if (n->nout < 1 || (n->out[0] < 0 && !any)) return err_set("node '%s' (%s) has no output", n->name, n->op);
     if (d->infer(g, n)) return -1;
     for (int k = 0; k < n->nout; k++) {
       Tensor *o = node_out(g, n, k);

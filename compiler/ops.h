@@ -24,6 +24,8 @@ enum { STASH_NONE = 0, STASH_INPUTS = 1, STASH_OUTPUT = 2, STASH_BOTH = 3 };
 /* OpDef.flags */
 enum {
   OPF_FOLD_FROM_SHAPE = 1, /* fold needs only the input's (static) shape, never its values (Shape, Size) */
+  OPF_FIRST_OUTPUT_OPTIONAL = 2, /* output 0 may be omitted when another output is there (LSTM's Y) */
+  OPF_READS_PART = 4,            /* reads a part of its input (Slice): several such readers of one weight are not a merge */
 };
 
 typedef struct OpDef {

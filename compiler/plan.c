@@ -365,7 +365,8 @@ int plan_tie_readers(const Plan *p, int t, int *ks, int *same_kind) {
     int reads = 0;
     for (int q = 0; q < nd->nin; q++) reads |= nd->in[q] == t;
     if (!reads) continue;
-    for (int j = 0; j < n; j++) *same_kind |= p->g.n[p->node[ks[j]]].def == nd->def;
+    /* Slices of one weight (torch's LSTM export reorders its gates so) are parts, not an exporter's merge. */
+    for (int j = 0; j < n; j++) *same_kind |= p->g.n[p->node[ks[j]]].def == nd->def && !(nd->def->flags & OPF_READS_PART);
     ks[n++] = k;
   }
   return n;

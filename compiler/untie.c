@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ops.h"
 #include "plan.h"
 
 /* Distinct compute nodes reading tensor t, in graph order, into js. */
@@ -31,7 +32,7 @@ static int readers(const Graph *g, int t, int *js) {
 static int same_kind(const Graph *g, const int *js, int n) {
   for (int a = 0; a < n; a++)
     for (int b = a + 1; b < n; b++)
-      if (g->n[js[a]].def == g->n[js[b]].def) return 1;
+      if (g->n[js[a]].def == g->n[js[b]].def && !(g->n[js[a]].def->flags & OPF_READS_PART)) return 1; /* slices: not a merge */
   return 0;
 }
 

@@ -59,6 +59,7 @@ suite "pipecc-trace: trace JSON to SVG, hostile traces, headless Chromium (ASan 
 suite "Split into K and Concat of K (K = 2..16) trained against PyTorch, n = 1 and 2" $PY tests/test_split_concat.py
 suite "Slice, Expand, Tile, Cast at run time: a torch.nn model trained against PyTorch, n = 1 and 2" $PY tests/test_movement.py
 suite "gradient check per op: PyTorch autograd and finite differences in float64" $PY tests/test_gradcheck.py
+suite "LSTM and GRU exported from torch.nn, trained against PyTorch, n = 1 and 2, 1F1B and ZB-H1, bit-identical" $PY tests/test_rnn.py
 suite "Dropout: Philox masks, keep rate and scaling, training against PyTorch fed pipecc's masks, bit-identity across n and schedules" env PIPECC=bin/pipecc $PY tests/test_dropout.py
 suite "element-wise, comparison and reduction ops train bit-identically across -n 1, 3, 4 and schedules (bool and int64 tensors across cuts)" $PY tests/test_ops_across_stages.py
 

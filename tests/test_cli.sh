@@ -180,6 +180,20 @@ save("less_int64", [helper.make_node("ArgMax", ["x"], ["i"], name="argmax0", axi
                     helper.make_node("Less", ["i", "two"], ["c"], name="less_i64"),
                     helper.make_node("Where", ["c", "x", "w"], ["y"], name="where0")],
      [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], [w("w", 4), numpy_helper.from_array(np.array(2, dtype=np.int64), "two")])
+# 24: recurrent layers pipecc does not run: x [batch, 4 steps, 3] -> Transpose -> LSTM/GRU (hidden 2) -> Y_h.
+def rnn(name, op, extra_inputs=(), extra_inits=(), pre=(), **attrs):
+    g = 4 if op == "LSTM" else 3
+    nodes = list(pre) + [helper.make_node("Transpose", ["x"], ["xt"], name="to_time_major", perm=[1, 0, 2]),
+                         helper.make_node(op, ["xt", "W", "R", "B"] + list(extra_inputs), ["", "y"], name="rnn_node",
+                                          hidden_size=2, **attrs)]
+    save(name, nodes, [vi("x", ["batch", 4, 3])], [vi("y", [1, "batch", 2])],
+         [w("W", 1, g * 2, 3), w("R", 1, g * 2, 2), w("B", 1, g * 4)] + list(extra_inits), opset=14)
+rnn("lstm_sideways", "LSTM", direction="sideways")
+rnn("lstm_clip", "LSTM", clip=1.0)
+rnn("gru_relu", "GRU", activations=["Relu", "Tanh"])
+rnn("lstm_input_forget", "LSTM", input_forget=1)
+rnn("lstm_peepholes", "LSTM", ["", "", "", "P"], [w("P", 1, 6)])
+rnn("gru_seq_lens", "GRU", ["seq"], [numpy_helper.from_array(np.full(2, 4, dtype=np.int32), "seq")])
 EOF
   notok "setup" "could not write the broken models with $PY"
   echo "$PASS passed, $FAIL failed"
@@ -292,6 +306,12 @@ fail_case "23 Less on int64 values computed at run time" "less_i64" "float32" "i
 fail_case "20 control characters in a name stay escaped on one line" 'evil\nnode\x1b[31m' -- "$M/name_controls.onnx" -o @OUT@
 fail_case "22 Slice of int64 values at run time" "slice_ids" "Slice" "float" "int64" -- "$M/slice_tokens.onnx" -o @OUT@
 fail_case "22 Cast to double at run time" "to_double" "Cast" "float64" -- "$M/cast_double.onnx" -o @OUT@
+fail_case "24 LSTM direction=sideways" "rnn_node" "LSTM" "sideways" -- "$M/lstm_sideways.onnx" -o @OUT@
+fail_case "24 LSTM clip" "rnn_node" "LSTM" "clip" -- "$M/lstm_clip.onnx" -o @OUT@
+fail_case "24 GRU activations Relu, Tanh" "rnn_node" "GRU" "activations" -- "$M/gru_relu.onnx" -o @OUT@
+fail_case "24 LSTM input_forget=1" "rnn_node" "LSTM" "input_forget" -- "$M/lstm_input_forget.onnx" -o @OUT@
+fail_case "24 LSTM peepholes" "rnn_node" "LSTM" "peepholes" -- "$M/lstm_peepholes.onnx" -o @OUT@
+fail_case "24 GRU sequence_lens" "rnn_node" "GRU" "sequence_lens" -- "$M/gru_seq_lens.onnx" -o @OUT@
 fail_case "19 --lr 1e999" "--lr" "1e999" "finite" -- "$MLP" --lr 1e999 -o @OUT@
 fail_case "19 --lr inf" "--lr" "inf" "finite" -- "$MLP" --lr inf -o @OUT@
 fail_case "19 --momentum nan" "--momentum" "nan" -- "$MLP" --momentum nan -o @OUT@

@@ -314,7 +314,63 @@ def run_node(op, ins, a, opset):
         to = a["to"]
         assert to in (TensorProto.FLOAT, TensorProto.INT64), to
         return [x.long() if to == TensorProto.INT64 else x.to(torch.float64)]   # float64 stands for float here
+    if op in ("LSTM", "GRU"):
+        return onnx_rnn(op, ins, a)
     raise NotImplementedError(op)
+
+
+def onnx_rnn(op, ins, a):
+    """LSTM / GRU (one layer; forward, reverse or bidirectional) from the ONNX
+    spec's equations, step by step (not torch.nn.LSTM / GRU): gates [i, o, f, c]
+    and [z, r, h], W, R, B packed as ONNX packs them, layout 0 (X [T,B,I]) or 1
+    (X [B,T,I])."""
+    assert "clip" not in a
+    ins = ins + [None] * (7 - len(ins))
+    x, w, r, b, seq, h0, c0 = ins[:7]
+    assert seq is None
+    layout = a.get("layout", 0)
+    if layout:
+        x = x.transpose(0, 1)
+        h0 = h0.transpose(0, 1) if h0 is not None else None
+        c0 = c0.transpose(0, 1) if c0 is not None else None
+    direction = a.get("direction", "forward")
+    dirs = {"forward": [False], "reverse": [True], "bidirectional": [False, True]}[direction]
+    outs = [rnn_direction(op, x, w[d], r[d], b[d] if b is not None else None, h0[d] if h0 is not None else None,
+                          c0[d] if c0 is not None else None, rev, a) for d, rev in enumerate(dirs)]
+    y = torch.stack([o[0] for o in outs], 1)          # [T,D,B,H]
+    yh = torch.stack([o[1] for o in outs])            # [D,B,H]
+    yc = torch.stack([o[2] for o in outs])
+    if layout:
+        y, yh, yc = y.permute(2, 0, 1, 3), yh.transpose(0, 1), yc.transpose(0, 1)
+    return [y, yh, yc] if op == "LSTM" else [y, yh]
+
+
+def rnn_direction(op, x, w, r, b, h0, c0, rev, a):
+    """One direction: Y [T,B,H] (h at each time), the last h and c [B,H]."""
+    T, Bn = x.shape[0], x.shape[1]
+    H = r.shape[-1]
+    G = 4 if op == "LSTM" else 3
+    wb, rb = (b[:G * H], b[G * H:]) if b is not None else (torch.zeros(G * H), torch.zeros(G * H))
+    h = h0 if h0 is not None else torch.zeros(Bn, H)
+    c = c0 if c0 is not None else torch.zeros(Bn, H)
+    ys = [None] * T
+    for t in (reversed(range(T)) if rev else range(T)):
+        if op == "LSTM":
+            gi, go, gf, gc = (x[t] @ w.t() + wb + h @ r.t() + rb).split(H, dim=1)
+            c = torch.sigmoid(gf) * c + torch.sigmoid(gi) * torch.tanh(gc)
+            h = torch.sigmoid(go) * torch.tanh(c)
+        else:
+            xz, xr, xh = (x[t] @ w.t() + wb).split(H, dim=1)
+            (rz, rr, rh), (bz, br, bh) = r.split(H, dim=0), rb.split(H)
+            z = torch.sigmoid(xz + h @ rz.t() + bz)
+            rg = torch.sigmoid(xr + h @ rr.t() + br)
+            if a.get("linear_before_reset", 0):
+                hh = torch.tanh(xh + rg * (h @ rh.t() + bh))
+            else:
+                hh = torch.tanh(xh + (rg * h) @ rh.t() + bh)
+            h = (1 - z) * hh + z * h
+        ys[t] = h
+    return torch.stack(ys), h, c
 
 
 def dropout(index, ins, a, opset):
@@ -893,6 +949,91 @@ def _(g):
 @case("LeakyRelu", "alpha=0.2 [B,4,6], then * W[4,6]")
 def _(g):
     g.head(g.node("Mul", [g.node("LeakyRelu", [g.stem([4, 6])], alpha=0.2), g.rand([4, 6], 1.0)]))
+
+
+# LSTM / GRU: stem [B,T,I] -> (Transpose to [T,B,I] for layout 0) -> the op -> heads on Y and the last states
+def rnn_case(g, op, T, I, H, layout=0, bias=True, state=False, outs=(0, 1, 2), **attrs):
+    G = 4 if op == "LSTM" else 3
+    D = 2 if attrs.get("direction") == "bidirectional" else 1
+    x = g.stem([T, I])
+    if not layout:
+        x = g.node("Transpose", [x], perm=[1, 0, 2])
+    s = 1 / np.sqrt(H)
+    ins = [x, g.rand([D, G * H, I], s), g.rand([D, G * H, H], s), g.rand([D, 2 * G * H], s) if bias else ""]
+    if state:   # initial states as weights (trained): [D,B,H] (layout 0) or [B,D,H]
+        shp = [B, D, H] if layout else [D, B, H]
+        ins += ["", g.rand(shp, 0.5)] + ([g.rand(shp, 0.5)] if op == "LSTM" else [])
+    nout = 3 if op == "LSTM" else 2
+    res = g.node(op, ins, nout=nout, hidden_size=H, layout=layout, **attrs) if layout else \
+        g.node(op, ins, nout=nout, hidden_size=H, **attrs)
+    heads = []
+    for k in outs:
+        v = res[k]
+        if k == 0:   # Y [T,1,B,H] or [B,T,1,H]: batch first, then flatten
+            v = g.node("Transpose", [v], perm=[2, 0, 1, 3]) if not layout else v
+        elif not layout:   # Y_h, Y_c [1,B,H]
+            v = g.node("Transpose", [v], perm=[1, 0, 2])
+        f = g.node("Flatten", [v], axis=1)
+        feat = g.shape(f)[1]
+        heads.append(g.node("Gemm", [f, g.rand([feat, C], 1.0 / np.sqrt(feat))]))
+    while len(heads) > 1:
+        heads = [g.node("Add", heads[:2])] + heads[2:]
+    g.node("Identity", [heads[0]], out="logits")
+
+
+@case("LSTM", "layout=0 [T=5,B,I=3] H=4, Y, Y_h and Y_c to heads", opset=14)
+def _(g):
+    rnn_case(g, "LSTM", 5, 3, 4)
+
+
+@case("LSTM", "layout=1 [B,T=4,I=6] H=5, initial_h/initial_c weights, Y_h only", opset=14)
+def _(g):
+    rnn_case(g, "LSTM", 4, 6, 5, layout=1, state=True, outs=(1,))
+
+
+@case("LSTM", "layout=0 no bias, Y omitted: Y_c only", opset=14)
+def _(g):
+    rnn_case(g, "LSTM", 3, 4, 3, bias=False, outs=(2,))
+
+
+@case("LSTM", "bidirectional layout=0, Y, Y_h and Y_c to heads", opset=14)
+def _(g):
+    rnn_case(g, "LSTM", 4, 3, 3, direction="bidirectional")
+
+
+@case("LSTM", "reverse layout=1, initial_h/initial_c weights, Y and Y_c", opset=14)
+def _(g):
+    rnn_case(g, "LSTM", 4, 3, 3, layout=1, state=True, outs=(0, 2), direction="reverse")
+
+
+@case("GRU", "bidirectional layout=1 linear_before_reset=1, initial_h weight, Y and Y_h", opset=14)
+def _(g):
+    rnn_case(g, "GRU", 4, 3, 3, layout=1, state=True, outs=(0, 1), linear_before_reset=1, direction="bidirectional")
+
+
+@case("GRU", "reverse layout=0 linear_before_reset=0, Y and Y_h", opset=14)
+def _(g):
+    rnn_case(g, "GRU", 4, 3, 3, outs=(0, 1), direction="reverse")
+
+
+@case("GRU", "layout=0 [T=5,B,I=3] H=4 linear_before_reset=1 (torch's form), Y and Y_h", opset=14)
+def _(g):
+    rnn_case(g, "GRU", 5, 3, 4, outs=(0, 1), linear_before_reset=1)
+
+
+@case("GRU", "layout=0 linear_before_reset=0 (ONNX's default), Y and Y_h", opset=14)
+def _(g):
+    rnn_case(g, "GRU", 5, 3, 4, outs=(0, 1))
+
+
+@case("GRU", "layout=1 [B,T=4,I=6] H=5 linear_before_reset=0, initial_h weight, Y only", opset=14)
+def _(g):
+    rnn_case(g, "GRU", 4, 6, 5, layout=1, state=True, outs=(0,))
+
+
+@case("GRU", "layout=1 linear_before_reset=1, no bias, initial_h weight, Y_h only", opset=14)
+def _(g):
+    rnn_case(g, "GRU", 4, 6, 5, layout=1, bias=False, state=True, outs=(1,), linear_before_reset=1)
 
 
 # Dropout: the mask is known (Philox, step 0, seed 1), so the gradient is checked where it drops too

@@ -1,6 +1,6 @@
 /* test_kernels.c - the run-time kernels for Gelu, LeakyRelu, Concat, the
  * strided views (Slice, Expand, Tile), Cast, the unary maths (Neg ..
- * HardSwish), Max/Min, comparisons, ReduceMax, ArgMax and Dropout
+ * HardSwish), Max/Min, comparisons, ReduceMax, ArgMax, Dropout, LSTM and GRU
  * (runtime/kernels.h) against references computed in double:
  *   - forward values against the formula in double;
  *   - each gradient against the derivative in double, and against central
@@ -15,6 +15,10 @@
  *     k_dropout_grad: the mask is the generator's, kept values are x * scale,
  *     the backward redraws the forward's mask, micro-batch mb continues the
  *     step's stream at element mb * n, acc = 1 adds.
+ *   - k_lstm / k_gru and their gradients (forward, reverse and bidirectional,
+ *     both layouts, GRU's linear_before_reset 0 and 1, zero or given initial
+ *     state, with or without bias) against the ONNX equations in double and
+ *     central differences of them.
  * Built under ASan + UBSan (make bin/test_kernels); ends with "N passed, M failed". */
 #include <float.h>
 #include <math.h>
@@ -679,6 +683,139 @@ static void test_argmax(void) {
   OK_IF_NONE_FAILED(f0, "argmax along the middle axis of [3,7,4]: ties to the first or the last index, NaN counts as the max\n");
 }
 
+/* ---- LSTM / GRU: the ONNX equations in double, step by step ---- */
+typedef struct RnnCase { int gru, lbr, layout, h0, bias, dir; } RnnCase; /* dir: 0 forward, 1 reverse, 2 bidirectional */
+enum { RT = 3, RB = 2, RI = 3, RH = 2, RG = 4, RD = 2 }; /* steps, batch, input, hidden, most gates, most directions */
+
+static double sigm(double v) { return 1 / (1 + exp(-v)); }
+
+/* One direction's step at time t for batch entry bb: h (and LSTM's c) [RH] updated in place. */
+static void rnn_ref_step(const RnnCase *c, const double *xr, const double *w, const double *r, const double *b, double *h, double *cs) {
+  int G = c->gru ? 3 : 4;
+  double gx[RG * RH], gh[RG * RH], hn[RH]; /* X's and h's part of each gate, biases included */
+  for (int k = 0; k < G * RH; k++) {
+    gx[k] = c->bias ? b[k] : 0, gh[k] = c->bias ? b[G * RH + k] : 0;
+    for (int i = 0; i < RI; i++) gx[k] += xr[i] * w[k * RI + i];
+    for (int i = 0; i < RH; i++) gh[k] += h[i] * r[k * RH + i];
+  }
+  double rg[RH]; /* GRU's reset gate, all of it: (r * h) Rh^T mixes units */
+  for (int j = 0; j < RH && c->gru; j++) rg[j] = sigm(gx[RH + j] + gh[RH + j]);
+  for (int j = 0; j < RH; j++) {
+    if (!c->gru) {
+      double ig = sigm(gx[j] + gh[j]), og = sigm(gx[RH + j] + gh[RH + j]), fg = sigm(gx[2 * RH + j] + gh[2 * RH + j]);
+      cs[j] = fg * cs[j] + ig * tanh(gx[3 * RH + j] + gh[3 * RH + j]);
+      hn[j] = og * tanh(cs[j]);
+      continue;
+    }
+    double z = sigm(gx[j] + gh[j]), pre = gx[2 * RH + j];
+    if (c->lbr) pre += rg[j] * gh[2 * RH + j];
+    else { /* (r * h) Rh^T + Rbh */
+      pre += c->bias ? b[G * RH + 2 * RH + j] : 0;
+      for (int i = 0; i < RH; i++) pre += rg[i] * h[i] * r[(2 * RH + j) * RH + i];
+    }
+    hn[j] = (1 - z) * tanh(pre) + z * h[j];
+  }
+  memcpy(h, hn, sizeof hn);
+}
+
+/* Y ([T,D,B,H] or [B,T,D,H]), Y_h and Y_c ([D,B,H] or [B,D,H]); states from h0 / c0 (or zeros). */
+static void rnn_ref(const RnnCase *c, const double *x, const double *w, const double *r, const double *b, const double *h0,
+                    const double *c0, double *y, double *yh, double *yc) {
+  int G = c->gru ? 3 : 4, D = c->dir == 2 ? 2 : 1;
+  for (int d = 0; d < D; d++) {
+    int rev = D == 2 ? d : c->dir == 1;
+    const double *wd = w + d * G * RH * RI, *rd = r + d * G * RH * RH, *bd = b + d * 2 * G * RH;
+    for (int bb = 0; bb < RB; bb++) {
+      int so = c->layout ? (bb * D + d) * RH : (d * RB + bb) * RH;
+      double h[RH], cs[RH];
+      for (int j = 0; j < RH; j++) h[j] = c->h0 ? h0[so + j] : 0, cs[j] = c->h0 && !c->gru ? c0[so + j] : 0;
+      for (int k = 0; k < RT; k++) {
+        int t = rev ? RT - 1 - k : k, row = c->layout ? bb * RT + t : t * RB + bb;
+        rnn_ref_step(c, x + row * RI, wd, rd, bd, h, cs);
+        memcpy(y + (c->layout ? (row * D + d) * RH : ((t * D + d) * RB + bb) * RH), h, sizeof h);
+      }
+      memcpy(yh + so, h, sizeof h);
+      memcpy(yc + so, cs, sizeof cs);
+    }
+  }
+}
+
+/* The loss the gradient test differentiates: <gy, Y> + <gh, Y_h> + <gc, Y_c>. */
+static double rnn_loss(const RnnCase *c, double *const in[6], const double *gy, const double *gh, const double *gc) {
+  int D = c->dir == 2 ? 2 : 1;
+  double y[RT * RB * RH * RD], yh[RB * RH * RD], yc[RB * RH * RD], l = 0;
+  rnn_ref(c, in[0], in[1], in[2], in[3], in[4], in[5], y, yh, yc);
+  for (int i = 0; i < RT * RB * RH * D; i++) l += gy[i] * y[i];
+  for (int i = 0; i < RB * RH * D; i++) l += gh[i] * yh[i] + (c->gru ? 0 : gc[i] * yc[i]);
+  return l;
+}
+
+/* Forward against rnn_ref; every gradient (dX, dW, dR, dB) against central
+ * differences of rnn_ref's loss; dW, dR, dB add to what they held, dX too with acc = 1. */
+static void test_rnn(const RnnCase *c) {
+  int G = c->gru ? 3 : 4, since = failed, D = c->dir == 2 ? 2 : 1, ny = RT * RB * RH * D, ns = RB * RH * D;
+  int sizes[6] = {RT * RB * RI, D * G * RH * RI, D * G * RH * RH, D * 2 * G * RH, ns, ns};
+  float fin[6][RT * RB * RI + 2 * RG * RH * RI];
+  double din[6][RT * RB * RI + 2 * RG * RH * RI], *dp[6];
+  for (int k = 0; k < 6; k++) {
+    dp[k] = din[k];
+    for (int i = 0; i < sizes[k]; i++) fin[k][i] = (float)(urand() * 2 - 1), din[k][i] = fin[k][i];
+  }
+  double gy[RT * RB * RH * RD], gh[RB * RH * RD], gc[RB * RH * RD];
+  float fgy[RT * RB * RH * RD], fgh[RB * RH * RD], fgc[RB * RH * RD];
+  for (int i = 0; i < ny; i++) fgy[i] = (float)(urand() - 0.5), gy[i] = fgy[i];
+  for (int i = 0; i < ns; i++) fgh[i] = (float)(urand() - 0.5), gh[i] = fgh[i], fgc[i] = (float)(urand() - 0.5), gc[i] = fgc[i];
+  RnnShape s = {RT, RB, RI, RH, c->layout, c->lbr, D, c->dir == 1};
+  const float *b = c->bias ? fin[3] : NULL, *h0 = c->h0 ? fin[4] : NULL, *c0 = c->h0 ? fin[5] : NULL;
+  static float work[4096];
+  float y[RT * RB * RH * RD], yh[RB * RH * RD], yc[RB * RH * RD];
+  double ry[RT * RB * RH * RD], ryh[RB * RH * RD], ryc[RB * RH * RD];
+  if (c->gru) k_gru(fin[0], fin[1], fin[2], b, h0, y, yh, work, &s);
+  else k_lstm(fin[0], fin[1], fin[2], b, h0, c0, y, yh, yc, work, &s);
+  rnn_ref(c, dp[0], dp[1], dp[2], dp[3], dp[4], dp[5], ry, ryh, ryc);
+  const char *name = c->gru ? (c->lbr ? "gru(linear_before_reset)" : "gru") : "lstm";
+  const char *dirs[3] = {"forward", "reverse", "bidirectional"};
+  for (int i = 0; i < ny; i++) CHECK(fabs(y[i] - ry[i]) <= 1e-6, "%s layout %d: Y[%d] %.9g, double %.12g\n", name, c->layout, i, y[i], ry[i]);
+  for (int i = 0; i < ns; i++) {
+    CHECK(fabs(yh[i] - ryh[i]) <= 1e-6, "%s layout %d: Y_h[%d] %.9g, double %.12g\n", name, c->layout, i, yh[i], ryh[i]);
+    CHECK(c->gru || fabs(yc[i] - ryc[i]) <= 1e-6, "%s layout %d: Y_c[%d] %.9g, double %.12g\n", name, c->layout, i, yc[i], ryc[i]);
+  }
+  /* Gradients start from 0.25 (dX with acc = 1, the weights always add). */
+  float grad[6][RT * RB * RI + 2 * RG * RH * RI];
+  for (int k = 0; k < 6; k++)
+    for (int i = 0; i < sizes[k]; i++) grad[k][i] = 0.25f;
+  float *db = c->bias ? grad[3] : NULL, *dh0 = c->h0 ? grad[4] : NULL, *dc0 = c->h0 ? grad[5] : NULL;
+  if (c->gru) k_gru_grad(fin[0], fin[1], fin[2], b, h0, fgy, fgh, grad[0], grad[1], grad[2], db, dh0, work, &s, 1);
+  else k_lstm_grad(fin[0], fin[1], fin[2], b, h0, c0, fgy, fgh, fgc, grad[0], grad[1], grad[2], db, dh0, dc0, work, &s, 1);
+  const char *what[6] = {"dX", "dW", "dR", "dB", "dinitial_h", "dinitial_c"};
+  for (int k = 0; k < 6; k++)
+    for (int i = 0; i < sizes[k]; i++) {
+      if ((k == 3 && !c->bias) || (k >= 4 && !c->h0) || (k == 5 && c->gru)) break;
+      double keep = din[k][i], e = 1e-6;
+      din[k][i] = keep + e;
+      double lp = rnn_loss(c, dp, gy, gh, gc);
+      din[k][i] = keep - e;
+      double fd = (lp - rnn_loss(c, dp, gy, gh, gc)) / (2 * e);
+      din[k][i] = keep;
+      CHECK(fabs(grad[k][i] - 0.25 - fd) <= 2e-5 * (1 + fabs(fd)), "%s layout %d h0 %d: %s[%d] - 0.25 = %.9g, finite differences %.9g\n",
+            name, c->layout, c->h0, what[k], i, grad[k][i] - 0.25, fd);
+    }
+  /* acc = 0 overwrites dX; a NULL dY (only Y_h read) is a zero gradient. */
+  float dx0[RT * RB * RI], zy[RT * RB * RH * RD] = {0};
+  for (int i = 0; i < RT * RB * RI; i++) dx0[i] = 7;
+  float dx1[RT * RB * RI];
+  if (c->gru) {
+    k_gru_grad(fin[0], fin[1], fin[2], b, h0, NULL, fgh, dx0, NULL, NULL, NULL, NULL, work, &s, 0);
+    k_gru_grad(fin[0], fin[1], fin[2], b, h0, zy, fgh, dx1, NULL, NULL, NULL, NULL, work, &s, 0);
+  } else {
+    k_lstm_grad(fin[0], fin[1], fin[2], b, h0, c0, NULL, fgh, NULL, dx0, NULL, NULL, NULL, NULL, NULL, work, &s, 0);
+    k_lstm_grad(fin[0], fin[1], fin[2], b, h0, c0, zy, fgh, NULL, dx1, NULL, NULL, NULL, NULL, NULL, work, &s, 0);
+  }
+  CHECK(!memcmp(dx0, dx1, sizeof dx0), "%s layout %d: dY = NULL differs from dY = 0 (or acc = 0 kept dX)\n", name, c->layout);
+  OK_IF_NONE_FAILED(since, "%s %s layout %d, %s initial state, %s bias: forward vs double, dX/dW/dR/dB/dinitial_h/dinitial_c vs finite "
+                    "differences, acc\n", name, dirs[c->dir], c->layout, c->h0 ? "given" : "zero", c->bias ? "with" : "no");
+}
+
 int main(void) {
   make_inputs();
   test_nan();
@@ -723,6 +860,10 @@ int main(void) {
   test_compare();
   for (int mask = 1; mask < 8; mask++) test_reduce_max(mask);
   test_argmax();
+  const RnnCase rnns[] = {{0, 0, 0, 0, 1, 0}, {0, 0, 1, 1, 1, 0}, {0, 0, 0, 1, 0, 0}, {1, 1, 0, 0, 1, 0}, {1, 0, 0, 1, 1, 0},
+                          {1, 0, 1, 0, 1, 0}, {1, 1, 1, 1, 0, 0}, {0, 0, 0, 1, 1, 2}, {0, 0, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 2},
+                          {1, 0, 0, 0, 1, 1}, {1, 0, 1, 1, 0, 2}};
+  for (size_t i = 0; i < sizeof rnns / sizeof rnns[0]; i++) test_rnn(&rnns[i]);
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
 }

@@ -783,7 +783,7 @@ const OpDef OPS_MOVEMENT[] = {
     {"Concat", "movement", concat_check, concat_fold, 0xffffffffu, STASH_NONE, NULL, 0, concat_fwd, concat_bwd, NULL, 0, 0},
     {"Pad", "movement", pad_infer, NULL, 1, STASH_NONE, NULL, 0, pad_fwd, pad_bwd, NULL, 0, 0},
     {"Gather", "movement", gather_infer, gather_fold, 1, STASH_INPUTS, NULL, 0, gather_fwd, gather_bwd, NULL, 0, 0},
-    {"Slice", "movement", slice_infer, slice_fold, 1, STASH_NONE, NULL, 0, slice_fwd, view_bwd, NULL, 0, 0},
+    {"Slice", "movement", slice_infer, slice_fold, 1, STASH_NONE, NULL, 0, slice_fwd, view_bwd, NULL, 0, OPF_READS_PART},
     {"Expand", "movement", expand_infer, expand_fold, 1, STASH_NONE, NULL, 0, expand_fwd, view_bwd, NULL, 0, 0},
     {"Tile", "movement", tile_infer, tile_fold, 1, STASH_NONE, NULL, 0, tile_fwd, view_bwd, NULL, 0, 0},
     /* Cast's gradient is a copy: it reaches only float -> float casts (an integer carries none). */
