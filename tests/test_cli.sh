@@ -172,6 +172,11 @@ save("slice_tokens", [helper.make_node("Slice", ["tokens", "s0", "s1", "ax"], ["
 save("cast_double", [helper.make_node("Cast", ["x"], ["d"], name="to_double", to=TensorProto.DOUBLE),
                      helper.make_node("Cast", ["d"], ["y"], name="back", to=TensorProto.FLOAT)],
      [vi("x", ["batch", 4])], [vi("y", ["batch", 4])], [])
+# 23: windows the kernels do not run: a 4-D convolution, an auto_pad ONNX does not define.
+save("conv_4d", [helper.make_node("Conv", ["x", "w"], ["y"], name="conv4d", kernel_shape=[2, 2, 2, 2])],
+     [vi("x", ["batch", 1, 3, 3, 3, 3])], [vi("y", ["batch", 2, 2, 2, 2, 2])], [w("w", 2, 1, 2, 2, 2, 2)])
+save("pool_autopad_same", [helper.make_node("MaxPool", ["x"], ["y"], name="pool_same", kernel_shape=[2], auto_pad="SAME")],
+     [vi("x", ["batch", 2, 6])], [vi("y", ["batch", 2, 6])], [])
 EOF
   notok "setup" "could not write the broken models with $PY"
   echo "$PASS passed, $FAIL failed"
@@ -282,6 +287,8 @@ fail_case "19 LeakyRelu alpha +Inf" "leaky_inf" "alpha" "Inf" -- "$M/leaky_inf.o
 fail_case "20 control characters in a name stay escaped on one line" 'evil\nnode\x1b[31m' -- "$M/name_controls.onnx" -o @OUT@
 fail_case "22 Slice of int64 values at run time" "slice_ids" "Slice" "float" "int64" -- "$M/slice_tokens.onnx" -o @OUT@
 fail_case "22 Cast to double at run time" "to_double" "Cast" "float64" -- "$M/cast_double.onnx" -o @OUT@
+fail_case "23 a 4-D convolution" "conv4d" "Conv" "4 spatial dims" "3-D" -- "$M/conv_4d.onnx" -o @OUT@
+fail_case "23 auto_pad SAME (not an ONNX value)" "pool_same" "MaxPool" "auto_pad 'SAME'" -- "$M/pool_autopad_same.onnx" -o @OUT@
 fail_case "19 --lr 1e999" "--lr" "1e999" "finite" -- "$MLP" --lr 1e999 -o @OUT@
 fail_case "19 --lr inf" "--lr" "inf" "finite" -- "$MLP" --lr inf -o @OUT@
 fail_case "19 --momentum nan" "--momentum" "nan" -- "$MLP" --momentum nan -o @OUT@
