@@ -155,15 +155,15 @@ PR_INLINE void k_im2col(const float *x, float *col, const ConvShape *s) {
         for (int kj = 0; kj < s->kw; kj++) {
           float *row = col + ((((int64_t)ci * s->kd + kz) * s->kh + ki) * s->kw + kj) * sp;
           for (int oz = 0; oz < s->od; oz++) {
-            int iz = oz * s->sd - s->pd + kz * s->dd;
+            /* The depth test stays out of the inner loops, which then are the 2-D ones. */
+            int iz = oz * s->sd - s->pd + kz * s->dd, zin = iz >= 0 && iz < s->d;
+            const float *xz = x + ((int64_t)ci * s->d + (zin ? iz : 0)) * s->h * s->w;
+            float *rz = row + (int64_t)oz * s->oh * s->ow;
             for (int oy = 0; oy < s->oh; oy++) {
               int iy = oy * s->sh - s->ph + ki * s->dh;
-              float *r = row + ((int64_t)oz * s->oh + oy) * s->ow;
               for (int ox = 0; ox < s->ow; ox++) {
                 int ix = ox * s->sw - s->pw + kj * s->dw;
-                r[ox] = iz >= 0 && iz < s->d && iy >= 0 && iy < s->h && ix >= 0 && ix < s->w
-                            ? x[(((int64_t)ci * s->d + iz) * s->h + iy) * s->w + ix]
-                            : 0;
+                rz[oy * s->ow + ox] = zin && iy >= 0 && iy < s->h && ix >= 0 && ix < s->w ? xz[(int64_t)iy * s->w + ix] : 0;
               }
             }
           }
@@ -180,13 +180,14 @@ PR_INLINE void k_col2im_add(const float *col, float *dx, const ConvShape *s) {
           for (int oz = 0; oz < s->od; oz++) {
             int iz = oz * s->sd - s->pd + kz * s->dd;
             if (iz < 0 || iz >= s->d) continue;
+            float *dz = dx + ((int64_t)ci * s->d + iz) * s->h * s->w;
+            const float *rz = row + (int64_t)oz * s->oh * s->ow;
             for (int oy = 0; oy < s->oh; oy++) {
               int iy = oy * s->sh - s->ph + ki * s->dh;
               if (iy < 0 || iy >= s->h) continue;
-              const float *r = row + ((int64_t)oz * s->oh + oy) * s->ow;
               for (int ox = 0; ox < s->ow; ox++) {
                 int ix = ox * s->sw - s->pw + kj * s->dw;
-                if (ix >= 0 && ix < s->w) dx[(((int64_t)ci * s->d + iz) * s->h + iy) * s->w + ix] += r[ox];
+                if (ix >= 0 && ix < s->w) dz[(int64_t)iy * s->w + ix] += rz[oy * s->ow + ox];
               }
             }
           }
