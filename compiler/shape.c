@@ -174,6 +174,7 @@ int window_slots(const Node *n, const Window *w, const Tensor *x, const Tensor *
     ws->k[i] = a < 0 ? 1 : w->k[a];
     ws->s[i] = a < 0 ? 1 : w->s[a];
     ws->pb[i] = a < 0 ? 0 : w->pb[a];
+    ws->pe[i] = a < 0 ? 0 : w->pe[a];
     ws->d[i] = a < 0 ? 1 : w->d[a];
   }
   return 0;

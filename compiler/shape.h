@@ -43,7 +43,7 @@ int window_out(const Node *n, const Tensor *x, const Window *w, int ceil_mode, i
  * serves every rank and a 2-D one loops exactly as before. */
 #define WIN_SLOTS 3
 typedef struct WinSlots {
-  int64_t in[WIN_SLOTS], out[WIN_SLOTS], k[WIN_SLOTS], s[WIN_SLOTS], pb[WIN_SLOTS], d[WIN_SLOTS];
+  int64_t in[WIN_SLOTS], out[WIN_SLOTS], k[WIN_SLOTS], s[WIN_SLOTS], pb[WIN_SLOTS], pe[WIN_SLOTS], d[WIN_SLOTS];
 } WinSlots;
 /* Fills ws from w, input x and output y; -1 after node_err() for more than 3 spatial dims. */
 int window_slots(const Node *n, const Window *w, const Tensor *x, const Tensor *y, WinSlots *ws);

@@ -243,6 +243,7 @@ PR_INLINE void k_conv_grad(const float *x, const float *w, const float *dy, floa
 typedef struct PoolShape {
   int n, c, d, h, w, od, oh, ow;
   int kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw;
+  int ed, eh, ew;        /* end pads: count_include_pad counts a window only up to them */
   int count_include_pad; /* AveragePool */
 } PoolShape;
 
@@ -301,9 +302,20 @@ PR_INLINE void k_maxpool_grad(const float *x, const float *dy, float *dx, const 
   })
 }
 
-/* The divisor of output (oz, oy, ox): the whole window, or its elements inside the input. */
+/* How many of a window's k taps (dilation dl) from padded position at come before limit. */
+PR_INLINE int pool_taps(int at, int k, int dl, int limit) {
+  int t = (limit - at + dl - 1) / dl;
+  return t < k ? t : k;
+}
+
+/* The divisor of output (oz, oy, ox): with count_include_pad, the window's
+ * elements inside the padded input (all of them, unless ceil_mode let the
+ * last window run past the end pad: PyTorch and ONNX's reference clip it
+ * there); without, its elements inside the input. */
 PR_INLINE int pool_count(const PoolShape *s, int oz, int oy, int ox) {
-  if (s->count_include_pad) return s->kd * s->kh * s->kw;
+  if (s->count_include_pad)
+    return pool_taps(oz * s->sd, s->kd, s->dd, s->pd + s->d + s->ed) * pool_taps(oy * s->sh, s->kh, s->dh, s->ph + s->h + s->eh) *
+           pool_taps(ox * s->sw, s->kw, s->dw, s->pw + s->w + s->ew);
   int c = 0;
   POOL_WINDOW(s, 0, oz, oy, ox, { (void)k, c++; });
   return c ? c : 1;

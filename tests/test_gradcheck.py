@@ -764,6 +764,18 @@ def _(g):
     g.head(g.node("AveragePool", [g.stem([3, 12])], kernel_shape=[3], strides=[2], ceil_mode=1))
 
 
+@case("AveragePool", "1-D k=3 stride=2 pads=1 ceil_mode=1 count_include_pad=1 (last window past the end pad)")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([3, 6])], kernel_shape=[3], strides=[2], pads=[1, 1], ceil_mode=1,
+                  count_include_pad=1))
+
+
+@case("AveragePool", "2x3 strides=[2,2] pads=[1,0,0,1] ceil_mode=1 count_include_pad=1")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([2, 6, 6])], kernel_shape=[2, 3], strides=[2, 2], pads=[1, 0, 0, 1], ceil_mode=1,
+                  count_include_pad=1))
+
+
 @case("AveragePool", "3-D 2x2x2 stride=2")
 def _(g):
     g.head(g.node("AveragePool", [g.stem([2, 4, 6, 6])], kernel_shape=[2, 2, 2], strides=[2, 2, 2]))

@@ -430,7 +430,15 @@ static void test_cast(void) {
 typedef struct WinCase {
   const char *what;
   int n, c, m, group, in[3], k[3], s[3], p[3], dl[3], out[3];
+  int e[3]; /* end pads: only the pools' count_include_pad reads them */
 } WinCase;
+
+/* Window element kk of output o in the padded input: inside its end pad (count_include_pad counts it)? */
+static int win_padded(const WinCase *t, const int *o, const int *kk) {
+  for (int a = 0; a < 3; a++)
+    if (o[a] * t->s[a] + kk[a] * t->dl[a] >= t->p[a] + t->in[a] + t->e[a]) return 0;
+  return 1;
+}
 
 /* The input offset (within one channel plane) of output o's window element kk, or -1 in the padding. */
 static int64_t win_at(const WinCase *t, const int *o, const int *kk) {
@@ -517,25 +525,27 @@ static void test_pool(const WinCase *t, int count_include_pad) {
   for (int64_t nc = 0; nc < (int64_t)t->n * t->c; nc++)
     for (int64_t oi = 0; oi < osp; oi++) {
       double best = -INFINITY, sum = 0;
-      int64_t arg = -1, cnt = 0;
+      int64_t arg = -1, cnt = 0, cnt_pad = 0;
       for (int pass = 0; pass < 2; pass++) /* pass 1 spreads the average's gradient once cnt is known */
         for (int64_t ki = 0; ki < ksz; ki++) {
           int o[3], kk[3];
           unflat3(oi, t->out, o), unflat3(ki, t->k, kk);
           int64_t at = win_at(t, o, kk);
+          if (!pass) cnt_pad += win_padded(t, o, kk);
           if (at < 0) continue;
           if (pass) {
-            rdavg[nc * isp + at] += dy[nc * osp + oi] / (double)(count_include_pad ? ksz : cnt);
+            rdavg[nc * isp + at] += dy[nc * osp + oi] / (double)(count_include_pad ? cnt_pad : cnt);
             continue;
           }
           if (x[nc * isp + at] > best) best = x[nc * isp + at], arg = nc * isp + at;
           sum += x[nc * isp + at], cnt++;
         }
-      rmax[nc * osp + oi] = best, ravg[nc * osp + oi] = sum / (double)(count_include_pad ? ksz : cnt);
+      rmax[nc * osp + oi] = best, ravg[nc * osp + oi] = sum / (double)(count_include_pad ? cnt_pad : cnt);
       rdmax[arg] += dy[nc * osp + oi];
     }
   PoolShape s = {t->n, t->c, t->in[0], t->in[1], t->in[2], t->out[0], t->out[1], t->out[2], t->k[0], t->k[1], t->k[2],
-                 t->s[0], t->s[1], t->s[2], t->p[0], t->p[1], t->p[2], t->dl[0], t->dl[1], t->dl[2], count_include_pad};
+                 t->s[0], t->s[1], t->s[2], t->p[0], t->p[1], t->p[2], t->dl[0], t->dl[1], t->dl[2], t->e[0], t->e[1], t->e[2],
+                 count_include_pad};
   k_maxpool(x, y, &s);
   double e1 = max_rel(y, rmax, ny);
   k_maxpool_grad(x, dy, dx, &s, 0);
@@ -585,14 +595,18 @@ int main(void) {
   };
   for (size_t i = 0; i < sizeof views / sizeof views[0]; i++) test_view(&views[i]);
   test_cast();
-  /* what, n, c, m, group, in, kernel, strides, begin pads, dilations, out (= (in + pads - (k-1)*d - 1) / s + 1) */
+  /* what, n, c, m, group, in, kernel, strides, begin pads, dilations, out (= (in + pads - (k-1)*d - 1) / s + 1,
+   * or rounded up: ceil_mode), end pads */
   const WinCase wins[] = {
-      {"1-D k=3 s=2 pad=1", 2, 4, 6, 1, {1, 1, 11}, {1, 1, 3}, {1, 1, 2}, {0, 0, 1}, {1, 1, 1}, {1, 1, 6}},
-      {"1-D k=3 d=2 group=2", 2, 4, 6, 2, {1, 1, 10}, {1, 1, 3}, {1, 1, 1}, {0, 0, 2}, {1, 1, 2}, {1, 1, 10}},
-      {"2-D 3x2 s=[2,1] pads=[1,0]", 2, 3, 4, 1, {1, 7, 6}, {1, 3, 2}, {1, 2, 1}, {0, 1, 0}, {1, 1, 1}, {1, 4, 5}},
-      {"3-D 3x3x3 s=[1,2,2] pad=1", 2, 2, 4, 1, {5, 6, 6}, {3, 3, 3}, {1, 2, 2}, {1, 1, 1}, {1, 1, 1}, {5, 3, 3}},
-      {"3-D 2x3x2 group=2 d=[2,1,1] pads=[1,1,0]", 1, 4, 4, 2, {5, 5, 5}, {2, 3, 2}, {1, 1, 1}, {1, 1, 0}, {2, 1, 1}, {5, 5, 4}},
-      {"3-D 2x2x3 s=2 (odd sizes)", 2, 3, 3, 3, {5, 4, 7}, {2, 2, 3}, {2, 2, 2}, {0, 1, 1}, {1, 1, 1}, {2, 2, 4}},
+      {"1-D k=3 s=2 pad=1", 2, 4, 6, 1, {1, 1, 11}, {1, 1, 3}, {1, 1, 2}, {0, 0, 1}, {1, 1, 1}, {1, 1, 6}, {0, 0, 1}},
+      {"1-D k=3 d=2 group=2", 2, 4, 6, 2, {1, 1, 10}, {1, 1, 3}, {1, 1, 1}, {0, 0, 2}, {1, 1, 2}, {1, 1, 10}, {0, 0, 2}},
+      {"2-D 3x2 s=[2,1] pads=[1,0]", 2, 3, 4, 1, {1, 7, 6}, {1, 3, 2}, {1, 2, 1}, {0, 1, 0}, {1, 1, 1}, {1, 4, 5}, {0, 1, 0}},
+      {"3-D 3x3x3 s=[1,2,2] pad=1", 2, 2, 4, 1, {5, 6, 6}, {3, 3, 3}, {1, 2, 2}, {1, 1, 1}, {1, 1, 1}, {5, 3, 3}, {1, 1, 1}},
+      {"3-D 2x3x2 group=2 d=[2,1,1] pads=[1,1,0]", 1, 4, 4, 2, {5, 5, 5}, {2, 3, 2}, {1, 1, 1}, {1, 1, 0}, {2, 1, 1}, {5, 5, 4}, {1, 1, 0}},
+      {"3-D 2x2x3 s=2 (odd sizes)", 2, 3, 3, 3, {5, 4, 7}, {2, 2, 3}, {2, 2, 2}, {0, 1, 1}, {1, 1, 1}, {2, 2, 4}, {0, 1, 1}},
+      /* ceil_mode: the last windows run past the end pads, which count_include_pad must not count */
+      {"1-D k=3 s=2 pads=1 ceil_mode", 2, 2, 2, 1, {1, 1, 6}, {1, 1, 3}, {1, 1, 2}, {0, 0, 1}, {1, 1, 1}, {1, 1, 4}, {0, 0, 1}},
+      {"3-D 2x3x2 s=2 pads=[1,0,1|0,1,0] ceil_mode", 1, 2, 2, 1, {4, 6, 5}, {2, 3, 2}, {2, 2, 2}, {1, 0, 1}, {1, 1, 1}, {3, 3, 3}, {0, 1, 0}},
   };
   for (size_t i = 0; i < sizeof wins / sizeof wins[0]; i++) {
     test_conv(&wins[i]);

@@ -33,10 +33,9 @@ static int global_infer(Graph *g, Node *n) {
 }
 
 /* A global pool is the window that covers the whole input once. */
-static int global_window(const Node *n, const Tensor *X, Window *w) {
+static int global_window(const Tensor *X, Window *w) {
   w->nsp = X->rank - 2;
   for (int i = 0; i < w->nsp; i++) w->k[i] = X->dims[i + 2], w->s[i] = w->d[i] = 1, w->pb[i] = w->pe[i] = 0;
-  (void)n;
   return 0;
 }
 
@@ -46,13 +45,13 @@ static int pool_fwd(Emit *e, const Node *n, int j) {
   Window w;
   WinSlots ws; /* pads resolved here from auto_pad and the static shapes */
   attr_ints(n, "kernel_shape", kernel, MAX_RANK);
-  if (n->def->code == POOL_GLOBAL ? global_window(n, X, &w) : window_attrs(n, X, kernel, &w)) return -1;
+  if (n->def->code == POOL_GLOBAL ? global_window(X, &w) : window_attrs(n, X, kernel, &w)) return -1;
   if (window_slots(n, &w, X, Y, &ws)) return -1;
   int ps = SHAPE(e, "PoolShape", em_name(e, "POOL_%d", j), A_INT(X->dims[0]), A_INT(X->dims[1]), A_INT(ws.in[0]),
                  A_INT(ws.in[1]), A_INT(ws.in[2]), A_INT(ws.out[0]), A_INT(ws.out[1]), A_INT(ws.out[2]), A_INT(ws.k[0]),
                  A_INT(ws.k[1]), A_INT(ws.k[2]), A_INT(ws.s[0]), A_INT(ws.s[1]), A_INT(ws.s[2]), A_INT(ws.pb[0]),
-                 A_INT(ws.pb[1]), A_INT(ws.pb[2]), A_INT(ws.d[0]), A_INT(ws.d[1]), A_INT(ws.d[2]),
-                 A_INT(attr_int(n, "count_include_pad", 0)));
+                 A_INT(ws.pb[1]), A_INT(ws.pb[2]), A_INT(ws.d[0]), A_INT(ws.d[1]), A_INT(ws.d[2]), A_INT(ws.pe[0]),
+                 A_INT(ws.pe[1]), A_INT(ws.pe[2]), A_INT(attr_int(n, "count_include_pad", 0)));
   CALL(e, PH_FWD, n->def->code == POOL_MAX ? K_MAXPOOL : K_AVGPOOL, n, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)),
        A_CONST(ps));
   return 0;
