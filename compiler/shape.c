@@ -113,7 +113,7 @@ int broadcast_outputs(Graph *g, Node *n, int first, int count, int out_dtype) {
   return 0;
 }
 
-int window_attrs(Node *n, const Tensor *x, const int64_t *kernel, Window *w) {
+int window_attrs(const Node *n, const Tensor *x, const int64_t *kernel, Window *w) {
   w->nsp = x->rank - 2;
   int64_t tmp[2 * MAX_RANK];
   for (int i = 0; i < w->nsp; i++) w->k[i] = kernel[i], w->s[i] = 1, w->d[i] = 1, w->pb[i] = w->pe[i] = 0;
@@ -150,7 +150,7 @@ int window_attrs(Node *n, const Tensor *x, const int64_t *kernel, Window *w) {
   return 0;
 }
 
-int window_out(Node *n, const Tensor *x, const Window *w, int ceil_mode, int64_t *out) {
+int window_out(const Node *n, const Tensor *x, const Window *w, int ceil_mode, int64_t *out) {
   for (int i = 0; i < w->nsp; i++) {
     int64_t span = x->dims[i + 2] + w->pb[i] + w->pe[i] - ((w->k[i] - 1) * w->d[i] + 1);
     if (span < 0)
@@ -160,6 +160,22 @@ int window_out(Node *n, const Tensor *x, const Window *w, int ceil_mode, int64_t
     /* As PyTorch and ONNX's reference: a last window that starts in the end padding is dropped. */
     if (ceil_mode && (o - 1) * w->s[i] >= x->dims[i + 2] + w->pb[i]) o--;
     out[i] = o;
+  }
+  return 0;
+}
+
+int window_slots(const Node *n, const Window *w, const Tensor *x, const Tensor *y, WinSlots *ws) {
+  if (w->nsp < 1 || w->nsp > WIN_SLOTS)
+    return node_err(n, "%d spatial dims: only 1-D, 2-D and 3-D windows run", w->nsp);
+  for (int i = 0; i < WIN_SLOTS; i++) {
+    int a = i - (WIN_SLOTS - w->nsp); /* the window's axis in slot i; < 0: a unit slot */
+    ws->in[i] = a < 0 ? 1 : x->dims[a + 2];
+    ws->out[i] = a < 0 ? 1 : y->dims[a + 2];
+    ws->k[i] = a < 0 ? 1 : w->k[a];
+    ws->s[i] = a < 0 ? 1 : w->s[a];
+    ws->pb[i] = a < 0 ? 0 : w->pb[a];
+    ws->pe[i] = a < 0 ? 0 : w->pe[a];
+    ws->d[i] = a < 0 ? 1 : w->d[a];
   }
   return 0;
 }

@@ -33,7 +33,18 @@ typedef struct Window {
   int64_t k[MAX_RANK], s[MAX_RANK], d[MAX_RANK], pb[MAX_RANK], pe[MAX_RANK];
 } Window;
 /* Fills w from strides, dilations and pads or auto_pad for kernel sizes `kernel`. */
-int window_attrs(Node *n, const Tensor *x, const int64_t *kernel, Window *w);
+int window_attrs(const Node *n, const Tensor *x, const int64_t *kernel, Window *w);
 /* The spatial output sizes (floor, or ceil as PyTorch and ONNX define ceil_mode). */
-int window_out(Node *n, const Tensor *x, const Window *w, int ceil_mode, int64_t *out);
+int window_out(const Node *n, const Tensor *x, const Window *w, int ceil_mode, int64_t *out);
+
+/* A window as the run-time kernels take it (ConvShape, PoolShape): three
+ * spatial slots, depth, height, width.  A 1-D or 2-D window fills the last
+ * slots and the ones before are unit (size 1, stride 1, pad 0), so one kernel
+ * serves every rank and a 2-D one loops exactly as before. */
+#define WIN_SLOTS 3
+typedef struct WinSlots {
+  int64_t in[WIN_SLOTS], out[WIN_SLOTS], k[WIN_SLOTS], s[WIN_SLOTS], pb[WIN_SLOTS], pe[WIN_SLOTS], d[WIN_SLOTS];
+} WinSlots;
+/* Fills ws from w, input x and output y; -1 after node_err() for more than 3 spatial dims. */
+int window_slots(const Node *n, const Window *w, const Tensor *x, const Tensor *y, WinSlots *ws);
 #endif

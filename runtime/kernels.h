@@ -130,53 +130,75 @@ static inline void k_pad_grad(const float *dy, float *dx, const PadShape *s, int
   for (int64_t i = 0; i < nx; i++) dx[i] = acc ? dx[i] + dy[pad_offset(s, i)] : dy[pad_offset(s, i)];
 }
 
-/* ---- 2-D convolution through im2col + GEMM ---- */
+/* ---- convolution (1-D, 2-D, 3-D) through im2col + GEMM ----
+ * One kernel for every rank: the compiler puts 1-D and 2-D convolutions in
+ * the last spatial slots (d = kd = od = 1 and, for 1-D, h = kh = oh = 1), so
+ * the unit loops fold away in the specialised code and a 2-D convolution
+ * performs exactly the arithmetic it did before 3-D existed. */
 typedef struct ConvShape {
-  int n, c, h, w;        /* input */
-  int m, kh, kw, group;  /* weight [m, c/group, kh, kw] */
-  int oh, ow;            /* output */
-  int sh, sw, ph, pw, dh, dw; /* strides, begin pads, dilations */
+  int n, c, d, h, w;            /* input [n, c, d, h, w] */
+  int m, kd, kh, kw, group;     /* weight [m, c/group, kd, kh, kw] */
+  int od, oh, ow;               /* output */
+  int sd, sh, sw, pd, ph, pw;   /* strides, begin pads */
+  int dd, dh, dw;               /* dilations */
 } ConvShape;
 
-/* col[(c/g)*kh*kw, oh*ow] for one sample and group; zero where the window is in the padding. */
+PR_INLINE int64_t conv_in_sp(const ConvShape *s) { return (int64_t)s->d * s->h * s->w; }
+PR_INLINE int conv_out_sp(const ConvShape *s) { return s->od * s->oh * s->ow; }
+
+/* col[(c/g)*kd*kh*kw, od*oh*ow] for one sample and group; zero where the window is in the padding. */
 PR_INLINE void k_im2col(const float *x, float *col, const ConvShape *s) {
-  int cg = s->c / s->group;
+  int cg = s->c / s->group, sp = conv_out_sp(s);
   for (int ci = 0; ci < cg; ci++)
-    for (int ki = 0; ki < s->kh; ki++)
-      for (int kj = 0; kj < s->kw; kj++) {
-        float *row = col + ((int64_t)(ci * s->kh + ki) * s->kw + kj) * s->oh * s->ow;
-        for (int oy = 0; oy < s->oh; oy++) {
-          int iy = oy * s->sh - s->ph + ki * s->dh;
-          for (int ox = 0; ox < s->ow; ox++) {
-            int ix = ox * s->sw - s->pw + kj * s->dw;
-            row[oy * s->ow + ox] = iy >= 0 && iy < s->h && ix >= 0 && ix < s->w ? x[((int64_t)ci * s->h + iy) * s->w + ix] : 0;
+    for (int kz = 0; kz < s->kd; kz++)
+      for (int ki = 0; ki < s->kh; ki++)
+        for (int kj = 0; kj < s->kw; kj++) {
+          float *row = col + ((((int64_t)ci * s->kd + kz) * s->kh + ki) * s->kw + kj) * sp;
+          for (int oz = 0; oz < s->od; oz++) {
+            /* The depth test stays out of the inner loops, which then are the 2-D ones. */
+            int iz = oz * s->sd - s->pd + kz * s->dd, zin = iz >= 0 && iz < s->d;
+            const float *xz = x + ((int64_t)ci * s->d + (zin ? iz : 0)) * s->h * s->w;
+            float *rz = row + (int64_t)oz * s->oh * s->ow;
+            for (int oy = 0; oy < s->oh; oy++) {
+              int iy = oy * s->sh - s->ph + ki * s->dh;
+              for (int ox = 0; ox < s->ow; ox++) {
+                int ix = ox * s->sw - s->pw + kj * s->dw;
+                rz[oy * s->ow + ox] = zin && iy >= 0 && iy < s->h && ix >= 0 && ix < s->w ? xz[(int64_t)iy * s->w + ix] : 0;
+              }
+            }
           }
         }
-      }
 }
 
 PR_INLINE void k_col2im_add(const float *col, float *dx, const ConvShape *s) {
-  int cg = s->c / s->group;
+  int cg = s->c / s->group, sp = conv_out_sp(s);
   for (int ci = 0; ci < cg; ci++)
-    for (int ki = 0; ki < s->kh; ki++)
-      for (int kj = 0; kj < s->kw; kj++) {
-        const float *row = col + ((int64_t)(ci * s->kh + ki) * s->kw + kj) * s->oh * s->ow;
-        for (int oy = 0; oy < s->oh; oy++) {
-          int iy = oy * s->sh - s->ph + ki * s->dh;
-          if (iy < 0 || iy >= s->h) continue;
-          for (int ox = 0; ox < s->ow; ox++) {
-            int ix = ox * s->sw - s->pw + kj * s->dw;
-            if (ix >= 0 && ix < s->w) dx[((int64_t)ci * s->h + iy) * s->w + ix] += row[oy * s->ow + ox];
+    for (int kz = 0; kz < s->kd; kz++)
+      for (int ki = 0; ki < s->kh; ki++)
+        for (int kj = 0; kj < s->kw; kj++) {
+          const float *row = col + ((((int64_t)ci * s->kd + kz) * s->kh + ki) * s->kw + kj) * sp;
+          for (int oz = 0; oz < s->od; oz++) {
+            int iz = oz * s->sd - s->pd + kz * s->dd;
+            if (iz < 0 || iz >= s->d) continue;
+            float *dz = dx + ((int64_t)ci * s->d + iz) * s->h * s->w;
+            const float *rz = row + (int64_t)oz * s->oh * s->ow;
+            for (int oy = 0; oy < s->oh; oy++) {
+              int iy = oy * s->sh - s->ph + ki * s->dh;
+              if (iy < 0 || iy >= s->h) continue;
+              for (int ox = 0; ox < s->ow; ox++) {
+                int ix = ox * s->sw - s->pw + kj * s->dw;
+                if (ix >= 0 && ix < s->w) dz[(int64_t)iy * s->w + ix] += rz[oy * s->ow + ox];
+              }
+            }
           }
         }
-      }
 }
 
 PR_INLINE void k_conv(const float *x, const float *w, const float *b, float *y, float *col, const ConvShape *s) {
-  int cg = s->c / s->group, mg = s->m / s->group, kk = cg * s->kh * s->kw, sp = s->oh * s->ow;
+  int cg = s->c / s->group, mg = s->m / s->group, kk = cg * s->kd * s->kh * s->kw, sp = conv_out_sp(s);
   for (int n = 0; n < s->n; n++)
     for (int g = 0; g < s->group; g++) {
-      const float *xg = x + ((int64_t)n * s->c + (int64_t)g * cg) * s->h * s->w;
+      const float *xg = x + ((int64_t)n * s->c + (int64_t)g * cg) * conv_in_sp(s);
       float *yg = y + ((int64_t)n * s->m + (int64_t)g * mg) * sp;
       k_im2col(xg, col, s);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mg, sp, kk, 1.0f, w + (int64_t)g * mg * kk, kk, col, sp, 0.0f, yg, sp);
@@ -190,13 +212,13 @@ PR_INLINE void k_conv(const float *x, const float *w, const float *b, float *y, 
  * dx or dw/db may be NULL when not needed. */
 PR_INLINE void k_conv_grad(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db, float *col,
                                const ConvShape *s, int acc_x, int acc_w) {
-  int cg = s->c / s->group, mg = s->m / s->group, kk = cg * s->kh * s->kw, sp = s->oh * s->ow;
-  if (dx && !acc_x) memset(dx, 0, sizeof(float) * (size_t)s->n * s->c * s->h * s->w);
+  int cg = s->c / s->group, mg = s->m / s->group, kk = cg * s->kd * s->kh * s->kw, sp = conv_out_sp(s);
+  if (dx && !acc_x) memset(dx, 0, sizeof(float) * (size_t)s->n * s->c * conv_in_sp(s));
   if (dw && !acc_w) memset(dw, 0, sizeof(float) * (size_t)s->m * kk);
   if (db && !acc_w) memset(db, 0, sizeof(float) * (size_t)s->m);
   for (int n = 0; n < s->n; n++)
     for (int g = 0; g < s->group; g++) {
-      const float *xg = x + ((int64_t)n * s->c + (int64_t)g * cg) * s->h * s->w;
+      const float *xg = x + ((int64_t)n * s->c + (int64_t)g * cg) * conv_in_sp(s);
       const float *dyg = dy + ((int64_t)n * s->m + (int64_t)g * mg) * sp;
       if (dw) {
         k_im2col(xg, col, s);
@@ -210,102 +232,109 @@ PR_INLINE void k_conv_grad(const float *x, const float *w, const float *dy, floa
         }
       if (dx) {
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kk, sp, mg, 1.0f, w + (int64_t)g * mg * kk, kk, dyg, sp, 0.0f, col, sp);
-        k_col2im_add(col, dx + ((int64_t)n * s->c + (int64_t)g * cg) * s->h * s->w, s);
+        k_col2im_add(col, dx + ((int64_t)n * s->c + (int64_t)g * cg) * conv_in_sp(s), s);
       }
     }
 }
 
-/* ---- pooling (2-D) ---- */
+/* ---- pooling (1-D, 2-D, 3-D) ----
+ * As for ConvShape, 1-D and 2-D windows sit in the last spatial slots with
+ * unit sizes before them. */
 typedef struct PoolShape {
-  int n, c, h, w, oh, ow, kh, kw, sh, sw, ph, pw, dh, dw;
+  int n, c, d, h, w, od, oh, ow;
+  int kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw;
+  int ed, eh, ew;        /* end pads: count_include_pad counts a window only up to them */
   int count_include_pad; /* AveragePool */
 } PoolShape;
 
-PR_INLINE void k_maxpool(const float *x, float *y, const PoolShape *s) {
-  for (int64_t nc = 0; nc < (int64_t)s->n * s->c; nc++)
-    for (int oy = 0; oy < s->oh; oy++)
-      for (int ox = 0; ox < s->ow; ox++) {
-        float best = -INFINITY;
-        for (int ki = 0; ki < s->kh; ki++) {
-          int iy = oy * s->sh - s->ph + ki * s->dh;
-          if (iy < 0 || iy >= s->h) continue;
-          for (int kj = 0; kj < s->kw; kj++) {
-            int ix = ox * s->sw - s->pw + kj * s->dw;
-            if (ix < 0 || ix >= s->w) continue;
-            float v = x[(nc * s->h + iy) * s->w + ix];
-            if (v > best || isnan(v)) best = v;
-          }
+/* Runs the statement given last with iz, iy, ix and k (the input's offset) for each input element
+ * of output (oz, oy, ox)'s window in channel plane nc, skipping the padding. */
+#define POOL_WINDOW(s, nc, oz, oy, ox, ...)                                         \
+  for (int kz = 0; kz < (s)->kd; kz++) {                                            \
+    int iz = (oz) * (s)->sd - (s)->pd + kz * (s)->dd;                               \
+    if (iz < 0 || iz >= (s)->d) continue;                                           \
+    for (int ki = 0; ki < (s)->kh; ki++) {                                          \
+      int iy = (oy) * (s)->sh - (s)->ph + ki * (s)->dh;                             \
+      if (iy < 0 || iy >= (s)->h) continue;                                         \
+      for (int kj = 0; kj < (s)->kw; kj++) {                                        \
+        int ix = (ox) * (s)->sw - (s)->pw + kj * (s)->dw;                           \
+        if (ix < 0 || ix >= (s)->w) continue;                                       \
+        int64_t k = (((nc) * (s)->d + iz) * (s)->h + iy) * (s)->w + ix;             \
+        __VA_ARGS__                                                                 \
+      }                                                                             \
+    }                                                                               \
+  }
+
+/* Runs the statement given last for each output element of every channel
+ * plane, in memory order: o is its offset. */
+#define POOL_OUTPUTS(s, ...)                                                        \
+  for (int64_t nc = 0; nc < (int64_t)(s)->n * (s)->c; nc++)                         \
+    for (int oz = 0; oz < (s)->od; oz++)                                            \
+      for (int oy = 0; oy < (s)->oh; oy++)                                          \
+        for (int ox = 0; ox < (s)->ow; ox++) {                                      \
+          int64_t o = ((nc * (s)->od + oz) * (s)->oh + oy) * (s)->ow + ox;          \
+          __VA_ARGS__                                                               \
         }
-        y[(nc * s->oh + oy) * s->ow + ox] = best;
-      }
+
+PR_INLINE size_t pool_in_numel(const PoolShape *s) { return (size_t)s->n * s->c * s->d * s->h * s->w; }
+
+PR_INLINE void k_maxpool(const float *x, float *y, const PoolShape *s) {
+  POOL_OUTPUTS(s, {
+    float best = -INFINITY;
+    POOL_WINDOW(s, nc, oz, oy, ox, {
+      if (x[k] > best || isnan(x[k])) best = x[k];
+    });
+    y[o] = best;
+  })
 }
 
 /* The gradient goes to the first maximum of each window, or to its last NaN,
  * as PyTorch's index does (it takes a NaN whenever it sees one). */
 PR_INLINE void k_maxpool_grad(const float *x, const float *dy, float *dx, const PoolShape *s, int acc) {
-  if (!acc) memset(dx, 0, sizeof(float) * (size_t)s->n * s->c * s->h * s->w);
-  for (int64_t nc = 0; nc < (int64_t)s->n * s->c; nc++)
-    for (int oy = 0; oy < s->oh; oy++)
-      for (int ox = 0; ox < s->ow; ox++) {
-        float best = -INFINITY;
-        int64_t at = -1;
-        for (int ki = 0; ki < s->kh; ki++) {
-          int iy = oy * s->sh - s->ph + ki * s->dh;
-          if (iy < 0 || iy >= s->h) continue;
-          for (int kj = 0; kj < s->kw; kj++) {
-            int ix = ox * s->sw - s->pw + kj * s->dw;
-            if (ix < 0 || ix >= s->w) continue;
-            int64_t k = (nc * s->h + iy) * s->w + ix;
-            if (at < 0 || x[k] > best || isnan(x[k])) best = x[k], at = k;
-          }
-        }
-        if (at >= 0) dx[at] += dy[(nc * s->oh + oy) * s->ow + ox];
-      }
+  if (!acc) memset(dx, 0, sizeof(float) * pool_in_numel(s));
+  POOL_OUTPUTS(s, {
+    float best = -INFINITY;
+    int64_t at = -1;
+    POOL_WINDOW(s, nc, oz, oy, ox, {
+      if (at < 0 || x[k] > best || isnan(x[k])) best = x[k], at = k;
+    });
+    if (at >= 0) dx[at] += dy[o];
+  })
 }
 
-PR_INLINE int pool_count(const PoolShape *s, int oy, int ox) {
-  if (s->count_include_pad) return s->kh * s->kw;
+/* How many of a window's k taps (dilation dl) from padded position at come before limit. */
+PR_INLINE int pool_taps(int at, int k, int dl, int limit) {
+  int t = (limit - at + dl - 1) / dl;
+  return t < k ? t : k;
+}
+
+/* The divisor of output (oz, oy, ox): with count_include_pad, the window's
+ * elements inside the padded input (all of them, unless ceil_mode let the
+ * last window run past the end pad: PyTorch and ONNX's reference clip it
+ * there); without, its elements inside the input. */
+PR_INLINE int pool_count(const PoolShape *s, int oz, int oy, int ox) {
+  if (s->count_include_pad)
+    return pool_taps(oz * s->sd, s->kd, s->dd, s->pd + s->d + s->ed) * pool_taps(oy * s->sh, s->kh, s->dh, s->ph + s->h + s->eh) *
+           pool_taps(ox * s->sw, s->kw, s->dw, s->pw + s->w + s->ew);
   int c = 0;
-  for (int ki = 0; ki < s->kh; ki++)
-    for (int kj = 0; kj < s->kw; kj++) {
-      int iy = oy * s->sh - s->ph + ki, ix = ox * s->sw - s->pw + kj;
-      c += iy >= 0 && iy < s->h && ix >= 0 && ix < s->w;
-    }
+  POOL_WINDOW(s, 0, oz, oy, ox, { (void)k, c++; });
   return c ? c : 1;
 }
 
 PR_INLINE void k_avgpool(const float *x, float *y, const PoolShape *s) {
-  for (int64_t nc = 0; nc < (int64_t)s->n * s->c; nc++)
-    for (int oy = 0; oy < s->oh; oy++)
-      for (int ox = 0; ox < s->ow; ox++) {
-        float sum = 0;
-        for (int ki = 0; ki < s->kh; ki++) {
-          int iy = oy * s->sh - s->ph + ki;
-          if (iy < 0 || iy >= s->h) continue;
-          for (int kj = 0; kj < s->kw; kj++) {
-            int ix = ox * s->sw - s->pw + kj;
-            if (ix >= 0 && ix < s->w) sum += x[(nc * s->h + iy) * s->w + ix];
-          }
-        }
-        y[(nc * s->oh + oy) * s->ow + ox] = sum / (float)pool_count(s, oy, ox);
-      }
+  POOL_OUTPUTS(s, {
+    float sum = 0;
+    POOL_WINDOW(s, nc, oz, oy, ox, { sum += x[k]; });
+    y[o] = sum / (float)pool_count(s, oz, oy, ox);
+  })
 }
 
 PR_INLINE void k_avgpool_grad(const float *dy, float *dx, const PoolShape *s, int acc) {
-  if (!acc) memset(dx, 0, sizeof(float) * (size_t)s->n * s->c * s->h * s->w);
-  for (int64_t nc = 0; nc < (int64_t)s->n * s->c; nc++)
-    for (int oy = 0; oy < s->oh; oy++)
-      for (int ox = 0; ox < s->ow; ox++) {
-        float g = dy[(nc * s->oh + oy) * s->ow + ox] / (float)pool_count(s, oy, ox);
-        for (int ki = 0; ki < s->kh; ki++) {
-          int iy = oy * s->sh - s->ph + ki;
-          if (iy < 0 || iy >= s->h) continue;
-          for (int kj = 0; kj < s->kw; kj++) {
-            int ix = ox * s->sw - s->pw + kj;
-            if (ix >= 0 && ix < s->w) dx[(nc * s->h + iy) * s->w + ix] += g;
-          }
-        }
-      }
+  if (!acc) memset(dx, 0, sizeof(float) * pool_in_numel(s));
+  POOL_OUTPUTS(s, {
+    float g = dy[o] / (float)pool_count(s, oz, oy, ox);
+    POOL_WINDOW(s, nc, oz, oy, ox, { dx[k] += g; });
+  })
 }
 
 /* ---- elementwise binary ops with numpy broadcasting ---- */

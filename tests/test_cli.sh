@@ -194,6 +194,11 @@ rnn("gru_relu", "GRU", activations=["Relu", "Tanh"])
 rnn("lstm_input_forget", "LSTM", input_forget=1)
 rnn("lstm_peepholes", "LSTM", ["", "", "", "P"], [w("P", 1, 6)])
 rnn("gru_seq_lens", "GRU", ["seq"], [numpy_helper.from_array(np.full(2, 4, dtype=np.int32), "seq")])
+# 25: windows the kernels do not run: a 4-D convolution, an auto_pad ONNX does not define.
+save("conv_4d", [helper.make_node("Conv", ["x", "w"], ["y"], name="conv4d", kernel_shape=[2, 2, 2, 2])],
+     [vi("x", ["batch", 1, 3, 3, 3, 3])], [vi("y", ["batch", 2, 2, 2, 2, 2])], [w("w", 2, 1, 2, 2, 2, 2)])
+save("pool_autopad_same", [helper.make_node("MaxPool", ["x"], ["y"], name="pool_same", kernel_shape=[2], auto_pad="SAME")],
+     [vi("x", ["batch", 2, 6])], [vi("y", ["batch", 2, 6])], [])
 EOF
   notok "setup" "could not write the broken models with $PY"
   echo "$PASS passed, $FAIL failed"
@@ -312,6 +317,8 @@ fail_case "24 GRU activations Relu, Tanh" "rnn_node" "GRU" "activations" -- "$M/
 fail_case "24 LSTM input_forget=1" "rnn_node" "LSTM" "input_forget" -- "$M/lstm_input_forget.onnx" -o @OUT@
 fail_case "24 LSTM peepholes" "rnn_node" "LSTM" "peepholes" -- "$M/lstm_peepholes.onnx" -o @OUT@
 fail_case "24 GRU sequence_lens" "rnn_node" "GRU" "sequence_lens" -- "$M/gru_seq_lens.onnx" -o @OUT@
+fail_case "25 a 4-D convolution" "conv4d" "Conv" "4 spatial dims" "3-D" -- "$M/conv_4d.onnx" -o @OUT@
+fail_case "25 auto_pad SAME (not an ONNX value)" "pool_same" "MaxPool" "auto_pad 'SAME'" -- "$M/pool_autopad_same.onnx" -o @OUT@
 fail_case "19 --lr 1e999" "--lr" "1e999" "finite" -- "$MLP" --lr 1e999 -o @OUT@
 fail_case "19 --lr inf" "--lr" "inf" "finite" -- "$MLP" --lr inf -o @OUT@
 fail_case "19 --momentum nan" "--momentum" "nan" -- "$MLP" --momentum nan -o @OUT@

@@ -124,36 +124,71 @@ def ints_of(t):
     return [int(v) for v in t.reshape(-1).tolist()]
 
 
-def pool2d(x, a, kind):
-    """MaxPool / AveragePool (2-D, NOTSET auto_pad) by im2col, ONNX semantics."""
-    kh, kw = a["kernel_shape"]
-    sh, sw = a.get("strides", [1, 1])
-    dh, dw = a.get("dilations", [1, 1])
-    pt, pl, pb, pr = a.get("pads", [0, 0, 0, 0])
+def window_pads(x, a, kernel):
+    """A Conv / pool node's ONNX pads [begin..., end...] for input x: its pads,
+    or what auto_pad means (the ONNX spec: the output is ceil(in / stride),
+    the total padding is what that needs, and the odd one goes at the end for
+    SAME_UPPER, at the beginning for SAME_LOWER)."""
+    nsp = x.dim() - 2
+    auto = a.get("auto_pad", "NOTSET")
+    if auto == "NOTSET":
+        return list(a.get("pads", [0] * 2 * nsp))
+    if auto == "VALID":
+        return [0] * 2 * nsp
+    strides, dil = a.get("strides", [1] * nsp), a.get("dilations", [1] * nsp)
+    begin, end = [], []
+    for size, k, s, d in zip(x.shape[2:], kernel, strides, dil):
+        out = -(-size // s)
+        total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+        lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+        begin.append(lo)
+        end.append(total - lo)
+    return begin + end
+
+
+def torch_pad_arg(begin, end):
+    """F.pad's argument (last axis first) for per-spatial-axis begin / end pads."""
+    arg = []
+    for b, e in zip(reversed(begin), reversed(end)):
+        arg += [b, e]
+    return tuple(arg)
+
+
+def pool(x, a, kind):
+    """MaxPool / AveragePool (1-D, 2-D, 3-D), ONNX semantics: the input padded
+    explicitly (with -inf or 0, plus what ceil_mode's last window needs), then
+    torch's pooling with no padding of its own."""
+    nsp = x.dim() - 2
+    k = list(a["kernel_shape"])
+    s, d = list(a.get("strides", [1] * nsp)), list(a.get("dilations", [1] * nsp))
+    pads = window_pads(x, a, k)
+    p0, p1 = pads[:nsp], pads[nsp:]
     ceil = a.get("ceil_mode", 0)
-    n, c, h, w = x.shape
     outs, extra = [], []
-    for size, k, s, d, p0, p1 in ((h, kh, sh, dh, pt, pb), (w, kw, sw, dw, pl, pr)):
-        span = size + p0 + p1 - d * (k - 1) - 1
-        o = (-(-span // s) if ceil else span // s) + 1
-        if ceil and (o - 1) * s >= size + p0:
+    for i, size in enumerate(x.shape[2:]):
+        span = size + p0[i] + p1[i] - d[i] * (k[i] - 1) - 1
+        o = (-(-span // s[i]) if ceil else span // s[i]) + 1
+        if ceil and (o - 1) * s[i] >= size + p0[i]:
             o -= 1
         outs.append(o)
-        extra.append(max(0, (o - 1) * s + d * (k - 1) + 1 - (size + p0 + p1)))
+        extra.append(max(0, (o - 1) * s[i] + d[i] * (k[i] - 1) + 1 - (size + p0[i] + p1[i])))
     fill = float("-inf") if kind == "max" else 0.0
-    xp = F.pad(x, (pl, pr + extra[1], pt, pb + extra[0]), value=fill)
-    cols = F.unfold(xp.reshape(n * c, 1, *xp.shape[2:]), (kh, kw), dilation=(dh, dw), stride=(sh, sw))
-    cols = cols.reshape(n, c, kh * kw, outs[0], outs[1])
+    xp = F.pad(x, torch_pad_arg(p0, [e + ex for e, ex in zip(p1, extra)]), value=fill)
     if kind == "max":
-        return cols.max(dim=2).values
+        y = getattr(F, f"max_pool{nsp}d")(xp, k, s, 0, d)
+        assert list(y.shape[2:]) == outs
+        return y
+    assert d == [1] * nsp, "AveragePool has no dilations before opset 19"
+    window_sum = lambda t: getattr(F, f"avg_pool{nsp}d")(t, k, s, 0) * float(np.prod(k))
     # Divisor: valid elements (count_include_pad=0) or elements inside input + pads (=1).
     inside = torch.zeros(1, 1, *xp.shape[2:])
     if a.get("count_include_pad", 0):
-        inside[..., :h + pt + pb, :w + pl + pr] = 1
+        inside[(..., *[slice(0, n + b + e) for n, b, e in zip(x.shape[2:], p0, p1)])] = 1
     else:
-        inside[..., pt:pt + h, pl:pl + w] = 1
-    cnt = F.unfold(inside, (kh, kw), dilation=(dh, dw), stride=(sh, sw)).sum(dim=1).reshape(outs)
-    return cols.sum(dim=2) / cnt
+        inside[(..., *[slice(b, b + n) for n, b in zip(x.shape[2:], p0)])] = 1
+    y = window_sum(xp) / window_sum(inside)
+    assert list(y.shape[2:]) == outs
+    return y
 
 
 def run_node(op, ins, a, opset):
@@ -168,15 +203,16 @@ def run_node(op, ins, a, opset):
     if op == "MatMul":
         return [torch.matmul(x, ins[1])]
     if op == "Conv":
-        pt, pl, pb, pr = a.get("pads", [0, 0, 0, 0])
-        xp = F.pad(x, (pl, pr, pt, pb))
+        nsp = x.dim() - 2
+        pads = window_pads(x, a, ins[1].shape[2:])
+        xp = F.pad(x, torch_pad_arg(pads[:nsp], pads[nsp:]))
         bias = ins[2] if len(ins) > 2 else None
-        return [F.conv2d(xp, ins[1], bias, stride=tuple(a.get("strides", [1, 1])),
-                         dilation=tuple(a.get("dilations", [1, 1])), groups=a.get("group", 1))]
+        return [getattr(F, f"conv{nsp}d")(xp, ins[1], bias, stride=tuple(a.get("strides", [1] * nsp)),
+                                          dilation=tuple(a.get("dilations", [1] * nsp)), groups=a.get("group", 1))]
     if op == "MaxPool":
-        return [pool2d(x, a, "max")]
+        return [pool(x, a, "max")]
     if op == "AveragePool":
-        return [pool2d(x, a, "avg")]
+        return [pool(x, a, "avg")]
     if op == "GlobalAveragePool":
         return [x.mean(dim=tuple(range(2, x.dim())), keepdim=True)]
     if op == "Pad":
@@ -651,6 +687,62 @@ def _(g):
     g.head(g.node("Conv", ["x", g.rand([4, 1, 5, 5], 0.2), g.rand([4], 0.3)], kernel_shape=[5, 5], strides=[3, 3]))
 
 
+# Conv 1-D (input [B,4,12]) and 3-D (input [B,2,5,6,6]), as torch.nn.Conv1d / Conv3d export them
+@case("Conv", "1-D k=3 stride=2 pads=1 bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([4, 12]), g.rand([5, 4, 3], 0.3), g.rand([5], 0.3)],
+                  kernel_shape=[3], strides=[2], pads=[1, 1], dilations=[1], group=1))
+
+
+@case("Conv", "1-D k=3 dilation=2 group=2 pads=[2,1] no bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([4, 12]), g.rand([6, 2, 3], 0.3)],
+                  kernel_shape=[3], dilations=[2], pads=[2, 1], group=2))
+
+
+@case("Conv", "3-D 3x3x3 strides=[1,2,2] pads=1 bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([2, 5, 6, 6]), g.rand([4, 2, 3, 3, 3], 0.2), g.rand([4], 0.3)],
+                  kernel_shape=[3, 3, 3], strides=[1, 2, 2], pads=[1, 1, 1, 1, 1, 1]))
+
+
+@case("Conv", "3-D 2x3x2 group=2 dilations=[2,1,1] pads=[1,0,1,0,2,0] no bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([4, 5, 5, 5]), g.rand([4, 2, 2, 3, 2], 0.3)],
+                  kernel_shape=[2, 3, 2], group=2, dilations=[2, 1, 1], pads=[1, 0, 1, 0, 2, 0]))
+
+
+# Conv auto_pad: the pads are resolved at compile time from the static shapes
+@case("Conv", "auto_pad=SAME_UPPER 3x3 stride=2 (odd total padding) bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([4, 6, 6]), g.rand([5, 4, 3, 3], 0.3), g.rand([5], 0.3)],
+                  kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER"))
+
+
+@case("Conv", "auto_pad=SAME_LOWER 2x4 strides=[2,1] no bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([4, 7, 6]), g.rand([5, 4, 2, 4], 0.3)],
+                  kernel_shape=[2, 4], strides=[2, 1], auto_pad="SAME_LOWER"))
+
+
+@case("Conv", "auto_pad=VALID 3x3 stride=2 bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([4, 7, 7]), g.rand([5, 4, 3, 3], 0.3), g.rand([5], 0.3)],
+                  kernel_shape=[3, 3], strides=[2, 2], auto_pad="VALID"))
+
+
+@case("Conv", "1-D auto_pad=SAME_LOWER k=4 dilation=2")
+def _(g):
+    g.head(g.node("Conv", [g.stem([4, 11]), g.rand([5, 4, 4], 0.3), g.rand([5], 0.3)],
+                  kernel_shape=[4], dilations=[2], auto_pad="SAME_LOWER"))
+
+
+@case("Conv", "3-D auto_pad=SAME_UPPER 2x2x3 stride=2")
+def _(g):
+    g.head(g.node("Conv", [g.stem([2, 5, 5, 6]), g.rand([3, 2, 2, 2, 3], 0.3), g.rand([3], 0.3)],
+                  kernel_shape=[2, 2, 3], strides=[2, 2, 2], auto_pad="SAME_UPPER"))
+
+
 # MaxPool
 @case("MaxPool", "2x2 stride=2")
 def _(g):
@@ -675,6 +767,47 @@ def _(g):
 @case("MaxPool", "3x3 stride=2 ceil_mode=1")
 def _(g):
     g.head(g.node("MaxPool", [g.stem([2, 6, 6])], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1))
+
+
+@case("MaxPool", "1-D k=3 stride=2 pads=1")
+def _(g):
+    g.head(g.node("MaxPool", [g.stem([3, 12])], kernel_shape=[3], strides=[2], pads=[1, 1]))
+
+
+@case("MaxPool", "1-D k=2 dilation=2 stride=2 ceil_mode=1")
+def _(g):
+    g.head(g.node("MaxPool", [g.stem([3, 12])], kernel_shape=[2], dilations=[2], strides=[2], ceil_mode=1))
+
+
+@case("MaxPool", "3-D 2x2x2 stride=2")
+def _(g):
+    g.head(g.node("MaxPool", [g.stem([2, 4, 6, 6])], kernel_shape=[2, 2, 2], strides=[2, 2, 2]))
+
+
+@case("MaxPool", "3-D 3x2x3 strides=[2,1,2] pads=[1,0,1,1,1,0] ceil_mode=1")
+def _(g):
+    g.head(g.node("MaxPool", [g.stem([2, 5, 4, 6])], kernel_shape=[3, 2, 3], strides=[2, 1, 2],
+                  pads=[1, 0, 1, 1, 1, 0], ceil_mode=1))
+
+
+@case("MaxPool", "auto_pad=SAME_UPPER 3x3 stride=2")
+def _(g):
+    g.head(g.node("MaxPool", [g.stem([2, 6, 6])], kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER"))
+
+
+@case("MaxPool", "auto_pad=SAME_LOWER 2x2 stride=1")
+def _(g):
+    g.head(g.node("MaxPool", [g.stem([2, 5, 5])], kernel_shape=[2, 2], auto_pad="SAME_LOWER"))
+
+
+@case("MaxPool", "auto_pad=VALID 3x2 strides=[2,2]")
+def _(g):
+    g.head(g.node("MaxPool", [g.stem([2, 7, 6])], kernel_shape=[3, 2], strides=[2, 2], auto_pad="VALID"))
+
+
+@case("MaxPool", "3-D auto_pad=SAME_LOWER 2x3x2 stride=2")
+def _(g):
+    g.head(g.node("MaxPool", [g.stem([2, 4, 5, 5])], kernel_shape=[2, 3, 2], strides=[2, 2, 2], auto_pad="SAME_LOWER"))
 
 
 # AveragePool
@@ -705,10 +838,85 @@ def _(g):
     g.head(g.node("AveragePool", [g.stem([2, 5, 5])], kernel_shape=[2, 3], pads=[0, 1, 1, 0], count_include_pad=1))
 
 
+@case("AveragePool", "1-D k=3 stride=2 pads=1 count_include_pad=0")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([3, 12])], kernel_shape=[3], strides=[2], pads=[1, 1], count_include_pad=0))
+
+
+@case("AveragePool", "1-D k=4 stride=2 pads=[2,1] count_include_pad=1")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([3, 11])], kernel_shape=[4], strides=[2], pads=[2, 1], count_include_pad=1))
+
+
+@case("AveragePool", "1-D k=3 stride=2 ceil_mode=1")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([3, 12])], kernel_shape=[3], strides=[2], ceil_mode=1))
+
+
+@case("AveragePool", "1-D k=3 stride=2 pads=1 ceil_mode=1 count_include_pad=1 (last window past the end pad)")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([3, 6])], kernel_shape=[3], strides=[2], pads=[1, 1], ceil_mode=1,
+                  count_include_pad=1))
+
+
+@case("AveragePool", "2x3 strides=[2,2] pads=[1,0,0,1] ceil_mode=1 count_include_pad=1")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([2, 6, 6])], kernel_shape=[2, 3], strides=[2, 2], pads=[1, 0, 0, 1], ceil_mode=1,
+                  count_include_pad=1))
+
+
+@case("AveragePool", "3-D 2x2x2 stride=2")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([2, 4, 6, 6])], kernel_shape=[2, 2, 2], strides=[2, 2, 2]))
+
+
+@case("AveragePool", "3-D 3x3x2 stride=2 pads=[1,1,0,1,0,1] count_include_pad=0")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([2, 5, 5, 4])], kernel_shape=[3, 3, 2], strides=[2, 2, 2],
+                  pads=[1, 1, 0, 1, 0, 1], count_include_pad=0))
+
+
+@case("AveragePool", "3-D 3x3x2 stride=2 pads=[1,1,0,1,0,1] count_include_pad=1")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([2, 5, 5, 4])], kernel_shape=[3, 3, 2], strides=[2, 2, 2],
+                  pads=[1, 1, 0, 1, 0, 1], count_include_pad=1))
+
+
+@case("AveragePool", "auto_pad=SAME_UPPER 3x3 stride=2")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([2, 6, 6])], kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER"))
+
+
+@case("AveragePool", "auto_pad=SAME_LOWER 3x2 stride=2 count_include_pad=1")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([2, 6, 5])], kernel_shape=[3, 2], strides=[2, 2], auto_pad="SAME_LOWER",
+                  count_include_pad=1))
+
+
+@case("AveragePool", "auto_pad=VALID 2x3 stride=2")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([2, 7, 7])], kernel_shape=[2, 3], strides=[2, 2], auto_pad="VALID"))
+
+
+@case("AveragePool", "1-D auto_pad=SAME_UPPER k=4 stride=3")
+def _(g):
+    g.head(g.node("AveragePool", [g.stem([3, 13])], kernel_shape=[4], strides=[3], auto_pad="SAME_UPPER"))
+
+
 # GlobalAveragePool
 @case("GlobalAveragePool", "[B,4,3,5]")
 def _(g):
     g.head(g.node("GlobalAveragePool", [g.stem([4, 3, 5])]))
+
+
+@case("GlobalAveragePool", "1-D [B,4,9]")
+def _(g):
+    g.head(g.node("GlobalAveragePool", [g.stem([4, 9])]))
+
+
+@case("GlobalAveragePool", "3-D [B,3,2,3,4]")
+def _(g):
+    g.head(g.node("GlobalAveragePool", [g.stem([3, 2, 3, 4])]))
 
 
 # Pad

@@ -11,6 +11,9 @@
  *     touched, put and put_grad are adjoint (<put x, dy> = <x, put_grad dy>),
  *     take(put(x)) = x, and k_put_grad(acc = 0) = k_take.
  *   - NaN: relu, maxpool, softmax, ... give what PyTorch gives on NaN input.
+ *   - Conv, MaxPool, AveragePool in 1-D, 2-D and 3-D (ConvShape / PoolShape
+ *     with unit leading slots): forward and every gradient against a direct
+ *     double loop over (output, window) pairs, acc = 1 adding.
  *   - Philox4x32-10 against Random123's known-answer vectors; k_dropout /
  *     k_dropout_grad: the mask is the generator's, kept values are x * scale,
  *     the backward redraws the forward's mask, micro-batch mb continues the
@@ -244,7 +247,8 @@ static void test_nan(void) {
   CHECK(g[0] == 0.1f && g[1] == 0.1f && g[2] == 1, "leakyrelu_grad([nan, -1, 2]) = [%g, %g, %g], torch: [0.1, 0.1, 1]\n", g[0], g[1], g[2]);
   const float px[4] = {1, NAN, 3, NAN};
   float py[1], pdx[4];
-  const PoolShape ps = {.n = 1, .c = 1, .h = 1, .w = 4, .oh = 1, .ow = 1, .kh = 1, .kw = 4, .sh = 1, .sw = 4, .dh = 1, .dw = 1};
+  const PoolShape ps = {.n = 1, .c = 1, .d = 1, .h = 1, .w = 4, .od = 1, .oh = 1, .ow = 1, .kd = 1, .kh = 1, .kw = 4,
+                        .sd = 1, .sh = 1, .sw = 4, .dd = 1, .dh = 1, .dw = 1};
   k_maxpool(px, py, &ps);
   CHECK(isnan(py[0]), "maxpool([1, nan, 3, nan]) = %g, torch: nan\n", py[0]);
   k_maxpool_grad(px, one, pdx, &ps, 0);
@@ -816,6 +820,150 @@ static void test_rnn(const RnnCase *c) {
                     "differences, acc\n", name, dirs[c->dir], c->layout, c->h0 ? "given" : "zero", c->bias ? "with" : "no");
 }
 
+/* ---- Conv and pooling, 1-D to 3-D ----
+ * The references visit every (output element, window offset) pair directly,
+ * in double: no im2col, no GEMM, nothing shared with the kernels but the
+ * ONNX definition of a window (input index = out * stride - pad + k * dilation). */
+typedef struct WinCase {
+  const char *what;
+  int n, c, m, group, in[3], k[3], s[3], p[3], dl[3], out[3];
+  int e[3]; /* end pads: only the pools' count_include_pad reads them */
+} WinCase;
+
+/* Window element kk of output o in the padded input: inside its end pad (count_include_pad counts it)? */
+static int win_padded(const WinCase *t, const int *o, const int *kk) {
+  for (int a = 0; a < 3; a++)
+    if (o[a] * t->s[a] + kk[a] * t->dl[a] >= t->p[a] + t->in[a] + t->e[a]) return 0;
+  return 1;
+}
+
+/* The input offset (within one channel plane) of output o's window element kk, or -1 in the padding. */
+static int64_t win_at(const WinCase *t, const int *o, const int *kk) {
+  int64_t at = 0;
+  for (int a = 0; a < 3; a++) {
+    int i = o[a] * t->s[a] - t->p[a] + kk[a] * t->dl[a];
+    if (i < 0 || i >= t->in[a]) return -1;
+    at = at * t->in[a] + i;
+  }
+  return at;
+}
+
+static int64_t prod3(const int *v) { return (int64_t)v[0] * v[1] * v[2]; }
+/* Unflattens i over the three extents in v (last fastest). */
+static void unflat3(int64_t i, const int *v, int *out) {
+  out[2] = (int)(i % v[2]), out[1] = (int)(i / v[2] % v[1]), out[0] = (int)(i / v[2] / v[1]);
+}
+
+static ConvShape conv_shape(const WinCase *t) {
+  return (ConvShape){t->n, t->c, t->in[0], t->in[1], t->in[2], t->m, t->k[0], t->k[1], t->k[2], t->group, t->out[0], t->out[1],
+                     t->out[2], t->s[0], t->s[1], t->s[2], t->p[0], t->p[1], t->p[2], t->dl[0], t->dl[1], t->dl[2]};
+}
+
+/* The largest error relative to the largest reference value: sums of float
+ * products may cancel to near 0, where an element-wise relative error means nothing. */
+static double max_rel(const float *got, const double *want, int64_t n) {
+  double worst = 0, scale = 0;
+  for (int64_t i = 0; i < n; i++) scale = fmax(scale, fabs(want[i]));
+  for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs(got[i] - want[i]));
+  return worst / scale;
+}
+
+static void test_conv(const WinCase *t) {
+  int f0 = failed, cg = t->c / t->group, mg = t->m / t->group;
+  int64_t isp = prod3(t->in), osp = prod3(t->out), ksz = prod3(t->k);
+  int64_t nx = t->n * t->c * isp, nw = t->m * cg * ksz, ny = t->n * t->m * osp;
+  float *x = malloc(4 * nx), *w = malloc(4 * nw), *b = malloc(4 * t->m), *y = malloc(4 * ny), *dy = malloc(4 * ny);
+  float *dx = malloc(4 * nx), *dw = malloc(4 * nw), *db = malloc(4 * t->m), *col = malloc(4 * cg * ksz * osp);
+  double *ry = calloc(ny, 8), *rdx = calloc(nx, 8), *rdw = calloc(nw, 8), *rdb = calloc(t->m, 8);
+  for (int64_t i = 0; i < nx; i++) x[i] = (float)(2 * urand() - 1);
+  for (int64_t i = 0; i < nw; i++) w[i] = (float)(2 * urand() - 1);
+  for (int i = 0; i < t->m; i++) b[i] = (float)(2 * urand() - 1);
+  for (int64_t i = 0; i < ny; i++) dy[i] = (float)(2 * urand() - 1);
+  for (int n = 0; n < t->n; n++)
+    for (int mo = 0; mo < t->m; mo++)
+      for (int64_t oi = 0; oi < osp; oi++) {
+        int64_t yi = ((int64_t)n * t->m + mo) * osp + oi;
+        ry[yi] = b[mo], rdb[mo] += dy[yi];
+        for (int ci = 0; ci < cg; ci++)
+          for (int64_t ki = 0; ki < ksz; ki++) {
+            int o[3], kk[3];
+            unflat3(oi, t->out, o), unflat3(ki, t->k, kk);
+            int64_t at = win_at(t, o, kk), wi = ((int64_t)mo * cg + ci) * ksz + ki;
+            if (at < 0) continue;
+            int64_t xi = ((int64_t)n * t->c + mo / mg * cg + ci) * isp + at;
+            ry[yi] += (double)w[wi] * x[xi], rdx[xi] += (double)w[wi] * dy[yi], rdw[wi] += (double)x[xi] * dy[yi];
+          }
+      }
+  ConvShape s = conv_shape(t);
+  k_conv(x, w, b, y, col, &s);
+  double ey = max_rel(y, ry, ny);
+  CHECK(ey < 1e-5, "%s: conv forward off by %.2e\n", t->what, ey);
+  k_conv_grad(x, w, dy, dx, dw, db, col, &s, 0, 0);
+  double ex = max_rel(dx, rdx, nx), ew = max_rel(dw, rdw, nw), eb = max_rel(db, rdb, t->m);
+  CHECK(ex < 1e-5 && ew < 1e-5 && eb < 1e-5, "%s: conv gradients off by dx %.2e dw %.2e db %.2e\n", t->what, ex, ew, eb);
+  /* acc = 1 adds the same gradients again. */
+  k_conv_grad(x, w, dy, dx, dw, db, col, &s, 1, 1);
+  for (int64_t i = 0; i < nx; i++) rdx[i] *= 2;
+  for (int64_t i = 0; i < nw; i++) rdw[i] *= 2;
+  for (int i = 0; i < t->m; i++) rdb[i] *= 2;
+  ex = max_rel(dx, rdx, nx), ew = max_rel(dw, rdw, nw), eb = max_rel(db, rdb, t->m);
+  CHECK(ex < 1e-5 && ew < 1e-5 && eb < 1e-5, "%s: conv gradients with acc = 1 off by dx %.2e dw %.2e db %.2e\n", t->what, ex, ew, eb);
+  OK_IF_NONE_FAILED(f0, "%s: conv forward, dx, dw, db and acc = 1 match the direct double loop (max rel %.1e)\n", t->what, ey);
+  free(x), free(w), free(b), free(y), free(dy), free(dx), free(dw), free(db), free(col), free(ry), free(rdx), free(rdw), free(rdb);
+}
+
+static void test_pool(const WinCase *t, int count_include_pad) {
+  int f0 = failed;
+  int64_t isp = prod3(t->in), osp = prod3(t->out), ksz = prod3(t->k), nx = t->n * t->c * isp, ny = t->n * t->c * osp;
+  float *x = malloc(4 * nx), *y = malloc(4 * ny), *dy = malloc(4 * ny), *dx = malloc(4 * nx);
+  double *rmax = malloc(8 * ny), *ravg = malloc(8 * ny), *rdmax = calloc(nx, 8), *rdavg = calloc(nx, 8);
+  for (int64_t i = 0; i < nx; i++) x[i] = (float)(2 * urand() - 1);
+  for (int64_t i = 0; i < ny; i++) dy[i] = (float)(2 * urand() - 1);
+  for (int64_t nc = 0; nc < (int64_t)t->n * t->c; nc++)
+    for (int64_t oi = 0; oi < osp; oi++) {
+      double best = -INFINITY, sum = 0;
+      int64_t arg = -1, cnt = 0, cnt_pad = 0;
+      for (int pass = 0; pass < 2; pass++) /* pass 1 spreads the average's gradient once cnt is known */
+        for (int64_t ki = 0; ki < ksz; ki++) {
+          int o[3], kk[3];
+          unflat3(oi, t->out, o), unflat3(ki, t->k, kk);
+          int64_t at = win_at(t, o, kk);
+          if (!pass) cnt_pad += win_padded(t, o, kk);
+          if (at < 0) continue;
+          if (pass) {
+            rdavg[nc * isp + at] += dy[nc * osp + oi] / (double)(count_include_pad ? cnt_pad : cnt);
+            continue;
+          }
+          if (x[nc * isp + at] > best) best = x[nc * isp + at], arg = nc * isp + at;
+          sum += x[nc * isp + at], cnt++;
+        }
+      rmax[nc * osp + oi] = best, ravg[nc * osp + oi] = sum / (double)(count_include_pad ? cnt_pad : cnt);
+      rdmax[arg] += dy[nc * osp + oi];
+    }
+  PoolShape s = {t->n, t->c, t->in[0], t->in[1], t->in[2], t->out[0], t->out[1], t->out[2], t->k[0], t->k[1], t->k[2],
+                 t->s[0], t->s[1], t->s[2], t->p[0], t->p[1], t->p[2], t->dl[0], t->dl[1], t->dl[2], t->e[0], t->e[1], t->e[2],
+                 count_include_pad};
+  k_maxpool(x, y, &s);
+  double e1 = max_rel(y, rmax, ny);
+  k_maxpool_grad(x, dy, dx, &s, 0);
+  double e2 = max_rel(dx, rdmax, nx);
+  CHECK(e1 == 0 && e2 < 1e-6, "%s: maxpool off by %.2e, its gradient by %.2e\n", t->what, e1, e2);
+  int dil1 = t->dl[0] == 1 && t->dl[1] == 1 && t->dl[2] == 1; /* AveragePool has no dilations before opset 19 */
+  if (dil1) {
+    k_avgpool(x, y, &s);
+    e1 = max_rel(y, ravg, ny);
+    k_avgpool_grad(dy, dx, &s, 0);
+    k_avgpool_grad(dy, dx, &s, 1);
+    for (int64_t i = 0; i < nx; i++) rdavg[i] *= 2;
+    e2 = max_rel(dx, rdavg, nx);
+    CHECK(e1 < 1e-6 && e2 < 1e-6, "%s: avgpool (count_include_pad=%d) off by %.2e, twice its gradient (acc = 1) by %.2e\n", t->what,
+          count_include_pad, e1, e2);
+  }
+  OK_IF_NONE_FAILED(f0, "%s: maxpool%s: values and gradients match the direct double loop\n", t->what,
+                    dil1 ? (count_include_pad ? ", avgpool (count_include_pad=1)" : ", avgpool") : "");
+  free(x), free(y), free(dy), free(dx), free(rmax), free(ravg), free(rdmax), free(rdavg);
+}
+
 int main(void) {
   make_inputs();
   test_nan();
@@ -864,6 +1012,24 @@ int main(void) {
                           {1, 0, 1, 0, 1, 0}, {1, 1, 1, 1, 0, 0}, {0, 0, 0, 1, 1, 2}, {0, 0, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 2},
                           {1, 0, 0, 0, 1, 1}, {1, 0, 1, 1, 0, 2}};
   for (size_t i = 0; i < sizeof rnns / sizeof rnns[0]; i++) test_rnn(&rnns[i]);
+  /* what, n, c, m, group, in, kernel, strides, begin pads, dilations, out (= (in + pads - (k-1)*d - 1) / s + 1,
+   * or rounded up: ceil_mode), end pads */
+  const WinCase wins[] = {
+      {"1-D k=3 s=2 pad=1", 2, 4, 6, 1, {1, 1, 11}, {1, 1, 3}, {1, 1, 2}, {0, 0, 1}, {1, 1, 1}, {1, 1, 6}, {0, 0, 1}},
+      {"1-D k=3 d=2 group=2", 2, 4, 6, 2, {1, 1, 10}, {1, 1, 3}, {1, 1, 1}, {0, 0, 2}, {1, 1, 2}, {1, 1, 10}, {0, 0, 2}},
+      {"2-D 3x2 s=[2,1] pads=[1,0]", 2, 3, 4, 1, {1, 7, 6}, {1, 3, 2}, {1, 2, 1}, {0, 1, 0}, {1, 1, 1}, {1, 4, 5}, {0, 1, 0}},
+      {"3-D 3x3x3 s=[1,2,2] pad=1", 2, 2, 4, 1, {5, 6, 6}, {3, 3, 3}, {1, 2, 2}, {1, 1, 1}, {1, 1, 1}, {5, 3, 3}, {1, 1, 1}},
+      {"3-D 2x3x2 group=2 d=[2,1,1] pads=[1,1,0]", 1, 4, 4, 2, {5, 5, 5}, {2, 3, 2}, {1, 1, 1}, {1, 1, 0}, {2, 1, 1}, {5, 5, 4}, {1, 1, 0}},
+      {"3-D 2x2x3 s=2 (odd sizes)", 2, 3, 3, 3, {5, 4, 7}, {2, 2, 3}, {2, 2, 2}, {0, 1, 1}, {1, 1, 1}, {2, 2, 4}, {0, 1, 1}},
+      /* ceil_mode: the last windows run past the end pads, which count_include_pad must not count */
+      {"1-D k=3 s=2 pads=1 ceil_mode", 2, 2, 2, 1, {1, 1, 6}, {1, 1, 3}, {1, 1, 2}, {0, 0, 1}, {1, 1, 1}, {1, 1, 4}, {0, 0, 1}},
+      {"3-D 2x3x2 s=2 pads=[1,0,1|0,1,0] ceil_mode", 1, 2, 2, 1, {4, 6, 5}, {2, 3, 2}, {2, 2, 2}, {1, 0, 1}, {1, 1, 1}, {3, 3, 3}, {0, 1, 0}},
+  };
+  for (size_t i = 0; i < sizeof wins / sizeof wins[0]; i++) {
+    test_conv(&wins[i]);
+    test_pool(&wins[i], 0);
+    test_pool(&wins[i], 1);
+  }
   printf("%d passed, %d failed\n", passed, failed);
   return failed != 0;
 }

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Training parity: pipecc's generated stage programs against torch.
 
-For each model (the sample mlp.onnx and lenet.onnx, plus "tanhnet" and "cnn2"
-that this script defines and exports), for n = 1, 2, 4 stages and every
+For each model (the sample mlp.onnx and lenet.onnx, plus "tanhnet", "cnn2",
+"cnn1d" (Conv1d, MaxPool1d, AvgPool1d) and "cnn3d" (Conv3d,
+MaxPool3d, AvgPool3d) that this script defines and exports), for n = 1, 2, 4 stages and every
 schedule - gpipe, 1f1b, zb1 (B = 32, M = 4): pipecc compiles the model, make builds the stages,
 run.sh trains 20 plain-SGD steps (lr 0.05) on MNIST-format IDX files written
 here, and the result is checked against a torch reference that starts from the
@@ -134,6 +135,44 @@ class CNN2(nn.Module):
         x = F.relu(self.conv1(x))
         x = F.relu(self.conv2(x))
         return self.fc(self.flatten(self.pool(x)))
+
+
+class CNN1D(nn.Module):
+    """The image's 28 rows as channels of a 1-D signal: Conv1d(28,16,5,s2,p2) -> ReLU ->
+    MaxPool1d(3,s2,p1) -> Conv1d(16,12,3,dilation 2,groups 4) -> Tanh -> AvgPool1d(2, ceil_mode)
+    -> Conv1d(12,8,3,p1, no bias) -> Flatten -> Linear(16,10)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv1d(28, 16, 5, stride=2, padding=2)          # [B,16,14]
+        self.pool1 = nn.MaxPool1d(3, stride=2, padding=1)               # [B,16,7]
+        self.conv2 = nn.Conv1d(16, 12, 3, dilation=2, groups=4)         # [B,12,3]
+        self.pool2 = nn.AvgPool1d(2, ceil_mode=True)                    # [B,12,2]
+        self.conv3 = nn.Conv1d(12, 8, 3, padding=1, bias=False)         # [B,8,2]
+        self.fc = nn.Linear(8 * 2, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x.squeeze(1)))
+        x = self.pool2(torch.tanh(self.conv2(self.pool1(x))))
+        return self.fc(torch.flatten(self.conv3(x), 1))
+
+
+class CNN3D(nn.Module):
+    """The image as a [4,7,28] volume: Conv3d(1,6,3,s(1,2,2),p1) -> ReLU -> MaxPool3d(2) ->
+    Conv3d(6,8,(1,3,3),p(0,1,1),groups 2) -> ReLU -> AvgPool3d((2,1,3),s(1,1,2),p(0,0,1)) -> Flatten -> Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = nn.Conv3d(1, 6, 3, stride=(1, 2, 2), padding=1)                # [B,6,4,4,14]
+        self.pool1 = nn.MaxPool3d(2)                                                # [B,6,2,2,7]
+        self.conv2 = nn.Conv3d(6, 8, (1, 3, 3), padding=(0, 1, 1), groups=2)        # [B,8,2,2,7]
+        self.pool2 = nn.AvgPool3d((2, 1, 3), stride=(1, 1, 2), padding=(0, 0, 1))   # [B,8,1,2,4]
+        self.fc = nn.Linear(8 * 1 * 2 * 4, 10)
+
+    def forward(self, x):
+        x = F.relu(self.conv1(x.reshape(-1, 1, 4, 7, 28)))
+        x = F.relu(self.conv2(self.pool1(x)))
+        return self.fc(torch.flatten(self.pool2(x), 1))
 
 
 def export_model(model, path):
@@ -487,7 +526,7 @@ def main():
     t_start = time.time()
     try:
         exp = load_export_module()
-        builders = {"mlp": exp.MLP, "lenet": exp.LeNet5, "tanhnet": TanhNet, "cnn2": CNN2}
+        builders = {"mlp": exp.MLP, "lenet": exp.LeNet5, "tanhnet": TanhNet, "cnn2": CNN2, "cnn1d": CNN1D, "cnn3d": CNN3D}
         names = ["lenet"] if args.quick else list(builders)
         if args.model:
             unknown = [m for m in args.model if m not in builders]
@@ -503,7 +542,7 @@ def main():
 
         paths = {"mlp": os.path.join(ROOT, "onnx_models", "mlp.onnx"),
                  "lenet": os.path.join(ROOT, "onnx_models", "lenet.onnx")}
-        for name, cls in (("tanhnet", TanhNet), ("cnn2", CNN2)):
+        for name, cls in (("tanhnet", TanhNet), ("cnn2", CNN2), ("cnn1d", CNN1D), ("cnn3d", CNN3D)):
             if name in names:
                 torch.manual_seed(0)
                 model = cls()

@@ -1,4 +1,4 @@
-/* conv.c - 2-D convolution (stride, pads, dilation, groups) by im2col + GEMM. */
+/* conv.c - 1-D, 2-D and 3-D convolution (strides, pads or auto_pad, dilations, groups) by im2col + GEMM. */
 #include "ops/rule.h"
 
 static int64_t conv_workspace(Graph *g, const Node *n);
@@ -33,17 +33,16 @@ static int conv_infer(Graph *g, Node *n) {
 
 static int conv_fwd(Emit *e, const Node *n, int j) {
   Tensor *X = em_t(e, n->in[0]), *W = em_t(e, n->in[1]), *Y = em_t(e, n->out[0]);
-  if (X->rank != 4) return err_set("node '%s' (Conv): only 2-D convolution trains so far", n->name);
-  if (strcmp(attr_str(n, "auto_pad", "NOTSET"), "NOTSET"))
-    return err_set("node '%s' (Conv): auto_pad does not train yet; export with explicit pads", n->name);
-  int64_t pads[4] = {0, 0, 0, 0}, st[2] = {1, 1}, dl[2] = {1, 1};
-  attr_ints(n, "pads", pads, 4), attr_ints(n, "strides", st, 2), attr_ints(n, "dilations", dl, 2);
+  Window win;
+  WinSlots ws; /* pads resolved here from auto_pad and the static shapes */
+  if (window_attrs(n, X, W->dims + 2, &win) || window_slots(n, &win, X, Y, &ws)) return -1;
   int x = em_in(e, n, 0), w = em_in(e, n, 1), b = em_in(e, n, 2), y = em_out(e, n, 0);
   int col = em_work(e, "col_", n->out[0], conv_workspace(em_graph(e), n));
-  int cs = SHAPE(e, "ConvShape", em_name(e, "CONV_%d", j), A_INT(X->dims[0]), A_INT(X->dims[1]), A_INT(X->dims[2]),
-                 A_INT(X->dims[3]), A_INT(W->dims[0]), A_INT(W->dims[2]), A_INT(W->dims[3]), A_INT(attr_int(n, "group", 1)),
-                 A_INT(Y->dims[2]), A_INT(Y->dims[3]), A_INT(st[0]), A_INT(st[1]), A_INT(pads[0]), A_INT(pads[1]), A_INT(dl[0]),
-                 A_INT(dl[1]));
+  int cs = SHAPE(e, "ConvShape", em_name(e, "CONV_%d", j), A_INT(X->dims[0]), A_INT(X->dims[1]), A_INT(ws.in[0]),
+                 A_INT(ws.in[1]), A_INT(ws.in[2]), A_INT(W->dims[0]), A_INT(ws.k[0]), A_INT(ws.k[1]), A_INT(ws.k[2]),
+                 A_INT(attr_int(n, "group", 1)), A_INT(ws.out[0]), A_INT(ws.out[1]), A_INT(ws.out[2]), A_INT(ws.s[0]),
+                 A_INT(ws.s[1]), A_INT(ws.s[2]), A_INT(ws.pb[0]), A_INT(ws.pb[1]), A_INT(ws.pb[2]), A_INT(ws.d[0]),
+                 A_INT(ws.d[1]), A_INT(ws.d[2]));
   CALL(e, PH_FWD, K_CONV, n, A_BUF(x), A_BUF(w), A_BUF(b), A_BUF(y), A_BUF(col), A_CONST(cs));
   return 0;
 }
@@ -71,10 +70,12 @@ static double conv_flops(Graph *g, const Node *n) {
   return 2.0 * out * k + (node_in(g, n, 2) ? out : 0);
 }
 
-/* The im2col columns of one sample: [C/group * kh * kw, oh * ow] floats. */
+/* The im2col columns of one sample and group: [C/group * kernel size, output spatial size] floats. */
 static int64_t conv_workspace(Graph *g, const Node *n) {
   Tensor *W = node_in(g, n, 1), *Y = node_out(g, n, 0);
-  return 4 * W->dims[1] * W->dims[2] * W->dims[3] * Y->dims[2] * Y->dims[3];
+  int64_t bytes = 4 * W->dims[1];
+  for (int i = 2; i < W->rank; i++) bytes *= W->dims[i] * Y->dims[i];
+  return bytes;
 }
 
 const OpDef OPS_CONV[] = {

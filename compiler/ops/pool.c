@@ -1,4 +1,4 @@
-/* pool.c - 2-D pooling: MaxPool, AveragePool, GlobalAveragePool. */
+/* pool.c - 1-D, 2-D and 3-D pooling: MaxPool, AveragePool, GlobalAveragePool. */
 #include "ops/rule.h"
 
 enum { POOL_MAX = 1, POOL_AVG, POOL_GLOBAL }; /* OpDef.code */
@@ -32,21 +32,28 @@ static int global_infer(Graph *g, Node *n) {
   return 0;
 }
 
+/* A global pool is the window that covers the whole input once. */
+static int global_window(const Tensor *X, Window *w) {
+  w->nsp = X->rank - 2;
+  for (int i = 0; i < w->nsp; i++) w->k[i] = X->dims[i + 2], w->s[i] = w->d[i] = 1, w->pb[i] = w->pe[i] = 0;
+  return 0;
+}
+
 static int pool_fwd(Emit *e, const Node *n, int j) {
   Tensor *X = em_t(e, n->in[0]), *Y = em_t(e, n->out[0]);
-  int global = n->def->code == POOL_GLOBAL, max = n->def->code == POOL_MAX;
-  if (X->rank != 4) return err_set("node '%s' (%s): only 2-D pooling trains so far", n->name, n->op);
-  int64_t ks[2] = {X->dims[2], X->dims[3]}, pads[4] = {0, 0, 0, 0}, st[2] = {1, 1}, dl[2] = {1, 1};
-  if (!global) {
-    attr_ints(n, "kernel_shape", ks, 2), attr_ints(n, "pads", pads, 4), attr_ints(n, "strides", st, 2);
-    attr_ints(n, "dilations", dl, 2);
-    if (strcmp(attr_str(n, "auto_pad", "NOTSET"), "NOTSET"))
-      return err_set("node '%s' (%s): auto_pad does not train yet; export with explicit pads", n->name, n->op);
-  }
-  int ps = SHAPE(e, "PoolShape", em_name(e, "POOL_%d", j), A_INT(X->dims[0]), A_INT(X->dims[1]), A_INT(X->dims[2]), A_INT(X->dims[3]),
-                 A_INT(Y->dims[2]), A_INT(Y->dims[3]), A_INT(ks[0]), A_INT(ks[1]), A_INT(st[0]), A_INT(st[1]), A_INT(pads[0]),
-                 A_INT(pads[1]), A_INT(dl[0]), A_INT(dl[1]), A_INT(attr_int(n, "count_include_pad", 0)));
-  CALL(e, PH_FWD, max ? K_MAXPOOL : K_AVGPOOL, n, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)), A_CONST(ps));
+  int64_t kernel[MAX_RANK];
+  Window w;
+  WinSlots ws; /* pads resolved here from auto_pad and the static shapes */
+  attr_ints(n, "kernel_shape", kernel, MAX_RANK);
+  if (n->def->code == POOL_GLOBAL ? global_window(X, &w) : window_attrs(n, X, kernel, &w)) return -1;
+  if (window_slots(n, &w, X, Y, &ws)) return -1;
+  int ps = SHAPE(e, "PoolShape", em_name(e, "POOL_%d", j), A_INT(X->dims[0]), A_INT(X->dims[1]), A_INT(ws.in[0]),
+                 A_INT(ws.in[1]), A_INT(ws.in[2]), A_INT(ws.out[0]), A_INT(ws.out[1]), A_INT(ws.out[2]), A_INT(ws.k[0]),
+                 A_INT(ws.k[1]), A_INT(ws.k[2]), A_INT(ws.s[0]), A_INT(ws.s[1]), A_INT(ws.s[2]), A_INT(ws.pb[0]),
+                 A_INT(ws.pb[1]), A_INT(ws.pb[2]), A_INT(ws.d[0]), A_INT(ws.d[1]), A_INT(ws.d[2]), A_INT(ws.pe[0]),
+                 A_INT(ws.pe[1]), A_INT(ws.pe[2]), A_INT(attr_int(n, "count_include_pad", 0)));
+  CALL(e, PH_FWD, n->def->code == POOL_MAX ? K_MAXPOOL : K_AVGPOOL, n, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)),
+       A_CONST(ps));
   return 0;
 }
 

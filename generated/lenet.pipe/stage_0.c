@@ -44,7 +44,7 @@ enum { STAGE = 0, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 
 static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 
-static const ConvShape CONV_0 = {8, 1, 28, 28, 6, 5, 5, 1, 28, 28, 1, 1, 2, 2, 1, 1};
+static const ConvShape CONV_0 = {8, 1, 1, 28, 28, 6, 1, 5, 5, 1, 1, 28, 28, 1, 1, 1, 0, 2, 2, 1, 1, 1};
 
 static void forward(int slot) {
   /* /conv1/Conv */

@@ -38,7 +38,7 @@ enum { STAGE = 1, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 
 static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 
-static const PoolShape POOL_2 = {8, 6, 28, 28, 14, 14, 2, 2, 2, 2, 0, 0, 1, 1, 0};
+static const PoolShape POOL_2 = {8, 6, 1, 28, 28, 1, 14, 14, 1, 2, 2, 1, 2, 2, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0};
 
 static void forward(int slot) {
   /* /Relu */

@@ -50,7 +50,7 @@ enum { STAGE = 2, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 
 static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 
-static const ConvShape CONV_3 = {8, 6, 14, 14, 16, 5, 5, 1, 10, 10, 1, 1, 0, 0, 1, 1};
+static const ConvShape CONV_3 = {8, 6, 1, 14, 14, 16, 1, 5, 5, 1, 1, 10, 10, 1, 1, 1, 0, 0, 0, 1, 1, 1};
 
 static void forward(int slot) {
   /* /conv2/Conv */

@@ -113,7 +113,7 @@ enum { STAGE = 3, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS
 
 static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 
-static const PoolShape POOL_5 = {8, 16, 10, 10, 5, 5, 2, 2, 2, 2, 0, 0, 1, 1, 0};
+static const PoolShape POOL_5 = {8, 16, 1, 10, 10, 1, 5, 5, 1, 2, 2, 1, 2, 2, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0};
 
 static void forward(int slot) {
   /* /Relu_1 */

@@ -97,8 +97,6 @@ def random_check(path, files, got):
 # 'pipecc: error:' line must contain.  Keep this honest: a case that starts to
 # compile fails until it is unpinned.
 _NO_DATA = "the graph has no data inputs"   # every input is an integer tensor, compiled in as a constant
-_AUTO_PAD = "auto_pad does not train yet"
-_POOL_2D = "only 2-D pooling trains so far"
 _LAST_AXIS = "only the last axis trains so far"
 _FLOAT_ONLY = "only float32 arithmetic runs at training time"
 _IN_TYPE = "graph input 'input' has an unsupported element type"   # bfloat16, string
@@ -111,14 +109,6 @@ EXPECTED_REFUSALS = {
     "test_pow_types_float32_int32": _FLOAT_ONLY, "test_pow_types_float32_int64": _FLOAT_ONLY,
     "test_pow_types_float32_uint32": _FLOAT_ONLY, "test_pow_types_float32_uint64": _FLOAT_ONLY,
     "test_pow_types_int32_float32": _FLOAT_ONLY, "test_pow_types_int64_float32": _FLOAT_ONLY,
-    # auto_pad SAME_UPPER / SAME_LOWER.
-    "test_averagepool_2d_precomputed_same_upper": _AUTO_PAD, "test_averagepool_2d_same_lower": _AUTO_PAD,
-    "test_averagepool_2d_same_upper": _AUTO_PAD, "test_conv_with_autopad_same": _AUTO_PAD,
-    "test_maxpool_2d_precomputed_same_upper": _AUTO_PAD, "test_maxpool_2d_same_lower": _AUTO_PAD,
-    "test_maxpool_2d_same_upper": _AUTO_PAD,
-    # 1-D and 3-D pooling.
-    "test_averagepool_1d_default": _POOL_2D, "test_averagepool_3d_default": _POOL_2D,
-    "test_maxpool_1d_default": _POOL_2D, "test_maxpool_3d_default": _POOL_2D,
     # Softmax / LogSoftmax on an axis other than the last.
     "test_logsoftmax_axis_0": _LAST_AXIS, "test_logsoftmax_axis_1": _LAST_AXIS,
     "test_softmax_axis_0": _LAST_AXIS, "test_softmax_axis_1": _LAST_AXIS,
