@@ -108,6 +108,7 @@ static void render_arg(Buf *o, const StageProg *sp, const Arg *a, char code) {
   case ARG_NULL: buf_printf(o, "NULL"); break;
   case ARG_INT: buf_printf(o, "%lld", (long long)a->i); break;
   case ARG_FLOAT: float_lit(o, a->f); break;
+  case ARG_DOUBLE: buf_printf(o, "%.17g", a->d); break;
   case ARG_CONST: buf_printf(o, "&%s", sp->shapes[a->i].name); break;
   case ARG_SYM: buf_printf(o, "%s", a->sym); break;
   case ARG_INTS: int_list(o, a->ints, a->i); break;
@@ -213,7 +214,7 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   }
   buf_printf(o, "\nstatic unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));\n\n");
   for (int i = 0; i < sp->nshapes; i++) render_shape(o, sp, &sp->shapes[i]);
-  buf_printf(o, "\nstatic void forward(int slot) {\n");
+  buf_printf(o, "\nstatic void forward(int slot) {\n  (void)slot; /* a stage that only reads weights and constants uses no ring slot */\n");
   emit_calls(o, sp, sp->fwd, sp->nfwd, 0);
   int split = p->opt.schedule == SCHED_ZB1;
   static const char *const fn[] = {"backward", "backward_input", "backward_weight"};

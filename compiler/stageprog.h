@@ -43,18 +43,20 @@ typedef struct KernelSig {
 extern const KernelSig KERNELS[K_NKERNELS];
 
 /* A typed argument of a call. */
-enum { ARG_BUF, ARG_NULL, ARG_INT, ARG_FLOAT, ARG_CONST, ARG_SYM, ARG_INTS };
+enum { ARG_BUF, ARG_NULL, ARG_INT, ARG_FLOAT, ARG_CONST, ARG_SYM, ARG_INTS, ARG_DOUBLE };
 typedef struct Arg {
   int kind;
   int buf;              /* ARG_BUF: buffer id (a negative id becomes ARG_NULL where the signature allows it) */
   int64_t i;            /* ARG_INT; ARG_CONST: shape constant id */
   float f;              /* ARG_FLOAT */
+  double d;             /* ARG_DOUBLE (shape constant fields only) */
   const char *sym;      /* ARG_SYM */
   const int64_t *ints;  /* ARG_INTS (shape constant fields only): i values */
 } Arg;
 #define A_BUF(b) ((Arg){.kind = ARG_BUF, .buf = (b)})
 #define A_INT(v) ((Arg){.kind = ARG_INT, .i = (int64_t)(v)})
 #define A_FLT(v) ((Arg){.kind = ARG_FLOAT, .f = (float)(v)})
+#define A_DBL(v) ((Arg){.kind = ARG_DOUBLE, .d = (double)(v)})
 #define A_CONST(id) ((Arg){.kind = ARG_CONST, .i = (id)})
 #define A_SYM(s) ((Arg){.kind = ARG_SYM, .sym = (s)})
 #define A_INTS(p, n) ((Arg){.kind = ARG_INTS, .ints = (p), .i = (n)})

@@ -408,7 +408,8 @@ static inline void k_binary_grad(int op, int which, const float *a, const float 
 /* ---- batch normalization over N and the spatial axes, per channel ---- */
 typedef struct BnShape {
   int64_t n, c, sp;   /* [n, c, sp] */
-  float eps, momentum; /* ONNX momentum: running = running * momentum + batch * (1 - momentum) */
+  float eps;
+  double momentum;    /* ONNX momentum: running = running * momentum + batch * (1 - momentum), in double as PyTorch */
   int training;
 } BnShape;
 

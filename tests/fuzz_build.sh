@@ -9,7 +9,8 @@ keep=$1 max=${2:-6}
 T=$(mktemp -d "${TMPDIR:-/tmp}/pipecc-fuzzbuild.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 pass=0 fail=0 refused=0 tried=0
-for f in $(ls "$keep"/accepted-*.onnx 2>/dev/null | head -n "$max"); do
+# find, not a glob: a long fuzz run keeps tens of thousands of inputs, past the argument limit
+for f in $(find "$keep" -maxdepth 1 -name 'accepted-*.onnx' 2>/dev/null | sort | head -n "$max"); do
   tried=$((tried + 1))
   scheds=(gpipe 1f1b zb1)
   for s in ${scheds[$((tried % 3))]}; do  # one schedule per input, in turn: the suite stays short

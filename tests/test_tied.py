@@ -269,6 +269,18 @@ def torch_key(model, name, params):
     return name
 
 
+def forward_without_slot(tmp):
+    """A stage whose forward reads only a weight it shares with another stage (a fuzz input): its
+    program uses no ring slot, and must still build under -Werror."""
+    path = os.path.join(ROOT, "tests", "fuzz_seeds", "tied-weight-forward-without-slot")
+    out = os.path.join(tmp, "noslot.pipe")
+    r = subprocess.run([PIPECC, path, "-n", "2", "--batch", "4", "--microbatches", "2", "--schedule", "zb1",
+                        "--devices", DEVICES, "-o", out], capture_output=True, text=True)
+    if check(r.returncode == 0, f"a stage that only reads a shared weight compiles ({r.stderr.strip()[-200:]})"):
+        b = subprocess.run(["make", "-s", "-C", out], capture_output=True, text=True)
+        check(b.returncode == 0, f"... and its stage programs build ({b.stderr.strip()[-300:]})")
+
+
 def main():
     global TOKENS
     tmp = tempfile.mkdtemp(prefix="pipecc-tied.")
@@ -279,6 +291,7 @@ def main():
     tok = np.fromfile(TOKENS, dtype=np.uint16).astype(np.int64)
     tied_gpt(tmp, tok)
     merged_gpt(tmp, tok)
+    forward_without_slot(tmp)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 

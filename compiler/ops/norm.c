@@ -1,5 +1,8 @@
 /* norm.c - normalisations: BatchNormalization (training and inference, running
  * statistics as PyTorch), LayerNormalization, Softmax and LogSoftmax. */
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "ops/rule.h"
 
 enum { SOFTMAX = 1, LOG_SOFTMAX }; /* OpDef.code */
@@ -25,6 +28,19 @@ static int bn_infer(Graph *g, Node *n) {
   return 0;
 }
 
+/* The double a float attribute was written from: its shortest decimal
+ * (0.9f -> 0.9).  PyTorch updates running statistics with its momentum in
+ * double (0.1, so 1 - 0.1 = 0.9 exactly where 1 - 0.9f is 0.100000024); the
+ * exported float would move every running statistic by 2e-7 relative. */
+static double decimal_of(float f) {
+  char num[32];
+  for (int p = 1; p <= 9; p++) {
+    snprintf(num, sizeof num, "%.*g", p, f);
+    if ((float)strtod(num, NULL) == f) return strtod(num, NULL);
+  }
+  return f;
+}
+
 static int bn_training(Emit *e, const Node *n) {
   return em_graph(e)->opset >= 14 ? (int)attr_int(n, "training_mode", 0) : n->nout > 1;
 }
@@ -34,7 +50,7 @@ static int bn_fwd(Emit *e, const Node *n, int j) {
   int64_t sp = X->rank > 2 ? ir_numel(X) / (X->dims[0] * X->dims[1]) : 1;
   int rm = em_in(e, n, 3), rv = em_in(e, n, 4);
   int bs = SHAPE(e, "BnShape", em_name(e, "BN_%d", j), A_INT(X->dims[0]), A_INT(X->dims[1]), A_INT(sp),
-                 A_FLT(attr_float(n, "epsilon", 1e-5f)), A_FLT(attr_float(n, "momentum", 0.9f)), A_INT(bn_training(e, n)));
+                 A_FLT(attr_float(n, "epsilon", 1e-5f)), A_DBL(decimal_of(attr_float(n, "momentum", 0.9f))), A_INT(bn_training(e, n)));
   CALL(e, PH_FWD, K_BATCHNORM, n, A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_in(e, n, 2)), A_BUF(rm), A_BUF(rv),
        A_BUF(em_out(e, n, 0)), A_CONST(bs));
   /* Training mode's other outputs are the updated running statistics. */

@@ -8,13 +8,16 @@ micro-batches, plain SGD lr 0.01): compile, build, train 1 step (--save) and
 5 steps (--log, --save).  PyTorch trains the same micro-batches from the
 ONNX file's own weights, each micro-batch through BatchNorm separately, as
 the pipeline does.  PyTorch's own float32 spread is measured by nudging every
-initial weight one float32 step (nextafter) and re-running torch, eight
-times: all up, all down, alternating (two phases), four seeded random
-patterns; the spread is the largest difference any of them shows.  Checked:
+initial weight one float32 step (nextafter) and re-running torch, sixteen
+times (all up, all down, alternating in two phases, twelve seeded random
+patterns), and by the same training in float64; the spread is the largest
+difference any of them shows, never below one float32 step.  Checked:
 
-  * step 1's loss within 1e-5 relative of PyTorch's;
+  * step 1's loss within 1e-5 relative of PyTorch's (or 2x the loss's spread
+    at step 1, where PyTorch itself moves more);
   * after one step, every weight and every BatchNorm running statistic (each
-    tensor's largest difference) within 2x the spread of that tensor;
+    tensor's largest difference) within 2x the spread of that tensor, or no
+    further from the float64 result than 2x PyTorch's float32 result is;
   * steps 2..5's losses within 2x the losses' spread up to that step (or
     1e-5 relative, whichever is larger);
   * n = 1 and n = 4 give bit-identical weights (after 1 and after 5 steps).
@@ -64,21 +67,8 @@ TIMEOUT = 900
 # of its first line).  A pinned model that compiles fails with "unpin"; one
 # refused for another reason fails too, so this list follows the compiler.
 PINNED = {
-    "mobilenet_v2": "uses operator 'Clip', which pipecc does not support",
-    "mobilenet_v3_small": "uses operator 'HardSwish', which pipecc does not support",
-    "squeezenet1_1": "(Dropout) depends on run-time data",
-    "shufflenet_v2_x0_5": "(Slice) depends on run-time data",
-    "googlenet": "(Dropout) depends on run-time data",
-    "vgg11_bn": "'/avgpool/Expand' (Expand) depends on run-time data",
-    "alexnet": "'/net/avgpool/Expand' (Expand) depends on run-time data",
-    "mnasnet0_5": "(Dropout) depends on run-time data",
-    "transformer_lm": "(Slice) depends on run-time data",
-    # "MODEL n=N": refused at that stage count only.  A weight may not be
-    # shared by two stages, so the tied embedding/head weight keeps the Gather
-    # and the head's Transpose in one stage: n = 2 plans (stage 1 holds only
-    # the head's MatMul), n >= 3 finds no plan, and the error says the
-    # leanest plan needs "inf bytes".
-    "gpt_tied n=4": "no partition into 4 stages fits the memory limit",
+    # "MODEL" or "MODEL n=N": refused (at that stage count only) -> a text the
+    # refusal must contain, which says why.  Every model of the list trains.
 }
 
 passed = failed = 0
@@ -136,10 +126,11 @@ def state_of(model):
     return {k: v.detach().numpy().copy() for k, v in model.state_dict().items() if "num_batches" not in k}
 
 
-def torch_train(model, data, steps):
+def torch_train(model, data, steps, double=False):
     """SGD over M micro-batches per step, gradients summed (each micro-batch's
     mean loss scaled by mb/B), BatchNorm per micro-batch.  Returns the per-step
-    losses (float64) and the state after step 1."""
+    losses (float64) and the state after step 1.  double: the model is float64
+    and so are the images."""
     torch.set_num_threads(1)
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     model.train()
@@ -149,7 +140,7 @@ def torch_train(model, data, steps):
         total = 0.0
         for k in range(M):
             x, y = data.micro(s, k)
-            out = model(x)
+            out = model(x.double() if double and x.is_floating_point() else x)
             loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)) * ((B // M) / B)
             loss.backward()
             total += loss.item()
@@ -177,33 +168,42 @@ def nudged(p, how):
     return torch.where(pick, up, down)
 
 
-NUDGES = ("up", "down", "alt", "alt2", "rand1", "rand2", "rand3", "rand4")
+NUDGES = ("up", "down", "alt", "alt2") + tuple(f"rand{k}" for k in range(1, 13))
 
 
 def reference(name, onnx_model, data, steps):
     """PyTorch from the ONNX file's weights, and again from those weights
-    nudged one float32 step (NUDGES: eight ways).  Returns (losses, state after
+    nudged one float32 step (NUDGES: sixteen ways).  Returns (losses, state after
     step 1, per-tensor spread after step 1, the losses' spread envelope: at
     step s, the largest difference any nudged run's loss showed at a step
     <= s, mapping)."""
     inits = {t.name: numpy_helper.to_array(t) for t in onnx_model.graph.initializer}
     runs = []
     mapping = None
-    for nudge in (None,) + NUDGES:
+    for nudge in (None,) + NUDGES + ("float64",):
         model = models.build(name, seed=12345)   # any init: overwritten from the file
         mapping, _ = par.load_weights_from_onnx(model, onnx_model)
         with torch.no_grad():
             for k, buf in model.named_buffers():  # running statistics (the export's forward moved them)
                 if k in inits and buf.dtype == torch.float32:
                     buf.copy_(torch.from_numpy(inits[k].copy()))
-            if nudge is not None:
+            if nudge in NUDGES:
                 for p in model.parameters():
                     p.copy_(nudged(p, nudge))
-        runs.append(torch_train(model, data, steps))
+        if nudge == "float64":
+            model.double()
+        runs.append(torch_train(model, data, steps, double=nudge == "float64"))
     (losses, after1), others = runs[0], runs[1:]
-    spread = {k: max(float(np.abs(r[1][k].astype(np.float64) - after1[k]).max()) for r in others) for k in after1}
+    exact = runs[-1][1]  # the float64 run: what exact arithmetic gives, to float64's rounding
+    # The spread: how far float32 rounding alone moves PyTorch - the nudged runs,
+    # and the same run in float64 (float32's distance from exact arithmetic);
+    # never below one float32 step of the tensor's largest value.
+    spread = {k: max(max(float(np.abs(r[1][k].astype(np.float64) - after1[k]).max()) for r in others),
+                     float(np.spacing(np.float32(np.abs(after1[k]).max()))) if after1[k].size else 0.0) for k in after1}
     loss_spread = np.maximum.accumulate(np.max([np.abs(r[0] - losses) for r in others], axis=0))
-    return losses, after1, spread, loss_spread, mapping
+    # How far PyTorch's float32 result is from exact arithmetic, per tensor.
+    f32_err = {k: float(np.abs(after1[k].astype(np.float64) - exact[k]).max()) if after1[k].size else 0.0 for k in after1}
+    return losses, after1, spread, loss_spread, mapping, exact, f32_err
 
 
 # --------------------------------------------------------------------------
@@ -236,9 +236,14 @@ def pipecc_runs(name, path, n, data, tmp, env, steps):
     return (secs, build_s), np.array(res[1][0]), res[0][1], res[1][1]
 
 
-def compare_step1(got, after1, spread, mapping):
-    """Worst (error / spread) over the weights and running statistics after
-    one step, with the tensor's name, error and spread."""
+def compare_step1(got, after1, spread, mapping, exact, f32_err):
+    """Worst ratio over the weights and running statistics after one step, with
+    the tensor's name, error and allowance.  A tensor is as PyTorch's when it
+    is within its float32 spread of PyTorch's float32 result, or no further
+    from exact arithmetic (PyTorch in float64) than PyTorch's float32 result
+    is: the ratio is the smaller of err / spread and err64 / max(f32 error,
+    spread) - a summation order other than torch's moves a running mean by a
+    few units in the last place that nudged weights do not."""
     worst = (0.0, "", 0.0, 0.0)
     for oname, (key, transposed) in list(mapping.items()) + [(k, (k, False)) for k in after1 if "running" in k]:
         if key not in after1:
@@ -247,14 +252,19 @@ def compare_step1(got, after1, spread, mapping):
             return (float("inf"), oname + " (missing in the saved model)", float("inf"), spread.get(key, 0.0))
         g = got[oname].astype(np.float64)
         w = after1[key].T if transposed else after1[key]
+        x = exact[key].T if transposed else exact[key]
         if g.shape != w.shape:
             return (float("inf"), f"{oname} (shape {g.shape}, want {w.shape})", float("inf"), spread[key])
         err = float(np.abs(g - w).max()) if g.size else 0.0
-        ratio = err / spread[key] if spread[key] > 0 else (0.0 if err == 0 else float("inf"))
+        err64 = float(np.abs(g - x).max()) if g.size else 0.0
+        allow64 = max(f32_err[key], spread[key])
+        r1 = err / spread[key] if spread[key] > 0 else (0.0 if err == 0 else float("inf"))
+        r2 = err64 / allow64 if allow64 > 0 else (0.0 if err64 == 0 else float("inf"))
+        ratio = min(r1, r2)
         if not np.isfinite(err):
             ratio = float("inf")
         if ratio >= worst[0]:
-            worst = (ratio, oname, err, spread[key])
+            worst = (ratio, oname, err, spread[key] if r1 <= r2 else allow64)
     return worst
 
 
@@ -297,7 +307,7 @@ def run_model(name, tmp, env, data_paths, steps, ns):
         check(False, f"{name}: pinned as refused ({PINNED[name]!r}) but pipecc compiles it now: unpin")
 
     try:
-        losses, after1, spread, loss_spread, mapping = reference(name, om, data, steps)
+        losses, after1, spread, loss_spread, mapping, exact, f32_err = reference(name, om, data, steps)
     except Exception as e:
         check(False, f"{name}: torch reference ({type(e).__name__}: {e})")
         row["status"] = "torch reference failed"
@@ -328,11 +338,15 @@ def run_model(name, tmp, env, data_paths, steps, ns):
             check(False, f"{name} n={n}: pinned as refused ({pin!r}) but pipecc compiles it now: unpin")
         ok = check(len(got_losses) == steps, f"{name} n={n}: {steps} steps logged ({len(got_losses)})")
         rel1 = abs(got_losses[0] - losses[0]) / abs(losses[0]) if len(got_losses) else float("inf")
-        ok &= check(rel1 <= LOSS1_RTOL, f"{name} n={n}: step 1 loss {got_losses[0]:.7f} within {LOSS1_RTOL:g} relative "
-                    f"of PyTorch's {losses[0]:.7f} ({rel1:.1e})")
-        ratio, where, err, spr = compare_step1(got1, after1, spread, mapping)
+        # 1e-5, unless PyTorch's own step-1 loss moves more than that under float32 rounding
+        # (BatchNorm over the 4 values of a 1x1 map): then 2x that spread.
+        tol1 = max(LOSS1_RTOL, SPREAD_FACTOR * loss_spread[0] / abs(losses[0]))
+        ok &= check(rel1 <= tol1, f"{name} n={n}: step 1 loss {got_losses[0]:.7f} within {tol1:.1e} relative "
+                    f"of PyTorch's {losses[0]:.7f} ({rel1:.1e}; PyTorch's own spread {loss_spread[0] / abs(losses[0]):.1e})")
+        ratio, where, err, spr = compare_step1(got1, after1, spread, mapping, exact, f32_err)
         ok &= check(ratio <= SPREAD_FACTOR, f"{name} n={n}: after step 1 every weight and running statistic within "
-                    f"{SPREAD_FACTOR:g}x PyTorch's float32 spread (worst {where}: {err:.1e}, spread {spr:.1e}, {ratio:.2f}x)")
+                    f"{SPREAD_FACTOR:g}x PyTorch's float32 spread, or of its float32 error from float64 (worst {where}: {err:.1e}, "
+                    f"allowance {spr:.1e}, {ratio:.2f}x)")
         d = np.abs(got_losses[:steps] - losses[:len(got_losses)])
         tol = np.maximum(SPREAD_FACTOR * loss_spread, LOSS1_RTOL * np.abs(losses))[:len(d)]
         lratio = float(np.max(d / tol)) if len(d) else float("inf")
@@ -372,12 +386,17 @@ transformer language models with random weights (fixed seeds), compiles each for
 stages, trains {steps} SGD steps (batch {B}, {M} micro-batches, lr {LR}) and compares with PyTorch
 trained on the same weights and batches, each micro-batch through BatchNorm on its own as the
 pipeline does.  PyTorch's own float32 spread is measured by nudging every initial weight by one
-float32 step (nextafter: all up, all down, alternating, four seeded random patterns) and training
-again; the spread of a tensor is the largest difference any of the eight runs shows, that of the
-loss at step s the largest any showed up to step s.  A model matches when step 1's loss is
-within {LOSS1_RTOL:g} relative of PyTorch's, every weight and BatchNorm running statistic after
-step 1 is within {SPREAD_FACTOR:g}x that spread (per tensor), the {steps} losses are within
-{SPREAD_FACTOR:g}x the losses' spread (or {LOSS1_RTOL:g} relative), and n = 1 and n = 4 give bit-identical weights.
+float32 step (nextafter: all up, all down, alternating, twelve seeded random patterns) and by
+running the same training in float64; the spread of a tensor is the largest difference any of
+these seventeen runs shows (at least one float32 step of its largest value), that of
+the loss at step s the largest any showed up to step s.  A model matches when step 1's loss is
+within {LOSS1_RTOL:g} relative of PyTorch's (or {SPREAD_FACTOR:g}x the loss's spread at step 1, where
+PyTorch itself moves more: BatchNorm over the 4 values of a 1x1 map), every weight and BatchNorm
+running statistic after step 1 is within {SPREAD_FACTOR:g}x that spread of PyTorch's float32 result
+or no further than {SPREAD_FACTOR:g}x PyTorch's own float32 error from the float64 result (per
+tensor: another summation order moves a running mean by a few units in the last place that
+nudged weights do not), the {steps} losses are within {SPREAD_FACTOR:g}x the losses' spread (or
+{LOSS1_RTOL:g} relative), and n = 1 and n = 4 give bit-identical weights.
 
 Inputs: 3x32x32 images (CIFAR-10 format from `bin/piperun-data`, 10 classes); the language models
 read uint16 tokens (vocabulary {models.VOCAB}, sequences of {models.SEQ}).  Dropout is set to p = 0
@@ -400,10 +419,9 @@ steps (the spreads are listed per model).  After step 2 the loss check is theref
 step 1's loss and weights carry the comparison.
 
 Refusals are pinned in `PINNED` in `tests/zoo/run.py` with their reasons; a pinned model that
-compiles fails the suite with "unpin".  gpt_tied at n = 4 is refused because a weight may not be
-shared by two stages: the tied embedding/head keeps the Gather and the head's Transpose in one
-stage, so n = 2 plans and n >= 3 finds no plan (the message's "inf bytes" is that case).
-densenet121's one-stage program takes minutes to build with clang -O2.  This run took
+compiles fails the suite with "unpin".  gpt_tied's embedding is its output head: at n = 4 the
+Gather is on stage 0 and the head on stage 3, each keeping a copy, and the two exchange their
+gradient parts at every update (README, tied weights).  densenet121's one-stage program takes minutes to build with clang -O2.  This run took
 {total_s / 60:.1f} minutes on this machine.
 
 | model | parameters | nodes | compile | build | status | error against PyTorch |
