@@ -24,15 +24,20 @@ fi
 T=$(mktemp -d "${TMPDIR:-/tmp}/pipecc-hosts.XXXXXX")
 cleanup() { ip netns del "$A" 2>/dev/null; ip netns del "$B" 2>/dev/null; rm -rf "$T"; }
 trap cleanup EXIT
-ip netns add "$B"
-ip link add "vA$$" type veth peer name "vB$$"
-ip link set "vA$$" netns "$A"
-ip link set "vB$$" netns "$B"
-ip -n "$A" addr add "$NET.1/24" dev "vA$$"
-ip -n "$B" addr add "$NET.2/24" dev "vB$$"
-for ns in "$A" "$B"; do ip -n "$ns" link set lo up; done
-ip -n "$A" link set "vA$$" up
-ip -n "$B" link set "vB$$" up
+hosts() {
+  ip netns add "$B" &&
+  ip link add "vA$$" type veth peer name "vB$$" &&
+  ip link set "vA$$" netns "$A" && ip link set "vB$$" netns "$B" &&
+  ip -n "$A" addr add "$NET.1/24" dev "vA$$" && ip -n "$B" addr add "$NET.2/24" dev "vB$$" &&
+  ip -n "$A" link set lo up && ip -n "$B" link set lo up &&
+  ip -n "$A" link set "vA$$" up && ip -n "$B" link set "vB$$" up &&
+  ip netns exec "$A" unshare --uts true
+}
+if ! hosts 2>"$T/setup.err"; then
+  echo "# SKIPPED: this machine lets pipecc make a namespace but not the veth link or UTS namespace the two hosts need:"
+  sed 's/^/#   /' "$T/setup.err"
+  finish
+fi
 
 # The rsh agent: Open MPI calls it as `agent HOST COMMAND...` to start its
 # daemon on HOST.  Host B gets its own UTS namespace (host name hostB) and
