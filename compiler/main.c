@@ -39,6 +39,7 @@ static void usage(FILE *f) {
         "  --dump-shapes         print every tensor's inferred type and shape, write nothing\n"
         "  --plan-only           write the plan and listing but no stage programs\n"
         "  --list-ops            print the operator table (trainable / forward only / compile-time only) and exit\n"
+        "  --blas-kernels        print the OpenBLAS kernels the stage programs run on this machine and exit\n"
         "  --forward-only        programs that run the forward pass on given inputs (no loss, no training)\n"
         "  --untie               a weight that nodes of one kind share (an exporter merged equal initializers)\n"
         "                        gets a copy per reading node instead of being trained as one tied weight\n"
@@ -151,6 +152,10 @@ int main(int argc, char **argv) {
       return 0;
     } else if (!strcmp(a, "--list-ops")) {
       op_list_print();
+      return 0;
+    } else if (!strcmp(a, "--blas-kernels")) { /* the OpenBLAS kernels stages pin here (tests run PyTorch on them too) */
+      const char *k = getenv("OPENBLAS_CORETYPE");
+      puts(k && *k ? k : blas_core_for_cpu());
       return 0;
     } else if (!strcmp(a, "--version")) {
       printf("pipecc %s\n", PIPECC_VERSION);

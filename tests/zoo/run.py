@@ -33,6 +33,21 @@ refusal's reason; a pinned model that compiles is a failure that says
 
 Ends with "N passed, M failed"; exit 1 on any failure.  Run with /usr/bin/python3.
 """
+import os
+import subprocess
+import sys
+
+# PyTorch runs on the OpenBLAS kernels the stage programs pin (runtime/blas_core.h): the
+# library picks its kernels when it loads, so set them and start again before numpy or
+# torch is imported.  Otherwise torch's OpenBLAS may autodetect other kernels (Prescott
+# on a CPU newer than it knows), whose sums round differently from pipecc's.
+if not os.environ.get("OPENBLAS_CORETYPE"):
+    _pipecc = os.environ.get("PIPECC", os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bin", "pipecc"))
+    _k = subprocess.run([_pipecc, "--blas-kernels"], capture_output=True, text=True).stdout.strip()
+    if _k:
+        os.environ["OPENBLAS_CORETYPE"] = _k
+        os.execv(sys.executable, [sys.executable] + sys.argv)
+
 import argparse
 import csv
 import importlib.util
