@@ -541,7 +541,7 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
   Saved start, best;
   save(w, &start, maxact);
   double best_t = INFINITY;
-  int have = 0;
+  int have = 0, fit_no_host = 0;
   int64_t floor = sp->arena_bytes;
   for (int ti = 0; ti < nt; ti++) {
     int tgt = targets[ti];
@@ -554,21 +554,37 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
         int fits = fill(w, s, strat, lead, peer, lim, cand, nc, fw, f) == 0;
         if ((int64_t)sp->arena_bytes < floor) floor = sp->arena_bytes;
         if (!fits) continue;
+        const char *dbg = getenv("PIPECC_DEBUG_STASH");
         if (peer >= 0) {
           int ns = place_peer(w, s, peer);
-          (void)ns;
           double hl = limit_of(p, peer);
           int64_t ha = host_layout(w, peer, sp->xout);
-          if (hl > 0 && (double)ha > hl) continue;
+          if (hl > 0 && (double)ha > hl) {
+            fit_no_host = 1;
+            if (dbg) fprintf(stderr, "stash: stage %d lead %d strat %d peer %d: host arena %lld > %.0f (%d store slots)\n", s, lead, strat, peer, (long long)ha, hl, ns);
+            continue;
+          }
         }
         if (schedule_time(&w->sc, w->cost)) {
+          if (dbg) fprintf(stderr, "stash: stage %d lead %d strat %d target %d: %s\n", s, lead, strat, tgt, err_msg());
+          if (dbg)
+            for (int q = 0; q < p->opt.nstages; q++) {
+              fprintf(stderr, "  rank %d:", q);
+              for (int k = 0; k < w->sc.nact[q]; k++) {
+                char b[32];
+                fprintf(stderr, " %s/x%d", action_str(&w->sc.act[q][k], b, sizeof b), w->sc.act[q][k].xslot);
+              }
+              fprintf(stderr, "\n");
+            }
           err_clear();
           continue;
         }
         if (schedule_validate(&w->sc)) {
+          if (dbg) fprintf(stderr, "stash: stage %d lead %d strat %d target %d: %s\n", s, lead, strat, tgt, err_msg());
           err_clear();
           continue;
         }
+        if (dbg) fprintf(stderr, "stash: stage %d lead %d strat %d target %d: arena %lld, step %.6f\n", s, lead, strat, tgt, (long long)sp->arena_bytes, w->sc.step_time);
         if (w->sc.step_time < best_t) {
           if (have) saved_free(&best, p->opt.nstages);
           save(w, &best, maxact);
@@ -585,6 +601,11 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
     int q = w->shape[s].peer;
     if (q >= 0 && w->shape[s].has_out) w->host_of[s] = q, w->hosts[q] = s;
     saved_free(&best, p->opt.nstages);
+  } else if (fit_no_host) {
+    restore(w, &start);
+    rc = err_set("stage %d fits --mem-limit %s only if another rank holds its offloaded activations (%s per micro-batch), and "
+                 "no rank has that room under the limit; use --offload file:DIR or --recompute auto, raise --mem-limit, or use "
+                 "more stages", s, fmt_bytes(lim), fmt_bytes((double)sp->xout));
   } else {
     restore(w, &start);
     rc = err_set("stage %d does not fit --mem-limit %s: its arena is %s, and offloading or recomputing every stashed "
