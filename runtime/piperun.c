@@ -418,11 +418,12 @@ static void do_send_grad(Run *r, const PrAction *a) {
 static void load_input(Run *r, const PrValue *pv, int mb, int slot) {
   const PrStage *st = r->st;
   const int64_t *idx = r->idx + (int64_t)mb * st->mb_size;
+  /* An input that leaves between forward and backward lives in the xslot block. */
+  unsigned char *to = pv->xring ? st->arena + pv->offset + (int64_t)r->cur->xslot * st->xslot_bytes : ring(r, pv->offset, pv->bytes, slot);
   if (pv->source == PR_FROM_IMAGES)
-    data_images(&r->data, idx, st->mb_size, (float *)ring(r, pv->offset, pv->bytes, slot), r->in_labels);
+    data_images(&r->data, idx, st->mb_size, (float *)to, r->in_labels);
   else
-    data_tokens(&r->data, r->step, st->batch, (int)pv->dims[1], mb * st->mb_size, st->mb_size, (int64_t *)ring(r, pv->offset, pv->bytes, slot),
-                r->in_y);
+    data_tokens(&r->data, r->step, st->batch, (int)pv->dims[1], mb * st->mb_size, st->mb_size, (int64_t *)to, r->in_y);
 }
 
 static void load_labels(Run *r, int mb, int64_t *labels) {
