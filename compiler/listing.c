@@ -374,7 +374,8 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, "  ]\n}\n");
 }
 
-/* ACT_F .. ACT_UPDATE and TL_F .. TL_UPDATE name the same kinds in the same order. */
+/* ACT_F .. ACT_RETURN and TL_F .. TL_RETURN name the same kinds in the same order.  A transfer's span is
+ * the copy itself, from its post to its predicted completion. */
 void listing_timeline(const Plan *p, Buf *b) {
   const Schedule *sc = &p->sched;
   int n = 0;
@@ -385,7 +386,6 @@ void listing_timeline(const Plan *p, Buf *b) {
   for (int s = 0; s < sc->nstages; s++)
     for (int i = 0; i < sc->nact[s]; i++) {
       const Action *a = &sc->act[s][i];
-      if (a->kind > ACT_UPDATE) continue; /* no kind beyond the update is planned yet */
       spans[k++] = (TlSpan){s, a->kind - ACT_F + TL_F, a->mb, 0, a->start, a->end};
     }
   char title[512];

@@ -236,16 +236,16 @@ static void sim_resolve(Sim *sim) {
   const Schedule *sc = sim->sc;
   for (int s = 0; s < sim->p; s++)
     for (int k = 0; k < sc->nact[s]; k++) {
-      const Action *a = &sc->act[s][k];
+      Action *a = &sc->act[s][k];
       int i = a->mb >= 0 ? IDX(s, a->mb) : 0;
       if (a->kind == ACT_OFFLOAD && a->peer >= 0 && sim->off_post[i] >= 0 && sim->off_end[i] < 0 && sim->hold_t[i] >= 0) {
         double st = fmax(fmax(sim->off_post[i], sim->hold_t[i]), sim->chan[s]);
-        sim->off_end[i] = sim->chan[s] = st + sim->cost[s].xfer_out;
+        sim->off_end[i] = sim->chan[s] = a->end = st + sim->cost[s].xfer_out;
         sim->xfree[s][a->xslot] = sim->off_end[i];
       }
       if (a->kind == ACT_PREFETCH && a->peer >= 0 && sim->pre_post[i] >= 0 && sim->pre_end[i] < 0 && sim->ret_t[i] >= 0) {
         double st = fmax(fmax(sim->pre_post[i], sim->ret_t[i]), sim->chan[s]);
-        sim->pre_end[i] = sim->chan[s] = st + sim->cost[s].xfer_in;
+        sim->pre_end[i] = sim->chan[s] = a->end = st + sim->cost[s].xfer_in;
         sim->sfree[a->peer][(int)sim->ret_slot[i]] = sim->pre_end[i]; /* the peer's store slot is free again */
       }
     }
@@ -293,7 +293,7 @@ static void sim_run(Sim *sim, Action *a, int s) {
     sim->xowner[s][a->xslot] = -1;
     if (a->peer < 0) {
       double st = fmax(a->start, sim->chan[s]);
-      sim->off_end[i] = sim->chan[s] = st + c->xfer_out;
+      sim->off_end[i] = sim->chan[s] = a->end = st + c->xfer_out;
       sim->xfree[s][a->xslot] = sim->off_end[i];
     }
     break;
@@ -301,7 +301,7 @@ static void sim_run(Sim *sim, Action *a, int s) {
     sim->pre_post[i] = a->start;
     if (a->peer < 0) {
       double st = fmax(fmax(a->start, sim->chan[s]), sim->off_end[i]);
-      sim->pre_end[i] = sim->chan[s] = st + c->xfer_in;
+      sim->pre_end[i] = sim->chan[s] = a->end = st + c->xfer_in;
     }
     break;
   case ACT_HOLD:
