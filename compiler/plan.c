@@ -319,18 +319,37 @@ int plan_from_graph(Plan *p) {
   }
   schedule_build(&p->slots, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, unit, &g->pool);
   setup_pricing(p, pr);
-  if (partition_solve(pr, &p->part, &g->pool)) {
-    /* No plan fits as it stands: price each candidate stage by the least it
-     * can hold when its stashed activations leave (stash.c), if they may. */
-    if (!(o->mem_limit > 0 || p->machine.dev[0].mem_bytes > 0) || !pr->stage_mem || o->forward_only ||
-        (o->offload == OFFLOAD_NONE && !o->recompute))
-      return -1;
+  int limited = o->mem_limit > 0;
+  for (int s = 0; s < o->nstages; s++) limited |= p->machine.dev[s].mem_bytes > 0;
+  int may_leave = limited && pr->stage_mem && !o->forward_only && (o->offload != OFFLOAD_NONE || o->recompute);
+  int plain_fits = partition_solve(pr, &p->part, &g->pool) == 0;
+  if (!plain_fits && !may_leave) return -1;
+  if (may_leave) {
+    /* Price each candidate stage by the least it can hold when its stashed
+     * activations leave (stash.c): a cut that fits only so beats an
+     * infeasible one, and beats a plain cut that fits if its stages are
+     * faster (the plain one may fit only by piling nodes on a rank with room). */
     err_clear();
+    Partition plain = p->part;
     stash_floor_slots(p);
     p->floor_pricing = 1;
     int *zero = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
+    const int *copies = pr->ring_copies;
     pr->ring_copies = zero; /* the lower bound counts no ring copies now */
-    if (partition_solve(pr, &p->part, &g->pool)) return -1;
+    struct PriceMemo *memo = p->memo;
+    p->memo = calloc(1, sizeof *p->memo);
+    if (!p->memo) abort();
+    int floor_fits = partition_solve(pr, &p->part, &g->pool) == 0;
+    if (!floor_fits && !plain_fits) return -1;
+    if (!floor_fits || (plain_fits && !(p->part.max_time < plain.max_time * (1 - 1e-6)))) {
+      /* The plain cut: priced as it stands. */
+      p->part = plain, p->floor_pricing = 0, pr->ring_copies = copies;
+      free(p->memo->key), free(p->memo->val), free(p->memo);
+      p->memo = memo;
+      err_clear();
+    } else {
+      free(memo->key), free(memo->val), free(memo);
+    }
   }
   schedule_build(&p->sched, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, p->part.cost, &g->pool);
   if (schedule_validate(&p->sched)) return -1;

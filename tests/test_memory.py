@@ -2,16 +2,21 @@
 recompute each stashed activation so that every rank fits --mem-limit.
 
 For each case - a sample model, n, a schedule, a target - the plain plan is
-compiled first and its busiest stage's arena read from plan.json; the limit
-is a fraction of the leanest plain plan's need (the smallest limit pipecc
-names with --offload none --recompute none; below it no other cut fits, so
-the plan must move something), or of the busiest plain arena for "auto".  The case then checks that:
+compiled and trained first.  The limits tried for a target run from the
+smallest limit that target can reach (its floor, which pipecc names when it
+refuses 1K) to just under the leanest plain plan's need (the smallest limit
+named with --offload none --recompute none: below it no other cut fits as it
+stands, so the plan must move something); "auto" cases take fractions of the
+busiest plain arena.  The case then checks that:
   - pipecc plans under the limit with that target alone (--offload peer
     --recompute none, --offload file:DIR --recompute none, --offload none
     --recompute auto), and the plan really moves or recomputes something
     (OFFLOAD / RECOMPUTE actions in the stage programs, xslots in plan.json);
   - every stage's arena (ARENA_BYTES) is at most the limit, the ranks that
-    hold a peer's activations included;
+    hold a peer's activations included (the peer target: the first half of
+    the ranks have the limit, in --devices, and the rest none - BPipe's case,
+    the first stages stash most and the last have room; --quick also runs
+    LeNet with one limit on every rank, hosts included);
   - the trained losses and the saved weights are bit-identical to the plain
     plan's, over 3 steps (two successful runs compared);
   - each stage's measured peak anonymous RSS is at most the limit plus the
@@ -43,6 +48,7 @@ passed = failed = 0
 
 TARGETS = {
     "peer": ["--offload", "peer", "--recompute", "none"],
+    "peer-all": ["--offload", "peer", "--recompute", "none"],  # one --mem-limit on every rank, hosts included
     "file": ["--offload", "file:{dir}", "--recompute", "none"],
     "recompute": ["--offload", "none", "--recompute", "auto"],
     "auto": [],
@@ -65,9 +71,19 @@ def run(cmd, **kw):
     return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
 
-def compile_plan(model, n, sched, out, extra=()):
+def compile_plan(model, n, sched, out, extra=(), devices=DEVICES):
     return run([PIPECC, os.path.join(ROOT, "onnx_models", model + ".onnx"), "-n", str(n), "--schedule", sched,
-                "--batch", "32", "--microbatches", "8", "--devices", DEVICES, "-o", out, *extra])
+                "--batch", "32", "--microbatches", "8", "--devices", devices, "-o", out, *extra])
+
+
+def half_limited(tmp, n, lim):
+    """A devices file (tests/devices_equal.txt's figures) whose first half of the ranks have lim bytes and
+    the rest no limit: BPipe's case, the first stages stash most, the last have room for them."""
+    path = os.path.join(tmp, f"devices.{n}.{lim}")
+    with open(path, "w") as f:
+        f.write("rank * flops=50G\n" + "".join(f"rank {r} flops=50G mem={lim}\n" for r in range((n + 1) // 2)) +
+                "link * bandwidth=5G latency=2us\nmemcpy bandwidth=10G\n")
+    return path
 
 
 def arenas(out):
@@ -116,35 +132,48 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache):
     if not plain_cache[key] or not plain_cache[key][1]:
         return
     busiest, (p_losses, p_model, p_rows) = plain_cache[key]
-    # Fractions of the leanest plain plan's need (below it no re-cut fits, so
-    # the plan must move something); "auto" cases take the busiest arena's.
-    base = busiest
-    if target != "auto":
-        r = compile_plan(model, n, sched, os.path.join(tmp, "need"), ["--mem-limit", "1K", "--offload", "none", "--recompute", "none"])
-        m = re.search(r"at least (\d+)K", r.stderr)
-        if not check(m is not None, f"{tag}: the plain planner names its smallest limit ({r.stderr.strip()[-200:]})"):
-            return
-        base = int(m.group(1)) * 1024
+    # The limits tried: for "auto", fractions of the busiest plain arena; for
+    # one target, from the smallest limit it can reach (its floor F, named by
+    # its refusal of 1K) up to just under the leanest plain plan's need P
+    # (below P no other cut fits as it stands, so the plan must move something).
     odir = os.path.join(tmp, "offload")
     os.makedirs(odir, exist_ok=True)
     flags = [f.format(dir=odir) for f in TARGETS[target]]
+    if target == "auto":
+        limits = [int(busiest * f) for f in fracs]
+        base = f"{', '.join(f'{f:.0%}' for f in fracs)} of the busiest plain arena ({busiest} bytes)"
+    else:
+        need = {}
+        for name, extra in (("plain", ["--offload", "none", "--recompute", "none"]), ("floor", flags)):
+            if target == "peer":
+                r = compile_plan(model, n, sched, os.path.join(tmp, "need"), extra, half_limited(tmp, n, 1024))
+            else:
+                r = compile_plan(model, n, sched, os.path.join(tmp, "need"), ["--mem-limit", "1K", *extra])
+            m = re.search(r"at least (\d+)K", r.stderr)
+            if not check(m is not None, f"{tag}: the {name} planner names its smallest limit ({r.stderr.strip()[-200:]})"):
+                return
+            need[name] = int(m.group(1)) * 1024
+        P, F = need["plain"], need["floor"]
+        limits = sorted({x for x in (F, (3 * F + P) // 4, (F + P) // 2, P - 4096) if F <= x < P})
+        base = f"limits from its floor {F} to the plain need {P} bytes ({limits})"
     out, limit, errors = os.path.join(tmp, f"{model}.{n}.{sched}.{target}"), None, []
-    for f in fracs:
-        lim = int(base * f)
-        r = compile_plan(model, n, sched, out, ["--mem-limit", str(lim), *flags])
+    for lim in limits:
+        if target == "peer":  # the limit on the first half of the ranks, none on the rest (their hosts)
+            r = compile_plan(model, n, sched, out, flags, half_limited(tmp, n, lim))
+        else:
+            r = compile_plan(model, n, sched, out, ["--mem-limit", str(lim), *flags])
         if r.returncode == 0 and memory_actions(out):
             limit = lim
             break
-        errors.append(f"{f:.2f}: {r.stderr.strip()[-200:] or 'nothing moved'}")
+        errors.append(f"{lim}: {r.stderr.strip()[-160:] or 'nothing moved'}")
     if key + (target,) in EXPECTED:
         check(limit is None, f"{tag}: refused as pinned ({EXPECTED[key + (target,)]})")
         return
-    what = "the busiest plain arena" if target == "auto" else "the leanest plain plan's need"
-    if not check(limit is not None, f"{tag}: plans under a limit of {', '.join(f'{f:.0%}' for f in fracs)} of {what} "
-                                    f"({base} bytes) and moves something ({'; '.join(errors)})"):
+    if not check(limit is not None, f"{tag}: plans under one of {base} and moves something ({'; '.join(errors) or 'no limit between'})"):
         return
     got = arenas(out)
-    check(max(got) <= limit, f"{tag} limit {limit}: every arena fits ({got})")
+    bound = [limit if target != "peer" or r < (n + 1) // 2 else float("inf") for r in range(n)]
+    check(all(a <= b for a, b in zip(got, bound)), f"{tag} limit {limit}: every limited rank's arena fits ({got})")
     plan = json.load(open(os.path.join(out, "plan.json")))
     mp = [s.get("memory_plan", {}) for s in plan["stage_plans"]]
     check(any(m.get("xslots", 0) for m in mp), f"{tag}: plan.json states the memory plan (xslots, fates)")
@@ -154,8 +183,8 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache):
     losses, saved, rows = res
     check(losses == p_losses and len(losses) == STEPS, f"{tag}: the losses are bit-identical to the plain plan's ({losses[-1:]} vs {p_losses[-1:]})")
     check(saved == p_model, f"{tag}: the trained weights are bit-identical to the plain plan's")
-    over = [(r["stage"], r["rss_peak_bytes"], limit + p["rss_overhead_bytes"] + SLACK) for r, p in zip(rows, p_rows)
-            if r["rss_peak_bytes"] > limit + p["rss_overhead_bytes"] + SLACK]
+    over = [(r["stage"], r["rss_peak_bytes"], b + p["rss_overhead_bytes"] + SLACK) for r, p, b in zip(rows, p_rows, bound)
+            if r["rss_peak_bytes"] > b + p["rss_overhead_bytes"] + SLACK]
     check(not over and len(rows) == n, f"{tag}: every stage's peak RSS is at most the limit plus the plain run's overhead "
                                        f"(stage, peak, allowed: {over})")
 
@@ -193,7 +222,7 @@ def main():
         infeasible(tmp)
         plain = {}
         if quick:
-            cases = [("lenet", 4, "1f1b", t, (0.9, 0.8, 0.7)) for t in ("peer", "file", "recompute")]
+            cases = [("lenet", 4, "1f1b", t, (0.9, 0.8, 0.7)) for t in ("peer", "file", "recompute", "peer-all")]
             cases += [("gpt", 2, "zb1", "recompute", (0.9, 0.8)), ("resnet", 4, "1f1b", "auto", (0.5,))]
         else:
             cases = [(m, n, s, t, (0.9, 0.8, 0.7, 0.6)) for m in ("mlp", "lenet", "resnet", "gpt", "gpt_opset17") for n in (2, 4)
