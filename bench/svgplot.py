@@ -17,6 +17,7 @@ atomically.  Run this file to draw a demo: `python3 bench/svgplot.py /tmp/demo.s
 import math
 import os
 import sys
+import textwrap
 from xml.sax.saxutils import escape
 
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f"]
@@ -78,7 +79,9 @@ def marker_svg(kind, x, y, color, r=4.5):
 
 def plot(path, series, title="", xlabel="", ylabel="", xlim=None, ylim=None, hlines=(), vlines=(),
          regions=(), notes=(), width=720, height=460):
-    """Write an SVG plot of the series to path (see the module docstring); returns path."""
+    """Write an SVG plot of the series to path (see the module docstring); returns path.  Notes
+    are lines of text under the plot, wrapped to its width; the plot area shrinks to make room for
+    them and for the legend."""
     series = [dict(s) for s in series]
     for i, s in enumerate(series):
         s.setdefault("color", COLORS[i % len(COLORS)])
@@ -104,8 +107,11 @@ def plot(path, series, title="", xlabel="", ylabel="", xlim=None, ylim=None, hli
     xstep = xt[1] - xt[0] if len(xt) > 1 else 1.0
     ystep = yt[1] - yt[0] if len(yt) > 1 else 1.0
 
+    left = 70
+    wrap = max(20, int((width - left - 10) / 6.0))   # 11px sans-serif: about 6 px a character
+    notes = [ln for note in notes for ln in (textwrap.wrap(note, wrap) or [""])]
     legend_w = 12 + 7.2 * max([len(s["name"]) for s in series] + [4]) + 34
-    left, right, top = 70, 20 + legend_w, 40 if title else 20
+    right, top = 20 + legend_w, 40 if title else 20
     bottom = 55 + 16 * len(notes)
     pw, ph = width - left - right, height - top - bottom
 
