@@ -14,6 +14,7 @@
 #include "onnx_load.h"
 #include "outdir.h"
 #include "stageprog.h"
+#include "stash.h"
 #include "templates.h"
 
 
@@ -73,7 +74,8 @@ static void put_cstring(Buf *o, const char *s) {
  * its macro, with the copy it uses. */
 static void buf_expr(Buf *o, const StageProg *sp, int id) {
   const Buffer *b = &sp->bufs[id];
-  if (b->kind == BUF_RING) buf_printf(o, "%s(slot)", b->name);
+  if (b->kind == BUF_RING && b->fate != FATE_KEEP) buf_printf(o, "%s(xslot)", b->name);
+  else if (b->kind == BUF_RING) buf_printf(o, "%s(slot)", b->name);
   else if (b->kind == BUF_GRING) buf_printf(o, "%s(gslot)", b->name);
   else buf_printf(o, "%s", b->name);
 }
@@ -136,14 +138,26 @@ static void render_shape(Buf *o, const StageProg *sp, const ShapeConst *c) {
   buf_printf(o, "};\n");
 }
 
-/* which: 0 every call, 1 the input-gradient (I) calls, 2 the weight-gradient (W) calls. */
+/* which: 0 every call, 1 the input-gradient (I) calls, 2 the weight-gradient (W) calls,
+ * 3 the forward calls a RECOMPUTE re-runs (a training BatchNorm without its
+ * running statistics: the forward already moved them). */
 static void emit_calls(Buf *o, const StageProg *sp, const Call *calls, int n, int which) {
   for (int i = 0; i < n; i++) {
-    if (which && (which == 2) != call_is_weight(sp, &calls[i])) continue;
+    if (which == 3 && !sp->recompute[i]) continue;
+    if ((which == 1 || which == 2) && (which == 2) != call_is_weight(sp, &calls[i])) continue;
     buf_printf(o, "  /* ");
     put_comment(o, calls[i].comment ? calls[i].comment : "");
     buf_printf(o, " */\n  ");
-    render_call(o, sp, &calls[i]);
+    if (which == 3 && stash_bn_training(sp, &calls[i])) {
+      Call k = calls[i];
+      Arg args[16];
+      memcpy(args, k.args, sizeof(Arg) * (size_t)k.nargs);
+      args[3] = args[4] = (Arg){.kind = ARG_NULL};
+      k.args = args;
+      render_call(o, sp, &k);
+    } else {
+      render_call(o, sp, &calls[i]);
+    }
     buf_printf(o, "\n");
   }
 }
@@ -162,7 +176,7 @@ static void value_table(Buf *o, const Plan *p, const StageProg *sp, const Crossi
     buf_printf(o, "%s, %d, %d, {", !xs[i].from_loader ? "PR_FROM_PREV" : t->dtype == DT_FLOAT ? "PR_FROM_IMAGES" : "PR_FROM_TOKENS",
                t->dtype, t->rank);
     for (int d = 0; d < t->rank; d++) buf_printf(o, "%s%lld", d ? ", " : "", (long long)t->dims[d]);
-    buf_printf(o, "}},\n");
+    buf_printf(o, "}, %d},\n", b->kind == BUF_RING && b->fate != FATE_KEEP);
   }
   buf_printf(o, "};\n");
 }
@@ -202,26 +216,42 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   buf_printf(o, "enum { STAGE = %d, NSTAGES = %d, MICROBATCHES = %d, MB_SIZE = %lld, BATCH = %lld, NSLOTS = %d, NGSLOTS = %d };\n",
              s, n, p->opt.microbatches, (long long)p->mb_size, (long long)p->batch, sp->nslots, sp->ngslots);
   buf_printf(o, "#define ARENA_BYTES %lldLL\n#define WEIGHTS_BYTES %lldLL\n\n", (long long)sp->arena_bytes, (long long)sp->weights_bytes);
+  if (sp->nxslots || sp->nstore) {
+    buf_printf(o, "/* The memory plan: values that leave between a micro-batch's forward and its backward live in\n"
+                  " * NXSLOTS copies of one block (XSLOT_BYTES each, from XSLOT_BASE); an OFFLOAD copies out its first\n"
+                  " * XOUT_BYTES.  A peer's offloaded values are held in NSTORE store slots of STORE_BYTES. */\n");
+    buf_printf(o, "enum { NXSLOTS = %d, NSTORE = %d };\n#define XSLOT_BASE %lldLL\n#define XSLOT_BYTES %lldLL\n#define XOUT_BYTES %lldLL\n"
+                  "#define STORE_BASE %lldLL\n#define STORE_BYTES %lldLL\n\n", sp->nxslots, sp->nstore, (long long)sp->xbase,
+               (long long)sp->xstride, (long long)sp->xout, (long long)sp->store_base, (long long)sp->store_stride);
+  }
   buf_printf(o, "/* Buffers: arena offset and size of one copy. */\n");
   for (int i = 0; i < sp->nbufs; i++) {
     const Buffer *b = &sp->bufs[i];
     buf_printf(o, "#define OFF_%s %lldLL\n#define SIZE_%s %lldLL /* %s */\n", b->name, (long long)b->offset, b->name,
                (long long)b->bytes, buf_what(g, b));
-    if (b->kind == BUF_RING || b->kind == BUF_GRING)
+    if (b->kind == BUF_RING && b->fate != FATE_KEEP)
+      buf_printf(o, "#define %s(k) ((%s *)(arena + OFF_%s + (int64_t)(k) * XSLOT_BYTES)) /* %s */\n", b->name, ctype(b), b->name,
+                 b->fate == FATE_OFFLOAD ? "offloaded between its forward and backward" : "recomputed before its backward");
+    else if (b->kind == BUF_RING || b->kind == BUF_GRING)
       buf_printf(o, "#define %s(k) ((%s *)(arena + OFF_%s + (int64_t)(k) * SIZE_%s))\n", b->name, ctype(b), b->name, b->name);
     else
       buf_printf(o, "#define %s ((%s *)(arena + OFF_%s))\n", b->name, ctype(b), b->name);
   }
   buf_printf(o, "\nstatic unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));\n\n");
   for (int i = 0; i < sp->nshapes; i++) render_shape(o, sp, &sp->shapes[i]);
-  buf_printf(o, "\nstatic void forward(int slot) {\n  (void)slot; /* a stage that only reads weights and constants uses no ring slot */\n");
+  buf_printf(o, "\nstatic void forward(int slot, int xslot) {\n  (void)slot, (void)xslot; /* a stage that only reads weights and constants uses no ring slot */\n");
   emit_calls(o, sp, sp->fwd, sp->nfwd, 0);
+  if (sp->recompute) {
+    buf_printf(o, "}\n\n/* RECOMPUTE: the forward calls that make the recomputed values again, from what stayed. */\n"
+                  "static void recompute(int slot, int xslot) {\n  (void)slot, (void)xslot;\n");
+    emit_calls(o, sp, sp->fwd, sp->nfwd, 3);
+  }
   int split = p->opt.schedule == SCHED_ZB1;
   static const char *const fn[] = {"backward", "backward_input", "backward_weight"};
   static const char *const what[] = {"", "/* The input-gradient half (zb1's I): everything but the weight gradients. */\n",
                                      "/* The weight-gradient half (zb1's W), run later for the same slots. */\n"};
   for (int which = 0; which <= (split ? 2 : 0); which++) {
-    buf_printf(o, "}\n\n%sstatic void %s(int slot, int gslot) {\n  (void)slot, (void)gslot;\n", what[which], fn[which]);
+    buf_printf(o, "}\n\n%sstatic void %s(int slot, int xslot, int gslot) {\n  (void)slot, (void)xslot, (void)gslot;\n", what[which], fn[which]);
     emit_calls(o, sp, sp->bwd, sp->nbwd, which);
   }
   buf_printf(o, "}\n\n");
@@ -242,11 +272,14 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
     else
       buf_printf(o, ", %lld, %lld, 1.0f / %lld);\n}\n\n", (long long)sp->loss_rows, (long long)sp->loss_classes, (long long)rows);
   }
-  buf_printf(o, "/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot}. */\n"
+  int mem = sp->nxslots || sp->nstore;
+  buf_printf(o, "/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,\n"
+                " * xslot, peer} (xslot and peer: the memory plan's, -1 when unused). */\n"
                 "static const PrAction SCHEDULE[] = {");
   for (int k = 0; k < p->sched.nact[s]; k++) {
     const Action *ac = &p->sched.act[s][k];
-    buf_printf(o, "%s{PR_%s, %d, %d, %d}", !k ? "\n    " : k % 6 ? ", " : ",\n    ", action_kind_name(ac->kind), ac->mb, ac->slot, ac->gslot);
+    buf_printf(o, "%s{PR_%s, %d, %d, %d, %d, %d}", !k ? "\n    " : k % 4 ? ", " : ",\n    ", action_kind_name(ac->kind), ac->mb, ac->slot,
+               ac->gslot, ac->xslot, ac->peer);
   }
   buf_printf(o, "\n};\n\n");
   value_table(o, p, sp, sp->recv, sp->nrecv, "RECV");
@@ -292,7 +325,21 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   put_cstring(&model, g->path);
   const char *keys[] = {"MODEL", "NACTIONS", "RECV", "NRECV", "SEND", "NSEND", "PARAMS", "NPARAMS", "LOSS", "LOSS_FIELDS",
                         "OPTIMIZER", "LR", "MOMENTUM", "WEIGHT_DECAY", "VOCAB", "PREDICTED_BYTES", "PREDICTED_STEP",
-                        "FORWARD_ONLY", "BACKWARD_INPUT", "BACKWARD_WEIGHT"};
+                        "FORWARD_ONLY", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "MEMORY_FIELDS"};
+  const char *memf = "";
+  if (mem) {
+    int host = p->host_of ? p->host_of[s] : -1, owner = -1;
+    for (int q = 0; p->host_of && q < n; q++)
+      if (p->host_of[q] == s) owner = q;
+    Buf dir = {0};
+    buf_printf(&dir, "%s", "");
+    if (p->opt.offload_dir) put_cstring(&dir, p->opt.offload_dir);
+    memf = pool_printf(&tp, "\n    .nxslots = NXSLOTS, .xslot_base = XSLOT_BASE, .xslot_bytes = XSLOT_BYTES, .xout_bytes = XOUT_BYTES,"
+                            "\n    .offload_to = %d, .offload_dir = \"%s\", .nstore = NSTORE, .store_base = STORE_BASE, .store_bytes = STORE_BYTES,"
+                            " .store_owner = %d, .recompute = %s,",
+                       sp->xout ? host : -2, dir.s, owner, sp->recompute ? "recompute" : "NULL");
+    buf_free(&dir);
+  }
   const char *vals[] = {
       model.s, pool_printf(&tp, "%d", p->sched.nact[s]), sp->nrecv ? "RECV" : "NULL", pool_printf(&tp, "%d", sp->nrecv),
       sp->nsend ? "SEND" : "NULL", pool_printf(&tp, "%d", sp->nsend), sp->nparams ? "PARAMS" : "NULL",
@@ -302,7 +349,7 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
       pool_printf(&tp, "%.9g", p->opt.momentum), pool_printf(&tp, "%.9g", p->opt.weight_decay),
       pool_printf(&tp, "%lld", (long long)vocab), pool_printf(&tp, "%.0f", c->mem_total),
       pool_printf(&tp, "%.9g", p->sched.step_time), p->opt.forward_only ? "1" : "0", split ? "backward_input" : "NULL",
-      split ? "backward_weight" : "NULL"};
+      split ? "backward_weight" : "NULL", memf};
   tmpl_fill(o, TMPL_STAGE_MAIN, keys, vals, (int)(sizeof keys / sizeof keys[0]));
   pool_free(&tp);
   buf_free(&model);

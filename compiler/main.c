@@ -11,12 +11,15 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "listing.h"
 #include "ops.h"
 #include "outdir.h"
 #include "plan.h"
 #include "stageprog.h"
+#include "stash.h"
 #include "../runtime/blas_core.h"
 
 
@@ -32,6 +35,9 @@ static void usage(FILE *f) {
         "  --batch B             samples per optimizer step (default: the model's batch, else 32)\n"
         "  --microbatches M      micro-batches per step; B must divide by M (default 2N)\n"
         "  --mem-limit SIZE      memory per rank, e.g. 2G or 512M (default: unlimited)\n"
+        "  --offload WHERE       where stashed activations may go to fit --mem-limit: auto (a peer rank with\n"
+        "                        room, else recompute; default), none, peer, or file:DIR (a local directory)\n"
+        "  --recompute auto|none whether stashed activations may be recomputed to fit --mem-limit (default auto)\n"
         "  --devices FILE        per-rank speed/memory and per-link figures (docs/devices.md)\n"
         "  --optimizer NAME      sgd, adam or adamw (default sgd): sizes optimizer state\n"
         "  --lr X --momentum X --weight-decay X   optimizer hyper-parameters\n"
@@ -138,6 +144,7 @@ int main(int argc, char **argv) {
   Options o = {0};
   o.nstages = 1;
   o.schedule = SCHED_1F1B;
+  o.recompute = 1;
   long v;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -186,6 +193,18 @@ int main(int argc, char **argv) {
       NEEDVAL();
       o.mem_limit = parse_size(val);
       if (o.mem_limit <= 0) return bad("--mem-limit '%s': expected a size such as 2G, 512M or 100000%s", val, "");
+    } else if (!strcmp(a, "--offload")) {
+      NEEDVAL();
+      if (!strcmp(val, "auto")) o.offload = OFFLOAD_AUTO;
+      else if (!strcmp(val, "none")) o.offload = OFFLOAD_NONE;
+      else if (!strcmp(val, "peer")) o.offload = OFFLOAD_PEER;
+      else if (!strncmp(val, "file:", 5) && val[5]) o.offload = OFFLOAD_FILE, o.offload_dir = val + 5;
+      else return bad("--offload '%s': expected auto, none, peer or file:DIR%s", val, "");
+    } else if (!strcmp(a, "--recompute")) {
+      NEEDVAL();
+      if (!strcmp(val, "auto")) o.recompute = 1;
+      else if (!strcmp(val, "none")) o.recompute = 0;
+      else return bad("--recompute '%s': expected auto or none%s", val, "");
     } else if (!strcmp(a, "--devices")) {
       NEEDVAL();
       o.devices = val;
@@ -224,6 +243,11 @@ int main(int argc, char **argv) {
     }
   }
   if (!o.model) return bad("no model given%s%s", "", "");
+  if (o.offload == OFFLOAD_FILE) {
+    struct stat st;
+    if (stat(o.offload_dir, &st) || !S_ISDIR(st.st_mode) || access(o.offload_dir, W_OK | X_OK))
+      return bad("--offload file:%s: not a writable directory%s", o.offload_dir, "");
+  }
   char *outdir = o.outdir ? NULL : default_outdir(o.model);
   if (!o.outdir) o.outdir = outdir;
 
@@ -243,6 +267,11 @@ int main(int argc, char **argv) {
     int ok = 1;
     if (plan_programs(&p)) {
       report("%s: %s (--plan-only writes the plan and listing alone)", o.model, err_msg());
+      ok = 0, rc = 2;
+    }
+    /* The memory plan: stages over the limit keep, offload or recompute their stash. */
+    if (ok && p.progs && stash_plan(&p)) {
+      report("%s: %s", o.model, err_msg());
       ok = 0, rc = 2;
     }
     /* The partitioner priced every stage by this arena; this only guards that promise. */

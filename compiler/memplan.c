@@ -1,7 +1,9 @@
 /* memplan.c - one arena per stage, every buffer at an offset fixed here.
  *
  * Layout: weights | weight gradients | optimizer state | rings (one copy per
- * slot of the schedule) | gradient rings (one per gslot) | labels | temporaries.
+ * slot of the schedule) | gradient rings (one per gslot) | labels | the
+ * leaving values (one block per xslot: offloaded, then recomputed; stash.c) |
+ * a peer's store | temporaries.
  * Temporaries live within one forward or backward action; two of them share
  * memory when their lifetimes (first and last call that touches them) do not
  * overlap - greedy first fit, largest first. */
@@ -73,6 +75,9 @@ static int64_t *share_of(StageProg *sp, int id) {
 void memplan(Plan *p, StageProg *sp, int nslots, int ngslots) {
   sp->nslots = nslots;
   sp->ngslots = ngslots;
+  sp->mem_weights = sp->mem_grads = sp->mem_opt = sp->mem_stash = sp->mem_cross = sp->mem_temps = 0;
+  sp->mem_leaving = sp->mem_store = 0;
+  for (int i = 0; i < sp->nbufs; i++) sp->bufs[i].first = sp->bufs[i].last = -1;
   if (p->opt.schedule == SCHED_ZB1) promote_for_split(sp);
   for (int i = 0; i < sp->nfwd; i++) touch(sp, &sp->fwd[i], i);
   for (int i = 0; i < sp->nbwd; i++) touch(sp, &sp->bwd[i], 1000000 + i);
@@ -81,7 +86,7 @@ void memplan(Plan *p, StageProg *sp, int nslots, int ngslots) {
   for (size_t o = 0; o < sizeof order / sizeof order[0]; o++) {
     for (int i = 0; i < sp->nbufs; i++) {
       Buffer *b = &sp->bufs[i];
-      if (b->kind != order[o]) continue;
+      if (b->kind != order[o] || (b->kind == BUF_RING && b->fate != FATE_KEEP)) continue;
       b->offset = off;
       int copies = b->kind == BUF_RING ? sp->nslots : b->kind == BUF_GRING ? sp->ngslots : 1;
       if (b->kind == BUF_PARAM) {
@@ -94,6 +99,24 @@ void memplan(Plan *p, StageProg *sp, int nslots, int ngslots) {
     }
     if (order[o] == BUF_PARAM) sp->weights_bytes = off, off = up(off), sp->mem_weights = off;
   }
+  /* The leaving values: one block per xslot, the offloaded ones first so
+   * that an OFFLOAD is one contiguous copy. */
+  sp->xbase = off, sp->xout = sp->xstride = 0;
+  for (int f = FATE_OFFLOAD; f <= FATE_RECOMPUTE; f++) {
+    for (int i = 0; i < sp->nbufs; i++) {
+      Buffer *b = &sp->bufs[i];
+      if (b->kind != BUF_RING || b->fate != f) continue;
+      b->offset = sp->xbase + sp->xstride;
+      sp->xstride = up(sp->xstride + b->bytes);
+    }
+    if (f == FATE_OFFLOAD) sp->xout = sp->xstride;
+  }
+  if (!sp->xstride) sp->nxslots = 0;
+  off += sp->xstride * sp->nxslots;
+  sp->mem_leaving = sp->xstride * sp->nxslots;
+  sp->store_base = off;
+  off += sp->store_stride * sp->nstore;
+  sp->mem_store = sp->store_stride * sp->nstore;
   /* Temporaries by first fit, largest first. */
   int64_t base = off, end = off;
   int *idx = malloc(sizeof(int) * (size_t)sp->nbufs), nt = 0;

@@ -56,6 +56,9 @@ typedef struct StageCost {
   int copies;                   /* ring copies the arena keeps: inflight + 1 (at most m), so receives post early */
   int gcopies;                  /* gradient ring copies: 2, or under zb1 as many as ring copies (W reads the gradient late) */
   double recv_bytes, send_bytes;/* forward activations per micro-batch */
+  /* The memory plan's (stash.c), per micro-batch: seconds to copy the
+   * offloaded values out and back in, and to recompute the recomputed ones. */
+  double xfer_out, xfer_in, recompute;
 } StageCost;
 
 typedef struct Partition {

@@ -10,6 +10,7 @@
 #include "onnx_load.h"
 #include "ops.h"
 #include "stageprog.h"
+#include "stash.h"
 
 /* Gives every graph input its static shape: the batch axis becomes the
  * micro-batch size; any other symbolic axis is an error. */
@@ -152,9 +153,11 @@ static double *memo_slot(struct PriceMemo *m, PriceKey k, int *found) {
 static double price_stage(void *ctx, int s, int i, int j) {
   Plan *p = ctx;
   PriceKey k = {i, j, p->slots.nslots[s], p->slots.ngslots[s]};
+  if (p->floor_pricing) k.nslots = -1 - s; /* a floor price is per stage */
   int found;
   double *v = memo_slot(p->memo, k, &found);
   if (found) return *v;
+  if (p->floor_pricing) return *v = stash_floor(p, s, i, j);
   Pool tmp = {0};
   StageProg sp;
   if (stage_build(p, &sp, s, i, j, 0, &tmp)) {
@@ -316,7 +319,19 @@ int plan_from_graph(Plan *p) {
   }
   schedule_build(&p->slots, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, unit, &g->pool);
   setup_pricing(p, pr);
-  if (partition_solve(pr, &p->part, &g->pool)) return -1;
+  if (partition_solve(pr, &p->part, &g->pool)) {
+    /* No plan fits as it stands: price each candidate stage by the least it
+     * can hold when its stashed activations leave (stash.c), if they may. */
+    if (!(o->mem_limit > 0 || p->machine.dev[0].mem_bytes > 0) || !pr->stage_mem || o->forward_only ||
+        (o->offload == OFFLOAD_NONE && !o->recompute))
+      return -1;
+    err_clear();
+    stash_floor_slots(p);
+    p->floor_pricing = 1;
+    int *zero = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
+    pr->ring_copies = zero; /* the lower bound counts no ring copies now */
+    if (partition_solve(pr, &p->part, &g->pool)) return -1;
+  }
   schedule_build(&p->sched, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, p->part.cost, &g->pool);
   if (schedule_validate(&p->sched)) return -1;
   for (int s = 0; s < o->nstages; s++)

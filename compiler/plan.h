@@ -11,9 +11,14 @@ typedef struct Options {
   int forward_only;  /* an inference program: no loss, no backward (conformance tests) */
   int loss_mse;      /* MSE against one-hot labels instead of softmax cross-entropy */
   int untie;         /* --untie: a weight nodes of one kind share gets a copy per reader (untie.c) */
+  int offload;       /* --offload: OFFLOAD_* */
+  const char *offload_dir; /* --offload file:DIR */
+  int recompute;     /* --recompute auto (1) or none (0) */
   int64_t batch;
   double mem_limit, lr, momentum, weight_decay;
 } Options;
+
+enum { OFFLOAD_AUTO, OFFLOAD_NONE, OFFLOAD_PEER, OFFLOAD_FILE };
 
 typedef struct Plan {
   Options opt;
@@ -38,6 +43,13 @@ typedef struct Plan {
   struct StageProg *progs; /* per stage, laid out by plan_programs (NULL before, or if they cannot be built) */
   const char *mem_note;    /* NULL: each stage's memory is its arena; else why it is only the estimate */
   struct PriceMemo *memo;  /* exact prices of candidate stages (plan.c) */
+  int floor_pricing;       /* no plain plan fits --mem-limit: candidates are priced as if every stashed value that may leave does */
+  int *floor_nslots, *floor_nx; /* per stage, under floor pricing: ring slots and xslots of the leanest list */
+  /* The memory plan (stash.c): each stage's arena and the step before it, the
+   * rank holding each stage's offloaded values (-1), the file bandwidth used. */
+  int64_t *plain_arena;
+  double plain_step, file_bw;
+  int *host_of;
 } Plan;
 
 /* Loads, infers, costs, partitions and schedules.  -1 with err_set on failure. */

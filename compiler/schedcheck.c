@@ -42,7 +42,7 @@ static int index_actions(Chk *c, int s) {
       if (k != sc->nact[s] - 1 || nupd++) return err_set("schedule: rank %d: UPDATE at action %d must be once and last", s, k);
       continue;
     }
-    if (a->kind < 0 || a->kind > ACT_UPDATE || a->mb < 0 || a->mb >= m)
+    if (a->kind < 0 || a->kind >= ACT_NKINDS || a->mb < 0 || a->mb >= m)
       return err_set("schedule: rank %d: action %d (%s) is not a valid action of %d micro-batches", s, k, action_str(a, b, sizeof b), m);
     int *p = &c->pos[s][a->kind * m + a->mb];
     if (*p >= 0) return err_set("schedule: rank %d: %s appears twice (actions %d and %d)", s, action_str(a, b, sizeof b), *p, k);
@@ -71,7 +71,30 @@ static int wanted(const Schedule *sc, int s, int kind, int split) {
 /* "x must come after y" for every micro-batch: kinds whose position depends on another. */
 static const int AFTER[][2] = {{ACT_F, ACT_RECV},       {ACT_SEND, ACT_F},           {ACT_B, ACT_F},
                                {ACT_I, ACT_F},          {ACT_W, ACT_I},              {ACT_B, ACT_RECV_GRAD},
-                               {ACT_I, ACT_RECV_GRAD},  {ACT_SEND_GRAD, ACT_B},      {ACT_SEND_GRAD, ACT_I}};
+                               {ACT_I, ACT_RECV_GRAD},  {ACT_SEND_GRAD, ACT_B},      {ACT_SEND_GRAD, ACT_I},
+                               {ACT_OFFLOAD, ACT_F},    {ACT_PREFETCH, ACT_OFFLOAD}, {ACT_RECOMPUTE, ACT_F},
+                               {ACT_RECOMPUTE, ACT_PREFETCH}, {ACT_B, ACT_PREFETCH}, {ACT_I, ACT_PREFETCH},
+                               {ACT_B, ACT_RECOMPUTE},  {ACT_I, ACT_RECOMPUTE},      {ACT_RETURN, ACT_HOLD}};
+
+/* The memory plan's actions come in pairs: an OFFLOAD with its PREFETCH
+ * (both to the same place), a peer's OFFLOAD with that peer's HOLD and
+ * RETURN; a RECOMPUTE precedes a backward. */
+static int check_memory_actions(Chk *c, int s) {
+  const Schedule *sc = c->sc;
+  int m = sc->m, p = sc->nstages;
+  for (int mb = 0; mb < m; mb++) {
+    int o = at(c, s, ACT_OFFLOAD, mb), f = at(c, s, ACT_PREFETCH, mb);
+    if ((o >= 0) != (f >= 0))
+      return err_set("schedule: rank %d has %s%d without %s%d", s, o >= 0 ? "OFFLOAD" : "PREFETCH", mb, o >= 0 ? "PREFETCH" : "OFFLOAD", mb);
+    if (o < 0) continue;
+    int q = sc->act[s][o].peer;
+    if (q != sc->act[s][f].peer) return err_set("schedule: rank %d: OFFLOAD%d and PREFETCH%d go to different places", s, mb, mb);
+    if (q >= p || q == s) return err_set("schedule: rank %d: OFFLOAD%d names rank %d", s, mb, q);
+    if (q >= 0 && (at(c, q, ACT_HOLD, mb) < 0 || at(c, q, ACT_RETURN, mb) < 0 || sc->act[q][at(c, q, ACT_HOLD, mb)].peer != s))
+      return err_set("schedule: rank %d offloads micro-batch %d to rank %d, which has no HOLD%d and RETURN%d for it", s, mb, q, mb, mb);
+  }
+  return 0;
+}
 
 static int check_rank(Chk *c, int s) {
   const Schedule *sc = c->sc;
@@ -101,7 +124,67 @@ static int check_rank(Chk *c, int s) {
                        "micro-batch order (the sums over micro-batches depend on it)", s, action_kind_name(ascending[q]), mb, y,
                        action_kind_name(ascending[q]), mb - 1, x, action_kind_name(ascending[q]));
     }
-  return 0;
+  return check_memory_actions(c, s);
+}
+
+/* The xslots (and a peer's store slots): a micro-batch holds one from the
+ * first action touching its leaving values until its OFFLOAD or its last
+ * such action; none is taken while another holds it. */
+static int check_xring(const Schedule *sc, int s) {
+  int m = sc->m, n = sc->nact[s];
+  int nx = sc->nxslots ? sc->nxslots[s] : 0, ns = sc->nstore ? sc->nstore[s] : 0;
+  int *last = malloc(sizeof(int) * (size_t)(2 * m + 1)), *owner = malloc(sizeof(int) * (size_t)(nx + ns + 2)), *slot = last + m;
+  if (!last || !owner) abort();
+  for (int i = 0; i < m; i++) last[i] = -1, slot[i] = -1;
+  for (int i = 0; i < nx + ns + 2; i++) owner[i] = -1;
+  for (int k = 0; k < n; k++) {
+    const Action *a = &sc->act[s][k];
+    if (a->mb >= 0 && a->xslot >= 0 && a->kind != ACT_HOLD && a->kind != ACT_RETURN) last[a->mb] = k;
+  }
+  int rc = 0;
+  char b[32];
+  for (int k = 0; k < n && !rc; k++) {
+    const Action *a = &sc->act[s][k];
+    if (a->mb < 0 || a->xslot < 0) continue;
+    int store = a->kind == ACT_HOLD || a->kind == ACT_RETURN, size = store ? ns : nx, x = a->xslot, key = store ? nx + 1 + x : x;
+    if (x >= size) {
+      rc = err_set("schedule: rank %d: %s uses %s %d of %d", s, action_str(a, b, sizeof b), store ? "store slot" : "xslot", x, size);
+      break;
+    }
+    if (store) {
+      if (a->kind == ACT_HOLD && owner[key] >= 0)
+        rc = err_set("schedule: rank %d: %s (action %d) takes store slot %d while micro-batch %d still holds it", s, action_str(a, b, sizeof b), k, x, owner[key]);
+      if (a->kind == ACT_HOLD) owner[key] = a->mb;
+      else if (owner[key] != a->mb) rc = err_set("schedule: rank %d: %s (action %d) returns store slot %d, held by micro-batch %d", s, action_str(a, b, sizeof b), k, x, owner[key]);
+      else owner[key] = -1;
+      continue;
+    }
+    if (slot[a->mb] < 0) {
+      if (owner[x] >= 0)
+        rc = err_set("schedule: rank %d: %s (action %d) takes xslot %d while micro-batch %d still holds it", s, action_str(a, b, sizeof b), k, x, owner[x]);
+      owner[x] = a->mb, slot[a->mb] = x;
+    } else if (slot[a->mb] != x) {
+      rc = err_set("schedule: rank %d: %s (action %d) uses xslot %d, but micro-batch %d holds xslot %d", s, action_str(a, b, sizeof b), k, x, a->mb, slot[a->mb]);
+    }
+    if (a->kind == ACT_OFFLOAD || last[a->mb] == k) owner[x] = -1, slot[a->mb] = -1;
+    /* A forward whose leaving values are all recomputed lets go of them at once. */
+    if (a->kind == ACT_F && a->mb < m && sc->act[s][k].xslot >= 0) {
+      int later = 0;
+      for (int j = k + 1; j < n && !later; j++) later = sc->act[s][j].mb == a->mb && sc->act[s][j].xslot >= 0 &&
+                                                      sc->act[s][j].kind != ACT_HOLD && sc->act[s][j].kind != ACT_RETURN &&
+                                                      (sc->act[s][j].kind == ACT_OFFLOAD || sc->act[s][j].kind == ACT_SEND ||
+                                                       sc->act[s][j].kind == ACT_B || sc->act[s][j].kind == ACT_I);
+      int recomputed = 0;
+      for (int j = k + 1; j < n && !recomputed; j++) recomputed = sc->act[s][j].kind == ACT_RECOMPUTE && sc->act[s][j].mb == a->mb;
+      int offloaded = 0;
+      for (int j = k + 1; j < n && !offloaded; j++) offloaded = sc->act[s][j].kind == ACT_OFFLOAD && sc->act[s][j].mb == a->mb;
+      int prefetch_free = recomputed && !offloaded;
+      (void)later;
+      if (prefetch_free) owner[x] = -1, slot[a->mb] = -1;
+    }
+  }
+  free(last), free(owner);
+  return rc;
 }
 
 /* One ring: every action of mb uses the slot mb took, and a slot is taken
@@ -161,6 +244,33 @@ static int can_run(const Chk *c, int s, int k, char *why, size_t len) {
   const Schedule *sc = c->sc;
   const Action *a = &sc->act[s][k];
   int m = sc->m, p = sc->nstages, peer, mb;
+  /* The memory plan's messages: a peer's copy-out completes once the peer
+   * has posted its HOLD, the copy back once it has posted its RETURN, and
+   * RETURN waits for the copy-out to arrive; a store slot is refilled once
+   * its data went back. */
+  if (a->kind == ACT_RETURN && !c->done[a->peer][ACT_OFFLOAD * m + a->mb])
+    return snprintf(why, len, "OFFLOAD%d on rank %d", a->mb, a->peer), 0;
+  if (a->kind == ACT_HOLD)
+    for (int j = k - 1; j >= 0; j--) {
+      const Action *b = &sc->act[s][j];
+      if (b->kind == ACT_RETURN && b->xslot == a->xslot) {
+        if (!c->done[b->peer][ACT_PREFETCH * m + b->mb]) return snprintf(why, len, "PREFETCH%d on rank %d", b->mb, b->peer), 0;
+        break;
+      }
+    }
+  if (a->xslot >= 0 && a->kind != ACT_HOLD && a->kind != ACT_RETURN && a->kind != ACT_OFFLOAD)
+    for (int j = k - 1; j >= 0; j--) {
+      const Action *b = &sc->act[s][j];
+      if (b->kind == ACT_OFFLOAD && b->xslot == a->xslot && b->mb != a->mb) {
+        if (b->peer >= 0 && !c->done[b->peer][ACT_HOLD * m + b->mb]) return snprintf(why, len, "HOLD%d on rank %d (xslot %d)", b->mb, b->peer, a->xslot), 0;
+        break;
+      }
+    }
+  if (action_is_compute(a->kind) || a->kind == ACT_RECOMPUTE) {
+    int f = at(c, s, ACT_PREFETCH, a->mb);
+    if (f >= 0 && f < k && sc->act[s][f].peer >= 0 && !c->done[sc->act[s][f].peer][ACT_RETURN * m + a->mb])
+      return snprintf(why, len, "RETURN%d on rank %d", a->mb, sc->act[s][f].peer), 0;
+  }
   if (a->kind == ACT_F && s > 0 && !c->done[s - 1][ACT_SEND * m + a->mb])
     return snprintf(why, len, "SEND%d on rank %d", a->mb, s - 1), 0;
   if ((a->kind == ACT_B || a->kind == ACT_I) && s < p - 1 && !c->done[s + 1][ACT_SEND_GRAD * m + a->mb])
@@ -215,7 +325,7 @@ int schedule_validate(const Schedule *sc) {
     if (!c.pos[s] || !c.done[s]) abort();
     for (int i = 0; i < ACT_NKINDS * m; i++) c.pos[s][i] = -1;
   }
-  for (int s = 0; s < p && !rc; s++) rc = check_rank(&c, s) || check_ring(sc, s, 0) || check_ring(sc, s, 1) ? -1 : 0;
+  for (int s = 0; s < p && !rc; s++) rc = check_rank(&c, s) || check_ring(sc, s, 0) || check_ring(sc, s, 1) || check_xring(sc, s) ? -1 : 0;
   if (!rc) rc = run_jointly(&c);
   for (int s = 0; s < p; s++) free(c.pos[s]), free(c.done[s]);
   free(c.pos), free(c.done);

@@ -35,7 +35,7 @@ double schedule_ideal_bubble(int p, int m) { return (double)(p - 1) / (double)(m
 
 const char *action_kind_name(int kind) {
   static const char *names[ACT_NKINDS] = {"F", "B", "I", "W", "SEND", "RECV", "SEND_GRAD", "RECV_GRAD", "UPDATE",
-                                          "OFFLOAD", "PREFETCH", "RECOMPUTE"};
+                                          "OFFLOAD", "PREFETCH", "RECOMPUTE", "HOLD", "RETURN"};
   return kind >= 0 && kind < ACT_NKINDS ? names[kind] : "?";
 }
 
@@ -45,7 +45,8 @@ const char *action_str(const Action *a, char *buf, size_t len) {
   return buf;
 }
 
-static Action act(int kind, int mb) { return (Action){kind, mb, -1, -1, 0, 0}; }
+Action action_make(int kind, int mb) { return (Action){kind, mb, -1, -1, -1, -1, 0, 0}; }
+static Action act(int kind, int mb) { return action_make(kind, mb); }
 
 /* ---- compute orders ---- */
 
@@ -145,7 +146,9 @@ static int add_messages(Action *out, const Action *c, int n, int s, int p, int m
 
 /* ---- slots ---- */
 
-static int reads_fwd(int kind) { return kind == ACT_F || kind == ACT_SEND || kind == ACT_B || kind == ACT_I || kind == ACT_W; }
+static int reads_fwd(int kind) {
+  return kind == ACT_F || kind == ACT_SEND || kind == ACT_B || kind == ACT_I || kind == ACT_W || kind == ACT_RECOMPUTE;
+}
 static int reads_grad(int kind) { return kind == ACT_B || kind == ACT_I || kind == ACT_W || kind == ACT_SEND_GRAD || kind == ACT_RECV_GRAD; }
 
 /* Takes the lowest free slot of a ring; grows the ring's size as needed. */
@@ -202,55 +205,180 @@ static double duration(const Action *a, const StageCost *c) {
   case ACT_B: return c->bwd + c->comm / 2;
   case ACT_I: return c->bwd - c->bwd_w + c->comm / 2;
   case ACT_W: return c->bwd_w;
-  default: return 0; /* posting a message, the update: not modelled */
+  case ACT_RECOMPUTE: return c->recompute;
+  default: return 0; /* posting a message or a transfer, the update: not modelled */
   }
 }
 
-/* When the input of rank s's action a has arrived, or -1 if not yet known. */
-static double ready_at(const Schedule *sc, const Action *a, int s, const double *fdone, const double *bdone) {
-  int p = sc->nstages, m = sc->m;
-  if (a->kind == ACT_F) return s == 0 ? 0 : fdone[(s - 1) * m + a->mb];
-  if (a->kind == ACT_B || a->kind == ACT_I) return s == p - 1 ? fdone[s * m + a->mb] : bdone[(s + 1) * m + a->mb];
-  return 0;
+/* The timing simulation's state.  Transfers of the memory plan run beside
+ * compute: each rank has one channel (its I/O thread, or its link to the
+ * peer) that carries its OFFLOADs and PREFETCHes in the order they are
+ * posted; a peer's copy leaves once the peer has posted its HOLD and comes
+ * back once it has posted its RETURN (which waits for the data to be there).
+ * An action that reuses an xslot waits for the offload out of it; the
+ * backward of a micro-batch waits for its prefetch. */
+typedef struct Sim {
+  const Schedule *sc;
+  const StageCost *cost;
+  int p, m;
+  double *fdone, *bdone;     /* [s*m+mb] */
+  double *off_post, *off_end, *hold_t, *ret_t, *pre_post, *pre_end;
+  double *chan, *free_at;    /* per rank */
+  double **xfree, **sfree;   /* per rank, per xslot / store slot: when its last transfer out completes (-1 unknown) */
+  int **xowner;              /* per rank, per xslot: the micro-batch whose offload leaves it last (-1 none) */
+} Sim;
+
+#define IDX(s, mb) ((s) * sim->m + (mb))
+
+/* Completes what can be completed: a peer's offload once its HOLD is posted,
+ * a peer's prefetch once its RETURN is. */
+static void sim_resolve(Sim *sim) {
+  const Schedule *sc = sim->sc;
+  for (int s = 0; s < sim->p; s++)
+    for (int k = 0; k < sc->nact[s]; k++) {
+      const Action *a = &sc->act[s][k];
+      int i = a->mb >= 0 ? IDX(s, a->mb) : 0;
+      if (a->kind == ACT_OFFLOAD && a->peer >= 0 && sim->off_post[i] >= 0 && sim->off_end[i] < 0 && sim->hold_t[i] >= 0) {
+        double st = fmax(fmax(sim->off_post[i], sim->hold_t[i]), sim->chan[s]);
+        sim->off_end[i] = sim->chan[s] = st + sim->cost[s].xfer_out;
+        sim->xfree[s][a->xslot] = sim->off_end[i];
+      }
+      if (a->kind == ACT_PREFETCH && a->peer >= 0 && sim->pre_post[i] >= 0 && sim->pre_end[i] < 0 && sim->ret_t[i] >= 0) {
+        double st = fmax(fmax(sim->pre_post[i], sim->ret_t[i]), sim->chan[s]);
+        sim->pre_end[i] = sim->chan[s] = st + sim->cost[s].xfer_in;
+      }
+    }
+}
+
+/* When rank s's action a can start, or -1 if that is not known yet. */
+static double sim_ready(Sim *sim, const Action *a, int s, const int *has_pre) {
+  int p = sim->p;
+  double r = 0;
+  if (a->kind == ACT_F) r = s == 0 ? 0 : sim->fdone[IDX(s - 1, a->mb)];
+  if (a->kind == ACT_B || a->kind == ACT_I) r = s == p - 1 ? sim->fdone[IDX(s, a->mb)] : sim->bdone[IDX(s + 1, a->mb)];
+  if (r < 0) return -1;
+  if (a->kind == ACT_HOLD) {
+    if (a->xslot >= 0 && sim->sfree[s][a->xslot] < 0) return -1;
+    return a->xslot >= 0 ? sim->sfree[s][a->xslot] : 0;
+  }
+  if (a->kind == ACT_RETURN) return sim->off_end[IDX(a->peer, a->mb)];
+  if (a->xslot >= 0 && a->kind != ACT_OFFLOAD) {
+    if (sim->xowner[s][a->xslot] != a->mb) { /* a new holder: the offload out of it must be done */
+      if (sim->xfree[s][a->xslot] < 0) return -1;
+      r = fmax(r, sim->xfree[s][a->xslot]);
+    }
+    if (has_pre[a->mb] && a->kind != ACT_PREFETCH && a->kind != ACT_RECV && a->kind != ACT_F) {
+      double e = sim->pre_end[IDX(s, a->mb)];
+      if (e < 0) return -1;
+      r = fmax(r, e);
+    }
+  }
+  return r;
+}
+
+/* Runs rank s's action a at its start time. */
+static void sim_run(Sim *sim, Action *a, int s) {
+  const StageCost *c = &sim->cost[s];
+  int i = a->mb >= 0 ? IDX(s, a->mb) : 0;
+  if (a->xslot >= 0 && a->kind != ACT_HOLD && a->kind != ACT_RETURN) {
+    if (sim->xowner[s][a->xslot] != a->mb) sim->xowner[s][a->xslot] = a->mb, sim->xfree[s][a->xslot] = 0;
+  }
+  switch (a->kind) {
+  case ACT_F: sim->fdone[i] = a->end; break;
+  case ACT_B: case ACT_I: sim->bdone[i] = a->end; break;
+  case ACT_OFFLOAD:
+    sim->off_post[i] = a->start;
+    sim->xfree[s][a->xslot] = -1; /* until the copy is out */
+    sim->xowner[s][a->xslot] = -1;
+    if (a->peer < 0) {
+      double st = fmax(a->start, sim->chan[s]);
+      sim->off_end[i] = sim->chan[s] = st + c->xfer_out;
+      sim->xfree[s][a->xslot] = sim->off_end[i];
+    }
+    break;
+  case ACT_PREFETCH:
+    sim->pre_post[i] = a->start;
+    if (a->peer < 0) {
+      double st = fmax(fmax(a->start, sim->chan[s]), sim->off_end[i]);
+      sim->pre_end[i] = sim->chan[s] = st + c->xfer_in;
+    }
+    break;
+  case ACT_HOLD:
+    sim->hold_t[IDX(a->peer, a->mb)] = a->start;
+    sim->sfree[s][a->xslot] = -1; /* until the data went back */
+    break;
+  case ACT_RETURN: sim->ret_t[IDX(a->peer, a->mb)] = a->start; break;
+  default: break;
+  }
 }
 
 int schedule_time(Schedule *sc, const StageCost *cost) {
   int p = sc->nstages, m = sc->m;
-  double *fdone = malloc(sizeof(double) * (size_t)(2 * p * m + p)), *bdone = fdone + p * m, *free_at = bdone + p * m;
-  int *next = malloc(sizeof(int) * (size_t)p), remaining = 0;
-  if (!fdone || !next) abort();
-  for (int k = 0; k < p * m; k++) fdone[k] = bdone[k] = -1;
-  for (int s = 0; s < p; s++) free_at[s] = 0, next[s] = 0, sc->busy[s] = 0, remaining += sc->nact[s];
+  Sim sv, *sim = &sv;
+  memset(&sv, 0, sizeof sv);
+  sv.sc = sc, sv.cost = cost, sv.p = p, sv.m = m;
+  double *all = malloc(sizeof(double) * (size_t)(8 * p * m + 2 * p));
+  int *next = calloc((size_t)p, sizeof(int)), remaining = 0, *has_pre = calloc((size_t)(p * m + 1), sizeof(int));
+  sim->xfree = calloc((size_t)p, sizeof(double *)), sim->sfree = calloc((size_t)p, sizeof(double *));
+  sim->xowner = calloc((size_t)p, sizeof(int *));
+  if (!all || !next || !has_pre || !sim->xfree || !sim->sfree || !sim->xowner) abort();
+  double *at = all;
+  double **arr[] = {&sim->fdone, &sim->bdone, &sim->off_post, &sim->off_end, &sim->hold_t, &sim->ret_t, &sim->pre_post, &sim->pre_end};
+  for (size_t k = 0; k < sizeof arr / sizeof arr[0]; k++, at += p * m) {
+    *arr[k] = at;
+    for (int q = 0; q < p * m; q++) at[q] = -1;
+  }
+  sim->chan = at, sim->free_at = at + p;
+  for (int s = 0; s < p; s++) {
+    int nx = sc->nxslots ? sc->nxslots[s] : 0, ns = sc->nstore ? sc->nstore[s] : 0;
+    sim->xfree[s] = malloc(sizeof(double) * (size_t)(nx + 1)), sim->sfree[s] = malloc(sizeof(double) * (size_t)(ns + 1));
+    sim->xowner[s] = malloc(sizeof(int) * (size_t)(nx + 1));
+    if (!sim->xfree[s] || !sim->sfree[s] || !sim->xowner[s]) abort();
+    for (int x = 0; x <= nx; x++) sim->xfree[s][x] = 0, sim->xowner[s][x] = -1;
+    for (int x = 0; x <= ns; x++) sim->sfree[s][x] = 0;
+    sim->chan[s] = sim->free_at[s] = 0, sc->busy[s] = 0, remaining += sc->nact[s];
+    for (int k = 0; k < sc->nact[s]; k++)
+      if (sc->act[s][k].kind == ACT_PREFETCH && sc->act[s][k].mb >= 0 && sc->act[s][k].mb < m) has_pre[s * m + sc->act[s][k].mb] = 1;
+  }
+  int rc = 0;
   while (remaining > 0) {
     int progressed = 0;
     for (int s = 0; s < p; s++) {
       while (next[s] < sc->nact[s]) {
         Action *a = &sc->act[s][next[s]];
-        double ready = ready_at(sc, a, s, fdone, bdone);
+        double ready = sim_ready(sim, a, s, has_pre + s * m);
         if (ready < 0) break;
         double dur = duration(a, &cost[s]);
-        a->start = fmax(ready, free_at[s]);
+        a->start = fmax(ready, sim->free_at[s]);
         a->end = a->start + dur;
-        free_at[s] = a->end;
+        sim->free_at[s] = a->end;
         sc->busy[s] += dur;
-        if (a->kind == ACT_F) fdone[s * m + a->mb] = a->end;
-        else if (a->kind == ACT_B || a->kind == ACT_I) bdone[s * m + a->mb] = a->end;
+        sim_run(sim, a, s);
         next[s]++, remaining--, progressed = 1;
       }
     }
+    sim_resolve(sim);
     if (!progressed) {
-      int at0 = next[0];
-      free(fdone), free(next);
-      return err_set("schedule: the timing simulation stalls (rank 0 at action %d)", at0);
+      sim_resolve(sim);
+      int again = 0;
+      for (int s = 0; s < p && !again; s++)
+        if (next[s] < sc->nact[s] && sim_ready(sim, &sc->act[s][next[s]], s, has_pre + s * m) >= 0) again = 1;
+      if (again) continue;
+      rc = err_set("schedule: the timing simulation stalls (rank 0 at action %d)", next[0]);
+      break;
     }
   }
-  sc->step_time = 0;
-  for (int s = 0; s < p; s++) sc->step_time = fmax(sc->step_time, free_at[s]);
-  double busy = 0;
-  for (int s = 0; s < p; s++) busy += sc->busy[s];
-  sc->bubble = sc->step_time > 0 ? 1 - busy / ((double)p * sc->step_time) : 0;
-  free(fdone), free(next);
-  return 0;
+  if (!rc) {
+    /* A rank's step ends when its compute and its transfers do. */
+    sc->step_time = 0;
+    for (int s = 0; s < p; s++) sc->step_time = fmax(sc->step_time, fmax(sim->free_at[s], sim->chan[s]));
+    double busy = 0;
+    for (int s = 0; s < p; s++) busy += sc->busy[s];
+    sc->bubble = sc->step_time > 0 ? 1 - busy / ((double)p * sc->step_time) : 0;
+  }
+  for (int s = 0; s < p; s++) free(sim->xfree[s]), free(sim->sfree[s]), free(sim->xowner[s]);
+  free(sim->xfree), free(sim->sfree), free(sim->xowner), free(all), free(next), free(has_pre);
+  return rc;
 }
 
 /* ---- building ---- */

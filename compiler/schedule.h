@@ -16,7 +16,13 @@ enum {
   ACT_SEND_GRAD, /* post the send of the gradients of mb's received values back to the previous rank */
   ACT_RECV_GRAD, /* post the receive of the gradients of mb's sent values from the next rank */
   ACT_UPDATE,    /* the optimizer step, once, last */
-  ACT_OFFLOAD, ACT_PREFETCH, ACT_RECOMPUTE, /* reserved: activation offload and recomputation */
+  /* The memory plan (stash.c): stashed activations that leave between a
+   * micro-batch's forward and its backward. */
+  ACT_OFFLOAD,   /* post the copy-out of mb's offloaded values from xslot (to the peer or the file) */
+  ACT_PREFETCH,  /* post the copy-in of mb's offloaded values into xslot */
+  ACT_RECOMPUTE, /* re-run the forward calls that make mb's recomputed values, into xslot */
+  ACT_HOLD,      /* on a peer: post the receive of rank `peer`'s OFFLOAD of mb into store slot xslot */
+  ACT_RETURN,    /* on a peer: wait for that data, post its send back to rank `peer` (its PREFETCH) */
   ACT_NKINDS
 };
 
@@ -25,6 +31,8 @@ typedef struct Action {
   int mb;            /* micro-batch, -1 for UPDATE */
   int slot;          /* ring copy of mb's forward values, -1 if the action does not touch them */
   int gslot;         /* gradient ring copy, -1 if the action does not touch it */
+  int xslot;         /* copy of mb's leaving values (stash.c; HOLD/RETURN: store slot), -1 if none */
+  int peer;          /* OFFLOAD/PREFETCH: the rank holding the data (-1: the file); HOLD/RETURN: its owner */
   double start, end; /* predicted seconds from the step's start */
 } Action;
 
@@ -34,6 +42,8 @@ typedef struct Schedule {
   int *nact;         /* actions per rank */
   int *nslots;       /* forward ring copies per rank: the most slots live at once */
   int *ngslots;      /* gradient ring copies per rank */
+  int *nxslots;      /* copies of the leaving values per rank (0: the rank offloads and recomputes nothing) */
+  int *nstore;       /* store slots per rank for a peer's offloaded values (0: it holds none) */
   double step_time;  /* predicted makespan of one step */
   double bubble;     /* 1 - mean busy / makespan */
   double *busy;      /* per stage */
@@ -55,6 +65,8 @@ int schedule_time(Schedule *sc, const StageCost *cost);
 double schedule_ideal_bubble(int nstages, int m);
 const char *schedule_name(int kind);
 const char *action_kind_name(int kind);
+/* An action of kind and mb, with no slots and no peer. */
+Action action_make(int kind, int mb);
 /* "F3", "SEND_GRAD5", "UPDATE" */
 const char *action_str(const Action *a, char *buf, size_t len);
 static inline int action_is_compute(int kind) { return kind == ACT_F || kind == ACT_B || kind == ACT_I || kind == ACT_W; }

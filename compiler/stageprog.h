@@ -27,7 +27,15 @@ typedef struct Buffer {
   int64_t bytes;        /* one copy */
   int64_t offset;       /* arena offset of copy 0 */
   int first, last;      /* BUF_TEMP: first/last call index that touches it (fwd: 0.., bwd: 10000..) */
+  int fate;             /* BUF_RING kept for backward: FATE_* (stash.c) */
 } Buffer;
+
+/* What happens to a stashed activation between a micro-batch's forward and
+ * its backward (stash.c decides, memplan.c lays out).  A kept one has a ring
+ * copy per slot; the others live in the stage's xslot copies (few), and
+ * leave when a micro-batch waits for its backward behind other forwards:
+ * copied out and prefetched back, or recomputed from what stays. */
+enum { FATE_KEEP, FATE_OFFLOAD, FATE_RECOMPUTE };
 
 /* The kernels a call can name (kernels.def). */
 enum {
@@ -117,6 +125,15 @@ typedef struct StageProg {
   struct TiePart { int buf, stage, node; } **parts; /* stage: who computes it; -1 while pricing a candidate stage */
   int *nparts;
   int nslots, ngslots;  /* ring and gradient ring copies (the schedule's simulation) */
+  /* The memory plan (stash.c): values whose fate is not KEEP live in nxslots
+   * copies of one block, xstride bytes apart from xbase; its first xout bytes
+   * are what an OFFLOAD copies out (the offloaded values, contiguous), the
+   * rest the recomputed ones.  A stage holding a peer's offloaded values has
+   * nstore slots of store_stride bytes at store_base. */
+  int nxslots, nstore;
+  int64_t xbase, xstride, xout, store_base, store_stride;
+  char *recompute;      /* per forward call: re-run by RECOMPUTE (NULL: none) */
+  int64_t mem_leaving, mem_store; /* of arena_bytes: the xslot copies, the peer's store */
   int loss_buf, dloss_buf, labels_buf; /* last stage: logits, their gradient, labels */
   int64_t loss_rows, loss_classes;
   int64_t arena_bytes, weights_bytes;

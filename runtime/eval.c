@@ -80,7 +80,7 @@ int pr_eval(int argc, char **argv, const PrStage *st) {
     onnx__tensor_proto__free_unpacked(t, NULL);
     if (rc) return rc;
   }
-  st->forward(0);
+  st->forward(0, -1);
   for (int v = 0; v < st->nsend; v++) {
     snprintf(path, sizeof path, "%s/%d.bin", argv[2], v);
     FILE *f = fopen(path, "wb");

@@ -437,8 +437,10 @@ static inline void k_batchnorm(const float *x, const float *gamma, const float *
     double mean, var;
     if (s->training) {
       bn_batch_stats(x, s, ch, &mean, &var);
-      rmean[ch] = (float)(rmean[ch] * s->momentum + mean * (1 - s->momentum));
-      rvar[ch] = (float)(rvar[ch] * s->momentum + (cnt > 1 ? var * (double)cnt / (double)(cnt - 1) : var) * (1 - s->momentum));
+      if (rmean) { /* NULL: a recomputation, whose forward already moved the running statistics */
+        rmean[ch] = (float)(rmean[ch] * s->momentum + mean * (1 - s->momentum));
+        rvar[ch] = (float)(rvar[ch] * s->momentum + (cnt > 1 ? var * (double)cnt / (double)(cnt - 1) : var) * (1 - s->momentum));
+      }
     } else {
       mean = rmean[ch], var = rvar[ch];
     }

@@ -31,12 +31,13 @@
 #include "blas_core.h"
 #include "data.h"
 #include "trace.h"
+#include "xfer.h"
 
 void openblas_set_num_threads(int);
 char *openblas_get_corename(void);
 
 typedef struct Args {
-  const char *data, *log, *save, *checkpoint, *resume, *lr_schedule, *trace;
+  const char *data, *log, *save, *checkpoint, *resume, *lr_schedule, *trace, *offload_dir;
   int64_t steps, ckpt_every, warmup;
   uint64_t seed;
   int shuffle, quiet;
@@ -66,9 +67,28 @@ typedef struct Run {
   MPI_Request *tie_req; /* tied weights' part exchange: nparts * nstages requests at most */
   PrTrace trace;
   double t_compute, t_wait, t_total;
+  /* The memory plan: the messages to and from the peer (on their own
+   * communicator), per xslot the copy out and the copy in, per store slot the
+   * peer's data coming or going; the file's I/O thread. */
+  MPI_Comm ocomm;
+  MPI_Request *oreq, *ireq, *hreq;
+  PrXfer *xfer;
+  double t_xfer_wait;
+  int64_t rss_overhead, rss_peak;
 } Run;
 
 static int g_rank = -1;
+
+/* The process's anonymous resident memory (RssAnon), in bytes; 0 if unknown. */
+static int64_t rss_anon(void) {
+  FILE *f = fopen("/proc/self/status", "r");
+  char line[256];
+  long long kb = 0;
+  while (f && fgets(line, sizeof line, f))
+    if (sscanf(line, "RssAnon: %lld kB", &kb) == 1) break;
+  if (f) fclose(f);
+  return (int64_t)kb * 1024;
+}
 RandCtx pr_rand = {1, 0, 0}; /* piperun.h; seed 1 is --seed's default */
 
 static void die(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
@@ -157,6 +177,7 @@ static void parse_args(Args *a, int argc, char **argv) {
     else if (!strcmp(f, "--trace")) a->trace = TAKE();
     else if (!strcmp(f, "--timeout")) a->timeout = num(f, TAKE(), 0.001);
     else if (!strcmp(f, "--blas-kernels")) TAKE(); /* pr_main pinned them */
+    else if (!strcmp(f, "--offload-dir")) a->offload_dir = TAKE();
     else usage_error("unknown flag '%s'", f);
     if (i >= argc) usage_error("flag '%s' needs a value", f);
   }
@@ -328,13 +349,23 @@ static void wait_grad_sends(Run *r, int gslot) {
   wait_all(r, r->gsreq + (size_t)gslot * r->st->nrecv, r->st->nrecv, r->st->stage - 1, "to take the gradients it was sent");
 }
 
+/* Where value pv of the action's micro-batch lives: its ring slot, or its
+ * xslot's block when it is one of the values that leave. */
+static unsigned char *value_at(const Run *r, const PrValue *pv, const PrAction *a) {
+  if (pv->xring) return r->st->arena + pv->offset + (int64_t)a->xslot * r->st->xslot_bytes;
+  return ring(r, pv->offset, pv->bytes, a->slot);
+}
+
+static void wait_xslot_free(Run *r, int xslot);
+
 static void do_recv(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
   wait_sends(r, a->slot);
+  if (a->xslot >= 0) wait_xslot_free(r, a->xslot);
   for (int v = 0; v < st->nrecv; v++) {
     const PrValue *pv = &st->recv[v];
     if (pv->source != PR_FROM_PREV) continue;
-    MPI_Irecv(ring(r, pv->offset, pv->bytes, a->slot), (int)pv->bytes, MPI_BYTE, st->stage - 1, tag_of(r->step, a->mb, v, 0),
+    MPI_Irecv(value_at(r, pv, a), (int)pv->bytes, MPI_BYTE, st->stage - 1, tag_of(r->step, a->mb, v, 0),
               MPI_COMM_WORLD, &r->rreq[(size_t)a->slot * st->nrecv + v]);
   }
 }
@@ -454,11 +485,12 @@ static void alloc_scratch(Run *r) {
 static double do_forward(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
   wait_sends(r, a->slot); /* the forward writes the slot's outgoing values */
+  if (a->xslot >= 0) wait_xslot_free(r, a->xslot);
   for (int v = 0; v < st->nrecv; v++)
     if (st->recv[v].source != PR_FROM_PREV) load_guarded(r, &st->recv[v], a->mb, a->slot, NULL);
   wait_all(r, r->rreq + (size_t)a->slot * st->nrecv, st->nrecv, st->stage - 1, "the forward values of a micro-batch");
   double t0 = now(), loss = 0;
-  st->forward(a->slot);
+  st->forward(a->slot, a->xslot);
   if (st->loss) {
     int64_t *labels = (int64_t *)(st->arena + st->labels_offset);
     load_guarded(r, NULL, a->mb, a->slot, labels);
@@ -468,14 +500,102 @@ static double do_forward(Run *r, const PrAction *a) {
   return loss;
 }
 
-static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int)) {
+/* ---- the memory plan's transfers ---- */
+
+/* Offload traffic has a communicator of its own; its tag names the step, the
+ * micro-batch and the direction (0: to the peer, 1: back to the owner). */
+static int otag(int64_t step, int mb, int back) { return ((int)(step % 64) * 4096 + mb % 4096) * 2 + back; }
+
+/* Waits for the file's copies of xslot (the I/O thread), under the watchdog. */
+static void wait_file(Run *r, int xslot, const char *what) {
+  if (!r->xfer || !xfer_pending(r->xfer, xslot)) return;
+  double t0 = now();
+  while (xfer_pending(r->xfer, xslot)) {
+    if (now() - t0 > r->timeout) die(4, "step %lld: the offload file's I/O took more than %.1f s (%s); stopping", (long long)r->step + 1, r->timeout, what);
+    xfer_nap(r->xfer);
+  }
+  const char *e = xfer_error(r->xfer);
+  if (e) die(5, "step %lld: offloading activations failed: %s", (long long)r->step + 1, e);
+  double t1 = now();
+  r->t_wait += t1 - t0, r->t_xfer_wait += t1 - t0;
+  trace_add(&r->trace, -1, r->cur->mb, r->cur->slot, r->step, t0, t1);
+}
+
+/* Before an xslot takes another micro-batch's values: the copy out of it is done. */
+static void wait_xslot_free(Run *r, int xslot) {
+  const PrStage *st = r->st;
+  if (st->offload_to >= 0) {
+    double t0 = now();
+    wait_all(r, &r->oreq[xslot], 1, st->offload_to, "to take offloaded activations");
+    r->t_xfer_wait += now() - t0;
+  } else {
+    wait_file(r, xslot, "writing offloaded activations");
+  }
+}
+
+/* Before the values in an xslot are read: the copy in is done. */
+static void wait_xslot_in(Run *r, int xslot) {
+  const PrStage *st = r->st;
+  if (st->offload_to >= 0) {
+    double t0 = now();
+    wait_all(r, &r->ireq[xslot], 1, st->offload_to, "to send back offloaded activations");
+    r->t_xfer_wait += now() - t0;
+  } else {
+    wait_file(r, xslot, "reading offloaded activations back");
+  }
+}
+
+static unsigned char *xblock(const Run *r, int xslot) { return r->st->arena + r->st->xslot_base + (int64_t)xslot * r->st->xslot_bytes; }
+
+static void do_offload(Run *r, const PrAction *a) {
+  const PrStage *st = r->st;
+  if (st->offload_to >= 0) {
+    wait_all(r, &r->oreq[a->xslot], 1, st->offload_to, "to take offloaded activations");
+    MPI_Isend(xblock(r, a->xslot), (int)st->xout_bytes, MPI_BYTE, st->offload_to, otag(r->step, a->mb, 0), r->ocomm, &r->oreq[a->xslot]);
+  } else {
+    xfer_submit(r->xfer, 1, a->xslot, xblock(r, a->xslot), st->xout_bytes, (int64_t)a->mb * st->xout_bytes);
+  }
+}
+
+static void do_prefetch(Run *r, const PrAction *a) {
+  const PrStage *st = r->st;
+  wait_xslot_free(r, a->xslot);
+  if (st->offload_to >= 0)
+    MPI_Irecv(xblock(r, a->xslot), (int)st->xout_bytes, MPI_BYTE, st->offload_to, otag(r->step, a->mb, 1), r->ocomm, &r->ireq[a->xslot]);
+  else
+    xfer_submit(r->xfer, 0, a->xslot, xblock(r, a->xslot), st->xout_bytes, (int64_t)a->mb * st->xout_bytes);
+}
+
+static unsigned char *store(const Run *r, int y) { return r->st->arena + r->st->store_base + (int64_t)y * r->st->store_bytes; }
+
+static void do_hold(Run *r, const PrAction *a) {
+  const PrStage *st = r->st;
+  wait_all(r, &r->hreq[a->xslot], 1, a->peer, "to take back the activations it offloaded here");
+  MPI_Irecv(store(r, a->xslot), (int)st->store_bytes, MPI_BYTE, a->peer, otag(r->step, a->mb, 0), r->ocomm, &r->hreq[a->xslot]);
+}
+
+static void do_return(Run *r, const PrAction *a) {
+  const PrStage *st = r->st;
+  wait_all(r, &r->hreq[a->xslot], 1, a->peer, "the activations it offloads here");
+  MPI_Isend(store(r, a->xslot), (int)st->store_bytes, MPI_BYTE, a->peer, otag(r->step, a->mb, 1), r->ocomm, &r->hreq[a->xslot]);
+}
+
+static void do_recompute(Run *r, const PrAction *a) {
+  wait_xslot_in(r, a->xslot);
+  double t0 = now();
+  r->st->recompute(a->slot, a->xslot);
+  r->t_compute += now() - t0;
+}
+
+static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int, int)) {
   const PrStage *st = r->st;
   if (a->kind != PR_W) {
     if (!st->loss) wait_all(r, r->greq + (size_t)a->gslot * st->nsend, st->nsend, st->stage + 1, "the gradients of a micro-batch");
     wait_grad_sends(r, a->gslot); /* it writes the gradients sent back from gslot */
   }
+  if (a->xslot >= 0) wait_xslot_in(r, a->xslot);
   double t0 = now();
-  fn(a->slot, a->gslot);
+  fn(a->slot, a->xslot, a->gslot);
   r->t_compute += now() - t0;
 }
 
@@ -485,8 +605,8 @@ static void optimizer_step(Run *r);
 static double run_action(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
   r->cur = a;
-  if (a->kind == PR_F || a->kind == PR_B || a->kind == PR_I || a->kind == PR_W)
-    pr_rand.step = r->step, pr_rand.mb = a->mb; /* the backward redraws the forward's Dropout masks */
+  if (a->kind == PR_F || a->kind == PR_B || a->kind == PR_I || a->kind == PR_W || a->kind == PR_RECOMPUTE)
+    pr_rand.step = r->step, pr_rand.mb = a->mb; /* the backward (and a recomputation) redraws the forward's Dropout masks */
   switch (a->kind) {
   case PR_F: return do_forward(r, a);
   case PR_B: do_backward(r, a, st->backward); break;
@@ -497,6 +617,11 @@ static double run_action(Run *r, const PrAction *a) {
   case PR_SEND_GRAD: do_send_grad(r, a); break;
   case PR_RECV_GRAD: do_recv_grad(r, a); break;
   case PR_UPDATE: optimizer_step(r); break;
+  case PR_OFFLOAD: do_offload(r, a); break;
+  case PR_PREFETCH: do_prefetch(r, a); break;
+  case PR_RECOMPUTE: do_recompute(r, a); break;
+  case PR_HOLD: do_hold(r, a); break;
+  case PR_RETURN: do_return(r, a); break;
   default: die(2, "action kind %d is not supported by this runtime (regenerate with pipecc)", a->kind);
   }
   return 0;
@@ -504,7 +629,7 @@ static double run_action(Run *r, const PrAction *a) {
 
 const char *pr_kind_name(int kind) {
   static const char *names[PR_NKINDS] = {"F", "B", "I", "W", "SEND", "RECV", "SEND_GRAD", "RECV_GRAD", "UPDATE",
-                                         "OFFLOAD", "PREFETCH", "RECOMPUTE"};
+                                         "OFFLOAD", "PREFETCH", "RECOMPUTE", "HOLD", "RETURN"};
   return kind >= 0 && kind < PR_NKINDS ? names[kind] : "?";
 }
 
@@ -1052,6 +1177,19 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   for (int i = 0; i < ngs * st->nsend; i++) r.greq[i] = MPI_REQUEST_NULL;
   for (int i = 0; i < ngs * st->nrecv; i++) r.gsreq[i] = MPI_REQUEST_NULL;
   alloc_scratch(&r);
+  /* The memory plan's state: requests per xslot and store slot, the file. */
+  MPI_Comm_dup(MPI_COMM_WORLD, &r.ocomm);
+  int nx = st->nxslots, nst = st->nstore;
+  r.oreq = malloc(sizeof(MPI_Request) * (size_t)(2 * nx + nst + 1));
+  r.ireq = r.oreq + nx, r.hreq = r.oreq + 2 * nx;
+  for (int i = 0; i < 2 * nx + nst; i++) r.oreq[i] = MPI_REQUEST_NULL;
+  if (nx && st->offload_to == -1) {
+    const char *dir = r.a.offload_dir ? r.a.offload_dir : st->offload_dir;
+    r.xfer = xfer_open(dir && *dir ? dir : ".", st->stage, nx, msg, sizeof msg);
+    agree(r.xfer != NULL, msg);
+  } else {
+    agree(1, msg);
+  }
   int most_parts = 1;
   for (int i = 0; i < st->nparams; i++) most_parts = st->params[i].nparts > most_parts ? st->params[i].nparts : most_parts;
   r.tie_req = malloc(sizeof(MPI_Request) * (size_t)most_parts * (size_t)st->nstages);
@@ -1067,6 +1205,10 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     if (!log) die(2, "cannot write --log %s: %s", r.a.log, strerror(errno));
     if (!r.a.resume) fprintf(log, "step,loss,samples_per_s,time_s\n");
   }
+  /* The runtime's own memory (MPI, BLAS, the loader, the libraries), before
+   * the arena beyond the weights is touched: what a rank needs besides its
+   * arena. */
+  r.rss_overhead = rss_anon() - ((st->weights_bytes + 4095) / 4096) * 4096;
   MPI_Barrier(MPI_COMM_WORLD);
   double t_start = now(), first_loss = NAN, last_loss = NAN;
   r.trace.start = t_start;
@@ -1107,10 +1249,15 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     }
   }
   /* Drain what is still in flight. */
-  static const PrAction drain = {PR_UPDATE, -1, -1, -1};
+  static const PrAction drain = {PR_UPDATE, -1, -1, -1, -1, -1};
   r.cur = &drain;
   wait_all(&r, r.sreq, ns * st->nsend, st->stage + 1, "to take the last forward values");
   wait_all(&r, r.gsreq, ngs * st->nrecv, st->stage - 1, "to take the last gradients");
+  wait_all(&r, r.oreq, 2 * nx + nst, -1, "to finish moving offloaded activations");
+  for (int x = 0; r.xfer && x < nx; x++) wait_file(&r, x, "the last offloaded activations");
+  xfer_close(r.xfer);
+  MPI_Comm_free(&r.ocomm);
+  r.rss_peak = rss_anon(); /* the arena is static and nothing is freed: the end is the peak */
   for (int i = 0; i < ns * st->nrecv; i++)
     if (r.rreq[i] != MPI_REQUEST_NULL) MPI_Cancel(&r.rreq[i]), MPI_Request_free(&r.rreq[i]);
   for (int i = 0; i < ngs * st->nsend; i++)
@@ -1128,26 +1275,29 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   }
   /* The summary: every stage's compute, wait and memory, on the last stage. */
   /* Each rank's own wall time: another rank's would make comm+other negative. */
-  double mine[5] = {r.t_compute, r.t_wait, (double)st->arena_bytes, st->predicted_bytes, r.t_total}, *all = NULL;
-  if (st->loss) all = malloc(sizeof(double) * 5 * (size_t)st->nstages);
-  MPI_Gather(mine, 5, MPI_DOUBLE, all, 5, MPI_DOUBLE, st->nstages - 1, MPI_COMM_WORLD);
+  enum { NSUM = 8 };
+  double mine[NSUM] = {r.t_compute, r.t_wait, (double)st->arena_bytes, st->predicted_bytes, r.t_total, (double)r.rss_peak,
+                       (double)r.rss_overhead, r.t_xfer_wait}, *all = NULL;
+  if (st->loss) all = malloc(sizeof(double) * NSUM * (size_t)st->nstages);
+  MPI_Gather(mine, NSUM, MPI_DOUBLE, all, NSUM, MPI_DOUBLE, st->nstages - 1, MPI_COMM_WORLD);
   if (st->loss && !r.a.quiet) {
     int64_t steps = r.a.steps - first_step;
     double busy = 0;
-    for (int s = 0; s < st->nstages; s++) busy += all[5 * s];
+    for (int s = 0; s < st->nstages; s++) busy += all[NSUM * s];
     printf("done: %lld steps in %.2f s, %.1f samples/s, loss %.6f -> %.6f\n", (long long)steps, r.t_total,
            steps ? (double)steps * st->batch / r.t_total : 0, first_loss, last_loss);
     printf("step time %.3f ms measured, %.3f ms predicted; bubble %.1f%% measured\n", steps ? 1e3 * r.t_total / (double)steps : 0,
            1e3 * st->predicted_step_s, r.t_total > 0 ? 100 * (1 - busy / (st->nstages * r.t_total)) : 0);
-    printf("stage  compute_s  wait_s  comm+other_s  arena_bytes  predicted_bytes\n");
+    printf("stage  compute_s  wait_s  comm+other_s  arena_bytes  predicted_bytes  rss_peak_bytes  rss_overhead_bytes  xfer_wait_s\n");
     for (int s = 0; s < st->nstages; s++) {
-      const double *x = &all[5 * s];
-      printf("%5d  %9.3f  %6.3f  %12.3f  %11.0f  %15.0f\n", s, x[0], x[1], fmax(0, x[4] - x[0] - x[1]), x[2], x[3]);
+      const double *x = &all[NSUM * s];
+      printf("%5d  %9.3f  %6.3f  %12.3f  %11.0f  %15.0f  %14.0f  %18.0f  %11.3f\n", s, x[0], x[1], fmax(0, x[4] - x[0] - x[1]), x[2], x[3],
+             x[5], x[6], x[7]);
     }
   }
   free(all);
   if (r.have_data) data_close(&r.data);
-  free(r.rreq), free(r.sreq), free(r.greq), free(r.gsreq), free(r.idx);
+  free(r.rreq), free(r.sreq), free(r.greq), free(r.gsreq), free(r.idx), free(r.oreq);
   free(r.in_labels), free(r.in_y), free(r.lab_x), free(r.lab_img);
   MPI_Finalize();
   return 0;

@@ -22,7 +22,11 @@ enum {
   PR_SEND_GRAD, /* Isend the gradients in gslot to the previous stage */
   PR_RECV_GRAD, /* Irecv mb's gradients from the next stage into gslot */
   PR_UPDATE,    /* the optimizer step */
-  PR_OFFLOAD, PR_PREFETCH, PR_RECOMPUTE, /* reserved */
+  PR_OFFLOAD,   /* post the copy-out of xslot's leaving values (XOUT bytes) to the peer or the file */
+  PR_PREFETCH,  /* post their copy-in into xslot (after the offload out of xslot, if any, is done) */
+  PR_RECOMPUTE, /* recompute(slot, xslot), after the prefetch into xslot */
+  PR_HOLD,      /* on a peer: Irecv rank `peer`'s OFFLOAD of mb into store slot xslot */
+  PR_RETURN,    /* on a peer: wait for it, Isend it back to rank `peer` */
   PR_NKINDS
 };
 
@@ -31,6 +35,8 @@ typedef struct PrAction {
   int mb;    /* micro-batch, -1 for UPDATE */
   int slot;  /* ring copy of the forward values, -1 if unused */
   int gslot; /* gradient ring copy, -1 if unused */
+  int xslot; /* copy of the leaving values (HOLD/RETURN: store slot), -1 if unused */
+  int peer;  /* OFFLOAD/PREFETCH: the rank holding the data, -1 the file; HOLD/RETURN: the owner */
 } PrAction;
 
 enum { PR_FROM_PREV = 0, PR_FROM_IMAGES = 1, PR_FROM_TOKENS = 2 };
@@ -45,6 +51,7 @@ typedef struct PrValue {
   int dtype;           /* ONNX element type: 1 float32, 7 int64 */
   int rank;
   int64_t dims[8];
+  int xring;           /* received into the xslot block (it leaves between forward and backward) */
 } PrValue;
 
 /* One reading node's part of a tied weight's gradient. */
@@ -77,10 +84,10 @@ typedef struct PrStage {
   int nrecv, nsend;
   const PrParam *params;
   int nparams;
-  void (*forward)(int slot);
-  void (*backward)(int slot, int gslot);
-  void (*backward_input)(int slot, int gslot);  /* zb1: the I and W halves of backward; NULL otherwise */
-  void (*backward_weight)(int slot, int gslot);
+  void (*forward)(int slot, int xslot);
+  void (*backward)(int slot, int xslot, int gslot);
+  void (*backward_input)(int slot, int xslot, int gslot);  /* zb1: the I and W halves of backward; NULL otherwise */
+  void (*backward_weight)(int slot, int xslot, int gslot);
   /* last stage: loss over the logits of one micro-batch; returns the sum over rows */
   double (*loss)(int slot, const int64_t *labels);
   int64_t loss_rows, loss_classes; /* per micro-batch */
@@ -92,6 +99,15 @@ typedef struct PrStage {
   double predicted_bytes;      /* the planner's memory estimate for this stage */
   double predicted_step_s;     /* the planner's predicted step time */
   int forward_only;            /* an inference program: pr_main runs pr_eval */
+  /* The memory plan (compiler/stash.c); all 0 when nothing leaves. */
+  int nxslots;                 /* copies of the leaving values' block */
+  int64_t xslot_base, xslot_bytes, xout_bytes; /* the block: copy k at base + k * bytes; OFFLOAD copies its first xout_bytes */
+  int offload_to;              /* the peer rank holding them, -1 the file in offload_dir, -2 none */
+  const char *offload_dir;
+  int nstore;                  /* store slots for the peer rank store_owner's offloaded values */
+  int64_t store_base, store_bytes;
+  int store_owner;
+  void (*recompute)(int slot, int xslot); /* NULL if nothing is recomputed */
 } PrStage;
 
 /* What the random kernels (Dropout) key their numbers by, besides the node:

@@ -1,0 +1,22 @@
+/* stash.h - the memory plan (stash.c): keep, offload or recompute each
+ * stashed activation so that every rank fits --mem-limit. */
+#ifndef PIPECC_STASH_H
+#define PIPECC_STASH_H
+#include "stageprog.h"
+
+/* After plan_programs: for each stage over its limit, chooses fates, adds
+ * the OFFLOAD / PREFETCH / RECOMPUTE (and a peer's HOLD / RETURN) actions,
+ * lays the arenas out again and re-times the schedule.  Nothing happens
+ * when every stage fits.  -1 with err_set when a stage cannot fit. */
+int stash_plan(Plan *p);
+/* The smallest arena stage s can have holding [a, e) if every value that
+ * may leave does (the partitioner's price once no plain plan fits); builds
+ * the stage's program. */
+double stash_floor(Plan *p, int s, int a, int e);
+/* Per stage, the ring slots and xslots of the leanest lists (for stash_floor). */
+void stash_floor_slots(Plan *p);
+/* The call is a BatchNorm in training mode (a recomputation skips its running statistics). */
+int stash_bn_training(const StageProg *sp, const Call *k);
+const char *offload_name(int o);
+Action action_make(int kind, int mb);
+#endif

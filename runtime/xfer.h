@@ -1,0 +1,25 @@
+/* xfer.h - the file side of the memory plan: an I/O thread that writes a
+ * micro-batch's offloaded activations to a file and reads them back, so that
+ * compute goes on while the copies run (compiler/stash.c plans when). */
+#ifndef PIPERUN_XFER_H
+#define PIPERUN_XFER_H
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct PrXfer PrXfer;
+
+/* Opens DIR/pipecc-offload-<stage>-<pid>.bin (removed from the directory at
+ * once: nothing is left behind, even by a crash) and starts the thread.
+ * NULL with msg set on failure. */
+PrXfer *xfer_open(const char *dir, int stage, int nxslots, char *msg, size_t len);
+/* Queues a copy of bytes from buf to the file at off (write) or back (read);
+ * xslot names the block it belongs to. */
+void xfer_submit(PrXfer *x, int write, int xslot, void *buf, int64_t bytes, int64_t off);
+/* Copies still queued or running for xslot. */
+int xfer_pending(PrXfer *x, int xslot);
+/* Waits up to about a millisecond for a copy to finish. */
+void xfer_nap(PrXfer *x);
+/* The first failure ("write: No space left on device"), or NULL. */
+const char *xfer_error(PrXfer *x);
+void xfer_close(PrXfer *x);
+#endif
