@@ -24,7 +24,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench zoo
+.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench zoo test-memory
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
@@ -148,6 +148,11 @@ bench: all
 
 models:
 	$(PY) onnx_models/export.py --large
+
+# The memory plan's whole matrix (not part of make test): every sample model
+# at n = 2 and 4, 1f1b and zb1, offloaded to a peer, to a file, recomputed.
+test-memory: bin/pipecc bin/piperun-data
+	$(PY) tests/test_memory.py
 
 # The real-model suite (not part of make test): torchvision classifiers and two
 # transformer LMs, n = 1 and 4, against PyTorch; writes docs/zoo.md.

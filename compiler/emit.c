@@ -337,7 +337,7 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
     memf = pool_printf(&tp, "\n    .nxslots = NXSLOTS, .xslot_base = XSLOT_BASE, .xslot_bytes = XSLOT_BYTES, .xout_bytes = XOUT_BYTES,"
                             "\n    .offload_to = %d, .offload_dir = \"%s\", .nstore = NSTORE, .store_base = STORE_BASE, .store_bytes = STORE_BYTES,"
                             " .store_owner = %d, .recompute = %s,",
-                       sp->xout ? host : -2, dir.s, owner, sp->recompute ? "recompute" : "NULL");
+                       sp->xout && stash_offloads(p, s) ? host : -2, dir.s, owner, sp->recompute ? "recompute" : "NULL");
     buf_free(&dir);
   }
   const char *vals[] = {

@@ -8,6 +8,8 @@
 
 #include <stdlib.h>
 
+#include "stageprog.h"
+#include "stash.h"
 #include "timeline.h"
 
 #include <math.h>
@@ -26,6 +28,74 @@ static double mean_time(const Plan *p) {
   double sum = 0;
   for (int s = 0; s < p->opt.nstages; s++) sum += p->part.cost[s].time;
   return sum / p->opt.nstages;
+}
+
+static void json_str(Buf *b, const char *s);
+
+/* The memory plan of stage s (stash.c): each stashed value's fate. */
+static const char *fate_name(int f) { return f == FATE_OFFLOAD ? "offloaded" : f == FATE_RECOMPUTE ? "recomputed" : "kept"; }
+
+static int plan_moves(const Plan *p, int s) { return p->progs && p->plain_arena && (p->progs[s].nxslots || p->progs[s].nstore); }
+
+static const char *target_text(const Plan *p, int s, char *buf, size_t len) {
+  int host = p->host_of ? p->host_of[s] : -1;
+  if (!p->progs[s].xout) snprintf(buf, len, "nowhere");
+  else if (!stash_offloads(p, s)) snprintf(buf, len, "nowhere: every micro-batch goes straight from its forward to its backward, so they stay in the xslot");
+  else if (host >= 0) snprintf(buf, len, "rank %d's memory", host);
+  else snprintf(buf, len, "the file %s/pipecc-offload-%d-PID.bin", p->opt.offload_dir ? p->opt.offload_dir : ".", s);
+  return buf;
+}
+
+static void memory_plan_text(const Plan *p, int s, Buf *b) {
+  const StageProg *sp = &p->progs[s];
+  const StageCost *c = &p->part.cost[s];
+  char where[512];
+  if (sp->nxslots) {
+    buf_printf(b, "  memory plan  %s -> %s under the limit: %d xslot cop%s of %s (%s offloaded to %s, %s recomputed); "
+                  "predicted per micro-batch: copy out %s, back %s, recompute %s\n",
+               fmt_bytes((double)p->plain_arena[s]), fmt_bytes((double)sp->arena_bytes), sp->nxslots, sp->nxslots == 1 ? "y" : "ies",
+               fmt_bytes((double)sp->xstride), fmt_bytes((double)sp->xout), target_text(p, s, where, sizeof where),
+               fmt_bytes((double)(sp->xstride - sp->xout)), fmt_time(c->xfer_out), fmt_time(c->xfer_in), fmt_time(c->recompute));
+    for (int i = 0; i < sp->nbufs; i++) {
+      const Buffer *x = &sp->bufs[i];
+      if (x->kind != BUF_RING || x->fate == FATE_KEEP) continue;
+      buf_printf(b, "               %-10s %s %s\n", fate_name(x->fate), fmt_bytes((double)x->bytes), p->g.t[x->tensor].name);
+    }
+  } else if (sp->nstore) {
+    int owner = -1;
+    for (int q = 0; p->host_of && q < p->opt.nstages; q++)
+      if (p->host_of[q] == s) owner = q;
+    buf_printf(b, "  memory plan  %s -> %s: holds stage %d's offloaded activations in %d store slot%s of %s\n",
+               fmt_bytes((double)p->plain_arena[s]), fmt_bytes((double)sp->arena_bytes), owner, sp->nstore, sp->nstore == 1 ? "" : "s",
+               fmt_bytes((double)sp->store_stride));
+  }
+  if (sp->nxslots && sp->nstore)
+    buf_printf(b, "               and holds another stage's offloaded activations in %d store slot%s of %s\n", sp->nstore,
+               sp->nstore == 1 ? "" : "s", fmt_bytes((double)sp->store_stride));
+}
+
+static void memory_plan_json(const Plan *p, int s, Buf *b) {
+  const StageProg *sp = &p->progs[s];
+  const StageCost *c = &p->part.cost[s];
+  int owner = -1;
+  for (int q = 0; p->host_of && q < p->opt.nstages; q++)
+    if (p->host_of[q] == s) owner = q;
+  buf_printf(b, "     \"memory_plan\": {\"plain_arena_bytes\": %lld, \"arena_bytes\": %lld, \"xslots\": %d, \"xslot_bytes\": %lld, "
+                "\"offloaded_bytes\": %lld, \"offload_to\": %s, \"store_slots\": %d, \"store_bytes\": %lld, \"holds_for\": %d, "
+                "\"copy_out_s\": %.9g, \"copy_in_s\": %.9g, \"recompute_s\": %.9g, \"values\": [",
+             (long long)p->plain_arena[s], (long long)sp->arena_bytes, sp->nxslots, (long long)sp->xstride, (long long)sp->xout,
+             !sp->xout || !stash_offloads(p, s) ? "null" : p->host_of && p->host_of[s] >= 0 ? pool_printf((Pool *)&p->g.pool, "%d", p->host_of[s]) : "\"file\"",
+             sp->nstore, (long long)sp->store_stride, owner, c->xfer_out, c->xfer_in, c->recompute);
+  int first = 1;
+  for (int i = 0; i < sp->nbufs; i++) {
+    const Buffer *x = &sp->bufs[i];
+    if (x->kind != BUF_RING || x->fate == FATE_KEEP) continue;
+    buf_printf(b, "%s{\"tensor\": ", first ? "" : ", ");
+    json_str(b, p->g.t[x->tensor].name);
+    buf_printf(b, ", \"bytes\": %lld, \"fate\": \"%s\"}", (long long)x->bytes, fate_name(x->fate));
+    first = 0;
+  }
+  buf_printf(b, "]},\n");
 }
 
 static void stage_text(const Plan *p, int s, Buf *b) {
@@ -47,6 +117,7 @@ static void stage_text(const Plan *p, int s, Buf *b) {
              fmt_bytes(c->mem_total), c->mem_total, fmt_bytes(c->mem_params), fmt_bytes(c->mem_grads), fmt_bytes(c->mem_opt),
              fmt_bytes(c->mem_stash), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work), c->copies, c->copies == 1 ? "y" : "ies",
              c->inflight, c->inflight == 1 ? "" : "es");
+  if (plan_moves(p, s)) memory_plan_text(p, s, b);
   for (int pass = 0; pass < 2; pass++) {
     int cut = pass ? e : a, any = 0;
     for (int q = 0; q < p->nedges; q++) {
@@ -173,6 +244,9 @@ void listing_text(const Plan *p, Buf *b) {
     mn = fmin(mn, p->part.cost[s].time);
   }
   buf_printf(b, "\nstep\n");
+  if (p->plain_arena && p->plain_step > 0 && fabs(p->sched.step_time - p->plain_step) > 1e-12)
+    buf_printf(b, "  memory plan  %s per step without it, %s with it (%+.1f%%): the copies and recomputation that compute does not hide\n",
+               fmt_time(p->plain_step), fmt_time(p->sched.step_time), 100 * (p->sched.step_time / p->plain_step - 1));
   buf_printf(b, "  predicted    %s per step, %.1f samples/s\n", fmt_time(p->sched.step_time), (double)p->batch / p->sched.step_time);
   buf_printf(b, "  bubble       %.1f%% predicted (a balanced pipeline: (p-1)/(m+p-1) = %.1f%%)\n", 100 * p->sched.bubble,
              100 * schedule_ideal_bubble(n, p->opt.microbatches));
@@ -280,6 +354,7 @@ void listing_json(const Plan *p, Buf *b) {
                c->mem_params, c->mem_grads, c->mem_opt, c->mem_stash, c->mem_recv, c->mem_work, c->mem_total, c->inflight, c->copies,
                c->mem_estimate, p->mem_note ? "false" : "true");
     if (p->arena) buf_printf(b, "     \"arena_bytes\": %lld,\n", (long long)p->arena[s]);
+    if (p->progs && p->plain_arena) memory_plan_json(p, s, b);
     buf_printf(b, "     \"recv\": ");
     json_edges(p, b, a);
     buf_printf(b, ",\n     \"send\": ");
@@ -290,14 +365,17 @@ void listing_json(const Plan *p, Buf *b) {
       char name[32];
       buf_printf(b, "%s{\"op\": \"%s\", \"kind\": \"%s\", \"mb\": %d, \"start_s\": %.9g, \"end_s\": %.9g, \"slot\": %ld, "
                     "\"ring_slot\": %d, \"grad_slot\": %d}", k ? ",\n       " : "", action_str(ac, name, sizeof name),
-                 action_kind_name(ac->kind), ac->mb, ac->start, ac->end, lround(p->slots.act[s][k].start), ac->slot, ac->gslot);
+                 action_kind_name(ac->kind), ac->mb, ac->start, ac->end,
+                 p->slots.nact[s] == p->sched.nact[s] ? lround(p->slots.act[s][k].start) : -1L, ac->slot, ac->gslot);
+      if (ac->xslot >= 0) b->len--, buf_printf(b, ", \"xslot\": %d, \"peer\": %d}", ac->xslot, ac->peer);
     }
     buf_printf(b, "]}%s\n", s + 1 < n ? "," : "");
   }
   buf_printf(b, "  ]\n}\n");
 }
 
-/* ACT_F .. ACT_UPDATE and TL_F .. TL_UPDATE name the same kinds in the same order. */
+/* ACT_F .. ACT_RETURN and TL_F .. TL_RETURN name the same kinds in the same order.  A transfer's span is
+ * the copy itself, from its post to its predicted completion. */
 void listing_timeline(const Plan *p, Buf *b) {
   const Schedule *sc = &p->sched;
   int n = 0;
@@ -308,7 +386,6 @@ void listing_timeline(const Plan *p, Buf *b) {
   for (int s = 0; s < sc->nstages; s++)
     for (int i = 0; i < sc->nact[s]; i++) {
       const Action *a = &sc->act[s][i];
-      if (a->kind > ACT_UPDATE) continue; /* no kind beyond the update is planned yet */
       spans[k++] = (TlSpan){s, a->kind - ACT_F + TL_F, a->mb, 0, a->start, a->end};
     }
   char title[512];

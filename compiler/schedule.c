@@ -222,7 +222,7 @@ typedef struct Sim {
   const StageCost *cost;
   int p, m;
   double *fdone, *bdone;     /* [s*m+mb] */
-  double *off_post, *off_end, *hold_t, *ret_t, *pre_post, *pre_end;
+  double *off_post, *off_end, *hold_t, *ret_t, *pre_post, *pre_end, *ret_slot;
   double *chan, *free_at;    /* per rank */
   double **xfree, **sfree;   /* per rank, per xslot / store slot: when its last transfer out completes (-1 unknown) */
   int **xowner;              /* per rank, per xslot: the micro-batch whose offload leaves it last (-1 none) */
@@ -236,16 +236,17 @@ static void sim_resolve(Sim *sim) {
   const Schedule *sc = sim->sc;
   for (int s = 0; s < sim->p; s++)
     for (int k = 0; k < sc->nact[s]; k++) {
-      const Action *a = &sc->act[s][k];
+      Action *a = &sc->act[s][k];
       int i = a->mb >= 0 ? IDX(s, a->mb) : 0;
       if (a->kind == ACT_OFFLOAD && a->peer >= 0 && sim->off_post[i] >= 0 && sim->off_end[i] < 0 && sim->hold_t[i] >= 0) {
         double st = fmax(fmax(sim->off_post[i], sim->hold_t[i]), sim->chan[s]);
-        sim->off_end[i] = sim->chan[s] = st + sim->cost[s].xfer_out;
+        sim->off_end[i] = sim->chan[s] = a->end = st + sim->cost[s].xfer_out;
         sim->xfree[s][a->xslot] = sim->off_end[i];
       }
       if (a->kind == ACT_PREFETCH && a->peer >= 0 && sim->pre_post[i] >= 0 && sim->pre_end[i] < 0 && sim->ret_t[i] >= 0) {
         double st = fmax(fmax(sim->pre_post[i], sim->ret_t[i]), sim->chan[s]);
-        sim->pre_end[i] = sim->chan[s] = st + sim->cost[s].xfer_in;
+        sim->pre_end[i] = sim->chan[s] = a->end = st + sim->cost[s].xfer_in;
+        sim->sfree[a->peer][(int)sim->ret_slot[i]] = sim->pre_end[i]; /* the peer's store slot is free again */
       }
     }
 }
@@ -292,7 +293,7 @@ static void sim_run(Sim *sim, Action *a, int s) {
     sim->xowner[s][a->xslot] = -1;
     if (a->peer < 0) {
       double st = fmax(a->start, sim->chan[s]);
-      sim->off_end[i] = sim->chan[s] = st + c->xfer_out;
+      sim->off_end[i] = sim->chan[s] = a->end = st + c->xfer_out;
       sim->xfree[s][a->xslot] = sim->off_end[i];
     }
     break;
@@ -300,14 +301,14 @@ static void sim_run(Sim *sim, Action *a, int s) {
     sim->pre_post[i] = a->start;
     if (a->peer < 0) {
       double st = fmax(fmax(a->start, sim->chan[s]), sim->off_end[i]);
-      sim->pre_end[i] = sim->chan[s] = st + c->xfer_in;
+      sim->pre_end[i] = sim->chan[s] = a->end = st + c->xfer_in;
     }
     break;
   case ACT_HOLD:
     sim->hold_t[IDX(a->peer, a->mb)] = a->start;
     sim->sfree[s][a->xslot] = -1; /* until the data went back */
     break;
-  case ACT_RETURN: sim->ret_t[IDX(a->peer, a->mb)] = a->start; break;
+  case ACT_RETURN: sim->ret_t[IDX(a->peer, a->mb)] = a->start, sim->ret_slot[IDX(a->peer, a->mb)] = a->xslot; break;
   default: break;
   }
 }
@@ -317,13 +318,14 @@ int schedule_time(Schedule *sc, const StageCost *cost) {
   Sim sv, *sim = &sv;
   memset(&sv, 0, sizeof sv);
   sv.sc = sc, sv.cost = cost, sv.p = p, sv.m = m;
-  double *all = malloc(sizeof(double) * (size_t)(8 * p * m + 2 * p));
+  double *all = malloc(sizeof(double) * (size_t)(9 * p * m + 2 * p));
   int *next = calloc((size_t)p, sizeof(int)), remaining = 0, *has_pre = calloc((size_t)(p * m + 1), sizeof(int));
   sim->xfree = calloc((size_t)p, sizeof(double *)), sim->sfree = calloc((size_t)p, sizeof(double *));
   sim->xowner = calloc((size_t)p, sizeof(int *));
   if (!all || !next || !has_pre || !sim->xfree || !sim->sfree || !sim->xowner) abort();
   double *at = all;
-  double **arr[] = {&sim->fdone, &sim->bdone, &sim->off_post, &sim->off_end, &sim->hold_t, &sim->ret_t, &sim->pre_post, &sim->pre_end};
+  double **arr[] = {&sim->fdone,  &sim->bdone,    &sim->off_post, &sim->off_end, &sim->hold_t,
+                    &sim->ret_t,  &sim->pre_post, &sim->pre_end,  &sim->ret_slot};
   for (size_t k = 0; k < sizeof arr / sizeof arr[0]; k++, at += p * m) {
     *arr[k] = at;
     for (int q = 0; q < p * m; q++) at[q] = -1;

@@ -154,8 +154,10 @@ static int is_compute(int kind) { return action_is_compute(kind); }
  * xslots assigned.  Returns the length; *nx the xslot copies. */
 static int rebuild(const Action *in, int n, int m, const Shape *sh, Action *out, int *nx) {
   int *cpos = malloc(sizeof(int) * (size_t)(n + 1)), nc = 0;
-  char *leaves = calloc((size_t)m + 1, 1);
-  if (!cpos || !leaves) abort();
+  char *leaves = calloc((size_t)m + 1, 1), *had_recv = calloc((size_t)m + 1, 1);
+  if (!cpos || !leaves || !had_recv) abort();
+  for (int k = 0; k < n; k++)
+    if (in[k].kind == ACT_RECV) had_recv[in[k].mb] = 1; /* stage 0's loader inputs have none: F loads them */
   for (int k = 0; k < n; k++)
     if (is_compute(in[k].kind)) cpos[nc++] = k;
   /* A micro-batch leaves unless its forward's next compute action is its own backward. */
@@ -174,7 +176,7 @@ static int rebuild(const Action *in, int n, int m, const Shape *sh, Action *out,
       int t = c + sh->lead;
       if (t < nc) {
         const Action *b = &in[cpos[t]];
-        if (b->kind == ACT_F && sh->xrecv) out[k2++] = action_make(ACT_RECV, b->mb);
+        if (b->kind == ACT_F && sh->xrecv && had_recv[b->mb]) out[k2++] = action_make(ACT_RECV, b->mb);
         if ((b->kind == ACT_B || b->kind == ACT_I) && leaves[b->mb] && sh->has_out) {
           out[k2] = action_make(ACT_PREFETCH, b->mb);
           out[k2++].peer = sh->peer;
@@ -222,7 +224,7 @@ static int rebuild(const Action *in, int n, int m, const Shape *sh, Action *out,
       if (kind == ACT_F && leaves[mb] && !sh->has_out) owner[a->xslot] = -1, slot[mb] = -1;
     }
   }
-  free(cpos), free(leaves), free(last), free(slot), free(owner);
+  free(cpos), free(leaves), free(had_recv), free(last), free(slot), free(owner);
   return k2;
 }
 
@@ -541,7 +543,7 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
   Saved start, best;
   save(w, &start, maxact);
   double best_t = INFINITY;
-  int have = 0;
+  int have = 0, fit_no_host = 0;
   int64_t floor = sp->arena_bytes;
   for (int ti = 0; ti < nt; ti++) {
     int tgt = targets[ti];
@@ -554,21 +556,37 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
         int fits = fill(w, s, strat, lead, peer, lim, cand, nc, fw, f) == 0;
         if ((int64_t)sp->arena_bytes < floor) floor = sp->arena_bytes;
         if (!fits) continue;
+        const char *dbg = getenv("PIPECC_DEBUG_STASH");
         if (peer >= 0) {
           int ns = place_peer(w, s, peer);
-          (void)ns;
           double hl = limit_of(p, peer);
           int64_t ha = host_layout(w, peer, sp->xout);
-          if (hl > 0 && (double)ha > hl) continue;
+          if (hl > 0 && (double)ha > hl) {
+            fit_no_host = 1;
+            if (dbg) fprintf(stderr, "stash: stage %d lead %d strat %d peer %d: host arena %lld > %.0f (%d store slots)\n", s, lead, strat, peer, (long long)ha, hl, ns);
+            continue;
+          }
         }
         if (schedule_time(&w->sc, w->cost)) {
+          if (dbg) fprintf(stderr, "stash: stage %d lead %d strat %d target %d: %s\n", s, lead, strat, tgt, err_msg());
+          if (dbg)
+            for (int q = 0; q < p->opt.nstages; q++) {
+              fprintf(stderr, "  rank %d:", q);
+              for (int k = 0; k < w->sc.nact[q]; k++) {
+                char b[32];
+                fprintf(stderr, " %s/x%d", action_str(&w->sc.act[q][k], b, sizeof b), w->sc.act[q][k].xslot);
+              }
+              fprintf(stderr, "\n");
+            }
           err_clear();
           continue;
         }
         if (schedule_validate(&w->sc)) {
+          if (dbg) fprintf(stderr, "stash: stage %d lead %d strat %d target %d: %s\n", s, lead, strat, tgt, err_msg());
           err_clear();
           continue;
         }
+        if (dbg) fprintf(stderr, "stash: stage %d lead %d strat %d target %d: arena %lld, step %.6f\n", s, lead, strat, tgt, (long long)sp->arena_bytes, w->sc.step_time);
         if (w->sc.step_time < best_t) {
           if (have) saved_free(&best, p->opt.nstages);
           save(w, &best, maxact);
@@ -582,9 +600,15 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
   if (have) {
     restore(w, &best);
     memcpy(w->fates[s], bestf, (size_t)sp->nbufs);
-    int q = w->shape[s].peer;
-    if (q >= 0 && w->shape[s].has_out) w->host_of[s] = q, w->hosts[q] = s;
+    int q = w->shape[s].peer, moves = 0;
+    for (int k = 0; k < w->sc.nact[s]; k++) moves += w->sc.act[s][k].kind == ACT_OFFLOAD;
+    if (q >= 0 && w->shape[s].has_out && moves) w->host_of[s] = q, w->hosts[q] = s;
     saved_free(&best, p->opt.nstages);
+  } else if (fit_no_host) {
+    restore(w, &start);
+    rc = err_set("stage %d fits --mem-limit %s only if another rank holds its offloaded activations (%s per micro-batch), and "
+                 "no rank has that room under the limit; use --offload file:DIR or --recompute auto, raise --mem-limit, or use "
+                 "more stages", s, fmt_bytes(lim), fmt_bytes((double)sp->xout));
   } else {
     restore(w, &start);
     rc = err_set("stage %d does not fit --mem-limit %s: its arena is %s, and offloading or recomputing every stashed "
@@ -593,7 +617,9 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
                  offload_name(p->opt.offload), p->opt.recompute ? "auto" : "none", fmt_bytes((double)floor),
                  (long long)((floor + 1023) / 1024));
   }
-  /* Every rank's layout as planned. */
+  /* Every rank's layout as planned: owners first (a host's store slot is
+   * its owner's copy-out, known once the owner is laid out), then again. */
+  for (int pass = 0; pass < 2; pass++)
   for (int q = 0; q < p->opt.nstages; q++) {
     StageProg *x = &p->progs[q];
     x->nxslots = w->sc.nxslots[q];
@@ -695,6 +721,10 @@ int stash_plan(Plan *p) {
                      fmt_bytes((double)p->progs[s].arena_bytes));
   }
   if (schedule_time(&w.sc, w.cost) || schedule_validate(&w.sc)) return -1;
+  for (int q = 0; q < n; q++)
+    if (w.hosts[q] >= 0 && p->progs[q].store_stride != p->progs[w.hosts[q]].xout)
+      return err_set("internal error: stage %d's store slots (%lld bytes) do not match stage %d's offloads (%lld bytes)", q,
+                     (long long)p->progs[q].store_stride, w.hosts[q], (long long)p->progs[w.hosts[q]].xout);
   /* The plan takes the planner's lists. */
   for (int s = 0; s < n; s++) {
     sc->act[s] = w.sc.act[s], sc->nact[s] = w.sc.nact[s];
@@ -774,4 +804,10 @@ void stash_floor_slots(Plan *p) {
       p->floor_nx[2 * s + xr] = nx;
     }
   }
+}
+
+int stash_offloads(const Plan *p, int s) {
+  int n = 0;
+  for (int k = 0; k < p->sched.nact[s]; k++) n += p->sched.act[s][k].kind == ACT_OFFLOAD;
+  return n;
 }

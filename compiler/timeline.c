@@ -27,6 +27,11 @@ static const struct {
     [TL_SEND_GRAD] = {"SEND_GRAD", "send gradient", "#4f5d73", "#ffffff"},
     [TL_RECV_GRAD] = {"RECV_GRAD", "receive gradient", "#9aa8bd", "#1a1a1a"},
     [TL_UPDATE] = {"UPDATE", "optimizer update", "#8e6bb0", "#ffffff"},
+    [TL_OFFLOAD] = {"OFFLOAD", "copy stashed activations out", "#b07aa1", "#ffffff"},
+    [TL_PREFETCH] = {"PREFETCH", "copy stashed activations back", "#ff9da7", "#1a1a1a"},
+    [TL_RECOMPUTE] = {"RECOMPUTE", "recompute stashed activations", "#76b7b2", "#1a1a1a"},
+    [TL_HOLD] = {"HOLD", "receive a peer's offloaded activations", "#d4a6c8", "#1a1a1a"},
+    [TL_RETURN] = {"RETURN", "send a peer's activations back", "#9c755f", "#ffffff"},
     [TL_WAIT] = {"wait", "waiting", "#f6c1c1", "#b03030"},
 };
 
@@ -41,7 +46,8 @@ int tl_kind_from_name(const char *s) {
 
 enum { LAYER_WAIT, LAYER_COMPUTE, LAYER_COMM, LAYER_TICK };
 static int is_comm(int kind) {
-  return kind == TL_SEND || kind == TL_RECV || kind == TL_SEND_GRAD || kind == TL_RECV_GRAD;
+  return kind == TL_SEND || kind == TL_RECV || kind == TL_SEND_GRAD || kind == TL_RECV_GRAD || kind == TL_OFFLOAD ||
+         kind == TL_PREFETCH || kind == TL_HOLD || kind == TL_RETURN;
 }
 
 /* Geometry, in px. */

@@ -17,7 +17,8 @@ typedef struct TlSpan {
 
 #define TL_MAX_RANKS 65536
 
-enum { TL_F, TL_B, TL_I, TL_W, TL_SEND, TL_RECV, TL_SEND_GRAD, TL_RECV_GRAD, TL_UPDATE, TL_WAIT, TL_NKINDS };
+enum { TL_F, TL_B, TL_I, TL_W, TL_SEND, TL_RECV, TL_SEND_GRAD, TL_RECV_GRAD, TL_UPDATE,
+       TL_OFFLOAD, TL_PREFETCH, TL_RECOMPUTE, TL_HOLD, TL_RETURN, TL_WAIT, TL_NKINDS };
 
 /* "F","B","I","W","SEND","RECV","SEND_GRAD","RECV_GRAD","UPDATE","wait";
  * "?" for a kind out of range. */

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -78,6 +79,19 @@ typedef struct Run {
 } Run;
 
 static int g_rank = -1;
+
+/* Bytes of [p, p + n) in memory now (whole pages). */
+static int64_t resident_bytes(const void *p, int64_t n) {
+  long pg = sysconf(_SC_PAGESIZE);
+  uintptr_t a = (uintptr_t)p / (uintptr_t)pg * (uintptr_t)pg, e = ((uintptr_t)p + (uintptr_t)n + (uintptr_t)pg - 1) / (uintptr_t)pg * (uintptr_t)pg;
+  size_t np = (e - a) / (size_t)pg;
+  unsigned char *v = malloc(np + 1);
+  int64_t got = 0;
+  if (v && !mincore((void *)a, e - a, v))
+    for (size_t i = 0; i < np; i++) got += v[i] & 1;
+  free(v);
+  return got * pg;
+}
 
 /* The process's anonymous resident memory (RssAnon), in bytes; 0 if unknown. */
 static int64_t rss_anon(void) {
@@ -404,11 +418,12 @@ static void do_send_grad(Run *r, const PrAction *a) {
 static void load_input(Run *r, const PrValue *pv, int mb, int slot) {
   const PrStage *st = r->st;
   const int64_t *idx = r->idx + (int64_t)mb * st->mb_size;
+  /* An input that leaves between forward and backward lives in the xslot block. */
+  unsigned char *to = pv->xring ? st->arena + pv->offset + (int64_t)r->cur->xslot * st->xslot_bytes : ring(r, pv->offset, pv->bytes, slot);
   if (pv->source == PR_FROM_IMAGES)
-    data_images(&r->data, idx, st->mb_size, (float *)ring(r, pv->offset, pv->bytes, slot), r->in_labels);
+    data_images(&r->data, idx, st->mb_size, (float *)to, r->in_labels);
   else
-    data_tokens(&r->data, r->step, st->batch, (int)pv->dims[1], mb * st->mb_size, st->mb_size, (int64_t *)ring(r, pv->offset, pv->bytes, slot),
-                r->in_y);
+    data_tokens(&r->data, r->step, st->batch, (int)pv->dims[1], mb * st->mb_size, st->mb_size, (int64_t *)to, r->in_y);
 }
 
 static void load_labels(Run *r, int mb, int64_t *labels) {
@@ -1205,10 +1220,6 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     if (!log) die(2, "cannot write --log %s: %s", r.a.log, strerror(errno));
     if (!r.a.resume) fprintf(log, "step,loss,samples_per_s,time_s\n");
   }
-  /* The runtime's own memory (MPI, BLAS, the loader, the libraries), before
-   * the arena beyond the weights is touched: what a rank needs besides its
-   * arena. */
-  r.rss_overhead = rss_anon() - ((st->weights_bytes + 4095) / 4096) * 4096;
   MPI_Barrier(MPI_COMM_WORLD);
   double t_start = now(), first_loss = NAN, last_loss = NAN;
   r.trace.start = t_start;
@@ -1257,7 +1268,11 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   for (int x = 0; r.xfer && x < nx; x++) wait_file(&r, x, "the last offloaded activations");
   xfer_close(r.xfer);
   MPI_Comm_free(&r.ocomm);
-  r.rss_peak = rss_anon(); /* the arena is static and nothing is freed: the end is the peak */
+  /* The arena is static and the step loop allocates nothing: the end is the
+   * peak.  What is not the arena (MPI's buffers, BLAS's, the loader's, the
+   * libraries') is the runtime's overhead, the same whatever the plan. */
+  r.rss_peak = rss_anon();
+  r.rss_overhead = r.rss_peak - resident_bytes(st->arena, st->arena_bytes);
   for (int i = 0; i < ns * st->nrecv; i++)
     if (r.rreq[i] != MPI_REQUEST_NULL) MPI_Cancel(&r.rreq[i]), MPI_Request_free(&r.rreq[i]);
   for (int i = 0; i < ngs * st->nsend; i++)

@@ -46,33 +46,37 @@ static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 
 static const ConvShape CONV_0 = {8, 1, 1, 28, 28, 6, 1, 5, 5, 1, 1, 28, 28, 1, 1, 1, 0, 2, 2, 1, 1, 1};
 
-static void forward(int slot) {
-  (void)slot; /* a stage that only reads weights and constants uses no ring slot */
+static void forward(int slot, int xslot) {
+  (void)slot, (void)xslot; /* a stage that only reads weights and constants uses no ring slot */
   /* /conv1/Conv */
   k_conv(v_input(slot), W_conv1_weight, W_conv1_bias, v__conv1_Conv_output_0(slot), col__conv1_Conv_output_0, &CONV_0);
 }
 
-static void backward(int slot, int gslot) {
-  (void)slot, (void)gslot;
+static void backward(int slot, int xslot, int gslot) {
+  (void)slot, (void)xslot, (void)gslot;
   /* /conv1/Conv */
   k_conv_grad(v_input(slot), W_conv1_weight, d__conv1_Conv_output_0(gslot), NULL, dW_conv1_weight, dW_conv1_bias, dcol__conv1_Conv_output_0, &CONV_0, 0, 1);
 }
 
-/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot}. */
+/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,
+ * xslot, peer} (xslot and peer: the memory plan's, -1 when unused). */
 static const PrAction SCHEDULE[] = {
-    {PR_RECV_GRAD, 0, -1, 0}, {PR_RECV_GRAD, 1, -1, 1}, {PR_F, 0, 0, -1}, {PR_SEND, 0, 0, -1}, {PR_F, 1, 1, -1}, {PR_SEND, 1, 1, -1},
-    {PR_F, 2, 2, -1}, {PR_SEND, 2, 2, -1}, {PR_F, 3, 3, -1}, {PR_SEND, 3, 3, -1}, {PR_B, 0, 0, 0}, {PR_RECV_GRAD, 2, -1, 0},
-    {PR_F, 4, 0, -1}, {PR_SEND, 4, 0, -1}, {PR_B, 1, 1, 1}, {PR_RECV_GRAD, 3, -1, 1}, {PR_F, 5, 1, -1}, {PR_SEND, 5, 1, -1},
-    {PR_B, 2, 2, 0}, {PR_RECV_GRAD, 4, -1, 0}, {PR_F, 6, 2, -1}, {PR_SEND, 6, 2, -1}, {PR_B, 3, 3, 1}, {PR_RECV_GRAD, 5, -1, 1},
-    {PR_F, 7, 3, -1}, {PR_SEND, 7, 3, -1}, {PR_B, 4, 0, 0}, {PR_RECV_GRAD, 6, -1, 0}, {PR_B, 5, 1, 1}, {PR_RECV_GRAD, 7, -1, 1},
-    {PR_B, 6, 2, 0}, {PR_B, 7, 3, 1}, {PR_UPDATE, -1, -1, -1}
+    {PR_RECV_GRAD, 0, -1, 0, -1, -1}, {PR_RECV_GRAD, 1, -1, 1, -1, -1}, {PR_F, 0, 0, -1, -1, -1}, {PR_SEND, 0, 0, -1, -1, -1},
+    {PR_F, 1, 1, -1, -1, -1}, {PR_SEND, 1, 1, -1, -1, -1}, {PR_F, 2, 2, -1, -1, -1}, {PR_SEND, 2, 2, -1, -1, -1},
+    {PR_F, 3, 3, -1, -1, -1}, {PR_SEND, 3, 3, -1, -1, -1}, {PR_B, 0, 0, 0, -1, -1}, {PR_RECV_GRAD, 2, -1, 0, -1, -1},
+    {PR_F, 4, 0, -1, -1, -1}, {PR_SEND, 4, 0, -1, -1, -1}, {PR_B, 1, 1, 1, -1, -1}, {PR_RECV_GRAD, 3, -1, 1, -1, -1},
+    {PR_F, 5, 1, -1, -1, -1}, {PR_SEND, 5, 1, -1, -1, -1}, {PR_B, 2, 2, 0, -1, -1}, {PR_RECV_GRAD, 4, -1, 0, -1, -1},
+    {PR_F, 6, 2, -1, -1, -1}, {PR_SEND, 6, 2, -1, -1, -1}, {PR_B, 3, 3, 1, -1, -1}, {PR_RECV_GRAD, 5, -1, 1, -1, -1},
+    {PR_F, 7, 3, -1, -1, -1}, {PR_SEND, 7, 3, -1, -1, -1}, {PR_B, 4, 0, 0, -1, -1}, {PR_RECV_GRAD, 6, -1, 0, -1, -1},
+    {PR_B, 5, 1, 1, -1, -1}, {PR_RECV_GRAD, 7, -1, 1, -1, -1}, {PR_B, 6, 2, 0, -1, -1}, {PR_B, 7, 3, 1, -1, -1},
+    {PR_UPDATE, -1, -1, -1, -1, -1}
 };
 
 static const PrValue RECV[] = {
-    {"input", 25088, OFF_v_input, -1, PR_FROM_IMAGES, 1, 4, {8, 1, 28, 28}},
+    {"input", 25088, OFF_v_input, -1, PR_FROM_IMAGES, 1, 4, {8, 1, 28, 28}, 0},
 };
 static const PrValue SEND[] = {
-    {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}},
+    {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}, 0},
 };
 static const PrParam PARAMS[] = {
     {"conv1.weight", 150, OFF_W_conv1_weight, OFF_dW_conv1_weight, -1, -1, NULL, 0},

@@ -52,14 +52,14 @@ static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 
 static const ConvShape CONV_3 = {8, 6, 1, 14, 14, 16, 1, 5, 5, 1, 1, 10, 10, 1, 1, 1, 0, 0, 0, 1, 1, 1};
 
-static void forward(int slot) {
-  (void)slot; /* a stage that only reads weights and constants uses no ring slot */
+static void forward(int slot, int xslot) {
+  (void)slot, (void)xslot; /* a stage that only reads weights and constants uses no ring slot */
   /* /conv2/Conv */
   k_conv(v__MaxPool_output_0(slot), W_conv2_weight, W_conv2_bias, v__conv2_Conv_output_0(slot), col__conv2_Conv_output_0, &CONV_3);
 }
 
-static void backward(int slot, int gslot) {
-  (void)slot, (void)gslot;
+static void backward(int slot, int xslot, int gslot) {
+  (void)slot, (void)xslot, (void)gslot;
   /* /conv2/Conv */
   k_conv_grad(v__MaxPool_output_0(slot), W_conv2_weight, d__conv2_Conv_output_0(gslot), NULL, dW_conv2_weight, dW_conv2_bias, dcol__conv2_Conv_output_0, &CONV_3, 0, 1);
   /* /conv2/Conv */
@@ -68,24 +68,29 @@ static void backward(int slot, int gslot) {
   k_copy_grad(d__MaxPool_output_0_10, d__MaxPool_output_0(gslot), 9408, 0);
 }
 
-/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot}. */
+/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,
+ * xslot, peer} (xslot and peer: the memory plan's, -1 when unused). */
 static const PrAction SCHEDULE[] = {
-    {PR_RECV, 0, 0, -1}, {PR_RECV, 1, 1, -1}, {PR_RECV, 2, 2, -1}, {PR_RECV_GRAD, 0, -1, 0}, {PR_RECV_GRAD, 1, -1, 1}, {PR_F, 0, 0, -1},
-    {PR_SEND, 0, 0, -1}, {PR_F, 1, 1, -1}, {PR_SEND, 1, 1, -1}, {PR_B, 0, 0, 0}, {PR_SEND_GRAD, 0, -1, 0}, {PR_RECV, 3, 0, -1},
-    {PR_RECV_GRAD, 2, -1, 0}, {PR_F, 2, 2, -1}, {PR_SEND, 2, 2, -1}, {PR_B, 1, 1, 1}, {PR_SEND_GRAD, 1, -1, 1}, {PR_RECV, 4, 1, -1},
-    {PR_RECV_GRAD, 3, -1, 1}, {PR_F, 3, 0, -1}, {PR_SEND, 3, 0, -1}, {PR_B, 2, 2, 0}, {PR_SEND_GRAD, 2, -1, 0}, {PR_RECV, 5, 2, -1},
-    {PR_RECV_GRAD, 4, -1, 0}, {PR_F, 4, 1, -1}, {PR_SEND, 4, 1, -1}, {PR_B, 3, 0, 1}, {PR_SEND_GRAD, 3, -1, 1}, {PR_RECV, 6, 0, -1},
-    {PR_RECV_GRAD, 5, -1, 1}, {PR_F, 5, 2, -1}, {PR_SEND, 5, 2, -1}, {PR_B, 4, 1, 0}, {PR_SEND_GRAD, 4, -1, 0}, {PR_RECV, 7, 1, -1},
-    {PR_RECV_GRAD, 6, -1, 0}, {PR_F, 6, 0, -1}, {PR_SEND, 6, 0, -1}, {PR_B, 5, 2, 1}, {PR_SEND_GRAD, 5, -1, 1}, {PR_RECV_GRAD, 7, -1, 1},
-    {PR_F, 7, 1, -1}, {PR_SEND, 7, 1, -1}, {PR_B, 6, 0, 0}, {PR_SEND_GRAD, 6, -1, 0}, {PR_B, 7, 1, 1}, {PR_SEND_GRAD, 7, -1, 1},
-    {PR_UPDATE, -1, -1, -1}
+    {PR_RECV, 0, 0, -1, -1, -1}, {PR_RECV, 1, 1, -1, -1, -1}, {PR_RECV, 2, 2, -1, -1, -1}, {PR_RECV_GRAD, 0, -1, 0, -1, -1},
+    {PR_RECV_GRAD, 1, -1, 1, -1, -1}, {PR_F, 0, 0, -1, -1, -1}, {PR_SEND, 0, 0, -1, -1, -1}, {PR_F, 1, 1, -1, -1, -1},
+    {PR_SEND, 1, 1, -1, -1, -1}, {PR_B, 0, 0, 0, -1, -1}, {PR_SEND_GRAD, 0, -1, 0, -1, -1}, {PR_RECV, 3, 0, -1, -1, -1},
+    {PR_RECV_GRAD, 2, -1, 0, -1, -1}, {PR_F, 2, 2, -1, -1, -1}, {PR_SEND, 2, 2, -1, -1, -1}, {PR_B, 1, 1, 1, -1, -1},
+    {PR_SEND_GRAD, 1, -1, 1, -1, -1}, {PR_RECV, 4, 1, -1, -1, -1}, {PR_RECV_GRAD, 3, -1, 1, -1, -1}, {PR_F, 3, 0, -1, -1, -1},
+    {PR_SEND, 3, 0, -1, -1, -1}, {PR_B, 2, 2, 0, -1, -1}, {PR_SEND_GRAD, 2, -1, 0, -1, -1}, {PR_RECV, 5, 2, -1, -1, -1},
+    {PR_RECV_GRAD, 4, -1, 0, -1, -1}, {PR_F, 4, 1, -1, -1, -1}, {PR_SEND, 4, 1, -1, -1, -1}, {PR_B, 3, 0, 1, -1, -1},
+    {PR_SEND_GRAD, 3, -1, 1, -1, -1}, {PR_RECV, 6, 0, -1, -1, -1}, {PR_RECV_GRAD, 5, -1, 1, -1, -1}, {PR_F, 5, 2, -1, -1, -1},
+    {PR_SEND, 5, 2, -1, -1, -1}, {PR_B, 4, 1, 0, -1, -1}, {PR_SEND_GRAD, 4, -1, 0, -1, -1}, {PR_RECV, 7, 1, -1, -1, -1},
+    {PR_RECV_GRAD, 6, -1, 0, -1, -1}, {PR_F, 6, 0, -1, -1, -1}, {PR_SEND, 6, 0, -1, -1, -1}, {PR_B, 5, 2, 1, -1, -1},
+    {PR_SEND_GRAD, 5, -1, 1, -1, -1}, {PR_RECV_GRAD, 7, -1, 1, -1, -1}, {PR_F, 7, 1, -1, -1, -1}, {PR_SEND, 7, 1, -1, -1, -1},
+    {PR_B, 6, 0, 0, -1, -1}, {PR_SEND_GRAD, 6, -1, 0, -1, -1}, {PR_B, 7, 1, 1, -1, -1}, {PR_SEND_GRAD, 7, -1, 1, -1, -1},
+    {PR_UPDATE, -1, -1, -1, -1, -1}
 };
 
 static const PrValue RECV[] = {
-    {"/MaxPool_output_0", 37632, OFF_v__MaxPool_output_0, OFF_d__MaxPool_output_0, PR_FROM_PREV, 1, 4, {8, 6, 14, 14}},
+    {"/MaxPool_output_0", 37632, OFF_v__MaxPool_output_0, OFF_d__MaxPool_output_0, PR_FROM_PREV, 1, 4, {8, 6, 14, 14}, 0},
 };
 static const PrValue SEND[] = {
-    {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}},
+    {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}, 0},
 };
 static const PrParam PARAMS[] = {
     {"conv2.weight", 2400, OFF_W_conv2_weight, OFF_dW_conv2_weight, -1, -1, NULL, 0},

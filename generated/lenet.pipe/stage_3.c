@@ -115,8 +115,8 @@ static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 
 static const PoolShape POOL_5 = {8, 16, 1, 10, 10, 1, 5, 5, 1, 2, 2, 1, 2, 2, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0};
 
-static void forward(int slot) {
-  (void)slot; /* a stage that only reads weights and constants uses no ring slot */
+static void forward(int slot, int xslot) {
+  (void)slot, (void)xslot; /* a stage that only reads weights and constants uses no ring slot */
   /* /Relu_1 */
   k_relu(v__conv2_Conv_output_0(slot), v__Relu_1_output_0(slot), 12800);
   /* /MaxPool_1 */
@@ -135,8 +135,8 @@ static void forward(int slot) {
   k_gemm(v__Relu_3_output_0(slot), W_fc3_weight, W_fc3_bias, v_logits(slot), 8, 10, 84, 0, 1, 1.0f, 1.0f, 1, 10);
 }
 
-static void backward(int slot, int gslot) {
-  (void)slot, (void)gslot;
+static void backward(int slot, int xslot, int gslot) {
+  (void)slot, (void)xslot, (void)gslot;
   /* /fc3/Gemm */
   k_gemm_dB(d_logits(slot), v__Relu_3_output_0(slot), dW_fc3_weight, 8, 10, 84, 0, 1, 1.0f, 1);
   /* /fc3/Gemm */
@@ -174,18 +174,22 @@ static double loss(int slot, const int64_t *labels) {
   return k_softmax_xent(v_logits(slot), labels, d_logits(slot), 8, 10, 1.0f / 64);
 }
 
-/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot}. */
+/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,
+ * xslot, peer} (xslot and peer: the memory plan's, -1 when unused). */
 static const PrAction SCHEDULE[] = {
-    {PR_RECV, 0, 0, -1}, {PR_RECV, 1, 1, -1}, {PR_F, 0, 0, -1}, {PR_B, 0, 0, 0}, {PR_SEND_GRAD, 0, -1, 0}, {PR_RECV, 2, 0, -1},
-    {PR_F, 1, 1, -1}, {PR_B, 1, 1, 0}, {PR_SEND_GRAD, 1, -1, 0}, {PR_RECV, 3, 1, -1}, {PR_F, 2, 0, -1}, {PR_B, 2, 0, 0},
-    {PR_SEND_GRAD, 2, -1, 0}, {PR_RECV, 4, 0, -1}, {PR_F, 3, 1, -1}, {PR_B, 3, 1, 0}, {PR_SEND_GRAD, 3, -1, 0}, {PR_RECV, 5, 1, -1},
-    {PR_F, 4, 0, -1}, {PR_B, 4, 0, 0}, {PR_SEND_GRAD, 4, -1, 0}, {PR_RECV, 6, 0, -1}, {PR_F, 5, 1, -1}, {PR_B, 5, 1, 0},
-    {PR_SEND_GRAD, 5, -1, 0}, {PR_RECV, 7, 1, -1}, {PR_F, 6, 0, -1}, {PR_B, 6, 0, 0}, {PR_SEND_GRAD, 6, -1, 0}, {PR_F, 7, 1, -1},
-    {PR_B, 7, 1, 0}, {PR_SEND_GRAD, 7, -1, 0}, {PR_UPDATE, -1, -1, -1}
+    {PR_RECV, 0, 0, -1, -1, -1}, {PR_RECV, 1, 1, -1, -1, -1}, {PR_F, 0, 0, -1, -1, -1}, {PR_B, 0, 0, 0, -1, -1},
+    {PR_SEND_GRAD, 0, -1, 0, -1, -1}, {PR_RECV, 2, 0, -1, -1, -1}, {PR_F, 1, 1, -1, -1, -1}, {PR_B, 1, 1, 0, -1, -1},
+    {PR_SEND_GRAD, 1, -1, 0, -1, -1}, {PR_RECV, 3, 1, -1, -1, -1}, {PR_F, 2, 0, -1, -1, -1}, {PR_B, 2, 0, 0, -1, -1},
+    {PR_SEND_GRAD, 2, -1, 0, -1, -1}, {PR_RECV, 4, 0, -1, -1, -1}, {PR_F, 3, 1, -1, -1, -1}, {PR_B, 3, 1, 0, -1, -1},
+    {PR_SEND_GRAD, 3, -1, 0, -1, -1}, {PR_RECV, 5, 1, -1, -1, -1}, {PR_F, 4, 0, -1, -1, -1}, {PR_B, 4, 0, 0, -1, -1},
+    {PR_SEND_GRAD, 4, -1, 0, -1, -1}, {PR_RECV, 6, 0, -1, -1, -1}, {PR_F, 5, 1, -1, -1, -1}, {PR_B, 5, 1, 0, -1, -1},
+    {PR_SEND_GRAD, 5, -1, 0, -1, -1}, {PR_RECV, 7, 1, -1, -1, -1}, {PR_F, 6, 0, -1, -1, -1}, {PR_B, 6, 0, 0, -1, -1},
+    {PR_SEND_GRAD, 6, -1, 0, -1, -1}, {PR_F, 7, 1, -1, -1, -1}, {PR_B, 7, 1, 0, -1, -1}, {PR_SEND_GRAD, 7, -1, 0, -1, -1},
+    {PR_UPDATE, -1, -1, -1, -1, -1}
 };
 
 static const PrValue RECV[] = {
-    {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}},
+    {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}, 0},
 };
 static const PrParam PARAMS[] = {
     {"fc1.weight", 48000, OFF_W_fc1_weight, OFF_dW_fc1_weight, -1, -1, NULL, 0},
