@@ -157,11 +157,27 @@ def run_stages(b, d, plan, data, steps):
             "stages": parse_summary(out, n)}
 
 
-def measured_peak(r):
-    """The busiest stage's measured training memory: max over stages of the runtime's
-    rss_peak_bytes - rss_overhead_bytes (None where the runtime does not print them)."""
-    vals = [s["rss_peak_bytes"] - s.get("rss_overhead_bytes", 0.0) for s in r["stages"].values()
-            if "rss_peak_bytes" in s]
+def measured_peak(r, base=None):
+    """The busiest stage's measured memory: the largest over the stages of the runtime's
+    rss_peak_bytes (peak anonymous RSS) less the runtime's overhead (rss_overhead_bytes: what is not
+    the arena, MPI's, BLAS's, the loader's) of the same stage in the plain run `base`; so what a
+    plan adds outside its arena (an I/O thread, copy buffers) counts.  None where the runtime does
+    not print these columns."""
+    base = base or r
+    vals = []
+    for k, st in r["stages"].items():
+        b0 = base["stages"].get(k, {})
+        if "rss_peak_bytes" not in st or "rss_overhead_bytes" not in b0:
+            return None
+        vals.append(st["rss_peak_bytes"] - b0["rss_overhead_bytes"])
+    return max(vals) if vals else None
+
+
+def runtime_arena_peak(r):
+    """The runtime's own figure: the largest rss_peak_bytes - rss_overhead_bytes (the arena's
+    resident pages), None without those columns."""
+    vals = [st["rss_peak_bytes"] - st["rss_overhead_bytes"] for st in r["stages"].values()
+            if "rss_peak_bytes" in st and "rss_overhead_bytes" in st]
     return max(vals) if vals and len(vals) == len(r["stages"]) else None
 
 
@@ -244,7 +260,7 @@ def curve_model(b, data, model, B, m, kind, steps, tsteps, repeats):
             pt.update(status="ERROR", note=str(r if not isinstance(r, dict) else ref))
             continue
         pt.update(step_s=r["median_s"], plain_s=ref["median_s"], ratio=r["median_s"] / ref["median_s"], run=r)
-        mp = measured_peak(r)
+        mp = measured_peak(r, p0)
         pt["meas_pct"] = 100.0 * mp / meas0 if mp is not None and meas0 else None
         hw = max(r["hwm"].values()) if r["hwm"] else None
         hw0 = max(p0["hwm"].values()) if p0["hwm"] else None
@@ -312,10 +328,10 @@ def report(b, res, svg_dir):
               note=f"stage {res['plain_busiest_stage']} (plan.json)")
     b.add_row(sec, case0, "plain_step_time", p0["median_s"] * 1e3, "ms")
     b.add_row(sec, case0, "plain_busiest_measured", meas0, "bytes",
-              note="max over stages of the runtime's rss_peak_bytes - rss_overhead_bytes")
+              note="max over stages of the runtime summary's rss_peak_bytes - rss_overhead_bytes")
     lines = [f"**{model}** (`-n {N} --batch {res['B']} --microbatches {res['m']} --schedule {SCHEDULE}`): plain plan's "
              f"busiest stage {res['plain_busiest_stage']}, arena {res['plain_arena'] / mib:.2f} MiB, step "
-             f"{p0['median_s'] * 1e3:.1f} ms, measured peak {fmt_mib(meas0)} MiB (rss_peak - rss_overhead).", "",
+             f"{p0['median_s'] * 1e3:.1f} ms, measured peak {fmt_mib(meas0)} MiB (rss_peak - rss_overhead of the runtime summary).", "",
              "| limit (% of plain arena) | --mem-limit bytes | target | busiest arena MiB (predicted) | predicted % | "
              "measured peak MiB | measured % | VmHWM MiB | step ms | plain step ms (beside it) | step / plain | note |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -329,11 +345,14 @@ def report(b, res, svg_dir):
             b.add_row(sec, case, "status", "ERROR", note=pt["note"])
             lines.append(f"| {pt['pct']} | {pt['limit']} | {pt['target']} | ERROR ||||||||  {pt['note'][:160]} |")
             continue
-        mp = measured_peak(pt["run"])
+        mp = measured_peak(pt["run"], p0)
         note = f"same program as {pt['same_as']}" if pt.get("same_as") else ""
         b.add_row(sec, case, "predicted_busiest_arena", pt["pred_arena"], "bytes", note=f"stage {pt['pred_stage']}")
         b.add_row(sec, case, "predicted_pct_of_plain", pt["pred_pct"], "%")
-        b.add_row(sec, case, "measured_busiest_peak", mp, "bytes")
+        b.add_row(sec, case, "measured_busiest_peak", mp, "bytes",
+                  note="max over stages of rss_peak_bytes - the plain run's rss_overhead_bytes of that stage")
+        b.add_row(sec, case, "runtime_arena_resident_busiest", runtime_arena_peak(pt["run"]), "bytes",
+                  note="max over stages of the run's own rss_peak_bytes - rss_overhead_bytes (the arena's resident pages)")
         b.add_row(sec, case, "measured_pct_of_plain", pt["meas_pct"], "%")
         b.add_row(sec, case, "vmhwm_busiest", pt["hwm"], "bytes", note="VmHWM (whole process, MPI and BLAS included)")
         b.add_row(sec, case, "step_time", pt["step_s"] * 1e3, "ms")
@@ -388,16 +407,16 @@ def report(b, res, svg_dir):
     lines.append(f"| torch checkpoint (reference) | {b.yes(ok)} | {desc} |")
     # the plot
     series, notes = [], []
-    for tgt, marker in (("peer", "circle"), ("file", "square"), ("recompute", "triangle")):
+    for tgt, marker, size in (("peer", "circle", 7.5), ("file", "square", 5.5), ("recompute", "triangle", 4.0)):
         pts = [(100.0, 1.0)] + [(mem_of(p), p["ratio"]) for p in res["points"]
                                 if p["target"] == tgt and p["status"] == "ok"]
-        series.append({"name": f"pipecc {tgt}", "points": sorted(pts, reverse=True), "marker": marker})
+        series.append({"name": f"pipecc {tgt}", "points": sorted(pts, reverse=True), "marker": marker, "size": size})
         bad = [f"{p['pct']}%" for p in res["points"] if p["target"] == tgt and p["status"] != "ok"]
         if bad:
             notes.append(f"pipecc {tgt}: no point at limit {', '.join(bad)} (infeasible or error, see the table)")
     tp = [(100.0, 1.0)] + [(r["mem_pct"], r["ratio"]) for r in res["torch"] if r["status"] == "ok" and r["segments"]]
     series.append({"name": "torch checkpoint", "points": sorted(tp, reverse=True), "marker": "diamond", "dash": "5,3"})
-    notes.insert(0, "pipecc memory: " + ("measured (rss_peak - rss_overhead, busiest stage)" if measured else
+    notes.insert(0, "pipecc memory: " + ("measured (busiest stage's peak RssAnon - the plain run's overhead)" if measured else
                                          "the plan's busiest arena (the runtime printed no rss_peak_bytes)")
                  + "; torch: weights + peak live tensor bytes; all vs plain / K=0.")
     svg = os.path.join(svg_dir, f"memcurve_{model}.svg")
@@ -448,10 +467,11 @@ def section_memcurve(b, data, models=None, svg_dir=HERE):
              "stage arena and `--offload peer --recompute none` (peer), `--offload file:DIR --recompute none` "
              "(file) or `--offload none --recompute auto` (recompute); infeasible = pipecc refused the limit for "
              "that target (its error line is the note). Predicted = the largest arena in plan.json; measured = the "
-             "largest rss_peak_bytes - rss_overhead_bytes of the runtime summary (its peak anonymous RSS less what "
-             "it held before the first step); VmHWM = the largest peak RSS of a stage process polled from /proc "
-             "(Open MPI and OpenBLAS included). Measured memory includes what the stage holds outside its arena, so "
-             "it sits a little above the predicted share. Step = median step after warm-up, best of "
+             "largest, over the stages, of the runtime summary's rss_peak_bytes (the stage's peak anonymous RSS) "
+             "less the plain run's rss_overhead_bytes for that stage (what is not the arena: MPI, BLAS, the loader), "
+             "so what a plan adds outside its arena (the file offload's I/O thread, copy buffers) counts and the "
+             "measured share can sit above the predicted one; VmHWM = the largest peak RSS of a stage process "
+             "polled from /proc (Open MPI and OpenBLAS included). Step = median step after warm-up, best of "
              f"{repeats} round(s); in each the plain program runs before the first variant and after every one (P V1 P V2 "
              "... P, the variants' order reversed every other round), and a variant's ratio is its best median over "
              "the best median of the plain runs beside it. Plans that compile to the same programs are measured "

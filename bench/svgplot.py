@@ -9,8 +9,9 @@
          hlines=[(1.0, "plain")], vlines=[(50, "")], notes=["file 35%: infeasible"])
 
 A series is a dict: name, points [(x, y), ...] (None values are skipped), optional color,
-marker (circle, square, triangle, diamond, cross, plus), line (default True: joined in the order
-given), dash (an SVG dasharray).  Axis ranges come from the data (and the reference lines and
+marker (circle, square, triangle, diamond, cross, plus), size (the marker's radius, default 4.5;
+give series that may share points decreasing sizes so each stays visible), line (default True:
+joined in the order given), dash (an SVG dasharray).  Axis ranges come from the data (and the reference lines and
 regions), widened to nice tick values, unless xlim / ylim are given.  The file is written
 atomically.  Run this file to draw a demo: `python3 bench/svgplot.py /tmp/demo.svg`.
 """
@@ -61,20 +62,20 @@ def fmt_tick(v, step):
 
 def marker_svg(kind, x, y, color, r=4.5):
     if kind == "square":
-        return f'<rect x="{x - r:.1f}" y="{y - r:.1f}" width="{2 * r:.1f}" height="{2 * r:.1f}" fill="{color}"/>'
+        return f'<rect x="{x - r:.1f}" y="{y - r:.1f}" width="{2 * r:.1f}" height="{2 * r:.1f}" fill="{color}" stroke="white" stroke-width="0.8"/>'
     if kind == "triangle":
         return (f'<polygon points="{x:.1f},{y - r * 1.2:.1f} {x - r * 1.1:.1f},{y + r * 0.8:.1f} '
-                f'{x + r * 1.1:.1f},{y + r * 0.8:.1f}" fill="{color}"/>')
+                f'{x + r * 1.1:.1f},{y + r * 0.8:.1f}" fill="{color}" stroke="white" stroke-width="0.8"/>')
     if kind == "diamond":
         return (f'<polygon points="{x:.1f},{y - r * 1.3:.1f} {x + r:.1f},{y:.1f} {x:.1f},{y + r * 1.3:.1f} '
-                f'{x - r:.1f},{y:.1f}" fill="{color}"/>')
+                f'{x - r:.1f},{y:.1f}" fill="{color}" stroke="white" stroke-width="0.8"/>')
     if kind == "cross":
         return (f'<path d="M{x - r:.1f},{y - r:.1f}L{x + r:.1f},{y + r:.1f}M{x - r:.1f},{y + r:.1f}L{x + r:.1f},{y - r:.1f}" '
                 f'stroke="{color}" stroke-width="2.2"/>')
     if kind == "plus":
         return (f'<path d="M{x - r:.1f},{y:.1f}L{x + r:.1f},{y:.1f}M{x:.1f},{y - r:.1f}L{x:.1f},{y + r:.1f}" '
                 f'stroke="{color}" stroke-width="2.2"/>')
-    return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r:.1f}" fill="{color}"/>'
+    return f'<circle cx="{x:.1f}" cy="{y:.1f}" r="{r:.1f}" fill="{color}" stroke="white" stroke-width="0.8"/>'
 
 
 def plot(path, series, title="", xlabel="", ylabel="", xlim=None, ylim=None, hlines=(), vlines=(),
@@ -177,7 +178,7 @@ def plot(path, series, title="", xlabel="", ylabel="", xlim=None, ylim=None, hli
             dash = f' stroke-dasharray="{s["dash"]}"' if s.get("dash") else ""
             o.append(f'<polyline points="{d}" fill="none" stroke="{s["color"]}" stroke-width="1.8"{dash}/>')
         for x, y in pts:
-            o.append(marker_svg(s["marker"], X(x), Y(y), s["color"]))
+            o.append(marker_svg(s["marker"], X(x), Y(y), s["color"], s.get("size", 4.5)))
     o.append('</g>')
     # legend
     lx, ly = left + pw + 14, top + 4
