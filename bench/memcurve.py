@@ -267,21 +267,19 @@ def curve_model(b, data, model, B, m, kind, steps, tsteps, repeats):
         pt["hwm"], pt["hwm_pct"] = hw, (100.0 * hw / hw0 if hw and hw0 else None)
     # PyTorch: checkpointing in one process, against its own K = 0.
     b.log(f"memory curve: {model}: torch checkpoint")
-    ks = None
-    tr = {}
-    for r in range(repeats):
-        order = [0] + (ks or [])
-        for k in (order if r % 2 == 0 else order[::-1]):
-            out = b.attempt(b.torch_run, ["ckpt", "--model", model, "--batch", str(B), "--segments", str(k),
-                                          "--steps", str(tsteps), "--warmup", str(TORCH_WARMUP), "--threads", "1",
-                                          "--lr", str(b.LR[model])])
-            tr.setdefault(k, []).append(out)
-            if ks is None and isinstance(out, dict):
-                ks = torch_segments(out["layers"])
-                for k2 in ks:   # the first round's remaining K's
-                    tr.setdefault(k2, []).append(b.attempt(b.torch_run, [
-                        "ckpt", "--model", model, "--batch", str(B), "--segments", str(k2), "--steps", str(tsteps),
-                        "--warmup", str(TORCH_WARMUP), "--threads", "1", "--lr", str(b.LR[model])]))
+
+    def torch_ckpt(k):
+        return b.attempt(b.torch_run, ["ckpt", "--model", model, "--batch", str(B), "--segments", str(k),
+                                       "--steps", str(tsteps), "--warmup", str(TORCH_WARMUP), "--threads", "1",
+                                       "--lr", str(b.LR[model])])
+    first = torch_ckpt(0)   # K = 0 first: it says how many layers there are
+    ks = torch_segments(first["layers"]) if isinstance(first, dict) else []
+    order = []
+    for r in range(repeats):   # 0 K1 K2 K3 | K3 K2 K1 0 | 0 K1 ...
+        order += [0] + ks if r % 2 == 0 else ks[::-1] + [0]
+    tr = {0: [first]}
+    for k in order[1:]:
+        tr.setdefault(k, []).append(torch_ckpt(k))
     tb = {k: b.attempt(b.best, v) for k, v in tr.items()}
     t0 = tb.get(0)
     for k in sorted(tb):
