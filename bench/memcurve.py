@@ -186,7 +186,8 @@ def curve_model(b, data, model, B, m, kind, steps, tsteps, repeats):
     work = os.path.join(b.WORK, "memcurve")
     os.makedirs(os.path.join(work, "offload"), exist_ok=True)
     flags = targets_flags(work)
-    res = {"model": model, "B": B, "m": m, "points": [], "torch": [], "notes": []}
+    res = {"model": model, "B": B, "m": m, "steps": steps, "tsteps": tsteps, "repeats": repeats,
+           "points": [], "torch": []}
     b.log(f"memory curve: {model} -n {N} B={B} m={m}: plain plan")
     plain_dir = os.path.join(work, f"{model}_plain.pipe")
     plain = compile_variant(b, model, B, m, plain_dir, [])
@@ -329,7 +330,9 @@ def report(b, res, svg_dir):
               note="max over stages of the runtime summary's rss_peak_bytes - rss_overhead_bytes")
     lines = [f"**{model}** (`-n {N} --batch {res['B']} --microbatches {res['m']} --schedule {SCHEDULE}`): plain plan's "
              f"busiest stage {res['plain_busiest_stage']}, arena {res['plain_arena'] / mib:.2f} MiB, step "
-             f"{p0['median_s'] * 1e3:.1f} ms, measured peak {fmt_mib(meas0)} MiB (rss_peak - rss_overhead of the runtime summary).", "",
+             f"{p0['median_s'] * 1e3:.1f} ms, measured peak {fmt_mib(meas0)} MiB (rss_peak - rss_overhead of the runtime summary). "
+             f"pipecc runs {res['steps']} steps, PyTorch {res['tsteps']} after {TORCH_WARMUP} warm-up, "
+             f"{res['repeats']} round(s).", "",
              "| limit (% of plain arena) | --mem-limit bytes | target | busiest arena MiB (predicted) | predicted % | "
              "measured peak MiB | measured % | VmHWM MiB | step ms | plain step ms (beside it) | step / plain | note |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
