@@ -544,6 +544,7 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
   save(w, &start, maxact);
   double best_t = INFINITY;
   int have = 0, fit_no_host = 0;
+  int64_t host_need = 0;
   int64_t floor = sp->arena_bytes;
   for (int ti = 0; ti < nt; ti++) {
     int tgt = targets[ti];
@@ -562,7 +563,7 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
           double hl = limit_of(p, peer);
           int64_t ha = host_layout(w, peer, sp->xout);
           if (hl > 0 && (double)ha > hl) {
-            fit_no_host = 1;
+            fit_no_host = 1, host_need = sp->xout;
             if (dbg) fprintf(stderr, "stash: stage %d lead %d strat %d peer %d: host arena %lld > %.0f (%d store slots)\n", s, lead, strat, peer, (long long)ha, hl, ns);
             continue;
           }
@@ -608,7 +609,7 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
     restore(w, &start);
     rc = err_set("stage %d fits --mem-limit %s only if another rank holds its offloaded activations (%s per micro-batch), and "
                  "no rank has that room under the limit; use --offload file:DIR or --recompute auto, raise --mem-limit, or use "
-                 "more stages", s, fmt_bytes(lim), fmt_bytes((double)sp->xout));
+                 "more stages", s, fmt_bytes(lim), fmt_bytes((double)host_need));
   } else {
     restore(w, &start);
     rc = err_set("stage %d does not fit --mem-limit %s: its arena is %s, and offloading or recomputing every stashed "
@@ -763,9 +764,14 @@ double stash_floor(Plan *p, int s, int a, int e) {
     char *f = calloc((size_t)sp.nbufs + 1, 1), *call = malloc((size_t)sp.nfwd + 1);
     if (!cand || !f || !call) abort();
     int nc = candidates(&sp, fw, cand), xrecv = 0;
+    /* With a place that always has room (a file), or only a peer, every value
+     * may be offloaded; under auto only what recomputation alone reaches is
+     * sure to be reachable (a peer may have no room), so the floor - and the
+     * smallest limit an error names - is what recomputation gives. */
+    int offload_all = p->opt.offload == OFFLOAD_FILE || p->opt.offload == OFFLOAD_PEER || (p->opt.offload == OFFLOAD_AUTO && !p->opt.recompute);
     for (int i = 0; i < nc; i++) {
       int b = cand[i].buf;
-      if (p->opt.offload != OFFLOAD_NONE) {
+      if (offload_all) {
         f[b] = FATE_OFFLOAD, xrecv |= cand[i].recv;
       } else if (p->opt.recompute && !cand[i].recv) {
         f[b] = FATE_RECOMPUTE;
@@ -773,6 +779,7 @@ double stash_floor(Plan *p, int s, int a, int e) {
       }
     }
     for (int b = 0; b < sp.nbufs; b++) sp.bufs[b].fate = f[b];
+    if (!offload_all && !p->opt.recompute) memset(f, FATE_KEEP, (size_t)sp.nbufs);
     sp.nxslots = xrecv ? p->floor_nx[2 * s + 1] : p->floor_nx[2 * s];
     memplan(p, &sp, xrecv ? p->floor_nslots[2 * s + 1] : p->floor_nslots[2 * s], p->slots.ngslots[s]);
     v = (double)sp.arena_bytes;

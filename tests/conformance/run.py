@@ -203,8 +203,8 @@ def build_runtime(work):
     subprocess.run([PIPECC, m, "-o", probe, "--forward-only", "--plan-only"], capture_output=True)
     subprocess.run([PIPECC, m, "-o", probe, "--forward-only"], check=True, capture_output=True)
     subprocess.run(["make", "-s", "-C", probe, "build/piperun.o", "build/trace.o", "build/data.o", "build/save_onnx.o", "build/eval.o",
-                    "build/onnx.pb-c.o"], check=True, capture_output=True)
-    return [os.path.join(probe, "build", f) for f in ("piperun.o", "trace.o", "data.o", "save_onnx.o", "eval.o", "onnx.pb-c.o")]
+                    "build/xfer.o", "build/onnx.pb-c.o"], check=True, capture_output=True)
+    return [os.path.join(probe, "build", f) for f in ("piperun.o", "trace.o", "data.o", "save_onnx.o", "eval.o", "xfer.o", "onnx.pb-c.o")]
 
 
 def run_case(name, case_dir, work, rt_obj):
@@ -227,7 +227,7 @@ def run_case(name, case_dir, work, rt_obj):
         return "fail", f"pipecc exit {r.returncode}: {r.stderr.strip()[:300]}"
     runtime = os.path.join(ROOT, "runtime")
     cc = ["mpicc", "-O1", "-w", "-I" + runtime, "-I" + os.path.join(ROOT, "build", "gen"), "-D_GNU_SOURCE",
-          os.path.join(out, "stage_0.c"), *rt_obj, "-o", os.path.join(out, "stage_0"), "-lopenblas", "-lprotobuf-c", "-lm"]
+          os.path.join(out, "stage_0.c"), *rt_obj, "-o", os.path.join(out, "stage_0"), "-lopenblas", "-lprotobuf-c", "-lm", "-lpthread"]
     r = subprocess.run(cc, capture_output=True, text=True, env=dict(os.environ, OMPI_CC="clang"))
     if r.returncode:
         return "fail", "the generated program does not compile: " + r.stderr.strip()[:300]
