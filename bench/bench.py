@@ -7,7 +7,7 @@ Each pipecc figure is measured in the same invocation as the figure it is compar
 alternating (pipecc, reference, pipecc, reference, ... BENCH_REPEATS rounds, best median kept).
 
 Environment: BENCH_REPEATS (default 4), BENCH_QUICK=1 (fewer steps, for trying the script out),
-BENCH_SKIP (comma list of sections to skip: single,pipeline,compiler), BENCH_PIPE_MODELS (comma list:
+BENCH_SKIP (comma list of sections to skip: single,pipeline,memcurve,compiler), BENCH_PIPE_MODELS (comma list:
 only these pipeline models), BENCH_MS (comma list of micro-batch counts, default 4,8).
 See bench/README.md for what each row means.
 """
@@ -544,7 +544,7 @@ def section_memory(mem_rows):
 
 
 def section_compiler():
-    sec = "5_compiler"
+    sec = "6_compiler"
     model = os.path.join(ROOT, "onnx_models", "large", "gpt2_small.onnx")
     try:
         if not os.path.exists(model):
@@ -581,7 +581,7 @@ def section_compiler():
         add_row(sec, "gpt2_small -n 8 --plan-only", "peak_rss_over_onnx_size", ratio, "x", "< 2", yes(ok_m))
         targets.append(("compiler: gpt2_small -n 8 --plan-only < 5 s", f"{t_med:.2f} s (median of 3, min {t_min:.2f})", yes(ok_t)))
         targets.append(("compiler: peak RSS < 2x ONNX file size", f"{peak / 2**20:.0f} MiB = {ratio:.2f}x of {size / 2**20:.0f} MiB", yes(ok_m)))
-        md_sections.append(("5. The compiler: `bin/pipecc onnx_models/large/gpt2_small.onnx -n 8 --plan-only`",
+        md_sections.append(("6. The compiler: `bin/pipecc onnx_models/large/gpt2_small.onnx -n 8 --plan-only`",
                             "| ONNX file | nodes | parameters | time s (median of 3) | runs | peak RSS MiB | peak / file size | met (< 5 s)? | met (< 2x)? |\n"
                             "|---|---|---|---|---|---|---|---|---|\n"
                             f"| {size / 2**20:.0f} MiB | {plan.get('nodes')} | {plan.get('parameters'):,} | {t_med:.2f} | "
@@ -591,7 +591,7 @@ def section_compiler():
     except Exception as e:  # noqa: BLE001
         log(f"  error: {e}")
         add_row(sec, "gpt2_small -n 8 --plan-only", "case", "ERROR", note=str(e))
-        md_sections.append(("5. The compiler", f"ERROR: {e}"))
+        md_sections.append(("6. The compiler", f"ERROR: {e}"))
 
 
 # ---------------------------------------------------------------- output
@@ -659,6 +659,9 @@ def main():
         section_bubble(bubble_rows, pred_rows)
     if mem_rows:
         section_memory(mem_rows)
+    if data and "memcurve" not in SKIP:
+        import memcurve   # section 5: --mem-limit with offload / recompute vs torch checkpointing
+        memcurve.section_memcurve(sys.modules[__name__], data)
     if "compiler" not in SKIP:
         log("compiler: gpt2_small -n 8 --plan-only")
         section_compiler()

@@ -3,11 +3,22 @@
 
   torch_bench.py eager --model lenet --batch 64 --steps 100 --warmup 10 [--threads 1]
   torch_bench.py pipe  --model gpt --batch 32 --chunks 8 --split 3 --steps 40 --warmup 5 [--threads 2]
+  torch_bench.py ckpt  --model gpt|resnet --batch 32 --segments K --steps 20 --warmup 5 [--threads 1]
 
 eager: forward + cross-entropy + backward + SGD step per step, torch.set_num_threads(threads).
 pipe:  the same step through torch.distributed.pipeline.sync.Pipe (GPipe, chunks micro-batches,
        checkpoint='never' because pipecc does not recompute), the model cut into two
        nn.Sequential partitions at layer index --split of the flat layer list (layers_of()).
+ckpt:  the eager step with activation checkpointing over the flat layer list (layers_of()):
+       --segments 0 runs the model plainly; K >= 1 cuts the layers as torch.utils.checkpoint.
+       checkpoint_sequential does (K segments of len // K layers, the last one takes the rest and
+       is not checkpointed, so K = 1 checkpoints nothing) and checkpoints every segment but the last
+       with use_reentrant=False.  Besides the step time it reports memory: RssAnon of
+       /proc/self/status before the model is built (rss_baseline_bytes) and its peak over the run,
+       sampled after every forward and every backward (rss_peak_bytes); and, from one more step
+       (not timed) under torch.profiler's memory tracking, the peak of live tensor bytes above the
+       step's start (tensor_step_peak_bytes) plus the weights (tensor_peak_bytes), which unlike
+       RssAnon does not include what glibc keeps of freed memory.
 The models are the torch classes of onnx_models/export.py; weights come from torch.manual_seed(0).
 The step time is the median over the steps after --warmup.
 """
@@ -52,7 +63,9 @@ def build(name):
 
 def layers_of(name, model):
     """The model as a flat list of layers, in the order of its ONNX nodes (mlp, lenet: one
-    layer per ONNX node; gpt: embedding, the blocks, the head)."""
+    layer per ONNX node; gpt: embedding, the blocks, the head; resnet: the stem (conv, bn, relu),
+    the six BasicBlocks, the head (avgpool, flatten, fc)).  Applied in order they compute exactly
+    model(x)."""
     if name == "mlp":
         m = model
         return [m.flatten, m.fc1, nn.ReLU(), m.fc2, nn.ReLU(), m.fc3, nn.ReLU(), m.fc4, nn.ReLU(), m.fc5]
@@ -62,6 +75,11 @@ def layers_of(name, model):
                 m.fc1, nn.ReLU(), m.fc2, nn.ReLU(), m.fc3]
     if name == "gpt":
         return [Embed(model)] + list(model.blocks) + [Head(model)]
+    if name == "resnet":
+        m = model
+        blocks = [b for layer in (m.layer1, m.layer2, m.layer3) for b in layer]
+        return ([nn.Sequential(m.conv1, m.bn1, nn.ReLU())] + blocks
+                + [nn.Sequential(m.avgpool, m.flatten, m.fc)])
     raise SystemExit(f"torch_bench: no layer list for {name}")
 
 
@@ -78,6 +96,56 @@ def loss_of(out, y):
     return F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1))
 
 
+def rss_anon():
+    """The process's anonymous resident memory (RssAnon of /proc/self/status), in bytes."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def sequential_checkpointed(layers, segments):
+    """torch.utils.checkpoint.checkpoint_sequential's segmentation with use_reentrant=False:
+    torch 1.13's checkpoint_sequential always uses the reentrant checkpoint, which gives the
+    first segment's weights no gradient when the input (token ids, images) does not require grad.
+    K segments of len // K layers; the last one (with the rest) runs plainly."""
+    from torch.utils.checkpoint import checkpoint
+
+    def run(lo, hi):
+        def f(x):
+            for j in range(lo, hi):
+                x = layers[j](x)
+            return x
+        return f
+
+    size = len(layers) // segments if segments > 0 else 0
+    cuts = [(lo, lo + size) for lo in range(0, size * (segments - 1), size)] if segments > 1 else []
+    tail = cuts[-1][1] if cuts else 0
+
+    def forward(x):
+        for lo, hi in cuts:
+            x = checkpoint(run(lo, hi), x, use_reentrant=False)
+        return run(tail, len(layers))(x)
+    return forward, cuts
+
+
+def tensor_peak(step):
+    """Run step() once under the profiler's memory tracking and return the peak, over the step,
+    of the bytes its tensors hold (torch's CPU allocator: each allocation and free in order, the
+    running sum's maximum) above what was allocated when it began."""
+    from torch.profiler import profile
+    with profile(profile_memory=True) as prof:
+        step()
+    mem = sorted((e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"),
+                 key=lambda e: e.start_us())
+    cur = peak = 0
+    for e in mem:
+        cur += e.nbytes()
+        peak = max(peak, cur)
+    return peak, len(mem)
+
+
 def time_steps(step, steps, warmup):
     ts = []
     for _ in range(warmup + steps):
@@ -89,7 +157,7 @@ def time_steps(step, steps, warmup):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["eager", "pipe"])
+    ap.add_argument("mode", choices=["eager", "pipe", "ckpt"])
     ap.add_argument("--model", required=True)
     ap.add_argument("--batch", type=int, required=True)
     ap.add_argument("--steps", type=int, default=50)
@@ -97,9 +165,11 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--chunks", type=int, default=1)
     ap.add_argument("--split", type=int, default=0)
+    ap.add_argument("--segments", type=int, default=0)
     ap.add_argument("--lr", type=float, default=0.01)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
+    rss0 = rss_anon()
     model = build(a.model)
     model.train()
     x, y = batch_of(a.model, a.batch)
@@ -111,6 +181,33 @@ def main():
             opt.zero_grad(set_to_none=True)
             loss_of(model(x), y).backward()
             opt.step()
+    elif a.mode == "ckpt":
+        if a.segments < 0:
+            raise SystemExit("torch_bench: --segments must be >= 0")
+        opt = torch.optim.SGD(model.parameters(), lr=a.lr)
+        layers = layers_of(a.model, model)
+        forward, cuts = sequential_checkpointed(layers, a.segments) if a.segments else (model, [])
+        peak = {"rss": 0, "fwd": 0, "bwd": 0}
+        losses = []
+        sample_s = [0.0]
+
+        def sample(where):
+            t = time.perf_counter()
+            r = rss_anon()
+            peak[where] = max(peak[where], r)
+            peak["rss"] = max(peak["rss"], r)
+            sample_s[0] += time.perf_counter() - t
+
+        def step():
+            opt.zero_grad(set_to_none=True)
+            loss = loss_of(forward(x), y)
+            sample("fwd")
+            loss.backward()
+            sample("bwd")
+            opt.step()
+            losses.append(loss.item())
+        info.update(segments=a.segments, layers=len(layers), checkpointed_segments=len(cuts),
+                    checkpointed_layers=sum(hi - lo for lo, hi in cuts))
     else:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
@@ -129,7 +226,25 @@ def main():
             opt.zero_grad(set_to_none=True)
             loss_of(pipe(x).local_value(), y).backward()
             opt.step()
-    med, ts = time_steps(step, a.steps, a.warmup)
+    if a.mode == "ckpt":   # the /proc reads are not part of the step: take them out again
+        def timed():
+            s0 = sample_s[0]
+            t = time.perf_counter()
+            step()
+            return time.perf_counter() - t - (sample_s[0] - s0)
+        ts = [timed() for _ in range(a.warmup + a.steps)]
+        med = statistics.median(ts[a.warmup:])
+        # One more step, not timed, under the profiler: the peak of live tensor bytes, which does
+        # not depend on what glibc keeps of freed memory (RssAnon does).
+        tpeak, nev = tensor_peak(step)
+        param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        info.update(tensor_step_peak_bytes=tpeak, tensor_events=nev, param_bytes=param_bytes,
+                    tensor_peak_bytes=param_bytes + tpeak)
+        info.update(rss_baseline_bytes=rss0, rss_peak_bytes=peak["rss"], rss_peak_minus_baseline_bytes=peak["rss"] - rss0,
+                    rss_after_forward_bytes=peak["fwd"], rss_after_backward_bytes=peak["bwd"],
+                    loss_first=losses[0], loss_last=losses[-1])
+    else:
+        med, ts = time_steps(step, a.steps, a.warmup)
     info.update(step_s=med, samples_per_s=a.batch / med, steps=a.steps, warmup=a.warmup,
                 mean_s=statistics.mean(ts[a.warmup:]))
     if a.mode == "pipe":
