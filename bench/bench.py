@@ -189,7 +189,7 @@ SUMMARY_RE = re.compile(r"step time ([\d.]+) ms measured, ([\d.]+) ms predicted;
 def run_pipe(d, plan, data, steps):
     """Train `steps` steps; returns per-step times (from the log), the summary and peak RSS per stage."""
     n = plan["stages"]
-    logf = os.path.join(d, "bench_log.csv")
+    logf = d.rstrip("/") + ".log.csv"  # beside the directory: pipecc refuses to recompile over files it did not write
     if os.path.exists(logf):
         os.remove(logf)
     poll = HwmPoller({k: os.path.join(d, f"stage_{k}") for k in range(n)})

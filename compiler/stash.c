@@ -637,7 +637,9 @@ const char *offload_name(int o) {
   return o == OFFLOAD_NONE ? "none" : o == OFFLOAD_PEER ? "peer" : o == OFFLOAD_FILE ? "file" : "auto";
 }
 
-/* Write and read bandwidth of DIR, by a 16 MiB file written, synced and read back. */
+/* Write and read bandwidth of DIR: a 16 MiB block written and read back,
+ * three times; the best round counts, since the runtime rewrites the same
+ * blocks every step (the first write of a block also allocates it). */
 static void probe_dir(Work *w, const char *dir) {
   w->file_bw = 1e9, w->file_lat = 50e-6;
   char path[4096];
@@ -648,13 +650,17 @@ static void probe_dir(Work *w, const char *dir) {
   size_t n = 16u << 20;
   char *buf = calloc(n, 1);
   if (!buf) abort();
-  struct timespec a, b;
-  clock_gettime(CLOCK_MONOTONIC, &a);
-  ssize_t wr = pwrite(fd, buf, n, 0);
-  ssize_t rd = wr == (ssize_t)n ? pread(fd, buf, n, 0) : -1;
-  clock_gettime(CLOCK_MONOTONIC, &b);
-  double t = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
-  if (rd == (ssize_t)n && t > 0) w->file_bw = 2.0 * (double)n / t / 2.0; /* each direction at the pair's rate */
+  double best = INFINITY;
+  for (int round = 0; round < 3; round++) {
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    ssize_t wr = pwrite(fd, buf, n, 0);
+    ssize_t rd = wr == (ssize_t)n ? pread(fd, buf, n, 0) : -1;
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    double t = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+    if (rd == (ssize_t)n && t > 0 && t < best) best = t;
+  }
+  if (best < INFINITY) w->file_bw = 2.0 * (double)n / best; /* bytes moved (out and back) per second */
   free(buf);
   close(fd);
 }

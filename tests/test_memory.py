@@ -55,8 +55,13 @@ TARGETS = {
 }
 DATA = {"mlp": "mnist", "lenet": "mnist", "resnet": "cifar", "gpt": "tokens", "gpt_opset17": "tokens"}
 
-# Cases that cannot be planned at any of the tried fractions, and why.
-EXPECTED = {}
+# Cases with no memory plan to check, and why (each is still run: it must be refused or move nothing).
+EXPECTED = {
+    ("mlp", 4, "1f1b", "recompute"): "its recompute floor equals the plain need: the fullest stage's stash is its received "
+                                     "input, which cannot be recomputed, so no limit lies between",
+    ("lenet", 2, "1f1b", "peer"): "with rank 1 unlimited the plain cut fits at every limit tried by moving nodes onto rank 1, "
+                                  "and no offloading cut is faster",
+}
 
 
 def check(cond, what):
@@ -145,10 +150,7 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache):
     else:
         need = {}
         for name, extra in (("plain", ["--offload", "none", "--recompute", "none"]), ("floor", flags)):
-            if target == "peer":
-                r = compile_plan(model, n, sched, os.path.join(tmp, "need"), extra, half_limited(tmp, n, 1024))
-            else:
-                r = compile_plan(model, n, sched, os.path.join(tmp, "need"), ["--mem-limit", "1K", *extra])
+            r = compile_plan(model, n, sched, os.path.join(tmp, "need"), ["--mem-limit", "1K", *extra])
             m = re.search(r"at least (\d+)K", r.stderr)
             if not check(m is not None, f"{tag}: the {name} planner names its smallest limit ({r.stderr.strip()[-200:]})"):
                 return
@@ -156,7 +158,10 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache):
         P, F = need["plain"], need["floor"]
         limits = sorted({x for x in (F, (3 * F + P) // 4, (F + P) // 2, P - 4096) if F <= x < P})
         base = f"limits from its floor {F} to the plain need {P} bytes ({limits})"
-    out, limit, errors = os.path.join(tmp, f"{model}.{n}.{sched}.{target}"), None, []
+    # The first limit whose plan moves something (OFFLOAD or RECOMPUTE actions); failing that, the first
+    # whose plan keeps values in xslots (a stage whose micro-batches go straight to their backward
+    # needs one copy instead of a ring: memory saved, nothing moved).
+    out, limit, errors, fallback = os.path.join(tmp, f"{model}.{n}.{sched}.{target}"), None, [], None
     for lim in limits:
         if target == "peer":  # the limit on the first half of the ranks, none on the rest (their hosts)
             r = compile_plan(model, n, sched, out, flags, half_limited(tmp, n, lim))
@@ -165,9 +170,17 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache):
         if r.returncode == 0 and memory_actions(out):
             limit = lim
             break
+        if r.returncode == 0 and fallback is None and any(s.get("memory_plan", {}).get("xslots", 0) for s in
+                                                           json.load(open(os.path.join(out, "plan.json")))["stage_plans"]):
+            fallback = lim
         errors.append(f"{lim}: {r.stderr.strip()[-160:] or 'nothing moved'}")
+    if limit is None and fallback is not None:
+        limit = fallback
+        r = compile_plan(model, n, sched, out, ["--mem-limit", str(limit), *flags] if target != "peer" else flags,
+                         DEVICES if target != "peer" else half_limited(tmp, n, limit))
+        print(f"# {tag}: nothing moves at any limit tried; checking the plan at {limit}, which keeps values in xslots")
     if key + (target,) in EXPECTED:
-        check(limit is None, f"{tag}: refused as pinned ({EXPECTED[key + (target,)]})")
+        check(limit is None, f"{tag}: no memory plan, as pinned ({EXPECTED[key + (target,)]})")
         return
     if not check(limit is not None, f"{tag}: plans under one of {base} and moves something ({'; '.join(errors) or 'no limit between'})"):
         return
@@ -228,7 +241,10 @@ def main():
             cases = [(m, n, s, t, (0.9, 0.8, 0.7, 0.6)) for m in ("mlp", "lenet", "resnet", "gpt", "gpt_opset17") for n in (2, 4)
                      for s in ("1f1b", "zb1") for t in ("peer", "file", "recompute")]
             cases += [(m, 4, "1f1b", "auto", (0.5,)) for m in ("gpt", "resnet")]
+        only = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")]  # --only=gpt: one model's cases
         for model, n, sched, target, fracs in cases:
+            if only and model not in only:
+                continue
             case(model, n, sched, target, fracs, tmp, data[DATA[model]], plain)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
