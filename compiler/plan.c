@@ -340,7 +340,10 @@ int plan_from_graph(Plan *p) {
     p->memo = calloc(1, sizeof *p->memo);
     if (!p->memo) abort();
     int floor_fits = partition_solve(pr, &p->part, &g->pool) == 0;
-    if (!floor_fits && !plain_fits) return -1;
+    if (!floor_fits && !plain_fits) {
+      free(memo->key), free(memo->val), free(memo); /* p->memo (the floor prices) goes with plan_free */
+      return -1;
+    }
     if (!floor_fits || (plain_fits && !(p->part.max_time < plain.max_time * (1 - 1e-6)))) {
       /* The plain cut: priced as it stands. */
       p->part = plain, p->floor_pricing = 0, pr->ring_copies = copies;
