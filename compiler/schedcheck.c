@@ -167,20 +167,15 @@ static int check_xring(const Schedule *sc, int s) {
       rc = err_set("schedule: rank %d: %s (action %d) uses xslot %d, but micro-batch %d holds xslot %d", s, action_str(a, b, sizeof b), k, x, a->mb, slot[a->mb]);
     }
     if (a->kind == ACT_OFFLOAD || last[a->mb] == k) owner[x] = -1, slot[a->mb] = -1;
-    /* A forward whose leaving values are all recomputed lets go of them at once. */
-    if (a->kind == ACT_F && a->mb < m && sc->act[s][k].xslot >= 0) {
-      int later = 0;
-      for (int j = k + 1; j < n && !later; j++) later = sc->act[s][j].mb == a->mb && sc->act[s][j].xslot >= 0 &&
-                                                      sc->act[s][j].kind != ACT_HOLD && sc->act[s][j].kind != ACT_RETURN &&
-                                                      (sc->act[s][j].kind == ACT_OFFLOAD || sc->act[s][j].kind == ACT_SEND ||
-                                                       sc->act[s][j].kind == ACT_B || sc->act[s][j].kind == ACT_I);
-      int recomputed = 0;
-      for (int j = k + 1; j < n && !recomputed; j++) recomputed = sc->act[s][j].kind == ACT_RECOMPUTE && sc->act[s][j].mb == a->mb;
-      int offloaded = 0;
-      for (int j = k + 1; j < n && !offloaded; j++) offloaded = sc->act[s][j].kind == ACT_OFFLOAD && sc->act[s][j].mb == a->mb;
-      int prefetch_free = recomputed && !offloaded;
-      (void)later;
-      if (prefetch_free) owner[x] = -1, slot[a->mb] = -1;
+    /* A forward whose leaving values are all recomputed (a RECOMPUTE follows, no OFFLOAD) lets go of them at once. */
+    if (a->kind == ACT_F) {
+      int recomputed = 0, offloaded = 0;
+      for (int j = k + 1; j < n; j++) {
+        const Action *c = &sc->act[s][j];
+        if (c->mb != a->mb || c->kind == ACT_HOLD || c->kind == ACT_RETURN) continue;
+        recomputed |= c->kind == ACT_RECOMPUTE, offloaded |= c->kind == ACT_OFFLOAD;
+      }
+      if (recomputed && !offloaded) owner[x] = -1, slot[a->mb] = -1;
     }
   }
   free(last), free(owner);
