@@ -276,8 +276,7 @@ int main(int argc, char **argv) {
     }
     /* The partitioner priced every stage by this arena; this only guards that promise. */
     for (int s = 0; ok && p.arena && s < o.nstages; s++) {
-      double lim = p.machine.dev[s].mem_bytes;
-      if (o.mem_limit > 0 && (lim <= 0 || o.mem_limit < lim)) lim = o.mem_limit;
+      double lim = plan_stage_limit(&p, s);
       if (lim > 0 && (double)p.arena[s] > lim) {
         report("%s: internal error: stage %d's arena needs %lld bytes (%s), over the memory limit of %s",
                 o.model, s, (long long)p.arena[s], fmt_bytes((double)p.arena[s]), fmt_bytes(lim));

@@ -375,18 +375,28 @@ int plan_programs(Plan *p) {
   p->progs = progs;
   p->arena = pool_alloc(&p->g.pool, sizeof(int64_t) * (size_t)n);
   for (int s = 0; s < n; s++) {
-    StageProg *sp = &progs[s];
-    StageCost *c = &p->part.cost[s];
-    memplan(p, sp, p->sched.nslots[s], p->sched.ngslots[s]);
-    p->arena[s] = sp->arena_bytes;
-    /* The listing states the arena, by what it holds. */
-    c->mem_params = (double)sp->mem_weights, c->mem_grads = (double)sp->mem_grads, c->mem_opt = (double)sp->mem_opt;
-    c->mem_stash = (double)sp->mem_stash, c->mem_recv = (double)sp->mem_cross, c->mem_work = (double)sp->mem_temps;
-    c->mem_total = (double)sp->arena_bytes;
-    c->copies = sp->nslots, c->gcopies = sp->ngslots;
+    memplan(p, &progs[s], p->sched.nslots[s], p->sched.ngslots[s]);
+    plan_stage_memory(p, s);
   }
   p->mem_note = NULL;
   return 0;
+}
+
+void plan_stage_memory(Plan *p, int s) {
+  const StageProg *sp = &p->progs[s];
+  StageCost *c = &p->part.cost[s];
+  p->arena[s] = sp->arena_bytes;
+  /* The listing states the arena, by what it holds. */
+  c->mem_params = (double)sp->mem_weights, c->mem_grads = (double)sp->mem_grads, c->mem_opt = (double)sp->mem_opt;
+  c->mem_stash = (double)sp->mem_stash, c->mem_recv = (double)sp->mem_cross, c->mem_work = (double)sp->mem_temps;
+  c->mem_total = (double)sp->arena_bytes;
+  c->copies = sp->nslots, c->gcopies = sp->ngslots;
+}
+
+double plan_stage_limit(const Plan *p, int s) {
+  double lim = p->machine.dev[s].mem_bytes;
+  if (p->opt.mem_limit > 0 && (lim <= 0 || p->opt.mem_limit < lim)) lim = p->opt.mem_limit;
+  return lim;
 }
 
 void plan_free(Plan *p) {

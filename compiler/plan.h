@@ -62,6 +62,10 @@ int plan_from_graph(Plan *p);
  * error: the memory stays the estimate and p->mem_note says why. */
 int plan_programs(Plan *p);
 void plan_free(Plan *p);
+/* Stage s's arena (p->arena[s]) and its breakdown in p->part.cost[s], from its laid-out program. */
+void plan_stage_memory(Plan *p, int s);
+/* Stage s's memory limit: the smaller of --mem-limit and its rank's mem in --devices; 0 = none. */
+double plan_stage_limit(const Plan *p, int s);
 /* Tied weights (a parameter several compute nodes read): the reading nodes'
  * positions k in compute order into ks (room for p->nreaders[t]); returns
  * how many.  *same_kind: two of them are the same op (two LayerNorms, two

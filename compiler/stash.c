@@ -244,11 +244,6 @@ typedef struct Work {
   const char *file_note;
 } Work;
 
-static double limit_of(const Plan *p, int s) {
-  double lim = p->machine.dev[s].mem_bytes;
-  if (p->opt.mem_limit > 0 && (lim <= 0 || p->opt.mem_limit < lim)) lim = p->opt.mem_limit;
-  return lim;
-}
 
 /* Lays out rank s with fates f and the current xslots/store. */
 static int64_t layout(Work *w, int s, const char *f) {
@@ -504,7 +499,7 @@ static int hosts_for(Work *w, int s, int *out) {
   double *spare = malloc(sizeof(double) * (size_t)p);
   if (!spare) abort();
   for (int q = 0; q < p; q++) {
-    double lim = limit_of(w->p, q);
+    double lim = plan_stage_limit(w->p, q);
     spare[q] = (lim > 0 ? lim : 1e300) - (double)w->p->progs[q].arena_bytes;
   }
   int mirror = p - 1 - s;
@@ -560,7 +555,7 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
         const char *dbg = getenv("PIPECC_DEBUG_STASH");
         if (peer >= 0) {
           int ns = place_peer(w, s, peer);
-          double hl = limit_of(p, peer);
+          double hl = plan_stage_limit(p, peer);
           int64_t ha = host_layout(w, peer, sp->xout);
           if (hl > 0 && (double)ha > hl) {
             fit_no_host = 1, host_need = sp->xout;
@@ -675,7 +670,7 @@ int stash_plan(Plan *p) {
   for (int s = 0; s < n; s++) p->plain_arena[s] = p->arena[s];
   int over = 0;
   for (int s = 0; s < n; s++) {
-    double lim = limit_of(p, s);
+    double lim = plan_stage_limit(p, s);
     over |= lim > 0 && (double)p->arena[s] > lim;
   }
   if (!over || !p->progs || p->opt.forward_only) return 0;
@@ -716,12 +711,12 @@ int stash_plan(Plan *p) {
       }
   for (int i = 0; i < n; i++) {
     int s = order[i];
-    double lim = limit_of(p, s);
+    double lim = plan_stage_limit(p, s);
     if (lim <= 0 || (double)p->progs[s].arena_bytes <= lim) continue;
     if (plan_stage(&w, s, lim, maxact)) return -1;
   }
   for (int s = 0; s < n; s++) {
-    double lim = limit_of(p, s);
+    double lim = plan_stage_limit(p, s);
     if (lim > 0 && (double)p->progs[s].arena_bytes > lim)
       return err_set("stage %d holds stage %d's offloaded activations and no longer fits --mem-limit %s (%s); raise the "
                      "limit, or use --offload file:DIR or --recompute auto", s, w.hosts[s], fmt_bytes(lim),
@@ -739,7 +734,6 @@ int stash_plan(Plan *p) {
     sc->nxslots[s] = w.sc.nxslots[s], sc->nstore[s] = w.sc.nstore[s];
     StageProg *sp = &p->progs[s];
     sp->nslots = sc->nslots[s], sp->ngslots = sc->ngslots[s];
-    p->arena[s] = sp->arena_bytes;
     p->host_of = w.host_of;
     /* The recomputation's calls. */
     if (w.shape[s].has_rc) {
@@ -748,11 +742,7 @@ int stash_plan(Plan *p) {
       closure(sp, w.fates[s], fw, sp->recompute);
       free(fw);
     }
-    StageCost *c = &p->part.cost[s];
-    c->mem_params = (double)sp->mem_weights, c->mem_grads = (double)sp->mem_grads, c->mem_opt = (double)sp->mem_opt;
-    c->mem_stash = (double)sp->mem_stash, c->mem_recv = (double)sp->mem_cross, c->mem_work = (double)sp->mem_temps;
-    c->mem_total = (double)sp->arena_bytes;
-    c->copies = sp->nslots, c->gcopies = sp->ngslots;
+    plan_stage_memory(p, s);
   }
   sc->step_time = w.sc.step_time, sc->bubble = w.sc.bubble;
   memcpy(sc->busy, w.sc.busy, sizeof(double) * (size_t)n);
