@@ -136,6 +136,8 @@ void machine_probe(Machine *m) {
   }
   free(src), free(dst);
   m->nranks = 1;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  m->cores = cores > 0 && cores < (1 << 20) ? (int)cores : 0;
   m->dev[0].flops = flops;
   m->dev[0].mem_bytes = 0;
   m->memcpy_bw = (double)bytes / (bt > 0 ? bt : 1e-9);
@@ -208,7 +210,7 @@ int machine_parse(Machine *m, int n, const char *text, const char *name) {
   Link dflt_link = {0, 0}, link[MAX_RANKS];
   char have_dev[MAX_RANKS] = {0}, have_link[MAX_RANKS] = {0};
   int have_dd = 0, have_dl = 0;
-  double memcpy_bw = 0;
+  double memcpy_bw = 0, cores = 0;
   memset(dev, 0, sizeof dev);
   memset(link, 0, sizeof link);
   int lineno = 0;
@@ -228,10 +230,11 @@ int machine_parse(Machine *m, int n, const char *text, const char *name) {
     for (char *s = strtok(line, " \t\r"); s && nt < 16; s = strtok(NULL, " \t\r")) tok[nt++] = s;
     if (!nt) continue;
     int is_rank = !strcmp(tok[0], "rank"), is_link = !strcmp(tok[0], "link"), is_mem = !strcmp(tok[0], "memcpy");
-    if (!is_rank && !is_link && !is_mem)
-      return err_set("%s:%d: unknown entry '%s' (expected rank, link or memcpy)", name, lineno, tok[0]);
+    int is_host = !strcmp(tok[0], "host");
+    if (!is_rank && !is_link && !is_mem && !is_host)
+      return err_set("%s:%d: unknown entry '%s' (expected rank, link, memcpy or host)", name, lineno, tok[0]);
     int first = 1, idx = -1;
-    if (!is_mem) {
+    if (!is_mem && !is_host) {
       if (nt < 2) return err_set("%s:%d: '%s' needs an index or '*'", name, lineno, tok[0]);
       if (strcmp(tok[1], "*")) {
         char *end;
@@ -254,6 +257,11 @@ int machine_parse(Machine *m, int n, const char *text, const char *name) {
       else if (is_link && !strcmp(k, "bandwidth")) x = parse_rate(v), l.bandwidth = x;
       else if (is_link && !strcmp(k, "latency")) x = parse_time(v), l.latency = x;
       else if (is_mem && !strcmp(k, "bandwidth")) x = parse_rate(v), memcpy_bw = x;
+      else if (is_host && !strcmp(k, "cores")) {
+        char *end;
+        long c = strtol(v, &end, 10);
+        x = *end || end == v || c < 1 || c > (1 << 20) ? -1 : (double)c, cores = x;
+      }
       else return err_set("%s:%d: unknown key '%s' for %s", name, lineno, k, tok[0]);
       if (x < 0) return err_set("%s:%d: bad value '%s' for %s", name, lineno, v, k);
     }
@@ -274,6 +282,7 @@ int machine_parse(Machine *m, int n, const char *text, const char *name) {
   }
   m->nranks = n;
   m->memcpy_bw = memcpy_bw > 0 ? memcpy_bw : 10e9;
+  m->cores = cores > 0 ? (int)cores : 0;
   return 0;
 }
 
@@ -334,7 +343,7 @@ int machine_load(Machine *m, int n, const char *devices_file, Pool *pool) {
   char blas_line[96];
   snprintf(blas_line, sizeof blas_line, "# blas kernels: %s\n", core && *core ? core : "OpenBLAS's choice");
   char *text = read_text(path);
-  if (text && strstr(text, blas_line) && !machine_parse(m, n, text, path)) {
+  if (text && strstr(text, blas_line) && strstr(text, "\nhost cores=") && !machine_parse(m, n, text, path)) {
     free(text);
     m->source = pool_printf(pool, "probe of this machine, cached in %s", path);
     return 0;
@@ -352,11 +361,13 @@ int machine_load(Machine *m, int n, const char *devices_file, Pool *pool) {
     fputs(blas_line, f);
     fprintf(f, "rank * flops=%.4gG\nlink * bandwidth=%.4gG latency=%.3gus\nmemcpy bandwidth=%.4gG\n", probe.dev[0].flops / 1e9,
             probe.link[0].bandwidth / 1e9, probe.link[0].latency * 1e6, probe.memcpy_bw / 1e9);
+    if (probe.cores) fprintf(f, "host cores=%d\n", probe.cores);
     fclose(f);
   }
   for (int s = 0; s < n; s++) m->dev[s] = probe.dev[0], m->link[s] = probe.link[0];
   m->nranks = n;
   m->memcpy_bw = probe.memcpy_bw;
+  m->cores = probe.cores;
   m->source = pool_printf(pool, "probe of this machine (now%s), cached in %s", mpi ? ", MPI link measured" : ", link estimated", path);
   return 0;
 }

@@ -36,6 +36,7 @@ typedef struct Machine {
   Device dev[MAX_RANKS];
   Link link[MAX_RANKS]; /* link[s]: between rank s and s+1 */
   double memcpy_bw;
+  int cores;        /* cores the ranks share (all on one host; schedule_time); 0: each rank has a core of its own */
   const char *source; /* "probe of this machine ..., cached in PATH", "--devices FILE" */
 } Machine;
 
@@ -47,6 +48,6 @@ void cost_nodes(Graph *g, NodeCost *c);
 int machine_load(Machine *m, int n, const char *devices_file, Pool *pool);
 /* Parses a devices description (see docs/devices.md); exposed for tests. */
 int machine_parse(Machine *m, int n, const char *text, const char *name);
-/* Runs the probe now: GEMM rate through OpenBLAS, memcpy bandwidth. */
+/* Runs the probe now: GEMM rate through OpenBLAS, memcpy bandwidth, cores. */
 void machine_probe(Machine *m);
 #endif

@@ -13,6 +13,7 @@
 
 #include "onnx_load.h"
 #include "outdir.h"
+#include "profile.h"
 #include "stageprog.h"
 #include "stash.h"
 #include "templates.h"
@@ -141,10 +142,26 @@ static void render_shape(Buf *o, const StageProg *sp, const ShapeConst *c) {
 /* which: 0 every call, 1 the input-gradient (I) calls, 2 the weight-gradient (W) calls,
  * 3 the forward calls a RECOMPUTE re-runs (a training BatchNorm without its
  * running statistics: the forward already moved them). */
-static void emit_calls(Buf *o, const StageProg *sp, const Call *calls, int n, int which) {
+/* Under --profile, `local` maps a graph node to its row of PROFILE_NODES (else NULL): after the
+ * last call of a node (and direction) comes its mark, so glue such as zeroing a gradient is
+ * charged to the node after it. */
+static int emitted(const StageProg *sp, const Call *k, int i, int which) {
+  if (which == 3) return sp->recompute[i];
+  return !(which == 1 || which == 2) || (which == 2) == call_is_weight(sp, k);
+}
+
+static void emit_mark(Buf *o, const StageProg *sp, const Call *calls, int n, int which, const int *local, int i) {
+  if (!local || which == 3 || calls[i].node < 0 || local[calls[i].node] < 0) return;
+  int dir = calls[i].phase == PH_FWD ? 0 : call_is_weight(sp, &calls[i]) ? 2 : 1, j = i + 1;
+  while (j < n && !emitted(sp, &calls[j], j, which)) j++;
+  if (j < n && calls[j].node == calls[i].node && (calls[j].phase == PH_FWD ? 0 : call_is_weight(sp, &calls[j]) ? 2 : 1) == dir) return;
+  buf_printf(o, "  PR_PROF(%d, %s);\n", local[calls[i].node], dir == 0 ? "PR_PROF_FWD" : dir == 1 ? "PR_PROF_BWD_INPUT" : "PR_PROF_BWD_WEIGHT");
+}
+
+static void emit_calls(Buf *o, const StageProg *sp, const Call *calls, int n, int which, const int *local) {
+  if (local && which != 3) buf_printf(o, "  PR_PROF_START();\n");
   for (int i = 0; i < n; i++) {
-    if (which == 3 && !sp->recompute[i]) continue;
-    if ((which == 1 || which == 2) && (which == 2) != call_is_weight(sp, &calls[i])) continue;
+    if (!emitted(sp, &calls[i], i, which)) continue;
     buf_printf(o, "  /* ");
     put_comment(o, calls[i].comment ? calls[i].comment : "");
     buf_printf(o, " */\n  ");
@@ -159,6 +176,7 @@ static void emit_calls(Buf *o, const StageProg *sp, const Call *calls, int n, in
       render_call(o, sp, &calls[i]);
     }
     buf_printf(o, "\n");
+    emit_mark(o, sp, calls, n, which, local, i);
   }
 }
 
@@ -239,12 +257,30 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   }
   buf_printf(o, "\nstatic unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));\n\n");
   for (int i = 0; i < sp->nshapes; i++) render_shape(o, sp, &sp->shapes[i]);
+  int *local = NULL;
+  if (p->opt.profile) {
+    /* run.sh --profile writes each node's time under this key (profile.c reads it back). */
+    local = malloc(sizeof(int) * (size_t)(g->nn + 1));
+    if (!local) abort();
+    for (int j = 0; j < g->nn; j++) local[j] = -1;
+    buf_printf(o, "\n/* pipecc --profile: the nodes PR_PROF marks, as \"index op name\" (run.sh --profile FILE). */\n"
+                  "static const char *const PROFILE_NODES[] = {\n");
+    for (int k = a; k < e; k++) {
+      char key[512];
+      profile_key(g, p->node[k], k, key, sizeof key);
+      local[p->node[k]] = k - a;
+      buf_printf(o, "    \"");
+      put_cstring(o, key);
+      buf_printf(o, "\",\n");
+    }
+    buf_printf(o, "};\n");
+  }
   buf_printf(o, "\nstatic void forward(int slot, int xslot) {\n  (void)slot, (void)xslot; /* a stage that only reads weights and constants uses no ring slot */\n");
-  emit_calls(o, sp, sp->fwd, sp->nfwd, 0);
+  emit_calls(o, sp, sp->fwd, sp->nfwd, 0, local);
   if (sp->recompute) {
     buf_printf(o, "}\n\n/* RECOMPUTE: the forward calls that make the recomputed values again, from what stayed. */\n"
                   "static void recompute(int slot, int xslot) {\n  (void)slot, (void)xslot;\n");
-    emit_calls(o, sp, sp->fwd, sp->nfwd, 3);
+    emit_calls(o, sp, sp->fwd, sp->nfwd, 3, NULL);
   }
   int split = p->opt.schedule == SCHED_ZB1;
   static const char *const fn[] = {"backward", "backward_input", "backward_weight"};
@@ -252,9 +288,10 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
                                      "/* The weight-gradient half (zb1's W), run later for the same slots. */\n"};
   for (int which = 0; which <= (split ? 2 : 0); which++) {
     buf_printf(o, "}\n\n%sstatic void %s(int slot, int xslot, int gslot) {\n  (void)slot, (void)xslot, (void)gslot;\n", what[which], fn[which]);
-    emit_calls(o, sp, sp->bwd, sp->nbwd, which);
+    emit_calls(o, sp, sp->bwd, sp->nbwd, which, local);
   }
   buf_printf(o, "}\n\n");
+  free(local);
   if (sp->loss_buf >= 0) {
     int64_t rows = sp->loss_rows * p->opt.microbatches;
     if (p->opt.loss_mse)
@@ -325,7 +362,7 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   put_cstring(&model, g->path);
   const char *keys[] = {"MODEL", "NACTIONS", "RECV", "NRECV", "SEND", "NSEND", "PARAMS", "NPARAMS", "LOSS", "LOSS_FIELDS",
                         "OPTIMIZER", "LR", "MOMENTUM", "WEIGHT_DECAY", "VOCAB", "PREDICTED_BYTES", "PREDICTED_STEP",
-                        "FORWARD_ONLY", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "MEMORY_FIELDS"};
+                        "FORWARD_ONLY", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "MEMORY_FIELDS", "PROFILE_FIELDS"};
   const char *memf = "";
   if (mem) {
     int host = p->host_of ? p->host_of[s] : -1, owner = -1;
@@ -349,7 +386,8 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
       pool_printf(&tp, "%.9g", p->opt.momentum), pool_printf(&tp, "%.9g", p->opt.weight_decay),
       pool_printf(&tp, "%lld", (long long)vocab), pool_printf(&tp, "%.0f", c->mem_total),
       pool_printf(&tp, "%.9g", p->sched.step_time), p->opt.forward_only ? "1" : "0", split ? "backward_input" : "NULL",
-      split ? "backward_weight" : "NULL", memf};
+      split ? "backward_weight" : "NULL", memf,
+      p->opt.profile ? pool_printf(&tp, "\n    .prof_nodes = PROFILE_NODES, .nprof = %d, .prof_rate = %.6g,", e - a, p->machine.dev[s].flops) : ""};
   tmpl_fill(o, TMPL_STAGE_MAIN, keys, vals, (int)(sizeof keys / sizeof keys[0]));
   pool_free(&tp);
   buf_free(&model);

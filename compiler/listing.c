@@ -8,6 +8,7 @@
 
 #include <stdlib.h>
 
+#include "profile.h"
 #include "stageprog.h"
 #include "stash.h"
 #include "timeline.h"
@@ -226,6 +227,13 @@ void listing_text(const Plan *p, Buf *b) {
   buf_printf(b, "               rank 0: %.1f GFLOP/s%s; link 0: %.2f GB/s, %.1f us; memory copies %.1f GB/s\n", m->dev[0].flops / 1e9,
              m->dev[0].mem_bytes > 0 ? "" : ", memory unlimited", n > 1 ? m->link[0].bandwidth / 1e9 : 0,
              n > 1 ? m->link[0].latency * 1e6 : 0, m->memcpy_bw / 1e9);
+  if (m->cores > 0 && n > m->cores)
+    buf_printf(b, "               %d ranks share %d cores: ranks computing at once share them (the step's simulation)\n", n, m->cores);
+  if (p->costs)
+    buf_printf(b, "  node costs   measured: --costs %s (at micro-batch %lld%s, on %.1f GFLOP/s)\n", p->costs->path,
+               (long long)p->costs->profile_mb, p->costs->profile_mb == p->mb_size ? "" : ", scaled linearly", p->costs->rate / 1e9);
+  else
+    buf_printf(b, "  node costs   FLOPs over the rate above and memory traffic over memory copies (measure them: --profile, --costs)\n");
   if (p->opt.mem_limit > 0) buf_printf(b, "  mem limit    %s per rank\n", fmt_bytes(p->opt.mem_limit));
   buf_printf(b, "\n");
   for (int s = 0; s < n; s++) stage_text(p, s, b);
@@ -306,7 +314,10 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, "  \"optimizer\": \"%s\",\n  \"optimizer_slots_per_param\": %.0f,\n", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots);
   buf_printf(b, "  \"mem_limit_bytes\": %.0f,\n  \"machine\": {\"source\": ", p->opt.mem_limit);
   json_str(b, p->machine.source);
-  buf_printf(b, ", \"memcpy_bandwidth\": %.6g, \"ranks\": [", p->machine.memcpy_bw);
+  buf_printf(b, ", \"memcpy_bandwidth\": %.6g, \"cores\": %d, \"costs\": ", p->machine.memcpy_bw, p->machine.cores);
+  if (p->costs) json_str(b, p->costs->path);
+  else buf_printf(b, "null");
+  buf_printf(b, ", \"ranks\": [");
   for (int s = 0; s < n; s++) buf_printf(b, "%s{\"flops\": %.6g, \"mem_bytes\": %.0f}", s ? ", " : "", p->machine.dev[s].flops, p->machine.dev[s].mem_bytes);
   buf_printf(b, "], \"links\": [");
   for (int s = 0; s + 1 < n; s++)

@@ -39,6 +39,8 @@ static void usage(FILE *f) {
         "                        room, else recompute; default), none, peer, or file:DIR (a local directory)\n"
         "  --recompute auto|none whether stashed activations may be recomputed to fit --mem-limit (default auto)\n"
         "  --devices FILE        per-rank speed/memory and per-link figures (docs/devices.md)\n"
+        "  --profile             stage programs that time each node (run.sh --profile FILE writes the times)\n"
+        "  --costs FILE          plan with the node times of such a profile instead of FLOPs (docs/cost.md)\n"
         "  --optimizer NAME      sgd, adam or adamw (default sgd): sizes optimizer state\n"
         "  --lr X --momentum X --weight-decay X   optimizer hyper-parameters\n"
         "  --listing             print the plan listing (always written to DIR/schedule.txt)\n"
@@ -205,6 +207,11 @@ int main(int argc, char **argv) {
       if (!strcmp(val, "auto")) o.recompute = 1;
       else if (!strcmp(val, "none")) o.recompute = 0;
       else return bad("--recompute '%s': expected auto or none%s", val, "");
+    } else if (!strcmp(a, "--profile")) {
+      o.profile = 1;
+    } else if (!strcmp(a, "--costs")) {
+      NEEDVAL();
+      o.costs = val;
     } else if (!strcmp(a, "--devices")) {
       NEEDVAL();
       o.devices = val;

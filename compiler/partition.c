@@ -20,6 +20,7 @@
 struct PartCtx {
   const PartProblem *p;
   double *pf_fwd, *pf_bwd, *pf_traffic, *pf_param, *pf_stash, *pf_work; /* prefix sums, N + 1 */
+  double *pf_fs, *pf_bis, *pf_bws;                             /* of the measured times (fwd_s ...), if any */
   double *cut_bytes, *cut_grad, *cut_count;                    /* per cut b = 0..N */
   int screen;        /* with stage_mem: a candidate whose estimate fits is taken as fitting without building it */
 };
@@ -47,14 +48,19 @@ PartCtx *part_prepare(const PartProblem *p) {
   PartCtx *c = calloc(1, sizeof *c);
   int N = p->N;
   c->p = p;
-  double **arrs[] = {&c->pf_fwd,    &c->pf_bwd,   &c->pf_traffic, &c->pf_param, &c->pf_stash,
-                     &c->pf_work,   &c->cut_bytes, &c->cut_grad,  &c->cut_count};
+  double **arrs[] = {&c->pf_fwd,    &c->pf_bwd,   &c->pf_traffic, &c->pf_param, &c->pf_stash, &c->pf_work,
+                     &c->cut_bytes, &c->cut_grad, &c->cut_count,  &c->pf_fs,    &c->pf_bis,   &c->pf_bws};
   for (size_t k = 0; k < sizeof arrs / sizeof arrs[0]; k++) {
     *arrs[k] = calloc((size_t)N + 2, sizeof(double));
     if (!*arrs[k]) abort();
   }
   for (int i = 0; i < N; i++) {
     c->pf_fwd[i + 1] = c->pf_fwd[i] + p->fwd_flops[i];
+    if (p->fwd_s) {
+      c->pf_fs[i + 1] = c->pf_fs[i] + p->fwd_s[i];
+      c->pf_bis[i + 1] = c->pf_bis[i] + p->bwdi_s[i];
+      c->pf_bws[i + 1] = c->pf_bws[i] + p->bwdw_s[i];
+    }
     c->pf_bwd[i + 1] = c->pf_bwd[i] + p->bwd_flops[i];
     c->pf_traffic[i + 1] = c->pf_traffic[i] + p->traffic[i];
     c->pf_param[i + 1] = c->pf_param[i] + p->param_bytes[i];
@@ -89,11 +95,18 @@ PartCtx *part_prepare(const PartProblem *p) {
 void part_ctx_free(PartCtx *c) {
   if (!c) return;
   free(c->pf_fwd), free(c->pf_bwd), free(c->pf_traffic), free(c->pf_param), free(c->pf_stash), free(c->pf_work);
+  free(c->pf_fs), free(c->pf_bis), free(c->pf_bws);
   free(c->cut_bytes), free(c->cut_grad), free(c->cut_count);
   free(c);
 }
 
 double part_boundary_bytes(const PartCtx *c, int b) { return c->cut_bytes[b]; }
+
+double part_node_fwd(const PartProblem *p, int s, int k) {
+  const Machine *m = p->machine;
+  if (p->fwd_s) return p->fwd_s[k] * p->time_rate / m->dev[s].flops;
+  return p->fwd_flops[k] / m->dev[s].flops + p->traffic[k] / m->memcpy_bw;
+}
 
 static double link_time(const Link *l, double bytes, double messages) {
   if (messages <= 0) return 0;
@@ -105,12 +118,24 @@ void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *o) {
   const Machine *m = p->machine;
   memset(o, 0, sizeof *o);
   double rate = m->dev[s].flops, mbw = m->memcpy_bw;
-  double traffic = c->pf_traffic[j] - c->pf_traffic[i];
-  o->fwd = (c->pf_fwd[j] - c->pf_fwd[i]) / rate + traffic / mbw;
-  o->bwd = (c->pf_bwd[j] - c->pf_bwd[i]) / rate + 2 * traffic / mbw;
-  /* Until the cost model splits each node's backward, half of it is taken as
-   * the weight gradient (a weighted op's backward is two GEMMs of equal size). */
-  o->bwd_w = o->bwd / 2;
+  if (p->fwd_s) {
+    /* Measured: scaled from the profiled device's rate to this rank's. */
+    double k = p->time_rate / rate;
+    o->fwd = (c->pf_fs[j] - c->pf_fs[i] + (i == 0 ? p->load_s : 0) + (j == p->N ? p->loss_s : 0)) * k;
+    o->bwd_w = (c->pf_bws[j] - c->pf_bws[i]) * k;
+    o->bwd = (c->pf_bis[j] - c->pf_bis[i]) * k + o->bwd_w;
+    o->update = p->update_per_byte * (c->pf_param[j] - c->pf_param[i]) * k;
+  } else {
+    double traffic = c->pf_traffic[j] - c->pf_traffic[i];
+    o->fwd = (c->pf_fwd[j] - c->pf_fwd[i]) / rate + traffic / mbw;
+    o->bwd = (c->pf_bwd[j] - c->pf_bwd[i]) / rate + 2 * traffic / mbw;
+    /* Without a profile, half of the backward is taken as the weight
+     * gradient (a weighted op's backward is two GEMMs of equal size). */
+    o->bwd_w = o->bwd / 2;
+    /* The optimizer reads each weight and gradient and writes the weight,
+     * and reads and writes each optimizer slot. */
+    o->update = (3 + 2 * p->opt_state_per_param) * (c->pf_param[j] - c->pf_param[i]) / mbw;
+  }
   o->recv_bytes = c->cut_bytes[i];
   o->send_bytes = j < p->N ? c->cut_bytes[j] : 0;
   if (s > 0) o->comm += link_time(&m->link[s - 1], c->cut_bytes[i] + c->cut_grad[i], 2 * c->cut_count[i]);

@@ -42,6 +42,13 @@ typedef struct PartProblem {
    * such reader), so kept by any stage holding both. */
   const PartEdge *stash;
   int nstash;
+  /* Measured seconds per node and micro-batch (pipecc --costs, profile.c)
+   * on a device of time_rate FLOP/s: the forward, the backward's
+   * input-gradient and weight-gradient parts; the loader's and the loss's
+   * seconds; the optimizer's per parameter byte.  NULL: times come from
+   * the FLOPs, the traffic and the machine. */
+  const double *fwd_s, *bwdi_s, *bwdw_s;
+  double time_rate, load_s, loss_s, update_per_byte;
 } PartProblem;
 
 typedef struct StageCost {
@@ -59,6 +66,7 @@ typedef struct StageCost {
   /* The memory plan's (stash.c), per micro-batch: seconds to copy the
    * offloaded values out and back in, and to recompute the recomputed ones. */
   double xfer_out, xfer_in, recompute;
+  double update;                /* seconds of the optimizer step (once per step) */
 } StageCost;
 
 typedef struct Partition {
@@ -75,6 +83,8 @@ void part_ctx_free(PartCtx *c);
 void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *out);
 /* The memory the DP decides with: stage_mem if given, else the estimate. */
 double part_stage_mem(const PartCtx *c, int s, int i, int j);
+/* Seconds of node k's forward on stage s's rank, per micro-batch. */
+double part_node_fwd(const PartProblem *p, int s, int k);
 /* Bytes of everything crossing the cut before node b (1 <= b < N). */
 double part_boundary_bytes(const PartCtx *c, int b);
 

@@ -9,6 +9,7 @@
 
 #include "onnx_load.h"
 #include "ops.h"
+#include "profile.h"
 #include "stageprog.h"
 #include "stash.h"
 
@@ -311,6 +312,12 @@ int plan_from_graph(Plan *p) {
   pr->opt_state_per_param = p->opt_slots;
   pr->machine = &p->machine;
   pr->mem_limit = o->mem_limit;
+  if (o->costs) {
+    Costs *c = p->costs = pool_alloc(&g->pool, sizeof *c);
+    if (costs_load(c, o->costs, p, &g->pool)) return -1;
+    pr->fwd_s = c->fwd, pr->bwdi_s = c->bwd_input, pr->bwdw_s = c->bwd_weight;
+    pr->time_rate = c->rate, pr->load_s = c->load, pr->loss_s = c->loss, pr->update_per_byte = c->update_per_param / 4;
+  }
   /* Ring sizes come from the order of each rank's actions, not from times:
    * the unit-time lists (the listing's table) give them before the cuts. */
   StageCost *unit = pool_alloc(&g->pool, sizeof(StageCost) * (size_t)o->nstages);
@@ -355,6 +362,9 @@ int plan_from_graph(Plan *p) {
     }
   }
   schedule_build(&p->sched, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, p->part.cost, &g->pool);
+  p->sched.cores = p->machine.cores;
+  schedule_time(&p->sched, p->part.cost);
+  err_clear(); /* a stall is reported by schedule_validate, with names */
   if (schedule_validate(&p->sched)) return -1;
   for (int s = 0; s < o->nstages; s++)
     if (p->sched.nslots[s] != p->slots.nslots[s] || p->sched.ngslots[s] != p->slots.ngslots[s])

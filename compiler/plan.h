@@ -14,6 +14,8 @@ typedef struct Options {
   int offload;       /* --offload: OFFLOAD_* */
   const char *offload_dir; /* --offload file:DIR */
   int recompute;     /* --recompute auto (1) or none (0) */
+  int profile;       /* --profile: timing marks in the stage programs (run.sh --profile FILE) */
+  const char *costs; /* --costs FILE: measured node times to plan with (profile.c) */
   int64_t batch;
   double mem_limit, lr, momentum, weight_decay;
 } Options;
@@ -50,6 +52,7 @@ typedef struct Plan {
   int64_t *plain_arena;
   double plain_step, file_bw;
   int *host_of;
+  struct Costs *costs;     /* --costs: the measured times (NULL: FLOPs over the machine's rate) */
 } Plan;
 
 /* Loads, infers, costs, partitions and schedules.  -1 with err_set on failure. */

@@ -206,7 +206,8 @@ static double duration(const Action *a, const StageCost *c) {
   case ACT_I: return c->bwd - c->bwd_w + c->comm / 2;
   case ACT_W: return c->bwd_w;
   case ACT_RECOMPUTE: return c->recompute;
-  default: return 0; /* posting a message or a transfer, the update: not modelled */
+  case ACT_UPDATE: return c->update;
+  default: return 0; /* posting a message or a transfer: not modelled */
   }
 }
 
@@ -313,7 +314,8 @@ static void sim_run(Sim *sim, Action *a, int s) {
   }
 }
 
-int schedule_time(Schedule *sc, const StageCost *cost) {
+/* One pass of the simulation; stretch[s][k] (NULL: 1) slows rank s's k-th action. */
+static int simulate(Schedule *sc, const StageCost *cost, double **stretch) {
   int p = sc->nstages, m = sc->m;
   Sim sv, *sim = &sv;
   memset(&sv, 0, sizeof sv);
@@ -350,7 +352,7 @@ int schedule_time(Schedule *sc, const StageCost *cost) {
         Action *a = &sc->act[s][next[s]];
         double ready = sim_ready(sim, a, s, has_pre + s * m);
         if (ready < 0) break;
-        double dur = duration(a, &cost[s]);
+        double dur = duration(a, &cost[s]) * (stretch ? stretch[s][next[s]] : 1);
         a->start = fmax(ready, sim->free_at[s]);
         a->end = a->start + dur;
         sim->free_at[s] = a->end;
@@ -380,6 +382,85 @@ int schedule_time(Schedule *sc, const StageCost *cost) {
   }
   for (int s = 0; s < p; s++) free(sim->xfree[s]), free(sim->sfree[s]), free(sim->xowner[s]);
   free(sim->xfree), free(sim->sfree), free(sim->xowner), free(all), free(next), free(has_pre);
+  return rc;
+}
+
+/* Busy CPU: compute, recomputation and the update (a transfer runs beside them). */
+static int uses_cpu(int kind) { return action_is_compute(kind) || kind == ACT_RECOMPUTE || kind == ACT_UPDATE; }
+
+typedef struct Edge {
+  double t;
+  int d;
+} Edge;
+
+static int edge_cmp(const void *a, const void *b) {
+  const Edge *x = a, *y = b;
+  return x->t < y->t ? -1 : x->t > y->t ? 1 : y->d - x->d;
+}
+
+/* More ranks than cores: ranks computing at once share the cores, while a
+ * rank that waits gives its core away (the runtime yields between polls).
+ * Each CPU action is stretched by the mean number of ranks computing over
+ * its span, divided by the cores, and the lists are simulated again until
+ * the stretches settle (a mean-field fixed point; a few passes). */
+int schedule_time(Schedule *sc, const StageCost *cost) {
+  int p = sc->nstages;
+  if (sc->cores <= 0 || p <= sc->cores) return simulate(sc, cost, NULL);
+  int total = 0;
+  for (int s = 0; s < p; s++) total += sc->nact[s];
+  double **stretch = malloc(sizeof(double *) * (size_t)p), *base = malloc(sizeof(double) * (size_t)(total + 1));
+  double *level = malloc(sizeof(double) * (size_t)(2 * total + 1)), *area = malloc(sizeof(double) * (size_t)(2 * total + 1));
+  Edge *ev = malloc(sizeof(Edge) * (size_t)(2 * total + 1));
+  if (!stretch || !base || !level || !area || !ev) abort();
+  for (int s = 0, at = 0; s < p; at += sc->nact[s], s++) {
+    stretch[s] = base + at;
+    for (int k = 0; k < sc->nact[s]; k++) stretch[s][k] = 1;
+  }
+  int rc = 0;
+  for (int pass = 0; pass < 12; pass++) {
+    if ((rc = simulate(sc, cost, stretch))) break;
+    /* The number of ranks computing, as a step function of time. */
+    int ne = 0;
+    for (int s = 0; s < p; s++)
+      for (int k = 0; k < sc->nact[s]; k++) {
+        const Action *a = &sc->act[s][k];
+        if (!uses_cpu(a->kind) || a->end <= a->start) continue;
+        ev[ne++] = (Edge){a->start, 1}, ev[ne++] = (Edge){a->end, -1};
+      }
+    qsort(ev, (size_t)ne, sizeof *ev, edge_cmp);
+    /* area[i]: the integral of the count up to ev[i].t; level[i]: the count after it. */
+    int c = 0;
+    for (int i = 0; i < ne; i++) {
+      area[i] = i ? area[i - 1] + level[i - 1] * (ev[i].t - ev[i - 1].t) : 0;
+      c += ev[i].d, level[i] = c;
+    }
+    double moved = 0;
+    for (int s = 0; s < p; s++)
+      for (int k = 0; k < sc->nact[s]; k++) {
+        const Action *a = &sc->act[s][k];
+        if (!uses_cpu(a->kind) || a->end <= a->start) continue;
+        double integral[2];
+        for (int e = 0; e < 2; e++) {
+          double t = e ? a->end : a->start;
+          int lo = 0, hi = ne - 1; /* the last edge at or before t */
+          while (lo < hi) {
+            int mid = (lo + hi + 1) / 2;
+            if (ev[mid].t <= t) lo = mid;
+            else hi = mid - 1;
+          }
+          integral[e] = area[lo] + level[lo] * (t - ev[lo].t);
+        }
+        double busy = (integral[1] - integral[0]) / (a->end - a->start);
+        double want = fmax(1, busy / sc->cores), now = stretch[s][k];
+        /* The count includes this action's own share of the stretch: damp. */
+        double next = fmax(1, 0.5 * (now + want));
+        moved = fmax(moved, fabs(next - now));
+        stretch[s][k] = next;
+      }
+    if (moved < 1e-3) break;
+  }
+  if (!rc) rc = simulate(sc, cost, stretch);
+  free(stretch), free(base), free(level), free(area), free(ev);
   return rc;
 }
 

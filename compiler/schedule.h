@@ -47,6 +47,7 @@ typedef struct Schedule {
   double step_time;  /* predicted makespan of one step */
   double bubble;     /* 1 - mean busy / makespan */
   double *busy;      /* per stage */
+  int cores;         /* cores the ranks share (schedule_time); 0: a core per rank */
 } Schedule;
 
 /* Builds each rank's action list, assigns slots and predicts its timing from

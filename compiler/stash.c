@@ -255,7 +255,7 @@ static int64_t layout(Work *w, int s, const char *f) {
 
 static double node_fwd_time(const Plan *p, int s, int node) {
   for (int k = 0; k < p->N; k++)
-    if (p->node[k] == node) return p->cost[k].fwd_flops / p->machine.dev[s].flops + p->cost[k].traffic_bytes / p->machine.memcpy_bw;
+    if (p->node[k] == node) return part_node_fwd(&p->prob, s, k);
   return 0;
 }
 

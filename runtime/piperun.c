@@ -38,7 +38,7 @@ void openblas_set_num_threads(int);
 char *openblas_get_corename(void);
 
 typedef struct Args {
-  const char *data, *log, *save, *checkpoint, *resume, *lr_schedule, *trace, *offload_dir;
+  const char *data, *log, *save, *checkpoint, *resume, *lr_schedule, *trace, *offload_dir, *profile;
   int64_t steps, ckpt_every, warmup;
   uint64_t seed;
   int shuffle, quiet;
@@ -68,6 +68,7 @@ typedef struct Run {
   MPI_Request *tie_req; /* tied weights' part exchange: nparts * nstages requests at most */
   PrTrace trace;
   double t_compute, t_wait, t_total;
+  PrProfExtra prof;    /* --profile: the loader, the loss and the update, beside the nodes' marks */
   /* The memory plan: the messages to and from the peer (on their own
    * communicator), per xslot the copy out and the copy in, per store slot the
    * peer's data coming or going; the file's I/O thread. */
@@ -152,7 +153,7 @@ static void usage_error(const char *fmt, const char *arg) {
     fprintf(stderr, "\nusage: run.sh --data PATH --steps N [--lr X] [--momentum X] [--weight-decay X] [--seed S]\n"
                     "       [--shuffle|--no-shuffle] [--log FILE] [--save FILE.onnx] [--checkpoint DIR]\n"
                     "       [--checkpoint-every K] [--resume DIR] [--lr-schedule constant|cosine] [--warmup K] [--quiet]\n"
-                    "       [--trace FILE.json] [--timeout SECONDS]\n");
+                    "       [--trace FILE.json] [--timeout SECONDS] [--profile FILE]\n");
   }
   MPI_Finalize();
   exit(2);
@@ -192,6 +193,7 @@ static void parse_args(Args *a, int argc, char **argv) {
     else if (!strcmp(f, "--timeout")) a->timeout = num(f, TAKE(), 0.001);
     else if (!strcmp(f, "--blas-kernels")) TAKE(); /* pr_main pinned them */
     else if (!strcmp(f, "--offload-dir")) a->offload_dir = TAKE();
+    else if (!strcmp(f, "--profile")) a->profile = TAKE();
     else usage_error("unknown flag '%s'", f);
     if (i >= argc) usage_error("flag '%s' needs a value", f);
   }
@@ -501,15 +503,20 @@ static double do_forward(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
   wait_sends(r, a->slot); /* the forward writes the slot's outgoing values */
   if (a->xslot >= 0) wait_xslot_free(r, a->xslot);
+  double l0 = now();
   for (int v = 0; v < st->nrecv; v++)
     if (st->recv[v].source != PR_FROM_PREV) load_guarded(r, &st->recv[v], a->mb, a->slot, NULL);
+  r->prof.load += now() - l0;
   wait_all(r, r->rreq + (size_t)a->slot * st->nrecv, st->nrecv, st->stage - 1, "the forward values of a micro-batch");
   double t0 = now(), loss = 0;
   st->forward(a->slot, a->xslot);
   if (st->loss) {
     int64_t *labels = (int64_t *)(st->arena + st->labels_offset);
+    double t1 = now();
     load_guarded(r, NULL, a->mb, a->slot, labels);
+    double t2 = now();
     loss = st->loss(a->slot, labels);
+    r->prof.load += t2 - t1, r->prof.loss += now() - t2;
   }
   r->t_compute += now() - t0;
   return loss;
@@ -631,7 +638,12 @@ static double run_action(Run *r, const PrAction *a) {
   case PR_RECV: do_recv(r, a); break;
   case PR_SEND_GRAD: do_send_grad(r, a); break;
   case PR_RECV_GRAD: do_recv_grad(r, a); break;
-  case PR_UPDATE: optimizer_step(r); break;
+  case PR_UPDATE: {
+    double t0 = now();
+    optimizer_step(r);
+    r->prof.update += now() - t0;
+    break;
+  }
   case PR_OFFLOAD: do_offload(r, a); break;
   case PR_PREFETCH: do_prefetch(r, a); break;
   case PR_RECOMPUTE: do_recompute(r, a); break;
@@ -1118,6 +1130,7 @@ static void check_outputs(Run *r) {
   int ok = 1;
   if (r->rank == 0 && r->a.save) ok = writable_dir_of("--save", r->a.save, msg, sizeof msg) == 0;
   if (ok && r->rank == 0 && r->a.trace) ok = writable_dir_of("--trace", r->a.trace, msg, sizeof msg) == 0;
+  if (ok && r->rank == 0 && r->a.profile) ok = writable_dir_of("--profile", r->a.profile, msg, sizeof msg) == 0;
   if (ok && r->st->loss && r->a.log) ok = writable_dir_of("--log", r->a.log, msg, sizeof msg) == 0;
   if (ok && r->a.checkpoint) ok = checkpoint_dir_ok(r->a.checkpoint, msg, sizeof msg) == 0;
   agree(ok, msg);
@@ -1172,6 +1185,9 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   r.st = st;
   r.rank = g_rank;
   parse_args(&r.a, argc, argv);
+  if (r.a.profile && !st->nprof) usage_error("--profile: these stages have no timing marks; compile them with pipecc --profile%s", "");
+  if (r.a.profile && r.a.steps < 2) usage_error("--profile needs --steps 2 or more (the first step only warms up)%s", "");
+  if (st->nprof) prof_init(st->nprof);
   pr_rand.seed = r.a.seed;
   char path[4096], msg[1024] = "";
   snprintf(path, sizeof path, "%s/weights/stage_%d.bin", pr_stage_dir(), st->stage);
@@ -1253,6 +1269,10 @@ int pr_main(int argc, char **argv, const PrStage *st) {
         printf("step %lld/%lld  loss %.6f  %.1f samples/s  eta %.1f s\n", (long long)r.step + 1, (long long)r.a.steps, loss, sps, eta);
       fflush(stdout);
     }
+    if (st->nprof && r.step == first_step) { /* the first step warms caches and pages: not profiled */
+      prof_reset();
+      memset(&r.prof, 0, sizeof r.prof);
+    }
     if (r.a.checkpoint && (r.step + 1) % r.a.ckpt_every == 0) {
       r.step++;
       save_checkpoint(&r, r.a.checkpoint);
@@ -1284,6 +1304,14 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     trace_free(&r.trace);
   }
   if (log) fclose(log);
+  if (r.a.profile) {
+    int64_t steps = r.a.steps - first_step - 1;
+    r.prof.params = 0;
+    for (int i = 0; i < st->nparams; i++) r.prof.params += st->params[i].count;
+    int rc = prof_write(r.a.profile, st->model, st->prof_nodes, st->nprof, &r.prof, steps * st->microbatches, steps, st->mb_size,
+                        st->microbatches, st->prof_rate, g_rank, st->nstages, msg, sizeof msg);
+    if (rc) die(2, "%s", msg);
+  }
   if (r.a.save) {
     agree(weights_finite(&r, "the model (--save)", msg, sizeof msg) == 0, msg);
     pr_save_onnx(st, r.a.save, pr_stage_dir());

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "kernels.h"
+#include "profile.h"
 
 /* What an action does (the compiler's ACT_* in compiler/schedule.h, in the same order). */
 enum {
@@ -108,6 +109,12 @@ typedef struct PrStage {
   int64_t store_base, store_bytes;
   int store_owner;
   void (*recompute)(int slot, int xslot); /* NULL if nothing is recomputed */
+  /* pipecc --profile: "K OP NAME" of each node the forward and backward mark
+   * (PR_PROF(i, dir), i indexing this table); NULL / 0 otherwise.  rate: the
+   * FLOP/s the compiling pipecc planned with, written into the profile. */
+  const char *const *prof_nodes;
+  int nprof;
+  double prof_rate;
 } PrStage;
 
 /* What the random kernels (Dropout) key their numbers by, besides the node:

@@ -203,8 +203,8 @@ def build_runtime(work):
     subprocess.run([PIPECC, m, "-o", probe, "--forward-only", "--plan-only"], capture_output=True)
     subprocess.run([PIPECC, m, "-o", probe, "--forward-only"], check=True, capture_output=True)
     subprocess.run(["make", "-s", "-C", probe, "build/piperun.o", "build/trace.o", "build/data.o", "build/save_onnx.o", "build/eval.o",
-                    "build/xfer.o", "build/onnx.pb-c.o"], check=True, capture_output=True)
-    return [os.path.join(probe, "build", f) for f in ("piperun.o", "trace.o", "data.o", "save_onnx.o", "eval.o", "xfer.o", "onnx.pb-c.o")]
+                    "build/xfer.o", "build/profile.o", "build/onnx.pb-c.o"], check=True, capture_output=True)
+    return [os.path.join(probe, "build", f) for f in ("piperun.o", "trace.o", "data.o", "save_onnx.o", "eval.o", "xfer.o", "profile.o", "onnx.pb-c.o")]
 
 
 def run_case(name, case_dir, work, rt_obj):

@@ -1,0 +1,32 @@
+/* profile.h - measured node times for the cost model.
+ *
+ * `pipecc --profile` puts a timing mark after each node's calls in the
+ * stage programs (emit.c); `run.sh --profile FILE` writes what each node
+ * took per micro-batch (runtime/profile.c); `pipecc --costs FILE` plans
+ * with those times instead of FLOPs over the probed rate (docs/cost.md).
+ * The file is untrusted text: every line is checked, and a profile of
+ * another model is refused naming the first node that differs. */
+#ifndef PIPECC_PROFILE_H
+#define PIPECC_PROFILE_H
+#include "ir.h"
+
+/* Measured seconds per micro-batch at the plan's micro-batch size, on a
+ * device of `rate` FLOP/s (the probe's when the profile was taken). */
+typedef struct Costs {
+  const char *path;
+  double *fwd, *bwd_input, *bwd_weight; /* per compute node k */
+  double load, loss;       /* the loader (stage 0) and the loss (last stage) */
+  double update_per_param; /* the optimizer's seconds per trained float */
+  double rate;
+  int64_t profile_mb;      /* the micro-batch size it was measured at (times scale linearly to the plan's) */
+} Costs;
+
+/* "K OP NAME" of compute node k (graph node `node`): the key of its line,
+ * with bytes outside printable ASCII as '?'. */
+void profile_key(const Graph *g, int node, int k, char *out, size_t len);
+
+struct Plan;
+/* Reads path for the N compute nodes of p (p->node, p->mb_size set).
+ * 0, or -1 with err_set naming the file, the line and what is wrong. */
+int costs_load(Costs *c, const char *path, const struct Plan *p, Pool *pool);
+#endif

@@ -1,0 +1,107 @@
+/* profile.c - the accumulators behind PR_PROF and the profile file (profile.h). */
+#include "profile.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+double pr_prof_t;
+double *pr_prof_acc;
+static int prof_n;
+
+void prof_init(int nnodes) {
+  prof_n = nnodes;
+  pr_prof_acc = calloc((size_t)(3 * nnodes + 1), sizeof(double));
+  if (!pr_prof_acc) {
+    fprintf(stderr, "piperun: out of memory for the profile\n");
+    exit(2);
+  }
+}
+
+void prof_reset(void) { memset(pr_prof_acc, 0, sizeof(double) * (size_t)(3 * prof_n + 1)); }
+
+/* Appends printf output to a growing buffer. */
+typedef struct Text {
+  char *s;
+  int len, cap;
+} Text;
+
+static void text_printf(Text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void text_printf(Text *t, const char *fmt, ...) {
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(t->s ? t->s + t->len : NULL, t->s ? (size_t)(t->cap - t->len) : 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if (t->s && t->len + n < t->cap) {
+      t->len += n;
+      return;
+    }
+    int cap = t->cap ? 2 * t->cap : 4096;
+    while (cap <= t->len + n) cap *= 2;
+    char *s = realloc(t->s, (size_t)cap);
+    if (!s) {
+      fprintf(stderr, "piperun: out of memory for the profile\n");
+      exit(2);
+    }
+    t->s = s, t->cap = cap;
+  }
+}
+
+int prof_write(const char *path, const char *model, const char *const *names, int nnodes, const PrProfExtra *x, int64_t mbs,
+               int64_t steps, int mb_size, int microbatches, double rate, int rank, int nranks, char *msg, int len) {
+  Text t = {0};
+  double per = mbs > 0 ? 1.0 / (double)mbs : 0, per_step = steps > 0 ? 1.0 / (double)steps : 0;
+  if (rank == 0) {
+    text_printf(&t, "# pipecc profile of %s: seconds per micro-batch of %d, the mean over %lld steps of %d micro-batches\n", model, mb_size,
+                (long long)steps, microbatches);
+    text_printf(&t, "# after a warm-up step, on %d rank%s.  node K OP FORWARD BACKWARD_INPUT BACKWARD_WEIGHT NAME\n", nranks,
+                nranks == 1 ? "" : "s");
+    text_printf(&t, "pipecc-profile 1\nmb %d\nrate %.6g\n", mb_size, rate);
+  }
+  for (int i = 0; i < nnodes; i++) {
+    const double *a = &pr_prof_acc[3 * i];
+    /* names[i] is "K OP NAME": the times go between the op and the name. */
+    const char *sp1 = strchr(names[i], ' '), *sp2 = sp1 ? strchr(sp1 + 1, ' ') : NULL;
+    if (!sp2) continue;
+    text_printf(&t, "node %.*s %.6e %.6e %.6e %s\n", (int)(sp2 - names[i]), names[i], a[0] * per, a[1] * per, a[2] * per, sp2 + 1);
+  }
+  if (x->load > 0) text_printf(&t, "load %.6e\n", x->load * per);
+  if (x->loss > 0) text_printf(&t, "loss %.6e\n", x->loss * per);
+  text_printf(&t, "update %lld %.6e\n", (long long)x->params, x->update * per_step);
+  int mine = t.len, *lens = NULL, *offs = NULL;
+  char *all = NULL;
+  if (rank == 0) {
+    lens = calloc((size_t)nranks, sizeof(int)), offs = calloc((size_t)nranks, sizeof(int));
+    if (!lens || !offs) exit(2);
+  }
+  MPI_Gather(&mine, 1, MPI_INT, lens, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  int total = 0;
+  if (rank == 0) {
+    for (int r = 0; r < nranks; r++) offs[r] = total, total += lens[r];
+    all = malloc((size_t)total + 1);
+    if (!all) exit(2);
+  }
+  MPI_Gatherv(t.s ? t.s : "", mine, MPI_CHAR, all, lens, offs, MPI_CHAR, 0, MPI_COMM_WORLD);
+  free(t.s);
+  int rc = 0;
+  if (rank == 0) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    int ok = f && fwrite(all, 1, (size_t)total, f) == (size_t)total;
+    if (f && fclose(f)) ok = 0;
+    if (!ok || rename(tmp, path)) {
+      snprintf(msg, (size_t)len, "cannot write --profile %s: %s", path, strerror(errno));
+      unlink(tmp);
+      rc = -1;
+    }
+  }
+  free(all), free(lens), free(offs);
+  return rc;
+}

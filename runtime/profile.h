@@ -1,0 +1,51 @@
+/* profile.h - where a step's time goes, node by node, for the cost model.
+ *
+ * A stage compiled with `pipecc --profile` marks the end of each node's
+ * calls in its forward and backward (PR_PROF); the time since the previous
+ * mark is that node's.  `run.sh --profile FILE` then writes, after a
+ * warm-up step, each node's seconds per micro-batch (forward, backward's
+ * input-gradient part, its weight-gradient part), the loader's and the
+ * loss's, and each stage's update, for `pipecc --costs FILE` to plan with
+ * (docs/cost.md).  A stage built without --profile has no marks and
+ * refuses the flag. */
+#ifndef PIPERUN_PROFILE_H
+#define PIPERUN_PROFILE_H
+#include <stdint.h>
+#include <time.h>
+
+enum { PR_PROF_FWD = 0, PR_PROF_BWD_INPUT = 1, PR_PROF_BWD_WEIGHT = 2 };
+
+/* The clock of the last mark, and seconds per node and direction: acc[3 * node + dir]. */
+extern double pr_prof_t;
+extern double *pr_prof_acc;
+
+static inline double pr_prof_clock(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+#define PR_PROF_START() (pr_prof_t = pr_prof_clock())
+static inline void pr_prof_mark(int node, int dir) {
+  double t = pr_prof_clock();
+  pr_prof_acc[3 * node + dir] += t - pr_prof_t;
+  pr_prof_t = t;
+}
+#define PR_PROF(node, dir) pr_prof_mark(node, dir)
+
+/* What the runtime times besides the nodes, per stage. */
+typedef struct PrProfExtra {
+  double load, loss, update; /* seconds: the loader's inputs and labels, the loss, the optimizer */
+  int64_t params;            /* floats the stage updates */
+} PrProfExtra;
+
+/* Allocates the accumulators of nnodes nodes (0 if none: nothing is marked). */
+void prof_init(int nnodes);
+/* Forgets what was measured so far (after the warm-up step). */
+void prof_reset(void);
+/* Collective: every rank's figures go to rank 0, which writes path
+ * atomically (a temporary beside it, then rename).  names[i]: node i's
+ * "index op name" key; per micro-batch over mbs micro-batches.  0, or -1
+ * on rank 0 with a message in msg. */
+int prof_write(const char *path, const char *model, const char *const *names, int nnodes, const PrProfExtra *x, int64_t mbs,
+               int64_t steps, int mb_size, int microbatches, double rate, int rank, int nranks, char *msg, int len);
+#endif
