@@ -86,6 +86,23 @@ class Infeasible(Exception):
     pass
 
 
+def profile_model(b, model, B, m, data, work):
+    """The node times every variant plans with (pipecc --costs): the model compiled with --profile at
+    n = the cores this machine has (at most N), so that each node is timed with the cores as busy as
+    in the pipeline, trained a few steps with run.sh --profile.  Returns the profile's path."""
+    n = max(1, min(N, os.cpu_count() or 1))
+    d = os.path.join(work, f"{model}_profile.pipe")
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    b.run_cmd([b.PIPECC, os.path.join(b.ROOT, "onnx_models", f"{model}.onnx"), "-n", str(n), "--batch", str(B),
+               "--microbatches", str(m), "--schedule", SCHEDULE, "--lr", str(b.LR[model]), "--profile", "-o", d],
+              b.TIMEOUT_COMPILE)
+    build_dir(b, d)
+    prof = os.path.join(work, f"{model}.profile")
+    b.run_cmd([os.path.join(d, "run.sh"), "--data", data, "--steps", "8", "--quiet", "--profile", prof], b.TIMEOUT_RUN)
+    return prof, n
+
+
 def compile_variant(b, model, B, m, out, extra):
     """pipecc with extra flags.  A `pipecc: error:` that is not about the command line means the
     target cannot meet the limit: Infeasible(first error line); anything else raises CmdError."""
@@ -185,12 +202,14 @@ def runtime_arena_peak(r):
 def curve_model(b, data, model, B, m, kind, steps, tsteps, repeats):
     work = os.path.join(b.WORK, "memcurve")
     os.makedirs(os.path.join(work, "offload"), exist_ok=True)
-    flags = targets_flags(work)
     res = {"model": model, "B": B, "m": m, "steps": steps, "tsteps": tsteps, "repeats": repeats,
            "points": [], "torch": []}
-    b.log(f"memory curve: {model} -n {N} B={B} m={m}: plain plan")
+    b.log(f"memory curve: {model} -n {N} B={B} m={m}: profile, then the plain plan")
+    prof, res["profile_n"] = profile_model(b, model, B, m, data[kind], work)
+    costs = ["--costs", prof]
+    flags = {tgt: extra + costs for tgt, extra in targets_flags(work).items()}
     plain_dir = os.path.join(work, f"{model}_plain.pipe")
-    plain = compile_variant(b, model, B, m, plain_dir, [])
+    plain = compile_variant(b, model, B, m, plain_dir, costs)
     build_dir(b, plain_dir)
     k0, arena0 = busiest(plain)
     res.update(plain_plan=plain, plain_busiest_stage=k0, plain_arena=arena0)
@@ -332,7 +351,8 @@ def report(b, res, svg_dir):
              f"busiest stage {res['plain_busiest_stage']}, arena {res['plain_arena'] / mib:.2f} MiB, step "
              f"{p0['median_s'] * 1e3:.1f} ms, measured peak {fmt_mib(meas0)} MiB (rss_peak - rss_overhead of the runtime summary). "
              f"pipecc runs {res['steps']} steps, PyTorch {res['tsteps']} after {TORCH_WARMUP} warm-up, "
-             f"{res['repeats']} round(s).", "",
+             f"{res['repeats']} round(s).  Every plan is made with `--costs`: node times measured by `run.sh --profile` "
+             f"on a `--profile` build at n = {res['profile_n']} (this machine's cores), the same batch and micro-batches.", "",
              "| limit (% of plain arena) | --mem-limit bytes | target | busiest arena MiB (predicted) | predicted % | "
              "measured peak MiB | measured % | VmHWM MiB | step ms | plain step ms (beside it) | step / plain | "
              "predicted step ms | measured / predicted | note |",
