@@ -164,19 +164,31 @@ class HwmPoller(threading.Thread):
 
 
 # ---------------------------------------------------------------- pipecc
-def compile_plan(model, n, batch, m, sched, out):
+def compile_plan(model, n, batch, m, sched, out, extra=()):
     cmd = [PIPECC, os.path.join(ROOT, "onnx_models", f"{model}.onnx"), "-n", str(n), "--batch", str(batch),
-           "--microbatches", str(m), "--schedule", sched, "--lr", str(LR[model]), "-o", out]
+           "--microbatches", str(m), "--schedule", sched, "--lr", str(LR[model]), "-o", out] + list(extra)
     run_cmd(cmd, TIMEOUT_COMPILE)
     with open(os.path.join(out, "plan.json")) as f:
         return json.load(f)
 
 
-def build_pipe(model, n, batch, m, sched):
+def build_pipe(model, n, batch, m, sched, costs=None):
     d = os.path.join(WORK, f"{model}_n{n}_b{batch}_m{m}_{sched}.pipe")
-    plan = compile_plan(model, n, batch, m, sched, d)
+    plan = compile_plan(model, n, batch, m, sched, d, ["--costs", costs] if costs else [])
     run_cmd(["make", "-s", "-j2", "-C", d], TIMEOUT_BUILD)
     return d, plan
+
+
+def profile_pipe(model, batch, m, data):
+    """Node times for pipecc --costs (docs/cost.md): a --profile build at n = this machine's cores (at
+    most 2), trained 8 steps with run.sh --profile.  Returns the profile's path."""
+    n = max(1, min(2, os.cpu_count() or 1))
+    d = os.path.join(WORK, f"{model}_b{batch}_m{m}_profile.pipe")
+    compile_plan(model, n, batch, m, "1f1b", d, ["--profile"])
+    run_cmd(["make", "-s", "-j2", "-C", d], TIMEOUT_BUILD)
+    prof = d.rstrip("/") + ".profile"   # beside the directory: pipecc replaces only directories it wrote
+    run_cmd([os.path.join(d, "run.sh"), "--data", data, "--steps", "8", "--quiet", "--profile", prof], TIMEOUT_RUN)
+    return prof
 
 
 def step_flops(plan):
@@ -381,16 +393,22 @@ def section_pipeline(data, mem_rows, pred_rows, bubble_rows):
             d1 = plan1 = None
             add_row(sec, f"{model} B={B} n=1 M=1", "case", "ERROR", note=str(e))
         for m in MS:
-            log(f"pipeline: {model} B={B} m={m}")
+            log(f"pipeline: {model} B={B} m={m}: profile")
+            try:
+                costs = profile_pipe(model, B, m, data[kind])
+            except Exception as e:  # noqa: BLE001
+                log(f"  error: profile: {e}")
+                add_row(sec, f"{model} B={B} m={m}", "profile", "ERROR", note=str(e))
+                costs = None
             built = {}
             for sched in SCHEDULES:
                 try:
-                    built[sched] = build_pipe(model, 2, B, m, sched)
+                    built[sched] = build_pipe(model, 2, B, m, sched, costs)
                 except Exception as e:  # noqa: BLE001
                     log(f"  error: {e}")
                     built[sched] = CmdError(str(e))
             try:
-                d1m, plan1m = build_pipe(model, 1, B, m, "1f1b")
+                d1m, plan1m = build_pipe(model, 1, B, m, "1f1b", costs)
             except Exception as e:  # noqa: BLE001
                 d1m = plan1m = None
             plan2 = next((v[1] for v in built.values() if isinstance(v, tuple)), None)
@@ -489,8 +507,8 @@ def section_bubble(bubble_rows, pred_rows):
         add_row(sec, case, "bubble_measured_over_analytic", rel, "x", "within 20% of analytic", yes(ok))
         targets.append((f"bubble {case}: within 20% of (p-1)/(m+p-1) = {ana:.3f}", f"{meas:.3f} ({rel:.2f}x)", yes(ok)))
         lines.append(f"| {case} | {meas:.3f} | {ana:.3f} | {plan['bubble']:.3f} | {fmt(rel)} | {yes(ok)} |")
-    lines += ["", "| case | predicted step ms (plan.json) | measured median ms | measured mean ms (summary) | predicted / measured | met (within 25%)? |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| case | node costs | predicted step ms (plan.json) | measured median ms | measured mean ms (summary) | predicted / measured | met (within 25%)? |",
+              "|---|---|---|---|---|---|---|"]
     seen = set()
     for case, plan, r in pred_rows:
         if case in seen:
@@ -504,12 +522,15 @@ def section_bubble(bubble_rows, pred_rows):
         add_row(sec, case, "step_measured_mean", r["summary_step_s"] * 1e3, "ms", note="runtime summary, whole run")
         add_row(sec, case, "step_predicted_over_measured", ratio, "x", "within 25% of measured", yes(ok))
         targets.append((f"prediction {case}: within 25% of measured step", f"{pred * 1e3:.2f} vs {meas * 1e3:.2f} ms ({ratio:.2f}x)", yes(ok)))
-        lines.append(f"| {case} | {pred * 1e3:.2f} | {meas * 1e3:.2f} | {r['summary_step_s'] * 1e3:.2f} | {ratio:.2f} | {yes(ok)} |")
+        how = "measured (--costs)" if plan.get("machine", {}).get("costs") else "FLOPs / probed rate"
+        lines.append(f"| {case} | {how} | {pred * 1e3:.2f} | {meas * 1e3:.2f} | {r['summary_step_s'] * 1e3:.2f} | {ratio:.2f} | {yes(ok)} |")
     md_sections.append(("3. Bubble and step time: measured vs analytic / predicted", "\n".join(lines) + "\n\n"
                         "Measured bubble = the runtime summary's 1 - (sum of stage compute) / (stages x wall time) over the "
                         "whole run: it counts imbalance, MPI waits and the optimizer step as bubble. The plan's bubble is the "
                         "compiler's simulation with its own (unequal) stage times. Met = |measured - analytic| <= 20% of analytic; "
-                        "|predicted - measured| <= 25% of measured."))
+                        "|predicted - measured| <= 25% of measured. Node costs: the n = 2 and n = 1 (M = m) plans of section 2 "
+                        "are made with `--costs`, a profile of the same batch and micro-batches taken at n = 2 (docs/cost.md); "
+                        "the n = 1 (M = 1) baselines with the FLOP model."))
 
 
 def section_memory(mem_rows):

@@ -266,7 +266,7 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
     buf_printf(o, "\n/* pipecc --profile: the nodes PR_PROF marks, as \"index op name\" (run.sh --profile FILE). */\n"
                   "static const char *const PROFILE_NODES[] = {\n");
     for (int k = a; k < e; k++) {
-      char key[512];
+      char key[PROFILE_KEY_MAX];
       profile_key(g, p->node[k], k, key, sizeof key);
       local[p->node[k]] = k - a;
       buf_printf(o, "    \"");

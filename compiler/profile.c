@@ -47,6 +47,8 @@ static int parse(Costs *c, const char *path, char *text, const Plan *p, char *se
   for (char *line = text, *nl; line; line = nl) {
     nl = strchr(line, '\n');
     if (nl) *nl++ = 0;
+    size_t len = strlen(line);
+    if (len && line[len - 1] == '\r') line[len - 1] = 0; /* a file that went through Windows */
     lineno++;
     if (strlen(line) > MAX_LINE) return err_set("--costs %s:%d: line longer than %d bytes", path, lineno, MAX_LINE);
     char *q = line, *what = token(&q);
@@ -89,7 +91,7 @@ static int parse(Costs *c, const char *path, char *text, const Plan *p, char *se
       if (kd >= p->N)
         return err_set("--costs %s:%d: node %.0f, but %s has %d compute nodes: a profile of another model", path, lineno, kd, g->path, p->N);
       int k = (int)kd;
-      char key[MAX_LINE + 64], mine[MAX_LINE + 64];
+      char key[PROFILE_KEY_MAX], mine[PROFILE_KEY_MAX];
       snprintf(key, sizeof key, "%d %s %s", k, op, name);
       profile_key(g, p->node[k], k, mine, sizeof mine);
       if (strcmp(key, mine))
@@ -106,7 +108,7 @@ static int parse(Costs *c, const char *path, char *text, const Plan *p, char *se
   if (!have_mb || c->rate <= 0) return err_set("--costs %s: the 'mb' or 'rate' line is missing", path);
   for (int k = 0; k < p->N; k++)
     if (!seen[k]) {
-      char mine[512];
+      char mine[PROFILE_KEY_MAX];
       profile_key(g, p->node[k], k, mine, sizeof mine);
       return err_set("--costs %s: no time for node '%s' (a profile of part of the model?)", path, mine);
     }

@@ -22,7 +22,9 @@ typedef struct Costs {
 } Costs;
 
 /* "K OP NAME" of compute node k (graph node `node`): the key of its line,
- * with bytes outside printable ASCII as '?'. */
+ * with bytes outside printable ASCII as '?', cut to PROFILE_KEY_MAX - 1
+ * bytes (the stage programs and the reader cut it alike). */
+enum { PROFILE_KEY_MAX = 2048 };
 void profile_key(const Graph *g, int node, int k, char *out, size_t len);
 
 struct Plan;
