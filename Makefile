@@ -24,7 +24,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench zoo test-memory
+.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict zoo test-memory
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
@@ -145,6 +145,11 @@ generated: bin/pipecc
 # Side-by-side benchmarks against PyTorch and torch's GPipe (bench/README.md); about 8 minutes.
 bench: all
 	/usr/bin/python3 bench/bench.py
+
+# The cost model against the clock (bench/predict.md): every sample model at n = 1, 2, 4 under
+# every schedule, planned with a measured profile (--costs); about 10 minutes.
+bench-predict: all
+	/usr/bin/python3 bench/predict.py
 
 models:
 	$(PY) onnx_models/export.py --large
