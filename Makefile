@@ -24,7 +24,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict zoo test-memory
+.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict zoo test-memory test-pipefb
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
@@ -158,6 +158,11 @@ models:
 # at n = 2 and 4, 1f1b and zb1, offloaded to a peer, to a file, recomputed.
 test-memory: bin/pipecc bin/piperun-data
 	$(PY) tests/test_memory.py
+
+# PipeFB's whole matrix (not part of make test): every sample model at n = 2, 4, 6,
+# an even split and the planner's, bit-identical to -n 1.
+test-pipefb: bin/pipecc bin/piperun-data
+	$(PY) tests/test_pipefb.py
 
 # The real-model suite (not part of make test): torchvision classifiers and two
 # transformer LMs, n = 1 and 4, against PyTorch; writes docs/zoo.md.

@@ -193,7 +193,7 @@ static char *needs_grad(Plan *p, Pool *pool) {
 static int stage_of(Ctx *c, int k) {
   if (!c->named) return -1;
   for (int s = 0; s < c->p->opt.nstages; s++)
-    if (k < c->p->part.start[s + 1]) return s;
+    if (c->p->role[s] != ROLE_FWD && c->p->rbegin[s] <= k && k < c->p->rend[s]) return s;
   return -1;
 }
 
@@ -220,7 +220,7 @@ static int build_stage(Ctx *c) {
   Plan *p = c->p;
   Graph *g = &p->g;
   StageProg *sp = c->sp;
-  int n = p->opt.nstages, last = c->s == n - 1;
+  int last = c->e == p->N; /* it ends with the graph's outputs: the loss reads them */
   /* Parameters this stage reads, in ONNX initializer (tensor) order. */
   sp->params = pool_alloc(c->pool, sizeof(int) * (size_t)g->nt);
   sp->consts = pool_alloc(c->pool, sizeof(int) * (size_t)g->nt);
@@ -243,10 +243,10 @@ static int build_stage(Ctx *c) {
     if (ed->from < c->a && c->a <= ed->to) {
       Crossing *x = &sp->recv[sp->nrecv++];
       x->tensor = t;
-      x->from_loader = ed->from < 0 && c->s == 0;
+      x->from_loader = ed->from < 0 && c->a == 0;
       x->buf = c->fbuf[t] = add_buf(c, "v_", t, BUF_RING, tensor_bytes(&g->t[t]), g->t[t].dtype);
       x->gbuf = -1;
-      if (c->s > 0 && c->needs[t]) {
+      if (c->a > 0 && c->needs[t]) {
         x->gbuf = add_buf(c, "d_", t, BUF_GRING, tensor_bytes(&g->t[t]), DT_FLOAT);
         sp->bufs[x->gbuf].is_grad = 1;
       }
@@ -373,6 +373,6 @@ int stage_build(Plan *p, StageProg *sp, int s, int a, int e, int named, Pool *po
 
 int autodiff_build(Plan *p, StageProg *progs, Pool *pool) {
   for (int s = 0; s < p->opt.nstages; s++)
-    if (stage_build(p, &progs[s], s, p->part.start[s], p->part.start[s + 1], 1, pool)) return -1;
+    if (stage_build(p, &progs[s], s, p->rbegin[s], p->rend[s], 1, pool)) return -1;
   return 0;
 }

@@ -18,11 +18,35 @@
 
 static const char *node_name(const Plan *p, int k) { return p->g.n[p->node[k]].name; }
 
-/* Stage s that holds compute node k. */
+/* Stage s that holds compute node k (under pipefb: its forward rank). */
 static int stage_of(const Plan *p, int k) {
   for (int s = 0; s < p->opt.nstages; s++)
-    if (k < p->part.start[s + 1]) return s;
+    if (p->role[s] != ROLE_BWD && p->rbegin[s] <= k && k < p->rend[s]) return s;
   return p->opt.nstages - 1;
+}
+
+/* PipeFB: what rank s sends or receives besides its chain's values. */
+static void fb_text(const Plan *p, int s, Buf *b) {
+  const FbPlan *fb = p->fb;
+  int fwd = p->role[s] == ROLE_FWD;
+  for (int w = 0; w < 2; w++) {
+    const FbMsg *ms = w ? fb->w : fb->stash;
+    int n = w ? fb->nw : fb->nstash, any = 0;
+    for (int peer = 0; peer < p->opt.nstages; peer++) {
+      double bytes = 0;
+      int count = 0;
+      for (int i = 0; i < n; i++) {
+        /* A forward rank sends stash and receives weights; a backward rank the other way round. */
+        int out = fwd != w, mine = out ? ms[i].from : ms[i].to, other = out ? ms[i].to : ms[i].from;
+        if (mine == s && other == peer) bytes += (double)tensor_bytes(&p->g.t[ms[i].tensor]), count++;
+      }
+      if (!count) continue;
+      const char *what = w ? (fwd ? "weights in" : "weights out") : (fwd ? "stash out" : "stash in");
+      buf_printf(b, "  %-12s %d %s, %s %s rank %d%s\n", any ? "" : what, count, w ? (count == 1 ? "weight" : "weights") : (count == 1 ? "value" : "values"),
+                 fmt_bytes(bytes), fwd == !w ? "->" : "<-", peer, w ? " after each step's update" : " per micro-batch");
+      any = 1;
+    }
+  }
 }
 
 static double mean_time(const Plan *p) {
@@ -101,25 +125,27 @@ static void memory_plan_json(const Plan *p, int s, Buf *b) {
 
 static void stage_text(const Plan *p, int s, Buf *b) {
   int n = p->opt.nstages;
-  int a = p->part.start[s], e = p->part.start[s + 1];
+  int a = p->rbegin[s], e = p->rend[s];
   const StageCost *c = &p->part.cost[s];
   double params = 0, ff = 0, bf = 0;
   for (int k = a; k < e; k++) params += p->cost[k].param_count, ff += p->cost[k].fwd_flops, bf += p->cost[k].bwd_flops;
-  buf_printf(b, "stage %d (rank %d): nodes %d..%d, %d node%s: %s .. %s\n", s, s, a, e - 1, e - a, e - a == 1 ? "" : "s",
-             node_name(p, a), node_name(p, e - 1));
+  buf_printf(b, "stage %d (rank %d%s): nodes %d..%d, %d node%s: %s .. %s\n", s, s,
+             p->role[s] == ROLE_FWD ? ", pipefb forward rank: only their forwards" : p->role[s] == ROLE_BWD ? ", pipefb backward rank: only their backwards" : "",
+             a, e - 1, e - a, e - a == 1 ? "" : "s", node_name(p, a), node_name(p, e - 1));
   double pbytes = 0;
   for (int k = a; k < e; k++) pbytes += p->cost[k].param_bytes;
   buf_printf(b, "  parameters   %s (%s)\n", fmt_count(params), fmt_bytes(pbytes));
   buf_printf(b, "  FLOPs        %s forward, %s backward per micro-batch\n", fmt_count(ff), fmt_count(bf));
   buf_printf(b, "  predicted    forward %s + backward %s + communication %s = %s per micro-batch (%.2fx the mean)\n",
              fmt_time(c->fwd), fmt_time(c->bwd), fmt_time(c->comm), fmt_time(c->time), c->time / mean_time(p));
-  buf_printf(b, "  memory       %s (%.0f bytes) = weights %s + grads %s + optimizer %s + kept for backward %s + crossing values %s + "
+  buf_printf(b, "  memory       %s (%.0f bytes) = weights %s + grads %s + optimizer %s + %s %s + crossing values %s + "
                 "temporaries %s (%d ring cop%s, %d micro-batch%s in flight)\n",
              fmt_bytes(c->mem_total), c->mem_total, fmt_bytes(c->mem_params), fmt_bytes(c->mem_grads), fmt_bytes(c->mem_opt),
-             fmt_bytes(c->mem_stash), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work), c->copies, c->copies == 1 ? "y" : "ies",
+             p->role[s] == ROLE_FWD ? "stash on its way to the backward ranks" : "kept for backward", fmt_bytes(c->mem_stash), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work), c->copies, c->copies == 1 ? "y" : "ies",
              c->inflight, c->inflight == 1 ? "" : "es");
   if (plan_moves(p, s)) memory_plan_text(p, s, b);
-  for (int pass = 0; pass < 2; pass++) {
+  if (p->fb) fb_text(p, s, b);
+  for (int pass = 0; pass < 2 && p->role[s] != ROLE_BWD; pass++) {
     int cut = pass ? e : a, any = 0;
     for (int q = 0; q < p->nedges; q++) {
       const PartEdge *ed = &p->edges[q];
@@ -309,6 +335,7 @@ void listing_json(const Plan *p, Buf *b) {
   json_str(b, p->g.path);
   buf_printf(b, ",\n  \"opset\": %lld,\n  \"nodes\": %d,\n  \"folded_nodes\": %d,\n  \"compute_nodes\": %d,\n  \"parameters\": %.0f,\n",
              (long long)p->g.opset, p->g.nn, p->nfolded, p->N, p->params);
+  if (p->fb) buf_printf(b, "  \"fb_split\": %d,\n", p->fb->links.nf);
   buf_printf(b, "  \"batch\": %lld,\n  \"microbatches\": %d,\n  \"microbatch_size\": %lld,\n  \"schedule\": \"%s\",\n  \"stages\": %d,\n",
              (long long)p->batch, p->opt.microbatches, (long long)p->mb_size, schedule_name(p->opt.schedule), n);
   buf_printf(b, "  \"optimizer\": \"%s\",\n  \"optimizer_slots_per_param\": %.0f,\n", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots);
@@ -346,10 +373,11 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, "%s],\n  \"stage_plans\": [\n", nties ? "\n  " : "");
   for (int s = 0; s < n; s++) {
     const StageCost *c = &p->part.cost[s];
-    int a = p->part.start[s], e = p->part.start[s + 1];
+    int a = p->rbegin[s], e = p->rend[s];
     double params = 0, ff = 0, bf = 0;
     for (int k = a; k < e; k++) params += p->cost[k].param_count, ff += p->cost[k].fwd_flops, bf += p->cost[k].bwd_flops;
-    buf_printf(b, "    {\"stage\": %d, \"node_begin\": %d, \"node_end\": %d, \"first_node\": ", s, a, e);
+    buf_printf(b, "    {\"stage\": %d, \"role\": \"%s\", \"node_begin\": %d, \"node_end\": %d, \"first_node\": ", s,
+               p->role[s] == ROLE_FWD ? "forward" : p->role[s] == ROLE_BWD ? "backward" : "both", a, e);
     json_str(b, node_name(p, a));
     buf_printf(b, ", \"last_node\": ");
     json_str(b, node_name(p, e - 1));
@@ -385,7 +413,7 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, "  ]\n}\n");
 }
 
-/* ACT_F .. ACT_RETURN and TL_F .. TL_RETURN name the same kinds in the same order.  A transfer's span is
+/* ACT_F .. ACT_RECV_WEIGHTS and TL_F .. TL_RECV_WEIGHTS name the same kinds in the same order.  A transfer's span is
  * the copy itself, from its post to its predicted completion. */
 void listing_timeline(const Plan *p, Buf *b) {
   const Schedule *sc = &p->sched;

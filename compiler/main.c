@@ -31,7 +31,9 @@ static void usage(FILE *f) {
         "\n"
         "  -n N                  pipeline stages, one MPI rank each (default 1)\n"
         "  -o DIR                output directory (default: MODEL.pipe)\n"
-        "  --schedule KIND       gpipe, 1f1b or zb1 (zero-bubble ZB-H1; default 1f1b)\n"
+        "  --schedule KIND       gpipe, 1f1b, zb1 (zero-bubble ZB-H1) or pipefb (forwards and backwards on\n"
+        "                        different ranks; default 1f1b)\n"
+        "  --fb-split NF         pipefb: the first NF ranks run forwards, the rest backwards (default: the planner's)\n"
         "  --batch B             samples per optimizer step (default: the model's batch, else 32)\n"
         "  --microbatches M      micro-batches per step; B must divide by M (default 2N)\n"
         "  --mem-limit SIZE      memory per rank, e.g. 2G or 512M (default: unlimited)\n"
@@ -182,6 +184,7 @@ int main(int argc, char **argv) {
       if (!strcmp(val, "gpipe")) o.schedule = SCHED_GPIPE;
       else if (!strcmp(val, "1f1b")) o.schedule = SCHED_1F1B;
       else if (!strcmp(val, "zb1")) o.schedule = SCHED_ZB1;
+      else if (!strcmp(val, "pipefb")) o.schedule = SCHED_PIPEFB;
       else return bad("--schedule '%s': expected gpipe, 1f1b or zb1%s", val, "");
     } else if (!strcmp(a, "--batch")) {
       NEEDVAL();
@@ -207,6 +210,10 @@ int main(int argc, char **argv) {
       if (!strcmp(val, "auto")) o.recompute = 1;
       else if (!strcmp(val, "none")) o.recompute = 0;
       else return bad("--recompute '%s': expected auto or none%s", val, "");
+    } else if (!strcmp(a, "--fb-split")) {
+      NEEDVAL();
+      if (parse_int(val, 1, 1 << 20, &v)) return bad("--fb-split '%s': expected a positive whole number (forward ranks)%s", val, "");
+      o.fb_split = (int)v;
     } else if (!strcmp(a, "--profile")) {
       o.profile = 1;
     } else if (!strcmp(a, "--costs")) {
@@ -250,6 +257,15 @@ int main(int argc, char **argv) {
     }
   }
   if (!o.model) return bad("no model given%s%s", "", "");
+  char nbuf[32], fbuf[32];
+  snprintf(nbuf, sizeof nbuf, "%d", o.nstages), snprintf(fbuf, sizeof fbuf, "%d", o.fb_split);
+  if (o.fb_split && o.schedule != SCHED_PIPEFB) return bad("--fb-split %s: only --schedule pipefb splits ranks into forward and backward ones%s", fbuf, "");
+  if (o.schedule == SCHED_PIPEFB) {
+    if (o.nstages < 2) return bad("--schedule pipefb needs -n 2 or more (forward ranks and backward ranks); got -n %s%s", nbuf, "");
+    if (o.fb_split >= o.nstages)
+      return bad("--fb-split %s: with -n %s it must be below -n (at least one backward rank)", fbuf, nbuf);
+    if (o.forward_only) return bad("--schedule pipefb trains; --forward-only programs have no backward ranks%s%s", "", "");
+  }
   if (o.offload == OFFLOAD_FILE) {
     struct stat st;
     if (stat(o.offload_dir, &st) || !S_ISDIR(st.st_mode) || access(o.offload_dir, W_OK | X_OK))

@@ -72,6 +72,26 @@ static int64_t *share_of(StageProg *sp, int id) {
   }
 }
 
+/* PipeFB: a forward rank lays out only what its forwards touch (and what
+ * crosses to the next rank or the loss writes), a backward rank only what
+ * its backwards touch; the rest is marked unused. */
+static void role_filter(StageProg *sp, int role) {
+  enum { BWD = 1000000 };
+  for (int i = 0; i < sp->nbufs; i++) {
+    Buffer *b = &sp->bufs[i];
+    int by_fwd = b->first >= 0 && b->first < BWD, by_bwd = b->last >= BWD;
+    int loss = i == sp->loss_buf || i == sp->dloss_buf || b->kind == BUF_LABELS;
+    b->unused = 0;
+    if (role == ROLE_FWD)
+      b->unused = b->kind == BUF_PGRAD || b->kind == BUF_OPT || b->kind == BUF_GRING ||
+                  ((b->kind == BUF_TEMP || b->kind == BUF_RING) && !by_fwd && !loss && !is_crossing(sp, i));
+    else if (role == ROLE_BWD)
+      b->unused = b->kind == BUF_LABELS || ((b->kind == BUF_TEMP || b->kind == BUF_RING) && b->first >= 0 && !by_bwd &&
+                                            i != sp->dloss_buf);
+    if (b->unused) b->offset = -1;
+  }
+}
+
 void memplan(Plan *p, StageProg *sp, int nslots, int ngslots) {
   sp->nslots = nslots;
   sp->ngslots = ngslots;
@@ -81,12 +101,14 @@ void memplan(Plan *p, StageProg *sp, int nslots, int ngslots) {
   if (p->opt.schedule == SCHED_ZB1) promote_for_split(sp);
   for (int i = 0; i < sp->nfwd; i++) touch(sp, &sp->fwd[i], i);
   for (int i = 0; i < sp->nbwd; i++) touch(sp, &sp->bwd[i], 1000000 + i);
+  int role = p->fb && p->role ? p->role[sp->stage] : ROLE_BOTH;
+  if (role != ROLE_BOTH) role_filter(sp, role);
   int64_t off = 0;
   static const int order[] = {BUF_PARAM, BUF_PGRAD, BUF_OPT, BUF_RING, BUF_GRING, BUF_LABELS};
   for (size_t o = 0; o < sizeof order / sizeof order[0]; o++) {
     for (int i = 0; i < sp->nbufs; i++) {
       Buffer *b = &sp->bufs[i];
-      if (b->kind != order[o] || (b->kind == BUF_RING && b->fate != FATE_KEEP)) continue;
+      if (b->kind != order[o] || (b->kind == BUF_RING && b->fate != FATE_KEEP) || b->unused) continue;
       b->offset = off;
       int copies = b->kind == BUF_RING ? sp->nslots : b->kind == BUF_GRING ? sp->ngslots : 1;
       if (b->kind == BUF_PARAM) {
@@ -121,7 +143,7 @@ void memplan(Plan *p, StageProg *sp, int nslots, int ngslots) {
   int64_t base = off, end = off;
   int *idx = malloc(sizeof(int) * (size_t)sp->nbufs), nt = 0;
   for (int i = 0; i < sp->nbufs; i++)
-    if (sp->bufs[i].kind == BUF_TEMP) idx[nt++] = i;
+    if (sp->bufs[i].kind == BUF_TEMP && !sp->bufs[i].unused) idx[nt++] = i;
   qsort_r(idx, (size_t)nt, sizeof(int), by_size, sp->bufs);
   for (int a = 0; a < nt; a++) {
     Buffer *b = &sp->bufs[idx[a]];

@@ -136,6 +136,8 @@ void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *o) {
      * and reads and writes each optimizer slot. */
     o->update = (3 + 2 * p->opt_state_per_param) * (c->pf_param[j] - c->pf_param[i]) / mbw;
   }
+  if (p->only == PART_FORWARD) o->bwd = o->bwd_w = o->update = 0;
+  if (p->only == PART_BACKWARD) o->fwd = 0;
   o->recv_bytes = c->cut_bytes[i];
   o->send_bytes = j < p->N ? c->cut_bytes[j] : 0;
   if (s > 0) o->comm += link_time(&m->link[s - 1], c->cut_bytes[i] + c->cut_grad[i], 2 * c->cut_count[i]);

@@ -7,7 +7,7 @@
 #define PIPECC_PARTITION_H
 #include "cost.h"
 
-enum { SCHED_GPIPE = 0, SCHED_1F1B = 1, SCHED_ZB1 = 2 };
+enum { SCHED_GPIPE = 0, SCHED_1F1B = 1, SCHED_ZB1 = 2, SCHED_PIPEFB = 3 /* forwards and backwards on different ranks (pipefb.c) */ };
 
 /* A value crossing from the node that makes it to the last node that reads
  * it.  from = -1: the data loader (stage 0); to = N: the loss (last stage). */
@@ -49,7 +49,10 @@ typedef struct PartProblem {
    * the FLOPs, the traffic and the machine. */
   const double *fwd_s, *bwdi_s, *bwdw_s;
   double time_rate, load_s, loss_s, update_per_byte;
+  int only;                     /* PART_BOTH; pipefb prices its forward chain by forwards alone, its backward chain by backwards */
 } PartProblem;
+
+enum { PART_BOTH = 0, PART_FORWARD = 1, PART_BACKWARD = 2 };
 
 typedef struct StageCost {
   double fwd, bwd;              /* compute seconds per micro-batch */

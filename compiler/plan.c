@@ -318,6 +318,7 @@ int plan_from_graph(Plan *p) {
     pr->fwd_s = c->fwd, pr->bwdi_s = c->bwd_input, pr->bwdw_s = c->bwd_weight;
     pr->time_rate = c->rate, pr->load_s = c->load, pr->loss_s = c->loss, pr->update_per_byte = c->update_per_param / 4;
   }
+  if (o->schedule == SCHED_PIPEFB) return pipefb_plan(p);
   /* Ring sizes come from the order of each rank's actions, not from times:
    * the unit-time lists (the listing's table) give them before the cuts. */
   StageCost *unit = pool_alloc(&g->pool, sizeof(StageCost) * (size_t)o->nstages);
@@ -361,6 +362,10 @@ int plan_from_graph(Plan *p) {
       free(memo->key), free(memo->val), free(memo);
     }
   }
+  p->rbegin = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
+  p->rend = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
+  p->role = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
+  for (int s = 0; s < o->nstages; s++) p->rbegin[s] = p->part.start[s], p->rend[s] = p->part.start[s + 1], p->role[s] = ROLE_BOTH;
   schedule_build(&p->sched, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, p->part.cost, &g->pool);
   p->sched.cores = p->machine.cores;
   schedule_time(&p->sched, p->part.cost);
@@ -383,6 +388,7 @@ int plan_programs(Plan *p) {
     return 0;
   }
   p->progs = progs;
+  if (p->fb && pipefb_links(p, progs, p->fb, &p->g.pool)) return -1;
   p->arena = pool_alloc(&p->g.pool, sizeof(int64_t) * (size_t)n);
   for (int s = 0; s < n; s++) {
     memplan(p, &progs[s], p->sched.nslots[s], p->sched.ngslots[s]);

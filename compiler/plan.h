@@ -14,6 +14,7 @@ typedef struct Options {
   int offload;       /* --offload: OFFLOAD_* */
   const char *offload_dir; /* --offload file:DIR */
   int recompute;     /* --recompute auto (1) or none (0) */
+  int fb_split;      /* --fb-split NF: pipefb's forward ranks (0: the planner chooses) */
   int profile;       /* --profile: timing marks in the stage programs (run.sh --profile FILE) */
   const char *costs; /* --costs FILE: measured node times to plan with (profile.c) */
   int64_t batch;
@@ -21,6 +22,25 @@ typedef struct Options {
 } Options;
 
 enum { OFFLOAD_AUTO, OFFLOAD_NONE, OFFLOAD_PEER, OFFLOAD_FILE };
+
+/* What a rank's program runs: forwards and backwards (every schedule but
+ * pipefb), or under pipefb only forwards or only backwards. */
+enum { ROLE_BOTH = 0, ROLE_FWD = 1, ROLE_BWD = 2 };
+
+/* PipeFB (pipefb.c): a stashed value per micro-batch, from the forward rank
+ * that has it to the backward rank that needs it (id: its index, the same on
+ * both ends); a weight, from the backward rank that updates it to a forward
+ * rank that reads it. */
+typedef struct FbMsg {
+  int tensor, from, to, id;
+  int dloss;         /* the gradient of the logits, which the loss (on the last forward rank) computes */
+} FbMsg;
+typedef struct FbPlan {
+  FbLinks links;
+  FbMsg *stash, *w;
+  int nstash, nw;
+  double *stash_bytes; /* per rank: stash bytes sent (forward) or received (backward) per micro-batch */
+} FbPlan;
 
 typedef struct Plan {
   Options opt;
@@ -53,6 +73,9 @@ typedef struct Plan {
   double plain_step, file_bw;
   int *host_of;
   struct Costs *costs;     /* --costs: the measured times (NULL: FLOPs over the machine's rate) */
+  /* Each rank's program: the compute nodes [rbegin, rend) and its role. */
+  int *rbegin, *rend, *role;
+  FbPlan *fb;              /* pipefb's links and messages (NULL for the other schedules) */
 } Plan;
 
 /* Loads, infers, costs, partitions and schedules.  -1 with err_set on failure. */
@@ -69,6 +92,11 @@ void plan_free(Plan *p);
 void plan_stage_memory(Plan *p, int s);
 /* Stage s's memory limit: the smaller of --mem-limit and its rank's mem in --devices; 0 = none. */
 double plan_stage_limit(const Plan *p, int s);
+/* PipeFB (pipefb.c): chooses the forward ranks (or takes --fb-split), cuts
+ * the forward and the backward chains, and schedules them; 0 or -1 with err_set. */
+int pipefb_plan(Plan *p);
+/* The stash and weight messages between the programs of a pipefb plan. */
+int pipefb_links(Plan *p, struct StageProg *progs, FbPlan *fb, Pool *pool);
 /* Tied weights (a parameter several compute nodes read): the reading nodes'
  * positions k in compute order into ks (room for p->nreaders[t]); returns
  * how many.  *same_kind: two of them are the same op (two LayerNorms, two

@@ -310,7 +310,109 @@ static int run_jointly(Chk *c) {
   return left > 0 ? -1 : 0;
 }
 
+/* ---- PipeFB ---- */
+
+/* Position of (kind, mb) on rank s, -1 if absent, -2 if twice. */
+static int fb_pos(const Schedule *sc, int s, int kind, int mb) {
+  int at = -1;
+  for (int k = 0; k < sc->nact[s]; k++)
+    if (sc->act[s][k].kind == kind && sc->act[s][k].mb == mb) at = at == -1 ? k : -2;
+  return at;
+}
+
+/* Action (kind, mb) is on rank s exactly once iff `want`, and then after `after` (a position, -1: anywhere). */
+static int fb_need(const Schedule *sc, int s, int kind, int mb, int want, int after, const char *why) {
+  int at = fb_pos(sc, s, kind, mb);
+  char b[32];
+  Action a = action_make(kind, mb);
+  if (at == -2) return err_set("schedule: rank %d has %s twice", s, action_str(&a, b, sizeof b));
+  if (want && at < 0) return err_set("schedule: rank %d has no %s (%s)", s, action_str(&a, b, sizeof b), why);
+  if (!want && at >= 0) return err_set("schedule: rank %d has %s, which it must not (%s)", s, action_str(&a, b, sizeof b), why);
+  if (want && after >= 0 && at < after) return err_set("schedule: rank %d runs %s too early (%s)", s, action_str(&a, b, sizeof b), why);
+  return 0;
+}
+
+/* A slot refilled (RECV, RECV_STASH) only after its last holder is done with it. */
+static int fb_slots(const Schedule *sc, int s, int fill, int use) {
+  for (int k = 0; k < sc->nact[s]; k++) {
+    const Action *a = &sc->act[s][k];
+    if (a->kind != fill) continue;
+    for (int j = k + 1; j < sc->nact[s]; j++) {
+      const Action *u = &sc->act[s][j];
+      if (u->kind == use && u->slot == a->slot && u->mb < a->mb) {
+        char b1[32], b2[32];
+        return err_set("schedule: rank %d refills slot %d with %s before %s is done with it", s, a->slot,
+                       action_str(a, b1, sizeof b1), action_str(u, b2, sizeof b2));
+      }
+    }
+  }
+  return 0;
+}
+
+static int fb_validate(const Schedule *sc) {
+  const FbLinks *fb = sc->fb;
+  int n = sc->nstages, m = sc->m;
+  for (int s = 0; s < n; s++) {
+    int fwd = s < fb->nf, prev = fb->prev[s], next = fb->next[s], last = -1;
+    for (int k = 0; k < m; k++) {
+      int c = fb_pos(sc, s, fwd ? ACT_F : ACT_B, k);
+      if (fb_need(sc, s, fwd ? ACT_F : ACT_B, k, 1, last, "in ascending micro-batch order")) return -1;
+      if (fb_need(sc, s, fwd ? ACT_B : ACT_F, k, 0, -1, fwd ? "a forward rank" : "a backward rank")) return -1;
+      if (fwd && (fb_need(sc, s, ACT_RECV, k, prev >= 0, -1, "the first forward rank loads its inputs") ||
+                  fb_need(sc, s, ACT_SEND, k, next >= 0, c, "the last forward rank sends nothing on") ||
+                  fb_need(sc, s, ACT_SEND_STASH, k, 1, c, "after its forward")))
+        return -1;
+      if (fwd && prev >= 0 && fb_pos(sc, s, ACT_RECV, k) > c) return err_set("schedule: rank %d receives micro-batch %d after its forward", s, k);
+      if (!fwd && (fb_need(sc, s, ACT_RECV_STASH, k, 1, -1, "its stash") ||
+                   fb_need(sc, s, ACT_RECV_GRAD, k, next >= 0, -1, "the gradient of what it sent") ||
+                   fb_need(sc, s, ACT_SEND_GRAD, k, prev >= 0, c, "after its backward")))
+        return -1;
+      if (!fwd && (fb_pos(sc, s, ACT_RECV_STASH, k) > c || (next >= 0 && fb_pos(sc, s, ACT_RECV_GRAD, k) > c)))
+        return err_set("schedule: rank %d posts micro-batch %d's receives after its backward", s, k);
+      last = c;
+    }
+    int upd = fb_pos(sc, s, ACT_UPDATE, -1);
+    if (fb_need(sc, s, ACT_UPDATE, -1, !fwd, last, "once, after the backwards") ||
+        fb_need(sc, s, ACT_SEND_WEIGHTS, -1, !fwd, upd, "after the update") ||
+        fb_need(sc, s, ACT_RECV_WEIGHTS, -1, fwd, last, "after the forwards"))
+      return -1;
+    if (fb_slots(sc, s, fwd ? ACT_RECV : ACT_RECV_STASH, fwd ? ACT_F : ACT_B)) return -1;
+    /* Every link is known from both ends. */
+    for (int i = 0; fwd && i < fb->nstash_to[s]; i++) {
+      int b = fb->stash_to[s][i], ok = 0;
+      for (int j = 0; j < fb->nstash_from[b]; j++) ok |= fb->stash_from[b][j] == s;
+      if (!ok) return err_set("schedule: rank %d sends stash to rank %d, which does not expect it", s, b);
+    }
+  }
+  /* All ranks together: the timing simulation stalls where the lists deadlock. */
+  Schedule copy = *sc;
+  Action **acts = malloc(sizeof(Action *) * (size_t)n);
+  if (!acts) abort();
+  int rc = 0;
+  for (int s = 0; s < n; s++) {
+    acts[s] = malloc(sizeof(Action) * (size_t)(sc->nact[s] + 1));
+    if (!acts[s]) abort();
+    memcpy(acts[s], sc->act[s], sizeof(Action) * (size_t)sc->nact[s]);
+  }
+  copy.act = acts;
+  copy.busy = malloc(sizeof(double) * (size_t)n);
+  if (!copy.busy) abort();
+  StageCost *unit = calloc((size_t)n, sizeof(StageCost));
+  if (!unit) abort();
+  for (int s = 0; s < n; s++) unit[s].fwd = 1, unit[s].bwd = 2, unit[s].update = 1;
+  copy.cores = 0;
+  if (schedule_time(&copy, unit)) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", err_msg());
+    rc = err_set("schedule: the pipefb lists deadlock (%s)", why);
+  }
+  for (int s = 0; s < n; s++) free(acts[s]);
+  free(acts), free(copy.busy), free(unit);
+  return rc;
+}
+
 int schedule_validate(const Schedule *sc) {
+  if (sc->fb) return fb_validate(sc);
   int p = sc->nstages, m = sc->m, rc = 0;
   Chk c = {sc, calloc((size_t)p, sizeof(int *)), calloc((size_t)p, sizeof(int *))};
   if (!c.pos || !c.done) abort();

@@ -29,18 +29,22 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *schedule_name(int kind) { return kind == SCHED_GPIPE ? "gpipe" : kind == SCHED_ZB1 ? "zb1" : "1f1b"; }
+const char *schedule_name(int kind) {
+  return kind == SCHED_GPIPE ? "gpipe" : kind == SCHED_ZB1 ? "zb1" : kind == SCHED_PIPEFB ? "pipefb" : "1f1b";
+}
 
 double schedule_ideal_bubble(int p, int m) { return (double)(p - 1) / (double)(m + p - 1); }
 
 const char *action_kind_name(int kind) {
   static const char *names[ACT_NKINDS] = {"F", "B", "I", "W", "SEND", "RECV", "SEND_GRAD", "RECV_GRAD", "UPDATE",
-                                          "OFFLOAD", "PREFETCH", "RECOMPUTE", "HOLD", "RETURN"};
+                                          "OFFLOAD", "PREFETCH", "RECOMPUTE", "HOLD", "RETURN",
+                                          "SEND_STASH", "RECV_STASH", "SEND_WEIGHTS", "RECV_WEIGHTS"};
   return kind >= 0 && kind < ACT_NKINDS ? names[kind] : "?";
 }
 
 const char *action_str(const Action *a, char *buf, size_t len) {
-  if (a->kind == ACT_UPDATE) snprintf(buf, len, "UPDATE");
+  if (a->kind == ACT_UPDATE || a->kind == ACT_SEND_WEIGHTS || a->kind == ACT_RECV_WEIGHTS)
+    snprintf(buf, len, "%s", action_kind_name(a->kind));
   else snprintf(buf, len, "%s%d", action_kind_name(a->kind), a->mb);
   return buf;
 }
@@ -223,6 +227,7 @@ typedef struct Sim {
   const StageCost *cost;
   int p, m;
   double *fdone, *bdone;     /* [s*m+mb] */
+  double *rs_post, *upd_end; /* pipefb: RECV_STASH posted [s*m+mb]; UPDATE done, per rank */
   double *off_post, *off_end, *hold_t, *ret_t, *pre_post, *pre_end, *ret_slot;
   double *chan, *free_at;    /* per rank */
   double **xfree, **sfree;   /* per rank, per xslot / store slot: when its last transfer out completes (-1 unknown) */
@@ -252,10 +257,49 @@ static void sim_resolve(Sim *sim) {
     }
 }
 
+/* The latest of times[IDX(rank, mb)] over the ranks listed, or -1 if one is not known yet. */
+static double latest(const Sim *sim, const double *times, const int *ranks, int n, int mb) {
+  double r = 0;
+  for (int i = 0; i < n; i++) {
+    double t = times[ranks[i] * sim->m + mb];
+    if (t < 0) return -1;
+    r = fmax(r, t);
+  }
+  return r;
+}
+
+/* PipeFB: a forward waits for the previous forward rank, and for its stash
+ * slot (two per rank: every backward rank it feeds has posted the receive
+ * of mb - 2); a backward waits for the next backward rank's gradient and
+ * for the forwards that made its stash; the weights come once every
+ * backward rank holding them has updated. */
+static double fb_ready(Sim *sim, const Action *a, int s) {
+  const FbLinks *fb = sim->sc->fb;
+  double r = 0, t;
+  switch (a->kind) {
+  case ACT_F:
+    if (fb->prev[s] >= 0 && (r = sim->fdone[IDX(fb->prev[s], a->mb)]) < 0) return -1;
+    if (a->mb >= 2 && (t = latest(sim, sim->rs_post, fb->stash_to[s], fb->nstash_to[s], a->mb - 2)) < 0) return -1;
+    return a->mb >= 2 ? fmax(r, t) : r;
+  case ACT_B:
+    if (fb->next[s] >= 0 && (r = sim->bdone[IDX(fb->next[s], a->mb)]) < 0) return -1;
+    if ((t = latest(sim, sim->fdone, fb->stash_from[s], fb->nstash_from[s], a->mb)) < 0) return -1;
+    return fmax(r, t);
+  case ACT_RECV_WEIGHTS:
+    for (int i = 0; i < fb->nw_from[s]; i++) {
+      if ((t = sim->upd_end[fb->w_from[s][i]]) < 0) return -1;
+      r = fmax(r, t);
+    }
+    return r;
+  default: return 0;
+  }
+}
+
 /* When rank s's action a can start, or -1 if that is not known yet. */
 static double sim_ready(Sim *sim, const Action *a, int s, const int *has_pre) {
   int p = sim->p;
   double r = 0;
+  if (sim->sc->fb) return fb_ready(sim, a, s);
   if (a->kind == ACT_F) r = s == 0 ? 0 : sim->fdone[IDX(s - 1, a->mb)];
   if (a->kind == ACT_B || a->kind == ACT_I) r = s == p - 1 ? sim->fdone[IDX(s, a->mb)] : sim->bdone[IDX(s + 1, a->mb)];
   if (r < 0) return -1;
@@ -310,6 +354,8 @@ static void sim_run(Sim *sim, Action *a, int s) {
     sim->sfree[s][a->xslot] = -1; /* until the data went back */
     break;
   case ACT_RETURN: sim->ret_t[IDX(a->peer, a->mb)] = a->start, sim->ret_slot[IDX(a->peer, a->mb)] = a->xslot; break;
+  case ACT_RECV_STASH: sim->rs_post[i] = a->start; break;
+  case ACT_UPDATE: sim->upd_end[s] = a->end; break;
   default: break;
   }
 }
@@ -320,19 +366,19 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch) {
   Sim sv, *sim = &sv;
   memset(&sv, 0, sizeof sv);
   sv.sc = sc, sv.cost = cost, sv.p = p, sv.m = m;
-  double *all = malloc(sizeof(double) * (size_t)(9 * p * m + 2 * p));
+  double *all = malloc(sizeof(double) * (size_t)(10 * p * m + 3 * p));
   int *next = calloc((size_t)p, sizeof(int)), remaining = 0, *has_pre = calloc((size_t)(p * m + 1), sizeof(int));
   sim->xfree = calloc((size_t)p, sizeof(double *)), sim->sfree = calloc((size_t)p, sizeof(double *));
   sim->xowner = calloc((size_t)p, sizeof(int *));
   if (!all || !next || !has_pre || !sim->xfree || !sim->sfree || !sim->xowner) abort();
   double *at = all;
-  double **arr[] = {&sim->fdone,  &sim->bdone,    &sim->off_post, &sim->off_end, &sim->hold_t,
-                    &sim->ret_t,  &sim->pre_post, &sim->pre_end,  &sim->ret_slot};
+  double **arr[] = {&sim->fdone, &sim->bdone,    &sim->off_post, &sim->off_end,  &sim->hold_t,
+                    &sim->ret_t, &sim->pre_post, &sim->pre_end,  &sim->ret_slot, &sim->rs_post};
   for (size_t k = 0; k < sizeof arr / sizeof arr[0]; k++, at += p * m) {
     *arr[k] = at;
     for (int q = 0; q < p * m; q++) at[q] = -1;
   }
-  sim->chan = at, sim->free_at = at + p;
+  sim->chan = at, sim->free_at = at + p, sim->upd_end = at + 2 * p;
   for (int s = 0; s < p; s++) {
     int nx = sc->nxslots ? sc->nxslots[s] : 0, ns = sc->nstore ? sc->nstore[s] : 0;
     sim->xfree[s] = malloc(sizeof(double) * (size_t)(nx + 1)), sim->sfree[s] = malloc(sizeof(double) * (size_t)(ns + 1));
@@ -340,7 +386,7 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch) {
     if (!sim->xfree[s] || !sim->sfree[s] || !sim->xowner[s]) abort();
     for (int x = 0; x <= nx; x++) sim->xfree[s][x] = 0, sim->xowner[s][x] = -1;
     for (int x = 0; x <= ns; x++) sim->sfree[s][x] = 0;
-    sim->chan[s] = sim->free_at[s] = 0, sc->busy[s] = 0, remaining += sc->nact[s];
+    sim->chan[s] = sim->free_at[s] = 0, sim->upd_end[s] = -1, sc->busy[s] = 0, remaining += sc->nact[s];
     for (int k = 0; k < sc->nact[s]; k++)
       if (sc->act[s][k].kind == ACT_PREFETCH && sc->act[s][k].mb >= 0 && sc->act[s][k].mb < m) has_pre[s * m + sc->act[s][k].mb] = 1;
   }
@@ -490,4 +536,55 @@ void schedule_build(Schedule *sc, int kind, int p, int m, int fwd_only, const St
   }
   schedule_time(sc, cost); /* a stall is reported by schedule_validate, with names */
   err_clear();
+}
+
+/* ---- PipeFB ---- */
+
+static void fb_add(Schedule *sc, int s, int kind, int mb, int slot, int gslot) {
+  Action a = action_make(kind, mb);
+  a.slot = slot, a.gslot = gslot;
+  sc->act[s][sc->nact[s]++] = a;
+}
+
+void schedule_build_pipefb(Schedule *sc, const FbLinks *fb, int n, int m, const StageCost *cost, Pool *pool) {
+  memset(sc, 0, sizeof *sc);
+  sc->nstages = n, sc->m = m, sc->kind = SCHED_PIPEFB, sc->fb = fb;
+  sc->act = pool_alloc(pool, sizeof(Action *) * (size_t)n);
+  sc->nact = pool_alloc(pool, sizeof(int) * (size_t)n);
+  sc->nslots = pool_alloc(pool, sizeof(int) * (size_t)n);
+  sc->ngslots = pool_alloc(pool, sizeof(int) * (size_t)n);
+  sc->busy = pool_alloc(pool, sizeof(double) * (size_t)n);
+  int two = m < 2 ? m : 2; /* ring slots: one micro-batch computed while the other's messages leave */
+  for (int s = 0; s < n; s++) {
+    sc->act[s] = pool_alloc(pool, sizeof(Action) * (size_t)(6 * m + 4));
+    sc->nslots[s] = two, sc->ngslots[s] = s < fb->nf ? 1 : two;
+    int prev = fb->prev[s], next = fb->next[s];
+    if (s < fb->nf) {
+      for (int k = 0; k < two && prev >= 0; k++) fb_add(sc, s, ACT_RECV, k, k % 2, -1);
+      for (int k = 0; k < m; k++) {
+        fb_add(sc, s, ACT_F, k, k % 2, -1);
+        if (next >= 0) fb_add(sc, s, ACT_SEND, k, k % 2, -1);
+        fb_add(sc, s, ACT_SEND_STASH, k, k % 2, -1);
+        if (prev >= 0 && k + 2 < m) fb_add(sc, s, ACT_RECV, k + 2, k % 2, -1);
+      }
+      fb_add(sc, s, ACT_RECV_WEIGHTS, -1, -1, -1);
+    } else {
+      for (int k = 0; k < two; k++) {
+        fb_add(sc, s, ACT_RECV_STASH, k, k % 2, -1);
+        if (next >= 0) fb_add(sc, s, ACT_RECV_GRAD, k, -1, k % 2);
+      }
+      for (int k = 0; k < m; k++) {
+        fb_add(sc, s, ACT_B, k, k % 2, k % 2);
+        if (prev >= 0) fb_add(sc, s, ACT_SEND_GRAD, k, -1, k % 2);
+        if (k + 2 < m) {
+          fb_add(sc, s, ACT_RECV_STASH, k + 2, k % 2, -1);
+          if (next >= 0) fb_add(sc, s, ACT_RECV_GRAD, k + 2, -1, k % 2);
+        }
+      }
+      fb_add(sc, s, ACT_UPDATE, -1, -1, -1);
+      fb_add(sc, s, ACT_SEND_WEIGHTS, -1, -1, -1);
+    }
+  }
+  schedule_time(sc, cost);
+  err_clear(); /* a stall is reported by schedule_validate */
 }

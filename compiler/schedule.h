@@ -23,6 +23,11 @@ enum {
   ACT_RECOMPUTE, /* re-run the forward calls that make mb's recomputed values, into xslot */
   ACT_HOLD,      /* on a peer: post the receive of rank `peer`'s OFFLOAD of mb into store slot xslot */
   ACT_RETURN,    /* on a peer: wait for that data, post its send back to rank `peer` (its PREFETCH) */
+  /* PipeFB (pipefb.c): forward ranks and backward ranks. */
+  ACT_SEND_STASH,   /* forward rank: post the sends of mb's stashed values to the backward ranks that need them */
+  ACT_RECV_STASH,   /* backward rank: post the receives of mb's stashed values from the forward ranks */
+  ACT_SEND_WEIGHTS, /* backward rank, after UPDATE: post the sends of the new weights to the forward ranks */
+  ACT_RECV_WEIGHTS, /* forward rank, last: receive the new weights (the next step's forwards use them) */
   ACT_NKINDS
 };
 
@@ -36,6 +41,17 @@ typedef struct Action {
   double start, end; /* predicted seconds from the step's start */
 } Action;
 
+/* PipeFB's links: ranks 0..nf-1 run forwards, nf..n-1 backwards; each
+ * list names ranks. */
+typedef struct FbLinks {
+  int nf;
+  int *prev, *next;               /* per rank: the rank before and after it in its chain (-1 at an end) */
+  int **stash_to, *nstash_to;     /* forward rank: the backward ranks its stashed values go to */
+  int **stash_from, *nstash_from; /* backward rank: the forward ranks they come from */
+  int **w_from, *nw_from;         /* forward rank: the backward ranks its weights come from */
+  int **w_to, *nw_to;             /* backward rank: the forward ranks it sends weights to */
+} FbLinks;
+
 typedef struct Schedule {
   int nstages, m, kind, forward_only;
   Action **act;      /* act[s][k]: rank s's k-th action */
@@ -48,12 +64,18 @@ typedef struct Schedule {
   double bubble;     /* 1 - mean busy / makespan */
   double *busy;      /* per stage */
   int cores;         /* cores the ranks share (schedule_time); 0: a core per rank */
+  const FbLinks *fb; /* pipefb: who sends what to whom (NULL for the other schedules) */
 } Schedule;
 
 /* Builds each rank's action list, assigns slots and predicts its timing from
  * each stage's per-micro-batch forward, backward (bwd_w of it the weight
  * gradient) and communication time. */
 void schedule_build(Schedule *sc, int kind, int nstages, int m, int forward_only, const StageCost *cost, Pool *pool);
+/* PipeFB's lists (pipefb.c decides the links): a forward rank runs F for
+ * every micro-batch, sending its values on and its stash to the backward
+ * ranks, then receives the new weights; a backward rank runs B for every
+ * micro-batch, then UPDATE and sends the weights back.  Two ring slots each. */
+void schedule_build_pipefb(Schedule *sc, const FbLinks *fb, int n, int m, const StageCost *cost, Pool *pool);
 /* Runs every rank's list together: complete and consistent lists, matching
  * sends and receives, no deadlock, no slot taken while still live.  0, or -1
  * with err_set naming the ranks and actions. */

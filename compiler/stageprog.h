@@ -28,6 +28,7 @@ typedef struct Buffer {
   int64_t offset;       /* arena offset of copy 0 */
   int first, last;      /* BUF_TEMP: first/last call index that touches it (fwd: 0.., bwd: 10000..) */
   int fate;             /* BUF_RING kept for backward: FATE_* (stash.c) */
+  int unused;           /* not in this rank's arena: pipefb runs only this program's forward or only its backward */
 } Buffer;
 
 /* What happens to a stashed activation between a micro-batch's forward and
@@ -165,6 +166,9 @@ void memplan(Plan *p, StageProg *sp, int nslots, int ngslots);
 /* A backward call that only adds into weight gradients (besides its own
  * scratch workspace): zb1 runs it in W, after the input-gradient calls. */
 int call_is_weight(const StageProg *sp, const Call *k);
+/* PipeFB: the buffer of program sp that message m leaves from or arrives in
+ * (a stashed value's ring, the logits' gradient, a weight), -1 if none. */
+int pipefb_buf(const StageProg *sp, const FbMsg *m, int weight);
 /* Writes DIR's sources; -1 with err_set. */
 struct OutDir;
 int emit_all(Plan *p, StageProg *progs, struct OutDir *d);

@@ -673,6 +673,15 @@ int stash_plan(Plan *p) {
     double lim = plan_stage_limit(p, s);
     over |= lim > 0 && (double)p->arena[s] > lim;
   }
+  if (over && p->fb) { /* pipefb keeps every stash where it is for now */
+    for (int s = 0; s < n; s++) {
+      double lim = plan_stage_limit(p, s);
+      if (lim > 0 && (double)p->arena[s] > lim)
+        return err_set("--schedule pipefb: rank %d (%s rank) needs %lld bytes (%s), over its memory limit of %s; pipefb does not "
+                       "offload or recompute to fit a limit yet (1f1b, gpipe and zb1 do)", s, p->role[s] == ROLE_FWD ? "forward" : "backward",
+                       (long long)p->arena[s], fmt_bytes((double)p->arena[s]), fmt_bytes(lim));
+    }
+  }
   if (!over || !p->progs || p->opt.forward_only) return 0;
   if (p->opt.offload == OFFLOAD_NONE && !p->opt.recompute) return 0; /* the partitioner's error stands */
   Work w;

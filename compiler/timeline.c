@@ -32,6 +32,10 @@ static const struct {
     [TL_RECOMPUTE] = {"RECOMPUTE", "recompute stashed activations", "#76b7b2", "#1a1a1a"},
     [TL_HOLD] = {"HOLD", "receive a peer's offloaded activations", "#d4a6c8", "#1a1a1a"},
     [TL_RETURN] = {"RETURN", "send a peer's activations back", "#9c755f", "#ffffff"},
+    [TL_SEND_STASH] = {"SEND_STASH", "send stashed activations to a backward rank", "#e15759", "#ffffff"},
+    [TL_RECV_STASH] = {"RECV_STASH", "receive stashed activations from a forward rank", "#f1a3a4", "#1a1a1a"},
+    [TL_SEND_WEIGHTS] = {"SEND_WEIGHTS", "send the new weights to the forward ranks", "#3d7a6e", "#ffffff"},
+    [TL_RECV_WEIGHTS] = {"RECV_WEIGHTS", "receive the new weights", "#a0cbc2", "#1a1a1a"},
     [TL_WAIT] = {"wait", "waiting", "#f6c1c1", "#b03030"},
 };
 
@@ -47,7 +51,8 @@ int tl_kind_from_name(const char *s) {
 enum { LAYER_WAIT, LAYER_COMPUTE, LAYER_COMM, LAYER_TICK };
 static int is_comm(int kind) {
   return kind == TL_SEND || kind == TL_RECV || kind == TL_SEND_GRAD || kind == TL_RECV_GRAD || kind == TL_OFFLOAD ||
-         kind == TL_PREFETCH || kind == TL_HOLD || kind == TL_RETURN;
+         kind == TL_PREFETCH || kind == TL_HOLD || kind == TL_RETURN || kind == TL_SEND_STASH || kind == TL_RECV_STASH ||
+         kind == TL_SEND_WEIGHTS || kind == TL_RECV_WEIGHTS;
 }
 
 /* Geometry, in px. */

@@ -68,12 +68,16 @@ typedef struct Run {
   MPI_Request *tie_req; /* tied weights' part exchange: nparts * nstages requests at most */
   PrTrace trace;
   double t_compute, t_wait, t_total;
+  double sent_bytes;   /* every byte this rank sent: messages, offloaded activations (to a peer or its file), weights */
   PrProfExtra prof;    /* --profile: the loader, the loss and the update, beside the nodes' marks */
   /* The memory plan: the messages to and from the peer (on their own
    * communicator), per xslot the copy out and the copy in, per store slot the
    * peer's data coming or going; the file's I/O thread. */
   MPI_Comm ocomm;
   MPI_Request *oreq, *ireq, *hreq;
+  /* PipeFB: stashed values to and from the other chain, per slot, and the weights; their own communicator. */
+  MPI_Comm fcomm;
+  MPI_Request *ssreq, *srreq, *wreq; /* [nslots][nstash_send], [nslots][nstash_recv], [max(nwsend, nwrecv)] */
   PrXfer *xfer;
   double t_xfer_wait;
   int64_t rss_overhead, rss_peak;
@@ -359,10 +363,11 @@ static void wait_all(Run *r, MPI_Request *req, int n, int peer, const char *what
 
 /* Sends still leaving slot / gslot must finish before anything refills it. */
 static void wait_sends(Run *r, int slot) {
-  wait_all(r, r->sreq + (size_t)slot * r->st->nsend, r->st->nsend, r->st->stage + 1, "to take the forward values it was sent");
+  wait_all(r, r->sreq + (size_t)slot * r->st->nsend, r->st->nsend, r->st->next_rank, "to take the forward values it was sent");
+  wait_all(r, r->ssreq + (size_t)slot * r->st->nstash_send, r->st->nstash_send, -1, "to take the stashed values it was sent");
 }
 static void wait_grad_sends(Run *r, int gslot) {
-  wait_all(r, r->gsreq + (size_t)gslot * r->st->nrecv, r->st->nrecv, r->st->stage - 1, "to take the gradients it was sent");
+  wait_all(r, r->gsreq + (size_t)gslot * r->st->nrecv, r->st->nrecv, r->st->prev_rank, "to take the gradients it was sent");
 }
 
 /* Where value pv of the action's micro-batch lives: its ring slot, or its
@@ -381,7 +386,7 @@ static void do_recv(Run *r, const PrAction *a) {
   for (int v = 0; v < st->nrecv; v++) {
     const PrValue *pv = &st->recv[v];
     if (pv->source != PR_FROM_PREV) continue;
-    MPI_Irecv(value_at(r, pv, a), (int)pv->bytes, MPI_BYTE, st->stage - 1, tag_of(r->step, a->mb, v, 0),
+    MPI_Irecv(value_at(r, pv, a), (int)pv->bytes, MPI_BYTE, st->prev_rank, tag_of(r->step, a->mb, v, 0),
               MPI_COMM_WORLD, &r->rreq[(size_t)a->slot * st->nrecv + v]);
   }
 }
@@ -390,7 +395,8 @@ static void do_send(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
   for (int v = 0; v < st->nsend; v++) {
     const PrValue *pv = &st->send[v];
-    MPI_Isend(ring(r, pv->offset, pv->bytes, a->slot), (int)pv->bytes, MPI_BYTE, st->stage + 1, tag_of(r->step, a->mb, v, 0),
+    r->sent_bytes += (double)pv->bytes;
+    MPI_Isend(ring(r, pv->offset, pv->bytes, a->slot), (int)pv->bytes, MPI_BYTE, st->next_rank, tag_of(r->step, a->mb, v, 0),
               MPI_COMM_WORLD, &r->sreq[(size_t)a->slot * st->nsend + v]);
   }
 }
@@ -401,7 +407,7 @@ static void do_recv_grad(Run *r, const PrAction *a) {
   for (int v = 0; v < st->nsend; v++) {
     const PrValue *pv = &st->send[v];
     if (pv->goffset < 0) continue;
-    MPI_Irecv(ring(r, pv->goffset, pv->bytes, a->gslot), (int)pv->bytes, MPI_BYTE, st->stage + 1, tag_of(r->step, a->mb, v, 1),
+    MPI_Irecv(ring(r, pv->goffset, pv->bytes, a->gslot), (int)pv->bytes, MPI_BYTE, st->next_rank, tag_of(r->step, a->mb, v, 1),
               MPI_COMM_WORLD, &r->greq[(size_t)a->gslot * st->nsend + v]);
   }
 }
@@ -411,9 +417,54 @@ static void do_send_grad(Run *r, const PrAction *a) {
   for (int v = 0; v < st->nrecv; v++) {
     const PrValue *pv = &st->recv[v];
     if (pv->goffset < 0 || pv->source != PR_FROM_PREV) continue;
-    MPI_Isend(ring(r, pv->goffset, pv->bytes, a->gslot), (int)pv->bytes, MPI_BYTE, st->stage - 1, tag_of(r->step, a->mb, v, 1),
+    r->sent_bytes += (double)pv->bytes;
+    MPI_Isend(ring(r, pv->goffset, pv->bytes, a->gslot), (int)pv->bytes, MPI_BYTE, st->prev_rank, tag_of(r->step, a->mb, v, 1),
               MPI_COMM_WORLD, &r->gsreq[(size_t)a->gslot * st->nrecv + v]);
   }
+}
+
+/* ---- PipeFB: the stash and the weights between the two chains ---- */
+
+/* Stash tags name (step, mb, value); weights come once per step, after them. */
+static int fb_tag(int64_t step, int mb, int id) { return ((int)(step % 4) * 256 + mb % 256) * 4096 + id % 4096; }
+#define FB_WTAG (4 * 256 * 4096)
+
+static void do_send_stash(Run *r, const PrAction *a) {
+  const PrStage *st = r->st;
+  for (int v = 0; v < st->nstash_send; v++) {
+    const PrStash *x = &st->stash_send[v];
+    r->sent_bytes += (double)x->bytes;
+    MPI_Isend(ring(r, x->offset, x->bytes, a->slot), (int)x->bytes, MPI_BYTE, x->peer, fb_tag(r->step, a->mb, x->id), r->fcomm,
+              &r->ssreq[(size_t)a->slot * st->nstash_send + v]);
+  }
+}
+
+static void do_recv_stash(Run *r, const PrAction *a) {
+  const PrStage *st = r->st;
+  for (int v = 0; v < st->nstash_recv; v++) {
+    const PrStash *x = &st->stash_recv[v];
+    MPI_Irecv(ring(r, x->offset, x->bytes, a->slot), (int)x->bytes, MPI_BYTE, x->peer, fb_tag(r->step, a->mb, x->id), r->fcomm,
+              &r->srreq[(size_t)a->slot * st->nstash_recv + v]);
+  }
+}
+
+static void do_send_weights(Run *r) {
+  const PrStage *st = r->st;
+  for (int v = 0; v < st->nwsend; v++) {
+    const PrWeight *w = &st->wsend[v];
+    r->sent_bytes += 4.0 * (double)w->count;
+    MPI_Isend(st->arena + w->offset, (int)w->count, MPI_FLOAT, w->peer, FB_WTAG + w->id % 4096, r->fcomm, &r->wreq[v]);
+  }
+}
+
+/* The forwards of the next step use the weights of this step's update: wait for them. */
+static void do_recv_weights(Run *r) {
+  const PrStage *st = r->st;
+  for (int v = 0; v < st->nwrecv; v++) {
+    const PrWeight *w = &st->wrecv[v];
+    MPI_Irecv(st->arena + w->offset, (int)w->count, MPI_FLOAT, w->peer, FB_WTAG + w->id % 4096, r->fcomm, &r->wreq[v]);
+  }
+  wait_all(r, r->wreq, st->nwrecv, -1, "the weights the backward ranks updated");
 }
 
 /* Fills a loader input of micro-batch mb. */
@@ -507,7 +558,7 @@ static double do_forward(Run *r, const PrAction *a) {
   for (int v = 0; v < st->nrecv; v++)
     if (st->recv[v].source != PR_FROM_PREV) load_guarded(r, &st->recv[v], a->mb, a->slot, NULL);
   r->prof.load += now() - l0;
-  wait_all(r, r->rreq + (size_t)a->slot * st->nrecv, st->nrecv, st->stage - 1, "the forward values of a micro-batch");
+  wait_all(r, r->rreq + (size_t)a->slot * st->nrecv, st->nrecv, st->prev_rank, "the forward values of a micro-batch");
   double t0 = now(), loss = 0;
   st->forward(a->slot, a->xslot);
   if (st->loss) {
@@ -573,8 +624,10 @@ static void do_offload(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
   if (st->offload_to >= 0) {
     wait_all(r, &r->oreq[a->xslot], 1, st->offload_to, "to take offloaded activations");
+    r->sent_bytes += (double)st->xout_bytes;
     MPI_Isend(xblock(r, a->xslot), (int)st->xout_bytes, MPI_BYTE, st->offload_to, otag(r->step, a->mb, 0), r->ocomm, &r->oreq[a->xslot]);
   } else {
+    r->sent_bytes += (double)st->xout_bytes;
     xfer_submit(r->xfer, 1, a->xslot, xblock(r, a->xslot), st->xout_bytes, (int64_t)a->mb * st->xout_bytes);
   }
 }
@@ -599,6 +652,7 @@ static void do_hold(Run *r, const PrAction *a) {
 static void do_return(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
   wait_all(r, &r->hreq[a->xslot], 1, a->peer, "the activations it offloads here");
+  r->sent_bytes += (double)st->store_bytes;
   MPI_Isend(store(r, a->xslot), (int)st->store_bytes, MPI_BYTE, a->peer, otag(r->step, a->mb, 1), r->ocomm, &r->hreq[a->xslot]);
 }
 
@@ -612,7 +666,8 @@ static void do_recompute(Run *r, const PrAction *a) {
 static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int, int)) {
   const PrStage *st = r->st;
   if (a->kind != PR_W) {
-    if (!st->loss) wait_all(r, r->greq + (size_t)a->gslot * st->nsend, st->nsend, st->stage + 1, "the gradients of a micro-batch");
+    if (!st->loss) wait_all(r, r->greq + (size_t)a->gslot * st->nsend, st->nsend, st->next_rank, "the gradients of a micro-batch");
+    wait_all(r, r->srreq + (size_t)a->slot * st->nstash_recv, st->nstash_recv, -1, "the stashed values of a micro-batch");
     wait_grad_sends(r, a->gslot); /* it writes the gradients sent back from gslot */
   }
   if (a->xslot >= 0) wait_xslot_in(r, a->xslot);
@@ -639,6 +694,7 @@ static double run_action(Run *r, const PrAction *a) {
   case PR_SEND_GRAD: do_send_grad(r, a); break;
   case PR_RECV_GRAD: do_recv_grad(r, a); break;
   case PR_UPDATE: {
+    wait_all(r, r->wreq, st->nwsend, -1, "to take the last step's weights"); /* pipefb: the update rewrites what they send */
     double t0 = now();
     optimizer_step(r);
     r->prof.update += now() - t0;
@@ -649,6 +705,10 @@ static double run_action(Run *r, const PrAction *a) {
   case PR_RECOMPUTE: do_recompute(r, a); break;
   case PR_HOLD: do_hold(r, a); break;
   case PR_RETURN: do_return(r, a); break;
+  case PR_SEND_STASH: do_send_stash(r, a); break;
+  case PR_RECV_STASH: do_recv_stash(r, a); break;
+  case PR_SEND_WEIGHTS: do_send_weights(r); break;
+  case PR_RECV_WEIGHTS: do_recv_weights(r); break;
   default: die(2, "action kind %d is not supported by this runtime (regenerate with pipecc)", a->kind);
   }
   return 0;
@@ -656,7 +716,8 @@ static double run_action(Run *r, const PrAction *a) {
 
 const char *pr_kind_name(int kind) {
   static const char *names[PR_NKINDS] = {"F", "B", "I", "W", "SEND", "RECV", "SEND_GRAD", "RECV_GRAD", "UPDATE",
-                                         "OFFLOAD", "PREFETCH", "RECOMPUTE", "HOLD", "RETURN"};
+                                         "OFFLOAD", "PREFETCH", "RECOMPUTE", "HOLD", "RETURN", "SEND_STASH", "RECV_STASH",
+                                         "SEND_WEIGHTS", "RECV_WEIGHTS"};
   return kind >= 0 && kind < PR_NKINDS ? names[kind] : "?";
 }
 
@@ -706,7 +767,7 @@ static void reduce_ties(Run *r) {
       for (int h = 0; h < p->nparts; h++) {
         int to = p->parts[h].stage, seen = to == st->stage;
         for (int e = 0; e < h && !seen; e++) seen = p->parts[e].stage == to;
-        if (!seen) MPI_Isend(buf, bytes, MPI_BYTE, to, tie_tag(p, j), MPI_COMM_WORLD, &req[n++]);
+        if (!seen) MPI_Isend(buf, bytes, MPI_BYTE, to, tie_tag(p, j), MPI_COMM_WORLD, &req[n++]), r->sent_bytes += bytes;
       }
     }
     wait_all(r, req, n, -1, "to exchange a tied weight's gradient parts");
@@ -1210,6 +1271,11 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   alloc_scratch(&r);
   /* The memory plan's state: requests per xslot and store slot, the file. */
   MPI_Comm_dup(MPI_COMM_WORLD, &r.ocomm);
+  MPI_Comm_dup(MPI_COMM_WORLD, &r.fcomm);
+  int nw = st->nwsend > st->nwrecv ? st->nwsend : st->nwrecv;
+  r.ssreq = malloc(sizeof(MPI_Request) * (size_t)(st->nslots * st->nstash_send + st->nslots * st->nstash_recv + nw + 1));
+  r.srreq = r.ssreq + st->nslots * st->nstash_send, r.wreq = r.srreq + st->nslots * st->nstash_recv;
+  for (int i = 0; i < st->nslots * (st->nstash_send + st->nstash_recv) + nw; i++) r.ssreq[i] = MPI_REQUEST_NULL;
   int nx = st->nxslots, nst = st->nstore;
   r.oreq = malloc(sizeof(MPI_Request) * (size_t)(2 * nx + nst + 1));
   r.ireq = r.oreq + nx, r.hreq = r.oreq + 2 * nx;
@@ -1246,7 +1312,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
       data_batch_indices(&r.data, r.step, st->batch, r.a.seed, r.a.shuffle, r.idx);
     for (int i = 0; i < st->nparams; i++) {
       const PrParam *p = &st->params[i];
-      memset(st->arena + p->goffset, 0, (size_t)p->count * 4);
+      if (p->goffset >= 0) memset(st->arena + p->goffset, 0, (size_t)p->count * 4); /* a pipefb forward rank has none */
       for (int j = 0; j < p->nparts; j++)
         if (p->parts[j].stage == st->stage) memset(st->arena + p->parts[j].offset, 0, (size_t)p->count * 4);
     }
@@ -1282,8 +1348,11 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   /* Drain what is still in flight. */
   static const PrAction drain = {PR_UPDATE, -1, -1, -1, -1, -1};
   r.cur = &drain;
-  wait_all(&r, r.sreq, ns * st->nsend, st->stage + 1, "to take the last forward values");
-  wait_all(&r, r.gsreq, ngs * st->nrecv, st->stage - 1, "to take the last gradients");
+  wait_all(&r, r.sreq, ns * st->nsend, st->next_rank, "to take the last forward values");
+  wait_all(&r, r.gsreq, ngs * st->nrecv, st->prev_rank, "to take the last gradients");
+  wait_all(&r, r.ssreq, ns * st->nstash_send, -1, "to take the last stashed values");
+  wait_all(&r, r.wreq, st->nwsend, -1, "to take the last weights");
+  MPI_Comm_free(&r.fcomm);
   wait_all(&r, r.oreq, 2 * nx + nst, -1, "to finish moving offloaded activations");
   for (int x = 0; r.xfer && x < nx; x++) wait_file(&r, x, "the last offloaded activations");
   xfer_close(r.xfer);
@@ -1318,11 +1387,11 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   }
   /* The summary: every stage's compute, wait and memory, on the last stage. */
   /* Each rank's own wall time: another rank's would make comm+other negative. */
-  enum { NSUM = 8 };
+  enum { NSUM = 9 };
   double mine[NSUM] = {r.t_compute, r.t_wait, (double)st->arena_bytes, st->predicted_bytes, r.t_total, (double)r.rss_peak,
-                       (double)r.rss_overhead, r.t_xfer_wait}, *all = NULL;
+                       (double)r.rss_overhead, r.t_xfer_wait, r.sent_bytes}, *all = NULL;
   if (st->loss) all = malloc(sizeof(double) * NSUM * (size_t)st->nstages);
-  MPI_Gather(mine, NSUM, MPI_DOUBLE, all, NSUM, MPI_DOUBLE, st->nstages - 1, MPI_COMM_WORLD);
+  MPI_Gather(mine, NSUM, MPI_DOUBLE, all, NSUM, MPI_DOUBLE, st->loss_rank, MPI_COMM_WORLD);
   if (st->loss && !r.a.quiet) {
     int64_t steps = r.a.steps - first_step;
     double busy = 0;
@@ -1331,16 +1400,17 @@ int pr_main(int argc, char **argv, const PrStage *st) {
            steps ? (double)steps * st->batch / r.t_total : 0, first_loss, last_loss);
     printf("step time %.3f ms measured, %.3f ms predicted; bubble %.1f%% measured\n", steps ? 1e3 * r.t_total / (double)steps : 0,
            1e3 * st->predicted_step_s, r.t_total > 0 ? 100 * (1 - busy / (st->nstages * r.t_total)) : 0);
-    printf("stage  compute_s  wait_s  comm+other_s  arena_bytes  predicted_bytes  rss_peak_bytes  rss_overhead_bytes  xfer_wait_s\n");
+    printf("stage  compute_s  wait_s  comm+other_s  arena_bytes  predicted_bytes  rss_peak_bytes  rss_overhead_bytes  xfer_wait_s"
+           "  sent_bytes\n");
     for (int s = 0; s < st->nstages; s++) {
       const double *x = &all[NSUM * s];
-      printf("%5d  %9.3f  %6.3f  %12.3f  %11.0f  %15.0f  %14.0f  %18.0f  %11.3f\n", s, x[0], x[1], fmax(0, x[4] - x[0] - x[1]), x[2], x[3],
-             x[5], x[6], x[7]);
+      printf("%5d  %9.3f  %6.3f  %12.3f  %11.0f  %15.0f  %14.0f  %18.0f  %11.3f  %10.0f\n", s, x[0], x[1], fmax(0, x[4] - x[0] - x[1]), x[2],
+             x[3], x[5], x[6], x[7], x[8]);
     }
   }
   free(all);
   if (r.have_data) data_close(&r.data);
-  free(r.rreq), free(r.sreq), free(r.greq), free(r.gsreq), free(r.idx), free(r.oreq);
+  free(r.rreq), free(r.sreq), free(r.greq), free(r.gsreq), free(r.idx), free(r.oreq), free(r.ssreq);
   free(r.in_labels), free(r.in_y), free(r.lab_x), free(r.lab_img);
   MPI_Finalize();
   return 0;

@@ -28,6 +28,10 @@ enum {
   PR_RECOMPUTE, /* recompute(slot, xslot), after the prefetch into xslot */
   PR_HOLD,      /* on a peer: Irecv rank `peer`'s OFFLOAD of mb into store slot xslot */
   PR_RETURN,    /* on a peer: wait for it, Isend it back to rank `peer` */
+  PR_SEND_STASH,   /* pipefb forward rank: Isend the slot's stashed values to the backward ranks (STASH_SEND) */
+  PR_RECV_STASH,   /* pipefb backward rank: Irecv mb's stashed values into the slot (STASH_RECV) */
+  PR_SEND_WEIGHTS, /* pipefb backward rank, after UPDATE: Isend the new weights to the forward ranks (WSEND) */
+  PR_RECV_WEIGHTS, /* pipefb forward rank, last in its step: receive the new weights (WRECV) and wait for them */
   PR_NKINDS
 };
 
@@ -74,6 +78,25 @@ typedef struct PrParam {
 
 enum { PR_SGD = 0, PR_ADAM = 1, PR_ADAMW = 2 };
 
+/* What a rank runs: forwards and backwards, or under pipefb only one of them. */
+enum { PR_ROLE_BOTH = 0, PR_ROLE_FWD = 1, PR_ROLE_BWD = 2 };
+
+/* PipeFB: a stashed value, per micro-batch, between the forward rank that
+ * computes it and the backward rank that reads it (id: the same on both). */
+typedef struct PrStash {
+  const char *name;
+  int64_t bytes;
+  int64_t offset;      /* ring copy 0; copy k at offset + k * bytes */
+  int peer;            /* the backward rank it goes to, or the forward rank it comes from */
+  int id;
+} PrStash;
+
+/* PipeFB: a weight, from the backward rank that updates it to a forward rank that reads it. */
+typedef struct PrWeight {
+  int64_t offset, count; /* floats */
+  int peer, id;
+} PrWeight;
+
 typedef struct PrStage {
   int stage, nstages, microbatches, mb_size, batch, nslots, ngslots;
   const char *model;           /* for messages */
@@ -115,6 +138,14 @@ typedef struct PrStage {
   const char *const *prof_nodes;
   int nprof;
   double prof_rate;
+  /* Its chain: forward values come from prev_rank and go to next_rank,
+   * gradients the other way (-1 at an end); the loss rank logs and sums up. */
+  int role;                    /* PR_ROLE_* */
+  int prev_rank, next_rank, loss_rank;
+  const PrStash *stash_send, *stash_recv; /* pipefb: per micro-batch */
+  int nstash_send, nstash_recv;
+  const PrWeight *wsend, *wrecv;          /* pipefb: once per step */
+  int nwsend, nwrecv;
 } PrStage;
 
 /* What the random kernels (Dropout) key their numbers by, besides the node:

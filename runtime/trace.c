@@ -31,7 +31,7 @@ static char *format_events(const PrTrace *t, int rank, long *len) {
     const PrEvent *e = &t->ev[i];
     const char *kind = e->kind < 0 ? "wait" : pr_kind_name(e->kind);
     char name[32];
-    if (e->kind < 0 || e->kind == PR_UPDATE) snprintf(name, sizeof name, "%s", kind);
+    if (e->kind < 0 || e->mb < 0) snprintf(name, sizeof name, "%s", kind); /* UPDATE, the weights of pipefb */
     else snprintf(name, sizeof name, "%s%d", kind, e->mb);
     n += (size_t)snprintf(s + n, cap - n, "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, "
                           "\"tid\": %d, \"args\": {\"step\": %lld, \"mb\": %d, \"kind\": \"%s\", \"slot\": %d}},\n", name, kind,

@@ -137,7 +137,83 @@ static void zb1_paper_case(void) {
   pool_free(&pool);
 }
 
+/* PipeFB's lists over links like pipefb_links makes: nf forward ranks, each
+ * feeding every backward rank (the most links a split can have). */
+static void fb_links(FbLinks *L, int n, int nf, Pool *pool) {
+  memset(L, 0, sizeof *L);
+  L->nf = nf;
+  int **lists[] = {&L->prev, &L->next, &L->nstash_to, &L->nstash_from, &L->nw_from, &L->nw_to};
+  for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) *lists[i] = pool_alloc(pool, sizeof(int) * (size_t)n);
+  int ***sets[] = {&L->stash_to, &L->stash_from, &L->w_from, &L->w_to};
+  for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
+    *sets[i] = pool_alloc(pool, sizeof(int *) * (size_t)n);
+    for (int r = 0; r < n; r++) (*sets[i])[r] = pool_alloc(pool, sizeof(int) * (size_t)n);
+  }
+  for (int r = 0; r < n; r++) {
+    int fwd = r < nf;
+    L->prev[r] = fwd ? r - 1 : r > nf ? r - 1 : -1;
+    L->next[r] = fwd ? (r + 1 < nf ? r + 1 : -1) : (r + 1 < n ? r + 1 : -1);
+  }
+  for (int f = 0; f < nf; f++)
+    for (int b = nf; b < n; b++) {
+      L->stash_to[f][L->nstash_to[f]++] = b, L->stash_from[b][L->nstash_from[b]++] = f;
+      L->w_from[f][L->nw_from[f]++] = b, L->w_to[b][L->nw_to[b]++] = f;
+    }
+}
+
+static void fb_case(void) {
+  Pool pool = {0};
+  int f0 = failed;
+  for (int n = 2; n <= 8; n++)
+    for (int nf = 1; nf < n; nf++)
+      for (int m = 1; m <= 12; m++) {
+        FbLinks L;
+        fb_links(&L, n, nf, &pool);
+        StageCost *c = pool_alloc(&pool, sizeof(StageCost) * (size_t)n);
+        for (int r = 0; r < n; r++) c[r].fwd = r < nf ? 1 : 0, c[r].bwd = r < nf ? 0 : 2, c[r].update = 0.5;
+        Schedule sc;
+        schedule_build_pipefb(&sc, &L, n, m, c, &pool);
+        CHECK(!schedule_validate(&sc), "pipefb n=%d nf=%d m=%d passes the validator (%s)", n, nf, m, err_msg());
+        CHECK(sc.step_time > 0, "pipefb n=%d nf=%d m=%d has a predicted step", n, nf, m);
+        /* The forward chain's compute alone takes m forwards, the backward's m backwards and the update. */
+        CHECK(sc.step_time >= m * 2 + 0.5 - 1e-9, "pipefb n=%d nf=%d m=%d: step %.2f covers a backward rank's work", n, nf, m, sc.step_time);
+        err_clear();
+      }
+  if (failed == f0) printf("ok - pipefb lists for n = 2..8, every split, m = 1..12 pass the validator\n");
+  /* Broken lists are refused, naming what is wrong. */
+  FbLinks L;
+  fb_links(&L, 4, 2, &pool);
+  StageCost c[4] = {{.fwd = 1}, {.fwd = 1}, {.bwd = 2}, {.bwd = 2}};
+  Schedule sc;
+  schedule_build_pipefb(&sc, &L, 4, 4, c, &pool);
+  /* 1: rank 0 drops its RECV_WEIGHTS. */
+  sc.nact[0]--;
+  CHECK(schedule_validate(&sc) && strstr(err_msg(), "RECV_WEIGHTS"), "pipefb without RECV_WEIGHTS is refused (%s)", err_msg());
+  err_clear();
+  sc.nact[0]++;
+  /* 2: two backwards swapped on rank 2. */
+  Action *a = sc.act[2];
+  int i0 = -1, i1 = -1;
+  for (int k = 0; k < sc.nact[2]; k++)
+    if (a[k].kind == ACT_B && a[k].mb == 0) i0 = k;
+    else if (a[k].kind == ACT_B && a[k].mb == 1) i1 = k;
+  Action t = a[i0];
+  a[i0] = a[i1], a[i1] = t;
+  CHECK(schedule_validate(&sc) != 0, "pipefb with backwards out of order is refused (%s)", err_msg());
+  err_clear();
+  a[i1] = a[i0], a[i0] = t;
+  /* 3: a stash link known from one end only. */
+  L.nstash_from[3] = 1; /* rank 3 no longer expects rank 1's stash */
+  CHECK(schedule_validate(&sc) && strstr(err_msg(), "does not expect"), "a one-sided stash link is refused (%s)", err_msg());
+  err_clear();
+  L.nstash_from[3] = 2;
+  CHECK(!schedule_validate(&sc), "the repaired list passes again (%s)", err_msg());
+  err_clear();
+  pool_free(&pool);
+}
+
 int main(void) {
+  fb_case();
   int f0 = failed;
   for (int kind = 0; kind <= SCHED_ZB1; kind++)
     for (int p = 1; p <= 8; p++)
