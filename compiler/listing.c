@@ -286,9 +286,15 @@ void listing_text(const Plan *p, Buf *b) {
              100 * schedule_ideal_bubble(n, p->opt.microbatches));
   buf_printf(b, "  imbalance    slowest stage %d at %s per micro-batch; max/mean %.3f, max/min %.3f\n", slow, fmt_time(mx),
              mx / mean_time(p), mn > 0 ? mx / mn : 1.0);
-  buf_printf(b, "  why          the cut points minimise the slowest stage's time (compute on its rank + sending and receiving\n"
-                "               every value that crosses its cuts), within each rank's memory under %s; among equally fast\n"
-                "               plans the most even one is kept\n", schedule_name(p->opt.schedule));
+  if (p->fb)
+    buf_printf(b, "  why          %d forward rank%s and %d backward: the forward chain's cuts minimise the slowest forward rank's\n"
+                  "               time (its forwards and messages), the backward chain's the slowest backward rank's, each within\n"
+                  "               its rank's memory (two ring copies); of the splits tried%s, this one's simulated step is the shortest\n",
+               p->fb->links.nf, p->fb->links.nf == 1 ? "" : "s", n - p->fb->links.nf, " (1 to n - 1, or --fb-split's)");
+  else
+    buf_printf(b, "  why          the cut points minimise the slowest stage's time (compute on its rank + sending and receiving\n"
+                  "               every value that crosses its cuts), within each rank's memory under %s; among equally fast\n"
+                  "               plans the most even one is kept\n", schedule_name(p->opt.schedule));
   schedule_table(p, b);
   action_lists(p, b);
 }

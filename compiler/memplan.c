@@ -93,6 +93,10 @@ static void role_filter(StageProg *sp, int role) {
 }
 
 void memplan(Plan *p, StageProg *sp, int nslots, int ngslots) {
+  memplan_as(p, sp, nslots, ngslots, p->fb && p->role ? p->role[sp->stage] : ROLE_BOTH);
+}
+
+void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
   sp->nslots = nslots;
   sp->ngslots = ngslots;
   sp->mem_weights = sp->mem_grads = sp->mem_opt = sp->mem_stash = sp->mem_cross = sp->mem_temps = 0;
@@ -101,7 +105,6 @@ void memplan(Plan *p, StageProg *sp, int nslots, int ngslots) {
   if (p->opt.schedule == SCHED_ZB1) promote_for_split(sp);
   for (int i = 0; i < sp->nfwd; i++) touch(sp, &sp->fwd[i], i);
   for (int i = 0; i < sp->nbwd; i++) touch(sp, &sp->bwd[i], 1000000 + i);
-  int role = p->fb && p->role ? p->role[sp->stage] : ROLE_BOTH;
   if (role != ROLE_BOTH) role_filter(sp, role);
   int64_t off = 0;
   static const int order[] = {BUF_PARAM, BUF_PGRAD, BUF_OPT, BUF_RING, BUF_GRING, BUF_LABELS};

@@ -283,12 +283,13 @@ static double run_dp(const PartCtx *c, int mode, double cap, int *start) {
 }
 
 /* The fullest rank's memory in the leanest plan, as an error. */
-static int no_fit(const PartCtx *c, Pool *pool) {
+static int no_fit(const PartCtx *c, Partition *out, Pool *pool) {
   const PartProblem *p = c->p;
   int *tmp = pool_alloc(pool, sizeof(int) * (size_t)(p->nstages + 1));
   run_dp(c, 2, 0, tmp);
   double need = 0;
   for (int s = 0; s < p->nstages; s++) need = fmax(need, part_stage_mem(c, s, tmp[s], tmp[s + 1]));
+  out->max_time = need; /* the caller may weigh it (pipefb's splits) */
   return err_set("no partition into %d stage%s fits the memory limit (%s per rank); the leanest plan needs %.0f bytes "
                  "(%s) on its fullest rank: raise --mem-limit to at least %.0fK, or use more stages, fewer "
                  "micro-batches or 1f1b", p->nstages, p->nstages == 1 ? "" : "s",
@@ -322,7 +323,7 @@ int partition_solve(const PartProblem *p, Partition *out, Pool *pool) {
   for (c->screen = p->stage_mem != NULL;; c->screen = 0) {
     double best = run_dp(c, 0, 0, out->start);
     if (best == INFINITY) {
-      int rc = no_fit(c, pool);
+      int rc = no_fit(c, out, pool);
       part_ctx_free(c);
       return rc;
     }

@@ -92,7 +92,8 @@ double part_node_fwd(const PartProblem *p, int s, int k);
 double part_boundary_bytes(const PartCtx *c, int b);
 
 /* Solves; returns 0, or -1 with err_set saying the smallest memory limit that
- * would fit.  out->start and out->cost are allocated from pool. */
+ * would fit (and out->max_time holding it, in bytes).  out->start and
+ * out->cost are allocated from pool. */
 int partition_solve(const PartProblem *p, Partition *out, Pool *pool);
 
 /* Micro-batches stage s holds at once under the schedule, and the ring

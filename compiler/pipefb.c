@@ -123,11 +123,27 @@ int pipefb_links(Plan *p, StageProg *progs, FbPlan *fb, Pool *pool) {
   return 0;
 }
 
+/* The DP's price of a candidate rank: its role's arena. */
+typedef struct Pricing {
+  Plan *p;
+  int role;
+} Pricing;
+
+static double price(void *ctx, int s, int i, int j) {
+  (void)s;
+  const Pricing *c = ctx;
+  return plan_price_role(c->p, c->role, i, j);
+}
+
 /* Cuts `chain` ranks (forward or backward alone) over the compute nodes: the
- * partition DP on the plan's problem with the other half priced at zero and
- * the chain's own ranks' figures. */
+ * partition DP on the plan's problem with the other half priced at zero, the
+ * chain's own ranks' figures, and each candidate rank priced by its role's
+ * arena where a memory limit applies. */
 static int cut_chain(Plan *p, int only, int first, int nranks, Partition *out, Machine *mach) {
   PartProblem pr = p->prob;
+  Pricing ctx = {p, only == PART_FORWARD ? ROLE_FWD : ROLE_BWD};
+  int *two = pool_alloc(&p->g.pool, sizeof(int) * (size_t)nranks);
+  for (int r = 0; r < nranks; r++) two[r] = p->opt.microbatches < 2 ? p->opt.microbatches : 2;
   *mach = p->machine;
   for (int r = 0; r < nranks; r++) {
     mach->dev[r] = p->machine.dev[first + r];
@@ -136,7 +152,9 @@ static int cut_chain(Plan *p, int only, int first, int nranks, Partition *out, M
   mach->nranks = nranks;
   pr.machine = mach;
   pr.nstages = nranks, pr.only = only;
-  pr.stage_mem = NULL, pr.mem_ctx = NULL, pr.ring_copies = NULL, pr.mem_limit = 0;
+  pr.stage_mem = price, pr.mem_ctx = &ctx, pr.ring_copies = two, pr.mem_limit = p->opt.mem_limit;
+  pr.param_copies = only == PART_FORWARD ? 1 : 2 + p->opt_slots;
+  pr.stash = NULL, pr.nstash = 0;
   pr.schedule = SCHED_1F1B;
   return partition_solve(&pr, out, &p->g.pool);
 }
@@ -147,7 +165,16 @@ static int try_split(Plan *p, int nf, FbPlan *fb, StageCost *cost, Schedule *sc,
   int n = p->opt.nstages, nb = n - nf;
   Machine mf, mb;
   Partition pf, pb;
-  if (cut_chain(p, PART_FORWARD, 0, nf, &pf, &mf) || cut_chain(p, PART_BACKWARD, nf, nb, &pb, &mb)) return -1;
+  int rf = cut_chain(p, PART_FORWARD, 0, nf, &pf, &mf);
+  double need = rf ? pf.max_time : 0;
+  err_clear();
+  int rb = cut_chain(p, PART_BACKWARD, nf, nb, &pb, &mb);
+  if (rb) need = fmax(need, pb.max_time);
+  if (rf || rb) { /* no cut fits: the least limit this split needs */
+    err_clear();
+    *step = need;
+    return 1;
+  }
   for (int r = 0; r < n; r++) {
     int fwd = r < nf, j = fwd ? r : r - nf;
     const Partition *pp = fwd ? &pf : &pb;
@@ -186,15 +213,27 @@ int pipefb_plan(Plan *p) {
   p->role = pool_alloc(&g->pool, sizeof(int) * (size_t)n);
   int lo = p->opt.fb_split ? p->opt.fb_split : 1, hi = p->opt.fb_split ? p->opt.fb_split : n - 1, best = -1;
   double best_step = INFINITY;
+  double least = INFINITY;
+  int least_nf = 0;
   for (int nf = lo; nf <= hi; nf++) {
     if (nf > p->N || n - nf > p->N) continue; /* every rank needs a node */
     FbPlan fb = {0};
     StageCost *cost = pool_alloc(&g->pool, sizeof(StageCost) * (size_t)n);
     Schedule sc;
     double step;
-    if (try_split(p, nf, &fb, cost, &sc, &step)) return -1;
+    int rc = try_split(p, nf, &fb, cost, &sc, &step);
+    if (rc < 0) return -1;
+    if (rc > 0) { /* this split does not fit the memory: the least limit it needs */
+      if (step < least) least = step, least_nf = nf;
+      continue;
+    }
     if (step < best_step) best_step = step, best = nf;
   }
+  if (best < 0 && least < INFINITY)
+    return err_set("--schedule pipefb: no split into forward and backward ranks fits the memory limit (%s per rank); the leanest, "
+                   "with %d forward rank%s, needs %.0f bytes (%s) on its fullest rank: raise --mem-limit to at least %.0fK, or use "
+                   "more ranks or 1f1b with --offload", fmt_bytes(plan_stage_limit(p, 0)), least_nf, least_nf == 1 ? "" : "s",
+                   ceil(least), fmt_bytes(least), ceil(least / 1024));
   if (best < 0)
     return err_set("-n %d --schedule pipefb: %s has %d compute nodes, too few for %s", n, g->path, p->N,
                    p->opt.fb_split ? "that --fb-split" : "two chains");

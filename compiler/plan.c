@@ -148,6 +148,28 @@ static double *memo_slot(struct PriceMemo *m, PriceKey k, int *found) {
   return &m->val[a];
 }
 
+double plan_price_role(Plan *p, int role, int i, int j) {
+  if (!p->memo) {
+    p->memo = calloc(1, sizeof *p->memo);
+    if (!p->memo) abort();
+  }
+  PriceKey k = {i, j, -100 - role, 0};
+  int found;
+  double *v = memo_slot(p->memo, k, &found);
+  if (found) return *v;
+  Pool tmp = {0};
+  StageProg sp;
+  if (stage_build(p, &sp, 0, i, j, 0, &tmp)) {
+    err_clear();
+    *v = INFINITY;
+  } else {
+    memplan_as(p, &sp, p->opt.microbatches < 2 ? p->opt.microbatches : 2, role == ROLE_FWD ? 1 : 2, role);
+    *v = (double)sp.arena_bytes;
+  }
+  pool_free(&tmp);
+  return *v;
+}
+
 /* The arena stage s would lay out if it held compute nodes [i, j): its
  * program built and laid out exactly as the emitted one will be.  A range
  * that cannot be built (a weight shared with another stage) never fits. */

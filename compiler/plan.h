@@ -95,6 +95,8 @@ double plan_stage_limit(const Plan *p, int s);
 /* PipeFB (pipefb.c): chooses the forward ranks (or takes --fb-split), cuts
  * the forward and the backward chains, and schedules them; 0 or -1 with err_set. */
 int pipefb_plan(Plan *p);
+/* PipeFB's price of a rank holding compute nodes [i, j) in role ROLE_FWD or ROLE_BWD: its arena (memoised). */
+double plan_price_role(Plan *p, int role, int i, int j);
 /* The stash and weight messages between the programs of a pipefb plan. */
 int pipefb_links(Plan *p, struct StageProg *progs, FbPlan *fb, Pool *pool);
 /* Tied weights (a parameter several compute nodes read): the reading nodes'

@@ -274,6 +274,35 @@ def errors(tmp):
               f"(exit {r.returncode}, {'an output directory' if os.path.exists(out) else 'no output'}: {err[:240]})")
 
 
+def limit_case(model, n, data, tmp, ref):
+    """Under --mem-limit the chains are cut so that every rank fits: a limit no split meets is
+    refused naming the least that fits; that limit compiles, every arena is under it, and the
+    plan trains bit-identically to -n 1."""
+    batch, m = size(model, n)
+    tag = f"{model} n={n} pipefb --mem-limit"
+    bad = compile_plan(model, n, os.path.join(tmp, f"{model}.lim.bad"), batch, m, ["--schedule", "pipefb", "--mem-limit", "1K"])
+    mt = re.search(r"at least (\d+)K", bad.stderr)
+    if not check(bad.returncode == 2 and bad.stderr.startswith("pipecc: error:") and mt and
+                 not os.path.exists(os.path.join(tmp, f"{model}.lim.bad")),
+                 f"{tag} 1K: refused, naming the least limit that fits, nothing written ({tail(bad, 300)})"):
+        return
+    lim = int(mt.group(1)) * 1024
+    out = os.path.join(tmp, f"{model}.lim")
+    r = compile_plan(model, n, out, batch, m, ["--schedule", "pipefb", "--mem-limit", f"{mt.group(1)}K"])
+    if not check(r.returncode == 0, f"{tag} {mt.group(1)}K (the limit named): compiles ({tail(r)})"):
+        return
+    plan = json.load(open(os.path.join(out, "plan.json")))
+    arenas = [sp["arena_bytes"] for sp in plan["stage_plans"]]
+    check(max(arenas) <= lim and arenas == arenas_in_code(out, n),
+          f"{tag} {mt.group(1)}K: every rank's arena is under it and is its ARENA_BYTES ({arenas})")
+    tight = compile_plan(model, n, os.path.join(tmp, f"{model}.lim.tight"), batch, m,
+                         ["--schedule", "pipefb", "--mem-limit", str(lim - 1024)])
+    check(tight.returncode == 2, f"{tag}: 1K below the named limit is refused ({tail(tight, 200)})")
+    res = train(out, data, tmp, tag)
+    if res and check(ref is not None, f"{tag}: the -n 1 reference trained"):
+        check(res[0] == ref[0] and res[1] == ref[1], f"{tag}: losses and weights bit-identical to -n 1's")
+
+
 def main():
     quick = "--quick" in sys.argv
     only = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")]
@@ -326,6 +355,8 @@ def main():
                     losses, saved = res
                     check(losses == ref[0], f"{tag}: the losses are bit-identical to -n 1's ({losses} vs {ref[0]})")
                     check(saved == ref[1], f"{tag}: the trained weights (--save) are bit-identical to -n 1's")
+                if (model, n) in arena_cases:
+                    limit_case(model, n, data[DATA[model]], tmp, ref)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
