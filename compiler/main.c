@@ -150,6 +150,7 @@ int main(int argc, char **argv) {
   o.schedule = SCHED_1F1B;
   o.recompute = 1;
   long v;
+  const char *moves_given = NULL; /* --offload or --recompute, if given */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *val = i + 1 < argc ? argv[i + 1] : NULL;
@@ -200,6 +201,7 @@ int main(int argc, char **argv) {
       if (o.mem_limit <= 0) return bad("--mem-limit '%s': expected a size such as 2G, 512M or 100000%s", val, "");
     } else if (!strcmp(a, "--offload")) {
       NEEDVAL();
+      moves_given = a;
       if (!strcmp(val, "auto")) o.offload = OFFLOAD_AUTO;
       else if (!strcmp(val, "none")) o.offload = OFFLOAD_NONE;
       else if (!strcmp(val, "peer")) o.offload = OFFLOAD_PEER;
@@ -207,6 +209,7 @@ int main(int argc, char **argv) {
       else return bad("--offload '%s': expected auto, none, peer or file:DIR%s", val, "");
     } else if (!strcmp(a, "--recompute")) {
       NEEDVAL();
+      moves_given = a;
       if (!strcmp(val, "auto")) o.recompute = 1;
       else if (!strcmp(val, "none")) o.recompute = 0;
       else return bad("--recompute '%s': expected auto or none%s", val, "");
@@ -265,6 +268,9 @@ int main(int argc, char **argv) {
     if (o.fb_split >= o.nstages)
       return bad("--fb-split %s: with -n %s it must be below -n (at least one backward rank)", fbuf, nbuf);
     if (o.forward_only) return bad("--schedule pipefb trains; --forward-only programs have no backward ranks%s%s", "", "");
+    if (moves_given)
+      return bad("%s with --schedule pipefb: pipefb does not offload or recompute stashed activations yet (a rank keeps two "
+                 "micro-batches of them at most; a memory limit is met by its cuts alone)%s", moves_given, "");
   }
   if (o.offload == OFFLOAD_FILE) {
     struct stat st;

@@ -247,6 +247,9 @@ def errors(tmp):
         ("--fb-split x", ["-n", "4", "--schedule", "pipefb", "--fb-split", "x"], "fb-split"),
         ("--fb-split 2 without --schedule", ["-n", "4", "--fb-split", "2"], "fb-split"),
         ("--fb-split 2 with --schedule 1f1b", ["-n", "4", "--schedule", "1f1b", "--fb-split", "2"], "fb-split"),
+        # not combined yet: refused rather than silently ignored
+        ("--offload peer with pipefb", ["-n", "4", "--schedule", "pipefb", "--offload", "peer"], "offload"),
+        ("--recompute auto with pipefb", ["-n", "4", "--schedule", "pipefb", "--recompute", "auto"], "recompute"),
     ]
     # The valid neighbours of those cases compile (--plan-only), so a refusal above is about the flag's value,
     # not pipefb missing altogether: -n 2, and --fb-split at both ends of 1..N-1.
