@@ -12,12 +12,15 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
 total_pass=0 total_fail=0
+timings=()
 suite() {
   local name=$1
   shift
   echo "== $name"
+  local t0=$SECONDS
   "$@" 2>&1 | tee "$T/out.txt"
   local rc=${PIPESTATUS[0]}
+  timings+=("$((SECONDS - t0)) s  $name")
   local line
   line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$T/out.txt" | tail -1)
   local p=0 f=0
@@ -85,5 +88,7 @@ suite "fuzzing the loader through code generation" fuzz
 suite "what the fuzzer got through code generation builds" bash tests/fuzz_build.sh "$T/accepted" 6
 
 echo
+echo "time per suite (the whole run: $SECONDS s):"
+printf '  %s\n' "${timings[@]}" | cut -c1-110
 echo "total: $total_pass passed, $total_fail failed"
 [ "$total_fail" = 0 ]
