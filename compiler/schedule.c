@@ -465,11 +465,18 @@ int schedule_time(Schedule *sc, const StageCost *cost) {
   int rc = 0;
   for (int pass = 0; pass < 12; pass++) {
     if ((rc = simulate(sc, cost, stretch))) break;
-    /* The number of ranks computing, as a step function of time. */
+    /* The number of ranks computing, as a step function of time.  A rank's
+     * I/O thread copying to or from its file (the memory plan) takes a core
+     * too while the copy runs. */
     int ne = 0;
     for (int s = 0; s < p; s++)
       for (int k = 0; k < sc->nact[s]; k++) {
         const Action *a = &sc->act[s][k];
+        int file = (a->kind == ACT_OFFLOAD || a->kind == ACT_PREFETCH) && a->peer < 0;
+        if (file && a->end > a->start) {
+          double d = fmin(a->end - a->start, a->kind == ACT_OFFLOAD ? cost[s].xfer_out : cost[s].xfer_in);
+          ev[ne++] = (Edge){a->end - d, 1}, ev[ne++] = (Edge){a->end, -1};
+        }
         if (!uses_cpu(a->kind) || a->end <= a->start) continue;
         ev[ne++] = (Edge){a->start, 1}, ev[ne++] = (Edge){a->end, -1};
       }
