@@ -62,18 +62,7 @@ int pipefb_links(Plan *p, StageProg *progs, FbPlan *fb, Pool *pool) {
   for (int j = 0; j < g->nn; j++) kof[j] = -1;
   for (int k = 0; k < p->N; k++) kof[p->node[k]] = k;
   FbLinks *L = &fb->links;
-  int **lists[] = {&L->prev, &L->next, &L->nstash_to, &L->nstash_from, &L->nw_from, &L->nw_to};
-  for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) *lists[i] = pool_alloc(pool, sizeof(int) * (size_t)n);
-  int ***sets[] = {&L->stash_to, &L->stash_from, &L->w_from, &L->w_to};
-  for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
-    *sets[i] = pool_alloc(pool, sizeof(int *) * (size_t)n);
-    for (int r = 0; r < n; r++) (*sets[i])[r] = pool_alloc(pool, sizeof(int) * (size_t)n);
-  }
-  for (int r = 0; r < n; r++) {
-    int fwd = r < nf;
-    L->prev[r] = fwd ? (r > 0 ? r - 1 : -1) : (r > nf ? r - 1 : -1);
-    L->next[r] = fwd ? (r + 1 < nf ? r + 1 : -1) : (r + 1 < n ? r + 1 : -1);
-  }
+  fb_links_init(L, n, nf, pool);
   int cap = 16, capw = 16;
   fb->nstash = fb->nw = 0;
   fb->stash = pool_alloc(pool, sizeof(FbMsg) * (size_t)cap);

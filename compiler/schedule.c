@@ -547,6 +547,23 @@ void schedule_build(Schedule *sc, int kind, int p, int m, int fwd_only, const St
 
 /* ---- PipeFB ---- */
 
+void fb_links_init(FbLinks *L, int n, int nf, Pool *pool) {
+  memset(L, 0, sizeof *L);
+  L->nf = nf;
+  int **lists[] = {&L->prev, &L->next, &L->nstash_to, &L->nstash_from, &L->nw_from, &L->nw_to};
+  for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) *lists[i] = pool_alloc(pool, sizeof(int) * (size_t)n);
+  int ***sets[] = {&L->stash_to, &L->stash_from, &L->w_from, &L->w_to};
+  for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
+    *sets[i] = pool_alloc(pool, sizeof(int *) * (size_t)n);
+    for (int r = 0; r < n; r++) (*sets[i])[r] = pool_alloc(pool, sizeof(int) * (size_t)n);
+  }
+  for (int r = 0; r < n; r++) {
+    int fwd = r < nf;
+    L->prev[r] = fwd ? (r > 0 ? r - 1 : -1) : (r > nf ? r - 1 : -1);
+    L->next[r] = fwd ? (r + 1 < nf ? r + 1 : -1) : (r + 1 < n ? r + 1 : -1);
+  }
+}
+
 static void fb_add(Schedule *sc, int s, int kind, int mb, int slot, int gslot) {
   Action a = action_make(kind, mb);
   a.slot = slot, a.gslot = gslot;

@@ -71,6 +71,9 @@ typedef struct Schedule {
  * each stage's per-micro-batch forward, backward (bwd_w of it the weight
  * gradient) and communication time. */
 void schedule_build(Schedule *sc, int kind, int nstages, int m, int forward_only, const StageCost *cost, Pool *pool);
+/* Empty links for n ranks, nf of them forward ones: each chain's prev/next
+ * filled in, no stash or weight links yet (room for n of each per rank). */
+void fb_links_init(FbLinks *L, int n, int nf, Pool *pool);
 /* PipeFB's lists (pipefb.c decides the links): a forward rank runs F for
  * every micro-batch, sending its values on and its stash to the backward
  * ranks, then receives the new weights; a backward rank runs B for every

@@ -140,20 +140,7 @@ static void zb1_paper_case(void) {
 /* PipeFB's lists over links like pipefb_links makes: nf forward ranks, each
  * feeding every backward rank (the most links a split can have). */
 static void fb_links(FbLinks *L, int n, int nf, Pool *pool) {
-  memset(L, 0, sizeof *L);
-  L->nf = nf;
-  int **lists[] = {&L->prev, &L->next, &L->nstash_to, &L->nstash_from, &L->nw_from, &L->nw_to};
-  for (size_t i = 0; i < sizeof lists / sizeof lists[0]; i++) *lists[i] = pool_alloc(pool, sizeof(int) * (size_t)n);
-  int ***sets[] = {&L->stash_to, &L->stash_from, &L->w_from, &L->w_to};
-  for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
-    *sets[i] = pool_alloc(pool, sizeof(int *) * (size_t)n);
-    for (int r = 0; r < n; r++) (*sets[i])[r] = pool_alloc(pool, sizeof(int) * (size_t)n);
-  }
-  for (int r = 0; r < n; r++) {
-    int fwd = r < nf;
-    L->prev[r] = fwd ? r - 1 : r > nf ? r - 1 : -1;
-    L->next[r] = fwd ? (r + 1 < nf ? r + 1 : -1) : (r + 1 < n ? r + 1 : -1);
-  }
+  fb_links_init(L, n, nf, pool);
   for (int f = 0; f < nf; f++)
     for (int b = nf; b < n; b++) {
       L->stash_to[f][L->nstash_to[f]++] = b, L->stash_from[b][L->nstash_from[b]++] = f;
