@@ -287,6 +287,14 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   buf_printf(o, "enum { STAGE = %d, NSTAGES = %d, MICROBATCHES = %d, MB_SIZE = %lld, BATCH = %lld, NSLOTS = %d, NGSLOTS = %d };\n",
              s, n, p->opt.microbatches, (long long)p->mb_size, (long long)p->batch, sp->nslots, sp->ngslots);
   buf_printf(o, "#define ARENA_BYTES %lldLL\n#define WEIGHTS_BYTES %lldLL\n\n", (long long)sp->arena_bytes, (long long)sp->weights_bytes);
+  if (p->sched.unroll > 0) {
+    buf_printf(o, "/* async: step t computes on the weights of step t - STALENESS (the first STALENESS steps on the\n"
+                  " * initial ones) and updates the newest.  The weights region holds the newest; NWVERSIONS older\n"
+                  " * copies of it follow (WVERSION_BYTES each, from WVERSION_BASE): version v is copy v %% NWVERSIONS.\n"
+                  " * The runtime points pr_weights at the version of each F and B. */\n");
+    buf_printf(o, "enum { STALENESS = %d, LOOKAHEAD = %d, NWVERSIONS = %d };\n#define WVERSION_BASE %lldLL\n#define WVERSION_BYTES %lldLL\n\n",
+               p->sched.staleness, p->sched.lookahead, sp->nwversions, (long long)sp->wversion_base, (long long)sp->wversion_stride);
+  }
   if (sp->nxslots || sp->nstore) {
     buf_printf(o, "/* The memory plan: values that leave between a micro-batch's forward and its backward live in\n"
                   " * NXSLOTS copies of one block (XSLOT_BYTES each, from XSLOT_BASE); an OFFLOAD copies out its first\n"
@@ -306,6 +314,9 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
                  b->fate == FATE_OFFLOAD ? "offloaded between its forward and backward" : "recomputed before its backward");
     else if (b->kind == BUF_RING || b->kind == BUF_GRING)
       buf_printf(o, "#define %s(k) ((%s *)(arena + OFF_%s + (int64_t)(k) * SIZE_%s))\n", b->name, ctype(b), b->name, b->name);
+    else if (sp->nwversions && b->offset < sp->weights_bytes && b->kind != BUF_RING && b->kind != BUF_GRING)
+      buf_printf(o, "#define %s ((%s *)(pr_weights + OFF_%s)) /* the version this micro-batch's step computes on */\n", b->name,
+                 ctype(b), b->name);
     else
       buf_printf(o, "#define %s ((%s *)(arena + OFF_%s))\n", b->name, ctype(b), b->name);
   }
@@ -369,11 +380,20 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
       buf_printf(o, ", %lld, %lld, 1.0f / %lld);\n}\n\n", (long long)sp->loss_rows, (long long)sp->loss_classes, (long long)rows);
   }
   int mem = sp->nxslots || sp->nstore;
-  buf_printf(o, "/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,\n"
-                " * xslot, peer} (xslot and peer: the memory plan's, -1 when unused). */\n"
-                "static const PrAction SCHEDULE[] = {");
-  for (int k = 0; k < p->sched.nact[s]; k++) {
-    const Action *ac = &p->sched.act[s][k];
+  int async = p->sched.unroll > 0, nact = async ? p->sched.nbody[s] : p->sched.nact[s];
+  const Action *acts = async ? p->sched.body[s] : p->sched.act[s];
+  if (async)
+    buf_printf(o, "/* The schedule: this stage's actions for step t, run for t = -LOOKAHEAD .. steps-1: {kind, micro-batch,\n"
+                  " * slot, gslot, xslot, peer}.  Micro-batch k is the run's micro-batch t * MICROBATCHES + k (k >= MICROBATCHES:\n"
+                  " * a later step's), skipped when outside the run: the first steps fill the pipeline, the last drain it.\n"
+                  " * Rings are indexed by the run's micro-batch modulo NSLOTS / NGSLOTS (the slots shown are step 0's). */\n"
+                  "static const PrAction SCHEDULE[] = {");
+  else
+    buf_printf(o, "/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,\n"
+                  " * xslot, peer} (xslot and peer: the memory plan's, -1 when unused). */\n"
+                  "static const PrAction SCHEDULE[] = {");
+  for (int k = 0; k < nact; k++) {
+    const Action *ac = &acts[k];
     buf_printf(o, "%s{PR_%s, %d, %d, %d, %d, %d}", !k ? "\n    " : k % 4 ? ", " : ",\n    ", action_kind_name(ac->kind), ac->mb, ac->slot,
                ac->gslot, ac->xslot, ac->peer);
   }
@@ -423,7 +443,7 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   const char *keys[] = {"MODEL", "NACTIONS", "RECV", "NRECV", "SEND", "NSEND", "PARAMS", "NPARAMS", "LOSS", "LOSS_FIELDS",
                         "OPTIMIZER", "LR", "MOMENTUM", "WEIGHT_DECAY", "VOCAB", "PREDICTED_BYTES", "PREDICTED_STEP",
                         "FORWARD_ONLY", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "MEMORY_FIELDS", "PROFILE_FIELDS", "FORWARD",
-                        "BACKWARD", "CHAIN_FIELDS"};
+                        "BACKWARD", "CHAIN_FIELDS", "ASYNC_FIELDS"};
   const char *memf = "";
   if (mem) {
     int host = p->host_of ? p->host_of[s] : -1, owner = -1;
@@ -439,7 +459,7 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
     buf_free(&dir);
   }
   const char *vals[] = {
-      model.s, pool_printf(&tp, "%d", p->sched.nact[s]), sp->nrecv ? "RECV" : "NULL", pool_printf(&tp, "%d", sp->nrecv),
+      model.s, pool_printf(&tp, "%d", nact), sp->nrecv ? "RECV" : "NULL", pool_printf(&tp, "%d", sp->nrecv),
       sp->nsend ? "SEND" : "NULL", pool_printf(&tp, "%d", sp->nsend), sp->nparams ? "PARAMS" : "NULL",
       pool_printf(&tp, "%d", sp->nparams), sp->loss_buf >= 0 && role != ROLE_BWD ? "loss" : "NULL", loss_fields,
       !strcmp(optname, "sgd") ? "PR_SGD" : !strcmp(optname, "adam") ? "PR_ADAM" : "PR_ADAMW",
@@ -456,7 +476,9 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
                   !p->fb ? "" : pool_printf(&tp, "\n    .stash_send = %s, .nstash_send = %d, .stash_recv = %s, .nstash_recv = %d,"
                                                   " .wsend = %s, .nwsend = %d, .wrecv = %s, .nwrecv = %d,",
                                             nss ? "STASH_SEND" : "NULL", nss, nsr ? "STASH_RECV" : "NULL", nsr,
-                                            nws ? "WSEND" : "NULL", nws, nwr ? "WRECV" : "NULL", nwr))};
+                                            nws ? "WSEND" : "NULL", nws, nwr ? "WRECV" : "NULL", nwr)),
+      !async ? "" : pool_printf(&tp, "\n    .staleness = STALENESS, .lookahead = LOOKAHEAD, .nwversions = %s, .wversion_base = %s, .wversion_bytes = %s,",
+                                sp->nwversions ? "NWVERSIONS" : "0", sp->nwversions ? "WVERSION_BASE" : "0", sp->nwversions ? "WVERSION_BYTES" : "0")};
   tmpl_fill(o, TMPL_STAGE_MAIN, keys, vals, (int)(sizeof keys / sizeof keys[0]));
   pool_free(&tp);
   buf_free(&model);

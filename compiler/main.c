@@ -31,9 +31,11 @@ static void usage(FILE *f) {
         "\n"
         "  -n N                  pipeline stages, one MPI rank each (default 1)\n"
         "  -o DIR                output directory (default: MODEL.pipe)\n"
-        "  --schedule KIND       gpipe, 1f1b, zb1 (zero-bubble ZB-H1) or pipefb (forwards and backwards on\n"
-        "                        different ranks; default 1f1b)\n"
+        "  --schedule KIND       gpipe, 1f1b, zb1 (zero-bubble ZB-H1), pipefb (forwards and backwards on\n"
+        "                        different ranks) or async (never drains; weights --staleness K old); default 1f1b\n"
         "  --fb-split NF         pipefb: the first NF ranks run forwards, the rest backwards (default: the planner's)\n"
+        "  --staleness K         async: step t computes on the weights of step t-K, and its gradient updates the\n"
+        "                        newest weights (default 1, PipeDream-2BW; docs/async.md)\n"
         "  --batch B             samples per optimizer step (default: the model's batch, else 32)\n"
         "  --microbatches M      micro-batches per step; B must divide by M (default 2N)\n"
         "  --mem-limit SIZE      memory per rank, e.g. 2G or 512M (default: unlimited)\n"
@@ -186,7 +188,8 @@ int main(int argc, char **argv) {
       else if (!strcmp(val, "1f1b")) o.schedule = SCHED_1F1B;
       else if (!strcmp(val, "zb1")) o.schedule = SCHED_ZB1;
       else if (!strcmp(val, "pipefb")) o.schedule = SCHED_PIPEFB;
-      else return bad("--schedule '%s': expected gpipe, 1f1b or zb1%s", val, "");
+      else if (!strcmp(val, "async")) o.schedule = SCHED_ASYNC;
+      else return bad("--schedule '%s': expected gpipe, 1f1b, zb1, pipefb or async%s", val, "");
     } else if (!strcmp(a, "--batch")) {
       NEEDVAL();
       if (parse_int(val, 1, 1L << 30, &v)) return bad("--batch '%s': expected a positive whole number%s", val, "");
@@ -217,6 +220,12 @@ int main(int argc, char **argv) {
       NEEDVAL();
       if (parse_int(val, 1, 1 << 20, &v)) return bad("--fb-split '%s': expected a positive whole number (forward ranks)%s", val, "");
       o.fb_split = (int)v;
+    } else if (!strcmp(a, "--staleness")) {
+      NEEDVAL();
+      if (parse_int(val, 1, 64, &v))
+        return bad("--staleness '%s': expected a whole number of steps from 1 to 64 (how many updates old the weights a step "
+                   "computes on may be)%s", val, "");
+      o.staleness = (int)v;
     } else if (!strcmp(a, "--profile")) {
       o.profile = 1;
     } else if (!strcmp(a, "--costs")) {
@@ -263,6 +272,16 @@ int main(int argc, char **argv) {
   char nbuf[32], fbuf[32];
   snprintf(nbuf, sizeof nbuf, "%d", o.nstages), snprintf(fbuf, sizeof fbuf, "%d", o.fb_split);
   if (o.fb_split && o.schedule != SCHED_PIPEFB) return bad("--fb-split %s: only --schedule pipefb splits ranks into forward and backward ones%s", fbuf, "");
+  char kbuf[32];
+  snprintf(kbuf, sizeof kbuf, "%d", o.staleness);
+  if (o.staleness && o.schedule != SCHED_ASYNC)
+    return bad("--staleness %s: only --schedule async computes on stale weights (the synchronous schedules are exact)%s", kbuf, "");
+  if (o.schedule == SCHED_ASYNC) {
+    if (!o.staleness) o.staleness = 1;
+    if (o.forward_only) return bad("--schedule async trains; --forward-only programs have no updates to delay%s%s", "", "");
+    if (moves_given)
+      return bad("%s with --schedule async: async does not offload or recompute stashed activations yet%s", moves_given, "");
+  }
   if (o.schedule == SCHED_PIPEFB) {
     if (o.nstages < 2) return bad("--schedule pipefb needs -n 2 or more (forward ranks and backward ranks); got -n %s%s", nbuf, "");
     if (o.fb_split >= o.nstages)

@@ -1,6 +1,6 @@
 /* memplan.c - one arena per stage, every buffer at an offset fixed here.
  *
- * Layout: weights | weight gradients | optimizer state | rings (one copy per
+ * Layout: weights | older weight versions (async) | weight gradients | optimizer state | rings (one copy per
  * slot of the schedule) | gradient rings (one per gslot) | labels | the
  * leaving values (one block per xslot: offloaded, then recomputed; stash.c) |
  * a peer's store | temporaries.
@@ -122,7 +122,14 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
       *share_of(sp, i) += next - off;
       off = next;
     }
-    if (order[o] == BUF_PARAM) sp->weights_bytes = off, off = up(off), sp->mem_weights = off;
+    if (order[o] == BUF_PARAM) {
+      sp->weights_bytes = off, off = up(off), sp->mem_weights = off;
+      /* async: the older weight versions, right after the newest. */
+      sp->nwversions = p->opt.schedule == SCHED_ASYNC && off > 0 ? p->opt.staleness : 0;
+      sp->wversion_base = off, sp->wversion_stride = off;
+      sp->mem_versions = sp->wversion_stride * sp->nwversions;
+      off += sp->mem_versions;
+    }
   }
   /* The leaving values: one block per xslot, the offloaded ones first so
    * that an OFFLOAD is one contiguous copy. */

@@ -7,7 +7,8 @@
 #define PIPECC_PARTITION_H
 #include "cost.h"
 
-enum { SCHED_GPIPE = 0, SCHED_1F1B = 1, SCHED_ZB1 = 2, SCHED_PIPEFB = 3 /* forwards and backwards on different ranks (pipefb.c) */ };
+enum { SCHED_GPIPE = 0, SCHED_1F1B = 1, SCHED_ZB1 = 2, SCHED_PIPEFB = 3 /* forwards and backwards on different ranks (pipefb.c) */,
+       SCHED_ASYNC = 4 /* 1F1B that never drains: step t runs on the weights of step t - K (schedasync.c) */ };
 
 /* A value crossing from the node that makes it to the last node that reads
  * it.  from = -1: the data loader (stage 0); to = N: the loss (last stage). */
@@ -70,6 +71,7 @@ typedef struct StageCost {
    * offloaded values out and back in, and to recompute the recomputed ones. */
   double xfer_out, xfer_in, recompute;
   double update;                /* seconds of the optimizer step (once per step) */
+  double mem_versions;          /* async: the older weight versions (schedasync.c) */
 } StageCost;
 
 typedef struct Partition {

@@ -347,7 +347,11 @@ int plan_from_graph(Plan *p) {
   for (int s = 0; s < o->nstages; s++) {
     unit[s].fwd = 1, unit[s].bwd = o->schedule == SCHED_ZB1 ? 2 : 1, unit[s].bwd_w = unit[s].bwd / 2;
   }
-  schedule_build(&p->slots, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, unit, &g->pool);
+  if (o->schedule == SCHED_ASYNC) {
+    if (schedule_build_async(&p->slots, o->nstages, p->opt.microbatches, o->staleness, unit, &g->pool)) return -1;
+  } else {
+    schedule_build(&p->slots, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, unit, &g->pool);
+  }
   setup_pricing(p, pr);
   int limited = o->mem_limit > 0;
   for (int s = 0; s < o->nstages; s++) limited |= p->machine.dev[s].mem_bytes > 0;
@@ -388,7 +392,11 @@ int plan_from_graph(Plan *p) {
   p->rend = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
   p->role = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
   for (int s = 0; s < o->nstages; s++) p->rbegin[s] = p->part.start[s], p->rend[s] = p->part.start[s + 1], p->role[s] = ROLE_BOTH;
-  schedule_build(&p->sched, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, p->part.cost, &g->pool);
+  if (o->schedule == SCHED_ASYNC) {
+    if (schedule_build_async(&p->sched, o->nstages, p->opt.microbatches, o->staleness, p->part.cost, &g->pool)) return -1;
+  } else {
+    schedule_build(&p->sched, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, p->part.cost, &g->pool);
+  }
   p->sched.cores = p->machine.cores;
   schedule_time(&p->sched, p->part.cost);
   err_clear(); /* a stall is reported by schedule_validate, with names */
@@ -429,6 +437,7 @@ void plan_stage_memory(Plan *p, int s) {
   c->mem_stash = (double)sp->mem_stash, c->mem_recv = (double)sp->mem_cross, c->mem_work = (double)sp->mem_temps;
   c->mem_total = (double)sp->arena_bytes;
   c->copies = sp->nslots, c->gcopies = sp->ngslots;
+  c->mem_versions = (double)sp->mem_versions;
 }
 
 double plan_stage_limit(const Plan *p, int s) {

@@ -28,17 +28,23 @@ typedef struct Chk {
   const Schedule *sc;
   int **pos;   /* pos[s][kind * m + mb]: index of that action on rank s, -1; -2 if it appears twice */
   int **done;  /* done[s][kind * m + mb]: executed in the joint run */
+  int *nupd;   /* async, with a barrier between steps: UPDATEs each rank has run (NULL: no barrier) */
 } Chk;
 
-static int at(const Chk *c, int s, int kind, int mb) { return c->pos[s][kind * c->sc->m + mb]; }
+static int at(const Chk *c, int s, int kind, int mb) { return c->pos[s][kind * sched_mbs(c->sc) + mb]; }
 
 static int index_actions(Chk *c, int s) {
   const Schedule *sc = c->sc;
-  int m = sc->m, nupd = 0;
+  int m = sched_mbs(sc), nupd = 0;
   char b[32];
   for (int k = 0; k < sc->nact[s]; k++) {
     const Action *a = &sc->act[s][k];
     if (a->kind == ACT_UPDATE) {
+      /* Async lists update once per step (schedule_validate_async checks where). */
+      if (sc->unroll > 0) {
+        nupd++;
+        continue;
+      }
       if (k != sc->nact[s] - 1 || nupd++) return err_set("schedule: rank %d: UPDATE at action %d must be once and last", s, k);
       continue;
     }
@@ -81,7 +87,7 @@ static const int AFTER[][2] = {{ACT_F, ACT_RECV},       {ACT_SEND, ACT_F},      
  * RETURN; a RECOMPUTE precedes a backward. */
 static int check_memory_actions(Chk *c, int s) {
   const Schedule *sc = c->sc;
-  int m = sc->m, p = sc->nstages;
+  int m = sched_mbs(sc), p = sc->nstages;
   for (int mb = 0; mb < m; mb++) {
     int o = at(c, s, ACT_OFFLOAD, mb), f = at(c, s, ACT_PREFETCH, mb);
     if ((o >= 0) != (f >= 0))
@@ -98,7 +104,7 @@ static int check_memory_actions(Chk *c, int s) {
 
 static int check_rank(Chk *c, int s) {
   const Schedule *sc = c->sc;
-  int m = sc->m;
+  int m = sched_mbs(sc);
   if (index_actions(c, s)) return -1;
   int split = m > 0 && at(c, s, ACT_I, 0) >= 0;
   for (int kind = 0; kind <= ACT_RECV_GRAD; kind++)
@@ -131,7 +137,7 @@ static int check_rank(Chk *c, int s) {
  * first action touching its leaving values until its OFFLOAD or its last
  * such action; none is taken while another holds it. */
 static int check_xring(const Schedule *sc, int s) {
-  int m = sc->m, n = sc->nact[s];
+  int m = sched_mbs(sc), n = sc->nact[s];
   int nx = sc->nxslots ? sc->nxslots[s] : 0, ns = sc->nstore ? sc->nstore[s] : 0;
   int *last = malloc(sizeof(int) * (size_t)(2 * m + 1)), *owner = malloc(sizeof(int) * (size_t)(nx + ns + 2)), *slot = last + m;
   if (!last || !owner) abort();
@@ -185,7 +191,7 @@ static int check_xring(const Schedule *sc, int s) {
 /* One ring: every action of mb uses the slot mb took, and a slot is taken
  * only once its previous holder's last action has run. */
 static int check_ring(const Schedule *sc, int s, int grad) {
-  int m = sc->m, n = sc->nact[s], size = grad ? sc->ngslots[s] : sc->nslots[s];
+  int m = sched_mbs(sc), n = sc->nact[s], size = grad ? sc->ngslots[s] : sc->nslots[s];
   int *slot = malloc(sizeof(int) * (size_t)m), *last = malloc(sizeof(int) * (size_t)m), *owner = malloc(sizeof(int) * (size_t)size);
   if (!slot || !last || !owner) abort();
   for (int i = 0; i < m; i++) slot[i] = last[i] = -1;
@@ -229,7 +235,7 @@ static int sends_matched(const Chk *c, int s, int k, int grad, int *peer_out, in
   for (int j = 0; j < k; j++) {
     const Action *b = &sc->act[s][j];
     if (b->kind != kind || (grad ? b->gslot : b->slot) != x || b->mb == a->mb) continue;
-    if (!c->done[peer][rkind * sc->m + b->mb]) return *peer_out = peer, *mb_out = b->mb, 0;
+    if (!c->done[peer][rkind * sched_mbs(sc) + b->mb]) return *peer_out = peer, *mb_out = b->mb, 0;
   }
   return 1;
 }
@@ -238,7 +244,12 @@ static int sends_matched(const Chk *c, int s, int k, int grad, int *peer_out, in
 static int can_run(const Chk *c, int s, int k, char *why, size_t len) {
   const Schedule *sc = c->sc;
   const Action *a = &sc->act[s][k];
-  int m = sc->m, p = sc->nstages, peer, mb;
+  int m = sched_mbs(sc), p = sc->nstages, peer, mb;
+  /* A barrier after every step (a checkpoint): no rank starts step t+1's
+   * part before every rank has finished step t's. */
+  if (c->nupd)
+    for (int r = 0; r < p; r++)
+      if (c->nupd[r] < c->nupd[s]) return snprintf(why, len, "rank %d to finish step %d (a barrier between steps)", r, c->nupd[s]), 0;
   /* The memory plan's messages: a peer's copy-out completes once the peer
    * has posted its HOLD, the copy back once it has posted its RETURN, and
    * RETURN waits for the copy-out to arrive; a store slot is refilled once
@@ -279,7 +290,7 @@ static int can_run(const Chk *c, int s, int k, char *why, size_t len) {
 
 static int run_jointly(Chk *c) {
   const Schedule *sc = c->sc;
-  int p = sc->nstages, m = sc->m, left = 0;
+  int p = sc->nstages, m = sched_mbs(sc), left = 0;
   int *next = calloc((size_t)p, sizeof(int));
   if (!next) abort();
   for (int s = 0; s < p; s++) left += sc->nact[s];
@@ -290,6 +301,7 @@ static int run_jointly(Chk *c) {
       while (next[s] < sc->nact[s] && can_run(c, s, next[s], why, sizeof why)) {
         const Action *a = &sc->act[s][next[s]++];
         if (a->mb >= 0) c->done[s][a->kind * m + a->mb] = 1;
+        if (a->kind == ACT_UPDATE && c->nupd) c->nupd[s]++;
         left--, progressed = 1;
       }
   }
@@ -351,7 +363,7 @@ static int fb_slots(const Schedule *sc, int s, int fill, int use) {
 
 static int fb_validate(const Schedule *sc) {
   const FbLinks *fb = sc->fb;
-  int n = sc->nstages, m = sc->m;
+  int n = sc->nstages, m = sched_mbs(sc);
   for (int s = 0; s < n; s++) {
     int fwd = s < fb->nf, prev = fb->prev[s], next = fb->next[s], last = -1;
     for (int k = 0; k < m; k++) {
@@ -413,8 +425,8 @@ static int fb_validate(const Schedule *sc) {
 
 int schedule_validate(const Schedule *sc) {
   if (sc->fb) return fb_validate(sc);
-  int p = sc->nstages, m = sc->m, rc = 0;
-  Chk c = {sc, calloc((size_t)p, sizeof(int *)), calloc((size_t)p, sizeof(int *))};
+  int p = sc->nstages, m = sched_mbs(sc), rc = 0;
+  Chk c = {sc, calloc((size_t)p, sizeof(int *)), calloc((size_t)p, sizeof(int *)), NULL};
   if (!c.pos || !c.done) abort();
   for (int s = 0; s < p; s++) {
     c.pos[s] = malloc(sizeof(int) * (size_t)(ACT_NKINDS * m));
@@ -425,7 +437,64 @@ int schedule_validate(const Schedule *sc) {
   for (int s = 0; s < p && !rc; s++) rc = check_rank(&c, s) || check_ring(sc, s, 0) || check_ring(sc, s, 1) || check_xring(sc, s) ? -1 : 0;
   for (int s = 0; s < p && !rc; s++) rc = check_memory_actions(&c, s);
   if (!rc) rc = run_jointly(&c);
+  if (!rc && sc->unroll > 0) rc = schedule_validate_async(sc);
   for (int s = 0; s < p; s++) free(c.pos[s]), free(c.done[s]);
   free(c.pos), free(c.done);
+  return rc;
+}
+
+/* ---- async ---- */
+
+/* Per rank: an UPDATE per step, each after its step's backwards and before
+ * the next step's; every compute action of step j finds W_max(0, j-K)
+ * among the versions kept (the newest, which counts the UPDATEs run, and
+ * the K before it). */
+static int async_versions(const Schedule *sc, int s) {
+  int m = sc->m, K = sc->staleness, newest = 0;
+  char b[32];
+  for (int k = 0; k < sc->nact[s]; k++) {
+    const Action *a = &sc->act[s][k];
+    if (a->kind == ACT_UPDATE) {
+      newest++;
+      continue;
+    }
+    if (!action_is_compute(a->kind)) continue;
+    int j = a->mb / m, v = j - K > 0 ? j - K : 0;
+    if (a->kind != ACT_F && j != newest)
+      return err_set("schedule: rank %d: %s (action %d) is step %d's backward but runs after %d update(s); a step's backwards "
+                     "must run between its previous step's UPDATE and its own", s, action_str(a, b, sizeof b), k, j, newest);
+    if (v > newest)
+      return err_set("schedule: rank %d: %s (action %d) of step %d needs the weights of step %d, but only %d update(s) have run "
+                     "(staleness %d)", s, action_str(a, b, sizeof b), k, j, v, newest, K);
+    if (v < newest - K)
+      return err_set("schedule: rank %d: %s (action %d) of step %d needs the weights of step %d, older than the %d kept besides "
+                     "the newest (step %d)", s, action_str(a, b, sizeof b), k, j, v, K, newest);
+  }
+  if (newest != sc->unroll) return err_set("schedule: rank %d runs %d UPDATEs over %d steps", s, newest, sc->unroll);
+  return 0;
+}
+
+int schedule_validate_async(const Schedule *sc) {
+  int p = sc->nstages > 0 ? sc->nstages : 1, m = sched_mbs(sc) > 0 ? sched_mbs(sc) : 1, rc = 0;
+  for (int s = 0; s < p && !rc; s++) rc = async_versions(sc, s);
+  if (rc) return rc;
+  /* Ranks stop between steps together (a checkpoint's collectives): the
+   * lists must not deadlock with a barrier there either. */
+  Chk c = {sc, calloc((size_t)p, sizeof(int *)), calloc((size_t)p, sizeof(int *)), calloc((size_t)p, sizeof(int))};
+  if (!c.pos || !c.done || !c.nupd) abort();
+  for (int s = 0; s < p; s++) {
+    c.pos[s] = malloc(sizeof(int) * (size_t)(ACT_NKINDS * m));
+    c.done[s] = calloc((size_t)(ACT_NKINDS * m), sizeof(int));
+    if (!c.pos[s] || !c.done[s]) abort();
+    for (int i = 0; i < ACT_NKINDS * m; i++) c.pos[s][i] = -1;
+  }
+  for (int s = 0; s < p && !rc; s++) rc = index_actions(&c, s);
+  if (!rc && run_jointly(&c)) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s", err_msg());
+    rc = err_set("%s (with every rank stopping between two steps, as a checkpoint does)", why);
+  }
+  for (int s = 0; s < p; s++) free(c.pos[s]), free(c.done[s]);
+  free(c.pos), free(c.done), free(c.nupd);
   return rc;
 }

@@ -30,7 +30,7 @@
 #include <string.h>
 
 const char *schedule_name(int kind) {
-  return kind == SCHED_GPIPE ? "gpipe" : kind == SCHED_ZB1 ? "zb1" : kind == SCHED_PIPEFB ? "pipefb" : "1f1b";
+  return kind == SCHED_GPIPE ? "gpipe" : kind == SCHED_ZB1 ? "zb1" : kind == SCHED_PIPEFB ? "pipefb" : kind == SCHED_ASYNC ? "async" : "1f1b";
 }
 
 double schedule_ideal_bubble(int p, int m) { return (double)(p - 1) / (double)(m + p - 1); }
@@ -110,6 +110,7 @@ static int live_span(const Action *c, int n, int m, int grad, int *take_at, int 
   for (int i = 0; i < m; i++) take_at[i] = release_at[i] = -1;
   for (int k = 0; k < n; k++) {
     int kind = c[k].kind, mb = c[k].mb;
+    if (mb < 0) continue; /* an UPDATE (async lists have one per step) */
     if (take_at[mb] < 0 && (grad ? kind == ACT_B || kind == ACT_I : kind == ACT_F)) take_at[mb] = k;
     if (grad ? kind == ACT_B || kind == ACT_W : kind != ACT_I) release_at[mb] = k;
   }
@@ -122,8 +123,9 @@ static int live_span(const Action *c, int n, int m, int grad, int *take_at, int 
   return peak;
 }
 
-/* Interleaves the compute order with SEND/RECV/SEND_GRAD/RECV_GRAD/UPDATE. */
-static int add_messages(Action *out, const Action *c, int n, int s, int p, int m, int fwd_only) {
+/* Interleaves the compute order with SEND/RECV/SEND_GRAD/RECV_GRAD, and
+ * the UPDATE last unless the order has its own (final_update 0). */
+int schedule_add_messages(Action *out, const Action *c, int n, int s, int p, int m, int fwd_only, int final_update) {
   int *take_at = malloc(sizeof(int) * (size_t)m), *rel = malloc(sizeof(int) * (size_t)m);
   int *gtake = malloc(sizeof(int) * (size_t)m), *grel = malloc(sizeof(int) * (size_t)m);
   if (!take_at || !rel || !gtake || !grel) abort();
@@ -138,12 +140,13 @@ static int add_messages(Action *out, const Action *c, int n, int s, int p, int m
     while (recv && nrecv < m && (live < cap || (a->kind == ACT_F && a->mb >= nrecv))) out[k++] = act(ACT_RECV, nrecv++), live++;
     while (grecv && ngrecv < m && (glive < gcap || (bwd && a->mb >= ngrecv))) out[k++] = act(ACT_RECV_GRAD, ngrecv++), glive++;
     out[k++] = *a;
+    if (a->mb < 0) continue;
     if (a->kind == ACT_F && s < p - 1) out[k++] = act(ACT_SEND, a->mb);
     if (bwd && s > 0) out[k++] = act(ACT_SEND_GRAD, a->mb);
     if (recv && rel[a->mb] == j) live--;
     if (grecv && grel[a->mb] == j) glive--;
   }
-  if (!fwd_only) out[k++] = act(ACT_UPDATE, -1);
+  if (!fwd_only && final_update) out[k++] = act(ACT_UPDATE, -1);
   free(take_at), free(rel), free(gtake), free(grel);
   return k;
 }
@@ -362,7 +365,7 @@ static void sim_run(Sim *sim, Action *a, int s) {
 
 /* One pass of the simulation; stretch[s][k] (NULL: 1) slows rank s's k-th action. */
 static int simulate(Schedule *sc, const StageCost *cost, double **stretch) {
-  int p = sc->nstages, m = sc->m;
+  int p = sc->nstages, m = sched_mbs(sc);
   Sim sv, *sim = &sv;
   memset(&sv, 0, sizeof sv);
   sv.sc = sc, sv.cost = cost, sv.p = p, sv.m = m;
@@ -425,6 +428,7 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch) {
     double busy = 0;
     for (int s = 0; s < p; s++) busy += sc->busy[s];
     sc->bubble = sc->step_time > 0 ? 1 - busy / ((double)p * sc->step_time) : 0;
+    if (sc->unroll > 0) schedule_async_period(sc); /* the step of a pipeline that never drains */
   }
   for (int s = 0; s < p; s++) free(sim->xfree[s]), free(sim->sfree[s]), free(sim->xowner[s]);
   free(sim->xfree), free(sim->sfree), free(sim->xowner), free(all), free(next), free(has_pre);
@@ -538,7 +542,7 @@ void schedule_build(Schedule *sc, int kind, int p, int m, int fwd_only, const St
   for (int s = 0; s < p; s++) {
     /* At most 3 compute and 4 message actions per micro-batch, and the update. */
     sc->act[s] = pool_alloc(pool, sizeof(Action) * (size_t)(7 * m + 2));
-    sc->nact[s] = add_messages(sc->act[s], ord[s], len[s], s, p, m, fwd_only);
+    sc->nact[s] = schedule_add_messages(sc->act[s], ord[s], len[s], s, p, m, fwd_only, 1);
     schedule_assign_slots(sc, s);
   }
   schedule_time(sc, cost); /* a stall is reported by schedule_validate, with names */

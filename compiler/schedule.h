@@ -65,7 +65,23 @@ typedef struct Schedule {
   double *busy;      /* per stage */
   int cores;         /* cores the ranks share (schedule_time); 0: a core per rank */
   const FbLinks *fb; /* pipefb: who sends what to whom (NULL for the other schedules) */
+  /* async (schedasync.c): the lists above are what the ranks run over
+   * `unroll` steps (global micro-batches 0 .. unroll*m-1, an UPDATE per
+   * step), so the validator and the simulation see the step boundary.  The
+   * program runs body[s] once per step t: an action of micro-batch mb there
+   * is global micro-batch t*m + mb (mb >= m: a later step's), skipped when
+   * that is before the first or after the last step's; rings are indexed by
+   * the global micro-batch modulo their size. */
+  int staleness;     /* K: step t computes on the weights W_max(0, t-K) (0: synchronous) */
+  int unroll;        /* steps in act[] (0: one, the synchronous lists) */
+  int lookahead;     /* L: body actions reach micro-batches of up to L steps later */
+  Action **body;     /* per rank: one step's actions */
+  int *nbody;
+  double fill_drain; /* predicted seconds a run spends filling and draining the pipeline, once */
 } Schedule;
+
+/* Micro-batches the lists of sc name: m, or m * unroll for async. */
+static inline int sched_mbs(const struct Schedule *sc) { return sc->m * (sc->unroll > 0 ? sc->unroll : 1); }
 
 /* Builds each rank's action list, assigns slots and predicts its timing from
  * each stage's per-micro-batch forward, backward (bwd_w of it the weight
@@ -79,6 +95,20 @@ void fb_links_init(FbLinks *L, int n, int nf, Pool *pool);
  * ranks, then receives the new weights; a backward rank runs B for every
  * micro-batch, then UPDATE and sends the weights back.  Two ring slots each. */
 void schedule_build_pipefb(Schedule *sc, const FbLinks *fb, int n, int m, const StageCost *cost, Pool *pool);
+/* Asynchronous 1F1B (schedasync.c): one step's body per rank that never
+ * drains, unrolled for checking; weights of staleness K.  0, or -1 with
+ * err_set naming the smallest number of micro-batches that honours K. */
+int schedule_build_async(Schedule *sc, int nstages, int m, int staleness, const StageCost *cost, Pool *pool);
+/* The async checks beyond the lists' own: each compute action's weight
+ * version exists (at most K older than the newest), and the steps are a
+ * consistent cut (every rank can stop between two steps, as a checkpoint does). */
+int schedule_validate_async(const Schedule *sc);
+/* After a simulation of async lists: step_time and bubble of the steady
+ * state (between two UPDATEs in the middle), fill_drain the rest. */
+void schedule_async_period(Schedule *sc);
+/* The compute order c (n actions) with its messages interleaved, into out;
+ * the UPDATE appended last when final_update (async orders carry their own). */
+int schedule_add_messages(Action *out, const Action *c, int n, int s, int p, int m, int fwd_only, int final_update);
 /* Runs every rank's list together: complete and consistent lists, matching
  * sends and receives, no deadlock, no slot taken while still live.  0, or -1
  * with err_set naming the ranks and actions. */

@@ -138,6 +138,11 @@ typedef struct StageProg {
   int loss_buf, dloss_buf, labels_buf; /* last stage: logits, their gradient, labels */
   int64_t loss_rows, loss_classes;
   int64_t arena_bytes, weights_bytes;
+  /* async: K older copies of the weights region [0, weights_bytes), each
+   * wversion_stride bytes apart from wversion_base (the steps a rank still
+   * computes on; the region itself holds the newest). */
+  int nwversions;
+  int64_t wversion_base, wversion_stride, mem_versions;
   /* The arena by what it holds (memplan); they add up to arena_bytes:
    * weights region (weights, constants, state; aligned), weight gradients,
    * optimizer state, rings of activations kept for backward, rings of values

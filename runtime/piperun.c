@@ -81,6 +81,12 @@ typedef struct Run {
   PrXfer *xfer;
   double t_xfer_wait;
   int64_t rss_overhead, rss_peak;
+  /* async: updates applied so far (the newest weights' version), and per
+   * step in flight (lookahead + 1 of them, by step modulo that) its batch's
+   * sample indices and its loss so far. */
+  int64_t nupdates;
+  int64_t *idx_ring, *idx_of;
+  double *aloss;
 } Run;
 
 static int g_rank = -1;
@@ -109,6 +115,7 @@ static int64_t rss_anon(void) {
   return (int64_t)kb * 1024;
 }
 RandCtx pr_rand = {1, 0, 0}; /* piperun.h; seed 1 is --seed's default */
+unsigned char *pr_weights;   /* piperun.h: the arena's weights region, or an older version's (async) */
 
 static void die(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 /* Writes one message line: tensor names come from the model, so a newline or
@@ -696,7 +703,11 @@ static double run_action(Run *r, const PrAction *a) {
   case PR_UPDATE: {
     wait_all(r, r->wreq, st->nwsend, -1, "to take the last step's weights"); /* pipefb: the update rewrites what they send */
     double t0 = now();
+    /* async: the weights before this update stay, for the steps that compute on them; the update writes the newest. */
+    if (st->nwversions)
+      memcpy(st->arena + st->wversion_base + (r->step % st->nwversions) * st->wversion_bytes, st->arena, (size_t)st->weights_bytes);
     optimizer_step(r);
+    r->nupdates = r->step + 1;
     r->prof.update += now() - t0;
     break;
   }
@@ -838,7 +849,7 @@ static uint64_t sched_hash(const PrStage *st) {
     const PrAction *a = &st->actions[i];
     h = fnv_i64(fnv_i64(fnv_i64(fnv_i64(h, a->kind), a->mb), a->slot), a->gslot);
   }
-  return h;
+  return fnv_i64(h, st->staleness);
 }
 
 static uint64_t values_hash(uint64_t h, const PrValue *v, int n) {
@@ -929,6 +940,8 @@ static void ck_finish(CkWriter *w, const char *tmp, const char *path, const char
 static void ckpt_regions(const PrStage *st, int64_t *off, int64_t *len, int *n) {
   *n = 0;
   off[(*n)] = 0, len[(*n)++] = st->weights_bytes;
+  /* async: the older weight versions a resumed step computes on */
+  if (st->nwversions) off[*n] = st->wversion_base, len[(*n)++] = st->nwversions * st->wversion_bytes;
   for (int i = 0; i < st->nparams; i++) {
     if (st->params[i].m1offset >= 0) off[*n] = st->params[i].m1offset, len[(*n)++] = st->params[i].count * 4;
     if (st->params[i].m2offset >= 0) off[*n] = st->params[i].m2offset, len[(*n)++] = st->params[i].count * 4;
@@ -943,7 +956,7 @@ static CkptInfo write_stage_file(const Run *r, const char *dir, const char *sub)
   if (mkdir(d, 0755) && errno != EEXIST) die(2, "cannot create checkpoint directory %s: %s", d, strerror(errno));
   snprintf(path, sizeof path, "%s/stage_%d.ckpt", d, st->stage);
   snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  int64_t *off = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 1)), *len = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 1));
+  int64_t *off = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 2)), *len = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 2));
   int n;
   ckpt_regions(st, off, len, &n);
   CkptHeader h = {"PIPECK2", st->stage, st->nstages, r->step, st->arena_bytes, st->weights_bytes, sched_hash(st), prog_hash(st)};
@@ -1126,7 +1139,7 @@ static int read_stage_file(Run *r, const char *dir, const Manifest *m, char *msg
   if (!f) return snprintf(msg, len, "--resume %s: cannot open %s: %s", dir, path, strerror(errno)), -1;
   struct stat sb = {0};
   CkptHeader h;
-  int64_t *off = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 1)), *ln = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 1));
+  int64_t *off = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 2)), *ln = malloc(sizeof(int64_t) * (size_t)(2 * st->nparams + 2));
   int n, ok = fstat(fileno(f), &sb) == 0 && sb.st_size == m->mine.bytes && fread(&h, sizeof h, 1, f) == 1;
   uint64_t fnv = fnv1a(FNV_INIT, &h, sizeof h);
   ckpt_regions(st, off, ln, &n);
@@ -1155,6 +1168,129 @@ static void load_checkpoint(Run *r, const char *dir) {
   int ok = read_manifest(r, dir, &m, msg, sizeof msg) == 0 && same_plan(r->st, dir, &m, msg, sizeof msg) == 0 &&
            read_stage_file(r, dir, &m, msg, sizeof msg) == 0;
   agree(ok, msg);
+}
+
+/* ---- the step loop ---- */
+
+typedef struct StepLog {
+  FILE *log;
+  double t_start;
+  int64_t first_step;
+  double first_loss, last_loss;
+} StepLog;
+
+/* Weight gradients (and this stage's parts of tied ones) start each step at zero. */
+static void zero_grads(Run *r) {
+  const PrStage *st = r->st;
+  for (int i = 0; i < st->nparams; i++) {
+    const PrParam *p = &st->params[i];
+    if (p->goffset >= 0) memset(st->arena + p->goffset, 0, (size_t)p->count * 4); /* a pipefb forward rank has none */
+    for (int j = 0; j < p->nparts; j++)
+      if (p->parts[j].stage == st->stage) memset(st->arena + p->parts[j].offset, 0, (size_t)p->count * 4);
+  }
+}
+
+/* After step r->step (its loss summed over its micro-batches on the loss
+ * rank, dt its seconds): the log line, the profile's warm-up, the checkpoint. */
+static void end_step(Run *r, StepLog *sl, double loss, double dt) {
+  const PrStage *st = r->st;
+  if (st->loss) {
+    loss /= (double)(st->loss_rows * st->microbatches);
+    if (!isfinite(loss)) die(3, "step %lld: the loss is %s; stopping (lower --lr?)", (long long)r->step + 1, isnan(loss) ? "NaN" : "Inf");
+    if (r->step == sl->first_step) sl->first_loss = loss;
+    sl->last_loss = loss;
+    double elapsed = now() - sl->t_start, sps = st->batch / dt;
+    double eta = elapsed / (double)(r->step + 1 - sl->first_step) * (double)(r->a.steps - r->step - 1);
+    if (sl->log) fprintf(sl->log, "%lld,%.9g,%.1f,%.6f\n", (long long)r->step + 1, loss, sps, elapsed);
+    if (!r->a.quiet)
+      printf("step %lld/%lld  loss %.6f  %.1f samples/s  eta %.1f s\n", (long long)r->step + 1, (long long)r->a.steps, loss, sps, eta);
+    fflush(stdout);
+  }
+  if (st->nprof && r->step == sl->first_step) { /* the first step warms caches and pages: not profiled */
+    prof_reset();
+    memset(&r->prof, 0, sizeof r->prof);
+  }
+  if (r->a.checkpoint && (r->step + 1) % r->a.ckpt_every == 0) {
+    r->step++;
+    save_checkpoint(r, r->a.checkpoint);
+    r->step--;
+  }
+}
+
+/* ---- async ----
+ * The body runs once per step t from first - lookahead: an action of
+ * micro-batch k is the run's micro-batch g = t*m + k, of step g / m, run
+ * only when that step is one of this run's (before: the fill; after the
+ * last: the drain).  Each F and B computes on its step's weight version. */
+
+static unsigned char *weights_for(Run *r, int64_t step) {
+  const PrStage *st = r->st;
+  int64_t v = step > st->staleness ? step - st->staleness : 0;
+  if (v == r->nupdates || !st->nwversions) return st->arena;
+  if (v > r->nupdates || v < r->nupdates - st->nwversions)
+    die(2, "internal error: step %lld needs the weights of step %lld; the newest are step %lld's and %d older are kept", (long long)step + 1,
+        (long long)v, (long long)r->nupdates, st->nwversions);
+  return st->arena + st->wversion_base + (v % st->nwversions) * st->wversion_bytes;
+}
+
+/* The sample indices of step `step`'s batch (computed once per step). */
+static void batch_of(Run *r, int64_t step) {
+  const PrStage *st = r->st;
+  int64_t k = step % (st->lookahead + 1);
+  r->idx = r->idx_ring + k * st->batch;
+  if (r->idx_of[k] != step) data_batch_indices(&r->data, step, st->batch, r->a.seed, r->a.shuffle, r->idx), r->idx_of[k] = step;
+}
+
+static void async_body(Run *r, int64_t t, int64_t first) {
+  const PrStage *st = r->st;
+  int64_t m = st->microbatches, L1 = st->lookahead + 1;
+  for (int k = 0; k < st->nactions; k++) {
+    const PrAction *b = &st->actions[k];
+    PrAction a = *b;
+    int64_t step = t;
+    if (b->kind == PR_UPDATE) {
+      if (t < first) continue;
+    } else {
+      int64_t g = t * m + b->mb;
+      if (g < first * m || g >= r->a.steps * m) continue;
+      step = g / m, a.mb = (int)(g % m);
+      if (b->slot >= 0) a.slot = (int)(g % st->nslots);
+      if (b->gslot >= 0) a.gslot = (int)(g % st->ngslots);
+    }
+    r->step = step;
+    if (a.kind == PR_F || a.kind == PR_B) {
+      pr_weights = weights_for(r, step);
+      if (a.kind == PR_F && r->have_data && r->data.kind != DATA_TOKENS) batch_of(r, step);
+    }
+    double a0 = now();
+    r->aloss[step % L1] += run_action(r, &a);
+    trace_add(&r->trace, a.kind, a.mb, a.kind == PR_SEND_GRAD || a.kind == PR_RECV_GRAD ? a.gslot : a.slot, step, a0, now());
+    pr_weights = st->arena;
+  }
+  r->step = t;
+}
+
+static void run_async(Run *r, StepLog *sl) {
+  const PrStage *st = r->st;
+  int64_t first = r->step, L1 = st->lookahead + 1, *own = r->idx;
+  r->nupdates = first;
+  r->idx_ring = malloc(sizeof(int64_t) * (size_t)(L1 * st->batch));
+  r->idx_of = malloc(sizeof(int64_t) * (size_t)L1);
+  r->aloss = calloc((size_t)L1, sizeof(double));
+  if (!r->idx_ring || !r->idx_of || !r->aloss) die(2, "out of memory for the async schedule's bookkeeping");
+  for (int64_t k = 0; k < L1; k++) r->idx_of[k] = -1;
+  for (int64_t t = first - st->lookahead; t < r->a.steps; t++) {
+    double t0 = now();
+    if (t >= first) zero_grads(r); /* the body's backwards are all step t's, after step t-1's UPDATE */
+    async_body(r, t, first);
+    if (t < first) continue; /* the fill: forwards of the first steps only */
+    double loss = r->aloss[t % L1];
+    r->aloss[t % L1] = 0;
+    end_step(r, sl, loss, now() - t0);
+  }
+  r->step = r->a.steps;
+  free(r->idx_ring), free(r->idx_of), free(r->aloss);
+  r->idx_ring = r->idx_of = NULL, r->aloss = NULL, r->idx = own;
 }
 
 /* ---- the run ---- */
@@ -1303,48 +1439,29 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     if (!r.a.resume) fprintf(log, "step,loss,samples_per_s,time_s\n");
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  double t_start = now(), first_loss = NAN, last_loss = NAN;
+  double t_start = now();
   r.trace.start = t_start;
   int64_t first_step = r.step;
-  for (; r.step < r.a.steps; r.step++) {
-    double t0 = now(), loss = 0;
-    if (r.have_data && r.data.kind != DATA_TOKENS)
-      data_batch_indices(&r.data, r.step, st->batch, r.a.seed, r.a.shuffle, r.idx);
-    for (int i = 0; i < st->nparams; i++) {
-      const PrParam *p = &st->params[i];
-      if (p->goffset >= 0) memset(st->arena + p->goffset, 0, (size_t)p->count * 4); /* a pipefb forward rank has none */
-      for (int j = 0; j < p->nparts; j++)
-        if (p->parts[j].stage == st->stage) memset(st->arena + p->parts[j].offset, 0, (size_t)p->count * 4);
-    }
-    for (int k = 0; k < st->nactions; k++) {
-      const PrAction *a = &st->actions[k];
-      double a0 = now();
-      loss += run_action(&r, a);
-      trace_add(&r.trace, a->kind, a->mb, a->kind == PR_SEND_GRAD || a->kind == PR_RECV_GRAD ? a->gslot : a->slot, r.step, a0, now());
-    }
-    double dt = now() - t0;
-    if (st->loss) {
-      loss /= (double)(st->loss_rows * st->microbatches);
-      if (!isfinite(loss)) die(3, "step %lld: the loss is %s; stopping (lower --lr?)", (long long)r.step + 1, isnan(loss) ? "NaN" : "Inf");
-      if (r.step == first_step) first_loss = loss;
-      last_loss = loss;
-      double elapsed = now() - t_start, sps = st->batch / dt;
-      double eta = elapsed / (double)(r.step + 1 - first_step) * (double)(r.a.steps - r.step - 1);
-      if (log) fprintf(log, "%lld,%.9g,%.1f,%.6f\n", (long long)r.step + 1, loss, sps, elapsed);
-      if (!r.a.quiet)
-        printf("step %lld/%lld  loss %.6f  %.1f samples/s  eta %.1f s\n", (long long)r.step + 1, (long long)r.a.steps, loss, sps, eta);
-      fflush(stdout);
-    }
-    if (st->nprof && r.step == first_step) { /* the first step warms caches and pages: not profiled */
-      prof_reset();
-      memset(&r.prof, 0, sizeof r.prof);
-    }
-    if (r.a.checkpoint && (r.step + 1) % r.a.ckpt_every == 0) {
-      r.step++;
-      save_checkpoint(&r, r.a.checkpoint);
-      r.step--;
+  StepLog sl = {log, t_start, first_step, NAN, NAN};
+  pr_weights = st->arena;
+  if (st->staleness) {
+    run_async(&r, &sl);
+  } else {
+    for (; r.step < r.a.steps; r.step++) {
+      double t0 = now(), loss = 0;
+      if (r.have_data && r.data.kind != DATA_TOKENS)
+        data_batch_indices(&r.data, r.step, st->batch, r.a.seed, r.a.shuffle, r.idx);
+      zero_grads(&r);
+      for (int k = 0; k < st->nactions; k++) {
+        const PrAction *a = &st->actions[k];
+        double a0 = now();
+        loss += run_action(&r, a);
+        trace_add(&r.trace, a->kind, a->mb, a->kind == PR_SEND_GRAD || a->kind == PR_RECV_GRAD ? a->gslot : a->slot, r.step, a0, now());
+      }
+      end_step(&r, &sl, loss, now() - t0);
     }
   }
+  double first_loss = sl.first_loss, last_loss = sl.last_loss;
   /* Drain what is still in flight. */
   static const PrAction drain = {PR_UPDATE, -1, -1, -1, -1, -1};
   r.cur = &drain;

@@ -146,7 +146,21 @@ typedef struct PrStage {
   int nstash_send, nstash_recv;
   const PrWeight *wsend, *wrecv;          /* pipefb: once per step */
   int nwsend, nwrecv;
+  /* async (compiler/schedasync.c): `actions` is step t's body, run for t =
+   * -lookahead .. steps-1; micro-batch k there is the run's t * microbatches
+   * + k, skipped outside the run; rings are indexed by it modulo their
+   * size.  Step t's F and B compute on the weights of step max(0, t -
+   * staleness): the newest (the weights region, which UPDATE changes) or
+   * one of nwversions older copies of the region (version v at
+   * wversion_base + (v % nwversions) * wversion_bytes).  0: synchronous. */
+  int staleness, lookahead, nwversions;
+  int64_t wversion_base, wversion_bytes;
 } PrStage;
+
+/* The weights region the running F or B computes on: the arena's own, or
+ * under async an older version's copy.  Generated async programs address
+ * their weights through it. */
+extern unsigned char *pr_weights;
 
 /* What the random kernels (Dropout) key their numbers by, besides the node:
  * the run's --seed, and the step and micro-batch of the action running.
