@@ -143,6 +143,9 @@ static void stage_text(const Plan *p, int s, Buf *b) {
              fmt_bytes(c->mem_total), c->mem_total, fmt_bytes(c->mem_params), fmt_bytes(c->mem_grads), fmt_bytes(c->mem_opt),
              p->role[s] == ROLE_FWD ? "stash on its way to the backward ranks" : "kept for backward", fmt_bytes(c->mem_stash), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work), c->copies, c->copies == 1 ? "y" : "ies",
              c->inflight, c->inflight == 1 ? "" : "es");
+  if (c->mem_versions > 0)
+    buf_printf(b, "  versions     + %s: %d older cop%s of the weights region for the steps still computing on them (async)\n",
+               fmt_bytes(c->mem_versions), p->sched.staleness, p->sched.staleness == 1 ? "y" : "ies");
   if (plan_moves(p, s)) memory_plan_text(p, s, b);
   if (p->fb) fb_text(p, s, b);
   for (int pass = 0; pass < 2 && p->role[s] != ROLE_BWD; pass++) {
@@ -171,9 +174,13 @@ static void stage_text(const Plan *p, int s, Buf *b) {
 static void schedule_table(const Plan *p, Buf *b) {
   const Schedule *u = &p->slots;
   int slots = (int)lround(u->step_time);
+  if (u->unroll > 0) /* async: the whole unrolled run, fill and drain included */
+    for (int s = 0; s < u->nstages; s++)
+      if (u->nact[s]) slots = (int)fmax(slots, lround(u->act[s][u->nact[s] - 1].end));
   buf_printf(b, "\nschedule (%s, %d micro-batches; one slot per unit of time, F<k>/B<k> = forward/backward of micro-batch k%s)\n",
              schedule_name(p->opt.schedule), p->opt.microbatches,
-             p->opt.schedule == SCHED_ZB1 ? ", I<k>/W<k> = its input-/weight-gradient halves" : "");
+             p->opt.schedule == SCHED_ZB1 ? ", I<k>/W<k> = its input-/weight-gradient halves"
+             : u->unroll > 0 ? pool_printf((Pool *)&p->g.pool, ";\n  the run's micro-batches over %d steps, k = step * %d + i; U = that rank's update", u->unroll, p->opt.microbatches) : "");
   buf_printf(b, "  slot |");
   for (int s = 0; s < u->nstages; s++) buf_printf(b, " stage %-3d|", s);
   buf_printf(b, "\n  -----+");
@@ -185,6 +192,7 @@ static void schedule_table(const Plan *p, Buf *b) {
       char cell[16] = "";
       for (int k = 0; k < u->nact[s]; k++)
         if (action_is_compute(u->act[s][k].kind) && lround(u->act[s][k].start) == t) action_str(&u->act[s][k], cell, sizeof cell);
+        else if (u->unroll > 0 && u->act[s][k].kind == ACT_UPDATE && lround(u->act[s][k].start) == t && !cell[0]) snprintf(cell, sizeof cell, "U");
       buf_printf(b, " %-9s|", cell);
     }
     buf_printf(b, "\n");
@@ -194,12 +202,18 @@ static void schedule_table(const Plan *p, Buf *b) {
 /* Each rank's whole list as the runtime executes it, with its ring copies. */
 static void action_lists(const Plan *p, Buf *b) {
   const Schedule *u = &p->sched;
-  buf_printf(b, "\nactions per rank (one step, in order; [k] = forward ring slot, {k} = gradient ring slot)\n");
+  int async = u->unroll > 0;
+  if (async)
+    buf_printf(b, "\nactions per rank (step t's body, in order, run for t = -%d .. the last step; k = micro-batch t * %d + k of\n"
+                  "  the run, k >= %d a later step's, skipped outside the run; [k] / {k} = forward / gradient ring slot at t = 0,\n"
+                  "  the run's micro-batch modulo the ring's size)\n", u->lookahead, p->opt.microbatches, p->opt.microbatches);
+  else
+    buf_printf(b, "\nactions per rank (one step, in order; [k] = forward ring slot, {k} = gradient ring slot)\n");
   for (int s = 0; s < u->nstages; s++) {
     buf_printf(b, "  rank %d (%d slot%s, %d gslot%s):", s, u->nslots[s], u->nslots[s] == 1 ? "" : "s", u->ngslots[s],
                u->ngslots[s] == 1 ? "" : "s");
-    for (int k = 0; k < u->nact[s]; k++) {
-      const Action *a = &u->act[s][k];
+    for (int k = 0; k < (async ? u->nbody[s] : u->nact[s]); k++) {
+      const Action *a = async ? &u->body[s][k] : &u->act[s][k];
       char name[32];
       if (k % 12 == 0) buf_printf(b, "\n   ");
       buf_printf(b, " %s", action_str(a, name, sizeof name));
@@ -282,8 +296,19 @@ void listing_text(const Plan *p, Buf *b) {
     buf_printf(b, "  memory plan  %s per step without it, %s with it (%+.1f%%): the copies and recomputation that compute does not hide\n",
                fmt_time(p->plain_step), fmt_time(p->sched.step_time), 100 * (p->sched.step_time / p->plain_step - 1));
   buf_printf(b, "  predicted    %s per step, %.1f samples/s\n", fmt_time(p->sched.step_time), (double)p->batch / p->sched.step_time);
-  buf_printf(b, "  bubble       %.1f%% predicted (a balanced pipeline: (p-1)/(m+p-1) = %.1f%%)\n", 100 * p->sched.bubble,
-             100 * schedule_ideal_bubble(n, p->opt.microbatches));
+  if (p->sched.unroll > 0) {
+    buf_printf(b, "  bubble       %.1f%% predicted in the steady state; the pipeline fills and drains once per run (%s), not every\n"
+                  "               step (a synchronous balanced pipeline pays (p-1)/(m+p-1) = %.1f%% each step)\n",
+               100 * p->sched.bubble, fmt_time(p->sched.fill_drain), 100 * schedule_ideal_bubble(n, p->opt.microbatches));
+    buf_printf(b, "  staleness    %d: step t computes its forwards and backwards on the weights of step t-%d (the first %d steps on\n"
+                  "               the initial ones) and its gradient updates the newest; each stage keeps %d older cop%s of its\n"
+                  "               weights; the first stage runs forwards up to %d step%s ahead of its update\n",
+               p->sched.staleness, p->sched.staleness, p->sched.staleness, p->sched.staleness, p->sched.staleness == 1 ? "y" : "ies",
+               p->sched.lookahead, p->sched.lookahead == 1 ? "" : "s");
+  } else {
+    buf_printf(b, "  bubble       %.1f%% predicted (a balanced pipeline: (p-1)/(m+p-1) = %.1f%%)\n", 100 * p->sched.bubble,
+               100 * schedule_ideal_bubble(n, p->opt.microbatches));
+  }
   buf_printf(b, "  imbalance    slowest stage %d at %s per micro-batch; max/mean %.3f, max/min %.3f\n", slow, fmt_time(mx),
              mx / mean_time(p), mn > 0 ? mx / mn : 1.0);
   if (p->fb)
@@ -342,6 +367,9 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, ",\n  \"opset\": %lld,\n  \"nodes\": %d,\n  \"folded_nodes\": %d,\n  \"compute_nodes\": %d,\n  \"parameters\": %.0f,\n",
              (long long)p->g.opset, p->g.nn, p->nfolded, p->N, p->params);
   if (p->fb) buf_printf(b, "  \"fb_split\": %d,\n", p->fb->links.nf);
+  if (p->sched.unroll > 0)
+    buf_printf(b, "  \"staleness\": %d,\n  \"lookahead\": %d,\n  \"fill_drain_s\": %.9g,\n", p->sched.staleness, p->sched.lookahead,
+               p->sched.fill_drain);
   buf_printf(b, "  \"batch\": %lld,\n  \"microbatches\": %d,\n  \"microbatch_size\": %lld,\n  \"schedule\": \"%s\",\n  \"stages\": %d,\n",
              (long long)p->batch, p->opt.microbatches, (long long)p->mb_size, schedule_name(p->opt.schedule), n);
   buf_printf(b, "  \"optimizer\": \"%s\",\n  \"optimizer_slots_per_param\": %.0f,\n", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots);
@@ -399,6 +427,7 @@ void listing_json(const Plan *p, Buf *b) {
                c->mem_params, c->mem_grads, c->mem_opt, c->mem_stash, c->mem_recv, c->mem_work, c->mem_total, c->inflight, c->copies,
                c->mem_estimate, p->mem_note ? "false" : "true");
     if (p->arena) buf_printf(b, "     \"arena_bytes\": %lld,\n", (long long)p->arena[s]);
+    if (c->mem_versions > 0) buf_printf(b, "     \"weight_versions_bytes\": %.0f,\n", c->mem_versions);
     if (p->progs && p->plain_arena) memory_plan_json(p, s, b);
     buf_printf(b, "     \"recv\": ");
     json_edges(p, b, a);

@@ -341,6 +341,11 @@ int plan_from_graph(Plan *p) {
     pr->time_rate = c->rate, pr->load_s = c->load, pr->loss_s = c->loss, pr->update_per_byte = c->update_per_param / 4;
   }
   if (o->schedule == SCHED_PIPEFB) return pipefb_plan(p);
+  if (o->schedule == SCHED_ASYNC)
+    for (int t = 0; t < g->nt; t++)
+      if (g->t[t].is_param && p->nreaders[t] > 1)
+        return err_set("--schedule async: weight '%s' is read by %d nodes (tied); async does not version tied weights yet "
+                       "(use 1f1b, or --untie if an exporter merged them)", g->t[t].name, p->nreaders[t]);
   /* Ring sizes come from the order of each rank's actions, not from times:
    * the unit-time lists (the listing's table) give them before the cuts. */
   StageCost *unit = pool_alloc(&g->pool, sizeof(StageCost) * (size_t)o->nstages);
@@ -408,6 +413,22 @@ int plan_from_graph(Plan *p) {
   return 0;
 }
 
+/* Async keeps older copies of the weights region for the steps that
+ * compute on them; state a forward updates there (BatchNorm's running
+ * statistics) would be updated in a copy and lost.  Refused. */
+static int forward_writes_state(Plan *p, const StageProg *sp) {
+  for (int i = 0; i < sp->nfwd; i++)
+    for (int w = 0; w < sp->fwd[i].nwrites; w++) {
+      const Buffer *b = &sp->bufs[sp->fwd[i].writes[w]];
+      if (b->kind == BUF_RING || b->kind == BUF_GRING || b->kind == BUF_TEMP || b->kind == BUF_LABELS || b->offset >= sp->weights_bytes) continue;
+      int node = sp->fwd[i].node;
+      return err_set("--schedule async: node '%s' (%s) updates state in its forward ('%s', such as BatchNorm's running statistics); "
+                     "async does not version such state yet (use 1f1b, or export the model in eval mode)",
+                     node >= 0 ? p->g.n[node].name : "?", node >= 0 ? p->g.n[node].op : "?", b->tensor >= 0 ? p->g.t[b->tensor].name : b->name);
+    }
+  return 0;
+}
+
 int plan_programs(Plan *p) {
   int n = p->opt.nstages;
   StageProg *progs = pool_alloc(&p->g.pool, sizeof(StageProg) * (size_t)n);
@@ -423,6 +444,7 @@ int plan_programs(Plan *p) {
   for (int s = 0; s < n; s++) {
     memplan(p, &progs[s], p->sched.nslots[s], p->sched.ngslots[s]);
     plan_stage_memory(p, s);
+    if (p->opt.schedule == SCHED_ASYNC && forward_writes_state(p, &progs[s])) return -1;
   }
   p->mem_note = NULL;
   return 0;

@@ -9,7 +9,15 @@
  * m >= p, within two units of the ZB-H1 step 3m + p - 1.
  * (b) Planted mistakes are rejected with a message naming the rank: forwards
  * out of order, a missing SEND, a slot taken while still live, and a
- * deadlock between two ranks. */
+ * deadlock between two ranks.
+ * (c) async (--schedule async --staleness K) for n = 1..8, m = 1..16, K = 1..3:
+ * every list it builds passes the validator (weight versions, and a barrier
+ * between steps); where it refuses, the smallest m it names builds and the
+ * one below it does not; in unit time its steady step is m (F + B) - the
+ * bubble 1F1B pays every step is gone - and never longer than 1F1B's step;
+ * an UPDATE moved before a step's last backward, a forward moved ahead of
+ * the update it needs, and a staleness lowered below the lists' lookahead
+ * are refused by the validator. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -199,8 +207,79 @@ static void fb_case(void) {
   pool_free(&pool);
 }
 
+/* Index of the u-th UPDATE on rank s. */
+static int nth_upd(const Schedule *sc, int s, int u) {
+  for (int k = 0; k < sc->nact[s]; k++)
+    if (sc->act[s][k].kind == ACT_UPDATE && u-- == 0) return k;
+  return -1;
+}
+
+static void async_case(void) {
+  Pool pool = {0};
+  StageCost c[8];
+  int f0 = failed;
+  for (int K = 1; K <= 3; K++)
+    for (int p = 1; p <= 8; p++)
+      for (int m = 1; m <= 16; m++) {
+        unit_costs(c, p, 1);
+        Schedule sc, sync;
+        int rc = schedule_build_async(&sc, p, m, K, c, &pool);
+        if (rc) {
+          int need = 0;
+          const char *at = strstr(err_msg(), "needs --microbatches ");
+          CHECK(at && sscanf(at, "needs --microbatches %d", &need) == 1 && need > m, "async n=%d m=%d K=%d: refusal names no larger m (%s)\n", p, m, K,
+                err_msg());
+          if (need > m && need <= 64) {
+            Schedule ok;
+            CHECK(schedule_build_async(&ok, p, need, K, c, &pool) == 0, "async n=%d K=%d: the m=%d it names is refused too\n", p, K, need);
+            if (need - 1 > m) CHECK(schedule_build_async(&ok, p, need - 1, K, c, &pool) != 0, "async n=%d K=%d: m=%d also builds, so %d is not the smallest\n", p, K, need - 1, need);
+          }
+          continue;
+        }
+        CHECK(schedule_validate(&sc) == 0, "async n=%d m=%d K=%d: refused by the validator: %s\n", p, m, K, err_msg());
+        CHECK(fabs(sc.step_time - 2.0 * m) < 1e-9, "async n=%d m=%d K=%d: steady step %g units, want %d\n", p, m, K, sc.step_time, 2 * m);
+        schedule_build(&sync, SCHED_1F1B, p, m, 0, c, &pool);
+        CHECK(sc.step_time <= sync.step_time + 1e-9, "async n=%d m=%d K=%d: step %g units, longer than 1f1b's %g\n", p, m, K, sc.step_time, sync.step_time);
+        CHECK(p == 1 || sc.fill_drain > 0, "async n=%d m=%d K=%d: no fill or drain predicted\n", p, m, K);
+      }
+  if (failed == f0) printf("ok - async lists for n = 1..8, m = 1..16, K = 1..3 pass the validator or name the smallest m; steady step m (F+B)\n");
+  /* Planted mistakes, on n = 4, m = 4, K = 1. */
+  unit_costs(c, 4, 1);
+  Schedule sc;
+  CHECK(schedule_build_async(&sc, 4, 4, 1, c, &pool) == 0, "async n=4 m=4 K=1 builds (%s)\n", err_msg());
+  /* The UPDATE of step 1 on rank 2 moved one place earlier, before a backward of step 1. */
+  int u = nth_upd(&sc, 2, 1);
+  while (sc.act[2][u - 1].kind != ACT_B) {
+    sc.act[2][u] = sc.act[2][u - 1], sc.act[2][u - 1] = (Action){ACT_UPDATE, -1, -1, -1, -1, -1, 0, 0}, u--;
+  }
+  sc.act[2][u] = sc.act[2][u - 1], sc.act[2][u - 1] = (Action){ACT_UPDATE, -1, -1, -1, -1, -1, 0, 0};
+  CHECK(schedule_validate(&sc) != 0 && strstr(err_msg(), "rank 2") && strstr(err_msg(), "backward"),
+        "an UPDATE before its step's last backward is refused (%s)\n", err_msg());
+  /* Staleness 0 with lists that run forwards a step ahead: a version that does not exist yet. */
+  CHECK(schedule_build_async(&sc, 4, 4, 1, c, &pool) == 0, "async n=4 m=4 K=1 builds again\n");
+  sc.staleness = 0;
+  CHECK(schedule_validate(&sc) != 0 && strstr(err_msg(), "needs the weights of step"), "lists running ahead of staleness 0 are refused (%s)\n",
+        err_msg());
+  /* A forward of step 2 moved before rank 0's UPDATE of step 0 (staleness 1: it needs W_1). */
+  CHECK(schedule_build_async(&sc, 4, 4, 1, c, &pool) == 0, "async n=4 m=4 K=1 builds again\n");
+  u = nth_upd(&sc, 0, 0);
+  int f = -1;
+  for (int k = u + 1; k < sc.nact[0] && f < 0; k++)
+    if (sc.act[0][k].kind == ACT_F && sc.act[0][k].mb == 8) f = k;
+  CHECK(f > u, "rank 0 runs F8 after its first UPDATE\n");
+  if (f > u) {
+    Action a = sc.act[0][f];
+    memmove(&sc.act[0][u + 1], &sc.act[0][u], sizeof(Action) * (size_t)(f - u));
+    sc.act[0][u] = a;
+    CHECK(schedule_validate(&sc) != 0 && strstr(err_msg(), "rank 0") && strstr(err_msg(), "F8"), "F8 before the update it needs is refused (%s)\n",
+          err_msg());
+  }
+  pool_free(&pool);
+}
+
 int main(void) {
   fb_case();
+  async_case();
   int f0 = failed;
   for (int kind = 0; kind <= SCHED_ZB1; kind++)
     for (int p = 1; p <= 8; p++)
