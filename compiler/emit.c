@@ -158,6 +158,15 @@ static void emit_mark(Buf *o, const StageProg *sp, const Call *calls, int n, int
   buf_printf(o, "  PR_PROF(%d, %s);\n", local[calls[i].node], dir == 0 ? "PR_PROF_FWD" : dir == 1 ? "PR_PROF_BWD_INPUT" : "PR_PROF_BWD_WEIGHT");
 }
 
+/* pipecc --progress poll: after the last call of each node, pr_poll() lets MPI move the messages in flight. */
+static void emit_poll(Buf *o, const StageProg *sp, const Call *calls, int n, int which, int i) {
+  if (which == 3 || !sp->poll) return;
+  int j = i + 1;
+  while (j < n && !emitted(sp, &calls[j], j, which)) j++;
+  if (j < n && calls[j].node == calls[i].node) return;
+  buf_printf(o, "  pr_poll();\n");
+}
+
 static void emit_calls(Buf *o, const StageProg *sp, const Call *calls, int n, int which, const int *local) {
   if (local && which != 3) buf_printf(o, "  PR_PROF_START();\n");
   for (int i = 0; i < n; i++) {
@@ -177,6 +186,7 @@ static void emit_calls(Buf *o, const StageProg *sp, const Call *calls, int n, in
     }
     buf_printf(o, "\n");
     emit_mark(o, sp, calls, n, which, local, i);
+    emit_poll(o, sp, calls, n, which, i);
   }
 }
 

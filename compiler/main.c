@@ -34,6 +34,8 @@ static void usage(FILE *f) {
         "  --schedule KIND       gpipe, 1f1b, zb1 (zero-bubble ZB-H1), pipefb (forwards and backwards on\n"
         "                        different ranks) or async (never drains; weights --staleness K old); default 1f1b\n"
         "  --fb-split NF         pipefb: the first NF ranks run forwards, the rest backwards (default: the planner's)\n"
+        "  --progress wait|poll  when MPI moves messages: while a rank waits for them (default), or also between\n"
+        "                        the nodes of its forward and backward (docs/async.md, overlap)\n"
         "  --staleness K         async: step t computes on the weights of step t-K, and its gradient updates the\n"
         "                        newest weights (default 1, PipeDream-2BW; docs/async.md)\n"
         "  --batch B             samples per optimizer step (default: the model's batch, else 32)\n"
@@ -220,6 +222,11 @@ int main(int argc, char **argv) {
       NEEDVAL();
       if (parse_int(val, 1, 1 << 20, &v)) return bad("--fb-split '%s': expected a positive whole number (forward ranks)%s", val, "");
       o.fb_split = (int)v;
+    } else if (!strcmp(a, "--progress")) {
+      NEEDVAL();
+      if (!strcmp(val, "poll")) o.poll = 1;
+      else if (!strcmp(val, "wait")) o.poll = 0;
+      else return bad("--progress '%s': expected wait (messages move when a rank waits for them) or poll (also between nodes)%s", val, "");
     } else if (!strcmp(a, "--staleness")) {
       NEEDVAL();
       if (parse_int(val, 1, 64, &v))

@@ -126,6 +126,7 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
       sp->weights_bytes = off, off = up(off), sp->mem_weights = off;
       /* async: the older weight versions, right after the newest. */
       sp->nwversions = p->opt.schedule == SCHED_ASYNC && off > 0 ? p->opt.staleness : 0;
+      sp->poll = p->opt.poll;
       sp->wversion_base = off, sp->wversion_stride = off;
       sp->mem_versions = sp->wversion_stride * sp->nwversions;
       off += sp->mem_versions;

@@ -15,6 +15,7 @@ typedef struct Options {
   const char *offload_dir; /* --offload file:DIR */
   int recompute;     /* --recompute auto (1) or none (0) */
   int fb_split;      /* --fb-split NF: pipefb's forward ranks (0: the planner chooses) */
+  int poll;          /* --progress poll: the stage programs let MPI progress between nodes */
   int staleness;     /* --staleness K: async's weight delay (0: not given; async's default is 1) */
   int profile;       /* --profile: timing marks in the stage programs (run.sh --profile FILE) */
   const char *costs; /* --costs FILE: measured node times to plan with (profile.c) */

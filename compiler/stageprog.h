@@ -142,6 +142,7 @@ typedef struct StageProg {
    * wversion_stride bytes apart from wversion_base (the steps a rank still
    * computes on; the region itself holds the newest). */
   int nwversions;
+  int poll;             /* pipecc --progress poll: pr_poll() between nodes */
   int64_t wversion_base, wversion_stride, mem_versions;
   /* The arena by what it holds (memplan); they add up to arena_bytes:
    * weights region (weights, constants, state; aligned), weight gradients,

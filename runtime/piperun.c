@@ -87,6 +87,16 @@ typedef struct Run {
   int64_t nupdates;
   int64_t *idx_ring, *idx_of;
   double *aloss;
+  /* Exposed communication: each send of forward values or gradients to a
+   * neighbour is followed by the time it was posted (on tcomm); a wait for
+   * such a message counts the part of it after that time.  Per slot /
+   * gslot: the time sent, the time received, their requests.  clock_prev /
+   * clock_next: the neighbour's clock minus this rank's (measured at start). */
+  MPI_Comm tcomm;
+  double *tsent_f, *tgot_f, *tsent_g, *tgot_g;
+  MPI_Request *tsreq_f, *trreq_f, *tsreq_g, *trreq_g;
+  double clock_prev, clock_next, t_exposed;
+  int npoll_req; /* --progress poll: outstanding requests tested between nodes */
 } Run;
 
 static int g_rank = -1;
@@ -386,6 +396,95 @@ static unsigned char *value_at(const Run *r, const PrValue *pv, const PrAction *
 
 static void wait_xslot_free(Run *r, int xslot);
 
+/* ---- exposed communication ---- */
+
+/* Which neighbour messages this stage has (the timestamps follow the same ones). */
+static int from_prev(const PrStage *st) {
+  for (int v = 0; v < st->nrecv; v++)
+    if (st->recv[v].source == PR_FROM_PREV) return 1;
+  return 0;
+}
+static int grads_to_prev(const PrStage *st) {
+  for (int v = 0; v < st->nrecv; v++)
+    if (st->recv[v].goffset >= 0 && st->recv[v].source == PR_FROM_PREV) return 1;
+  return 0;
+}
+static int grads_from_next(const PrStage *st) {
+  for (int v = 0; v < st->nsend; v++)
+    if (st->send[v].goffset >= 0) return 1;
+  return 0;
+}
+
+/* After a message's sends: the time they were posted goes the same way. */
+static void send_time(Run *r, double *at, MPI_Request *req, int peer, int tag) {
+  wait_watched(r, req, 1, peer, "to take a message's send time");
+  *at = now();
+  MPI_Isend(at, 1, MPI_DOUBLE, peer, tag, r->tcomm, req);
+}
+
+/* Waits for a message's requests, then for its send time: the part of the
+ * wait after the sender had posted it (in this rank's clock) is exposed. */
+static void wait_message(Run *r, MPI_Request *req, int n, MPI_Request *treq, const double *sent, double clock, int peer, const char *what) {
+  int any = 0;
+  for (int i = 0; i < n; i++) any |= req[i] != MPI_REQUEST_NULL;
+  if (!any) { /* already arrived (a poll between nodes completed it): nothing exposed */
+    wait_watched(r, treq, 1, peer, what);
+    return;
+  }
+  double t0 = now();
+  wait_all(r, req, n, peer, what);
+  double t1 = now();
+  if (*treq == MPI_REQUEST_NULL) return;
+  wait_watched(r, treq, 1, peer, what);
+  double e = fmax(0, t1 - fmax(t0, *sent - clock));
+  r->t_exposed += e;
+  trace_exposed(&r->trace, e);
+}
+
+/* The neighbours' clocks against this rank's: the best of 8 round trips
+ * (the one with the least delay) to the previous rank, whose answer goes
+ * back to it; 0 on one host, where every rank reads the same clock. */
+static void measure_clocks(Run *r) {
+  const PrStage *st = r->st;
+  int prev = st->prev_rank, next = st->next_rank, tag = 7;
+  if (prev >= 0) {
+    double best = INFINITY;
+    for (int i = 0; i < 8; i++) {
+      double a = now(), theirs;
+      MPI_Send(&a, 1, MPI_DOUBLE, prev, tag, r->tcomm);
+      MPI_Recv(&theirs, 1, MPI_DOUBLE, prev, tag, r->tcomm, MPI_STATUS_IGNORE);
+      double b = now();
+      if (b - a < best) best = b - a, r->clock_prev = theirs - (a + b) / 2;
+    }
+    double mine = -r->clock_prev;
+    MPI_Send(&mine, 1, MPI_DOUBLE, prev, tag + 1, r->tcomm);
+  }
+  if (next >= 0) {
+    for (int i = 0; i < 8; i++) {
+      double x;
+      MPI_Recv(&x, 1, MPI_DOUBLE, next, tag, r->tcomm, MPI_STATUS_IGNORE);
+      x = now();
+      MPI_Send(&x, 1, MPI_DOUBLE, next, tag, r->tcomm);
+    }
+    MPI_Recv(&r->clock_next, 1, MPI_DOUBLE, next, tag + 1, r->tcomm, MPI_STATUS_IGNORE);
+  }
+}
+
+/* --progress poll: between nodes (pr_poll in the generated code) the
+ * outstanding receives and sends are tested, so that MPI moves large
+ * messages while the rank computes instead of at the wait. */
+static Run *g_poll_run;
+void pr_poll(void) {
+  Run *r = g_poll_run;
+  if (!r) return;
+  int flag;
+  const PrStage *st = r->st;
+  MPI_Testall(st->nslots * st->nrecv, r->rreq, &flag, MPI_STATUSES_IGNORE);
+  MPI_Testall(st->ngslots * st->nsend, r->greq, &flag, MPI_STATUSES_IGNORE);
+  MPI_Testall(st->nslots * st->nsend, r->sreq, &flag, MPI_STATUSES_IGNORE);
+  MPI_Testall(st->ngslots * st->nrecv, r->gsreq, &flag, MPI_STATUSES_IGNORE);
+}
+
 static void do_recv(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
   wait_sends(r, a->slot);
@@ -396,6 +495,7 @@ static void do_recv(Run *r, const PrAction *a) {
     MPI_Irecv(value_at(r, pv, a), (int)pv->bytes, MPI_BYTE, st->prev_rank, tag_of(r->step, a->mb, v, 0),
               MPI_COMM_WORLD, &r->rreq[(size_t)a->slot * st->nrecv + v]);
   }
+  if (from_prev(st)) MPI_Irecv(r->tgot_f + a->slot, 1, MPI_DOUBLE, st->prev_rank, tag_of(r->step, a->mb, 0, 0), r->tcomm, r->trreq_f + a->slot);
 }
 
 static void do_send(Run *r, const PrAction *a) {
@@ -406,6 +506,7 @@ static void do_send(Run *r, const PrAction *a) {
     MPI_Isend(ring(r, pv->offset, pv->bytes, a->slot), (int)pv->bytes, MPI_BYTE, st->next_rank, tag_of(r->step, a->mb, v, 0),
               MPI_COMM_WORLD, &r->sreq[(size_t)a->slot * st->nsend + v]);
   }
+  if (st->nsend) send_time(r, r->tsent_f + a->slot, r->tsreq_f + a->slot, st->next_rank, tag_of(r->step, a->mb, 0, 0));
 }
 
 static void do_recv_grad(Run *r, const PrAction *a) {
@@ -417,6 +518,8 @@ static void do_recv_grad(Run *r, const PrAction *a) {
     MPI_Irecv(ring(r, pv->goffset, pv->bytes, a->gslot), (int)pv->bytes, MPI_BYTE, st->next_rank, tag_of(r->step, a->mb, v, 1),
               MPI_COMM_WORLD, &r->greq[(size_t)a->gslot * st->nsend + v]);
   }
+  if (grads_from_next(st))
+    MPI_Irecv(r->tgot_g + a->gslot, 1, MPI_DOUBLE, st->next_rank, tag_of(r->step, a->mb, 0, 1), r->tcomm, r->trreq_g + a->gslot);
 }
 
 static void do_send_grad(Run *r, const PrAction *a) {
@@ -428,6 +531,7 @@ static void do_send_grad(Run *r, const PrAction *a) {
     MPI_Isend(ring(r, pv->goffset, pv->bytes, a->gslot), (int)pv->bytes, MPI_BYTE, st->prev_rank, tag_of(r->step, a->mb, v, 1),
               MPI_COMM_WORLD, &r->gsreq[(size_t)a->gslot * st->nrecv + v]);
   }
+  if (grads_to_prev(st)) send_time(r, r->tsent_g + a->gslot, r->tsreq_g + a->gslot, st->prev_rank, tag_of(r->step, a->mb, 0, 1));
 }
 
 /* ---- PipeFB: the stash and the weights between the two chains ---- */
@@ -565,7 +669,8 @@ static double do_forward(Run *r, const PrAction *a) {
   for (int v = 0; v < st->nrecv; v++)
     if (st->recv[v].source != PR_FROM_PREV) load_guarded(r, &st->recv[v], a->mb, a->slot, NULL);
   r->prof.load += now() - l0;
-  wait_all(r, r->rreq + (size_t)a->slot * st->nrecv, st->nrecv, st->prev_rank, "the forward values of a micro-batch");
+  wait_message(r, r->rreq + (size_t)a->slot * st->nrecv, st->nrecv, r->trreq_f + a->slot, r->tgot_f + a->slot, r->clock_prev, st->prev_rank,
+               "the forward values of a micro-batch");
   double t0 = now(), loss = 0;
   st->forward(a->slot, a->xslot);
   if (st->loss) {
@@ -673,7 +778,9 @@ static void do_recompute(Run *r, const PrAction *a) {
 static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int, int)) {
   const PrStage *st = r->st;
   if (a->kind != PR_W) {
-    if (!st->loss) wait_all(r, r->greq + (size_t)a->gslot * st->nsend, st->nsend, st->next_rank, "the gradients of a micro-batch");
+    if (!st->loss)
+      wait_message(r, r->greq + (size_t)a->gslot * st->nsend, st->nsend, r->trreq_g + a->gslot, r->tgot_g + a->gslot, r->clock_next,
+                   st->next_rank, "the gradients of a micro-batch");
     wait_all(r, r->srreq + (size_t)a->slot * st->nstash_recv, st->nstash_recv, -1, "the stashed values of a micro-batch");
     wait_grad_sends(r, a->gslot); /* it writes the gradients sent back from gslot */
   }
@@ -1404,6 +1511,15 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   for (int i = 0; i < ns * st->nsend; i++) r.sreq[i] = MPI_REQUEST_NULL;
   for (int i = 0; i < ngs * st->nsend; i++) r.greq[i] = MPI_REQUEST_NULL;
   for (int i = 0; i < ngs * st->nrecv; i++) r.gsreq[i] = MPI_REQUEST_NULL;
+  /* Exposed communication: the send times that follow the messages, per slot and gslot. */
+  MPI_Comm_dup(MPI_COMM_WORLD, &r.tcomm);
+  r.tsent_f = calloc((size_t)(2 * ns + 2 * ngs), sizeof(double));
+  r.tsreq_f = malloc(sizeof(MPI_Request) * (size_t)(2 * ns + 2 * ngs));
+  if (!r.tsent_f || !r.tsreq_f) die(2, "out of memory for the message bookkeeping");
+  r.tgot_f = r.tsent_f + ns, r.tsent_g = r.tgot_f + ns, r.tgot_g = r.tsent_g + ngs;
+  r.trreq_f = r.tsreq_f + ns, r.tsreq_g = r.trreq_f + ns, r.trreq_g = r.tsreq_g + ngs;
+  for (int i = 0; i < 2 * ns + 2 * ngs; i++) r.tsreq_f[i] = MPI_REQUEST_NULL;
+  measure_clocks(&r);
   alloc_scratch(&r);
   /* The memory plan's state: requests per xslot and store slot, the file. */
   MPI_Comm_dup(MPI_COMM_WORLD, &r.ocomm);
@@ -1444,6 +1560,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   int64_t first_step = r.step;
   StepLog sl = {log, t_start, first_step, NAN, NAN};
   pr_weights = st->arena;
+  g_poll_run = &r;
   if (st->staleness) {
     run_async(&r, &sl);
   } else {
@@ -1462,6 +1579,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     }
   }
   double first_loss = sl.first_loss, last_loss = sl.last_loss;
+  g_poll_run = NULL;
   /* Drain what is still in flight. */
   static const PrAction drain = {PR_UPDATE, -1, -1, -1, -1, -1};
   r.cur = &drain;
@@ -1469,6 +1587,13 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   wait_all(&r, r.gsreq, ngs * st->nrecv, st->prev_rank, "to take the last gradients");
   wait_all(&r, r.ssreq, ns * st->nstash_send, -1, "to take the last stashed values");
   wait_all(&r, r.wreq, st->nwsend, -1, "to take the last weights");
+  wait_all(&r, r.tsreq_f, ns, st->next_rank, "to take the last send times");
+  wait_all(&r, r.tsreq_g, ngs, st->prev_rank, "to take the last send times");
+  for (int i = 0; i < ns + ngs; i++) {
+    MPI_Request *q = i < ns ? &r.trreq_f[i] : &r.trreq_g[i - ns];
+    if (*q != MPI_REQUEST_NULL) MPI_Cancel(q), MPI_Request_free(q);
+  }
+  MPI_Comm_free(&r.tcomm);
   MPI_Comm_free(&r.fcomm);
   wait_all(&r, r.oreq, 2 * nx + nst, -1, "to finish moving offloaded activations");
   for (int x = 0; r.xfer && x < nx; x++) wait_file(&r, x, "the last offloaded activations");
@@ -1504,9 +1629,9 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   }
   /* The summary: every stage's compute, wait and memory, on the last stage. */
   /* Each rank's own wall time: another rank's would make comm+other negative. */
-  enum { NSUM = 9 };
+  enum { NSUM = 10 };
   double mine[NSUM] = {r.t_compute, r.t_wait, (double)st->arena_bytes, st->predicted_bytes, r.t_total, (double)r.rss_peak,
-                       (double)r.rss_overhead, r.t_xfer_wait, r.sent_bytes}, *all = NULL;
+                       (double)r.rss_overhead, r.t_xfer_wait, r.sent_bytes, r.t_exposed}, *all = NULL;
   if (st->loss) all = malloc(sizeof(double) * NSUM * (size_t)st->nstages);
   MPI_Gather(mine, NSUM, MPI_DOUBLE, all, NSUM, MPI_DOUBLE, st->loss_rank, MPI_COMM_WORLD);
   if (st->loss && !r.a.quiet) {
@@ -1518,16 +1643,16 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     printf("step time %.3f ms measured, %.3f ms predicted; bubble %.1f%% measured\n", steps ? 1e3 * r.t_total / (double)steps : 0,
            1e3 * st->predicted_step_s, r.t_total > 0 ? 100 * (1 - busy / (st->nstages * r.t_total)) : 0);
     printf("stage  compute_s  wait_s  comm+other_s  arena_bytes  predicted_bytes  rss_peak_bytes  rss_overhead_bytes  xfer_wait_s"
-           "  sent_bytes\n");
+           "  sent_bytes  exposed_s\n");
     for (int s = 0; s < st->nstages; s++) {
       const double *x = &all[NSUM * s];
-      printf("%5d  %9.3f  %6.3f  %12.3f  %11.0f  %15.0f  %14.0f  %18.0f  %11.3f  %10.0f\n", s, x[0], x[1], fmax(0, x[4] - x[0] - x[1]), x[2],
-             x[3], x[5], x[6], x[7], x[8]);
+      printf("%5d  %9.3f  %6.3f  %12.3f  %11.0f  %15.0f  %14.0f  %18.0f  %11.3f  %10.0f  %9.3f\n", s, x[0], x[1], fmax(0, x[4] - x[0] - x[1]),
+             x[2], x[3], x[5], x[6], x[7], x[8], x[9]);
     }
   }
   free(all);
   if (r.have_data) data_close(&r.data);
-  free(r.rreq), free(r.sreq), free(r.greq), free(r.gsreq), free(r.idx), free(r.oreq), free(r.ssreq);
+  free(r.rreq), free(r.sreq), free(r.greq), free(r.gsreq), free(r.idx), free(r.oreq), free(r.ssreq), free(r.tsent_f), free(r.tsreq_f);
   free(r.in_labels), free(r.in_y), free(r.lab_x), free(r.lab_img);
   MPI_Finalize();
   return 0;

@@ -161,6 +161,8 @@ typedef struct PrStage {
  * under async an older version's copy.  Generated async programs address
  * their weights through it. */
 extern unsigned char *pr_weights;
+/* pipecc --progress poll: called between nodes; tests the requests in flight so MPI moves them during compute. */
+void pr_poll(void);
 
 /* What the random kernels (Dropout) key their numbers by, besides the node:
  * the run's --seed, and the step and micro-batch of the action running.

@@ -22,7 +22,7 @@ void trace_free(PrTrace *t) { free(t->ev), memset(t, 0, sizeof *t); }
 
 /* This rank's events as JSON objects, each followed by ",\n". */
 static char *format_events(const PrTrace *t, int rank, long *len) {
-  size_t cap = 256 + (size_t)t->n * 220, n = 0;
+  size_t cap = 256 + (size_t)t->n * 260, n = 0;
   char *s = malloc(cap);
   if (!s) return *len = 0, NULL;
   n += (size_t)snprintf(s + n, cap - n, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
@@ -34,8 +34,11 @@ static char *format_events(const PrTrace *t, int rank, long *len) {
     if (e->kind < 0 || e->mb < 0) snprintf(name, sizeof name, "%s", kind); /* UPDATE, the weights of pipefb */
     else snprintf(name, sizeof name, "%s%d", kind, e->mb);
     n += (size_t)snprintf(s + n, cap - n, "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, "
-                          "\"tid\": %d, \"args\": {\"step\": %lld, \"mb\": %d, \"kind\": \"%s\", \"slot\": %d}},\n", name, kind,
+                          "\"tid\": %d, \"args\": {\"step\": %lld, \"mb\": %d, \"kind\": \"%s\", \"slot\": %d", name, kind,
                           e->t0 * 1e6, (e->t1 - e->t0) * 1e6, rank, (long long)e->step, e->mb, kind, e->slot);
+    /* A wait for a message: how much of it came after the sender had sent it (exposed communication). */
+    if (e->kind == -1) n += (size_t)snprintf(s + n, cap - n, ", \"exposed_us\": %.3f", e->exposed * 1e6);
+    n += (size_t)snprintf(s + n, cap - n, "}},\n");
   }
   *len = (long)n;
   return s;

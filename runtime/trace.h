@@ -10,6 +10,7 @@ typedef struct PrEvent {
   int64_t step;
   int kind;        /* PR_*, or -1 for a wait */
   int mb, slot;
+  double exposed;  /* a wait for a message: the part of it after its sender had sent it (exposed communication) */
 } PrEvent;
 
 typedef struct PrTrace {
@@ -26,7 +27,11 @@ static inline void trace_add(PrTrace *t, int kind, int mb, int slot, int64_t ste
     t->dropped++;
     return;
   }
-  t->ev[t->n++] = (PrEvent){t0 - t->start, t1 - t->start, step, kind, mb, slot};
+  t->ev[t->n++] = (PrEvent){t0 - t->start, t1 - t->start, step, kind, mb, slot, 0};
+}
+/* The last event (a wait just added) had `exposed` seconds of exposed communication. */
+static inline void trace_exposed(PrTrace *t, double exposed) {
+  if (t->cap && t->n > 0 && t->ev[t->n - 1].kind == -1) t->ev[t->n - 1].exposed = exposed;
 }
 /* Collective: every rank's events go to rank 0, which writes path; 0 or -1. */
 int trace_write(PrTrace *t, const char *path, int rank, int nranks);
