@@ -7,7 +7,7 @@ Each pipecc figure is measured in the same invocation as the figure it is compar
 alternating (pipecc, reference, pipecc, reference, ... BENCH_REPEATS rounds, best median kept).
 
 Environment: BENCH_REPEATS (default 4), BENCH_QUICK=1 (fewer steps, for trying the script out),
-BENCH_SKIP (comma list of sections to skip: single,pipeline,memcurve,pipefb,compiler), BENCH_PIPE_MODELS (comma list:
+BENCH_SKIP (comma list of sections to skip: single,pipeline,memcurve,pipefb,async,compiler), BENCH_PIPE_MODELS (comma list:
 only these pipeline models), BENCH_MS (comma list of micro-batch counts, default 4,8).
 See bench/README.md for what each row means.
 """
@@ -686,6 +686,9 @@ def main():
     if data and "pipefb" not in SKIP:
         import fbbench   # section 7: --schedule pipefb against 1f1b and 1f1b with peer offload
         fbbench.section_fb(sys.modules[__name__], data)
+    if data and "async" not in SKIP:
+        import asyncbench   # section 8: --schedule async against 1f1b and zb1; exposed communication
+        asyncbench.section_async(sys.modules[__name__], data)
     if "compiler" not in SKIP:
         log("compiler: gpt2_small -n 8 --plan-only")
         section_compiler()
