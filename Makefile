@@ -96,6 +96,8 @@ bin/test_timeline: tests/test_timeline_c.c build/asan/timeline.o build/asan/util
 # Unit tests in C link the compiler's passes directly.
 bin/test_partition: tests/test_partition.c $(ASAN_OBJ)
 	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
+bin/test_dagpart: tests/test_dagpart.c $(ASAN_OBJ)
+	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
 bin/test_schedule: tests/test_schedule.c $(ASAN_OBJ)
 	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
 bin/test_units: tests/test_units.c $(ASAN_OBJ)
@@ -122,7 +124,7 @@ fuzz: bin/fuzz_loader bin/pipecc
 	  -artifact_prefix=build/ build/fuzz-corpus tests/fuzz_seeds
 	bash tests/fuzz_build.sh build/fuzz-accepted 30
 
-test: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-asan bin/test_partition bin/test_schedule bin/test_units \
+test: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-asan bin/test_partition bin/test_dagpart bin/test_schedule bin/test_units \
       bin/test_kernels bin/fuzz_loader bin/pipecc-trace bin/pipecc-trace-asan bin/test_timeline
 	@bash tests/run.sh
 

@@ -342,7 +342,7 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
                   "static const char *const PROFILE_NODES[] = {\n");
     for (int k = a; k < e; k++) {
       char key[PROFILE_KEY_MAX];
-      profile_key(g, p->node[k], k, key, sizeof key);
+      profile_key(g, p->node[k], key, sizeof key);
       local[p->node[k]] = k - a;
       buf_printf(o, "    \"");
       put_cstring(o, key);

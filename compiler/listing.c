@@ -275,6 +275,7 @@ void listing_text(const Plan *p, Buf *b) {
   else
     buf_printf(b, "  node costs   FLOPs over the rate above and memory traffic over memory copies (measure them: --profile, --costs)\n");
   if (p->opt.mem_limit > 0) buf_printf(b, "  mem limit    %s per rank\n", fmt_bytes(p->opt.mem_limit));
+  if (p->part_note) buf_printf(b, "  partition    %s\n", p->part_note);
   buf_printf(b, "\n");
   for (int s = 0; s < n; s++) stage_text(p, s, b);
   tie_text(p, b);
@@ -370,6 +371,10 @@ void listing_json(const Plan *p, Buf *b) {
   if (p->sched.unroll > 0)
     buf_printf(b, "  \"staleness\": %d,\n  \"lookahead\": %d,\n  \"fill_drain_s\": %.9g,\n", p->sched.staleness, p->sched.lookahead,
                p->sched.fill_drain);
+  buf_printf(b, "  \"partition\": \"%s\",\n  \"partition_note\": ", p->opt.partition == PARTITION_CHAIN ? "chain" : "dag");
+  if (p->part_note) json_str(b, p->part_note);
+  else buf_printf(b, "null");
+  buf_printf(b, ",\n  \"chain_max_stage_time_s\": %.9g,\n", p->chain_time);
   buf_printf(b, "  \"batch\": %lld,\n  \"microbatches\": %d,\n  \"microbatch_size\": %lld,\n  \"schedule\": \"%s\",\n  \"stages\": %d,\n",
              (long long)p->batch, p->opt.microbatches, (long long)p->mb_size, schedule_name(p->opt.schedule), n);
   buf_printf(b, "  \"optimizer\": \"%s\",\n  \"optimizer_slots_per_param\": %.0f,\n", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots);

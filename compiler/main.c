@@ -33,6 +33,8 @@ static void usage(FILE *f) {
         "  -o DIR                output directory (default: MODEL.pipe)\n"
         "  --schedule KIND       gpipe, 1f1b, zb1 (zero-bubble ZB-H1), pipefb (forwards and backwards on\n"
         "                        different ranks) or async (never drains; weights --staleness K old); default 1f1b\n"
+        "  --partition dag|chain how stages are cut: over the graph's downsets, reordering independent nodes\n"
+        "                        (default), or ranges of the model's own node order\n"
         "  --fb-split NF         pipefb: the first NF ranks run forwards, the rest backwards (default: the planner's)\n"
         "  --progress wait|poll  when MPI moves messages: while a rank waits for them (default), or also between\n"
         "                        the nodes of its forward and backward (docs/async.md, overlap)\n"
@@ -192,6 +194,11 @@ int main(int argc, char **argv) {
       else if (!strcmp(val, "pipefb")) o.schedule = SCHED_PIPEFB;
       else if (!strcmp(val, "async")) o.schedule = SCHED_ASYNC;
       else return bad("--schedule '%s': expected gpipe, 1f1b, zb1, pipefb or async%s", val, "");
+    } else if (!strcmp(a, "--partition")) {
+      NEEDVAL();
+      if (!strcmp(val, "dag")) o.partition = PARTITION_DAG;
+      else if (!strcmp(val, "chain")) o.partition = PARTITION_CHAIN;
+      else return bad("--partition '%s': expected dag or chain%s", val, "");
     } else if (!strcmp(a, "--batch")) {
       NEEDVAL();
       if (parse_int(val, 1, 1L << 30, &v)) return bad("--batch '%s': expected a positive whole number%s", val, "");

@@ -113,35 +113,48 @@ static double link_time(const Link *l, double bytes, double messages) {
   return bytes / l->bandwidth + messages * l->latency;
 }
 
+/* The sums at cut b of the order (before node b). */
+static void sums_at(const PartCtx *c, int b, PartSums *o) {
+  *o = (PartSums){c->pf_fwd[b], c->pf_bwd[b], c->pf_traffic[b], c->pf_param[b], c->pf_stash[b], c->pf_work[b],
+                  c->pf_fs[b],  c->pf_bis[b], c->pf_bws[b],     c->cut_bytes[b], c->cut_grad[b], c->cut_count[b],
+                  b == 0,       b == c->p->N};
+}
+
 void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *o) {
-  const PartProblem *p = c->p;
+  PartSums lo, hi;
+  sums_at(c, i, &lo);
+  sums_at(c, j, &hi);
+  part_cost_sums(c->p, s, &lo, &hi, o);
+}
+
+void part_cost_sums(const PartProblem *p, int s, const PartSums *lo, const PartSums *hi, StageCost *o) {
   const Machine *m = p->machine;
   memset(o, 0, sizeof *o);
   double rate = m->dev[s].flops, mbw = m->memcpy_bw;
   if (p->fwd_s) {
     /* Measured: scaled from the profiled device's rate to this rank's. */
     double k = p->time_rate / rate;
-    o->fwd = (c->pf_fs[j] - c->pf_fs[i] + (i == 0 ? p->load_s : 0) + (j == p->N ? p->loss_s : 0)) * k;
-    o->bwd_w = (c->pf_bws[j] - c->pf_bws[i]) * k;
-    o->bwd = (c->pf_bis[j] - c->pf_bis[i]) * k + o->bwd_w;
-    o->update = p->update_per_byte * (c->pf_param[j] - c->pf_param[i]) * k;
+    o->fwd = (hi->fs - lo->fs + (lo->first ? p->load_s : 0) + (hi->last ? p->loss_s : 0)) * k;
+    o->bwd_w = (hi->bws - lo->bws) * k;
+    o->bwd = (hi->bis - lo->bis) * k + o->bwd_w;
+    o->update = p->update_per_byte * (hi->param - lo->param) * k;
   } else {
-    double traffic = c->pf_traffic[j] - c->pf_traffic[i];
-    o->fwd = (c->pf_fwd[j] - c->pf_fwd[i]) / rate + traffic / mbw;
-    o->bwd = (c->pf_bwd[j] - c->pf_bwd[i]) / rate + 2 * traffic / mbw;
+    double traffic = hi->traffic - lo->traffic;
+    o->fwd = (hi->fwd - lo->fwd) / rate + traffic / mbw;
+    o->bwd = (hi->bwd - lo->bwd) / rate + 2 * traffic / mbw;
     /* Without a profile, half of the backward is taken as the weight
      * gradient (a weighted op's backward is two GEMMs of equal size). */
     o->bwd_w = o->bwd / 2;
     /* The optimizer reads each weight and gradient and writes the weight,
      * and reads and writes each optimizer slot. */
-    o->update = (3 + 2 * p->opt_state_per_param) * (c->pf_param[j] - c->pf_param[i]) / mbw;
+    o->update = (3 + 2 * p->opt_state_per_param) * (hi->param - lo->param) / mbw;
   }
   if (p->only == PART_FORWARD) o->bwd = o->bwd_w = o->update = 0;
   if (p->only == PART_BACKWARD) o->fwd = 0;
-  o->recv_bytes = c->cut_bytes[i];
-  o->send_bytes = j < p->N ? c->cut_bytes[j] : 0;
-  if (s > 0) o->comm += link_time(&m->link[s - 1], c->cut_bytes[i] + c->cut_grad[i], 2 * c->cut_count[i]);
-  if (s + 1 < p->nstages) o->comm += link_time(&m->link[s], c->cut_bytes[j] + c->cut_grad[j], 2 * c->cut_count[j]);
+  o->recv_bytes = lo->cut_bytes;
+  o->send_bytes = !hi->last ? hi->cut_bytes : 0;
+  if (s > 0) o->comm += link_time(&m->link[s - 1], lo->cut_bytes + lo->cut_grad, 2 * lo->cut_count);
+  if (s + 1 < p->nstages) o->comm += link_time(&m->link[s], hi->cut_bytes + hi->cut_grad, 2 * hi->cut_count);
   o->time = o->fwd + o->bwd + o->comm;
   /* The closed-form estimate of the arena (what the DP trusts when it fits,
    * see partition_solve; exact pricing is stage_mem): ring copies of the
@@ -151,17 +164,17 @@ void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *o) {
   o->inflight = stage_inflight(p->schedule, s, p->nstages, p->microbatches);
   o->copies = stage_copies(p->schedule, s, p->nstages, p->microbatches);
   o->gcopies = stage_gcopies(p->schedule, s, p->nstages, p->microbatches);
-  o->mem_params = c->pf_param[j] - c->pf_param[i];
+  o->mem_params = hi->param - lo->param;
   o->mem_grads = o->mem_params;
   o->mem_opt = o->mem_params * p->opt_state_per_param;
-  o->mem_stash = o->copies * (c->pf_stash[j] - c->pf_stash[i]);
-  double last = j == p->N ? c->cut_bytes[j] : 0; /* d(logits); the labels take no more than the logits */
-  o->mem_recv = o->copies * (c->cut_bytes[i] + c->cut_bytes[j] + last) + last + o->gcopies * (c->cut_grad[i] + c->cut_grad[j]);
-  o->mem_work = c->pf_work[j] - c->pf_work[i];
+  o->mem_stash = o->copies * (hi->stash - lo->stash);
+  double last = hi->last ? hi->cut_bytes : 0; /* d(logits); the labels take no more than the logits */
+  o->mem_recv = o->copies * (lo->cut_bytes + hi->cut_bytes + last) + last + o->gcopies * (lo->cut_grad + hi->cut_grad);
+  o->mem_work = hi->work - lo->work;
   o->mem_total = o->mem_params + o->mem_grads + o->mem_opt + o->mem_stash + o->mem_recv + o->mem_work;
 }
 
-static double stage_limit(const PartProblem *p, int s) {
+double part_stage_limit(const PartProblem *p, int s) {
   double lim = p->machine->dev[s].mem_bytes;
   if (p->mem_limit > 0 && (lim <= 0 || p->mem_limit < lim)) lim = p->mem_limit;
   return lim;
@@ -213,7 +226,7 @@ static int by_key(const void *a, const void *b) {
  * limit applies; a lower bound rules out most without building anything. */
 static int best_cut(const PartCtx *c, int mode, double cap, const double *prev, int s, int j, Cand *cand, double *kept,
                     double *best) {
-  double lim = stage_limit(c->p, s);
+  double lim = part_stage_limit(c->p, s);
   StageCost sc;
   int nc = 0;
   if (lim > 0 && c->p->stage_mem) stash_within(c->p, j, kept);
@@ -301,7 +314,7 @@ static int no_fit(const PartCtx *c, Partition *out, Pool *pool) {
  * trusted estimates). */
 static int plan_fits(const PartCtx *c, const int *start) {
   for (int s = 0; s < c->p->nstages; s++) {
-    double lim = stage_limit(c->p, s);
+    double lim = part_stage_limit(c->p, s);
     if (lim > 0 && part_stage_mem(c, s, start[s], start[s + 1]) > lim) return 0;
   }
   return 1;

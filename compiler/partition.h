@@ -80,6 +80,21 @@ typedef struct Partition {
   StageCost *cost;
 } Partition;
 
+/* What a stage's cost depends on at each of its two cuts: the sums of the
+ * per-node figures over every node before the cut, and what crosses it.  A
+ * stage is the nodes between two cuts, so its cost is a function of the two
+ * (part_cost_sums): for a range [i, j) of the order they are prefix sums
+ * (part_stage_cost), for a set of nodes closed under predecessors the sums
+ * over that set (the downset DP, dagpart.c). */
+typedef struct PartSums {
+  double fwd, bwd, traffic, param, stash, work; /* FLOPs, bytes */
+  double fs, bis, bws;                          /* measured seconds (fwd_s, bwdi_s, bwdw_s), if any */
+  double cut_bytes, cut_grad, cut_count;        /* values crossing the cut, their gradients' bytes, how many */
+  int first, last;                              /* the cut before every node (the loader's), after every node (the loss's) */
+} PartSums;
+/* Stage s between the cuts lo and hi (lo's nodes are a subset of hi's). */
+void part_cost_sums(const PartProblem *p, int s, const PartSums *lo, const PartSums *hi, StageCost *out);
+
 /* Per-stage cost of nodes [i, j) on stage s; boundary bytes must be ready
  * (part_prepare). */
 typedef struct PartCtx PartCtx;
@@ -88,6 +103,8 @@ void part_ctx_free(PartCtx *c);
 void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *out);
 /* The memory the DP decides with: stage_mem if given, else the estimate. */
 double part_stage_mem(const PartCtx *c, int s, int i, int j);
+/* Stage s's memory limit: the smaller of mem_limit and its rank's own; 0 = none. */
+double part_stage_limit(const PartProblem *p, int s);
 /* Seconds of node k's forward on stage s's rank, per micro-batch. */
 double part_node_fwd(const PartProblem *p, int s, int k);
 /* Bytes of everything crossing the cut before node b (1 <= b < N). */

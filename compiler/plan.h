@@ -14,6 +14,7 @@ typedef struct Options {
   int offload;       /* --offload: OFFLOAD_* */
   const char *offload_dir; /* --offload file:DIR */
   int recompute;     /* --recompute auto (1) or none (0) */
+  int partition;     /* --partition: PARTITION_DAG (the default) or PARTITION_CHAIN */
   int fb_split;      /* --fb-split NF: pipefb's forward ranks (0: the planner chooses) */
   int poll;          /* --progress poll: the stage programs let MPI progress between nodes */
   int staleness;     /* --staleness K: async's weight delay (0: not given; async's default is 1) */
@@ -22,6 +23,10 @@ typedef struct Options {
   int64_t batch;
   double mem_limit, lr, momentum, weight_decay;
 } Options;
+
+/* How stages are cut (plan.c): the downset DP, which may reorder independent
+ * nodes (dagpart.c), or ranges of the loaded node order alone. */
+enum { PARTITION_DAG = 0, PARTITION_CHAIN = 1 };
 
 enum { OFFLOAD_AUTO, OFFLOAD_NONE, OFFLOAD_PEER, OFFLOAD_FILE };
 
@@ -59,6 +64,8 @@ typedef struct Plan {
   Machine machine;
   PartProblem prob;
   Partition part;
+  const char *part_note;   /* which partitioner decided the cuts, and why (the listing's "partition" line) */
+  double chain_time;       /* the slowest stage of the loaded order's best cuts (0: not computed) */
   Schedule sched, slots; /* predicted timing, and the unit-time table */
   int64_t *arena;    /* per stage, once the stage programs are laid out (NULL before) */
   int *first_read, *last_read; /* per tensor: first and last compute node (k) reading it, -1 if none */

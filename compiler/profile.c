@@ -10,8 +10,10 @@
 
 #include "plan.h"
 
-void profile_key(const Graph *g, int node, int k, char *out, size_t len) {
+void profile_key(const Graph *g, int node, char *out, size_t len) {
   const Node *n = &g->n[node];
+  int k = 0;
+  for (int j = 0; j < node; j++) k += !g->n[j].folded;
   int w = snprintf(out, len, "%d %s ", k, n->op ? n->op : "?");
   if (w < 0 || (size_t)w >= len) return;
   const char *name = n->name && *n->name ? n->name : "(unnamed)";
@@ -93,7 +95,7 @@ static int parse(Costs *c, const char *path, char *text, const Plan *p, char *se
       int k = (int)kd;
       char key[PROFILE_KEY_MAX], mine[PROFILE_KEY_MAX];
       snprintf(key, sizeof key, "%d %s %s", k, op, name);
-      profile_key(g, p->node[k], k, mine, sizeof mine);
+      profile_key(g, p->node[k], mine, sizeof mine);
       if (strcmp(key, mine))
         return err_set("--costs %s:%d: node %d is '%s' there but '%s' in %s: a profile of another model (or of another version of it)",
                        path, lineno, k, key, mine, g->path);
@@ -109,7 +111,7 @@ static int parse(Costs *c, const char *path, char *text, const Plan *p, char *se
   for (int k = 0; k < p->N; k++)
     if (!seen[k]) {
       char mine[PROFILE_KEY_MAX];
-      profile_key(g, p->node[k], k, mine, sizeof mine);
+      profile_key(g, p->node[k], mine, sizeof mine);
       return err_set("--costs %s: no time for node '%s' (a profile of part of the model?)", path, mine);
     }
   c->update_per_param = upd_params > 0 ? upd_s / upd_params : 0;

@@ -21,11 +21,13 @@ typedef struct Costs {
   int64_t profile_mb;      /* the micro-batch size it was measured at (times scale linearly to the plan's) */
 } Costs;
 
-/* "K OP NAME" of compute node k (graph node `node`): the key of its line,
- * with bytes outside printable ASCII as '?', cut to PROFILE_KEY_MAX - 1
- * bytes (the stage programs and the reader cut it alike). */
+/* "K OP NAME" of graph node `node`, the K-th compute node in the model's
+ * own order (not the partition's, which --partition dag may change: a
+ * profile taken at one -n plans another): the key of its line, with bytes
+ * outside printable ASCII as '?', cut to PROFILE_KEY_MAX - 1 bytes (the
+ * stage programs and the reader cut it alike). */
 enum { PROFILE_KEY_MAX = 2048 };
-void profile_key(const Graph *g, int node, int k, char *out, size_t len);
+void profile_key(const Graph *g, int node, char *out, size_t len);
 
 struct Plan;
 /* Reads path for the N compute nodes of p (p->node, p->mb_size set).

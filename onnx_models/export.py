@@ -218,6 +218,82 @@ class GPT(nn.Module):
 # Export helpers
 # --------------------------------------------------------------------------
 
+class InceptionBlock(nn.Module):
+    """Four parallel branches of different cost, concatenated: 1x1; 1x1 -> 3x3;
+    1x1 -> 5x5; 3x3 max pool -> 1x1 (GoogLeNet's block, without BatchNorm)."""
+
+    def __init__(self, cin):
+        super().__init__()
+        self.b1 = nn.Conv2d(cin, 8, 1)
+        self.b2a, self.b2b = nn.Conv2d(cin, 8, 1), nn.Conv2d(8, 16, 3, padding=1)
+        self.b3a, self.b3b = nn.Conv2d(cin, 4, 1), nn.Conv2d(4, 8, 5, padding=2)
+        self.b4 = nn.Conv2d(cin, 8, 1)
+
+    def forward(self, x):
+        y1 = F.relu(self.b1(x))
+        y2 = F.relu(self.b2b(F.relu(self.b2a(x))))
+        y3 = F.relu(self.b3b(F.relu(self.b3a(x))))
+        y4 = F.relu(self.b4(F.max_pool2d(x, 3, stride=1, padding=1)))
+        return torch.cat([y1, y2, y3, y4], 1)
+
+
+class SmallInception(nn.Module):
+    """A stem conv, three Inception blocks (40 channels out each, a 2x2 max pool
+    after the first two), global average pool, Linear(40,10): a branchy graph
+    for the partitioner over the DAG."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        self.blocks = nn.ModuleList([InceptionBlock(16), InceptionBlock(40), InceptionBlock(40)])
+        self.fc = nn.Linear(40, 10)
+
+    def forward(self, x):
+        x = F.relu(self.stem(x))
+        for i, b in enumerate(self.blocks):
+            x = b(x)
+            if i < 2:
+                x = F.max_pool2d(x, 2)
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
+class SmallDenseNet(nn.Module):
+    """DenseNet-style: in each of two dense blocks, every layer (ReLU, 3x3 conv,
+    8 channels) reads the concatenation of the block's input and all earlier
+    layers' outputs; a 1x1 conv + 2x2 average pool between the blocks; global
+    average pool, Linear(.,10).  Every output is read by every later layer of
+    its block: values that skip stages."""
+
+    def __init__(self, growth=8, layers=(4, 3)):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 16, 3, padding=1)
+        c = 16
+        self.block1 = nn.ModuleList()
+        for _ in range(layers[0]):
+            self.block1.append(nn.Conv2d(c, growth, 3, padding=1))
+            c += growth
+        self.trans = nn.Conv2d(c, 16, 1)
+        c = 16
+        self.block2 = nn.ModuleList()
+        for _ in range(layers[1]):
+            self.block2.append(nn.Conv2d(c, growth, 3, padding=1))
+            c += growth
+        self.fc = nn.Linear(c, 10)
+
+    @staticmethod
+    def dense(x, convs):
+        feats = [x]
+        for conv in convs:
+            feats.append(conv(F.relu(torch.cat(feats, 1))))
+        return torch.cat(feats, 1)
+
+    def forward(self, x):
+        x = self.dense(self.stem(x), self.block1)
+        x = F.avg_pool2d(self.trans(F.relu(x)), 2)
+        x = F.relu(self.dense(x, self.block2))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+
 def count_params(model):
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
@@ -400,6 +476,8 @@ def main():
         export("resnet.onnx", SmallResNet, rand_images(3, 32, 32), "input", 14, args.out)
         export("gpt.onnx", GPT, rand_tokens(64, 32), "tokens", 14, args.out)
         export("gpt_opset17.onnx", GPT, rand_tokens(64, 32), "tokens", 17, args.out)
+        export("inception.onnx", SmallInception, rand_images(3, 32, 32), "input", 14, args.out)
+        export("densenet.onnx", SmallDenseNet, rand_images(3, 32, 32), "input", 14, args.out)
 
     if args.large:
         large_out = args.large_out or os.path.join(args.out, "large")

@@ -36,6 +36,7 @@ suite() {
 }
 
 suite "partitioner: DP vs brute force" bin/test_partition
+suite "partitioner: downset DP vs brute force, and against the fixed order on the sample models" bin/test_dagpart
 suite "schedules: action lists, validator, planted mistakes" bin/test_schedule
 suite "units" bin/test_units
 suite "run-time kernels (Gelu, LeakyRelu, Concat, views, Cast, unary maths, Max/Min, comparisons, ReduceMax, ArgMax, Philox and Dropout) against double references (ASan build)" bin/test_kernels
