@@ -24,7 +24,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict zoo test-memory test-pipefb
+.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict zoo test-memory test-pipefb test-async
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
@@ -165,6 +165,11 @@ test-memory: bin/pipecc bin/piperun-data
 # an even split and the planner's, bit-identical to -n 1.
 test-pipefb: bin/pipecc bin/piperun-data
 	$(PY) tests/test_pipefb.py
+
+# The async schedule's whole matrix (not part of make test): mlp, lenet, gpt at n = 2, 4, K = 1, 2, SGD and
+# AdamW against a PyTorch simulation of the staleness rule.
+test-async: bin/pipecc bin/piperun-data
+	$(PY) tests/test_async.py
 
 # The real-model suite (not part of make test): torchvision classifiers and two
 # transformer LMs, n = 1 and 4, against PyTorch; writes docs/zoo.md.

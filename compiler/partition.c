@@ -22,6 +22,12 @@ struct PartCtx {
   double *pf_fwd, *pf_bwd, *pf_traffic, *pf_param, *pf_stash, *pf_work; /* prefix sums, N + 1 */
   double *pf_fs, *pf_bis, *pf_bws;                             /* of the measured times (fwd_s ...), if any */
   double *cut_bytes, *cut_grad, *cut_count;                    /* per cut b = 0..N */
+  /* Direct sends: per cut i, the gaps open there (lo < i < hi), by hi
+   * descending, with running sums of their bytes: entries open_at[i] ..
+   * open_at[i + 1] - 1 of the arrays below.  NULL: relays. */
+  int64_t *open_at;
+  int *open_hi;
+  double *open_bytes, *open_grad;
   int screen;        /* with stage_mem: a candidate whose estimate fits is taken as fitting without building it */
 };
 
@@ -42,6 +48,58 @@ int stage_copies(int schedule, int s, int nstages, int m) {
 int stage_gcopies(int schedule, int s, int nstages, int m) {
   if (schedule == SCHED_ZB1) return stage_copies(schedule, s, nstages, m);
   return 2;
+}
+
+static int by_hi_desc(const void *a, const void *b) {
+  const PartGap *x = *(const PartGap *const *)a, *y = *(const PartGap *const *)b;
+  return x->hi != y->hi ? y->hi - x->hi : (x->lo > y->lo) - (x->lo < y->lo);
+}
+
+/* The gaps open at each cut, for pass_through(); skipped (relay pricing)
+ * when they would take more than OPEN_MAX entries. */
+#define OPEN_MAX 4000000
+static void open_gaps(PartCtx *c) {
+  const PartProblem *p = c->p;
+  int N = p->N;
+  int64_t total = 0;
+  for (int g = 0; g < p->ngaps; g++) total += p->gaps[g].hi - p->gaps[g].lo - 1 > 0 ? p->gaps[g].hi - p->gaps[g].lo - 1 : 0;
+  if (!p->gaps || !total || total > OPEN_MAX) return;
+  const PartGap **by = malloc(sizeof(PartGap *) * (size_t)p->ngaps);
+  c->open_at = calloc((size_t)N + 2, sizeof(int64_t));
+  c->open_hi = malloc(sizeof(int) * (size_t)total);
+  c->open_bytes = malloc(sizeof(double) * (size_t)total), c->open_grad = malloc(sizeof(double) * (size_t)total);
+  if (!by || !c->open_at || !c->open_hi || !c->open_bytes || !c->open_grad) abort();
+  for (int g = 0; g < p->ngaps; g++) by[g] = &p->gaps[g];
+  qsort(by, (size_t)p->ngaps, sizeof *by, by_hi_desc);
+  for (int g = 0; g < p->ngaps; g++)
+    for (int i = by[g]->lo + 1; i < by[g]->hi && i <= N; i++) c->open_at[i + 1]++;
+  for (int i = 0; i <= N; i++) c->open_at[i + 1] += c->open_at[i];
+  int64_t *fill = malloc(sizeof(int64_t) * (size_t)(N + 1));
+  if (!fill) abort();
+  memcpy(fill, c->open_at, sizeof(int64_t) * (size_t)(N + 1));
+  for (int g = 0; g < p->ngaps; g++) /* by hi descending: each cut's list comes out sorted */
+    for (int i = by[g]->lo + 1; i < by[g]->hi && i <= N; i++) {
+      int64_t k = fill[i]++;
+      c->open_hi[k] = by[g]->hi;
+      c->open_bytes[k] = by[g]->bytes + (k > c->open_at[i] ? c->open_bytes[k - 1] : 0);
+      c->open_grad[k] = by[g]->grad_bytes + (k > c->open_at[i] ? c->open_grad[k - 1] : 0);
+    }
+  free(fill), free(by);
+}
+
+/* What stage [i, j) skips under direct sends: values made before it and
+ * read after it, by none of its nodes (gaps open at i with hi >= j). */
+static void pass_through(const PartCtx *c, int i, int j, PartSums *hi) {
+  hi->pass_bytes = hi->pass_grad = hi->pass_count = 0;
+  if (!c->open_at || i <= 0 || i >= c->p->N) return;
+  int64_t a = c->open_at[i], e = c->open_at[i + 1], lo = a, up = e; /* the first entry with open_hi < j */
+  while (lo < up) {
+    int64_t mid = (lo + up) / 2;
+    if (c->open_hi[mid] >= j) lo = mid + 1;
+    else up = mid;
+  }
+  if (lo == a) return;
+  hi->pass_bytes = c->open_bytes[lo - 1], hi->pass_grad = c->open_grad[lo - 1], hi->pass_count = (double)(lo - a);
 }
 
 PartCtx *part_prepare(const PartProblem *p) {
@@ -89,6 +147,7 @@ PartCtx *part_prepare(const PartProblem *p) {
     c->cut_count[b] = round(a3);
   }
   free(d1), free(d2), free(d3);
+  open_gaps(c);
   return c;
 }
 
@@ -97,6 +156,7 @@ void part_ctx_free(PartCtx *c) {
   free(c->pf_fwd), free(c->pf_bwd), free(c->pf_traffic), free(c->pf_param), free(c->pf_stash), free(c->pf_work);
   free(c->pf_fs), free(c->pf_bis), free(c->pf_bws);
   free(c->cut_bytes), free(c->cut_grad), free(c->cut_count);
+  free(c->open_at), free(c->open_hi), free(c->open_bytes), free(c->open_grad);
   free(c);
 }
 
@@ -115,15 +175,17 @@ static double link_time(const Link *l, double bytes, double messages) {
 
 /* The sums at cut b of the order (before node b). */
 static void sums_at(const PartCtx *c, int b, PartSums *o) {
-  *o = (PartSums){c->pf_fwd[b], c->pf_bwd[b], c->pf_traffic[b], c->pf_param[b], c->pf_stash[b], c->pf_work[b],
-                  c->pf_fs[b],  c->pf_bis[b], c->pf_bws[b],     c->cut_bytes[b], c->cut_grad[b], c->cut_count[b],
-                  b == 0,       b == c->p->N};
+  *o = (PartSums){.fwd = c->pf_fwd[b], .bwd = c->pf_bwd[b], .traffic = c->pf_traffic[b], .param = c->pf_param[b],
+                  .stash = c->pf_stash[b], .work = c->pf_work[b], .fs = c->pf_fs[b], .bis = c->pf_bis[b], .bws = c->pf_bws[b],
+                  .cut_bytes = c->cut_bytes[b], .cut_grad = c->cut_grad[b], .cut_count = c->cut_count[b],
+                  .first = b == 0, .last = b == c->p->N};
 }
 
 void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *o) {
   PartSums lo, hi;
   sums_at(c, i, &lo);
   sums_at(c, j, &hi);
+  pass_through(c, i, j, &hi);
   part_cost_sums(c->p, s, &lo, &hi, o);
 }
 
@@ -151,10 +213,13 @@ void part_cost_sums(const PartProblem *p, int s, const PartSums *lo, const PartS
   }
   if (p->only == PART_FORWARD) o->bwd = o->bwd_w = o->update = 0;
   if (p->only == PART_BACKWARD) o->fwd = 0;
-  o->recv_bytes = lo->cut_bytes;
-  o->send_bytes = !hi->last ? hi->cut_bytes : 0;
-  if (s > 0) o->comm += link_time(&m->link[s - 1], lo->cut_bytes + lo->cut_grad, 2 * lo->cut_count);
-  if (s + 1 < p->nstages) o->comm += link_time(&m->link[s], hi->cut_bytes + hi->cut_grad, 2 * hi->cut_count);
+  /* Values the stage skips (direct sends) neither arrive nor leave; a
+   * direct send is priced on the link it would have entered or left by. */
+  double pb = hi->pass_bytes, pg = hi->pass_grad, pn = hi->pass_count;
+  o->recv_bytes = lo->cut_bytes - pb;
+  o->send_bytes = !hi->last ? hi->cut_bytes - pb : 0;
+  if (s > 0) o->comm += link_time(&m->link[s - 1], lo->cut_bytes - pb + lo->cut_grad - pg, 2 * (lo->cut_count - pn));
+  if (s + 1 < p->nstages) o->comm += link_time(&m->link[s], hi->cut_bytes - pb + hi->cut_grad - pg, 2 * (hi->cut_count - pn));
   o->time = o->fwd + o->bwd + o->comm;
   /* The closed-form estimate of the arena (what the DP trusts when it fits,
    * see partition_solve; exact pricing is stage_mem): ring copies of the
@@ -169,7 +234,7 @@ void part_cost_sums(const PartProblem *p, int s, const PartSums *lo, const PartS
   o->mem_opt = o->mem_params * p->opt_state_per_param;
   o->mem_stash = o->copies * (hi->stash - lo->stash);
   double last = hi->last ? hi->cut_bytes : 0; /* d(logits); the labels take no more than the logits */
-  o->mem_recv = o->copies * (lo->cut_bytes + hi->cut_bytes + last) + last + o->gcopies * (lo->cut_grad + hi->cut_grad);
+  o->mem_recv = o->copies * (lo->cut_bytes + hi->cut_bytes - 2 * pb + last) + last + o->gcopies * (lo->cut_grad + hi->cut_grad - 2 * pg);
   o->mem_work = hi->work - lo->work;
   o->mem_total = o->mem_params + o->mem_grads + o->mem_opt + o->mem_stash + o->mem_recv + o->mem_work;
 }

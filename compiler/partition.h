@@ -18,6 +18,14 @@ typedef struct PartEdge {
   double grad_bytes; /* bytes of its gradient sent back (0 for integer data) */
 } PartEdge;
 
+/* A value made (or read) at node lo and next read at node hi > lo + 1: a
+ * stage [i, j) with lo < i and j <= hi holds none of its readers, and with
+ * direct sends neither receives nor sends it (with relays it passes it on). */
+typedef struct PartGap {
+  int lo, hi;
+  double bytes, grad_bytes;
+} PartGap;
+
 typedef struct PartProblem {
   int N;                        /* compute nodes */
   const double *fwd_flops, *bwd_flops, *traffic; /* per node, per micro-batch */
@@ -51,6 +59,8 @@ typedef struct PartProblem {
   const double *fwd_s, *bwdi_s, *bwdw_s;
   double time_rate, load_s, loss_s, update_per_byte;
   int only;                     /* PART_BOTH; pipefb prices its forward chain by forwards alone, its backward chain by backwards */
+  const PartGap *gaps;          /* direct sends: values a stage may skip (NULL: every value crossing a cut is relayed) */
+  int ngaps;
 } PartProblem;
 
 enum { PART_BOTH = 0, PART_FORWARD = 1, PART_BACKWARD = 2 };
@@ -90,6 +100,7 @@ typedef struct PartSums {
   double fwd, bwd, traffic, param, stash, work; /* FLOPs, bytes */
   double fs, bis, bws;                          /* measured seconds (fwd_s, bwdi_s, bwdw_s), if any */
   double cut_bytes, cut_grad, cut_count;        /* values crossing the cut, their gradients' bytes, how many */
+  double pass_bytes, pass_grad, pass_count;     /* hi only: of those, the ones a direct-send stage [lo, hi) skips */
   int first, last;                              /* the cut before every node (the loader's), after every node (the loss's) */
 } PartSums;
 /* Stage s between the cuts lo and hi (lo's nodes are a subset of hi's). */

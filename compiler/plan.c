@@ -268,7 +268,9 @@ static int cut_stages(Plan *p, PartProblem *pr) {
   setup_pricing(p, pr);
   int limited = p->opt.mem_limit > 0;
   for (int s = 0; s < p->opt.nstages; s++) limited |= p->machine.dev[s].mem_bytes > 0;
-  int may_leave = limited && pr->stage_mem && !p->opt.forward_only && (p->opt.offload != OFFLOAD_NONE || p->opt.recompute);
+  /* Async does not move stashed activations (its lists are not the memory plan's). */
+  int may_leave = limited && pr->stage_mem && !p->opt.forward_only && p->opt.schedule != SCHED_ASYNC &&
+                  (p->opt.offload != OFFLOAD_NONE || p->opt.recompute);
   int plain_fits = partition_solve(pr, &p->part, &g->pool) == 0;
   if (!plain_fits && !may_leave) return -1;
   if (may_leave) {

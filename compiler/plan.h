@@ -15,6 +15,7 @@ typedef struct Options {
   const char *offload_dir; /* --offload file:DIR */
   int recompute;     /* --recompute auto (1) or none (0) */
   int partition;     /* --partition: PARTITION_DAG (the default) or PARTITION_CHAIN */
+  int relay;         /* --route relay: a value crossing several cuts passes through every stage between */
   int fb_split;      /* --fb-split NF: pipefb's forward ranks (0: the planner chooses) */
   int poll;          /* --progress poll: the stage programs let MPI progress between nodes */
   int staleness;     /* --staleness K: async's weight delay (0: not given; async's default is 1) */
@@ -58,6 +59,14 @@ typedef struct Plan {
   PartEdge *edges;
   int *edge_tensor;  /* tensor index of each edge */
   int nedges;
+  /* Per edge: the positions of the nodes reading it, ascending (the loss
+   * counts as a reader at N-1, on the last stage), and the spans between
+   * its producer and readers that skip nodes (the partitioner's pricing of
+   * direct sends). */
+  int **ereaders, *nereaders;
+  PartGap *gaps;
+  int ngaps;
+  int direct;        /* values travel only between the stages that make or read them (not --route relay, not pipefb) */
   int64_t batch, mb_size;
   int nfolded;
   double params, opt_slots;
