@@ -240,7 +240,8 @@ static int build_stage(Ctx *c) {
   for (int q = 0; q < p->nedges; q++) {
     PartEdge *ed = &p->edges[q];
     int t = p->edge_tensor[q];
-    if (ed->from < c->a && c->a <= ed->to) {
+    /* With direct sends a rank takes only the values it reads (rank 0 every loader input). */
+    if (ed->from < c->a && c->a <= ed->to && (!p->direct || (ed->from < 0 && c->a == 0) || plan_reads_range(p, q, c->a, c->e))) {
       Crossing *x = &sp->recv[sp->nrecv++];
       x->tensor = t;
       x->from_loader = ed->from < 0 && c->a == 0;
@@ -262,6 +263,8 @@ static int build_stage(Ctx *c) {
     PartEdge *ed = &p->edges[q];
     int t = p->edge_tensor[q];
     if (!(ed->from < c->e && c->e <= ed->to)) continue;
+    /* With direct sends it passes on only what it makes or takes (it reads). */
+    if (p->direct && !(ed->from < 0 ? c->a == 0 : ed->from >= c->a) && !plan_reads_range(p, q, c->a, c->e)) continue;
     if (last && c->p->opt.forward_only) { /* an inference program hands its outputs back */
       if (c->fbuf[t] < 0) {
         const Tensor *o = &g->t[t];

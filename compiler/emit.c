@@ -196,10 +196,31 @@ static void put_off(Buf *o, const StageProg *sp, int id) {
   else buf_printf(o, "OFF_%s", sp->bufs[id].name);
 }
 
+/* The rank value x comes from (recv) or goes to on its route; -1 for the loader's and the loss's. */
+static int value_peer(const Plan *p, const StageProg *sp, const Crossing *x, int recv) {
+  int s = sp->stage;
+  if (x->from_loader) return -1;
+  if (p->fb) return recv ? p->fb->links.prev[s] : p->fb->links.next[s];
+  for (int q = 0; q < p->nedges; q++)
+    if (p->edge_tensor[q] == x->tensor) {
+      int from, to;
+      plan_route(p, q, s, &from, &to);
+      return recv ? from : to;
+    }
+  return -1;
+}
+
 static void value_table(Buf *o, const Plan *p, const StageProg *sp, const Crossing *xs, int n, const char *name) {
   if (!n) return;
+  int recv = !strcmp(name, "RECV"), *peer = malloc(sizeof(int) * (size_t)n);
+  if (!peer) abort();
+  for (int i = 0; i < n; i++) peer[i] = value_peer(p, sp, &xs[i], recv);
+  buf_printf(o, "/* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, %s rank, tag: its number among the\n"
+                " * values between the two ranks} */\n", recv ? "from" : "to");
   buf_printf(o, "static const PrValue %s[] = {\n", name);
   for (int i = 0; i < n; i++) {
+    int tag = 0;
+    for (int j = 0; j < i; j++) tag += peer[j] == peer[i];
     const Tensor *t = &p->g.t[xs[i].tensor];
     const Buffer *b = &sp->bufs[xs[i].buf];
     buf_printf(o, "    {\"");
@@ -212,9 +233,10 @@ static void value_table(Buf *o, const Plan *p, const StageProg *sp, const Crossi
     buf_printf(o, "%s, %d, %d, {", !xs[i].from_loader ? "PR_FROM_PREV" : t->dtype == DT_FLOAT ? "PR_FROM_IMAGES" : "PR_FROM_TOKENS",
                t->dtype, t->rank);
     for (int d = 0; d < t->rank; d++) buf_printf(o, "%s%lld", d ? ", " : "", (long long)t->dims[d]);
-    buf_printf(o, "}, %d},\n", b->kind == BUF_RING && b->fate != FATE_KEEP);
+    buf_printf(o, "}, %d, %d, %d},\n", b->kind == BUF_RING && b->fate != FATE_KEEP, peer[i], tag);
   }
   buf_printf(o, "};\n");
+  free(peer);
 }
 
 /* PipeFB's tables: the stashed values this rank sends or receives each

@@ -154,10 +154,16 @@ static void stage_text(const Plan *p, int s, Buf *b) {
       const PartEdge *ed = &p->edges[q];
       if (!(ed->from < cut && cut <= ed->to)) continue;
       const Tensor *t = &p->g.t[p->edge_tensor[q]];
-      /* Where the value comes from or goes to, and the neighbour that relays it. */
+      /* Where the value comes from or goes to, and the rank it travels from or
+       * to on its route (a relaying one, or with direct sends the next reader). */
       char peer[96];
       int end = pass ? (ed->to >= p->N ? -2 : stage_of(p, ed->to)) : (ed->from < 0 ? -1 : stage_of(p, ed->from));
-      int next = pass ? s + 1 : s - 1;
+      int from = pass ? s - 1 : s + 1, to = from;
+      if (p->fb) from = s - 1, to = s + 1;
+      else plan_route(p, q, s, &from, &to);
+      int next = pass ? to : from;
+      if (!p->fb && next < 0 && !(pass ? end == -2 && s == n - 1 : end == -1 && s == 0)) continue; /* skipped: not on its route */
+      if (p->fb) next = pass ? s + 1 : s - 1;
       const char *who = end == -1 ? "the data loader" : end == -2 ? "the loss" : NULL;
       if (who && (next < 0 || next >= n)) snprintf(peer, sizeof peer, "%s", who);
       else if (who) snprintf(peer, sizeof peer, "%s via stage %d", who, next);

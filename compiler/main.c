@@ -36,6 +36,8 @@ static void usage(FILE *f) {
         "  --partition dag|chain how stages are cut: over the graph's downsets, reordering independent nodes\n"
         "                        (default), or ranges of the model's own node order\n"
         "  --fb-split NF         pipefb: the first NF ranks run forwards, the rest backwards (default: the planner's)\n"
+        "  --route direct|relay  a value that skips ranks goes straight to the ranks that read it (default), or\n"
+        "                        through every rank between (pipefb always relays)\n"
         "  --progress wait|poll  when MPI moves messages: while a rank waits for them (default), or also between\n"
         "                        the nodes of its forward and backward (docs/async.md, overlap)\n"
         "  --staleness K         async: step t computes on the weights of step t-K, and its gradient updates the\n"
@@ -229,6 +231,11 @@ int main(int argc, char **argv) {
       NEEDVAL();
       if (parse_int(val, 1, 1 << 20, &v)) return bad("--fb-split '%s': expected a positive whole number (forward ranks)%s", val, "");
       o.fb_split = (int)v;
+    } else if (!strcmp(a, "--route")) {
+      NEEDVAL();
+      if (!strcmp(val, "direct")) o.relay = 0;
+      else if (!strcmp(val, "relay")) o.relay = 1;
+      else return bad("--route '%s': expected direct (a value goes only to the ranks that read it) or relay (through every rank between)%s", val, "");
     } else if (!strcmp(a, "--progress")) {
       NEEDVAL();
       if (!strcmp(val, "poll")) o.poll = 1;

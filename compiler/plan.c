@@ -64,6 +64,97 @@ static int bind_inputs(Plan *p) {
   return 0;
 }
 
+/* Per edge, the positions of its readers, ascending; and the gaps between
+ * its producer (node 0 for the loader's) and readers (the loss at N-1)
+ * that a stage may fall into and skip. */
+static void collect_readers(Plan *p, const int *pos) {
+  Graph *g = &p->g;
+  Pool *pool = &g->pool;
+  int *edge_of = pool_alloc(pool, sizeof(int) * (size_t)g->nt);
+  for (int t = 0; t < g->nt; t++) edge_of[t] = -1;
+  for (int q = 0; q < p->nedges; q++) edge_of[p->edge_tensor[q]] = q;
+  p->ereaders = pool_alloc(pool, sizeof(int *) * (size_t)(p->nedges + 1));
+  p->nereaders = pool_alloc(pool, sizeof(int) * (size_t)(p->nedges + 1));
+  for (int q = 0; q < p->nedges; q++) p->ereaders[q] = pool_alloc(pool, sizeof(int) * (size_t)(p->nreaders[p->edge_tensor[q]] + 1));
+  for (int k = 0; k < p->N; k++) {
+    const Node *n = &g->n[p->node[k]];
+    for (int r = 0; r < n->nin; r++) {
+      int q = n->in[r] >= 0 ? edge_of[n->in[r]] : -1;
+      if (q < 0 || (p->nereaders[q] && p->ereaders[q][p->nereaders[q] - 1] == k)) continue;
+      p->ereaders[q][p->nereaders[q]++] = k;
+    }
+  }
+  (void)pos;
+  p->gaps = pool_alloc(pool, sizeof(PartGap) * (size_t)(p->nedges * 2 + g->nn + 1));
+  p->ngaps = 0;
+  for (int q = 0; q < p->nedges; q++) {
+    const PartEdge *e = &p->edges[q];
+    int prev = e->from >= 0 ? e->from : 0;
+    for (int r = 0; r <= p->nereaders[q]; r++) {
+      int at = r < p->nereaders[q] ? p->ereaders[q][r] : e->to >= p->N ? p->N - 1 : -1;
+      if (at < 0) break;
+      if (at - prev >= 2) p->gaps[p->ngaps++] = (PartGap){prev, at, e->bytes, e->grad_bytes};
+      if (at > prev) prev = at;
+    }
+  }
+}
+
+int plan_reads_range(const Plan *p, int q, int a, int e) {
+  if (e >= p->N && p->edges[q].to >= p->N) return 1; /* the loss, on the last stage */
+  const int *r = p->ereaders[q];
+  int lo = 0, hi = p->nereaders[q];
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (r[mid] < a) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < p->nereaders[q] && r[lo] < e;
+}
+
+/* The rank holding compute node k. */
+static int rank_of(const Plan *p, int k) {
+  for (int s = 0; s < p->opt.nstages; s++)
+    if (p->rbegin[s] <= k && k < p->rend[s]) return s;
+  return p->opt.nstages - 1;
+}
+
+void plan_route(const Plan *p, int q, int s, int *from, int *to) {
+  const PartEdge *e = &p->edges[q];
+  int first = e->from >= 0 ? rank_of(p, e->from) : 0, last = e->to >= p->N ? p->opt.nstages - 1 : rank_of(p, e->to);
+  *from = *to = -1;
+#define ON(r) ((r) == first || ((r) > first && (r) <= last && (!p->direct || plan_reads_range(p, q, p->rbegin[r], p->rend[r]))))
+  if (!ON(s)) return;
+  for (int r = s - 1; r >= first && *from < 0; r--)
+    if (ON(r)) *from = r;
+  for (int r = s + 1; r <= last && *to < 0; r++)
+    if (ON(r)) *to = r;
+#undef ON
+}
+
+/* Direct sends: each rank's sources and destinations, from the values' routes. */
+static void route_peers(Plan *p, Schedule *sc) {
+  int n = p->opt.nstages;
+  Pool *pool = &p->g.pool;
+  int ***lists[] = {&sc->src, &sc->dst};
+  int **counts[] = {&sc->nsrc, &sc->ndst};
+  for (int l = 0; l < 2; l++) {
+    *lists[l] = pool_alloc(pool, sizeof(int *) * (size_t)n);
+    *counts[l] = pool_alloc(pool, sizeof(int) * (size_t)n);
+    for (int s = 0; s < n; s++) (*lists[l])[s] = pool_alloc(pool, sizeof(int) * (size_t)n);
+  }
+  for (int s = 0; s < n; s++)
+    for (int q = 0; q < p->nedges; q++) {
+      int from, to;
+      plan_route(p, q, s, &from, &to);
+      int ends[2] = {from, to};
+      for (int l = 0; l < 2; l++) {
+        int r = ends[l], *list = (*lists[l])[s], *cnt = &(*counts[l])[s], seen = 0;
+        for (int i = 0; i < *cnt; i++) seen |= list[i] == r;
+        if (r >= 0 && !seen) list[(*cnt)++] = r;
+      }
+    }
+}
+
 /* Values that flow between compute nodes (or from the loader, or to the loss). */
 static void collect_edges(Plan *p) {
   Graph *g = &p->g;
@@ -107,6 +198,7 @@ static void collect_edges(Plan *p) {
     e->grad_bytes = dtype_is_float(t->dtype) && !t->is_input ? e->bytes : 0;
     p->edge_tensor[p->nedges++] = i;
   }
+  collect_readers(p, pos);
 }
 
 
@@ -343,6 +435,7 @@ static void apply_order(Plan *p, PartProblem *pr, const int *order) {
   }
   collect_edges(p);
   pr->edges = p->edges, pr->nedges = p->nedges;
+  if (p->direct) pr->gaps = p->gaps, pr->ngaps = p->ngaps;
 }
 
 /* The downset DP's view of the plan: who reads each value, and the orders
@@ -493,6 +586,9 @@ int plan_from_graph(Plan *p) {
   pr->fwd_flops = arr[0], pr->bwd_flops = arr[1], pr->traffic = arr[2];
   pr->param_bytes = arr[3], pr->stash_bytes = arr[4], pr->work_bytes = arr[5];
   pr->edges = p->edges, pr->nedges = p->nedges;
+  /* Direct sends: a value goes only to the ranks that read it (pipefb's chains relay). */
+  p->direct = !o->relay && o->schedule != SCHED_PIPEFB;
+  if (p->direct) pr->gaps = p->gaps, pr->ngaps = p->ngaps;
   pr->nstages = o->nstages, pr->microbatches = p->opt.microbatches, pr->schedule = o->schedule;
   pr->opt_state_per_param = p->opt_slots;
   pr->machine = &p->machine;
@@ -531,6 +627,7 @@ int plan_from_graph(Plan *p) {
     schedule_build(&p->sched, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, p->part.cost, &g->pool);
   }
   p->sched.cores = p->machine.cores;
+  if (p->direct) route_peers(p, &p->sched);
   schedule_time(&p->sched, p->part.cost);
   err_clear(); /* a stall is reported by schedule_validate, with names */
   if (schedule_validate(&p->sched)) return -1;

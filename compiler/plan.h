@@ -122,6 +122,14 @@ int pipefb_links(Plan *p, struct StageProg *progs, FbPlan *fb, Pool *pool);
  * how many.  *same_kind: two of them are the same op (two LayerNorms, two
  * Convs), the mark of an exporter that merged equal initializers. */
 int plan_tie_readers(const Plan *p, int t, int *ks, int *same_kind);
+/* Whether compute nodes [a, e) read edge q's value (the loss counts on the last stage's range). */
+int plan_reads_range(const Plan *p, int q, int a, int e);
+/* Edge q's route through the ranks (rbegin/rend): its maker's rank (rank 0
+ * for the loader's), then, with direct sends, each rank that reads it, else
+ * every rank up to the last reader's.  Rank s's neighbours on it: the rank
+ * it receives the value from and the rank it sends it on to (-1: none, or s
+ * not on the route); gradients go the other way. */
+void plan_route(const Plan *p, int q, int s, int *from, int *to);
 /* --untie (untie.c): a weight read by nodes of one kind gets a copy per reader after the first. */
 int untie_merged(Graph *g);
 #endif

@@ -226,18 +226,41 @@ static int check_ring(const Schedule *sc, int s, int grad) {
 
 /* ---- the joint run ---- */
 
+/* Rank s's peers: the ranks its forward values come from (fwd) or go to
+ * (direct sends: the schedule's lists; else the neighbour). */
+static int peers_of(const Schedule *sc, int s, int fwd, const int **list, int *one) {
+  if (sc->src) {
+    *list = fwd ? sc->src[s] : sc->dst[s];
+    return fwd ? sc->nsrc[s] : sc->ndst[s];
+  }
+  *one = fwd ? s - 1 : s + 1;
+  *list = one;
+  return *one >= 0 && *one < sc->nstages;
+}
+
 /* Rank s may not refill ring slot x until every send from it has a posted receive. */
 static int sends_matched(const Chk *c, int s, int k, int grad, int *peer_out, int *mb_out) {
   const Schedule *sc = c->sc;
   const Action *a = &sc->act[s][k];
   int x = grad ? a->gslot : a->slot, kind = grad ? ACT_SEND_GRAD : ACT_SEND, rkind = grad ? ACT_RECV_GRAD : ACT_RECV;
-  int peer = grad ? s - 1 : s + 1;
+  const int *peers;
+  int one, np = peers_of(sc, s, grad, &peers, &one); /* gradients go back to the ranks values came from */
   for (int j = 0; j < k; j++) {
     const Action *b = &sc->act[s][j];
     if (b->kind != kind || (grad ? b->gslot : b->slot) != x || b->mb == a->mb) continue;
-    if (!c->done[peer][rkind * sched_mbs(sc) + b->mb]) return *peer_out = peer, *mb_out = b->mb, 0;
+    for (int i = 0; i < np; i++)
+      if (!c->done[peers[i]][rkind * sched_mbs(sc) + b->mb]) return *peer_out = peers[i], *mb_out = b->mb, 0;
   }
   return 1;
+}
+
+/* The first of rank s's peers (fwd: sources) that has not run (kind, mb), or -1. */
+static int peer_missing(const Chk *c, int s, int fwd, int kind, int mb) {
+  const int *peers;
+  int one, np = peers_of(c->sc, s, fwd, &peers, &one);
+  for (int i = 0; i < np; i++)
+    if (!c->done[peers[i]][kind * sched_mbs(c->sc) + mb]) return peers[i];
+  return -1;
 }
 
 /* Whether rank s can run its action k now; if not, says what it waits for. */
@@ -277,10 +300,10 @@ static int can_run(const Chk *c, int s, int k, char *why, size_t len) {
     if (f >= 0 && f < k && sc->act[s][f].peer >= 0 && !c->done[sc->act[s][f].peer][ACT_RETURN * m + a->mb])
       return snprintf(why, len, "RETURN%d on rank %d", a->mb, sc->act[s][f].peer), 0;
   }
-  if (a->kind == ACT_F && s > 0 && !c->done[s - 1][ACT_SEND * m + a->mb])
-    return snprintf(why, len, "SEND%d on rank %d", a->mb, s - 1), 0;
-  if ((a->kind == ACT_B || a->kind == ACT_I) && s < p - 1 && !c->done[s + 1][ACT_SEND_GRAD * m + a->mb])
-    return snprintf(why, len, "SEND_GRAD%d on rank %d", a->mb, s + 1), 0;
+  if (a->kind == ACT_F && (peer = peer_missing(c, s, 1, ACT_SEND, a->mb)) >= 0)
+    return snprintf(why, len, "SEND%d on rank %d", a->mb, peer), 0;
+  if ((a->kind == ACT_B || a->kind == ACT_I) && (peer = peer_missing(c, s, 0, ACT_SEND_GRAD, a->mb)) >= 0)
+    return snprintf(why, len, "SEND_GRAD%d on rank %d", a->mb, peer), 0;
   if ((a->kind == ACT_RECV || a->kind == ACT_F) && s < p - 1 && !sends_matched(c, s, k, 0, &peer, &mb))
     return snprintf(why, len, "RECV%d on rank %d (its send leaves slot %d)", mb, peer, a->slot), 0;
   if ((a->kind == ACT_RECV_GRAD || a->kind == ACT_B || a->kind == ACT_I) && s > 0 && !sends_matched(c, s, k, 1, &peer, &mb))

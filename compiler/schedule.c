@@ -298,13 +298,26 @@ static double fb_ready(Sim *sim, const Action *a, int s) {
   }
 }
 
+/* The latest of times[IDX(r, mb)] over rank s's peers (src or dst lists;
+ * without them the neighbour s-1 or s+1), -1 if one is not known; `none`
+ * when there are none. */
+static double peers_done(const Sim *sim, int s, int mb, int fwd, const double *times, double none) {
+  const Schedule *sc = sim->sc;
+  if (!sc->src) {
+    int r = fwd ? s - 1 : s + 1;
+    return r < 0 || r >= sim->p ? none : times[IDX(r, mb)];
+  }
+  int n = fwd ? sc->nsrc[s] : sc->ndst[s];
+  if (!n) return none;
+  return latest(sim, times, fwd ? sc->src[s] : sc->dst[s], n, mb);
+}
+
 /* When rank s's action a can start, or -1 if that is not known yet. */
 static double sim_ready(Sim *sim, const Action *a, int s, const int *has_pre) {
-  int p = sim->p;
   double r = 0;
   if (sim->sc->fb) return fb_ready(sim, a, s);
-  if (a->kind == ACT_F) r = s == 0 ? 0 : sim->fdone[IDX(s - 1, a->mb)];
-  if (a->kind == ACT_B || a->kind == ACT_I) r = s == p - 1 ? sim->fdone[IDX(s, a->mb)] : sim->bdone[IDX(s + 1, a->mb)];
+  if (a->kind == ACT_F) r = peers_done(sim, s, a->mb, 1, sim->fdone, 0);
+  if (a->kind == ACT_B || a->kind == ACT_I) r = peers_done(sim, s, a->mb, 0, sim->bdone, sim->fdone[IDX(s, a->mb)]);
   if (r < 0) return -1;
   if (a->kind == ACT_HOLD) {
     if (a->xslot >= 0 && sim->sfree[s][a->xslot] < 0) return -1;

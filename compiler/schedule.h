@@ -65,6 +65,10 @@ typedef struct Schedule {
   double *busy;      /* per stage */
   int cores;         /* cores the ranks share (schedule_time); 0: a core per rank */
   const FbLinks *fb; /* pipefb: who sends what to whom (NULL for the other schedules) */
+  /* Direct sends (plan_route): per rank, the ranks its forward values come
+   * from (its F waits for their SENDs; its gradients go back to them) and
+   * go to (its B waits for their SEND_GRADs).  NULL: the neighbours. */
+  int **src, *nsrc, **dst, *ndst;
   /* async (schedasync.c): the lists above are what the ranks run over
    * `unroll` steps (global micro-batches 0 .. unroll*m-1, an UPDATE per
    * step), so the validator and the simulation see the step boundary.  The

@@ -87,15 +87,18 @@ typedef struct Run {
   int64_t nupdates;
   int64_t *idx_ring, *idx_of;
   double *aloss;
-  /* Exposed communication: each send of forward values or gradients to a
-   * neighbour is followed by the time it was posted (on tcomm); a wait for
-   * such a message counts the part of it after that time.  Per slot /
-   * gslot: the time sent, the time received, their requests.  clock_prev /
-   * clock_next: the neighbour's clock minus this rank's (measured at start). */
+  /* Exposed communication: the forward values or gradients a rank sends a
+   * peer in one action are followed by the time it posted them (on tcomm);
+   * a wait for such messages counts the part of it after the last of those
+   * times.  The peers: where forward values come from (fsrc) and go (fdst),
+   * where gradients come from (gsrc) and go (gdst).  Per slot (or gslot)
+   * and peer: the time sent or received, and its request.  clock[r]: rank
+   * r's clock minus this rank's (measured at start). */
   MPI_Comm tcomm;
+  int fsrc[64], nfsrc, fdst[64], nfdst, gsrc[64], ngsrc, gdst[64], ngdst;
   double *tsent_f, *tgot_f, *tsent_g, *tgot_g;
   MPI_Request *tsreq_f, *trreq_f, *tsreq_g, *trreq_g;
-  double clock_prev, clock_next, t_exposed;
+  double *clock, t_exposed;
   int npoll_req; /* --progress poll: outstanding requests tested between nodes */
 } Run;
 
@@ -380,11 +383,11 @@ static void wait_all(Run *r, MPI_Request *req, int n, int peer, const char *what
 
 /* Sends still leaving slot / gslot must finish before anything refills it. */
 static void wait_sends(Run *r, int slot) {
-  wait_all(r, r->sreq + (size_t)slot * r->st->nsend, r->st->nsend, r->st->next_rank, "to take the forward values it was sent");
+  wait_all(r, r->sreq + (size_t)slot * r->st->nsend, r->st->nsend, r->st->nsend ? r->st->send[0].peer : -1, "to take the forward values it was sent");
   wait_all(r, r->ssreq + (size_t)slot * r->st->nstash_send, r->st->nstash_send, -1, "to take the stashed values it was sent");
 }
 static void wait_grad_sends(Run *r, int gslot) {
-  wait_all(r, r->gsreq + (size_t)gslot * r->st->nrecv, r->st->nrecv, r->st->prev_rank, "to take the gradients it was sent");
+  wait_all(r, r->gsreq + (size_t)gslot * r->st->nrecv, r->st->nrecv, r->st->nrecv ? r->st->recv[0].peer : -1, "to take the gradients it was sent");
 }
 
 /* Where value pv of the action's micro-batch lives: its ring slot, or its
@@ -398,76 +401,82 @@ static void wait_xslot_free(Run *r, int xslot);
 
 /* ---- exposed communication ---- */
 
-/* Which neighbour messages this stage has (the timestamps follow the same ones). */
-static int from_prev(const PrStage *st) {
-  for (int v = 0; v < st->nrecv; v++)
-    if (st->recv[v].source == PR_FROM_PREV) return 1;
-  return 0;
-}
-static int grads_to_prev(const PrStage *st) {
-  for (int v = 0; v < st->nrecv; v++)
-    if (st->recv[v].goffset >= 0 && st->recv[v].source == PR_FROM_PREV) return 1;
-  return 0;
-}
-static int grads_from_next(const PrStage *st) {
-  for (int v = 0; v < st->nsend; v++)
-    if (st->send[v].goffset >= 0) return 1;
-  return 0;
+/* The distinct peers of a table's values (forward: those coming from a
+ * rank; with grads, only those whose gradient travels back). */
+static int peers_of(const PrValue *v, int n, int grads, int *out) {
+  int k = 0;
+  for (int i = 0; i < n; i++) {
+    if (v[i].peer < 0 || v[i].source != PR_FROM_PREV || (grads && v[i].goffset < 0)) continue;
+    int seen = 0;
+    for (int j = 0; j < k; j++) seen |= out[j] == v[i].peer;
+    if (!seen && k < 64) out[k++] = v[i].peer;
+  }
+  return k;
 }
 
-/* After a message's sends: the time they were posted goes the same way. */
-static void send_time(Run *r, double *at, MPI_Request *req, int peer, int tag) {
-  wait_watched(r, req, 1, peer, "to take a message's send time");
-  *at = now();
-  MPI_Isend(at, 1, MPI_DOUBLE, peer, tag, r->tcomm, req);
+/* After an action's sends: the time they were posted goes to each peer. */
+static void send_times(Run *r, double *at, MPI_Request *req, const int *peers, int np, int tag) {
+  for (int k = 0; k < np; k++) {
+    wait_watched(r, &req[k], 1, peers[k], "to take a message's send time");
+    at[k] = now();
+    MPI_Isend(&at[k], 1, MPI_DOUBLE, peers[k], tag, r->tcomm, &req[k]);
+  }
 }
 
-/* Waits for a message's requests, then for its send time: the part of the
- * wait after the sender had posted it (in this rank's clock) is exposed. */
-static void wait_message(Run *r, MPI_Request *req, int n, MPI_Request *treq, const double *sent, double clock, int peer, const char *what) {
+static void recv_times(Run *r, double *got, MPI_Request *req, const int *peers, int np, int tag) {
+  for (int k = 0; k < np; k++) MPI_Irecv(&got[k], 1, MPI_DOUBLE, peers[k], tag, r->tcomm, &req[k]);
+}
+
+/* Waits for an action's messages, then for their send times: the part of
+ * the wait after the last sender had posted (in this rank's clock) is exposed. */
+static void wait_message(Run *r, MPI_Request *req, int n, MPI_Request *treq, const double *sent, const int *peers, int np,
+                         const char *what) {
   int any = 0;
   for (int i = 0; i < n; i++) any |= req[i] != MPI_REQUEST_NULL;
-  if (!any) { /* already arrived (a poll between nodes completed it): nothing exposed */
-    wait_watched(r, treq, 1, peer, what);
-    return;
-  }
   double t0 = now();
-  wait_all(r, req, n, peer, what);
-  double t1 = now();
-  if (*treq == MPI_REQUEST_NULL) return;
-  wait_watched(r, treq, 1, peer, what);
-  double e = fmax(0, t1 - fmax(t0, *sent - clock));
+  if (any) wait_all(r, req, n, np ? peers[0] : -1, what);
+  double t1 = now(), last = -INFINITY;
+  for (int k = 0; k < np; k++) {
+    if (treq[k] == MPI_REQUEST_NULL) continue;
+    wait_watched(r, &treq[k], 1, peers[k], what);
+    last = fmax(last, sent[k] - r->clock[peers[k]]);
+  }
+  if (!any || last == -INFINITY) return; /* already arrived (a poll between nodes completed it): nothing exposed */
+  double e = fmax(0, t1 - fmax(t0, last));
   r->t_exposed += e;
   trace_exposed(&r->trace, e);
 }
 
-/* The neighbours' clocks against this rank's: the best of 8 round trips
- * (the one with the least delay) to the previous rank, whose answer goes
- * back to it; 0 on one host, where every rank reads the same clock. */
+/* Every rank's clock against this one's: rank 0 runs 8 round trips with
+ * each rank and keeps the least delayed (its clock offset), then tells
+ * everyone.  On one host every rank reads the same clock and this is ~0. */
 static void measure_clocks(Run *r) {
-  const PrStage *st = r->st;
-  int prev = st->prev_rank, next = st->next_rank, tag = 7;
-  if (prev >= 0) {
-    double best = INFINITY;
-    for (int i = 0; i < 8; i++) {
-      double a = now(), theirs;
-      MPI_Send(&a, 1, MPI_DOUBLE, prev, tag, r->tcomm);
-      MPI_Recv(&theirs, 1, MPI_DOUBLE, prev, tag, r->tcomm, MPI_STATUS_IGNORE);
-      double b = now();
-      if (b - a < best) best = b - a, r->clock_prev = theirs - (a + b) / 2;
+  int n = r->st->nstages, me = r->rank, tag = 7;
+  double *off0 = calloc((size_t)n, sizeof(double)); /* rank r's clock minus rank 0's */
+  r->clock = calloc((size_t)n, sizeof(double));
+  if (!off0 || !r->clock) die(2, "out of memory for the clock offsets");
+  for (int q = 1; q < n; q++) {
+    if (me == 0) {
+      double best = INFINITY;
+      for (int i = 0; i < 8; i++) {
+        double a = now(), theirs;
+        MPI_Send(&a, 1, MPI_DOUBLE, q, tag, r->tcomm);
+        MPI_Recv(&theirs, 1, MPI_DOUBLE, q, tag, r->tcomm, MPI_STATUS_IGNORE);
+        double b = now();
+        if (b - a < best) best = b - a, off0[q] = theirs - (a + b) / 2;
+      }
+    } else if (me == q) {
+      for (int i = 0; i < 8; i++) {
+        double x;
+        MPI_Recv(&x, 1, MPI_DOUBLE, 0, tag, r->tcomm, MPI_STATUS_IGNORE);
+        x = now();
+        MPI_Send(&x, 1, MPI_DOUBLE, 0, tag, r->tcomm);
+      }
     }
-    double mine = -r->clock_prev;
-    MPI_Send(&mine, 1, MPI_DOUBLE, prev, tag + 1, r->tcomm);
   }
-  if (next >= 0) {
-    for (int i = 0; i < 8; i++) {
-      double x;
-      MPI_Recv(&x, 1, MPI_DOUBLE, next, tag, r->tcomm, MPI_STATUS_IGNORE);
-      x = now();
-      MPI_Send(&x, 1, MPI_DOUBLE, next, tag, r->tcomm);
-    }
-    MPI_Recv(&r->clock_next, 1, MPI_DOUBLE, next, tag + 1, r->tcomm, MPI_STATUS_IGNORE);
-  }
+  MPI_Bcast(off0, n, MPI_DOUBLE, 0, r->tcomm);
+  for (int q = 0; q < n; q++) r->clock[q] = off0[q] - off0[me];
+  free(off0);
 }
 
 /* --progress poll: between nodes (pr_poll in the generated code) the
@@ -492,10 +501,10 @@ static void do_recv(Run *r, const PrAction *a) {
   for (int v = 0; v < st->nrecv; v++) {
     const PrValue *pv = &st->recv[v];
     if (pv->source != PR_FROM_PREV) continue;
-    MPI_Irecv(value_at(r, pv, a), (int)pv->bytes, MPI_BYTE, st->prev_rank, tag_of(r->step, a->mb, v, 0),
+    MPI_Irecv(value_at(r, pv, a), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 0),
               MPI_COMM_WORLD, &r->rreq[(size_t)a->slot * st->nrecv + v]);
   }
-  if (from_prev(st)) MPI_Irecv(r->tgot_f + a->slot, 1, MPI_DOUBLE, st->prev_rank, tag_of(r->step, a->mb, 0, 0), r->tcomm, r->trreq_f + a->slot);
+  recv_times(r, r->tgot_f + a->slot * r->nfsrc, r->trreq_f + a->slot * r->nfsrc, r->fsrc, r->nfsrc, tag_of(r->step, a->mb, 0, 0));
 }
 
 static void do_send(Run *r, const PrAction *a) {
@@ -503,10 +512,10 @@ static void do_send(Run *r, const PrAction *a) {
   for (int v = 0; v < st->nsend; v++) {
     const PrValue *pv = &st->send[v];
     r->sent_bytes += (double)pv->bytes;
-    MPI_Isend(ring(r, pv->offset, pv->bytes, a->slot), (int)pv->bytes, MPI_BYTE, st->next_rank, tag_of(r->step, a->mb, v, 0),
+    MPI_Isend(ring(r, pv->offset, pv->bytes, a->slot), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 0),
               MPI_COMM_WORLD, &r->sreq[(size_t)a->slot * st->nsend + v]);
   }
-  if (st->nsend) send_time(r, r->tsent_f + a->slot, r->tsreq_f + a->slot, st->next_rank, tag_of(r->step, a->mb, 0, 0));
+  send_times(r, r->tsent_f + a->slot * r->nfdst, r->tsreq_f + a->slot * r->nfdst, r->fdst, r->nfdst, tag_of(r->step, a->mb, 0, 0));
 }
 
 static void do_recv_grad(Run *r, const PrAction *a) {
@@ -515,11 +524,10 @@ static void do_recv_grad(Run *r, const PrAction *a) {
   for (int v = 0; v < st->nsend; v++) {
     const PrValue *pv = &st->send[v];
     if (pv->goffset < 0) continue;
-    MPI_Irecv(ring(r, pv->goffset, pv->bytes, a->gslot), (int)pv->bytes, MPI_BYTE, st->next_rank, tag_of(r->step, a->mb, v, 1),
+    MPI_Irecv(ring(r, pv->goffset, pv->bytes, a->gslot), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 1),
               MPI_COMM_WORLD, &r->greq[(size_t)a->gslot * st->nsend + v]);
   }
-  if (grads_from_next(st))
-    MPI_Irecv(r->tgot_g + a->gslot, 1, MPI_DOUBLE, st->next_rank, tag_of(r->step, a->mb, 0, 1), r->tcomm, r->trreq_g + a->gslot);
+  recv_times(r, r->tgot_g + a->gslot * r->ngsrc, r->trreq_g + a->gslot * r->ngsrc, r->gsrc, r->ngsrc, tag_of(r->step, a->mb, 0, 1));
 }
 
 static void do_send_grad(Run *r, const PrAction *a) {
@@ -528,10 +536,10 @@ static void do_send_grad(Run *r, const PrAction *a) {
     const PrValue *pv = &st->recv[v];
     if (pv->goffset < 0 || pv->source != PR_FROM_PREV) continue;
     r->sent_bytes += (double)pv->bytes;
-    MPI_Isend(ring(r, pv->goffset, pv->bytes, a->gslot), (int)pv->bytes, MPI_BYTE, st->prev_rank, tag_of(r->step, a->mb, v, 1),
+    MPI_Isend(ring(r, pv->goffset, pv->bytes, a->gslot), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 1),
               MPI_COMM_WORLD, &r->gsreq[(size_t)a->gslot * st->nrecv + v]);
   }
-  if (grads_to_prev(st)) send_time(r, r->tsent_g + a->gslot, r->tsreq_g + a->gslot, st->prev_rank, tag_of(r->step, a->mb, 0, 1));
+  send_times(r, r->tsent_g + a->gslot * r->ngdst, r->tsreq_g + a->gslot * r->ngdst, r->gdst, r->ngdst, tag_of(r->step, a->mb, 0, 1));
 }
 
 /* ---- PipeFB: the stash and the weights between the two chains ---- */
@@ -669,8 +677,8 @@ static double do_forward(Run *r, const PrAction *a) {
   for (int v = 0; v < st->nrecv; v++)
     if (st->recv[v].source != PR_FROM_PREV) load_guarded(r, &st->recv[v], a->mb, a->slot, NULL);
   r->prof.load += now() - l0;
-  wait_message(r, r->rreq + (size_t)a->slot * st->nrecv, st->nrecv, r->trreq_f + a->slot, r->tgot_f + a->slot, r->clock_prev, st->prev_rank,
-               "the forward values of a micro-batch");
+  wait_message(r, r->rreq + (size_t)a->slot * st->nrecv, st->nrecv, r->trreq_f + a->slot * r->nfsrc, r->tgot_f + a->slot * r->nfsrc, r->fsrc,
+               r->nfsrc, "the forward values of a micro-batch");
   double t0 = now(), loss = 0;
   st->forward(a->slot, a->xslot);
   if (st->loss) {
@@ -779,8 +787,8 @@ static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int, int)) {
   const PrStage *st = r->st;
   if (a->kind != PR_W) {
     if (!st->loss)
-      wait_message(r, r->greq + (size_t)a->gslot * st->nsend, st->nsend, r->trreq_g + a->gslot, r->tgot_g + a->gslot, r->clock_next,
-                   st->next_rank, "the gradients of a micro-batch");
+      wait_message(r, r->greq + (size_t)a->gslot * st->nsend, st->nsend, r->trreq_g + a->gslot * r->ngsrc, r->tgot_g + a->gslot * r->ngsrc,
+                   r->gsrc, r->ngsrc, "the gradients of a micro-batch");
     wait_all(r, r->srreq + (size_t)a->slot * st->nstash_recv, st->nstash_recv, -1, "the stashed values of a micro-batch");
     wait_grad_sends(r, a->gslot); /* it writes the gradients sent back from gslot */
   }
@@ -1513,12 +1521,15 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   for (int i = 0; i < ngs * st->nrecv; i++) r.gsreq[i] = MPI_REQUEST_NULL;
   /* Exposed communication: the send times that follow the messages, per slot and gslot. */
   MPI_Comm_dup(MPI_COMM_WORLD, &r.tcomm);
-  r.tsent_f = calloc((size_t)(2 * ns + 2 * ngs), sizeof(double));
-  r.tsreq_f = malloc(sizeof(MPI_Request) * (size_t)(2 * ns + 2 * ngs));
+  r.nfsrc = peers_of(st->recv, st->nrecv, 0, r.fsrc), r.ngdst = peers_of(st->recv, st->nrecv, 1, r.gdst);
+  r.nfdst = peers_of(st->send, st->nsend, 0, r.fdst), r.ngsrc = peers_of(st->send, st->nsend, 1, r.gsrc);
+  int nts = ns * (r.nfsrc + r.nfdst) + ngs * (r.ngsrc + r.ngdst) + 1;
+  r.tsent_f = calloc((size_t)nts, sizeof(double));
+  r.tsreq_f = malloc(sizeof(MPI_Request) * (size_t)nts);
   if (!r.tsent_f || !r.tsreq_f) die(2, "out of memory for the message bookkeeping");
-  r.tgot_f = r.tsent_f + ns, r.tsent_g = r.tgot_f + ns, r.tgot_g = r.tsent_g + ngs;
-  r.trreq_f = r.tsreq_f + ns, r.tsreq_g = r.trreq_f + ns, r.trreq_g = r.tsreq_g + ngs;
-  for (int i = 0; i < 2 * ns + 2 * ngs; i++) r.tsreq_f[i] = MPI_REQUEST_NULL;
+  r.tgot_f = r.tsent_f + ns * r.nfdst, r.tsent_g = r.tgot_f + ns * r.nfsrc, r.tgot_g = r.tsent_g + ngs * r.ngdst;
+  r.trreq_f = r.tsreq_f + ns * r.nfdst, r.tsreq_g = r.trreq_f + ns * r.nfsrc, r.trreq_g = r.tsreq_g + ngs * r.ngdst;
+  for (int i = 0; i < nts; i++) r.tsreq_f[i] = MPI_REQUEST_NULL;
   measure_clocks(&r);
   alloc_scratch(&r);
   /* The memory plan's state: requests per xslot and store slot, the file. */
@@ -1583,17 +1594,18 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   /* Drain what is still in flight. */
   static const PrAction drain = {PR_UPDATE, -1, -1, -1, -1, -1};
   r.cur = &drain;
-  wait_all(&r, r.sreq, ns * st->nsend, st->next_rank, "to take the last forward values");
-  wait_all(&r, r.gsreq, ngs * st->nrecv, st->prev_rank, "to take the last gradients");
+  wait_all(&r, r.sreq, ns * st->nsend, r.nfdst ? r.fdst[0] : -1, "to take the last forward values");
+  wait_all(&r, r.gsreq, ngs * st->nrecv, r.ngdst ? r.gdst[0] : -1, "to take the last gradients");
   wait_all(&r, r.ssreq, ns * st->nstash_send, -1, "to take the last stashed values");
   wait_all(&r, r.wreq, st->nwsend, -1, "to take the last weights");
-  wait_all(&r, r.tsreq_f, ns, st->next_rank, "to take the last send times");
-  wait_all(&r, r.tsreq_g, ngs, st->prev_rank, "to take the last send times");
-  for (int i = 0; i < ns + ngs; i++) {
-    MPI_Request *q = i < ns ? &r.trreq_f[i] : &r.trreq_g[i - ns];
+  wait_all(&r, r.tsreq_f, ns * r.nfdst, -1, "to take the last send times");
+  wait_all(&r, r.tsreq_g, ngs * r.ngdst, -1, "to take the last send times");
+  for (int i = 0; i < ns * r.nfsrc + ngs * r.ngsrc; i++) {
+    MPI_Request *q = i < ns * r.nfsrc ? &r.trreq_f[i] : &r.trreq_g[i - ns * r.nfsrc];
     if (*q != MPI_REQUEST_NULL) MPI_Cancel(q), MPI_Request_free(q);
   }
   MPI_Comm_free(&r.tcomm);
+  free(r.clock);
   MPI_Comm_free(&r.fcomm);
   wait_all(&r, r.oreq, 2 * nx + nst, -1, "to finish moving offloaded activations");
   for (int x = 0; r.xfer && x < nx; x++) wait_file(&r, x, "the last offloaded activations");

@@ -57,6 +57,8 @@ typedef struct PrValue {
   int rank;
   int64_t dims[8];
   int xring;           /* received into the xslot block (it leaves between forward and backward) */
+  int peer;            /* the rank it comes from (RECV) or goes to (SEND), its gradient the other way; -1: the loader or the loss */
+  int tag;             /* its number among the values between this rank and that peer, in both ranks' tables */
 } PrValue;
 
 /* One reading node's part of a tied weight's gradient. */

@@ -72,11 +72,15 @@ static const PrAction SCHEDULE[] = {
     {PR_UPDATE, -1, -1, -1, -1, -1}
 };
 
+/* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, from rank, tag: its number among the
+ * values between the two ranks} */
 static const PrValue RECV[] = {
-    {"input", 25088, OFF_v_input, -1, PR_FROM_IMAGES, 1, 4, {8, 1, 28, 28}, 0},
+    {"input", 25088, OFF_v_input, -1, PR_FROM_IMAGES, 1, 4, {8, 1, 28, 28}, 0, -1, 0},
 };
+/* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, to rank, tag: its number among the
+ * values between the two ranks} */
 static const PrValue SEND[] = {
-    {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}, 0},
+    {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}, 0, 1, 0},
 };
 static const PrParam PARAMS[] = {
     {"conv1.weight", 150, OFF_W_conv1_weight, OFF_dW_conv1_weight, -1, -1, NULL, 0},

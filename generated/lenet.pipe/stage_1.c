@@ -76,11 +76,15 @@ static const PrAction SCHEDULE[] = {
     {PR_UPDATE, -1, -1, -1, -1, -1}
 };
 
+/* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, from rank, tag: its number among the
+ * values between the two ranks} */
 static const PrValue RECV[] = {
-    {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}, 0},
+    {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}, 0, 0, 0},
 };
+/* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, to rank, tag: its number among the
+ * values between the two ranks} */
 static const PrValue SEND[] = {
-    {"/MaxPool_output_0", 37632, OFF_v__MaxPool_output_0, OFF_d__MaxPool_output_0, PR_FROM_PREV, 1, 4, {8, 6, 14, 14}, 0},
+    {"/MaxPool_output_0", 37632, OFF_v__MaxPool_output_0, OFF_d__MaxPool_output_0, PR_FROM_PREV, 1, 4, {8, 6, 14, 14}, 0, 2, 0},
 };
 static const PrStage THIS_STAGE = {
     .stage = STAGE, .nstages = NSTAGES, .microbatches = MICROBATCHES, .mb_size = MB_SIZE, .batch = BATCH,

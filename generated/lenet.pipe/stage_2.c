@@ -86,11 +86,15 @@ static const PrAction SCHEDULE[] = {
     {PR_UPDATE, -1, -1, -1, -1, -1}
 };
 
+/* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, from rank, tag: its number among the
+ * values between the two ranks} */
 static const PrValue RECV[] = {
-    {"/MaxPool_output_0", 37632, OFF_v__MaxPool_output_0, OFF_d__MaxPool_output_0, PR_FROM_PREV, 1, 4, {8, 6, 14, 14}, 0},
+    {"/MaxPool_output_0", 37632, OFF_v__MaxPool_output_0, OFF_d__MaxPool_output_0, PR_FROM_PREV, 1, 4, {8, 6, 14, 14}, 0, 1, 0},
 };
+/* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, to rank, tag: its number among the
+ * values between the two ranks} */
 static const PrValue SEND[] = {
-    {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}, 0},
+    {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}, 0, 3, 0},
 };
 static const PrParam PARAMS[] = {
     {"conv2.weight", 2400, OFF_W_conv2_weight, OFF_dW_conv2_weight, -1, -1, NULL, 0},

@@ -188,8 +188,10 @@ static const PrAction SCHEDULE[] = {
     {PR_UPDATE, -1, -1, -1, -1, -1}
 };
 
+/* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, from rank, tag: its number among the
+ * values between the two ranks} */
 static const PrValue RECV[] = {
-    {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}, 0},
+    {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}, 0, 2, 0},
 };
 static const PrParam PARAMS[] = {
     {"fc1.weight", 48000, OFF_W_fc1_weight, OFF_dW_fc1_weight, -1, -1, NULL, 0},
