@@ -26,6 +26,11 @@ typedef struct Inst {
   double fwd[64], bwd[64], traffic[64], param[64], stash[64], work[64];
   PartEdge edges[128];
   int nedges;
+  /* Direct sends: per edge its readers (ascending; the last is `to` unless
+   * the loss reads it), and the gaps the problem is given. */
+  int readers[128][8], nreaders[128];
+  PartGap gaps[1024];
+  int ngaps;
   Machine machine;
   PartProblem p;
 } Inst;
@@ -38,6 +43,15 @@ static int exact;
 static double factor(int s, int i, int j) {
   uint32_t h = (uint32_t)(s * 7919 + i * 104729 + j * 1299709) * 2654435761u;
   return 0.6 + 0.8 * (double)(h >> 16) / 65536.0;
+}
+
+/* With `direct`: whether nodes [i, j) read edge e (the loss on the last stage). */
+static int direct;
+static int reads(const Inst *in, int e, int i, int j) {
+  if (j == in->N && in->edges[e].to == in->N) return 1;
+  for (int r = 0; r < in->nreaders[e]; r++)
+    if (i <= in->readers[e][r] && in->readers[e][r] < j) return 1;
+  return 0;
 }
 
 /* Stage cost computed directly from the edges. */
@@ -55,8 +69,12 @@ static void direct_cost(const Inst *in, int s, int i, int j, double *time, doubl
   double in_b = 0, in_g = 0, in_n = 0, out_b = 0, out_g = 0, out_n = 0;
   for (int e = 0; e < in->nedges; e++) {
     const PartEdge *ed = &in->edges[e];
-    if (ed->from < i && i <= ed->to) in_b += ed->bytes, in_g += i > 0 ? ed->grad_bytes : 0, in_n++;
-    if (ed->from < j && j <= ed->to) out_b += ed->bytes, out_g += j < in->N ? ed->grad_bytes : 0, out_n++;
+    /* Direct sends: a stage takes only what it reads (stage 0 every loader input), and passes on only what it makes or takes. */
+    int takes = !direct || (ed->from < 0 && i == 0) || reads(in, e, i, j);
+    int makes = ed->from < 0 ? i == 0 : ed->from >= i;
+    if (ed->from < i && i <= ed->to && takes) in_b += ed->bytes, in_g += i > 0 ? ed->grad_bytes : 0, in_n++;
+    if (ed->from < j && j <= ed->to && (!direct || makes || takes))
+      out_b += ed->bytes, out_g += j < in->N ? ed->grad_bytes : 0, out_n++;
   }
   double comm = 0;
   if (s > 0 && in_n) comm += (in_b + in_g) / m->link[s - 1].bandwidth + 2 * in_n * m->link[s - 1].latency;
@@ -129,6 +147,22 @@ static void random_instance(Inst *in) {
       PartEdge *e = &in->edges[in->nedges++];
       e->from = k, e->to = to, e->bytes = 1e4 * (0.1 + rnd() * 50);
       e->grad_bytes = k < 0 ? 0 : e->bytes;
+      /* Its readers: some of the nodes between, and `to` (unless that is the loss). */
+      int *rd = in->readers[in->nedges - 1], *nr = &in->nreaders[in->nedges - 1];
+      for (int q = k + 1; q < to && *nr < 7; q++)
+        if (rnd() < 0.3) rd[(*nr)++] = q;
+      if (to < N) rd[(*nr)++] = to;
+    }
+  }
+  /* The gaps, as the compiler makes them: between the maker (node 0 for the
+   * loader's) and the readers (the loss at N - 1), those skipping a node. */
+  for (int e = 0; e < in->nedges; e++) {
+    int prev = in->edges[e].from >= 0 ? in->edges[e].from : 0;
+    for (int r = 0; r <= in->nreaders[e]; r++) {
+      int at = r < in->nreaders[e] ? in->readers[e][r] : in->edges[e].to >= N ? N - 1 : -1;
+      if (at < 0) break;
+      if (at - prev >= 2) in->gaps[in->ngaps++] = (PartGap){prev, at, in->edges[e].bytes, in->edges[e].grad_bytes};
+      if (at > prev) prev = at;
     }
   }
   int n = 1 + (int)(rnd() * (N < 5 ? N : 5));
@@ -148,6 +182,7 @@ static void random_instance(Inst *in) {
   p->opt_state_per_param = (int)(rnd() * 3);
   p->machine = &in->machine;
   p->mem_limit = rnd() < 0.5 ? 0 : 3e5 + 4e6 * rnd();
+  if (direct) p->gaps = in->gaps, p->ngaps = in->ngaps;
 }
 
 static double sumsq_of(const Partition *pt, int n) {
@@ -186,8 +221,9 @@ static void test_random(void) {
     pool_free(&pool);
   }
   if (failed == f0) /* only when every instance's check held */
-    printf("ok - DP equals brute force on %d random DAGs (%d agreed, %d infeasible under their memory limit)%s\n", 3000, agree,
-           infeasible, exact ? ", pricing by a stage_mem callback that the estimate misjudges" : "");
+    printf("ok - DP equals brute force on %d random DAGs (%d agreed, %d infeasible under their memory limit)%s%s\n", 3000, agree,
+           infeasible, exact ? ", pricing by a stage_mem callback that the estimate misjudges" : "",
+           direct ? ", with direct sends (a stage skips the values none of its nodes reads)" : "");
 }
 
 /* A chain of equal layers on equal ranks splits evenly. */
@@ -220,6 +256,11 @@ int main(void) {
   exact = 1;
   test_random();
   exact = 0;
+  direct = 1;
+  test_random();
+  exact = 1;
+  test_random();
+  exact = direct = 0;
   double eq[8] = {1e9, 1e9, 1e9, 1e9, 1e9, 1e9, 1e9, 1e9};
   test_chain(8, 4, eq, (int[]){0, 2, 4, 6, 8});
   test_chain(24, 8, eq, (int[]){0, 3, 6, 9, 12, 15, 18, 21, 24});
