@@ -16,7 +16,9 @@ steps, alternating the three, REPEATS rounds (best round kept).  Reported:
     1F1B and async at n = 4, m = 2p.
 """
 import csv
+import json
 import os
+import re
 import statistics
 
 import memcurve as mc
@@ -161,7 +163,57 @@ def section_async(b, data, repeats=None):
                                        f"{', '.join(f'{x:.2f}' for x in ex)} | {', '.join(f'{x:.2f}' for x in wt)} |")
                         b.add_row(SEC, f"{model} n=4 m=8 {label} {prog}", "exposed_ms_per_step_max_stage", max(ex), "ms")
     b.md_sections.append(("8. Async: a pipeline that never drains, against 1F1B and ZB-H1; exposed communication",
-                          "\n".join(body + exposed)))
+                          "\n".join(body + exposed + section_dag(b, data, repeats))))
+
+
+# The planners on the branchy models: today's (--partition chain --route relay) and the new one
+# (the downset DP, direct sends), predicted and measured step (1F1B, CIFAR-format data).
+DAG_CASES = [("inception", 4, 16, 8), ("densenet", 4, 16, 8), ("densenet", 8, 16, 16)]
+STEP_RE = re.compile(r"step time ([0-9.]+) ms measured, ([0-9.]+) ms predicted")
+
+
+def section_dag(b, data, repeats):
+    rows = ["", "The planners on the branchy models (1F1B): today's (`--partition chain --route relay`: ranges of the "
+            "model's order, values relayed through every rank between) against the new one (`--partition dag`, direct sends). "
+            f"Step times in ms, best of {repeats} alternating round(s); the predicted one is the plan's.", "",
+            "| model | n | B | m | today's: predicted | measured | new: predicted | measured | new slowest stage / today's |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    work = os.path.join(b.WORK, "asyncbench")
+    os.makedirs(work, exist_ok=True)
+    steps = 8 if b.QUICK else 20
+    for model, n, B, m in DAG_CASES:
+        b.log(f"planners: {model} -n {n}")
+        try:
+            dirs, plans, first = {}, {}, None
+            for name, extra in (("old", ["--partition", "chain", "--route", "relay"]), ("new", [])):
+                d = os.path.join(work, f"{model}_n{n}_{name}.pipe")
+                compile_plan(b, model, n, B, m, "1f1b", extra, d)
+                mc.build_dir(b, d, first)
+                first = first or d
+                dirs[name] = d
+                with open(os.path.join(d, "plan.json")) as f:
+                    plans[name] = json.load(f)
+            best = {}
+            for rnd in range(repeats):
+                for name in (("old", "new") if rnd % 2 == 0 else ("new", "old")):
+                    _, out, _, _ = b.run_cmd([os.path.join(dirs[name], "run.sh"), "--data", data["cifar"], "--steps", str(steps)],
+                                             b.TIMEOUT_RUN)
+                    mt = STEP_RE.search(out)
+                    if mt:
+                        cur = (float(mt.group(1)), float(mt.group(2)))
+                        best[name] = min(best.get(name, cur), cur)
+            slow = {k: plans[k]["max_stage_time_s"] for k in plans}
+            o, nw = best.get("old"), best.get("new")
+            if not o or not nw:
+                raise b.CmdError("no summary line")
+            rows.append(f"| {model} | {n} | {B} | {m} | {o[1]:.2f} | {o[0]:.2f} | {nw[1]:.2f} | {nw[0]:.2f} | "
+                        f"{slow['new'] / slow['old']:.3f} |")
+            b.add_row(SEC, f"{model} n={n} planners", "new_over_old_predicted_step", nw[1] / o[1], "x")
+            b.add_row(SEC, f"{model} n={n} planners", "new_over_old_measured_step", nw[0] / o[0], "x")
+        except Exception as e:  # noqa: BLE001
+            rows.append(f"| {model} | {n} | {B} | {m} | ERROR: {str(e)[:160]} |||||")
+            b.add_row(SEC, f"{model} n={n} planners", "case", "ERROR", note=str(e))
+    return rows
 
 
 if __name__ == "__main__":   # this section alone: /usr/bin/python3 bench/asyncbench.py (writes bench/async.md)
