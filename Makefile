@@ -138,11 +138,12 @@ demo: deps
 	$(MAKE) -s -C $(DEMO)/lenet.pipe
 	$(DEMO)/lenet.pipe/run.sh --data $(DEMO)/mnist --steps 200 --shuffle --log $(DEMO)/lenet.csv --save $(DEMO)/lenet_trained.onnx
 
-# generated/: the sample LeNet at n=4 (1F1B), kept reproducible (tests/test_generated.sh).
+# generated/: the sample LeNet at n=4, 1F1B and async, kept reproducible (tests/test_generated.sh).
+GEN_FLAGS := -n 4 --batch 64 --microbatches 8 --lr 0.1 --devices tests/devices_equal.txt
 generated: bin/pipecc
-	rm -rf generated/lenet.pipe
-	bin/pipecc onnx_models/lenet.onnx -n 4 --batch 64 --microbatches 8 --schedule 1f1b --lr 0.1 \
-	  --devices tests/devices_equal.txt -o generated/lenet.pipe
+	rm -rf generated/lenet.pipe generated/lenet_async.pipe
+	bin/pipecc onnx_models/lenet.onnx $(GEN_FLAGS) --schedule 1f1b -o generated/lenet.pipe
+	bin/pipecc onnx_models/lenet.onnx $(GEN_FLAGS) --schedule async --staleness 1 -o generated/lenet_async.pipe
 
 # Side-by-side benchmarks against PyTorch and torch's GPipe (bench/README.md); about 8 minutes.
 bench: all
