@@ -30,12 +30,15 @@ MODELS = [("lenet", 256, "mnist", 60), ("gpt", 32, "tokens", 40)]   # model, bat
 SCHEDS = [("1f1b", []), ("zb1", []), ("async", ["--staleness", "1"])]
 
 
+LR = {"inception": 0.02, "densenet": 0.02}   # the branchy models (bench.py's LR has the others)
+
+
 def compile_plan(b, model, n, B, m, sched, extra, out):
     if os.path.isdir(out):
         import shutil
         shutil.rmtree(out)
     cmd = [b.PIPECC, os.path.join(b.ROOT, "onnx_models", f"{model}.onnx"), "-n", str(n), "--batch", str(B), "--microbatches", str(m),
-           "--schedule", sched, "--lr", str(b.LR[model]), "-o", out] + extra
+           "--schedule", sched, "--lr", str(b.LR.get(model, LR.get(model, 0.02))), "-o", out] + extra
     b.run_cmd(cmd, b.TIMEOUT_COMPILE)
 
 
@@ -216,10 +219,16 @@ def section_dag(b, data, repeats):
     return rows
 
 
-if __name__ == "__main__":   # this section alone: /usr/bin/python3 bench/asyncbench.py (writes bench/async.md)
+if __name__ == "__main__":   # this section alone: /usr/bin/python3 bench/asyncbench.py [planners] (writes bench/async.md)
+    import sys
     import bench as b  # noqa: E402
     os.makedirs(b.WORK, exist_ok=True)
-    section_async(b, b.make_data())
+    data = b.make_data()
+    if sys.argv[1:] == ["planners"]:
+        b.md_sections.append(("The planners on the branchy models", "\n".join(section_dag(b, data, 2))))
+    else:
+        section_async(b, data)
     with open(os.path.join(HERE, "async.md"), "w") as f:
+        f.write(f"Written by bench/asyncbench.py {' '.join(sys.argv[1:])} on {b.machine_info()[0][1]}.\n\n")
         for title, text in b.md_sections:
             f.write(f"## {title}\n\n{text}\n")
