@@ -165,7 +165,9 @@ int main(int argc, char **argv) {
   /* The probe times the BLAS kernels the stage programs will run. */
   blas_core_pin(argv, NULL);
   Options o = {0};
-  const char **kept = calloc((size_t)argc + 1, sizeof *kept); /* the flags run.sh re-plans with */
+  /* The flags run.sh re-plans with; held by a static so it lives (reachable) to the exit. */
+  static const char **kept;
+  kept = calloc((size_t)argc + 1, sizeof *kept);
   if (!kept) return 2;
   o.args = kept;
   o.nstages = 1;

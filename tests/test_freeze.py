@@ -31,8 +31,8 @@ without freezing, which is not resolved here.
 
   /usr/bin/python3 tests/test_freeze.py [--quick] [--keep]
 
---quick (what make test runs): LeNet n = 2 and 4 (--frozen, --freeze-at, a re-plan killed and
-resumed), the refusals.  The whole suite: `make test-freeze`.
+--quick (what make test runs): LeNet (--frozen at n = 2; --freeze-at at n = 2 and 4; a re-plan
+killed and resumed), the refusals.  The whole suite: `make test-freeze`.
 PIPECC overrides the pipecc binary.  Ends with "N passed, M failed".
 """
 import argparse
@@ -334,7 +334,8 @@ def main():
     try:
         ex = load_module("pipecc_onnx_export", os.path.join("onnx_models", "export.py"))
         images = ta.ImageData(tmp, 32, 4, STEPS)
-        model_case(tmp, env, "lenet", ex.LeNet5, os.path.join(ROOT, "onnx_models", "lenet.onnx"), images, 32, 4, "adamw", 2, (2, 4))
+        model_case(tmp, env, "lenet", ex.LeNet5, os.path.join(ROOT, "onnx_models", "lenet.onnx"), images, 32, 4, "adamw", 2,
+                   (2,) if args.quick else (2, 4))
         tokens = ta.TokenData(tmp, 16, 4, 32)
         if not args.quick:
             model_case(tmp, env, "gpt", ex.GPT, os.path.join(ROOT, "onnx_models", "gpt.onnx"), tokens, 16, 4, "sgd", 6, (2, 4))
