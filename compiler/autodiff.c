@@ -188,6 +188,11 @@ static char *needs_grad(Plan *p, Pool *pool) {
   return need;
 }
 
+const char *plan_needs(Plan *p) {
+  if (!p->needs) p->needs = p->opt.forward_only ? pool_alloc(&p->g.pool, (size_t)p->g.nt) : needs_grad(p, &p->g.pool);
+  return p->needs;
+}
+
 /* The stage holding compute node k under the plan's partition; -1 while a
  * candidate stage is priced (the other stages are not decided yet). */
 static int stage_of(Ctx *c, int k) {

@@ -502,9 +502,9 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
       split ? "backward_weight" : "NULL", memf,
       p->opt.profile ? pool_printf(&tp, "\n    .prof_nodes = PROFILE_NODES, .nprof = %d, .prof_rate = %.6g,", e - a, p->machine.dev[s].flops) : "",
       role == ROLE_BWD ? "NULL" : "forward", role == ROLE_FWD ? "NULL" : "backward",
-      pool_printf(&tp, "\n    .role = %s, .prev_rank = %d, .next_rank = %d, .loss_rank = %d,%s", role == ROLE_FWD ? "PR_ROLE_FWD" : role == ROLE_BWD ? "PR_ROLE_BWD" : "PR_ROLE_BOTH",
+      pool_printf(&tp, "\n    .role = %s, .prev_rank = %d, .next_rank = %d, .loss_rank = %d, .nfrozen = %d,%s", role == ROLE_FWD ? "PR_ROLE_FWD" : role == ROLE_BWD ? "PR_ROLE_BWD" : "PR_ROLE_BOTH",
                   p->fb ? p->fb->links.prev[s] : s - 1, p->fb ? p->fb->links.next[s] : s + 1 < n ? s + 1 : -1,
-                  p->fb ? p->fb->links.nf - 1 : n - 1,
+                  p->fb ? p->fb->links.nf - 1 : n - 1, p->nfrozen,
                   !p->fb ? "" : pool_printf(&tp, "\n    .stash_send = %s, .nstash_send = %d, .stash_recv = %s, .nstash_recv = %d,"
                                                   " .wsend = %s, .nwsend = %d, .wrecv = %s, .nwrecv = %d,",
                                             nss ? "STASH_SEND" : "NULL", nss, nsr ? "STASH_RECV" : "NULL", nsr,
@@ -514,6 +514,15 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   tmpl_fill(o, TMPL_STAGE_MAIN, keys, vals, (int)(sizeof keys / sizeof keys[0]));
   pool_free(&tp);
   buf_free(&model);
+}
+
+/* s as one word of a bash script: single-quoted, each ' as '\''. */
+static void shell_word(Buf *o, const char *s) {
+  buf_printf(o, "'");
+  for (; *s; s++)
+    if (*s == '\'') buf_printf(o, "'\\''");
+    else buf_printf(o, "%c", *s);
+  buf_printf(o, "'");
 }
 
 /* Path of `to` relative to directory `from` (both made absolute). */
@@ -634,13 +643,27 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
   }
   char nst[16];
   snprintf(nst, sizeof nst, "%d", n);
-  const char *keys[] = {"NSTAGES", "MODEL", "RUNTIME", "STAGE_LIST", "MPMD"};
-  const char *vals[] = {nst, model.s, rel, stages.s, mpmd.s};
+  /* For a freeze event's re-plan: this pipecc, the directory it ran in (both relative to DIR, so
+   * that the directory can move with its tree) and its flags, each as one shell word. */
+  Buf bin = {0}, args = {0}, cwd = {0};
+  char exe[PATH_MAX], here[PATH_MAX], r1[PATH_MAX], r2[PATH_MAX];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[len > 0 ? len : 0] = 0;
+  relpath(parent, len > 0 ? exe : "pipecc", r1, sizeof r1);
+  relpath(parent, getcwd(here, sizeof here) ? here : ".", r2, sizeof r2);
+  shell_word(&bin, r1), shell_word(&cwd, r2);
+  buf_printf(&args, "%s", "");
+  for (int i = 0; i < p->opt.nargs; i++) {
+    if (i) buf_printf(&args, " ");
+    shell_word(&args, p->opt.args[i]);
+  }
+  const char *keys[] = {"NSTAGES", "MODEL", "RUNTIME", "STAGE_LIST", "MPMD", "PIPECC_BIN", "PIPECC_ARGS", "PLAN_CWD"};
+  const char *vals[] = {nst, model.s, rel, stages.s, mpmd.s, bin.s, args.s, cwd.s};
   Buf mk = {0}, sh = {0};
-  tmpl_fill(&mk, TMPL_MAKEFILE, keys, vals, 5);
-  tmpl_fill(&sh, TMPL_RUN_SH, keys, vals, 5);
+  tmpl_fill(&mk, TMPL_MAKEFILE, keys, vals, 8);
+  tmpl_fill(&sh, TMPL_RUN_SH, keys, vals, 8);
   int rc = outdir_write(d, "Makefile", mk.s, mk.len) || outdir_write(d, "run.sh", sh.s, sh.len) ? -1 : 0;
-  buf_free(&mk), buf_free(&sh), buf_free(&stages), buf_free(&mpmd), buf_free(&model);
+  buf_free(&mk), buf_free(&sh), buf_free(&stages), buf_free(&mpmd), buf_free(&model), buf_free(&bin), buf_free(&args), buf_free(&cwd);
   if (rc) return -1;
   return outdir_chmod(d, "run.sh", 0755);
 }

@@ -269,6 +269,19 @@ void listing_text(const Plan *p, Buf *b) {
   buf_printf(b, "  schedule     %s over %d stage%s, optimizer %s (%.0f state slot%s per parameter)\n",
              schedule_name(p->opt.schedule), n, n == 1 ? "" : "s", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots,
              p->opt_slots == 1 ? "" : "s");
+  if (p->opt.frozen) {
+    const char *need = plan_needs((Plan *)p);
+    int first = -1; /* the first compute node with a backward */
+    for (int k = 0; k < p->N && first < 0; k++)
+      for (int q = 0; q < g->n[p->node[k]].nout; q++)
+        if (g->n[p->node[k]].out[q] >= 0 && need[g->n[p->node[k]].out[q]]) first = k;
+    buf_printf(b, "  frozen       %d of %d parameterised layers (--frozen %s)", p->nfrozen, p->nlayers, p->opt.frozen);
+    if (p->nfrozen)
+      buf_printf(b, ": %s .. %s; their %d weight%s are constants (no gradient, no optimizer state)", g->n[p->frozen_layers[0]].name,
+                 g->n[p->frozen_layers[p->nfrozen - 1]].name, p->frozen_params, p->frozen_params == 1 ? "" : "s");
+    buf_printf(b, "\n");
+    if (first > 0) buf_printf(b, "               no backward (nor its stash) before node %d (%s)\n", first, node_name(p, first));
+  }
   buf_printf(b, "  machine      %s\n", m->source);
   buf_printf(b, "               rank 0: %.1f GFLOP/s%s; link 0: %.2f GB/s, %.1f us; memory copies %.1f GB/s\n", m->dev[0].flops / 1e9,
              m->dev[0].mem_bytes > 0 ? "" : ", memory unlimited", n > 1 ? m->link[0].bandwidth / 1e9 : 0,
@@ -374,6 +387,7 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, ",\n  \"opset\": %lld,\n  \"nodes\": %d,\n  \"folded_nodes\": %d,\n  \"compute_nodes\": %d,\n  \"parameters\": %.0f,\n",
              (long long)p->g.opset, p->g.nn, p->nfolded, p->N, p->params);
   if (p->fb) buf_printf(b, "  \"fb_split\": %d,\n", p->fb->links.nf);
+  if (p->opt.frozen) buf_printf(b, "  \"frozen_layers\": %d,\n  \"layers\": %d,\n", p->nfrozen, p->nlayers);
   if (p->sched.unroll > 0)
     buf_printf(b, "  \"staleness\": %d,\n  \"lookahead\": %d,\n  \"fill_drain_s\": %.9g,\n", p->sched.staleness, p->sched.lookahead,
                p->sched.fill_drain);

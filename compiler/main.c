@@ -36,6 +36,8 @@ static void usage(FILE *f) {
         "  --partition dag|chain how stages are cut: over the graph's downsets, reordering independent nodes\n"
         "                        (default), or ranges of the model's own node order\n"
         "  --fb-split NF         pipefb: the first NF ranks run forwards, the rest backwards (default: the planner's)\n"
+        "  --frozen FILE         freeze the first N parameterised layers FILE names ('pipecc-frozen 1' then\n"
+        "                        'layers N'): their weights become constants, with no gradient or optimizer state\n"
         "  --route direct|relay  a value that skips ranks goes straight to the ranks that read it (default), or\n"
         "                        through every rank between (pipefb always relays)\n"
         "  --progress wait|poll  when MPI moves messages: while a rank waits for them (default), or also between\n"
@@ -150,18 +152,36 @@ static void dump_shapes(const Plan *p) {
   }
 }
 
+/* Keeps argv[from .. to) (a flag and its value) for run.sh's re-planning, but for the flags that name
+ * this run's output and frozen layers (a freeze event gives its own) and the listing. */
+static void keep_flag(Options *o, char **argv, int from, int to) {
+  if (from < 0) return;
+  const char *a = argv[from];
+  if (!strcmp(a, "-o") || !strcmp(a, "--frozen") || !strcmp(a, "--listing")) return;
+  for (int i = from; i < to; i++) ((const char **)o->args)[o->nargs++] = argv[i];
+}
+
 int main(int argc, char **argv) {
   /* The probe times the BLAS kernels the stage programs will run. */
   blas_core_pin(argv, NULL);
   Options o = {0};
+  /* The flags run.sh re-plans with; held by a static so it lives (reachable) to the exit. */
+  static const char **kept;
+  kept = calloc((size_t)argc + 1, sizeof *kept);
+  if (!kept) return 2;
+  o.args = kept;
   o.nstages = 1;
   o.schedule = SCHED_1F1B;
   o.recompute = 1;
   long v;
+  int last_flag = -1;
   const char *moves_given = NULL; /* --offload or --recompute, if given */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *val = i + 1 < argc ? argv[i + 1] : NULL;
+    /* The flags (with their values) run.sh re-plans with; the previous one's, now that it is parsed. */
+    if (i > 1) keep_flag(&o, argv, last_flag, i);
+    last_flag = a[0] == '-' ? i : -1;
 #define NEEDVAL() \
   do { \
     if (!val) return bad("flag '%s' needs a value%s", a, ""); \
@@ -231,6 +251,9 @@ int main(int argc, char **argv) {
       NEEDVAL();
       if (parse_int(val, 1, 1 << 20, &v)) return bad("--fb-split '%s': expected a positive whole number (forward ranks)%s", val, "");
       o.fb_split = (int)v;
+    } else if (!strcmp(a, "--frozen")) {
+      NEEDVAL();
+      o.frozen = val;
     } else if (!strcmp(a, "--route")) {
       NEEDVAL();
       if (!strcmp(val, "direct")) o.relay = 0;
@@ -289,6 +312,7 @@ int main(int argc, char **argv) {
       o.model = a;
     }
   }
+  keep_flag(&o, argv, last_flag, argc);
   if (!o.model) return bad("no model given%s%s", "", "");
   char nbuf[32], fbuf[32];
   snprintf(nbuf, sizeof nbuf, "%d", o.nstages), snprintf(fbuf, sizeof fbuf, "%d", o.fb_split);

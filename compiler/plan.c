@@ -562,6 +562,7 @@ int plan_from_graph(Plan *p) {
     if (!g->n[j].folded) p->node[p->N++] = j;
     else p->nfolded++;
   if (!p->N) return err_set("%s: every node is a constant; there is nothing to train", g->path);
+  if (o->frozen && freeze_apply(p)) return -1;
   NodeCost *all = pool_alloc(&g->pool, sizeof(NodeCost) * (size_t)g->nn);
   cost_nodes(g, all);
   p->cost = pool_alloc(&g->pool, sizeof(NodeCost) * (size_t)p->N);
@@ -599,6 +600,8 @@ int plan_from_graph(Plan *p) {
     pr->fwd_s = c->fwd, pr->bwdi_s = c->bwd_input, pr->bwdw_s = c->bwd_weight;
     pr->time_rate = c->rate, pr->load_s = c->load, pr->loss_s = c->loss, pr->update_per_byte = c->update_per_param / 4;
   }
+  /* Frozen layers: backwards that no longer run, weight gradients no longer made. */
+  if (o->frozen) freeze_costs(p, arr[1], p->costs ? p->costs->bwd_input : NULL, p->costs ? p->costs->bwd_weight : NULL);
   if (o->schedule == SCHED_PIPEFB) return pipefb_plan(p);
   if (o->schedule == SCHED_ASYNC)
     for (int t = 0; t < g->nt; t++)

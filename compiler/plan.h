@@ -18,6 +18,11 @@ typedef struct Options {
   int relay;         /* --route relay: a value crossing several cuts passes through every stage between */
   int fb_split;      /* --fb-split NF: pipefb's forward ranks (0: the planner chooses) */
   int poll;          /* --progress poll: the stage programs let MPI progress between nodes */
+  const char *frozen; /* --frozen FILE: the first N parameterised layers' weights are constants (freeze.c) */
+  /* The command line (without the model, -o and --frozen), written into run.sh so that a freeze
+   * event can plan the frozen model the same way (FreezePipe's re-planning). */
+  const char *const *args;
+  int nargs;
   int staleness;     /* --staleness K: async's weight delay (0: not given; async's default is 1) */
   int profile;       /* --profile: timing marks in the stage programs (run.sh --profile FILE) */
   const char *costs; /* --costs FILE: measured node times to plan with (profile.c) */
@@ -67,6 +72,9 @@ typedef struct Plan {
   PartGap *gaps;
   int ngaps;
   int direct;        /* values travel only between the stages that make or read them (not --route relay, not pipefb) */
+  /* --frozen (freeze.c): the parameterised layers (graph ids of the compute nodes reading a trained weight,
+   * in the loaded order), how many of them are frozen, and the weights that became constants. */
+  int *frozen_layers, nlayers, nfrozen, frozen_params;
   int64_t batch, mb_size;
   int nfolded;
   double params, opt_slots;
@@ -122,6 +130,14 @@ int pipefb_links(Plan *p, struct StageProg *progs, FbPlan *fb, Pool *pool);
  * how many.  *same_kind: two of them are the same op (two LayerNorms, two
  * Convs), the mark of an exporter that merged equal initializers. */
 int plan_tie_readers(const Plan *p, int t, int *ks, int *same_kind);
+/* freeze.c: the first N layers' weights become constants (-1 with err_set on a bad FILE); the
+ * parameterised layers' positions into layers (room for N), their count; the backward's costs as
+ * frozen weights leave them (bwdi / bwdw: measured seconds, or NULL). */
+int freeze_apply(Plan *p);
+int freeze_layers(const Plan *p, int *layers);
+void freeze_costs(Plan *p, double *bwd_flops, double *bwdi, double *bwdw);
+/* Per tensor: whether its gradient is needed (a trained weight, or computed from one); cached. */
+const char *plan_needs(Plan *p);
 /* Whether compute nodes [a, e) read edge q's value (the loss counts on the last stage's range). */
 int plan_reads_range(const Plan *p, int q, int a, int e);
 /* Edge q's route through the ranks (rbegin/rend): its maker's rank (rank 0

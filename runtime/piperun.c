@@ -39,6 +39,12 @@ char *openblas_get_corename(void);
 
 typedef struct Args {
   const char *data, *log, *save, *checkpoint, *resume, *lr_schedule, *trace, *offload_dir, *profile;
+  /* Freezing (FreezePipe): after step freeze_step[k] the first freeze_layers[k] layers freeze; the
+   * freeze checkpoint goes to freeze_dir (run.sh: --checkpoint DIR, else freeze/ beside it);
+   * resume_freeze: continue from one (run.sh's re-planned run). */
+  int64_t freeze_step[16];
+  int freeze_layers[16], nfreeze;
+  const char *freeze_dir, *resume_freeze;
   int64_t steps, ckpt_every, warmup;
   uint64_t seed;
   int shuffle, quiet;
@@ -99,6 +105,8 @@ typedef struct Run {
   double *tsent_f, *tgot_f, *tsent_g, *tgot_g;
   MPI_Request *tsreq_f, *trreq_f, *tsreq_g, *trreq_g;
   double *clock, t_exposed;
+  int freeze_to;       /* a freeze event after this step: the layers frozen from now on (0: none) */
+  double elapsed0;     /* wall seconds of the run before this program (a re-planned run goes on counting) */
   int npoll_req; /* --progress poll: outstanding requests tested between nodes */
 } Run;
 
@@ -190,6 +198,25 @@ static double num(const char *flag, const char *v, double lo) {
   return x;
 }
 
+/* --freeze-at S:N[,S:N...]: steps from 1, ascending; layers at least 1. */
+static void parse_freeze(Args *a, const char *v) {
+  const char *p = v ? v : "";
+  while (*p) {
+    char *end;
+    long long step = strtoll(p, &end, 10), layers;
+    if (end == p || *end != ':' || step < 1) usage_error("--freeze-at '%s': expected S:N[,S:N...] (after step S, from 1, freeze the "
+                                                           "first N parameterised layers)", v);
+    p = end + 1;
+    layers = strtoll(p, &end, 10);
+    if (end == p || (*end && *end != ',') || layers < 1 || layers > 1 << 24 || a->nfreeze == 16 ||
+        (a->nfreeze && step <= a->freeze_step[a->nfreeze - 1]))
+      usage_error("--freeze-at '%s': expected S:N[,S:N...] with ascending steps S >= 1 and N >= 1 (at most 16 events)", v);
+    a->freeze_step[a->nfreeze] = step, a->freeze_layers[a->nfreeze++] = (int)layers;
+    p = *end ? end + 1 : end;
+  }
+  if (!a->nfreeze) usage_error("--freeze-at '%s': expected S:N[,S:N...]", v ? v : "");
+}
+
 static void parse_args(Args *a, int argc, char **argv) {
   memset(a, 0, sizeof *a);
   a->steps = -1, a->seed = 1, a->lr_schedule = "constant";
@@ -218,6 +245,9 @@ static void parse_args(Args *a, int argc, char **argv) {
     else if (!strcmp(f, "--blas-kernels")) TAKE(); /* pr_main pinned them */
     else if (!strcmp(f, "--offload-dir")) a->offload_dir = TAKE();
     else if (!strcmp(f, "--profile")) a->profile = TAKE();
+    else if (!strcmp(f, "--freeze-at")) parse_freeze(a, TAKE());
+    else if (!strcmp(f, "--freeze-dir")) a->freeze_dir = TAKE();
+    else if (!strcmp(f, "--resume-freeze")) a->resume_freeze = TAKE();
     else usage_error("unknown flag '%s'", f);
     if (i >= argc) usage_error("flag '%s' needs a value", f);
   }
@@ -1285,6 +1315,189 @@ static void load_checkpoint(Run *r, const char *dir) {
   agree(ok, msg);
 }
 
+/* ---- freezing (FreezePipe) ----
+ * A freeze event after step S writes FREEZE_DIR/freeze-S/: the model with its
+ * weights and BatchNorm statistics now (model.onnx, by pr_save_onnx), each
+ * rank's optimizer state by weight name (opt_<stage>.bin), and frozen.txt for
+ * pipecc --frozen; then FREEZE_DIR/FREEZE (step, layers, directory), written
+ * last and renamed into place: the checkpoint is complete once it exists.
+ * Every rank then exits with status 9 and run.sh re-plans.  The data order
+ * and the random numbers depend only on the step, so the re-planned run
+ * continues exactly. */
+
+/* Writes len bytes to fd, every one, or returns -1. */
+static int write_all(int fd, const void *p, size_t len) {
+  const char *c = p;
+  while (len) {
+    ssize_t w = write(fd, c, len);
+    if (w <= 0) return -1;
+    c += w, len -= (size_t)w;
+  }
+  return 0;
+}
+
+/* This rank's optimizer state: "PIPEOPT1 <n>\n", then per weight "<name length> <count> <m1> <m2>\n<name>" and its slots. */
+static int write_opt_file(const Run *r, const char *sub, char *msg, size_t len) {
+  const PrStage *st = r->st;
+  char path[4400], tmp[4500], head[64];
+  snprintf(path, sizeof path, "%s/opt_%d.bin", sub, st->stage);
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644), ok = fd >= 0;
+  snprintf(head, sizeof head, "PIPEOPT1 %d\n", st->nparams);
+  ok = ok && !write_all(fd, head, strlen(head));
+  for (int i = 0; ok && i < st->nparams; i++) {
+    const PrParam *p = &st->params[i];
+    snprintf(head, sizeof head, "%zu %lld %d %d\n", strlen(p->name), (long long)p->count, p->m1offset >= 0, p->m2offset >= 0);
+    ok = !write_all(fd, head, strlen(head)) && !write_all(fd, p->name, strlen(p->name));
+    if (ok && p->m1offset >= 0) ok = !write_all(fd, st->arena + p->m1offset, (size_t)p->count * 4);
+    if (ok && p->m2offset >= 0) ok = !write_all(fd, st->arena + p->m2offset, (size_t)p->count * 4);
+  }
+  ok = ok && fsync(fd) == 0;
+  if (fd >= 0) close(fd);
+  if (!ok || rename(tmp, path)) return snprintf(msg, len, "cannot write the freeze checkpoint's %s: %s", path, strerror(errno)), -1;
+  return 0;
+}
+
+static int write_text(const char *path, const char *text) {
+  char tmp[4500];
+  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644), ok = fd >= 0 && !write_all(fd, text, strlen(text)) && fsync(fd) == 0;
+  if (fd >= 0) close(fd);
+  return ok && !rename(tmp, path) ? 0 : -1;
+}
+
+static void freeze_write(Run *r) {
+  const PrStage *st = r->st;
+  char sub[4200], path[4400], msg[4600] = "", text[256];
+  snprintf(sub, sizeof sub, "%s/freeze-%lld", r->a.freeze_dir, (long long)r->step);
+  int ok = 1;
+  if (r->rank == 0 && ((mkdir(r->a.freeze_dir, 0755) && errno != EEXIST) || (mkdir(sub, 0755) && errno != EEXIST)))
+    ok = 0, snprintf(msg, sizeof msg, "cannot create the freeze checkpoint %s: %s", sub, strerror(errno));
+  agree(ok, msg);
+  agree(weights_finite(r, "a freeze checkpoint", msg, sizeof msg) == 0, msg);
+  snprintf(path, sizeof path, "%s/model.onnx", sub);
+  pr_save_onnx(st, path, pr_stage_dir());
+  agree(write_opt_file(r, sub, msg, sizeof msg) == 0, msg);
+  if (r->rank == 0) {
+    snprintf(path, sizeof path, "%s/frozen.txt", sub);
+    snprintf(text, sizeof text, "pipecc-frozen 1\nlayers %d\n", r->freeze_to);
+    ok = write_text(path, text) == 0;
+    snprintf(path, sizeof path, "%s/FREEZE", r->a.freeze_dir);
+    snprintf(text, sizeof text, "pipecc-freeze 1\nstep %lld\nlayers %d\ndir freeze-%lld\nelapsed %.6f\n", (long long)r->step,
+             r->freeze_to, (long long)r->step, r->elapsed0 + r->t_total);
+    ok = ok && write_text(path, text) == 0;
+    if (!ok) snprintf(msg, sizeof msg, "cannot write the freeze checkpoint in %s: %s", r->a.freeze_dir, strerror(errno));
+    else if (!r->a.quiet) printf("freeze after step %lld: the first %d parameterised layers; checkpoint %s\n", (long long)r->step, r->freeze_to, sub);
+    fflush(stdout);
+  }
+  agree(ok, msg);
+}
+
+/* Reads a whole file; NULL if it cannot. */
+static unsigned char *slurp(const char *path, size_t *len) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return NULL;
+  unsigned char *b = NULL;
+  size_t cap = 0, n = 0, got;
+  do {
+    if (n == cap && !(b = realloc(b, cap = cap ? 2 * cap : 1 << 16))) break;
+    got = fread(b + n, 1, cap - n, f), n += got;
+  } while (got);
+  fclose(f);
+  *len = n;
+  return b;
+}
+
+/* Each of this rank's weights' optimizer state from whichever opt_<k>.bin holds it (by name). */
+static int read_opt_state(const Run *r, const char *sub, char *msg, size_t len) {
+  const PrStage *st = r->st;
+  int *found = calloc((size_t)st->nparams + 1, sizeof(int));
+  for (int k = 0; k < 4096; k++) {
+    char path[4400];
+    snprintf(path, sizeof path, "%s/opt_%d.bin", sub, k);
+    size_t n;
+    unsigned char *b = slurp(path, &n);
+    if (!b) break;
+    size_t at = 0;
+    int recs, used;
+    if (sscanf((char *)b, "PIPEOPT1 %d\n%n", &recs, &used) != 1 || recs < 0) {
+      free(b), free(found);
+      return snprintf(msg, len, "--resume-freeze %s: %s is not an optimizer-state file", sub, path), -1;
+    }
+    at = (size_t)used;
+    for (int q = 0; q < recs; q++) {
+      unsigned long nl;
+      long long count;
+      int h1, h2;
+      if (at >= n || sscanf((char *)b + at, "%lu %lld %d %d\n%n", &nl, &count, &h1, &h2, &used) != 4 || count < 0 ||
+          at + (size_t)used + nl + (size_t)(h1 + h2) * (size_t)count * 4 > n) {
+        free(b), free(found);
+        return snprintf(msg, len, "--resume-freeze %s: %s is truncated or corrupt (record %d)", sub, path, q), -1;
+      }
+      at += (size_t)used;
+      const char *name = (char *)b + at;
+      at += nl;
+      for (int i = 0; i < st->nparams; i++) {
+        const PrParam *p = &st->params[i];
+        if (strlen(p->name) != nl || memcmp(p->name, name, nl)) continue;
+        if (count != p->count || h1 != (p->m1offset >= 0) || h2 != (p->m2offset >= 0)) {
+          free(b), free(found);
+          return snprintf(msg, len, "--resume-freeze %s: weight '%s' has %lld elements and %d optimizer slots there, this plan "
+                                    "%lld and %d", sub, p->name, count, h1 + h2, (long long)p->count, (p->m1offset >= 0) + (p->m2offset >= 0)), -1;
+        }
+        if (h1) memcpy(st->arena + p->m1offset, b + at, (size_t)count * 4);
+        if (h2) memcpy(st->arena + p->m2offset, b + at + (size_t)h1 * (size_t)count * 4, (size_t)count * 4);
+        found[i] = 1;
+      }
+      at += (size_t)(h1 + h2) * (size_t)count * 4;
+    }
+    free(b);
+  }
+  for (int i = 0; i < st->nparams; i++)
+    if (!found[i]) {
+      free(found);
+      return snprintf(msg, len, "--resume-freeze %s: no optimizer state for weight '%s' (a checkpoint of another model?)", sub,
+                      st->params[i].name), -1;
+    }
+  free(found);
+  return 0;
+}
+
+/* run.sh's re-planned run: the step and optimizer state of the freeze checkpoint SUB (its weights are this plan's own). */
+static void load_freeze(Run *r, const char *sub) {
+  char msg[4600] = "", path[4400], parent[4200];
+  snprintf(parent, sizeof parent, "%s", sub);
+  char *slash = strrchr(parent, '/');
+  if (slash) *slash = 0;
+  else snprintf(parent, sizeof parent, ".");
+  snprintf(path, sizeof path, "%s/FREEZE", parent);
+  size_t n;
+  unsigned char *b = slurp(path, &n);
+  long long step = -1;
+  int layers = -1, ok = b != NULL;
+  if (ok) {
+    b = realloc(b, n + 1), b[n] = 0;
+    double el = 0;
+    ok = sscanf((char *)b, "pipecc-freeze 1\nstep %lld\nlayers %d\ndir %*s\nelapsed %lf", &step, &layers, &el) >= 2 && step >= 1;
+    r->elapsed0 = el >= 0 && el < 1e9 ? el : 0;
+  }
+  free(b);
+  if (!ok) snprintf(msg, sizeof msg, "--resume-freeze %s: %s is missing or not a freeze record", sub, path);
+  else if (layers != r->st->nfrozen)
+    ok = 0, snprintf(msg, sizeof msg, "--resume-freeze %s: it froze %d layers, this plan %d (re-plan with its frozen.txt)", sub, layers,
+                     r->st->nfrozen);
+  else ok = read_opt_state(r, sub, msg, sizeof msg) == 0;
+  agree(ok, msg);
+  r->step = step;
+  /* Begun: a later --resume of that directory is of this plan's checkpoints, not a re-plan. */
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (r->rank == 0) {
+    char done[4500];
+    snprintf(done, sizeof done, "%s.done", path);
+    rename(path, done);
+  }
+}
+
 /* ---- the step loop ---- */
 
 typedef struct StepLog {
@@ -1316,7 +1529,7 @@ static void end_step(Run *r, StepLog *sl, double loss, double dt) {
     sl->last_loss = loss;
     double elapsed = now() - sl->t_start, sps = st->batch / dt;
     double eta = elapsed / (double)(r->step + 1 - sl->first_step) * (double)(r->a.steps - r->step - 1);
-    if (sl->log) fprintf(sl->log, "%lld,%.9g,%.1f,%.6f\n", (long long)r->step + 1, loss, sps, elapsed);
+    if (sl->log) fprintf(sl->log, "%lld,%.9g,%.1f,%.6f\n", (long long)r->step + 1, loss, sps, r->elapsed0 + elapsed); /* the run's time */
     if (!r->a.quiet)
       printf("step %lld/%lld  loss %.6f  %.1f samples/s  eta %.1f s\n", (long long)r->step + 1, (long long)r->a.steps, loss, sps, eta);
     fflush(stdout);
@@ -1330,6 +1543,10 @@ static void end_step(Run *r, StepLog *sl, double loss, double dt) {
     save_checkpoint(r, r->a.checkpoint);
     r->step--;
   }
+  /* A freeze event that freezes more than this program has frozen ends the run after this step. */
+  for (int k = 0; k < r->a.nfreeze; k++)
+    if (r->a.freeze_step[k] == r->step + 1 && r->a.freeze_layers[k] > st->nfrozen && r->step + 1 < r->a.steps)
+      r->freeze_to = r->a.freeze_layers[k], r->a.steps = r->step + 1;
 }
 
 /* ---- async ----
@@ -1510,6 +1727,9 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   r.timeout = r.a.timeout > 0 ? r.a.timeout : fmax(60, 100 * st->predicted_step_s);
   r.run_id = make_run_id();
   if (r.a.resume) load_checkpoint(&r, r.a.resume);
+  if (r.a.resume_freeze) load_freeze(&r, r.a.resume_freeze);
+  if (r.a.nfreeze && st->staleness) usage_error("--freeze-at: async programs do not freeze layers yet%s", "");
+  if (r.a.nfreeze && !r.a.freeze_dir) usage_error("--freeze-at needs --freeze-dir DIR (run.sh gives it)%s", "");
   int ns = st->nslots, ngs = st->ngslots;
   r.rreq = malloc(sizeof(MPI_Request) * (size_t)(ns * st->nrecv + 1));
   r.sreq = malloc(sizeof(MPI_Request) * (size_t)(ns * st->nsend + 1));
@@ -1561,9 +1781,10 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   r.idx = malloc(sizeof(int64_t) * (size_t)st->batch);
   FILE *log = NULL;
   if (st->loss && r.a.log) {
-    log = fopen(r.a.log, r.a.resume ? "a" : "w");
+    int cont = r.a.resume || r.a.resume_freeze;
+    log = fopen(r.a.log, cont ? "a" : "w");
     if (!log) die(2, "cannot write --log %s: %s", r.a.log, strerror(errno));
-    if (!r.a.resume) fprintf(log, "step,loss,samples_per_s,time_s\n");
+    if (!cont) fprintf(log, "step,loss,samples_per_s,time_s\n");
   }
   MPI_Barrier(MPI_COMM_WORLD);
   double t_start = now();
@@ -1635,7 +1856,8 @@ int pr_main(int argc, char **argv, const PrStage *st) {
                         st->microbatches, st->prof_rate, g_rank, st->nstages, msg, sizeof msg);
     if (rc) die(2, "%s", msg);
   }
-  if (r.a.save) {
+  if (r.freeze_to) freeze_write(&r); /* and no --save: the run goes on in the re-planned program */
+  else if (r.a.save) {
     agree(weights_finite(&r, "the model (--save)", msg, sizeof msg) == 0, msg);
     pr_save_onnx(st, r.a.save, pr_stage_dir());
   }
@@ -1667,5 +1889,5 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   free(r.rreq), free(r.sreq), free(r.greq), free(r.gsreq), free(r.idx), free(r.oreq), free(r.ssreq), free(r.tsent_f), free(r.tsreq_f);
   free(r.in_labels), free(r.in_y), free(r.lab_x), free(r.lab_img);
   MPI_Finalize();
-  return 0;
+  return r.freeze_to ? 9 : 0; /* 9: a freeze event; run.sh re-plans */
 }

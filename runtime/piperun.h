@@ -156,6 +156,7 @@ typedef struct PrStage {
    * one of nwversions older copies of the region (version v at
    * wversion_base + (v % nwversions) * wversion_bytes).  0: synchronous. */
   int staleness, lookahead, nwversions;
+  int nfrozen;                 /* pipecc --frozen: the parameterised layers frozen in this program (run.sh --freeze-at) */
   int64_t wversion_base, wversion_bytes;
 } PrStage;
 
