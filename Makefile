@@ -24,7 +24,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict zoo test-memory test-pipefb test-async
+.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict zoo test-memory test-pipefb test-async test-freeze
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
@@ -171,6 +171,11 @@ test-pipefb: bin/pipecc bin/piperun-data
 # AdamW against a PyTorch simulation of the staleness rule.
 test-async: bin/pipecc bin/piperun-data
 	$(PY) tests/test_async.py
+
+# Frozen layers' whole suite (not part of make test): LeNet, the GPT and the ResNet, --frozen and
+# run.sh --freeze-at, against PyTorch with requires_grad=False.
+test-freeze: bin/pipecc bin/piperun-data
+	$(PY) tests/test_freeze.py
 
 # The real-model suite (not part of make test): torchvision classifiers and two
 # transformer LMs, n = 1 and 4, against PyTorch; writes docs/zoo.md.

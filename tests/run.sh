@@ -1,7 +1,7 @@
 #!/bin/bash
 # The whole test suite (make test).  Each suite prints its own "N passed, M
 # failed" line; this script adds them up and prints the total last.
-#   FUZZ_SECONDS=30   how long the loader fuzzer runs (default 30)
+#   FUZZ_SECONDS=15   how long the loader fuzzer runs (default 15; make fuzz runs the long one)
 set -u
 cd "$(dirname "$0")/.."
 PY=/usr/bin/python3
@@ -55,6 +55,7 @@ suite "memory plan: offload to a peer or a file, recompute, bit-identical under 
 suite "measured node costs: pipecc --profile, run.sh --profile, --costs (hostile profiles refused) (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_profile.py
 suite "PipeFB: forward ranks and backward ranks, bit-identical to -n 1 (lenet, gpt at n = 2, 4), the forward ranks' arena, bad flags (ASan build; the whole matrix: make test-pipefb)" env PIPECC=bin/pipecc-asan $PY tests/test_pipefb.py --quick
 suite "async: a pipeline that never drains, against a PyTorch simulation of its staleness rule (mlp, lenet, gpt; K = 1, 2), n = 2 and 4 bit-identical, refusals (ASan build; the whole matrix: make test-async)" env PIPECC=bin/pipecc-asan $PY tests/test_async.py --quick
+suite "frozen layers: --frozen and run.sh --freeze-at (a freeze event re-plans and continues) against PyTorch with requires_grad=False, a re-plan killed and resumed, hostile --frozen files (ASan build; the whole suite: make test-freeze)" env PIPECC=bin/pipecc-asan $PY tests/test_freeze.py --quick
 suite "tied weights: a GPT with its head tied to its embedding, and an export that merged LayerNorm weights, n = 1, 2, 4 against PyTorch" $PY tests/test_tied.py
 suite "model zoo subset: torchvision resnet18 against PyTorch within its float32 spread, n = 1 and 4 (make zoo: the rest)" $PY tests/zoo/run.py --quick
 suite "run traces: one span per executed action, 4 ranks, every schedule" env PIPECC=bin/pipecc $PY tests/test_trace.py
@@ -72,7 +73,7 @@ suite "Dropout: Philox masks, keep rate and scaling, training against PyTorch fe
 suite "element-wise, comparison and reduction ops train bit-identically across -n 1, 3, 4 and schedules (bool and int64 tensors across cuts)" $PY tests/test_ops_across_stages.py
 
 fuzz() {
-  local secs=${FUZZ_SECONDS:-30}
+  local secs=${FUZZ_SECONDS:-15}
   mkdir -p "$T/corpus" "$T/accepted"
   if FUZZ_KEEP_DIR=$T/accepted bin/fuzz_loader -max_total_time="$secs" -rss_limit_mb=4096 -artifact_prefix="$T/" "$T/corpus" \
        tests/fuzz_seeds > "$T/fuzz.log" 2>&1; then

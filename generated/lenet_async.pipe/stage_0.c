@@ -108,7 +108,7 @@ static const PrStage THIS_STAGE = {
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,
     .predicted_bytes = 1083904, .predicted_step_s = 0.0022005056,
-    .role = PR_ROLE_BOTH, .prev_rank = -1, .next_rank = 1, .loss_rank = 3,
+    .role = PR_ROLE_BOTH, .prev_rank = -1, .next_rank = 1, .loss_rank = 3, .nfrozen = 0,
     .staleness = STALENESS, .lookahead = LOOKAHEAD, .nwversions = NWVERSIONS, .wversion_base = WVERSION_BASE, .wversion_bytes = WVERSION_BYTES,
 };
 
