@@ -447,7 +447,8 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
     buf_printf(o, "};\n\n");
   }
   if (sp->nparams) {
-    buf_printf(o, "static const PrParam PARAMS[] = {\n");
+    buf_printf(o, "/* {name, floats, offset, gradient, optimizer slots, tied parts, layer: its parameterised layer from 0} */\n"
+                  "static const PrParam PARAMS[] = {\n");
     for (int i = 0; i < sp->nparams; i++) {
       const Buffer *b = &sp->bufs[sp->params[i]];
       buf_printf(o, "    {\"");
@@ -458,8 +459,9 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
       put_off(o, sp, sp->opt1[i]);
       buf_printf(o, ", ");
       put_off(o, sp, sp->opt2[i]);
-      if (sp->nparts && sp->nparts[i]) buf_printf(o, ", PARTS_%s, %d},\n", b->name, sp->nparts[i]);
-      else buf_printf(o, ", NULL, 0},\n");
+      if (sp->nparts && sp->nparts[i]) buf_printf(o, ", PARTS_%s, %d", b->name, sp->nparts[i]);
+      else buf_printf(o, ", NULL, 0");
+      buf_printf(o, ", %d},\n", freeze_layer_of(p, b->tensor));
     }
     buf_printf(o, "};\n\n");
   }
@@ -502,9 +504,9 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
       split ? "backward_weight" : "NULL", memf,
       p->opt.profile ? pool_printf(&tp, "\n    .prof_nodes = PROFILE_NODES, .nprof = %d, .prof_rate = %.6g,", e - a, p->machine.dev[s].flops) : "",
       role == ROLE_BWD ? "NULL" : "forward", role == ROLE_FWD ? "NULL" : "backward",
-      pool_printf(&tp, "\n    .role = %s, .prev_rank = %d, .next_rank = %d, .loss_rank = %d, .nfrozen = %d,%s", role == ROLE_FWD ? "PR_ROLE_FWD" : role == ROLE_BWD ? "PR_ROLE_BWD" : "PR_ROLE_BOTH",
+      pool_printf(&tp, "\n    .role = %s, .prev_rank = %d, .next_rank = %d, .loss_rank = %d, .nfrozen = %d, .nlayers = %d,%s", role == ROLE_FWD ? "PR_ROLE_FWD" : role == ROLE_BWD ? "PR_ROLE_BWD" : "PR_ROLE_BOTH",
                   p->fb ? p->fb->links.prev[s] : s - 1, p->fb ? p->fb->links.next[s] : s + 1 < n ? s + 1 : -1,
-                  p->fb ? p->fb->links.nf - 1 : n - 1, p->nfrozen,
+                  p->fb ? p->fb->links.nf - 1 : n - 1, p->nfrozen, p->nlayers,
                   !p->fb ? "" : pool_printf(&tp, "\n    .stash_send = %s, .nstash_send = %d, .stash_recv = %s, .nstash_recv = %d,"
                                                   " .wsend = %s, .nwsend = %d, .wrecv = %s, .nwrecv = %d,",
                                             nss ? "STASH_SEND" : "NULL", nss, nsr ? "STASH_RECV" : "NULL", nsr,

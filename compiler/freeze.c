@@ -76,16 +76,18 @@ static int parse(const char *path, int *count) {
 
 int freeze_apply(Plan *p) {
   Graph *g = &p->g;
-  int n;
-  if (parse(p->opt.frozen, &n)) return -1;
+  int n = 0;
+  /* The layers as loaded (before any freezing), for the listing and the run's layer numbers. */
   int *layers = pool_alloc(&g->pool, sizeof(int) * (size_t)(p->N + 1));
   int total = freeze_layers(p, layers);
+  for (int i = 0; i < total; i++) layers[i] = p->node[layers[i]]; /* graph node ids: the DAG planner may reorder positions */
+  p->frozen_layers = layers, p->nlayers = total;
+  if (!p->opt.frozen) return 0;
+  if (parse(p->opt.frozen, &n)) return -1;
   if (n > total)
     return err_set("--frozen %s: %d layers to freeze, but %s has %d parameterised layers (nodes reading a trained weight)",
                    p->opt.frozen, n, g->path, total);
-  p->nfrozen = n, p->nlayers = total;
-  for (int i = 0; i < total; i++) layers[i] = p->node[layers[i]]; /* graph node ids: the DAG planner may reorder positions */
-  p->frozen_layers = layers;
+  p->nfrozen = n;
   /* Their weights become constants (a weight a later layer also reads is frozen with them, as in PyTorch). */
   for (int i = 0; i < n; i++) {
     const Node *nd = &g->n[layers[i]];
@@ -132,4 +134,15 @@ void freeze_costs(Plan *p, double *bwd_flops, double *bwdi, double *bwdw) {
       if (bwdi) bwdi[k] = 0;
     }
   }
+}
+
+/* The layer (from 0, in the loaded order, frozen ones counted) of weight tensor t: its first reader's. */
+int freeze_layer_of(const Plan *p, int t) {
+  const Graph *g = &p->g;
+  for (int i = 0; i < p->nlayers; i++) {
+    const Node *nd = &g->n[p->frozen_layers[i]];
+    for (int q = 0; q < nd->nin; q++)
+      if (nd->in[q] == t) return i;
+  }
+  return -1;
 }

@@ -321,6 +321,9 @@ int main(int argc, char **argv) {
   snprintf(kbuf, sizeof kbuf, "%d", o.staleness);
   if (o.staleness && o.schedule != SCHED_ASYNC)
     return bad("--staleness %s: only --schedule async computes on stale weights (the synchronous schedules are exact)%s", kbuf, "");
+  if (o.frozen && (o.schedule == SCHED_ASYNC || o.schedule == SCHED_PIPEFB))
+    return bad("--frozen with --schedule %s: frozen layers are planned for gpipe, 1f1b and zb1 only yet%s",
+               o.schedule == SCHED_ASYNC ? "async" : "pipefb", "");
   if (o.schedule == SCHED_ASYNC) {
     if (!o.staleness) o.staleness = 1;
     if (o.forward_only) return bad("--schedule async trains; --forward-only programs have no updates to delay%s%s", "", "");

@@ -562,7 +562,7 @@ int plan_from_graph(Plan *p) {
     if (!g->n[j].folded) p->node[p->N++] = j;
     else p->nfolded++;
   if (!p->N) return err_set("%s: every node is a constant; there is nothing to train", g->path);
-  if (o->frozen && freeze_apply(p)) return -1;
+  if (freeze_apply(p)) return -1; /* the layers; with --frozen, the first N frozen */
   NodeCost *all = pool_alloc(&g->pool, sizeof(NodeCost) * (size_t)g->nn);
   cost_nodes(g, all);
   p->cost = pool_alloc(&g->pool, sizeof(NodeCost) * (size_t)p->N);

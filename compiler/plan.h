@@ -135,6 +135,7 @@ int plan_tie_readers(const Plan *p, int t, int *ks, int *same_kind);
  * frozen weights leave them (bwdi / bwdw: measured seconds, or NULL). */
 int freeze_apply(Plan *p);
 int freeze_layers(const Plan *p, int *layers);
+int freeze_layer_of(const Plan *p, int t);
 void freeze_costs(Plan *p, double *bwd_flops, double *bwdi, double *bwdw);
 /* Per tensor: whether its gradient is needed (a trained weight, or computed from one); cached. */
 const char *plan_needs(Plan *p);

@@ -45,6 +45,11 @@ typedef struct Args {
   int64_t freeze_step[16];
   int freeze_layers[16], nfreeze;
   const char *freeze_dir, *resume_freeze;
+  /* --freeze auto: every freeze_every steps, each layer's gradient norms summed over the interval
+   * against the previous interval's; the longest prefix whose relative change is below the threshold freezes. */
+  int freeze_auto;
+  int64_t freeze_every;
+  double freeze_threshold;
   int64_t steps, ckpt_every, warmup;
   uint64_t seed;
   int shuffle, quiet;
@@ -107,6 +112,8 @@ typedef struct Run {
   double *clock, t_exposed;
   int freeze_to;       /* a freeze event after this step: the layers frozen from now on (0: none) */
   double elapsed0;     /* wall seconds of the run before this program (a re-planned run goes on counting) */
+  double *gnorm, *gprev; /* --freeze auto: per layer, this interval's summed gradient norms and the last interval's */
+  int have_prev;
   int npoll_req; /* --progress poll: outstanding requests tested between nodes */
 } Run;
 
@@ -185,7 +192,8 @@ static void usage_error(const char *fmt, const char *arg) {
     fprintf(stderr, "\nusage: run.sh --data PATH --steps N [--lr X] [--momentum X] [--weight-decay X] [--seed S]\n"
                     "       [--shuffle|--no-shuffle] [--log FILE] [--save FILE.onnx] [--checkpoint DIR]\n"
                     "       [--checkpoint-every K] [--resume DIR] [--lr-schedule constant|cosine] [--warmup K] [--quiet]\n"
-                    "       [--trace FILE.json] [--timeout SECONDS] [--profile FILE]\n");
+                    "       [--trace FILE.json] [--timeout SECONDS] [--profile FILE]\n"
+                    "       [--freeze-at S:N[,S:N...] | --freeze auto [--freeze-every S] [--freeze-threshold X]]\n");
   }
   MPI_Finalize();
   exit(2);
@@ -247,6 +255,12 @@ static void parse_args(Args *a, int argc, char **argv) {
     else if (!strcmp(f, "--profile")) a->profile = TAKE();
     else if (!strcmp(f, "--freeze-at")) parse_freeze(a, TAKE());
     else if (!strcmp(f, "--freeze-dir")) a->freeze_dir = TAKE();
+    else if (!strcmp(f, "--freeze")) {
+      const char *w = TAKE();
+      if (!w || strcmp(w, "auto")) usage_error("--freeze '%s': expected auto (or --freeze-at S:N for given steps)", w ? w : "");
+      a->freeze_auto = 1;
+    } else if (!strcmp(f, "--freeze-every")) a->freeze_every = (int64_t)num(f, TAKE(), 1);
+    else if (!strcmp(f, "--freeze-threshold")) a->freeze_threshold = num(f, TAKE(), 0);
     else if (!strcmp(f, "--resume-freeze")) a->resume_freeze = TAKE();
     else usage_error("unknown flag '%s'", f);
     if (i >= argc) usage_error("flag '%s' needs a value", f);
@@ -256,6 +270,10 @@ static void parse_args(Args *a, int argc, char **argv) {
   if (!a->lr_schedule || (strcmp(a->lr_schedule, "constant") && strcmp(a->lr_schedule, "cosine")))
     usage_error("--lr-schedule '%s': expected constant or cosine", a->lr_schedule ? a->lr_schedule : "");
   if (a->checkpoint && !a->ckpt_every) a->ckpt_every = 100;
+  /* --freeze auto's defaults (docs/freeze.md): an interval long enough that a norm summed over it is
+   * not one batch's noise, and a change small enough that the layer has stopped moving. */
+  if (!a->freeze_every) a->freeze_every = 50;
+  if (a->freeze_threshold <= 0) a->freeze_threshold = 0.05;
 }
 
 /* ---- start-up checks: every rank agrees before the first step ---- */
@@ -1321,7 +1339,8 @@ static void load_checkpoint(Run *r, const char *dir) {
  * rank's optimizer state by weight name (opt_<stage>.bin), and frozen.txt for
  * pipecc --frozen; then FREEZE_DIR/FREEZE (step, layers, directory), written
  * last and renamed into place: the checkpoint is complete once it exists.
- * Every rank then exits with status 9 and run.sh re-plans.  The data order
+ * The ranks then end normally and run.sh, finding FREEZE, re-plans (a FREEZE
+ * left by an earlier run is set aside when a run starts).  The data order
  * and the random numbers depend only on the step, so the re-planned run
  * continues exactly. */
 
@@ -1498,6 +1517,48 @@ static void load_freeze(Run *r, const char *sub) {
   }
 }
 
+/* --freeze auto: after each step, each layer's gradient norm (its weights' gradients on whichever
+ * rank holds them) is added to this interval's sum; at the interval's end every rank learns every
+ * layer's sum (one all-reduce), compares it with the previous interval's and freezes the longest
+ * prefix, past the layers already frozen, whose relative change is below the threshold (never the
+ * last layer).  Every rank reaches the same decision from the same numbers. */
+static void auto_freeze(Run *r) {
+  const PrStage *st = r->st;
+  int L = st->nlayers;
+  if (L <= 0) return;
+  if (!r->gnorm) {
+    r->gnorm = calloc((size_t)(3 * L), sizeof(double)), r->gprev = r->gnorm + L;
+    if (!r->gnorm) die(2, "out of memory for --freeze auto%s", "");
+  }
+  double *sq = r->gnorm + 2 * L;
+  memset(sq, 0, sizeof(double) * (size_t)L);
+  for (int i = 0; i < st->nparams; i++) {
+    const PrParam *p = &st->params[i];
+    if (p->goffset < 0 || p->layer < 0 || p->layer >= L) continue;
+    const float *g = (const float *)(st->arena + p->goffset);
+    double acc = 0;
+    for (int64_t k = 0; k < p->count; k++) acc += (double)g[k] * g[k];
+    sq[p->layer] += acc;
+  }
+  for (int l = 0; l < L; l++) r->gnorm[l] += sqrt(sq[l]);
+  if ((r->step + 1) % r->a.freeze_every) return;
+  MPI_Allreduce(MPI_IN_PLACE, r->gnorm, L, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  int k = st->nfrozen;
+  if (r->have_prev)
+    while (k < L - 1 && r->gprev[k] > 0 && fabs(r->gnorm[k] - r->gprev[k]) / r->gprev[k] < r->a.freeze_threshold) k++;
+  if (r->rank == 0 && !r->a.quiet && r->have_prev) {
+    printf("freeze auto after step %lld: relative change of each layer's gradient norm:", (long long)r->step + 1);
+    for (int l = st->nfrozen; l < L && l < st->nfrozen + 12; l++)
+      printf(" %.3g", r->gprev[l] > 0 ? fabs(r->gnorm[l] - r->gprev[l]) / r->gprev[l] : 0);
+    printf("%s -> %d layers frozen\n", L > st->nfrozen + 12 ? " ..." : "", k);
+    fflush(stdout);
+  }
+  memcpy(r->gprev, r->gnorm, sizeof(double) * (size_t)L);
+  memset(r->gnorm, 0, sizeof(double) * (size_t)L);
+  r->have_prev = 1;
+  if (k > st->nfrozen && r->step + 1 < r->a.steps) r->freeze_to = k, r->a.steps = r->step + 1;
+}
+
 /* ---- the step loop ---- */
 
 typedef struct StepLog {
@@ -1543,6 +1604,7 @@ static void end_step(Run *r, StepLog *sl, double loss, double dt) {
     save_checkpoint(r, r->a.checkpoint);
     r->step--;
   }
+  if (r->a.freeze_auto) auto_freeze(r);
   /* A freeze event that freezes more than this program has frozen ends the run after this step. */
   for (int k = 0; k < r->a.nfreeze; k++)
     if (r->a.freeze_step[k] == r->step + 1 && r->a.freeze_layers[k] > st->nfrozen && r->step + 1 < r->a.steps)
@@ -1728,8 +1790,15 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   r.run_id = make_run_id();
   if (r.a.resume) load_checkpoint(&r, r.a.resume);
   if (r.a.resume_freeze) load_freeze(&r, r.a.resume_freeze);
-  if (r.a.nfreeze && st->staleness) usage_error("--freeze-at: async programs do not freeze layers yet%s", "");
-  if (r.a.nfreeze && !r.a.freeze_dir) usage_error("--freeze-at needs --freeze-dir DIR (run.sh gives it)%s", "");
+  else if (r.rank == 0 && r.a.freeze_dir) { /* a FREEZE this run did not write must not re-plan it */
+    char stale[4200], aside[4300];
+    snprintf(stale, sizeof stale, "%s/FREEZE", r.a.freeze_dir);
+    snprintf(aside, sizeof aside, "%s.stale", stale);
+    if (access(stale, F_OK) == 0) rename(stale, aside);
+  }
+  if ((r.a.nfreeze || r.a.freeze_auto) && (st->staleness || st->role != PR_ROLE_BOTH))
+    usage_error("--freeze-at / --freeze auto: async and pipefb programs do not freeze layers yet%s", "");
+  if ((r.a.nfreeze || r.a.freeze_auto) && !r.a.freeze_dir) usage_error("--freeze-at and --freeze auto need --freeze-dir DIR (run.sh gives it)%s", "");
   int ns = st->nslots, ngs = st->ngslots;
   r.rreq = malloc(sizeof(MPI_Request) * (size_t)(ns * st->nrecv + 1));
   r.sreq = malloc(sizeof(MPI_Request) * (size_t)(ns * st->nsend + 1));
@@ -1889,5 +1958,5 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   free(r.rreq), free(r.sreq), free(r.greq), free(r.gsreq), free(r.idx), free(r.oreq), free(r.ssreq), free(r.tsent_f), free(r.tsreq_f);
   free(r.in_labels), free(r.in_y), free(r.lab_x), free(r.lab_img);
   MPI_Finalize();
-  return r.freeze_to ? 9 : 0; /* 9: a freeze event; run.sh re-plans */
+  return 0; /* a freeze event too: its FREEZE file tells run.sh to re-plan */
 }

@@ -76,6 +76,7 @@ typedef struct PrParam {
    * update on every stage that holds the weight.  NULL / 0 otherwise. */
   const PrPart *parts;
   int nparts;
+  int layer;           /* its parameterised layer (its first reader), from 0 in the loaded order, frozen ones counted */
 } PrParam;
 
 enum { PR_SGD = 0, PR_ADAM = 1, PR_ADAMW = 2 };
@@ -157,6 +158,7 @@ typedef struct PrStage {
    * wversion_base + (v % nwversions) * wversion_bytes).  0: synchronous. */
   int staleness, lookahead, nwversions;
   int nfrozen;                 /* pipecc --frozen: the parameterised layers frozen in this program (run.sh --freeze-at) */
+  int nlayers;                 /* the model's parameterised layers, frozen ones counted (--freeze auto's gradient norms) */
   int64_t wversion_base, wversion_bytes;
 } PrStage;
 

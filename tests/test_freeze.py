@@ -31,8 +31,8 @@ without freezing, which is not resolved here.
 
   /usr/bin/python3 tests/test_freeze.py [--quick] [--keep]
 
---quick (what make test runs): LeNet (--frozen at n = 2; --freeze-at at n = 2 and 4; a re-plan
-killed and resumed), the refusals.  The whole suite: `make test-freeze`.
+--quick (what make test runs): LeNet (--freeze-at at n = 2 and 4, so --frozen re-plans too; a
+re-plan killed and resumed; --freeze auto against a PyTorch simulation of its rule), the refusals.  The whole suite: `make test-freeze`.
 PIPECC overrides the pipecc binary.  Ends with "N passed, M failed".
 """
 import argparse
@@ -267,6 +267,78 @@ def freeze_at_case(tmp, env, name, build, path, data, B, M, opt_name, at, nfroze
     return runs
 
 
+def auto_case(tmp, env, build, path, data, B, M, every=3, steps=12):
+    """run.sh --freeze auto: a PyTorch simulation of the stated rule (each layer's gradient norm -
+    its weights' gradients' norm - summed over each interval of `every` steps; after the second
+    interval, the longest prefix whose relative change is below the threshold freezes) names the
+    layers; a threshold halfway between the prefix's largest change and the next layer's makes the
+    decision clear of rounding.  pipecc must freeze those layers after step 2*every and then match
+    PyTorch freezing them there."""
+    opt_cfg = ta.OPTS["sgd"]
+    om = onnx.load(path)
+    torch.manual_seed(0)
+    model = build()
+    mapping, _ = par.load_weights_from_onnx(model, om)
+    layers = onnx_layers(om, mapping)
+    first = {}
+    for li, (_, ws) in enumerate(layers):
+        for w in ws:
+            first.setdefault(w, li)
+    params = dict(model.named_parameters())
+    opt = ta.make_optimizer(list(model.parameters()), opt_cfg)
+    sums = []
+    cur = np.zeros(len(layers))
+    for t in range(2 * every):
+        opt.zero_grad(set_to_none=True)
+        for x, y in data.batches(t):
+            out = model(x)
+            (F.cross_entropy(out, y) * (x.shape[0] / data.B)).backward()
+        sq = np.zeros(len(layers))
+        for w, li in first.items():
+            g = params[mapping[w][0]].grad
+            if g is not None:
+                sq[li] += float((g.double() ** 2).sum())
+        cur += np.sqrt(sq)
+        opt.step()
+        if (t + 1) % every == 0:
+            sums.append(cur.copy())
+            cur[:] = 0
+    change = np.abs(sums[1] - sums[0]) / sums[0]
+    # The prefixes a threshold can pick: N layers whose changes are all below the next layer's; or all
+    # but the last layer (the rule never freezes that one), with a threshold above every change before it.
+    order = [i for i in range(1, len(layers) - 1) if change[:i].max() < change[i]]
+    if order:
+        n = order[len(order) // 2]
+        thr = (change[:n].max() + change[n]) / 2
+    else:
+        n = len(layers) - 1
+        thr = 1.5 * change[:n].max()
+    print(f"# --freeze auto: relative changes {np.round(change, 4).tolist()}: threshold {thr:.4g} freezes {n} layers after step {2 * every}")
+    want_l, want_w, frozen, names, _ = reference(build, path, data, opt_cfg, steps, n, 2 * every)
+    out, log, saved = (os.path.join(tmp, f"auto.{x}") for x in ("pipe", "csv", "onnx"))
+    try:
+        par.run_cmd("pipecc", [PIPECC, path, "-n", "2", "--batch", str(B), "--microbatches", str(M), "--lr", repr(opt_cfg["lr"]),
+                               "--devices", DEVICES, "-o", out], env)
+        par.run_cmd("make", ["make", "-s", "-j2", "-C", out], env)
+        r = subprocess.run([os.path.join(out, "run.sh"), "--data", data.path, "--steps", str(steps), "--no-shuffle", "--log", log,
+                            "--save", saved, "--freeze", "auto", "--freeze-every", str(every), "--freeze-threshold", repr(thr)],
+                           capture_output=True, text=True, env=env, cwd=tmp, timeout=600)
+        if r.returncode:
+            raise ta.StepFailed(f"run.sh exit {r.returncode}", r.stdout + r.stderr)
+        got_l = ta.read_log(log, steps)
+    except ta.StepFailed as e:
+        result(False, "--freeze auto: run", e.args[0])
+        if e.args[1]:
+            ta.note(par.tail(e.args[1], 25))
+        return
+    said = [ln for ln in r.stdout.splitlines() if ln.startswith("run.sh: freeze after") or ln.startswith("freeze auto")]
+    result(any(f"freeze after step {2 * every}: the first {n} " in ln for ln in said),
+           f"--freeze auto froze the {n} layers the rule names after step {2 * every}", " | ".join(said)[:300])
+    got_w = {t.name: numpy_helper.to_array(t) for t in onnx.load(saved).graph.initializer}
+    ta.compare("--freeze auto", f"matches PyTorch freezing those {n} layers after step {2 * every}", (got_l, got_w),
+               (want_l, want_w, None), noise_atol=ta.noise_bound("sgd"))
+
+
 def killed_replan_case(tmp, env, path, data, B, M, want):
     """A run killed while run.sh re-plans (during make), then run.sh --resume CK: the same weights."""
     out, log, saved, ck = (os.path.join(tmp, f"kill.{x}") for x in ("pipe", "csv", "onnx", "ck"))
@@ -334,8 +406,8 @@ def main():
     try:
         ex = load_module("pipecc_onnx_export", os.path.join("onnx_models", "export.py"))
         images = ta.ImageData(tmp, 32, 4, STEPS)
-        model_case(tmp, env, "lenet", ex.LeNet5, os.path.join(ROOT, "onnx_models", "lenet.onnx"), images, 32, 4, "adamw", 2,
-                   (2,) if args.quick else (2, 4))
+        if not args.quick:
+            model_case(tmp, env, "lenet", ex.LeNet5, os.path.join(ROOT, "onnx_models", "lenet.onnx"), images, 32, 4, "adamw", 2, (2, 4))
         tokens = ta.TokenData(tmp, 16, 4, 32)
         if not args.quick:
             model_case(tmp, env, "gpt", ex.GPT, os.path.join(ROOT, "onnx_models", "gpt.onnx"), tokens, 16, 4, "sgd", 6, (2, 4))
@@ -343,6 +415,9 @@ def main():
                               (2, 4))
         if 2 in runs:
             killed_replan_case(tmp, env, os.path.join(ROOT, "onnx_models", "lenet.onnx"), images, 32, 4, runs[2])
+        os.makedirs(os.path.join(tmp, "auto"))
+        auto_data = ta.ImageData(os.path.join(tmp, "auto"), 32, 4, 12)   # 12 steps: two intervals of 3, then six more
+        auto_case(tmp, env, ex.LeNet5, os.path.join(ROOT, "onnx_models", "lenet.onnx"), auto_data, 32, 4)
         if not args.quick:
             freeze_at_case(tmp, env, "gpt", ex.GPT, os.path.join(ROOT, "onnx_models", "gpt.onnx"), tokens, 16, 4, "sgd", 4, 6, (2, 4))
             # As test_parity_models.py: 4 micro-batches normalised each with its own statistics, in order (GPipe's

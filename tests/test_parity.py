@@ -3,7 +3,8 @@
 
 For each model (the sample mlp.onnx and lenet.onnx, plus "tanhnet", "cnn2",
 "cnn1d" (Conv1d, MaxPool1d, AvgPool1d) and "cnn3d" (Conv3d,
-MaxPool3d, AvgPool3d) that this script defines and exports), for n = 1, 2, 4 stages and every
+MaxPool3d, AvgPool3d) that this script defines and exports), for n = 1, 2, 4 stages (n = 1 and 4
+for the four models defined here) and every
 schedule - gpipe, 1f1b, zb1 (B = 32, M = 4): pipecc compiles the model, make builds the stages,
 run.sh trains 20 plain-SGD steps (lr 0.05) on MNIST-format IDX files written
 here, and the result is checked against a torch reference that starts from the
@@ -560,7 +561,9 @@ def main():
                 continue
             print(f"# {name}: torch losses {ref[0][0]:.4f} -> {ref[0][-1]:.4f} over {STEPS} steps")
             runs, any_failed = {}, False
-            for n in ns:
+            # n = 2 for the two sample models; the others at n = 1 and 4 (they are bit-identical across n anyway),
+            # which keeps make test within its time.
+            for n in (ns if name in ("mlp", "lenet") else tuple(x for x in ns if x != 2)):
                 for sched in scheds:
                     tag = f"{name} n={n} {sched}"
                     r = run_case(tag, paths[name], n, sched, {}, datadir,

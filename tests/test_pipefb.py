@@ -334,7 +334,7 @@ def main():
                                                if check(r.returncode == 0, f"{tag}: compiles" + ("" if r.returncode == 0 else f" ({tail(r)})"))
                                                else None)
                 ref = refs[(model, batch, m)]
-                for split in (n // 2, None):
+                for split in (n // 2, None) if not quick or n == 4 else (None,):   # --quick: the planner's split at n = 2
                     name = "planner" if split is None else split
                     tag = f"{model} n={n} pipefb --fb-split {name} B={batch} m={m}"
                     out = os.path.join(tmp, f"{model}.n{n}.fb{name}")

@@ -97,7 +97,7 @@ static const PrStage THIS_STAGE = {
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,
     .predicted_bytes = 2032128, .predicted_step_s = 0.00265512768,
-    .role = PR_ROLE_BOTH, .prev_rank = 0, .next_rank = 2, .loss_rank = 3, .nfrozen = 0,
+    .role = PR_ROLE_BOTH, .prev_rank = 0, .next_rank = 2, .loss_rank = 3, .nfrozen = 0, .nlayers = 5,
 };
 
 int main(int argc, char **argv) { return pr_main(argc, argv, &THIS_STAGE); }

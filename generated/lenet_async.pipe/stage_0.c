@@ -92,9 +92,10 @@ static const PrValue RECV[] = {
 static const PrValue SEND[] = {
     {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}, 0, 1, 0},
 };
+/* {name, floats, offset, gradient, optimizer slots, tied parts, layer: its parameterised layer from 0} */
 static const PrParam PARAMS[] = {
-    {"conv1.weight", 150, OFF_W_conv1_weight, OFF_dW_conv1_weight, -1, -1, NULL, 0},
-    {"conv1.bias", 6, OFF_W_conv1_bias, OFF_dW_conv1_bias, -1, -1, NULL, 0},
+    {"conv1.weight", 150, OFF_W_conv1_weight, OFF_dW_conv1_weight, -1, -1, NULL, 0, 0},
+    {"conv1.bias", 6, OFF_W_conv1_bias, OFF_dW_conv1_bias, -1, -1, NULL, 0, 0},
 };
 
 static const PrStage THIS_STAGE = {
@@ -108,7 +109,7 @@ static const PrStage THIS_STAGE = {
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,
     .predicted_bytes = 1083904, .predicted_step_s = 0.0022005056,
-    .role = PR_ROLE_BOTH, .prev_rank = -1, .next_rank = 1, .loss_rank = 3, .nfrozen = 0,
+    .role = PR_ROLE_BOTH, .prev_rank = -1, .next_rank = 1, .loss_rank = 3, .nfrozen = 0, .nlayers = 5,
     .staleness = STALENESS, .lookahead = LOOKAHEAD, .nwversions = NWVERSIONS, .wversion_base = WVERSION_BASE, .wversion_bytes = WVERSION_BYTES,
 };
 

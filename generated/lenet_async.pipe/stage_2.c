@@ -106,9 +106,10 @@ static const PrValue RECV[] = {
 static const PrValue SEND[] = {
     {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}, 0, 3, 0},
 };
+/* {name, floats, offset, gradient, optimizer slots, tied parts, layer: its parameterised layer from 0} */
 static const PrParam PARAMS[] = {
-    {"conv2.weight", 2400, OFF_W_conv2_weight, OFF_dW_conv2_weight, -1, -1, NULL, 0},
-    {"conv2.bias", 16, OFF_W_conv2_bias, OFF_dW_conv2_bias, -1, -1, NULL, 0},
+    {"conv2.weight", 2400, OFF_W_conv2_weight, OFF_dW_conv2_weight, -1, -1, NULL, 0, 1},
+    {"conv2.bias", 16, OFF_W_conv2_bias, OFF_dW_conv2_bias, -1, -1, NULL, 0, 1},
 };
 
 static const PrStage THIS_STAGE = {
@@ -122,7 +123,7 @@ static const PrStage THIS_STAGE = {
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,
     .predicted_bytes = 570816, .predicted_step_s = 0.0022005056,
-    .role = PR_ROLE_BOTH, .prev_rank = 1, .next_rank = 3, .loss_rank = 3, .nfrozen = 0,
+    .role = PR_ROLE_BOTH, .prev_rank = 1, .next_rank = 3, .loss_rank = 3, .nfrozen = 0, .nlayers = 5,
     .staleness = STALENESS, .lookahead = LOOKAHEAD, .nwversions = NWVERSIONS, .wversion_base = WVERSION_BASE, .wversion_bytes = WVERSION_BYTES,
 };
 
