@@ -106,7 +106,7 @@ typedef struct Run {
    * and peer: the time sent or received, and its request.  clock[r]: rank
    * r's clock minus this rank's (measured at start). */
   MPI_Comm tcomm;
-  int fsrc[64], nfsrc, fdst[64], nfdst, gsrc[64], ngsrc, gdst[64], ngdst;
+  int *fsrc, nfsrc, *fdst, nfdst, *gsrc, ngsrc, *gdst, ngdst; /* at most one per value */
   double *tsent_f, *tgot_f, *tsent_g, *tgot_g;
   MPI_Request *tsreq_f, *trreq_f, *tsreq_g, *trreq_g;
   double *clock, t_exposed;
@@ -457,7 +457,7 @@ static int peers_of(const PrValue *v, int n, int grads, int *out) {
     if (v[i].peer < 0 || v[i].source != PR_FROM_PREV || (grads && v[i].goffset < 0)) continue;
     int seen = 0;
     for (int j = 0; j < k; j++) seen |= out[j] == v[i].peer;
-    if (!seen && k < 64) out[k++] = v[i].peer;
+    if (!seen) out[k++] = v[i].peer;
   }
   return k;
 }
@@ -1810,6 +1810,9 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   for (int i = 0; i < ngs * st->nrecv; i++) r.gsreq[i] = MPI_REQUEST_NULL;
   /* Exposed communication: the send times that follow the messages, per slot and gslot. */
   MPI_Comm_dup(MPI_COMM_WORLD, &r.tcomm);
+  r.fsrc = malloc(sizeof(int) * (size_t)(2 * st->nrecv + 2 * st->nsend + 4));
+  if (!r.fsrc) die(2, "out of memory for the message bookkeeping%s", "");
+  r.gdst = r.fsrc + st->nrecv + 1, r.fdst = r.gdst + st->nrecv + 1, r.gsrc = r.fdst + st->nsend + 1;
   r.nfsrc = peers_of(st->recv, st->nrecv, 0, r.fsrc), r.ngdst = peers_of(st->recv, st->nrecv, 1, r.gdst);
   r.nfdst = peers_of(st->send, st->nsend, 0, r.fdst), r.ngsrc = peers_of(st->send, st->nsend, 1, r.gsrc);
   int nts = ns * (r.nfsrc + r.nfdst) + ngs * (r.ngsrc + r.ngdst) + 1;
@@ -1955,7 +1958,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   }
   free(all);
   if (r.have_data) data_close(&r.data);
-  free(r.rreq), free(r.sreq), free(r.greq), free(r.gsreq), free(r.idx), free(r.oreq), free(r.ssreq), free(r.tsent_f), free(r.tsreq_f);
+  free(r.rreq), free(r.sreq), free(r.greq), free(r.gsreq), free(r.idx), free(r.oreq), free(r.ssreq), free(r.tsent_f), free(r.tsreq_f), free(r.fsrc);
   free(r.in_labels), free(r.in_y), free(r.lab_x), free(r.lab_img);
   MPI_Finalize();
   return 0; /* a freeze event too: its FREEZE file tells run.sh to re-plan */
