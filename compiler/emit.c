@@ -468,9 +468,18 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   const char *optname = p->opt.optimizer ? p->opt.optimizer : "sgd";
   Pool tp = {0};
   const char *loss_fields = sp->loss_buf >= 0 && role != ROLE_BWD
-      ? pool_printf(&tp, "\n    .loss_rows = %lld, .loss_classes = %lld, .labels_offset = OFF_%s,", (long long)sp->loss_rows,
-                    (long long)sp->loss_classes, sp->bufs[sp->labels_buf].name)
+      ? pool_printf(&tp, "\n    .loss_rows = %lld, .loss_classes = %lld, .labels_offset = OFF_%s, .logits_offset = OFF_%s, .logits_bytes = SIZE_%s,",
+                    (long long)sp->loss_rows, (long long)sp->loss_classes, sp->bufs[sp->labels_buf].name, sp->bufs[sp->loss_buf].name,
+                    sp->bufs[sp->loss_buf].name)
       : "";
+  /* run.sh --val runs the forward as it is: only where it is the eval forward too (no training-mode
+   * BatchNorm, which moves its running statistics, and no Dropout). */
+  int train_only = 0;
+  for (int k = a; k < e; k++) {
+    const Node *nd = &g->n[p->node[k]];
+    if (!strcmp(nd->op, "Dropout") || (!strcmp(nd->op, "BatchNormalization") && nd->nout > 1 && nd->out[1] >= 0)) train_only = 1;
+  }
+  loss_fields = pool_printf(&tp, "%s .eval_ok = %d,", loss_fields, !train_only);
   Buf model = {0}; /* the path, as the body of a C string */
   buf_printf(&model, "%s", ""); /* not NULL for an empty path */
   put_cstring(&model, g->path);

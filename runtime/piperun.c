@@ -50,6 +50,8 @@ typedef struct Args {
   int freeze_auto;
   int64_t freeze_every;
   double freeze_threshold;
+  const char *val;     /* --val PATH: a held-out set evaluated every val_every steps (0: at the end) */
+  int64_t val_every;
   int64_t steps, ckpt_every, warmup;
   uint64_t seed;
   int shuffle, quiet;
@@ -113,6 +115,8 @@ typedef struct Run {
   int freeze_to;       /* a freeze event after this step: the layers frozen from now on (0: none) */
   double elapsed0;     /* wall seconds of the run before this program (a re-planned run goes on counting) */
   double *gnorm, *gprev; /* --freeze auto: per layer, this interval's summed gradient norms and the last interval's */
+  DataSet val;         /* --val: the held-out set (on the ranks that read data) */
+  FILE *val_log;       /* --val with --log: LOG.val.csv */
   int have_prev;
   int npoll_req; /* --progress poll: outstanding requests tested between nodes */
 } Run;
@@ -193,7 +197,7 @@ static void usage_error(const char *fmt, const char *arg) {
                     "       [--shuffle|--no-shuffle] [--log FILE] [--save FILE.onnx] [--checkpoint DIR]\n"
                     "       [--checkpoint-every K] [--resume DIR] [--lr-schedule constant|cosine] [--warmup K] [--quiet]\n"
                     "       [--trace FILE.json] [--timeout SECONDS] [--profile FILE]\n"
-                    "       [--freeze-at S:N[,S:N...] | --freeze auto [--freeze-every S] [--freeze-threshold X]]\n");
+                    "       [--freeze-at S:N[,S:N...] | --freeze auto [--freeze-every S] [--freeze-threshold X]] [--val PATH [--val-every K]]\n");
   }
   MPI_Finalize();
   exit(2);
@@ -255,6 +259,8 @@ static void parse_args(Args *a, int argc, char **argv) {
     else if (!strcmp(f, "--profile")) a->profile = TAKE();
     else if (!strcmp(f, "--freeze-at")) parse_freeze(a, TAKE());
     else if (!strcmp(f, "--freeze-dir")) a->freeze_dir = TAKE();
+    else if (!strcmp(f, "--val")) a->val = TAKE();
+    else if (!strcmp(f, "--val-every")) a->val_every = (int64_t)num(f, TAKE(), 1);
     else if (!strcmp(f, "--freeze")) {
       const char *w = TAKE();
       if (!w || strcmp(w, "auto")) usage_error("--freeze '%s': expected auto (or --freeze-at S:N for given steps)", w ? w : "");
@@ -1559,6 +1565,80 @@ static void auto_freeze(Run *r) {
   if (k > st->nfrozen && r->step + 1 < r->a.steps) r->freeze_to = k, r->a.steps = r->step + 1;
 }
 
+/* ---- run.sh --val: a forward-only pass over a held-out set ----
+ * Between two steps of a synchronous schedule every ring is free, so each
+ * rank runs, per held-out micro-batch, its RECV, F and SEND through ring
+ * slot 0, with the held-out set in place of the training one (batches in
+ * order, unshuffled; whole batches only).  The forward is the eval forward
+ * too (the compiler says so: no training-mode BatchNorm, no Dropout).  The
+ * last rank sums the loss and counts the rows whose largest logit is the
+ * label. */
+static void val_open(Run *r) {
+  const PrStage *st = r->st;
+  char msg[1024] = "";
+  int ok = 1;
+  if (st->staleness || st->role != PR_ROLE_BOTH) ok = 0, snprintf(msg, sizeof msg, "--val: async and pipefb programs do not validate yet");
+  else if (!st->eval_ok)
+    ok = 0, snprintf(msg, sizeof msg, "--val: stage %d's forward is not the eval forward (training-mode BatchNorm or Dropout); "
+                                      "pipecc does not emit an eval forward yet", st->stage);
+  else if (needs_data(st)) {
+    ok = data_open(&r->val, r->a.val, r->data.kind == DATA_TOKENS ? DATA_TOKENS : 0, msg, sizeof msg) == 0;
+    if (ok && r->val.kind != r->data.kind) ok = 0, snprintf(msg, sizeof msg, "--val %s is not in the training data's format", r->a.val);
+    if (ok && r->val.kind != DATA_TOKENS && (r->val.c != r->data.c || r->val.h != r->data.h || r->val.w != r->data.w))
+      ok = 0, snprintf(msg, sizeof msg, "--val %s: images of %dx%dx%d, the training data's are %dx%dx%d", r->a.val, r->val.c, r->val.h,
+                       r->val.w, r->data.c, r->data.h, r->data.w);
+    if (ok && r->val.kind != DATA_TOKENS && st->loss)
+      ok = data_check_images(&r->val, r->val.c, r->val.h, r->val.w, (int)st->loss_classes, msg, sizeof msg) == 0;
+    if (ok && r->val.kind != DATA_TOKENS && r->val.n < st->batch)
+      ok = 0, snprintf(msg, sizeof msg, "--val %s has %lld samples, fewer than one batch of %d", r->a.val, (long long)r->val.n, st->batch);
+  }
+  agree(ok, msg);
+}
+
+static void val_pass(Run *r, int64_t after) {
+  const PrStage *st = r->st;
+  int64_t nb = 0, T = 1; /* whole batches of the held-out set; every rank learns the data ranks' count */
+  for (int v = 0; v < st->nrecv; v++)
+    if (st->recv[v].source == PR_FROM_TOKENS) T = st->recv[v].dims[1];
+  if (st->loss && r->val.kind == DATA_TOKENS) T = st->loss_rows / st->mb_size;
+  if (needs_data(st)) nb = r->val.kind == DATA_TOKENS ? (r->val.n - 1) / ((int64_t)st->batch * T) : r->val.n / st->batch;
+  MPI_Allreduce(MPI_IN_PLACE, &nb, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  DataSet train = r->data;
+  int64_t step = r->step, *idx = r->idx;
+  r->data = r->val;
+  double loss = 0, hits = 0;
+  for (int64_t v = 0; v < nb; v++) {
+    r->step = v; /* the tags and the token loader's batch; nothing of training is in flight between steps */
+    for (int i = 0; i < st->batch; i++) r->idx[i] = v * st->batch + i;
+    for (int k = 0; k < st->microbatches; k++) {
+      PrAction a = {PR_RECV, k, 0, 0, -1, -1};
+      do_recv(r, &a);
+      a.kind = PR_F;
+      double l = do_forward(r, &a);
+      if (st->loss) {
+        loss += l;
+        const float *z = (const float *)(st->arena + st->logits_offset);
+        const int64_t *y = (const int64_t *)(st->arena + st->labels_offset);
+        for (int64_t row = 0; row < st->loss_rows; row++) {
+          int64_t best = 0;
+          for (int64_t c = 1; c < st->loss_classes; c++)
+            if (z[row * st->loss_classes + c] > z[row * st->loss_classes + best]) best = c;
+          hits += best == y[row];
+        }
+      }
+      a.kind = PR_SEND;
+      do_send(r, &a);
+    }
+  }
+  r->data = train, r->step = step, r->idx = idx;
+  if (!st->loss || !nb) return;
+  double rows = (double)nb * st->microbatches * st->loss_rows;
+  loss /= rows;
+  if (!r->a.quiet) printf("validation after step %lld: loss %.6f, accuracy %.2f%% (%.0f rows)\n", (long long)after, loss, 100 * hits / rows, rows);
+  if (r->val_log) fprintf(r->val_log, "%lld,%.9g,%.9g\n", (long long)after, loss, hits / rows), fflush(r->val_log);
+  fflush(stdout);
+}
+
 /* ---- the step loop ---- */
 
 typedef struct StepLog {
@@ -1604,6 +1684,7 @@ static void end_step(Run *r, StepLog *sl, double loss, double dt) {
     save_checkpoint(r, r->a.checkpoint);
     r->step--;
   }
+  if (r->a.val && r->a.val_every && (r->step + 1) % r->a.val_every == 0) val_pass(r, r->step + 1);
   if (r->a.freeze_auto) auto_freeze(r);
   /* A freeze event that freezes more than this program has frozen ends the run after this step. */
   for (int k = 0; k < r->a.nfreeze; k++)
@@ -1789,6 +1870,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   r.timeout = r.a.timeout > 0 ? r.a.timeout : fmax(60, 100 * st->predicted_step_s);
   r.run_id = make_run_id();
   if (r.a.resume) load_checkpoint(&r, r.a.resume);
+  if (r.a.val) val_open(&r);
   if (r.a.resume_freeze) load_freeze(&r, r.a.resume_freeze);
   else if (r.rank == 0 && r.a.freeze_dir) { /* a FREEZE this run did not write must not re-plan it */
     char stale[4200], aside[4300];
@@ -1857,6 +1939,13 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     log = fopen(r.a.log, cont ? "a" : "w");
     if (!log) die(2, "cannot write --log %s: %s", r.a.log, strerror(errno));
     if (!cont) fprintf(log, "step,loss,samples_per_s,time_s\n");
+    if (r.a.val) { /* LOG.val.csv: the held-out set's loss and accuracy */
+      char vpath[4200];
+      snprintf(vpath, sizeof vpath, "%s.val.csv", r.a.log);
+      r.val_log = fopen(vpath, cont ? "a" : "w");
+      if (!r.val_log) die(2, "cannot write %s: %s", vpath, strerror(errno));
+      if (!cont) fprintf(r.val_log, "step,val_loss,val_accuracy\n");
+    }
   }
   MPI_Barrier(MPI_COMM_WORLD);
   double t_start = now();
@@ -1883,6 +1972,8 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     }
   }
   double first_loss = sl.first_loss, last_loss = sl.last_loss;
+  /* The held-out set after the last step, unless --val-every just did it (or a freeze event stopped the run). */
+  if (r.a.val && !r.freeze_to && !(r.a.val_every && r.step % r.a.val_every == 0)) val_pass(&r, r.step);
   g_poll_run = NULL;
   /* Drain what is still in flight. */
   static const PrAction drain = {PR_UPDATE, -1, -1, -1, -1, -1};
@@ -1920,6 +2011,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     trace_free(&r.trace);
   }
   if (log) fclose(log);
+  if (r.val_log) fclose(r.val_log);
   if (r.a.profile) {
     int64_t steps = r.a.steps - first_step - 1;
     r.prof.params = 0;
@@ -1958,6 +2050,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   }
   free(all);
   if (r.have_data) data_close(&r.data);
+  data_close(&r.val);
   free(r.rreq), free(r.sreq), free(r.greq), free(r.gsreq), free(r.idx), free(r.oreq), free(r.ssreq), free(r.tsent_f), free(r.tsreq_f), free(r.fsrc);
   free(r.in_labels), free(r.in_y), free(r.lab_x), free(r.lab_img);
   MPI_Finalize();

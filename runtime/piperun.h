@@ -119,6 +119,8 @@ typedef struct PrStage {
   double (*loss)(int slot, const int64_t *labels);
   int64_t loss_rows, loss_classes; /* per micro-batch */
   int64_t labels_offset;
+  int64_t logits_offset, logits_bytes; /* last stage: the loss's logits (ring copy k at offset + k * bytes) */
+  int eval_ok;                 /* the forward is the eval forward too (no training-mode BatchNorm, no Dropout): run.sh --val */
   /* optimizer chosen at compile time; hyper-parameters can be overridden at run time */
   int optimizer;
   float lr, momentum, weight_decay, beta1, beta2, eps;

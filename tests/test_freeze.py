@@ -36,6 +36,7 @@ re-plan killed and resumed; --freeze auto against a PyTorch simulation of its ru
 PIPECC overrides the pipecc binary.  Ends with "N passed, M failed".
 """
 import argparse
+import csv
 import copy
 import importlib.util
 import json
@@ -339,6 +340,67 @@ def auto_case(tmp, env, build, path, data, B, M, every=3, steps=12):
                (want_l, want_w, None), noise_atol=ta.noise_bound("sgd"))
 
 
+def val_case(tmp, env, build, path, data, B, M, ns, every=4):
+    """run.sh --val DIR --val-every K: the held-out set's loss (mean over its rows) and accuracy after
+    steps K, 2K, ... against PyTorch's model in eval mode on the same samples, in whole batches."""
+    vdir = os.path.join(tmp, "val")
+    vimgs, vlabels = par.make_dataset(3 * B + 5, seed=11)   # 3 whole batches; the 5 left over are not used
+    par.write_dataset(vdir, vimgs, vlabels)
+    vx = torch.from_numpy(vimgs.astype(np.float32) / np.float32(255.0)).reshape(-1, 1, 28, 28)[:3 * B]
+    vy = torch.from_numpy(vlabels.astype(np.int64))[:3 * B]
+    opt_cfg = ta.OPTS["sgd"]
+    om = onnx.load(path)
+    torch.manual_seed(0)
+    model = build()
+    par.load_weights_from_onnx(model, om)
+    opt = ta.make_optimizer(list(model.parameters()), opt_cfg)
+    want = {}
+    for t in range(STEPS):
+        model.train()
+        opt.zero_grad(set_to_none=True)
+        for x, y in data.batches(t):
+            (F.cross_entropy(model(x), y) * (x.shape[0] / data.B)).backward()
+        opt.step()
+        if (t + 1) % every == 0:
+            model.eval()
+            with torch.no_grad():
+                out = model(vx)
+                want[t + 1] = (F.cross_entropy(out, vy).item(), float((out.argmax(1) == vy).float().mean()))
+    for n in ns:
+        tag = f"lenet-n{n} --val"
+        out, log = os.path.join(tmp, f"val{n}.pipe"), os.path.join(tmp, f"val{n}.csv")
+        try:
+            par.run_cmd("pipecc", [PIPECC, path, "-n", str(n), "--batch", str(B), "--microbatches", str(M), "--lr", repr(opt_cfg["lr"]),
+                                   "--devices", DEVICES, "-o", out], env)
+            par.run_cmd("make", ["make", "-s", "-j2", "-C", out], env)
+            par.run_cmd("run.sh", [os.path.join(out, "run.sh"), "--data", data.path, "--steps", str(STEPS), "--no-shuffle", "--quiet",
+                                   "--log", log, "--val", vdir, "--val-every", str(every)], env, cwd=tmp)
+            with open(log + ".val.csv") as f:
+                rows = {int(r["step"]): (float(r["val_loss"]), float(r["val_accuracy"])) for r in csv.DictReader(f)}
+        except (ta.StepFailed, OSError, KeyError, ValueError) as e:
+            result(False, f"{tag}: run", str(e.args[0] if e.args else e))
+            continue
+        nrows = 3 * B   # accuracy: the same count of rows right (PyTorch's mean is float32)
+        ok = rows.keys() == want.keys() and all(abs(rows[k][0] - want[k][0]) <= 1e-5 * abs(want[k][0]) and
+                                                 round(rows[k][1] * nrows) == round(want[k][1] * nrows) for k in want)
+        result(ok, f"{tag}: the held-out loss (1e-5 relative) and accuracy (exactly) after steps {sorted(want)} match PyTorch in eval mode",
+               f"pipecc {rows}, PyTorch {want}")
+    # A model whose forward is not its eval forward (training-mode BatchNorm) is refused, naming the flag.
+    resnet = os.path.join(ROOT, "onnx_models", "resnet.onnx")
+    out = os.path.join(tmp, "valr.pipe")
+    try:
+        par.run_cmd("pipecc", [PIPECC, resnet, "-n", "2", "--batch", "8", "--microbatches", "2", "-o", out], env)
+        par.run_cmd("make", ["make", "-s", "-j2", "-C", out], env)
+        cifar = os.path.join(tmp, "valcifar")
+        subprocess.run([DATAGEN, "cifar", cifar, "--n", "64"], check=True, capture_output=True)
+        r = subprocess.run([os.path.join(out, "run.sh"), "--data", cifar, "--steps", "1", "--val", cifar], capture_output=True, text=True,
+                           env=env, cwd=tmp, timeout=300)
+        result(r.returncode != 0 and "--val" in r.stderr and "eval forward" in r.stderr,
+               "--val on the ResNet (training-mode BatchNorm) is refused, naming --val", r.stderr.strip()[-200:])
+    except ta.StepFailed as e:
+        result(False, "--val refusal: setup", e.args[0])
+
+
 def killed_replan_case(tmp, env, path, data, B, M, want):
     """A run killed while run.sh re-plans (during make), then run.sh --resume CK: the same weights."""
     out, log, saved, ck = (os.path.join(tmp, f"kill.{x}") for x in ("pipe", "csv", "onnx", "ck"))
@@ -426,6 +488,7 @@ def main():
             ta.OPTS["sgd_small"] = dict(optimizer="sgd", lr=0.002)
             model_case(tmp, env, "resnet", ex.SmallResNet, os.path.join(ROOT, "onnx_models", "resnet.onnx"), cifar, 32, 4, "sgd_small", 4,
                        (2, 4), tol=(ta.LOSS_RTOL, ta.WEIGHT_ATOL, 5e-3))
+        val_case(tmp, env, ex.LeNet5, os.path.join(ROOT, "onnx_models", "lenet.onnx"), images, 32, 4, (2,) if args.quick else (2, 4))
         refusals(tmp, env)
     except Exception as e:  # noqa: BLE001
         import traceback

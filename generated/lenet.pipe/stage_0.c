@@ -95,7 +95,7 @@ static const PrStage THIS_STAGE = {
     .recv = RECV, .nrecv = 1, .send = SEND, .nsend = 1,
     .params = PARAMS, .nparams = 2,
     .forward = forward, .backward = backward, .backward_input = NULL, .backward_weight = NULL,
-    .loss = NULL, .forward_only = 0,
+    .loss = NULL, .eval_ok = 1, .forward_only = 0,
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,
     .predicted_bytes = 1083264, .predicted_step_s = 0.00265512768,

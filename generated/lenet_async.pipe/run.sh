@@ -3,7 +3,7 @@
 #   run.sh --data PATH --steps N [--lr X] [--seed S] [--shuffle|--no-shuffle] [--log FILE]
 #          [--save FILE.onnx] [--checkpoint DIR --checkpoint-every K] [--resume DIR] [--trace FILE.json]
 #          [--timeout SECONDS] [--offload-dir DIR] [--profile FILE]
-#          [--freeze-at S:N[,S:N...] | --freeze auto [--freeze-every S] [--freeze-threshold X]]
+#          [--freeze-at S:N[,S:N...] | --freeze auto [--freeze-every S] [--freeze-threshold X]] [--val PATH [--val-every K]]
 # mpirun's own options (--hostfile H, --host ..., --mca K V, --map-by X, --bind-to X) pass through.
 #
 # A freeze event (--freeze-at: after step S the first N parameterised layers freeze; --freeze auto:

@@ -221,7 +221,7 @@ static const PrStage THIS_STAGE = {
     .params = PARAMS, .nparams = 6,
     .forward = forward, .backward = backward, .backward_input = NULL, .backward_weight = NULL,
     .loss = loss,
-    .loss_rows = 8, .loss_classes = 10, .labels_offset = OFF_L_logits, .forward_only = 0,
+    .loss_rows = 8, .loss_classes = 10, .labels_offset = OFF_L_logits, .logits_offset = OFF_v_logits, .logits_bytes = SIZE_v_logits, .eval_ok = 1, .forward_only = 0,
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,
     .predicted_bytes = 1108160, .predicted_step_s = 0.0022005056,
