@@ -1611,6 +1611,7 @@ static void val_pass(Run *r, int64_t after) {
     for (int i = 0; i < st->batch; i++) r->idx[i] = v * st->batch + i;
     for (int k = 0; k < st->microbatches; k++) {
       PrAction a = {PR_RECV, k, 0, 0, st->nxslots ? 0 : -1, -1}; /* between steps no transfer holds copy 0 of the leaving block */
+      r->cur = &a; /* the loader and the trace read the running action */
       do_recv(r, &a);
       a.kind = PR_F;
       double l = do_forward(r, &a);

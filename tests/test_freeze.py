@@ -400,6 +400,34 @@ def val_case(tmp, env, name, build, path, data, val, B, M, ns, opt_cfg, steps=ST
                    f" ({evals} stage(s) with an eval forward)", f"pipecc {rows}, PyTorch {want}")
 
 
+def val_offload_case(tmp, env, path, data, B, M):
+    """--val under the memory plan (the leanest --mem-limit, file offload): the held-out pass receives and
+    computes its offloaded values in copy 0 of the leaving block, and prints what the plain plan prints."""
+    tag, base = "lenet-n2 --val --offload file", os.path.join(tmp, "val-lenet2.csv.val.csv")
+    out, log, off = (os.path.join(tmp, f"valoff.{x}") for x in ("pipe", "csv", "dir"))
+    os.makedirs(off, exist_ok=True)
+    common = [PIPECC, path, "-n", "2", "--batch", str(B), "--microbatches", str(M), "--lr", repr(ta.OPTS["sgd"]["lr"]), "--devices", DEVICES,
+              "--offload", f"file:{off}", "--recompute", "none"]
+    r = subprocess.run(common + ["--mem-limit", "1K", "-o", out], capture_output=True, text=True, env=env)
+    import re
+    m = re.search(r"at least (\d+)K", r.stderr)
+    if not m or not os.path.exists(base):
+        result(False, f"{tag}: setup", r.stderr.strip()[-300:] or "no plain --val run to compare with")
+        return
+    try:
+        par.run_cmd("pipecc", common + ["--mem-limit", m.group(1) + "K", "-o", out], env)
+        par.run_cmd("make", ["make", "-s", "-j2", "-C", out], env)
+        offloads = "XSLOT_BASE" in open(os.path.join(out, "stage_0.c")).read()
+        par.run_cmd("run.sh", [os.path.join(out, "run.sh"), "--data", data.path, "--steps", str(STEPS), "--no-shuffle", "--quiet",
+                               "--log", log, "--val", os.path.join(tmp, "val"), "--val-every", "4"], env, cwd=tmp)
+        got, want = open(log + ".val.csv").read(), open(base).read()
+    except (ta.StepFailed, OSError) as e:
+        result(False, f"{tag}: run", str(e.args[0] if e.args else e))
+        return
+    result(offloads and got == want, f"{tag} (--mem-limit {m.group(1)}K, stage 0 offloads: {offloads}): the same held-out loss and "
+                                     "accuracy as the plain plan, bit for bit", f"{got!r} vs {want!r}")
+
+
 def mnist_val(tmp, B):
     """A held-out set in MNIST format: 3 whole batches (and 5 samples left over, not used)."""
     vdir = os.path.join(tmp, "val")
@@ -533,6 +561,7 @@ def main():
                        (2, 4), tol=(ta.LOSS_RTOL, ta.WEIGHT_ATOL, 5e-3))
         val_case(tmp, env, "lenet", ex.LeNet5, os.path.join(ROOT, "onnx_models", "lenet.onnx"), images, mnist_val(tmp, 32), 32, 4,
                  (2,) if args.quick else (2, 4), ta.OPTS["sgd"])
+        val_offload_case(tmp, env, os.path.join(ROOT, "onnx_models", "lenet.onnx"), images, 32, 4)
         bndrop_val_case(tmp, env, images, 32, 4, (2,) if args.quick else (2, 4))
         if not args.quick:
             val_case(tmp, env, "resnet", ex.SmallResNet, os.path.join(ROOT, "onnx_models", "resnet.onnx"), cifar, cifar_val(tmp, 32), 32, 4,
