@@ -24,10 +24,9 @@ Models: LeNet (MNIST format, AdamW), the GPT (tokens, SGD) and the ResNet
 (CIFAR format, SGD at lr 0.002, 4 micro-batches each normalised with its own
 statistics as the reference does; frozen BatchNorm layers still normalise with
 batch statistics and move their running statistics, which are checked too).
-Its running statistics are held to 5e-3 relative to 1 + |value| (they sum every
-micro-batch's rounding; 2.9e-3 here with or without freezing); with one
-micro-batch of the whole batch of 16 they part from PyTorch's by 3e-2 even
-without freezing, which is not resolved here.
+Its running statistics are held to 1e-4 relative to 1 + |value|.  The reference starts from the file's
+running statistics, not a fresh module's zeros and ones: an export in training mode runs the model once.
+(From fresh ones it parted by 3e-2 with one micro-batch of 16, decaying with 0.9 per micro-batch.)
 
   /usr/bin/python3 tests/test_freeze.py [--quick] [--keep]
 
@@ -111,7 +110,7 @@ def reference(build, onnx_path, data, opt_cfg, steps, nfrozen, at=0):
     om = onnx.load(onnx_path)
     torch.manual_seed(0)
     model = build() if callable(build) else build
-    mapping, _ = par.load_weights_from_onnx(model, om)
+    mapping, _ = load_state_from_onnx(model, om)
     layers = onnx_layers(om, mapping)
     frozen = sorted({w for _, ws in layers[:nfrozen] for w in ws})
     params = dict(model.named_parameters())
@@ -187,7 +186,7 @@ def model_case(tmp, env, name, build, path, data, B, M, opt_name, nfrozen, ns, t
         ok = ta.compare(tag, f"first {nfrozen} layers frozen: matches PyTorch with requires_grad=False",
                         (got_l, {k: v for k, v in got_w.items() if k not in stats}),
                         (want_l, want_w, None), tol[0], tol[1], noise_atol=ta.noise_bound(opt_name))
-        if stats:  # as test_parity_models: they sum every micro-batch's statistics' rounding; 1e-3 relative to 1 + |value|
+        if stats:  # they sum every micro-batch's statistics' rounding: relative to 1 + |value|
             err = max(float((np.abs(got_w[k] - v) / (1 + np.abs(v))).max()) for k, v in stats.items())
             result(err < tol[2], f"{tag}: BatchNorm running statistics (frozen layers' too) within {tol[2]:g} of PyTorch, relative to "
                    "1 + |value|", f"max {err:.2e}")
@@ -283,7 +282,7 @@ def auto_case(tmp, env, build, path, data, B, M, every=3, steps=12):
     om = onnx.load(path)
     torch.manual_seed(0)
     model = build()
-    mapping, _ = par.load_weights_from_onnx(model, om)
+    mapping, _ = load_state_from_onnx(model, om)
     layers = onnx_layers(om, mapping)
     first = {}
     for li, (_, ws) in enumerate(layers):
@@ -345,13 +344,15 @@ def auto_case(tmp, env, build, path, data, B, M, every=3, steps=12):
 
 
 def load_state_from_onnx(model, om):
-    """The ONNX file's weights and its float buffers (BatchNorm's running statistics, by name)."""
-    par.load_weights_from_onnx(model, om)
+    """The ONNX file's weights and its float buffers (BatchNorm's running statistics, by name: an export
+    in training mode runs the model once, so they are not a fresh module's zeros and ones)."""
+    mapping = par.load_weights_from_onnx(model, om)
     inits = {t.name: numpy_helper.to_array(t) for t in om.graph.initializer}
     with torch.no_grad():
         for name, buf in model.named_buffers():
             if name in inits and buf.dtype == torch.float32:
                 buf.copy_(torch.from_numpy(np.array(inits[name], dtype=np.float32)))
+    return mapping
 
 
 def val_case(tmp, env, name, build, path, data, val, B, M, ns, opt_cfg, steps=STEPS, every=4):
@@ -558,7 +559,7 @@ def main():
             cifar = CifarData(tmp, 32, 4, STEPS)
             ta.OPTS["sgd_small"] = dict(optimizer="sgd", lr=0.002)
             model_case(tmp, env, "resnet", ex.SmallResNet, os.path.join(ROOT, "onnx_models", "resnet.onnx"), cifar, 32, 4, "sgd_small", 4,
-                       (2, 4), tol=(ta.LOSS_RTOL, ta.WEIGHT_ATOL, 5e-3))
+                       (2, 4), tol=(ta.LOSS_RTOL, ta.WEIGHT_ATOL, 1e-4))
         val_case(tmp, env, "lenet", ex.LeNet5, os.path.join(ROOT, "onnx_models", "lenet.onnx"), images, mnist_val(tmp, 32), 32, 4,
                  (2,) if args.quick else (2, 4), ta.OPTS["sgd"])
         val_offload_case(tmp, env, os.path.join(ROOT, "onnx_models", "lenet.onnx"), images, 32, 4)
