@@ -247,25 +247,26 @@ static void put_off(Buf *o, const StageProg *sp, int id) {
   else buf_printf(o, "OFF_%s", sp->bufs[id].name);
 }
 
-/* The rank value x comes from (recv) or goes to on its route; -1 for the loader's and the loss's. */
-static int value_peer(const Plan *p, const StageProg *sp, const Crossing *x, int recv) {
-  int s = sp->stage;
+/* The rank value x comes from (recv) or goes to on its route; -1 for the loader's and the loss's.
+ * edge_of: each tensor's edge (-1 for none), so that a stage's table costs O(values), not O(values x edges). */
+static int value_peer(const Plan *p, const StageProg *sp, const Crossing *x, int recv, const int *edge_of) {
+  int s = sp->stage, q = edge_of[x->tensor];
   if (x->from_loader) return -1;
   if (p->fb) return recv ? p->fb->links.prev[s] : p->fb->links.next[s];
-  for (int q = 0; q < p->nedges; q++)
-    if (p->edge_tensor[q] == x->tensor) {
-      int from, to;
-      plan_route(p, q, s, &from, &to);
-      return recv ? from : to;
-    }
-  return -1;
+  if (q < 0) return -1;
+  int from, to;
+  plan_route(p, q, s, &from, &to);
+  return recv ? from : to;
 }
 
 static void value_table(Buf *o, const Plan *p, const StageProg *sp, const Crossing *xs, int n, const char *name) {
   if (!n) return;
-  int recv = !strcmp(name, "RECV"), *peer = malloc(sizeof(int) * (size_t)n);
-  if (!peer) abort();
-  for (int i = 0; i < n; i++) peer[i] = value_peer(p, sp, &xs[i], recv);
+  int recv = !strcmp(name, "RECV"), *peer = malloc(sizeof(int) * (size_t)n), *edge_of = malloc(sizeof(int) * (size_t)(p->g.nt + 1));
+  if (!peer || !edge_of) abort();
+  for (int t = 0; t < p->g.nt; t++) edge_of[t] = -1;
+  for (int q = p->nedges - 1; q >= 0; q--) edge_of[p->edge_tensor[q]] = q; /* the first edge of a tensor, as the scan found */
+  for (int i = 0; i < n; i++) peer[i] = value_peer(p, sp, &xs[i], recv, edge_of);
+  free(edge_of);
   buf_printf(o, "/* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, %s rank, tag: its number among the\n"
                 " * values between the two ranks} */\n", recv ? "from" : "to");
   buf_printf(o, "static const PrValue %s[] = {\n", name);
