@@ -1,13 +1,16 @@
 /* datagen.c - piperun-data: small synthetic training sets that a model can actually learn, in
  * the real formats, so that pipecc's training runs (and their tests) need no downloads.
  *
- *   piperun-data mnist  DIR  [--n 6000]   [--seed 1]
+ *   piperun-data mnist  DIR  [--n 6000]   [--seed 1] [--noise 0.1]
  *       DIR/train-images-idx3-ubyte + DIR/train-labels-idx1-ubyte (IDX, big-endian headers).
  *       10 classes; class k is a fixed template of three random blobs (disks of radius 4..6 drawn
  *       from the seed, redrawn while its cosine similarity to an earlier class exceeds 0.5), each sample that template shifted by up to 2 pixels, at a random
  *       brightness 0.7..1, plus per-pixel noise (sd 0.1).  LeNet-5 from PyTorch's default init
  *       goes from loss 2.3 to below 0.05 in 150 plain SGD steps (lr 0.05, batch 64).
- *   piperun-data cifar  DIR  [--n 5000]   [--seed 1]
+ *       --noise SD sets the per-pixel noise (0..4; 0.1 by default): at 0.6 and above a class is
+ *       no longer plain to see in one sample, and models take thousands of steps to learn it
+ *       (the freezing bench uses it, where the default set is learnt too fast to measure).
+ *   piperun-data cifar  DIR  [--n 5000]   [--seed 1] [--noise 0.1]
  *       DIR/data_batch_1.bin (CIFAR-10 binary: per record 1 label byte + 3x32x32 pixels, CHW).
  *       The same idea with a per-class colour on a noisy random-coloured background.
  *   piperun-data tokens FILE [--n 200000] [--vocab 64] [--seed 1] [--llmc]
@@ -32,8 +35,8 @@
 #include "data.h"
 
 static const char *USAGE =
-    "usage: piperun-data mnist  DIR  [--n N] [--seed S]   (default n 6000)\n"
-    "       piperun-data cifar  DIR  [--n N] [--seed S]   (default n 5000)\n"
+    "usage: piperun-data mnist  DIR  [--n N] [--seed S] [--noise SD]   (default n 6000, noise 0.1)\n"
+    "       piperun-data cifar  DIR  [--n N] [--seed S] [--noise SD]   (default n 5000, noise 0.1)\n"
     "       piperun-data tokens FILE [--n N] [--vocab V] [--seed S] [--llmc]   (default n 200000, vocab 64)\n"
     "writes a learnable synthetic data set in the MNIST IDX, CIFAR-10 binary or uint16 token format\n";
 
@@ -147,6 +150,7 @@ static void make_template(float *t, int side, Rng *r) {
 
 /* One sample of class k: template shifted by (dx, dy) in [-2, 2], brightness, noise; into
    out[plane * h * w] for each of the nc channels (colour per channel). */
+static double g_noise_sd = 0.1; /* --noise */
 static void render(const float *tmpl, int h, int w, int nc, const double *colour, const double *bg, Rng *r, unsigned char *out) {
   int dx = below(r, 5) - 2, dy = below(r, 5) - 2;
   double bright = 0.7 + 0.3 * unif(r);
@@ -155,7 +159,7 @@ static void render(const float *tmpl, int h, int w, int nc, const double *colour
       for (int x = 0; x < w; x++) {
         int sy = y - dy, sx = x - dx;
         double t = sy >= 0 && sy < h && sx >= 0 && sx < w ? tmpl[sy * w + sx] : 0.0;
-        double v = bg[ch] * (1 - t) + colour[ch] * bright * t + 0.2 * noise(r);
+        double v = bg[ch] * (1 - t) + colour[ch] * bright * t + 2 * g_noise_sd * noise(r);
         v = v < 0 ? 0 : v > 1 ? 1 : v;
         out[(size_t)ch * h * w + (size_t)y * w + x] = (unsigned char)lrint(v * 255.0);
       }
@@ -306,11 +310,20 @@ int main(int argc, char **argv) {
       seed = (uint64_t)parse_int(f, argv[++i], 0, INT64_MAX);
     else if (!strcmp(f, "--vocab") && more && kind == DATA_TOKENS)
       vocab = (int)parse_int(f, argv[++i], 2, 65536);
-    else if (!strcmp(f, "--llmc") && kind == DATA_TOKENS)
+    else if (!strcmp(f, "--noise") && more && kind != DATA_TOKENS) {
+      char *end;
+      const char *v = argv[++i];
+      g_noise_sd = strtod(v, &end);
+      if (!*v || *end || !(g_noise_sd >= 0 && g_noise_sd <= 4)) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "--noise wants a number in [0, 4], got '%s'", v);
+        usage(msg);
+      }
+    } else if (!strcmp(f, "--llmc") && kind == DATA_TOKENS)
       llmc = 1;
     else {
       char msg[256];
-      snprintf(msg, sizeof msg, "%s '%s' for %s", (!strcmp(f, "--n") || !strcmp(f, "--seed") || !strcmp(f, "--vocab")) && !more
+      snprintf(msg, sizeof msg, "%s '%s' for %s", (!strcmp(f, "--n") || !strcmp(f, "--seed") || !strcmp(f, "--vocab") || !strcmp(f, "--noise")) && !more
                                                      ? "missing value after" : "unknown argument", f, what);
       usage(msg);
     }

@@ -152,8 +152,17 @@ def body(T):
     rc, _, _ = run(gen, "tokens", os.path.join(T, "tok300.bin"), "--vocab", "300", "--n", "5000", "--seed", "7")
     t300 = np.fromfile(os.path.join(T, "tok300.bin"), "<u2")
     check(rc == 0 and len(t300) == 5000 and t300.max() < 300 and t300.max() > 255, "--vocab 300 --n 5000 gives ids up to 299")
+    # --noise: the default is 0.1 (the same bytes); more noise, the same labels, noisier pixels
+    C1, C6 = os.path.join(T, "c_noise01"), os.path.join(T, "c_noise06")
+    rc, _, err = run(gen, "cifar", C1, "--n", "500", "--noise", "0.1")
+    rc2, _, err2 = run(gen, "cifar", C6, "--n", "500", "--noise", "0.6")
+    r1, r6 = (np.fromfile(os.path.join(d, "data_batch_1.bin"), np.uint8).reshape(500, 3073) for d in (C1, C6))
+    check(rc == 0 and rc2 == 0 and np.array_equal(r1, rec) and np.array_equal(r6[:, 0], rec[:, 0]) and
+          np.abs(r6[:, 1:].astype(int) - r1[:, 1:]).mean() > 20, "piperun-data cifar --noise: 0.1 is the default's bytes; 0.6 the same "
+          "labels with noisier pixels", err + err2)
     for args in ([], ["bogus", M], ["mnist"], ["mnist", M, "--n", "0"], ["mnist", M, "--n", "12x"], ["mnist", M, "--vocab", "9"],
-                 ["tokens", TOK, "--vocab", "1"], ["cifar", C, "--llmc"], ["tokens", TOK, "--n"], ["mnist", M, "extra"]):
+                 ["tokens", TOK, "--vocab", "1"], ["cifar", C, "--llmc"], ["tokens", TOK, "--n"], ["mnist", M, "extra"],
+                 ["mnist", M, "--noise", "-1"], ["cifar", C, "--noise", "nan"], ["cifar", C, "--noise"], ["tokens", TOK, "--noise", "0.5"]):
         rc, out, err = run(gen, *args)
         check(rc == 2 and "usage: piperun-data" in err and sanitizer_clean(err), "piperun-data %s: usage, exit 2" % " ".join(args) if args else "piperun-data with no arguments: usage, exit 2", err)
     blocker = os.path.join(T, "afile")
