@@ -180,6 +180,27 @@ def body(T):
                              (TOK, 0, "kind 3 n 200000"), (TOKL, 3, "kind 3 n 200000")):
         rc, out, err = P("open", path, hint)
         check(rc == 0 and out.startswith(want) and sanitizer_clean(err), "data_open %s (hint %d): %s" % (os.path.basename(path), hint, want), out + err)
+    # A held-out set (hint | 16, run.sh --val): the directory's test files where it has them, else its training files.
+    MT, CT = os.path.join(T, "mnist_t"), os.path.join(T, "cifar_t")
+    for d, k, n in ((MT, "mnist", "600"), (CT, "cifar", "300")):
+        run(gen, k, d, "--n", n)
+    for path, hint, want in ((MT, 16, "kind 1 n 600 "), (CT, 16, "kind 2 n 300 "), (CT, 18, "kind 2 n 300 ")):
+        rc, out, err = P("open", path, hint)
+        check(rc == 0 and out.startswith(want), "data_open %s (hint %d), no test files: the training files, %s" % (os.path.basename(path), hint, want),
+              out + err)
+    rc, _, err = run(gen, "mnist", MT, "--test")
+    rc2, _, err2 = run(gen, "cifar", CT, "--test", "--n", "70")
+    check(rc == 0 and rc2 == 0 and sorted(os.listdir(MT)) == ["t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", "train-images-idx3-ubyte",
+                                                              "train-labels-idx1-ubyte"] and sorted(os.listdir(CT)) == ["data_batch_1.bin", "test_batch.bin"],
+          "piperun-data --test writes the held-out files beside the training ones", err + err2 + str(os.listdir(MT) + os.listdir(CT)))
+    for path, hint, want in ((MT, 16, "kind 1 n 1000 "), (MT, 17, "kind 1 n 1000 "), (MT, 0, "kind 1 n 600 "), (MT, 1, "kind 1 n 600 "),
+                             (CT, 16, "kind 2 n 70 "), (CT, 18, "kind 2 n 70 "), (CT, 0, "kind 2 n 300 ")):
+        rc, out, err = P("open", path, hint)
+        check(rc == 0 and out.startswith(want), "data_open %s (hint %d): %s" % (os.path.basename(path), hint, want), out + err)
+    # The same classes, other samples: the first held-out image is none of the training ones.
+    tr = np.fromfile(os.path.join(CT, "data_batch_1.bin"), np.uint8).reshape(-1, 3073)
+    te = np.fromfile(os.path.join(CT, "test_batch.bin"), np.uint8).reshape(-1, 3073)
+    check(not any(np.array_equal(te[0], r) for r in tr) and set(te[:, 0]) <= set(range(10)), "the held-out samples are new ones")
 
     # ---- IDX parse and data_images scaling ----
     sel = [0, 5, 5999, 17, 5]
