@@ -146,6 +146,15 @@ typedef struct ConvShape {
 PR_INLINE int64_t conv_in_sp(const ConvShape *s) { return (int64_t)s->d * s->h * s->w; }
 PR_INLINE int conv_out_sp(const ConvShape *s) { return s->od * s->oh * s->ow; }
 
+/* The outputs ox in [*lo, *hi) whose input column ox * sw - pw + kj * dw lies inside [0, w): the
+ * padding's zeros are written, and col2im skips them, as whole spans rather than a test per element. */
+PR_INLINE void conv_span(int ow, int sw, int off, int w, int *lo, int *hi) {
+  int l = off >= 0 ? 0 : (-off + sw - 1) / sw;   /* first ox with ox * sw + off >= 0 */
+  int h = w - off <= 0 ? 0 : (w - off + sw - 1) / sw; /* first ox with ox * sw + off >= w */
+  *lo = l < ow ? l : ow;
+  *hi = h < ow ? (h > *lo ? h : *lo) : ow;
+}
+
 /* col[(c/g)*kd*kh*kw, od*oh*ow] for one sample and group; zero where the window is in the padding. */
 PR_INLINE void k_im2col(const float *x, float *col, const ConvShape *s) {
   int cg = s->c / s->group, sp = conv_out_sp(s);
@@ -154,6 +163,8 @@ PR_INLINE void k_im2col(const float *x, float *col, const ConvShape *s) {
       for (int ki = 0; ki < s->kh; ki++)
         for (int kj = 0; kj < s->kw; kj++) {
           float *row = col + ((((int64_t)ci * s->kd + kz) * s->kh + ki) * s->kw + kj) * sp;
+          int off = kj * s->dw - s->pw, lo, hi;
+          conv_span(s->ow, s->sw, off, s->w, &lo, &hi);
           for (int oz = 0; oz < s->od; oz++) {
             /* The depth test stays out of the inner loops, which then are the 2-D ones. */
             int iz = oz * s->sd - s->pd + kz * s->dd, zin = iz >= 0 && iz < s->d;
@@ -161,15 +172,24 @@ PR_INLINE void k_im2col(const float *x, float *col, const ConvShape *s) {
             float *rz = row + (int64_t)oz * s->oh * s->ow;
             for (int oy = 0; oy < s->oh; oy++) {
               int iy = oy * s->sh - s->ph + ki * s->dh;
-              for (int ox = 0; ox < s->ow; ox++) {
-                int ix = ox * s->sw - s->pw + kj * s->dw;
-                rz[oy * s->ow + ox] = zin && iy >= 0 && iy < s->h && ix >= 0 && ix < s->w ? xz[(int64_t)iy * s->w + ix] : 0;
+              float *r = rz + (int64_t)oy * s->ow;
+              if (!zin || iy < 0 || iy >= s->h) {
+                memset(r, 0, sizeof(float) * (size_t)s->ow);
+                continue;
               }
+              const float *xr = xz + (int64_t)iy * s->w; /* input column ox * sw + off */
+              for (int ox = 0; ox < lo; ox++) r[ox] = 0;
+              if (s->sw == 1) memcpy(r + lo, xr + lo + off, sizeof(float) * (size_t)(hi - lo));
+              else
+                for (int ox = lo; ox < hi; ox++) r[ox] = xr[(int64_t)ox * s->sw + off];
+              for (int ox = hi; ox < s->ow; ox++) r[ox] = 0;
             }
           }
         }
 }
 
+/* dx += the columns' values at their inputs; each dx element gets its additions in the same order as
+ * a test per element would give (the spans only skip the padding). */
 PR_INLINE void k_col2im_add(const float *col, float *dx, const ConvShape *s) {
   int cg = s->c / s->group, sp = conv_out_sp(s);
   for (int ci = 0; ci < cg; ci++)
@@ -177,6 +197,8 @@ PR_INLINE void k_col2im_add(const float *col, float *dx, const ConvShape *s) {
       for (int ki = 0; ki < s->kh; ki++)
         for (int kj = 0; kj < s->kw; kj++) {
           const float *row = col + ((((int64_t)ci * s->kd + kz) * s->kh + ki) * s->kw + kj) * sp;
+          int off = kj * s->dw - s->pw, lo, hi;
+          conv_span(s->ow, s->sw, off, s->w, &lo, &hi);
           for (int oz = 0; oz < s->od; oz++) {
             int iz = oz * s->sd - s->pd + kz * s->dd;
             if (iz < 0 || iz >= s->d) continue;
@@ -185,10 +207,14 @@ PR_INLINE void k_col2im_add(const float *col, float *dx, const ConvShape *s) {
             for (int oy = 0; oy < s->oh; oy++) {
               int iy = oy * s->sh - s->ph + ki * s->dh;
               if (iy < 0 || iy >= s->h) continue;
-              for (int ox = 0; ox < s->ow; ox++) {
-                int ix = ox * s->sw - s->pw + kj * s->dw;
-                if (ix >= 0 && ix < s->w) dz[(int64_t)iy * s->w + ix] += rz[oy * s->ow + ox];
-              }
+              float *d = dz + (int64_t)iy * s->w; /* input column ox * sw + off */
+              const float *r = rz + (int64_t)oy * s->ow;
+              if (s->sw == 1) { /* restrict: col and dx never overlap, so the adds vectorise without a check */
+                float *restrict dd = d + lo + off;
+                const float *restrict rr = r + lo;
+                for (int64_t k = 0; k < hi - lo; k++) dd[k] += rr[k];
+              } else
+                for (int ox = lo; ox < hi; ox++) d[(int64_t)ox * s->sw + off] += r[ox];
             }
           }
         }
@@ -413,26 +439,58 @@ typedef struct BnShape {
   int training;
 } BnShape;
 
-/* Mean and biased variance of channel ch over the batch and spatial axes, in double. */
+/* The per-channel sums below run in 8 double lanes, each plane's elements dealt round-robin, and the
+ * lanes add up in a fixed order at the end: the compiler vectorises them (a single running sum is a
+ * chain it may not reorder), and the result depends only on the data and the shape. */
+#define BN_LANES 8
+typedef double bn_v4d __attribute__((vector_size(32)));
+typedef float bn_v4f __attribute__((vector_size(16)));
+static inline bn_v4d bn_load4(const float *p) {
+  bn_v4f f;
+  memcpy(&f, p, sizeof f);
+  return __builtin_convertvector(f, bn_v4d);
+}
+static inline double bn_lanes_total(const double *lane) {
+  double t = 0;
+  for (int j = 0; j < BN_LANES; j++) t += lane[j];
+  return t;
+}
+
+/* Adds the elements of one plane into lanes (element k into lane k % 8), and with dev the squares
+ * of their deviations from mu instead. */
+static inline void bn_plane_sum(const float *p, int64_t sp, double mu, int dev, double *lane) {
+  bn_v4d a0, a1, m = {mu, mu, mu, mu};
+  memcpy(&a0, lane, sizeof a0), memcpy(&a1, lane + 4, sizeof a1);
+  int64_t k = 0;
+  for (; k + BN_LANES <= sp; k += BN_LANES) {
+    bn_v4d x0 = bn_load4(p + k), x1 = bn_load4(p + k + 4);
+    if (dev) x0 -= m, x1 -= m, x0 *= x0, x1 *= x1;
+    a0 += x0, a1 += x1;
+  }
+  memcpy(lane, &a0, sizeof a0), memcpy(lane + 4, &a1, sizeof a1);
+  for (; k < sp; k++) {
+    double d = dev ? p[k] - mu : p[k];
+    lane[k % BN_LANES] += dev ? d * d : d;
+  }
+}
+
+/* Mean and biased variance of channel ch over the batch and spatial axes, in double (two passes). */
 static inline void bn_batch_stats(const float *x, const BnShape *s, int64_t ch, double *mean, double *var) {
-  int64_t cnt = s->n * s->sp;
-  double sum = 0, sq = 0;
-  for (int64_t i = 0; i < s->n; i++)
-    for (int64_t k = 0; k < s->sp; k++) sum += x[(i * s->c + ch) * s->sp + k];
-  *mean = sum / (double)cnt;
-  for (int64_t i = 0; i < s->n; i++)
-    for (int64_t k = 0; k < s->sp; k++) {
-      double d = x[(i * s->c + ch) * s->sp + k] - *mean;
-      sq += d * d;
-    }
-  *var = sq / (double)cnt;
+  int64_t cnt = s->n * s->sp, sp = s->sp;
+  double lane[BN_LANES] = {0};
+  for (int64_t i = 0; i < s->n; i++) bn_plane_sum(x + (i * s->c + ch) * sp, sp, 0, 0, lane);
+  double mu = bn_lanes_total(lane) / (double)cnt;
+  for (int j = 0; j < BN_LANES; j++) lane[j] = 0;
+  for (int64_t i = 0; i < s->n; i++) bn_plane_sum(x + (i * s->c + ch) * sp, sp, mu, 1, lane);
+  *mean = mu;
+  *var = bn_lanes_total(lane) / (double)cnt;
 }
 
 /* Training: normalise with the batch's mean and (biased) variance and update
  * the running statistics with the unbiased variance, as PyTorch does. */
 static inline void k_batchnorm(const float *x, const float *gamma, const float *beta, float *rmean, float *rvar, float *y,
                                const BnShape *s) {
-  int64_t cnt = s->n * s->sp;
+  int64_t cnt = s->n * s->sp, sp = s->sp;
   for (int64_t ch = 0; ch < s->c; ch++) {
     double mean, var;
     if (s->training) {
@@ -444,12 +502,13 @@ static inline void k_batchnorm(const float *x, const float *gamma, const float *
     } else {
       mean = rmean[ch], var = rvar[ch];
     }
-    float m = (float)mean, inv = (float)(1.0 / sqrt(var + s->eps));
-    for (int64_t i = 0; i < s->n; i++)
-      for (int64_t k = 0; k < s->sp; k++) {
-        int64_t at = (i * s->c + ch) * s->sp + k;
-        y[at] = (x[at] - m) * inv * gamma[ch] + beta[ch];
-      }
+    /* Locals: y may not alias gamma and beta as far as the compiler knows, so it would reload them. */
+    const float m = (float)mean, inv = (float)(1.0 / sqrt(var + s->eps)), g = gamma[ch], b = beta[ch];
+    for (int64_t i = 0; i < s->n; i++) {
+      const float *xp = x + (i * s->c + ch) * sp;
+      float *yp = y + (i * s->c + ch) * sp;
+      for (int64_t k = 0; k < sp; k++) yp[k] = (xp[k] - m) * inv * g + b;
+    }
   }
 }
 
@@ -457,7 +516,7 @@ static inline void k_batchnorm(const float *x, const float *gamma, const float *
  * statistics from the stashed input. dx may be NULL; dgamma/dbeta add. */
 static inline void k_batchnorm_grad(const float *x, const float *gamma, const float *rmean, const float *rvar, const float *dy,
                                     float *dx, float *dgamma, float *dbeta, const BnShape *s, int acc_x) {
-  int64_t cnt = s->n * s->sp;
+  int64_t cnt = s->n * s->sp, sp = s->sp;
   for (int64_t ch = 0; ch < s->c; ch++) {
     double mean, var;
     if (s->training) {
@@ -465,24 +524,45 @@ static inline void k_batchnorm_grad(const float *x, const float *gamma, const fl
     } else {
       mean = rmean[ch], var = rvar[ch];
     }
-    float m = (float)mean, inv = (float)(1.0 / sqrt(var + s->eps));
-    double sdy = 0, sdyx = 0;
-    for (int64_t i = 0; i < s->n; i++)
-      for (int64_t k = 0; k < s->sp; k++) {
-        int64_t at = (i * s->c + ch) * s->sp + k;
-        sdy += dy[at];
-        sdyx += dy[at] * (x[at] - m) * inv;
-      }
+    const float m = (float)mean, inv = (float)(1.0 / sqrt(var + s->eps)), g = gamma[ch];
+    double ldy[BN_LANES] = {0}, ldyx[BN_LANES] = {0};
+    bn_v4f vm = {m, m, m, m}, vi = {inv, inv, inv, inv};
+    for (int64_t i = 0; i < s->n; i++) {
+      const float *xp = x + (i * s->c + ch) * sp, *dp = dy + (i * s->c + ch) * sp;
+      bn_v4d a[4];
+      memcpy(a, ldy, sizeof(double) * 4), memcpy(a + 1, ldy + 4, sizeof(double) * 4);
+      memcpy(a + 2, ldyx, sizeof(double) * 4), memcpy(a + 3, ldyx + 4, sizeof(double) * 4);
+      int64_t k = 0;
+      for (; k + BN_LANES <= sp; k += BN_LANES)
+        for (int h = 0; h < 2; h++) {
+          bn_v4f d, xv;
+          memcpy(&d, dp + k + 4 * h, sizeof d), memcpy(&xv, xp + k + 4 * h, sizeof xv);
+          bn_v4f t = d * (xv - vm) * vi; /* in float, as one element's dy * (x - m) * inv */
+          a[h] += __builtin_convertvector(d, bn_v4d), a[2 + h] += __builtin_convertvector(t, bn_v4d);
+        }
+      memcpy(ldy, a, sizeof(double) * 4), memcpy(ldy + 4, a + 1, sizeof(double) * 4);
+      memcpy(ldyx, a + 2, sizeof(double) * 4), memcpy(ldyx + 4, a + 3, sizeof(double) * 4);
+      for (; k < sp; k++) ldy[k % BN_LANES] += dp[k], ldyx[k % BN_LANES] += dp[k] * (xp[k] - m) * inv;
+    }
+    double sdy = bn_lanes_total(ldy), sdyx = bn_lanes_total(ldyx);
     if (dgamma) dgamma[ch] += (float)sdyx;
     if (dbeta) dbeta[ch] += (float)sdy;
     if (!dx) continue;
-    for (int64_t i = 0; i < s->n; i++)
-      for (int64_t k = 0; k < s->sp; k++) {
-        int64_t at = (i * s->c + ch) * s->sp + k;
-        float g = s->training ? (float)(gamma[ch] * inv * (dy[at] - sdy / (double)cnt - (x[at] - m) * inv * sdyx / (double)cnt))
-                              : dy[at] * gamma[ch] * inv;
-        dx[at] = acc_x ? dx[at] + g : g;
-      }
+    const double mdy = sdy / (double)cnt, mdyx = sdyx / (double)cnt, gi = g * inv;
+    for (int64_t i = 0; i < s->n; i++) {
+      const float *xp = x + (i * s->c + ch) * sp, *dp = dy + (i * s->c + ch) * sp;
+      float *dxp = dx + (i * s->c + ch) * sp;
+      if (s->training)
+        for (int64_t k = 0; k < sp; k++) {
+          float v = (float)(gi * (dp[k] - mdy - (xp[k] - m) * inv * mdyx));
+          dxp[k] = acc_x ? dxp[k] + v : v;
+        }
+      else
+        for (int64_t k = 0; k < sp; k++) {
+          float v = dp[k] * g * inv;
+          dxp[k] = acc_x ? dxp[k] + v : v;
+        }
+    }
   }
 }
 
