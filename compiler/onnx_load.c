@@ -12,10 +12,12 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "onnx.pb-c.h"
+#include "onnx_wire.h"
 
 #define MAX_FILE_BYTES ((size_t)1 << 40)
 
@@ -358,10 +360,10 @@ static int read_graph(Graph *g, const Onnx__GraphProto *gp, const char *dir) {
 
 static void free_model(void *m) { onnx__model_proto__free_unpacked(m, NULL); }
 
-int onnx_load_buffer(const uint8_t *data, size_t len, const char *name, const char *dir, Graph *g) {
+/* The graph of an unpacked model m (which g then owns). */
+static int load_unpacked(Onnx__ModelProto *m, const char *name, const char *dir, Graph *g) {
   memset(g, 0, sizeof *g);
   g->path = pool_strdup(&g->pool, name);
-  Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, len, data);
   if (!m) {
     ir_free(g);
     return err_set("%s: not a valid ONNX model (the protobuf does not parse: truncated or another format)", name);
@@ -393,6 +395,43 @@ int onnx_load_buffer(const uint8_t *data, size_t len, const char *name, const ch
   return 0;
 }
 
+/* The model in the mapped file map[0, len): its skeleton (onnx_wire.c) unpacked, then each
+ * initializer's raw_data copied from the map in chunks, each chunk's whole pages dropped from this
+ * process once copied, so the weights are held once.  NULL where the walk or the skeleton's
+ * unpacking fails: the caller unpacks the whole file, which names the problem.  drop: map is a
+ * mapping of the file whose pages may be dropped (not memory of the caller's). */
+static Onnx__ModelProto *unpack_split(const uint8_t *map, size_t len, int drop) {
+  WireSplit w;
+  if (wire_split(map, len, &w)) return NULL;
+  Onnx__ModelProto *m = onnx__model_proto__unpack(NULL, w.len, w.skeleton);
+  if (!m || !m->graph || m->graph->n_initializer != w.ninit) {
+    if (m) onnx__model_proto__free_unpacked(m, NULL);
+    wire_free(&w);
+    return NULL;
+  }
+  size_t page = (size_t)sysconf(_SC_PAGESIZE), chunk = (size_t)8 << 20;
+  for (size_t i = 0; i < w.ninit; i++) {
+    if (!w.has[i]) continue;
+    Onnx__TensorProto *tp = m->graph->initializer[i];
+    uint8_t *data = w.plen[i] ? malloc(w.plen[i]) : NULL;
+    if (w.plen[i] && !data) abort();
+    for (size_t at = 0; at < w.plen[i]; at += chunk) {
+      size_t n = w.plen[i] - at < chunk ? w.plen[i] - at : chunk, a = w.off[i] + at;
+      memcpy(data + at, map + a, n);
+      size_t lo = (a + page - 1) / page * page, hi = (a + n) / page * page; /* pages wholly inside the copied bytes */
+      if (drop && hi > lo) madvise((void *)(map + lo), hi - lo, MADV_DONTNEED);
+    }
+    tp->raw_data.data = data, tp->raw_data.len = w.plen[i], tp->has_raw_data = 1;
+  }
+  wire_free(&w);
+  return m;
+}
+
+int onnx_load_buffer(const uint8_t *data, size_t len, const char *name, const char *dir, Graph *g) {
+  Onnx__ModelProto *m = unpack_split(data, len, 0);
+  return load_unpacked(m ? m : onnx__model_proto__unpack(NULL, len, data), name, dir, g);
+}
+
 int onnx_load_file(const char *path, Graph *g) {
   struct stat st;
   const char *why;
@@ -403,24 +442,26 @@ int onnx_load_file(const char *path, Graph *g) {
     close(fd);
     return err_set("%s: the file is empty, not an ONNX model", path);
   }
-  uint8_t *buf = len <= MAX_FILE_BYTES ? malloc(len) : NULL;
-  if (!buf) {
+  if (len > MAX_FILE_BYTES) {
     close(fd);
     return err_set("%s: too large to read (%zu bytes)", path, len);
   }
-  int bad = read_at(fd, &st, 0, len, buf);
+  /* Mapped, not read: the weights are copied once, into their tensors (unpack_split). */
+  uint8_t *map = mmap(NULL, len, PROT_READ, MAP_PRIVATE, fd, 0);
   close(fd);
-  if (bad) {
-    free(buf);
-    return err_set("%s: read error", path);
-  }
+  if (map == MAP_FAILED) return err_set("%s: cannot map it: %s", path, strerror(errno));
   char *dir = strdup(path);
   char *slash = strrchr(dir, '/');
   if (slash) *slash = 0;
   else strcpy(dir, ".");
-  int rc = onnx_load_buffer(buf, len, path, dir, g);
+  /* A file that shrinks under the map would fault: the data comes from the map only through
+   * unpack_split's copies and protobuf-c's own reads, both over the length stat gave; a
+   * truncation while pipecc runs is the one race left (as with any reader). */
+  Onnx__ModelProto *m = unpack_split(map, len, 1);
+  if (!m) m = onnx__model_proto__unpack(NULL, len, map);
+  munmap(map, len);
+  int rc = load_unpacked(m, path, dir, g);
   free(dir);
-  free(buf);
   return rc;
 }
 
