@@ -141,12 +141,15 @@ static void render_shape(Buf *o, const StageProg *sp, const ShapeConst *c) {
 
 /* which: 0 every call, 1 the input-gradient (I) calls, 2 the weight-gradient (W) calls,
  * 3 the forward calls a RECOMPUTE re-runs (a training BatchNorm without its
- * running statistics: the forward already moved them). */
+ * running statistics: the forward already moved them), 4 the eval forward
+ * (run.sh --val: a training BatchNorm on its running statistics, which stay
+ * as they are, and Dropout keeping everything). */
 /* Under --profile, `local` maps a graph node to its row of PROFILE_NODES (else NULL): after the
  * last call of a node (and direction) comes its mark, so glue such as zeroing a gradient is
  * charged to the node after it. */
 static int emitted(const StageProg *sp, const Call *k, int i, int which) {
   if (which == 3) return sp->recompute[i];
+  if (which == 4) return 1;
   return !(which == 1 || which == 2) || (which == 2) == call_is_weight(sp, k);
 }
 
@@ -160,11 +163,51 @@ static void emit_mark(Buf *o, const StageProg *sp, const Call *calls, int n, int
 
 /* pipecc --progress poll: after the last call of each node, pr_poll() lets MPI move the messages in flight. */
 static void emit_poll(Buf *o, const StageProg *sp, const Call *calls, int n, int which, int i) {
-  if (which == 3 || !sp->poll) return;
+  if (which >= 3 || !sp->poll) return;
   int j = i + 1;
   while (j < n && !emitted(sp, &calls[j], j, which)) j++;
   if (j < n && calls[j].node == calls[i].node) return;
   buf_printf(o, "  pr_poll();\n");
+}
+
+/* A forward call the eval forward makes otherwise: a training-mode BatchNorm or a Dropout that drops. */
+static int eval_differs(const StageProg *sp, const Call *k) {
+  return stash_bn_training(sp, k) || (k->kernel == K_DROPOUT && k->args[4].f != 0);
+}
+
+/* The eval twin of a training BatchNorm's shape constant (render_eval_shapes defines it). */
+static const char *eval_shape_name(const StageProg *sp, const Call *k) {
+  static char name[160];
+  snprintf(name, sizeof name, "&%s_EVAL", sp->shapes[k->args[6].i].name);
+  return name;
+}
+
+/* The eval forward's shape constants: each training BatchNorm's, with training = 0. */
+static void render_eval_shapes(Buf *o, const StageProg *sp) {
+  char *done = calloc((size_t)sp->nshapes + 1, 1);
+  if (!done) abort();
+  for (int i = 0; i < sp->nfwd; i++) {
+    const Call *k = &sp->fwd[i];
+    if (!stash_bn_training(sp, k) || done[k->args[6].i]) continue;
+    done[k->args[6].i] = 1;
+    ShapeConst c = sp->shapes[k->args[6].i];
+    Arg f[16];
+    memcpy(f, c.fields, sizeof(Arg) * (size_t)c.nfields);
+    f[c.nfields - 1].i = 0;
+    c.fields = f;
+    Buf name = {0};
+    buf_printf(&name, "%s_EVAL", c.name);
+    c.name = name.s;
+    render_shape(o, sp, &c);
+    buf_free(&name);
+  }
+  free(done);
+}
+
+static int has_eval_forward(const StageProg *sp) {
+  for (int i = 0; i < sp->nfwd; i++)
+    if (eval_differs(sp, &sp->fwd[i])) return 1;
+  return 0;
 }
 
 static void emit_calls(Buf *o, const StageProg *sp, const Call *calls, int n, int which, const int *local) {
@@ -179,6 +222,14 @@ static void emit_calls(Buf *o, const StageProg *sp, const Call *calls, int n, in
       Arg args[16];
       memcpy(args, k.args, sizeof(Arg) * (size_t)k.nargs);
       args[3] = args[4] = (Arg){.kind = ARG_NULL};
+      k.args = args;
+      render_call(o, sp, &k);
+    } else if (which == 4 && eval_differs(sp, &calls[i])) {
+      Call k = calls[i];
+      Arg args[16];
+      memcpy(args, k.args, sizeof(Arg) * (size_t)k.nargs);
+      if (k.kernel == K_DROPOUT) args[4] = (Arg){.kind = ARG_FLOAT, .f = 0}; /* ratio 0 keeps every element, unscaled */
+      else args[6] = (Arg){.kind = ARG_SYM, .sym = eval_shape_name(sp, &calls[i])};
       k.args = args;
       render_call(o, sp, &k);
     } else {
@@ -196,25 +247,26 @@ static void put_off(Buf *o, const StageProg *sp, int id) {
   else buf_printf(o, "OFF_%s", sp->bufs[id].name);
 }
 
-/* The rank value x comes from (recv) or goes to on its route; -1 for the loader's and the loss's. */
-static int value_peer(const Plan *p, const StageProg *sp, const Crossing *x, int recv) {
-  int s = sp->stage;
+/* The rank value x comes from (recv) or goes to on its route; -1 for the loader's and the loss's.
+ * edge_of: each tensor's edge (-1 for none), so that a stage's table costs O(values), not O(values x edges). */
+static int value_peer(const Plan *p, const StageProg *sp, const Crossing *x, int recv, const int *edge_of) {
+  int s = sp->stage, q = edge_of[x->tensor];
   if (x->from_loader) return -1;
   if (p->fb) return recv ? p->fb->links.prev[s] : p->fb->links.next[s];
-  for (int q = 0; q < p->nedges; q++)
-    if (p->edge_tensor[q] == x->tensor) {
-      int from, to;
-      plan_route(p, q, s, &from, &to);
-      return recv ? from : to;
-    }
-  return -1;
+  if (q < 0) return -1;
+  int from, to;
+  plan_route(p, q, s, &from, &to);
+  return recv ? from : to;
 }
 
 static void value_table(Buf *o, const Plan *p, const StageProg *sp, const Crossing *xs, int n, const char *name) {
   if (!n) return;
-  int recv = !strcmp(name, "RECV"), *peer = malloc(sizeof(int) * (size_t)n);
-  if (!peer) abort();
-  for (int i = 0; i < n; i++) peer[i] = value_peer(p, sp, &xs[i], recv);
+  int recv = !strcmp(name, "RECV"), *peer = malloc(sizeof(int) * (size_t)n), *edge_of = malloc(sizeof(int) * (size_t)(p->g.nt + 1));
+  if (!peer || !edge_of) abort();
+  for (int t = 0; t < p->g.nt; t++) edge_of[t] = -1;
+  for (int q = p->nedges - 1; q >= 0; q--) edge_of[p->edge_tensor[q]] = q; /* the first edge of a tensor, as the scan found */
+  for (int i = 0; i < n; i++) peer[i] = value_peer(p, sp, &xs[i], recv, edge_of);
+  free(edge_of);
   buf_printf(o, "/* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, %s rank, tag: its number among the\n"
                 " * values between the two ranks} */\n", recv ? "from" : "to");
   buf_printf(o, "static const PrValue %s[] = {\n", name);
@@ -377,6 +429,15 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
     emit_calls(o, sp, sp->fwd, sp->nfwd, 0, local);
     buf_printf(o, "}\n");
   }
+  int eval_fwd = role != ROLE_BWD && has_eval_forward(sp);
+  if (eval_fwd) {
+    buf_printf(o, "\n/* The eval forward (run.sh --val): training-mode BatchNorm normalises with its running statistics and\n"
+                  " * leaves them as they are; Dropout keeps every element. */\n");
+    render_eval_shapes(o, sp);
+    buf_printf(o, "\nstatic void forward_eval(int slot, int xslot) {\n  (void)slot, (void)xslot;\n");
+    emit_calls(o, sp, sp->fwd, sp->nfwd, 4, NULL);
+    buf_printf(o, "}\n");
+  }
   if (sp->recompute) {
     buf_printf(o, "\n/* RECOMPUTE: the forward calls that make the recomputed values again, from what stayed. */\n"
                   "static void recompute(int slot, int xslot) {\n  (void)slot, (void)xslot;\n");
@@ -472,21 +533,13 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
                     (long long)sp->loss_rows, (long long)sp->loss_classes, sp->bufs[sp->labels_buf].name, sp->bufs[sp->loss_buf].name,
                     sp->bufs[sp->loss_buf].name)
       : "";
-  /* run.sh --val runs the forward as it is: only where it is the eval forward too (no training-mode
-   * BatchNorm, which moves its running statistics, and no Dropout). */
-  int train_only = 0;
-  for (int k = a; k < e; k++) {
-    const Node *nd = &g->n[p->node[k]];
-    if (!strcmp(nd->op, "Dropout") || (!strcmp(nd->op, "BatchNormalization") && nd->nout > 1 && nd->out[1] >= 0)) train_only = 1;
-  }
-  loss_fields = pool_printf(&tp, "%s .eval_ok = %d,", loss_fields, !train_only);
   Buf model = {0}; /* the path, as the body of a C string */
   buf_printf(&model, "%s", ""); /* not NULL for an empty path */
   put_cstring(&model, g->path);
   const char *keys[] = {"MODEL", "NACTIONS", "RECV", "NRECV", "SEND", "NSEND", "PARAMS", "NPARAMS", "LOSS", "LOSS_FIELDS",
                         "OPTIMIZER", "LR", "MOMENTUM", "WEIGHT_DECAY", "VOCAB", "PREDICTED_BYTES", "PREDICTED_STEP",
                         "FORWARD_ONLY", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "MEMORY_FIELDS", "PROFILE_FIELDS", "FORWARD",
-                        "BACKWARD", "CHAIN_FIELDS", "ASYNC_FIELDS"};
+                        "BACKWARD", "CHAIN_FIELDS", "ASYNC_FIELDS", "FORWARD_EVAL"};
   const char *memf = "";
   if (mem) {
     int host = p->host_of ? p->host_of[s] : -1, owner = -1;
@@ -506,7 +559,7 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
       sp->nsend ? "SEND" : "NULL", pool_printf(&tp, "%d", sp->nsend), sp->nparams ? "PARAMS" : "NULL",
       pool_printf(&tp, "%d", sp->nparams), sp->loss_buf >= 0 && role != ROLE_BWD ? "loss" : "NULL", loss_fields,
       !strcmp(optname, "sgd") ? "PR_SGD" : !strcmp(optname, "adam") ? "PR_ADAM" : "PR_ADAMW",
-      pool_printf(&tp, "%.9g", p->opt.lr > 0 ? p->opt.lr : !strcmp(optname, "sgd") ? 0.01 : 0.001),
+      pool_printf(&tp, "%.9g", p->opt.have_lr ? p->opt.lr : !strcmp(optname, "sgd") ? 0.01 : 0.001),
       pool_printf(&tp, "%.9g", p->opt.momentum), pool_printf(&tp, "%.9g", p->opt.weight_decay),
       pool_printf(&tp, "%lld", (long long)vocab), pool_printf(&tp, "%.0f", c->mem_total),
       pool_printf(&tp, "%.9g", p->sched.step_time), p->opt.forward_only ? "1" : "0", split ? "backward_input" : "NULL",
@@ -521,7 +574,8 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
                                             nss ? "STASH_SEND" : "NULL", nss, nsr ? "STASH_RECV" : "NULL", nsr,
                                             nws ? "WSEND" : "NULL", nws, nwr ? "WRECV" : "NULL", nwr)),
       !async ? "" : pool_printf(&tp, "\n    .staleness = STALENESS, .lookahead = LOOKAHEAD, .nwversions = %s, .wversion_base = %s, .wversion_bytes = %s,",
-                                sp->nwversions ? "NWVERSIONS" : "0", sp->nwversions ? "WVERSION_BASE" : "0", sp->nwversions ? "WVERSION_BYTES" : "0")};
+                                sp->nwversions ? "NWVERSIONS" : "0", sp->nwversions ? "WVERSION_BASE" : "0", sp->nwversions ? "WVERSION_BYTES" : "0"),
+      eval_fwd ? "forward_eval" : "NULL"};
   tmpl_fill(o, TMPL_STAGE_MAIN, keys, vals, (int)(sizeof keys / sizeof keys[0]));
   pool_free(&tp);
   buf_free(&model);

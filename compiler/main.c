@@ -287,7 +287,7 @@ int main(int argc, char **argv) {
       NEEDVAL();
       double x;
       if (parse_double(val, 0, &x)) return bad("%s '%s': expected a finite, non-negative number (at most 3.4e38, a float)", a, val);
-      if (a[2] == 'l') o.lr = x;
+      if (a[2] == 'l') o.lr = x, o.have_lr = 1;
       else if (a[2] == 'm') o.momentum = x;
       else o.weight_decay = x;
     } else if (!strcmp(a, "--listing")) {

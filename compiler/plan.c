@@ -131,28 +131,32 @@ void plan_route(const Plan *p, int q, int s, int *from, int *to) {
 #undef ON
 }
 
-/* Direct sends: each rank's sources and destinations, from the values' routes. */
+/* Direct sends: each rank's sources and destinations, from the values' routes.  Each value's route is
+ * walked once (its ranks in order, as plan_route sees them) and each consecutive pair joins the lists:
+ * O(values x n) rather than a plan_route per (rank, value).  Peers keep the order of the first value
+ * that joins them, as before. */
 static void route_peers(Plan *p, Schedule *sc) {
   int n = p->opt.nstages;
   Pool *pool = &p->g.pool;
-  int ***lists[] = {&sc->src, &sc->dst};
-  int **counts[] = {&sc->nsrc, &sc->ndst};
-  for (int l = 0; l < 2; l++) {
-    *lists[l] = pool_alloc(pool, sizeof(int *) * (size_t)n);
-    *counts[l] = pool_alloc(pool, sizeof(int) * (size_t)n);
-    for (int s = 0; s < n; s++) (*lists[l])[s] = pool_alloc(pool, sizeof(int) * (size_t)n);
-  }
-  for (int s = 0; s < n; s++)
-    for (int q = 0; q < p->nedges; q++) {
-      int from, to;
-      plan_route(p, q, s, &from, &to);
-      int ends[2] = {from, to};
-      for (int l = 0; l < 2; l++) {
-        int r = ends[l], *list = (*lists[l])[s], *cnt = &(*counts[l])[s], seen = 0;
-        for (int i = 0; i < *cnt; i++) seen |= list[i] == r;
-        if (r >= 0 && !seen) list[(*cnt)++] = r;
-      }
+  sc->src = pool_alloc(pool, sizeof(int *) * (size_t)n), sc->dst = pool_alloc(pool, sizeof(int *) * (size_t)n);
+  sc->nsrc = pool_alloc(pool, sizeof(int) * (size_t)n), sc->ndst = pool_alloc(pool, sizeof(int) * (size_t)n);
+  for (int s = 0; s < n; s++) sc->src[s] = pool_alloc(pool, sizeof(int) * (size_t)n), sc->dst[s] = pool_alloc(pool, sizeof(int) * (size_t)n);
+  unsigned char *linked = calloc((size_t)n * (size_t)n, 1); /* [a * n + b]: a sends to b */
+  int *route = malloc(sizeof(int) * (size_t)n);
+  if (!linked || !route) abort();
+  for (int q = 0; q < p->nedges; q++) {
+    const PartEdge *e = &p->edges[q];
+    int first = e->from >= 0 ? rank_of(p, e->from) : 0, last = e->to >= p->N ? n - 1 : rank_of(p, e->to), len = 0;
+    for (int r = first; r <= last; r++)
+      if (r == first || !p->direct || plan_reads_range(p, q, p->rbegin[r], p->rend[r])) route[len++] = r;
+    for (int i = 0; i + 1 < len; i++) {
+      int a = route[i], b = route[i + 1];
+      if (linked[(size_t)a * (size_t)n + (size_t)b]) continue;
+      linked[(size_t)a * (size_t)n + (size_t)b] = 1;
+      sc->dst[a][sc->ndst[a]++] = b, sc->src[b][sc->nsrc[b]++] = a;
     }
+  }
+  free(linked), free(route);
 }
 
 /* Values that flow between compute nodes (or from the loader, or to the loss). */

@@ -113,6 +113,7 @@ typedef struct Run {
   MPI_Request *tsreq_f, *trreq_f, *tsreq_g, *trreq_g;
   double *clock, t_exposed;
   int freeze_to;       /* a freeze event after this step: the layers frozen from now on (0: none) */
+  int in_val;          /* inside val_pass: forwards are the eval forward */
   double elapsed0;     /* wall seconds of the run before this program (a re-planned run goes on counting) */
   double *gnorm, *gprev; /* --freeze auto: per layer, this interval's summed gradient norms and the last interval's */
   DataSet val;         /* --val: the held-out set (on the ranks that read data) */
@@ -734,7 +735,7 @@ static double do_forward(Run *r, const PrAction *a) {
   wait_message(r, r->rreq + (size_t)a->slot * st->nrecv, st->nrecv, r->trreq_f + a->slot * r->nfsrc, r->tgot_f + a->slot * r->nfsrc, r->fsrc,
                r->nfsrc, "the forward values of a micro-batch");
   double t0 = now(), loss = 0;
-  st->forward(a->slot, a->xslot);
+  (r->in_val && st->forward_eval ? st->forward_eval : st->forward)(a->slot, a->xslot);
   if (st->loss) {
     int64_t *labels = (int64_t *)(st->arena + st->labels_offset);
     double t1 = now();
@@ -1569,18 +1570,15 @@ static void auto_freeze(Run *r) {
  * Between two steps of a synchronous schedule every ring is free, so each
  * rank runs, per held-out micro-batch, its RECV, F and SEND through ring
  * slot 0, with the held-out set in place of the training one (batches in
- * order, unshuffled; whole batches only).  The forward is the eval forward
- * too (the compiler says so: no training-mode BatchNorm, no Dropout).  The
- * last rank sums the loss and counts the rows whose largest logit is the
- * label. */
+ * order, unshuffled; whole batches only).  Each F is the stage's eval
+ * forward (forward_eval where the compiler emitted one: training-mode
+ * BatchNorm on its running statistics, Dropout off).  The last rank sums the
+ * loss and counts the rows whose largest logit is the label. */
 static void val_open(Run *r) {
   const PrStage *st = r->st;
   char msg[1024] = "";
   int ok = 1;
   if (st->staleness || st->role != PR_ROLE_BOTH) ok = 0, snprintf(msg, sizeof msg, "--val: async and pipefb programs do not validate yet");
-  else if (!st->eval_ok)
-    ok = 0, snprintf(msg, sizeof msg, "--val: stage %d's forward is not the eval forward (training-mode BatchNorm or Dropout); "
-                                      "pipecc does not emit an eval forward yet", st->stage);
   else if (needs_data(st)) {
     ok = data_open(&r->val, r->a.val, r->data.kind == DATA_TOKENS ? DATA_TOKENS : 0, msg, sizeof msg) == 0;
     if (ok && r->val.kind != r->data.kind) ok = 0, snprintf(msg, sizeof msg, "--val %s is not in the training data's format", r->a.val);
@@ -1606,12 +1604,14 @@ static void val_pass(Run *r, int64_t after) {
   DataSet train = r->data;
   int64_t step = r->step, *idx = r->idx;
   r->data = r->val;
+  r->in_val = 1;
   double loss = 0, hits = 0;
   for (int64_t v = 0; v < nb; v++) {
     r->step = v; /* the tags and the token loader's batch; nothing of training is in flight between steps */
     for (int i = 0; i < st->batch; i++) r->idx[i] = v * st->batch + i;
     for (int k = 0; k < st->microbatches; k++) {
-      PrAction a = {PR_RECV, k, 0, 0, -1, -1};
+      PrAction a = {PR_RECV, k, 0, 0, st->nxslots ? 0 : -1, -1}; /* between steps no transfer holds copy 0 of the leaving block */
+      r->cur = &a; /* the loader and the trace read the running action */
       do_recv(r, &a);
       a.kind = PR_F;
       double l = do_forward(r, &a);
@@ -1630,7 +1630,7 @@ static void val_pass(Run *r, int64_t after) {
       do_send(r, &a);
     }
   }
-  r->data = train, r->step = step, r->idx = idx;
+  r->data = train, r->step = step, r->idx = idx, r->in_val = 0;
   if (!st->loss || !nb) return;
   double rows = (double)nb * st->microbatches * st->loss_rows;
   loss /= rows;

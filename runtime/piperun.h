@@ -112,6 +112,7 @@ typedef struct PrStage {
   const PrParam *params;
   int nparams;
   void (*forward)(int slot, int xslot);
+  void (*forward_eval)(int slot, int xslot);  /* run.sh --val: the eval forward where it differs (training BatchNorm, Dropout); else NULL */
   void (*backward)(int slot, int xslot, int gslot);
   void (*backward_input)(int slot, int xslot, int gslot);  /* zb1: the I and W halves of backward; NULL otherwise */
   void (*backward_weight)(int slot, int xslot, int gslot);
@@ -120,7 +121,6 @@ typedef struct PrStage {
   int64_t loss_rows, loss_classes; /* per micro-batch */
   int64_t labels_offset;
   int64_t logits_offset, logits_bytes; /* last stage: the loss's logits (ring copy k at offset + k * bytes) */
-  int eval_ok;                 /* the forward is the eval forward too (no training-mode BatchNorm, no Dropout): run.sh --val */
   /* optimizer chosen at compile time; hyper-parameters can be overridden at run time */
   int optimizer;
   float lr, momentum, weight_decay, beta1, beta2, eps;

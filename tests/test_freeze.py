@@ -24,15 +24,18 @@ Models: LeNet (MNIST format, AdamW), the GPT (tokens, SGD) and the ResNet
 (CIFAR format, SGD at lr 0.002, 4 micro-batches each normalised with its own
 statistics as the reference does; frozen BatchNorm layers still normalise with
 batch statistics and move their running statistics, which are checked too).
-Its running statistics are held to 5e-3 relative to 1 + |value| (they sum every
-micro-batch's rounding; 2.9e-3 here with or without freezing); with one
-micro-batch of the whole batch of 16 they part from PyTorch's by 3e-2 even
-without freezing, which is not resolved here.
+Its running statistics are held to 1e-4 relative to 1 + |value|.  The reference starts from the file's
+running statistics, not a fresh module's zeros and ones: an export in training mode runs the model once.
+(From fresh ones it parted by 3e-2 with one micro-batch of 16, decaying with 0.9 per micro-batch.)
 
   /usr/bin/python3 tests/test_freeze.py [--quick] [--keep]
 
+run.sh --val against PyTorch's model in eval mode: LeNet, a Conv-BatchNorm-Dropout-Linear net exported
+in training mode (its eval forward: BatchNorm on running statistics, Dropout off) and the ResNet.
+
 --quick (what make test runs): LeNet (--freeze-at at n = 2 and 4, so --frozen re-plans too; a
-re-plan killed and resumed; --freeze auto against a PyTorch simulation of its rule), the refusals.  The whole suite: `make test-freeze`.
+re-plan killed and resumed; --freeze auto against a PyTorch simulation of its rule), --val on LeNet
+and the BatchNorm-Dropout net at n = 2, the refusals.  The whole suite: `make test-freeze`.
 PIPECC overrides the pipecc binary.  Ends with "N passed, M failed".
 """
 import argparse
@@ -107,7 +110,7 @@ def reference(build, onnx_path, data, opt_cfg, steps, nfrozen, at=0):
     om = onnx.load(onnx_path)
     torch.manual_seed(0)
     model = build() if callable(build) else build
-    mapping, _ = par.load_weights_from_onnx(model, om)
+    mapping, _ = load_state_from_onnx(model, om)
     layers = onnx_layers(om, mapping)
     frozen = sorted({w for _, ws in layers[:nfrozen] for w in ws})
     params = dict(model.named_parameters())
@@ -183,7 +186,7 @@ def model_case(tmp, env, name, build, path, data, B, M, opt_name, nfrozen, ns, t
         ok = ta.compare(tag, f"first {nfrozen} layers frozen: matches PyTorch with requires_grad=False",
                         (got_l, {k: v for k, v in got_w.items() if k not in stats}),
                         (want_l, want_w, None), tol[0], tol[1], noise_atol=ta.noise_bound(opt_name))
-        if stats:  # as test_parity_models: they sum every micro-batch's statistics' rounding; 1e-3 relative to 1 + |value|
+        if stats:  # they sum every micro-batch's statistics' rounding: relative to 1 + |value|
             err = max(float((np.abs(got_w[k] - v) / (1 + np.abs(v))).max()) for k, v in stats.items())
             result(err < tol[2], f"{tag}: BatchNorm running statistics (frozen layers' too) within {tol[2]:g} of PyTorch, relative to "
                    "1 + |value|", f"max {err:.2e}")
@@ -279,7 +282,7 @@ def auto_case(tmp, env, build, path, data, B, M, every=3, steps=12):
     om = onnx.load(path)
     torch.manual_seed(0)
     model = build()
-    mapping, _ = par.load_weights_from_onnx(model, om)
+    mapping, _ = load_state_from_onnx(model, om)
     layers = onnx_layers(om, mapping)
     first = {}
     for li, (_, ws) in enumerate(layers):
@@ -340,22 +343,32 @@ def auto_case(tmp, env, build, path, data, B, M, every=3, steps=12):
                (want_l, want_w, None), noise_atol=ta.noise_bound("sgd"))
 
 
-def val_case(tmp, env, build, path, data, B, M, ns, every=4, refusal=True):
+def load_state_from_onnx(model, om):
+    """The ONNX file's weights and its float buffers (BatchNorm's running statistics, by name: an export
+    in training mode runs the model once, so they are not a fresh module's zeros and ones)."""
+    mapping = par.load_weights_from_onnx(model, om)
+    inits = {t.name: numpy_helper.to_array(t) for t in om.graph.initializer}
+    with torch.no_grad():
+        for name, buf in model.named_buffers():
+            if name in inits and buf.dtype == torch.float32:
+                buf.copy_(torch.from_numpy(np.array(inits[name], dtype=np.float32)))
+    return mapping
+
+
+def val_case(tmp, env, name, build, path, data, val, B, M, ns, opt_cfg, steps=STEPS, every=4):
     """run.sh --val DIR --val-every K: the held-out set's loss (mean over its rows) and accuracy after
-    steps K, 2K, ... against PyTorch's model in eval mode on the same samples, in whole batches."""
-    vdir = os.path.join(tmp, "val")
-    vimgs, vlabels = par.make_dataset(3 * B + 5, seed=11)   # 3 whole batches; the 5 left over are not used
-    par.write_dataset(vdir, vimgs, vlabels)
-    vx = torch.from_numpy(vimgs.astype(np.float32) / np.float32(255.0)).reshape(-1, 1, 28, 28)[:3 * B]
-    vy = torch.from_numpy(vlabels.astype(np.int64))[:3 * B]
-    opt_cfg = ta.OPTS["sgd"]
+    steps K, 2K, ... against PyTorch's model in eval mode on the same samples, in whole batches.  The
+    reference trains on the same micro-batches in train mode (each normalised with its own statistics,
+    moving the running statistics in order, as the pipeline does); its eval mode is the eval forward
+    pipecc emits (BatchNorm on the running statistics, Dropout off).  val = (vdir, vx, vy)."""
+    vdir, vx, vy = val
     om = onnx.load(path)
     torch.manual_seed(0)
     model = build()
-    par.load_weights_from_onnx(model, om)
+    load_state_from_onnx(model, om)
     opt = ta.make_optimizer(list(model.parameters()), opt_cfg)
     want = {}
-    for t in range(STEPS):
+    for t in range(steps):
         model.train()
         opt.zero_grad(set_to_none=True)
         for x, y in data.batches(t):
@@ -367,41 +380,97 @@ def val_case(tmp, env, build, path, data, B, M, ns, every=4, refusal=True):
                 out = model(vx)
                 want[t + 1] = (F.cross_entropy(out, vy).item(), float((out.argmax(1) == vy).float().mean()))
     for n in ns:
-        tag = f"lenet-n{n} --val"
-        out, log = os.path.join(tmp, f"val{n}.pipe"), os.path.join(tmp, f"val{n}.csv")
+        tag = f"{name}-n{n} --val"
+        out, log = os.path.join(tmp, f"val-{name}{n}.pipe"), os.path.join(tmp, f"val-{name}{n}.csv")
         try:
             par.run_cmd("pipecc", [PIPECC, path, "-n", str(n), "--batch", str(B), "--microbatches", str(M), "--lr", repr(opt_cfg["lr"]),
                                    "--devices", DEVICES, "-o", out], env)
             par.run_cmd("make", ["make", "-s", "-j2", "-C", out], env)
-            par.run_cmd("run.sh", [os.path.join(out, "run.sh"), "--data", data.path, "--steps", str(STEPS), "--no-shuffle", "--quiet",
+            par.run_cmd("run.sh", [os.path.join(out, "run.sh"), "--data", data.path, "--steps", str(steps), "--no-shuffle", "--quiet",
                                    "--log", log, "--val", vdir, "--val-every", str(every)], env, cwd=tmp)
             with open(log + ".val.csv") as f:
                 rows = {int(r["step"]): (float(r["val_loss"]), float(r["val_accuracy"])) for r in csv.DictReader(f)}
+            evals = sum("forward_eval(" in open(os.path.join(out, f"stage_{k}.c")).read() for k in range(n))
         except (ta.StepFailed, OSError, KeyError, ValueError) as e:
             result(False, f"{tag}: run", str(e.args[0] if e.args else e))
             continue
-        nrows = 3 * B   # accuracy: the same count of rows right (PyTorch's mean is float32)
+        nrows = len(vy)   # accuracy: the same count of rows right (PyTorch's mean is float32)
         ok = rows.keys() == want.keys() and all(abs(rows[k][0] - want[k][0]) <= 1e-5 * abs(want[k][0]) and
                                                  round(rows[k][1] * nrows) == round(want[k][1] * nrows) for k in want)
-        result(ok, f"{tag}: the held-out loss (1e-5 relative) and accuracy (exactly) after steps {sorted(want)} match PyTorch in eval mode",
-               f"pipecc {rows}, PyTorch {want}")
-    # A model whose forward is not its eval forward (training-mode BatchNorm) is refused, naming the flag
-    # (the whole suite: it builds a ResNet).
-    if not refusal:
+        result(ok, f"{tag}: the held-out loss (1e-5 relative) and accuracy (exactly) after steps {sorted(want)} match PyTorch in eval mode"
+                   f" ({evals} stage(s) with an eval forward)", f"pipecc {rows}, PyTorch {want}")
+
+
+def val_offload_case(tmp, env, path, data, B, M):
+    """--val under the memory plan (the leanest --mem-limit, file offload): the held-out pass receives and
+    computes its offloaded values in copy 0 of the leaving block, and prints what the plain plan prints."""
+    tag, base = "lenet-n2 --val --offload file", os.path.join(tmp, "val-lenet2.csv.val.csv")
+    out, log, off = (os.path.join(tmp, f"valoff.{x}") for x in ("pipe", "csv", "dir"))
+    os.makedirs(off, exist_ok=True)
+    common = [PIPECC, path, "-n", "2", "--batch", str(B), "--microbatches", str(M), "--lr", repr(ta.OPTS["sgd"]["lr"]), "--devices", DEVICES,
+              "--offload", f"file:{off}", "--recompute", "none"]
+    r = subprocess.run(common + ["--mem-limit", "1K", "-o", out], capture_output=True, text=True, env=env)
+    import re
+    m = re.search(r"at least (\d+)K", r.stderr)
+    if not m or not os.path.exists(base):
+        result(False, f"{tag}: setup", r.stderr.strip()[-300:] or "no plain --val run to compare with")
         return
-    resnet = os.path.join(ROOT, "onnx_models", "resnet.onnx")
-    out = os.path.join(tmp, "valr.pipe")
     try:
-        par.run_cmd("pipecc", [PIPECC, resnet, "-n", "2", "--batch", "8", "--microbatches", "2", "-o", out], env)
+        par.run_cmd("pipecc", common + ["--mem-limit", m.group(1) + "K", "-o", out], env)
         par.run_cmd("make", ["make", "-s", "-j2", "-C", out], env)
-        cifar = os.path.join(tmp, "valcifar")
-        subprocess.run([DATAGEN, "cifar", cifar, "--n", "64"], check=True, capture_output=True)
-        r = subprocess.run([os.path.join(out, "run.sh"), "--data", cifar, "--steps", "1", "--val", cifar], capture_output=True, text=True,
-                           env=env, cwd=tmp, timeout=300)
-        result(r.returncode != 0 and "--val" in r.stderr and "eval forward" in r.stderr,
-               "--val on the ResNet (training-mode BatchNorm) is refused, naming --val", r.stderr.strip()[-200:])
-    except ta.StepFailed as e:
-        result(False, "--val refusal: setup", e.args[0])
+        offloads = "XSLOT_BASE" in open(os.path.join(out, "stage_0.c")).read()
+        par.run_cmd("run.sh", [os.path.join(out, "run.sh"), "--data", data.path, "--steps", str(STEPS), "--no-shuffle", "--quiet",
+                               "--log", log, "--val", os.path.join(tmp, "val"), "--val-every", "4"], env, cwd=tmp)
+        got, want = open(log + ".val.csv").read(), open(base).read()
+    except (ta.StepFailed, OSError) as e:
+        result(False, f"{tag}: run", str(e.args[0] if e.args else e))
+        return
+    result(offloads and got == want, f"{tag} (--mem-limit {m.group(1)}K, stage 0 offloads: {offloads}): the same held-out loss and "
+                                     "accuracy as the plain plan, bit for bit", f"{got!r} vs {want!r}")
+
+
+def mnist_val(tmp, B):
+    """A held-out set in MNIST format: 3 whole batches (and 5 samples left over, not used)."""
+    vdir = os.path.join(tmp, "val")
+    vimgs, vlabels = par.make_dataset(3 * B + 5, seed=11)
+    par.write_dataset(vdir, vimgs, vlabels)
+    vx = torch.from_numpy(vimgs.astype(np.float32) / np.float32(255.0)).reshape(-1, 1, 28, 28)[:3 * B]
+    return vdir, vx, torch.from_numpy(vlabels.astype(np.int64))[:3 * B]
+
+
+def cifar_val(tmp, B):
+    """A held-out set in CIFAR-10 format (another seed than the training set's): 2 whole batches."""
+    vdir = os.path.join(tmp, "valcifar")
+    subprocess.run([DATAGEN, "cifar", vdir, "--n", str(2 * B), "--seed", "17"], check=True, capture_output=True)
+    pm = load_module("test_parity_models", os.path.join("tests", "test_parity_models.py"))
+    x, y = pm.read_cifar(vdir, 2 * B)
+    return vdir, torch.from_numpy(np.asarray(x, dtype=np.float32)), torch.from_numpy(np.asarray(y, dtype=np.int64))
+
+
+class BnDropNet(torch.nn.Module):
+    """Both ops whose eval forward differs: a training-mode BatchNorm and a Dropout (exported in training mode)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 4, 3, stride=2)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.drop = torch.nn.Dropout(0.3)
+        self.fc = torch.nn.Linear(4 * 13 * 13, 10)
+
+    def forward(self, x):
+        return self.fc(self.drop(torch.flatten(torch.relu(self.bn(self.conv(x))), 1)))
+
+
+def bndrop_val_case(tmp, env, data, B, M, ns):
+    """--val on BnDropNet at lr 0: training moves only the running statistics (Dropout's masks, which
+    PyTorch draws otherwise, then change nothing), and the held-out pass must use them and drop nothing."""
+    path = os.path.join(tmp, "bndrop.onnx")
+    torch.manual_seed(5)
+    m = BnDropNet()
+    torch.onnx.export(m, (torch.randn(2, 1, 28, 28),), path, opset_version=13, do_constant_folding=False,
+                      training=torch.onnx.TrainingMode.TRAINING, input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+    val_case(tmp, env, "bndrop", BnDropNet, path, data, mnist_val(tmp, B), B, M, ns, dict(optimizer="sgd", lr=0.0), steps=2, every=1)
 
 
 def killed_replan_case(tmp, env, path, data, B, M, want):
@@ -490,9 +559,14 @@ def main():
             cifar = CifarData(tmp, 32, 4, STEPS)
             ta.OPTS["sgd_small"] = dict(optimizer="sgd", lr=0.002)
             model_case(tmp, env, "resnet", ex.SmallResNet, os.path.join(ROOT, "onnx_models", "resnet.onnx"), cifar, 32, 4, "sgd_small", 4,
-                       (2, 4), tol=(ta.LOSS_RTOL, ta.WEIGHT_ATOL, 5e-3))
-        val_case(tmp, env, ex.LeNet5, os.path.join(ROOT, "onnx_models", "lenet.onnx"), images, 32, 4, (2,) if args.quick else (2, 4),
-                 refusal=not args.quick)
+                       (2, 4), tol=(ta.LOSS_RTOL, ta.WEIGHT_ATOL, 1e-4))
+        val_case(tmp, env, "lenet", ex.LeNet5, os.path.join(ROOT, "onnx_models", "lenet.onnx"), images, mnist_val(tmp, 32), 32, 4,
+                 (2,) if args.quick else (2, 4), ta.OPTS["sgd"])
+        val_offload_case(tmp, env, os.path.join(ROOT, "onnx_models", "lenet.onnx"), images, 32, 4)
+        bndrop_val_case(tmp, env, images, 32, 4, (2,) if args.quick else (2, 4))
+        if not args.quick:
+            val_case(tmp, env, "resnet", ex.SmallResNet, os.path.join(ROOT, "onnx_models", "resnet.onnx"), cifar, cifar_val(tmp, 32), 32, 4,
+                     (2, 4), ta.OPTS["sgd_small"])
         refusals(tmp, env)
     except Exception as e:  # noqa: BLE001
         import traceback
