@@ -653,6 +653,8 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
   }
   /* Which stage holds which initializer, for --save. */
   Buf man = {0};
+  char *strip = calloc((size_t)p->g.nt + 1, 1); /* the initializers weights/ holds: model.onnx keeps no copy */
+  if (!strip) abort();
   buf_printf(&man, "# stage byte_offset float_count initializer (%%XX for a space, '%%', or a byte outside ASCII 0x21..0x7e)\n");
   for (int s = 0; s < n; s++)
     for (int i = 0; i < progs[s].nbufs; i++) {
@@ -662,6 +664,7 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
       if (b->kind == BUF_PARAM && t->is_initializer && t->dtype == DT_FLOAT && p->role[s] != ROLE_BWD)
       {
         buf_printf(&man, "%d %lld %lld ", s, (long long)b->offset, (long long)(b->bytes / 4));
+        strip[b->tensor] = 1;
         for (const unsigned char *c = (const unsigned char *)t->name; *c; c++)
           buf_printf(&man, *c <= 0x20 || *c >= 0x7f || *c == '%' ? "%%%02X" : "%c", *c);
         buf_printf(&man, "\n");
@@ -669,17 +672,17 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
     }
   int rc0 = outdir_write(d, "weights/manifest.txt", man.s, man.len);
   buf_free(&man);
-  if (rc0) return -1;
-  if (p->g.nuntied) { /* --untie: the model with its copies, so that --save writes each one back */
-    uint8_t *bytes;
-    size_t len;
-    if (onnx_pack_untied(&p->g, &bytes, &len)) return -1;
-    int rc = outdir_write(d, "model.onnx", (const char *)bytes, len);
-    free(bytes);
-    if (rc) return -1;
-  } else if (outdir_copy(d, "model.onnx", p->g.path)) {
-    return -1;
-  }
+  if (rc0) return free(strip), -1;
+  /* model.onnx: the graph --save writes the trained model from (with --untie's copies, so that it
+   * writes each one back), without the data of what weights/ holds: the weights are on disk once. */
+  uint8_t *bytes;
+  size_t blen;
+  int prc = onnx_pack_model(&p->g, strip, &bytes, &blen);
+  free(strip);
+  if (prc) return -1;
+  int wrc = outdir_write(d, "model.onnx", (const char *)bytes, blen);
+  free(bytes);
+  if (wrc) return -1;
   char rbuf[PATH_MAX + 16], rel[PATH_MAX];
   const char *rt = runtime_dir(rbuf, sizeof rbuf);
   /* The final directory does not exist yet: resolve against its parent. */

@@ -424,12 +424,37 @@ int onnx_load_file(const char *path, Graph *g) {
   return rc;
 }
 
-/* The model with --untie's copies (g->untied): each a new float initializer
- * holding the original's initial value, read by its node instead of the
- * original.  The unpacked model is edited for the packing and restored after,
- * so the graph's data (which points into it) is untouched.  Returns the bytes
- * (malloc'd) in *out; -1 with err_set if g has no model. */
-int onnx_pack_untied(const Graph *g, uint8_t **out, size_t *len) {
+/* What a stripped initializer held, to put back after packing. */
+typedef struct Held {
+  Onnx__TensorProto *tp;
+  ProtobufCBinaryData raw;
+  protobuf_c_boolean has_raw, has_loc;
+  int loc;
+  size_t nfloat, next;
+  float *floats;
+  Onnx__StringStringEntryProto **ext;
+} Held;
+
+static void strip_data(Onnx__TensorProto *tp, Held *h) {
+  *h = (Held){tp, tp->raw_data, tp->has_raw_data, tp->has_data_location, tp->data_location, tp->n_float_data, tp->n_external_data,
+              tp->float_data, tp->external_data};
+  tp->raw_data = (ProtobufCBinaryData){0, NULL}, tp->has_raw_data = 0;
+  tp->has_data_location = 0, tp->n_float_data = 0, tp->float_data = NULL, tp->n_external_data = 0, tp->external_data = NULL;
+}
+
+static void restore_data(const Held *h) {
+  Onnx__TensorProto *tp = h->tp;
+  tp->raw_data = h->raw, tp->has_raw_data = h->has_raw, tp->has_data_location = h->has_loc, tp->data_location = h->loc;
+  tp->n_float_data = h->nfloat, tp->float_data = h->floats, tp->n_external_data = h->next, tp->external_data = h->ext;
+}
+
+/* The model as the generated directory keeps it: with --untie's copies (g->untied), each a new float
+ * initializer holding the original's initial value, read by its node instead of the original; and
+ * without the data of the initializers strip[t] marks (the weights the stages hold: --save writes
+ * them back from the stages, so they are on disk once, in weights/).  The unpacked model is edited
+ * for the packing and restored after, so the graph's data (which points into it) is untouched.
+ * Returns the bytes (malloc'd) in *out; -1 with err_set if g has no model. */
+int onnx_pack_model(const Graph *g, const char *strip, uint8_t **out, size_t *len) {
   Onnx__ModelProto *m = g->proto;
   if (!m || !m->graph) return err_set("internal error: no model to write");
   Onnx__GraphProto *gp = m->graph;
@@ -453,7 +478,8 @@ int onnx_pack_untied(const Graph *g, uint8_t **out, size_t *len) {
     tp[u].data_type = c->dtype, tp[u].has_data_type = 1;
     for (int i = 0; i < c->rank; i++) dims[u * MAX_RANK + i] = c->dims[i];
     tp[u].n_dims = (size_t)c->rank, tp[u].dims = &dims[u * MAX_RANK];
-    tp[u].has_raw_data = 1, tp[u].raw_data.len = (size_t)tensor_bytes(c), tp[u].raw_data.data = c->data;
+    if (!strip || !strip[g->untied[u].copy])
+      tp[u].has_raw_data = 1, tp[u].raw_data.len = (size_t)tensor_bytes(c), tp[u].raw_data.data = c->data;
     inits[gp->n_initializer + (size_t)u] = &tp[u];
     /* The node reads the copy: a new input array, the old one kept to restore. */
     Onnx__NodeProto *np = gp->node[g->untied[u].node];
@@ -464,6 +490,13 @@ int onnx_pack_untied(const Graph *g, uint8_t **out, size_t *len) {
     saved[u] = np->input;
     np->input = in;
   }
+  Held *held = calloc(gp->n_initializer + 1, sizeof *held);
+  if (!held) abort();
+  size_t nheld = 0;
+  for (size_t i = 0; strip && i < gp->n_initializer; i++) {
+    int t = gp->initializer[i]->name ? ir_find_tensor(g, gp->initializer[i]->name) : -1;
+    if (t >= 0 && strip[t]) strip_data(gp->initializer[i], &held[nheld++]);
+  }
   Onnx__TensorProto **old = gp->initializer;
   size_t nold = gp->n_initializer;
   gp->initializer = inits, gp->n_initializer = nold + (size_t)nu;
@@ -472,6 +505,8 @@ int onnx_pack_untied(const Graph *g, uint8_t **out, size_t *len) {
   if (!*out) abort();
   onnx__model_proto__pack(m, *out);
   gp->initializer = old, gp->n_initializer = nold;
+  while (nheld) restore_data(&held[--nheld]);
+  free(held);
   for (int u = nu - 1; u >= 0; u--) { /* a node untied twice is restored in reverse */
     Onnx__NodeProto *np = gp->node[g->untied[u].node];
     free(np->input);

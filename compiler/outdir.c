@@ -322,26 +322,6 @@ int outdir_write(OutDir *d, const char *name, const char *data, size_t len) {
   return 0;
 }
 
-int outdir_copy(OutDir *d, const char *name, const char *src) {
-  FILE *f = fopen(src, "rb");
-  if (!f) return err_set("cannot read %s: %s", src, strerror(errno));
-  char path[8192];
-  snprintf(path, sizeof path, "%s/%s", d->tmp, name);
-  FILE *o = fopen(path, "wb");
-  if (!o) {
-    fclose(f);
-    return write_failed("write", path);
-  }
-  char buf[1 << 16];
-  size_t n;
-  int ok = 1;
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) ok &= fwrite(buf, 1, n, o) == n;
-  ok &= !ferror(f);
-  fclose(f);
-  ok &= fclose(o) == 0;
-  return ok ? 0 : g_signalled ? write_failed("write", path) : err_set("cannot copy %s to %s", src, path);
-}
-
 int outdir_chmod(OutDir *d, const char *name, int mode) {
   char path[8192];
   snprintf(path, sizeof path, "%s/%s", d->tmp, name);

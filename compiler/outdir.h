@@ -11,7 +11,6 @@ typedef struct OutDir {
 
 int outdir_begin(OutDir *d, const char *path);
 int outdir_write(OutDir *d, const char *name, const char *data, size_t len);
-int outdir_copy(OutDir *d, const char *name, const char *src);
 int outdir_chmod(OutDir *d, const char *name, int mode);
 int outdir_commit(OutDir *d);
 void outdir_abort(OutDir *d);

@@ -123,6 +123,8 @@ static int find_plain(char *out, size_t n, const char *dir, const char *name) {
 
 static const char *const IMG_NAMES[] = {"train-images-idx3-ubyte", "train-images.idx3-ubyte"};
 static const char *const LBL_NAMES[] = {"train-labels-idx1-ubyte", "train-labels.idx1-ubyte"};
+static const char *const TEST_IMG_NAMES[] = {"t10k-images-idx3-ubyte", "t10k-images.idx3-ubyte"};
+static const char *const TEST_LBL_NAMES[] = {"t10k-labels-idx1-ubyte", "t10k-labels.idx1-ubyte"};
 
 /* 1 found (out = the path), 2 only a .gz copy (out = the .gz-less path), 0 none (out = names[0]). */
 static int find_any(char *out, size_t n, const char *dir, const char *const names[2]) {
@@ -145,18 +147,20 @@ static int idx_header(const Mapped *m, const char *path, int ndims, uint32_t *di
   return 0;
 }
 
-static int open_mnist(DataSet *d, const char *dir, char *err, size_t errlen) {
+/* test: the t10k files (a held-out set), else the training files. */
+static int open_mnist(DataSet *d, const char *dir, int test, char *err, size_t errlen) {
   struct DataPriv *pv = d->priv;
   char ipath[4096], lpath[4096];
-  int ri = find_any(ipath, sizeof ipath, dir, IMG_NAMES), rl = find_any(lpath, sizeof lpath, dir, LBL_NAMES);
+  int ri = find_any(ipath, sizeof ipath, dir, test ? TEST_IMG_NAMES : IMG_NAMES);
+  int rl = find_any(lpath, sizeof lpath, dir, test ? TEST_LBL_NAMES : LBL_NAMES);
   if (ri != 1)
     return fail(err, errlen, ri == 2 ? "data %s: only the compressed %s.gz is there; gunzip it (the loader reads uncompressed IDX files)"
                                      : "data %s: missing file (MNIST needs train-images-idx3-ubyte and train-labels-idx1-ubyte)%s",
                 ipath, ri == 2 ? ipath : "");
   if (rl != 1)
     return fail(err, errlen, rl == 2 ? "data %s: only the compressed %s.gz is there; gunzip it (the loader reads uncompressed IDX files)"
-                                     : "data %s: missing file (MNIST needs train-labels-idx1-ubyte next to %s)",
-                lpath, rl == 2 ? lpath : ipath);
+                                     : "data %s: missing file (MNIST needs %s next to %s)",
+                lpath, rl == 2 ? lpath : test ? TEST_LBL_NAMES[0] : LBL_NAMES[0], rl == 2 ? "" : ipath);
   snprintf(pv->labels_file, sizeof pv->labels_file, "%s", lpath);
   if (map_file(ipath, &pv->maps[0], err, errlen) || map_file(lpath, &pv->maps[1], err, errlen)) return -1;
   uint32_t id[3], ld[1];
@@ -204,10 +208,18 @@ static int cifar_present(const char *dir, int *which, int *ngz) {
   return n;
 }
 
-static int open_cifar(DataSet *d, const char *dir, char *err, size_t errlen) {
+/* CIFAR-10's file of batch b: data_batch_<b>.bin, or test_batch.bin for b = 0. */
+static void cifar_name(char *name, size_t n, int b) {
+  if (b) snprintf(name, n, "data_batch_%d.bin", b);
+  else snprintf(name, n, "test_batch.bin");
+}
+
+/* test: test_batch.bin alone (a held-out set), else the training batches. */
+static int open_cifar(DataSet *d, const char *dir, int test, char *err, size_t errlen) {
   struct DataPriv *pv = d->priv;
-  int which[CIFAR_MAX_BATCHES], ngz;
-  int nb = cifar_present(dir, which, &ngz);
+  int which[CIFAR_MAX_BATCHES], ngz = 0, nb = 1;
+  if (test) which[0] = 0;
+  else nb = cifar_present(dir, which, &ngz);
   if (nb == 0) {
     char p[4096];
     join(p, sizeof p, dir, "data_batch_1.bin");
@@ -219,7 +231,7 @@ static int open_cifar(DataSet *d, const char *dir, char *err, size_t errlen) {
   char paths[CIFAR_MAX_BATCHES][4096];
   for (int i = 0; i < nb; i++) {
     char name[32];
-    snprintf(name, sizeof name, "data_batch_%d.bin", which[i]);
+    cifar_name(name, sizeof name, which[i]);
     join(paths[i], sizeof paths[i], dir, name);
     struct stat st;
     if (stat(paths[i], &st) != 0) return fail(err, errlen, "data %s: cannot stat: %s", paths[i], strerror(errno));
@@ -317,6 +329,8 @@ int data_open(DataSet *d, const char *path, int kind_hint, char *err, size_t err
   memset(d, 0, sizeof *d);
   if (err && errlen) err[0] = 0;
   if (!path || !*path) return fail(err, errlen, "data: no path given");
+  int held_out = (kind_hint & DATA_HELD_OUT) != 0;
+  kind_hint &= ~DATA_HELD_OUT;
   if (kind_hint < 0 || kind_hint > DATA_TOKENS) return fail(err, errlen, "data %s: unknown data kind %d", path, kind_hint);
   d->priv = calloc(1, sizeof *d->priv);
   if (!d->priv) return fail(err, errlen, "data %s: out of memory", path);
@@ -328,17 +342,20 @@ int data_open(DataSet *d, const char *path, int kind_hint, char *err, size_t err
   } else if (S_ISDIR(st.st_mode)) {
     if (kind_hint == DATA_TOKENS) {
       rc = fail(err, errlen, "data %s: a directory, but token data is one file of uint16 tokens", path);
-    } else if (kind_hint == DATA_MNIST) {
-      rc = open_mnist(d, path, err, errlen);
-    } else if (kind_hint == DATA_CIFAR10) {
-      rc = open_cifar(d, path, err, errlen);
     } else {
       char p[4096];
       int which[CIFAR_MAX_BATCHES], ngz;
-      if (find_any(p, sizeof p, path, IMG_NAMES) || find_any(p, sizeof p, path, LBL_NAMES))
-        rc = open_mnist(d, path, err, errlen);
+      /* A held-out set: the directory's test files where it has them. */
+      int tm = held_out && kind_hint != DATA_CIFAR10 && find_any(p, sizeof p, path, TEST_IMG_NAMES) == 1;
+      int tc = held_out && kind_hint != DATA_MNIST && find_plain(p, sizeof p, path, "test_batch.bin") == 1;
+      if (kind_hint == DATA_MNIST || tm)
+        rc = open_mnist(d, path, tm, err, errlen);
+      else if (kind_hint == DATA_CIFAR10 || tc)
+        rc = open_cifar(d, path, tc, err, errlen);
+      else if (find_any(p, sizeof p, path, IMG_NAMES) || find_any(p, sizeof p, path, LBL_NAMES))
+        rc = open_mnist(d, path, 0, err, errlen);
       else if (cifar_present(path, which, &ngz) || ngz)
-        rc = open_cifar(d, path, err, errlen);
+        rc = open_cifar(d, path, 0, err, errlen);
       else
         rc = fail(err, errlen,
                   "data %s: no training data here (MNIST: train-images-idx3-ubyte + train-labels-idx1-ubyte; CIFAR-10: data_batch_1.bin .. "
@@ -404,7 +421,7 @@ int data_check_images(const DataSet *d, int c, int h, int w, int nclasses, char 
     int b = 0;
     while (b + 1 < pv->nbatch && i >= pv->batch_first[b + 1]) b++;
     char p[4096], name[32];
-    snprintf(name, sizeof name, "data_batch_%d.bin", pv->batch_no[b]);
+    cifar_name(name, sizeof name, pv->batch_no[b]);
     join(p, sizeof p, pv->path, name);
     return fail(err, errlen, "data %s: label %d at record %lld (sample %lld) is out of range for a model with %d classes", p, d->labels[i],
                 (long long)(i - pv->batch_first[b]), (long long)i, nclasses);

@@ -14,6 +14,10 @@
 #include <stdint.h>
 
 enum { DATA_MNIST = 1, DATA_CIFAR10 = 2, DATA_TOKENS = 3 };
+/* Or'ed into data_open's kind_hint: a held-out set (run.sh --val).  A directory's test files are read
+ * when it has them (MNIST t10k-images-idx3-ubyte + t10k-labels-idx1-ubyte, CIFAR-10 test_batch.bin),
+ * else its training files, as a real data set's directory and a held-out set of its own both work. */
+enum { DATA_HELD_OUT = 16 };
 
 struct DataPriv; /* data.c: mappings, file names, the cached permutation */
 
@@ -37,7 +41,7 @@ typedef struct DataSet {
  *   or a file of uint16 tokens: llm.c's format (256 int32 little-endian header: magic 20240520,
  *     version 1, header[2] = token count, then the tokens) when it starts with that magic,
  *     else raw little-endian uint16.
- * kind_hint: 0 detects from what is there; DATA_* insists on that kind.
+ * kind_hint: 0 detects from what is there; DATA_* insists on that kind; | DATA_HELD_OUT prefers test files.
  * Returns 0, or -1 with a one-line message in err naming the file and the problem; *d is then
  * zeroed (data_close on it is harmless). */
 int data_open(DataSet *d, const char *path, int kind_hint, char *err, size_t errlen);

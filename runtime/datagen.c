@@ -1,13 +1,19 @@
 /* datagen.c - piperun-data: small synthetic training sets that a model can actually learn, in
  * the real formats, so that pipecc's training runs (and their tests) need no downloads.
  *
- *   piperun-data mnist  DIR  [--n 6000]   [--seed 1]
+ *   piperun-data mnist  DIR  [--n 6000]   [--seed 1] [--noise 0.1]
  *       DIR/train-images-idx3-ubyte + DIR/train-labels-idx1-ubyte (IDX, big-endian headers).
  *       10 classes; class k is a fixed template of three random blobs (disks of radius 4..6 drawn
  *       from the seed, redrawn while its cosine similarity to an earlier class exceeds 0.5), each sample that template shifted by up to 2 pixels, at a random
  *       brightness 0.7..1, plus per-pixel noise (sd 0.1).  LeNet-5 from PyTorch's default init
  *       goes from loss 2.3 to below 0.05 in 150 plain SGD steps (lr 0.05, batch 64).
- *   piperun-data cifar  DIR  [--n 5000]   [--seed 1]
+ *       --noise SD sets the per-pixel noise (0..4; 0.1 by default): at 0.6 and above a class is
+ *       no longer plain to see in one sample, and models take thousands of steps to learn it
+ *       (the freezing bench uses it, where the default set is learnt too fast to measure).
+ *       --test writes the held-out files instead (t10k-images-idx3-ubyte + t10k-labels-idx1-ubyte,
+ *       or CIFAR-10's test_batch.bin; default n 1000): the same classes as the training set of that
+ *       seed, other samples.  run.sh --val DIR reads them.
+ *   piperun-data cifar  DIR  [--n 5000]   [--seed 1] [--noise 0.1]
  *       DIR/data_batch_1.bin (CIFAR-10 binary: per record 1 label byte + 3x32x32 pixels, CHW).
  *       The same idea with a per-class colour on a noisy random-coloured background.
  *   piperun-data tokens FILE [--n 200000] [--vocab 64] [--seed 1] [--llmc]
@@ -32,8 +38,8 @@
 #include "data.h"
 
 static const char *USAGE =
-    "usage: piperun-data mnist  DIR  [--n N] [--seed S]   (default n 6000)\n"
-    "       piperun-data cifar  DIR  [--n N] [--seed S]   (default n 5000)\n"
+    "usage: piperun-data mnist  DIR  [--n N] [--seed S] [--noise SD] [--test]   (default n 6000, noise 0.1)\n"
+    "       piperun-data cifar  DIR  [--n N] [--seed S] [--noise SD] [--test]   (default n 5000, noise 0.1)\n"
     "       piperun-data tokens FILE [--n N] [--vocab V] [--seed S] [--llmc]   (default n 200000, vocab 64)\n"
     "writes a learnable synthetic data set in the MNIST IDX, CIFAR-10 binary or uint16 token format\n";
 
@@ -147,6 +153,7 @@ static void make_template(float *t, int side, Rng *r) {
 
 /* One sample of class k: template shifted by (dx, dy) in [-2, 2], brightness, noise; into
    out[plane * h * w] for each of the nc channels (colour per channel). */
+static double g_noise_sd = 0.1; /* --noise */
 static void render(const float *tmpl, int h, int w, int nc, const double *colour, const double *bg, Rng *r, unsigned char *out) {
   int dx = below(r, 5) - 2, dy = below(r, 5) - 2;
   double bright = 0.7 + 0.3 * unif(r);
@@ -155,13 +162,15 @@ static void render(const float *tmpl, int h, int w, int nc, const double *colour
       for (int x = 0; x < w; x++) {
         int sy = y - dy, sx = x - dx;
         double t = sy >= 0 && sy < h && sx >= 0 && sx < w ? tmpl[sy * w + sx] : 0.0;
-        double v = bg[ch] * (1 - t) + colour[ch] * bright * t + 0.2 * noise(r);
+        double v = bg[ch] * (1 - t) + colour[ch] * bright * t + 2 * g_noise_sd * noise(r);
         v = v < 0 ? 0 : v > 1 ? 1 : v;
         out[(size_t)ch * h * w + (size_t)y * w + x] = (unsigned char)lrint(v * 255.0);
       }
 }
 
-static void gen_images(const char *dir, int64_t n, uint64_t seed, int cifar) {
+/* test: the held-out files (MNIST t10k-*, CIFAR-10 test_batch.bin): the same classes (templates and
+ * colours come from the seed), other samples (a random stream of their own). */
+static void gen_images(const char *dir, int64_t n, uint64_t seed, int cifar, int test) {
   int nc = cifar ? 3 : 1, h = cifar ? 32 : 28, w = h;
   size_t chw = (size_t)nc * h * w;
   static float tmpl[10][MAXS * MAXS];
@@ -187,13 +196,13 @@ static void gen_images(const char *dir, int64_t n, uint64_t seed, int cifar) {
   ensure_dir(dir);
   unsigned char *img = malloc(chw);
   if (!img) exit(1);
-  Rng sr = rng_new(seed, 2);
+  Rng sr = rng_new(seed, test ? 3 : 2);
   char p[4096];
   if (!cifar) {
     Out o[2];
-    snprintf(p, sizeof p, "%s/train-images-idx3-ubyte", dir);
+    snprintf(p, sizeof p, "%s/%s-images-idx3-ubyte", dir, test ? "t10k" : "train");
     out_open(&o[0], p);
-    snprintf(p, sizeof p, "%s/train-labels-idx1-ubyte", dir);
+    snprintf(p, sizeof p, "%s/%s-labels-idx1-ubyte", dir, test ? "t10k" : "train");
     out_open(&o[1], p);
     put_be32(o[0].f, 0x803), put_be32(o[0].f, (uint32_t)n), put_be32(o[0].f, 28), put_be32(o[0].f, 28);
     put_be32(o[1].f, 0x801), put_be32(o[1].f, (uint32_t)n);
@@ -213,7 +222,7 @@ static void gen_images(const char *dir, int64_t n, uint64_t seed, int cifar) {
     }
   } else {
     Out o;
-    snprintf(p, sizeof p, "%s/data_batch_1.bin", dir);
+    snprintf(p, sizeof p, "%s/%s.bin", dir, test ? "test_batch" : "data_batch_1");
     out_open(&o, p);
     for (int64_t i = 0; i < n; i++) {
       int k = below(&sr, 10);
@@ -295,22 +304,33 @@ int main(int argc, char **argv) {
   if (argc < 3 || argv[2][0] == '-') usage(kind == DATA_TOKENS ? "no output FILE given" : "no output DIR given");
   const char *path = argv[2];
   int64_t n = kind == DATA_MNIST ? 6000 : kind == DATA_CIFAR10 ? 5000 : 200000;
-  int vocab = 64, llmc = 0;
+  int vocab = 64, llmc = 0, test = 0, have_n = 0;
   uint64_t seed = 1;
   for (int i = 3; i < argc; i++) {
     const char *f = argv[i];
     int more = i + 1 < argc;
     if (!strcmp(f, "--n") && more)
-      n = parse_int(f, argv[++i], 1, kind == DATA_TOKENS ? INT32_MAX : 1000000);
+      n = parse_int(f, argv[++i], 1, kind == DATA_TOKENS ? INT32_MAX : 1000000), have_n = 1;
+    else if (!strcmp(f, "--test") && kind != DATA_TOKENS)
+      test = 1;
     else if (!strcmp(f, "--seed") && more)
       seed = (uint64_t)parse_int(f, argv[++i], 0, INT64_MAX);
     else if (!strcmp(f, "--vocab") && more && kind == DATA_TOKENS)
       vocab = (int)parse_int(f, argv[++i], 2, 65536);
-    else if (!strcmp(f, "--llmc") && kind == DATA_TOKENS)
+    else if (!strcmp(f, "--noise") && more && kind != DATA_TOKENS) {
+      char *end;
+      const char *v = argv[++i];
+      g_noise_sd = strtod(v, &end);
+      if (!*v || *end || !(g_noise_sd >= 0 && g_noise_sd <= 4)) {
+        char msg[256];
+        snprintf(msg, sizeof msg, "--noise wants a number in [0, 4], got '%s'", v);
+        usage(msg);
+      }
+    } else if (!strcmp(f, "--llmc") && kind == DATA_TOKENS)
       llmc = 1;
     else {
       char msg[256];
-      snprintf(msg, sizeof msg, "%s '%s' for %s", (!strcmp(f, "--n") || !strcmp(f, "--seed") || !strcmp(f, "--vocab")) && !more
+      snprintf(msg, sizeof msg, "%s '%s' for %s", (!strcmp(f, "--n") || !strcmp(f, "--seed") || !strcmp(f, "--vocab") || !strcmp(f, "--noise")) && !more
                                                      ? "missing value after" : "unknown argument", f, what);
       usage(msg);
     }
@@ -318,6 +338,6 @@ int main(int argc, char **argv) {
   if (kind == DATA_TOKENS)
     gen_tokens(path, n, vocab, seed, llmc);
   else
-    gen_images(path, n, seed, kind == DATA_CIFAR10);
+    gen_images(path, test && !have_n ? 1000 : n, seed, kind == DATA_CIFAR10, test);
   return 0;
 }

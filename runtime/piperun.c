@@ -1580,7 +1580,7 @@ static void val_open(Run *r) {
   int ok = 1;
   if (st->staleness || st->role != PR_ROLE_BOTH) ok = 0, snprintf(msg, sizeof msg, "--val: async and pipefb programs do not validate yet");
   else if (needs_data(st)) {
-    ok = data_open(&r->val, r->a.val, r->data.kind == DATA_TOKENS ? DATA_TOKENS : 0, msg, sizeof msg) == 0;
+    ok = data_open(&r->val, r->a.val, (r->data.kind == DATA_TOKENS ? DATA_TOKENS : 0) | DATA_HELD_OUT, msg, sizeof msg) == 0;
     if (ok && r->val.kind != r->data.kind) ok = 0, snprintf(msg, sizeof msg, "--val %s is not in the training data's format", r->a.val);
     if (ok && r->val.kind != DATA_TOKENS && (r->val.c != r->data.c || r->val.h != r->data.h || r->val.w != r->data.w))
       ok = 0, snprintf(msg, sizeof msg, "--val %s: images of %dx%dx%d, the training data's are %dx%dx%d", r->a.val, r->val.c, r->val.h,

@@ -1,10 +1,11 @@
 /* save_onnx.c - writing the trained model back as ONNX.
  *
- * pipecc put the original model next to the stage programs (model.onnx) and
- * a manifest of which stage holds which initializer (weights/manifest.txt).
- * Every stage sends its weights to stage 0, which replaces those
- * initializers' data (as raw_data) and writes the file under a temporary
- * name, renamed into place when complete. */
+ * pipecc put the model's graph next to the stage programs (model.onnx: the
+ * initializers the stages hold have no data there, so the weights are on disk
+ * once) and a manifest of which stage holds which initializer
+ * (weights/manifest.txt).  Every stage sends its weights to stage 0, which
+ * fills in those initializers' data (as raw_data) and writes the file under a
+ * temporary name, renamed into place when complete. */
 #include <ctype.h>
 #include <errno.h>
 #include <mpi.h>

@@ -152,8 +152,17 @@ def body(T):
     rc, _, _ = run(gen, "tokens", os.path.join(T, "tok300.bin"), "--vocab", "300", "--n", "5000", "--seed", "7")
     t300 = np.fromfile(os.path.join(T, "tok300.bin"), "<u2")
     check(rc == 0 and len(t300) == 5000 and t300.max() < 300 and t300.max() > 255, "--vocab 300 --n 5000 gives ids up to 299")
+    # --noise: the default is 0.1 (the same bytes); more noise, the same labels, noisier pixels
+    C1, C6 = os.path.join(T, "c_noise01"), os.path.join(T, "c_noise06")
+    rc, _, err = run(gen, "cifar", C1, "--n", "500", "--noise", "0.1")
+    rc2, _, err2 = run(gen, "cifar", C6, "--n", "500", "--noise", "0.6")
+    r1, r6 = (np.fromfile(os.path.join(d, "data_batch_1.bin"), np.uint8).reshape(500, 3073) for d in (C1, C6))
+    check(rc == 0 and rc2 == 0 and np.array_equal(r1, rec) and np.array_equal(r6[:, 0], rec[:, 0]) and
+          np.abs(r6[:, 1:].astype(int) - r1[:, 1:]).mean() > 20, "piperun-data cifar --noise: 0.1 is the default's bytes; 0.6 the same "
+          "labels with noisier pixels", err + err2)
     for args in ([], ["bogus", M], ["mnist"], ["mnist", M, "--n", "0"], ["mnist", M, "--n", "12x"], ["mnist", M, "--vocab", "9"],
-                 ["tokens", TOK, "--vocab", "1"], ["cifar", C, "--llmc"], ["tokens", TOK, "--n"], ["mnist", M, "extra"]):
+                 ["tokens", TOK, "--vocab", "1"], ["cifar", C, "--llmc"], ["tokens", TOK, "--n"], ["mnist", M, "extra"],
+                 ["mnist", M, "--noise", "-1"], ["cifar", C, "--noise", "nan"], ["cifar", C, "--noise"], ["tokens", TOK, "--noise", "0.5"]):
         rc, out, err = run(gen, *args)
         check(rc == 2 and "usage: piperun-data" in err and sanitizer_clean(err), "piperun-data %s: usage, exit 2" % " ".join(args) if args else "piperun-data with no arguments: usage, exit 2", err)
     blocker = os.path.join(T, "afile")
@@ -171,6 +180,27 @@ def body(T):
                              (TOK, 0, "kind 3 n 200000"), (TOKL, 3, "kind 3 n 200000")):
         rc, out, err = P("open", path, hint)
         check(rc == 0 and out.startswith(want) and sanitizer_clean(err), "data_open %s (hint %d): %s" % (os.path.basename(path), hint, want), out + err)
+    # A held-out set (hint | 16, run.sh --val): the directory's test files where it has them, else its training files.
+    MT, CT = os.path.join(T, "mnist_t"), os.path.join(T, "cifar_t")
+    for d, k, n in ((MT, "mnist", "600"), (CT, "cifar", "300")):
+        run(gen, k, d, "--n", n)
+    for path, hint, want in ((MT, 16, "kind 1 n 600 "), (CT, 16, "kind 2 n 300 "), (CT, 18, "kind 2 n 300 ")):
+        rc, out, err = P("open", path, hint)
+        check(rc == 0 and out.startswith(want), "data_open %s (hint %d), no test files: the training files, %s" % (os.path.basename(path), hint, want),
+              out + err)
+    rc, _, err = run(gen, "mnist", MT, "--test")
+    rc2, _, err2 = run(gen, "cifar", CT, "--test", "--n", "70")
+    check(rc == 0 and rc2 == 0 and sorted(os.listdir(MT)) == ["t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", "train-images-idx3-ubyte",
+                                                              "train-labels-idx1-ubyte"] and sorted(os.listdir(CT)) == ["data_batch_1.bin", "test_batch.bin"],
+          "piperun-data --test writes the held-out files beside the training ones", err + err2 + str(os.listdir(MT) + os.listdir(CT)))
+    for path, hint, want in ((MT, 16, "kind 1 n 1000 "), (MT, 17, "kind 1 n 1000 "), (MT, 0, "kind 1 n 600 "), (MT, 1, "kind 1 n 600 "),
+                             (CT, 16, "kind 2 n 70 "), (CT, 18, "kind 2 n 70 "), (CT, 0, "kind 2 n 300 ")):
+        rc, out, err = P("open", path, hint)
+        check(rc == 0 and out.startswith(want), "data_open %s (hint %d): %s" % (os.path.basename(path), hint, want), out + err)
+    # The same classes, other samples: the first held-out image is none of the training ones.
+    tr = np.fromfile(os.path.join(CT, "data_batch_1.bin"), np.uint8).reshape(-1, 3073)
+    te = np.fromfile(os.path.join(CT, "test_batch.bin"), np.uint8).reshape(-1, 3073)
+    check(not any(np.array_equal(te[0], r) for r in tr) and set(te[:, 0]) <= set(range(10)), "the held-out samples are new ones")
 
     # ---- IDX parse and data_images scaling ----
     sel = [0, 5, 5999, 17, 5]

@@ -20,6 +20,7 @@ import csv
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,23 @@ DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
 B, M, T, V, STEPS, LR = 8, 4, 32, 64, 8, 0.05
 passed = failed = 0
 
+
+
+def initial_weights(pipe):
+    """The initial value of each initializer the stages hold, from weights/manifest.txt and the stages'
+    weights files (the generated model.onnx keeps no copy of them), shaped as the model's tensors."""
+    m = onnx.load(os.path.join(pipe, "model.onnx"))
+    dims = {t.name: tuple(t.dims) for t in m.graph.initializer}
+    out = {}
+    with open(os.path.join(pipe, "weights", "manifest.txt")) as f:
+        for line in f:
+            if line.startswith("#"):
+                continue
+            stage, off, cnt, name = line.rstrip("\n").split(" ", 3)
+            name = re.sub(r"%([0-9A-F]{2})", lambda g: chr(int(g.group(1), 16)), name)
+            w = np.fromfile(os.path.join(pipe, "weights", f"stage_{stage}.bin"), np.float32, count=int(cnt), offset=int(off))
+            out[name] = w.reshape(dims.get(name, (int(cnt),)))
+    return out
 
 def check(cond, what):
     global passed, failed
@@ -236,7 +254,7 @@ def merged_gpt(tmp, tok):
         saved = onnx.load(os.path.join(tmp, f"untied.{n}.onnx"))
         matched = {name: (key, False) for name in trained for key in [torch_key(saved, name, state)] if key in state}
         # What the exporter folded (Linear weights transposed, wpe gathered at arange(T)): by initial value.
-        initial = {t.name: numpy_helper.to_array(t) for t in onnx.load(os.path.join(tmp, f"untied.{n}.pipe", "model.onnx")).graph.initializer}
+        initial = initial_weights(os.path.join(tmp, f"untied.{n}.pipe"))
         taken = {key for key, _ in matched.values()}
         for name, v in initial.items():
             for key, p in init_state.items():

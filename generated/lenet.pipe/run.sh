@@ -49,7 +49,7 @@ replan() {
   if [ -f "$new/plan.json" ] && [ -f "$new/run.sh" ]; then rm -rf "$new"; fi
   (cd "$plan_cwd" && "$pipecc_bin" "$dir/$sub/model.onnx" ${pipecc_args[@]+"${pipecc_args[@]}"} --frozen "$dir/$sub/frozen.txt" \
      -o "$new" >/dev/null)
-  make -s -C "$new"
+  make -s -j "$(nproc 2>/dev/null || echo 2)" -C "$new" # the stages build in parallel: the re-plan is time the run waits
   sed -n 's/^  frozen       /run.sh: frozen: /p' "$new/schedule.txt"
   echo "run.sh: cuts before: $(grep -o '"node_begin": [0-9]*' "$here/plan.json" | grep -o '[0-9]*$' | tr '\n' ' ')predicted step" \
        "$(grep -o '"predicted_step_time_s": [0-9.e+-]*' "$here/plan.json" | grep -o '[0-9.e+-]*$') s"
