@@ -155,7 +155,7 @@ bench-predict: all
 	/usr/bin/python3 bench/predict.py
 
 # Section 9 of make bench alone (bench/freeze.md, bench/freeze_*.svg; not results.md): time to a held-out
-# accuracy with --freeze auto, without freezing and with torch's GPipe Pipe; about 6 minutes.
+# accuracy with --freeze auto, without freezing and with torch's GPipe Pipe; about 7 minutes.
 bench-freeze: all
 	/usr/bin/python3 bench/freezebench.py
 

@@ -15,10 +15,9 @@ micro-batches, learning rate and data are trained S steps as:
     ResNet at the nearest BasicBlock boundary), chunks = micro-batches, the same SGD, batches and order.
 
 Every run evaluates the same held-out set in eval mode every K steps and after the last one
-(pipecc: `run.sh --val`; torch: the Pipe in eval mode under no_grad).  The held-out set is drawn from the
-same distribution as the training set: bin/piperun-data draws its class templates from the seed, so a
-set with another seed is another task; one set is generated and split into a training part and the
-held-out tail.
+(pipecc: `run.sh --val`; torch: the Pipe in eval mode under no_grad).  The held-out set is
+`bin/piperun-data --test` of the training set's seed (the same classes, other samples), written beside the
+training files; both with `--noise` (MODELS), since the default set is learnt before any freeze event.
 
 Clocks.  pipecc's log gives each step's time since the first step (the run's own clock; across a re-plan
 it goes on counting, but leaves out the re-plan itself: pipecc, make, a new mpirun).  Each run's stdout is
@@ -64,10 +63,12 @@ THREADS = 2               # torch's intra-op threads: the cores pipecc's 4 ranks
 
 # model: data kind, batch, micro-batches, lr, steps, held-out rows, evaluate every K steps,
 # --freeze-at schedule (fractions of the steps : layers), training rows
+# --noise: bin/piperun-data's per-pixel noise; its default (0.1) is learnt in about 100 steps, before any freeze
+# event, so the sets are harder: at these levels the no-freezing run reaches its plateau about half-way.
 MODELS = {
-    "lenet": dict(kind="mnist", B=64, m=8, lr=0.05, steps=400, nval=1024, every=10,
+    "lenet": dict(kind="mnist", noise=1.2, B=64, m=8, lr=0.05, steps=1000, nval=1024, every=50,
                   freeze_at=[(0.4, 2), (0.7, 3)]),          # 5 layers: the convs, then fc1
-    "resnet": dict(kind="cifar", B=32, m=8, lr=0.02, steps=400, nval=512, every=25,
+    "resnet": dict(kind="cifar", noise=0.9, B=32, m=8, lr=0.02, steps=500, nval=512, every=25,
                    freeze_at=[(0.4, 10), (0.7, 20)]),       # 31 layers: stem + layer1, then layer2
 }
 # (name, run.sh flags); None: torch Pipe; "freeze-at": MODELS' schedule
@@ -86,52 +87,26 @@ SHORT = {"no freezing": "nofreeze", "auto (defaults: every 50, threshold 0.05)":
 
 def quick_config():
     for c in MODELS.values():
-        c["steps"] = 150 if c["kind"] == "mnist" else 60
-        c["every"] = 10
+        c["steps"] = 200 if c["kind"] == "mnist" else 60
+        c["every"] = 20 if c["kind"] == "mnist" else 10
         c["nval"] = min(c["nval"], 256)
         c["freeze_at"] = [(0.75, c["freeze_at"][0][1])]
     VARIANTS[:] = [v for v in VARIANTS if v[0] in ("no freezing", "auto (defaults: every 50, threshold 0.05)", "freeze-at", "torch Pipe")]
 
 
 # ---------------------------------------------------------------- data
-def split_data(kind, src, train, val, ntrain):
-    """Split a data set written by bin/piperun-data into its first ntrain rows and the rest (same
-    format: MNIST IDX or CIFAR-10 binary), each written under a temporary name and renamed."""
-    def write(path, data):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "wb") as f:
-            f.write(data)
-        os.replace(path + ".tmp", path)
-    if kind == "mnist":
-        for name, hdr in (("train-images-idx3-ubyte", 16), ("train-labels-idx1-ubyte", 8)):
-            with open(os.path.join(src, name), "rb") as f:
-                raw = f.read()
-            n = int.from_bytes(raw[4:8], "big")
-            per = (len(raw) - hdr) // n
-            for d, lo, hi in ((train, 0, ntrain), (val, ntrain, n)):
-                h = bytearray(raw[:hdr])
-                h[4:8] = (hi - lo).to_bytes(4, "big")
-                write(os.path.join(d, name), bytes(h) + raw[hdr + lo * per:hdr + hi * per])
-    else:
-        with open(os.path.join(src, "data_batch_1.bin"), "rb") as f:
-            raw = f.read()
-        rec = 3073
-        write(os.path.join(train, "data_batch_1.bin"), raw[:ntrain * rec])
-        write(os.path.join(val, "data_batch_1.bin"), raw[ntrain * rec:])
-
-
 def make_data(b, model, cfg, work):
-    """(train dir, held-out dir): B x steps training rows (no sample is seen twice) and nval held-out rows,
-    one generated set (seed 1) split in two."""
+    """One directory: B x steps training rows (no sample is seen twice) and nval held-out rows (`--test`: the
+    same classes, other samples), both with the model's --noise, from bin/piperun-data (seed 1).  run.sh
+    --data DIR reads the training files, --val DIR the test files."""
     ntrain = cfg["B"] * cfg["steps"]
-    base = os.path.join(work, "data", f"{cfg['kind']}_{ntrain}_{cfg['nval']}")
-    train, val = base + "_train", base + "_val"
-    if not (os.path.isdir(train) and os.path.isdir(val)):
-        full = base + "_all"
-        b.run_cmd([b.DATAGEN, cfg["kind"], full, "--n", str(ntrain + cfg["nval"]), "--seed", "1"], 120)
-        split_data(cfg["kind"], full, train, val, ntrain)
-        shutil.rmtree(full, ignore_errors=True)
-    return train, val
+    d = os.path.join(work, "data", f"{cfg['kind']}_n{ntrain}_t{cfg['nval']}_noise{cfg['noise']}")
+    test = os.path.join(d, "t10k-labels-idx1-ubyte" if cfg["kind"] == "mnist" else "test_batch.bin")
+    if not os.path.exists(test):
+        base = [b.DATAGEN, cfg["kind"], d, "--seed", "1", "--noise", str(cfg["noise"])]
+        b.run_cmd(base + ["--n", str(ntrain)], 120)
+        b.run_cmd(base + ["--n", str(cfg["nval"]), "--test"], 120)   # last: its file says the directory is complete
+    return d, d
 
 
 # ---------------------------------------------------------------- processes
@@ -392,19 +367,22 @@ def torch_main(argv):
     import torch_bench as tb
     from test_parity import load_weights_from_onnx
 
-    def read(path):
+    def read(path, test):
+        """The training files of path, or its test files (what run.sh --val reads), as float32 / 255."""
         if a.kind == "mnist":
             def idx(name, hdr):
                 with open(os.path.join(path, name), "rb") as f:
                     return np.frombuffer(f.read()[hdr:], dtype=np.uint8)
-            y = idx("train-labels-idx1-ubyte", 8).astype(np.int64)
-            x = idx("train-images-idx3-ubyte", 16).reshape(-1, 1, 28, 28)
+            pre = "t10k" if test else "train"
+            y = idx(f"{pre}-labels-idx1-ubyte", 8).astype(np.int64)
+            x = idx(f"{pre}-images-idx3-ubyte", 16).reshape(-1, 1, 28, 28)
         else:
-            raw = np.fromfile(os.path.join(path, "data_batch_1.bin"), dtype=np.uint8).reshape(-1, 3073)
+            name = "test_batch.bin" if test else "data_batch_1.bin"
+            raw = np.fromfile(os.path.join(path, name), dtype=np.uint8).reshape(-1, 3073)
             x, y = raw[:, 1:].reshape(-1, 3, 32, 32), raw[:, 0].astype(np.int64)
         return torch.from_numpy(x.astype(np.float32) / np.float32(255.0)), torch.from_numpy(y)
-    x, y = read(a.data)
-    vx, vy = read(a.val)
+    x, y = read(a.data, False)
+    vx, vy = read(a.val, True)
     model = tb.build(a.model)
     om = onnx.load(os.path.join(ROOT, "onnx_models", f"{a.model}.onnx"))
     mapping, _ = load_weights_from_onnx(model, om)
@@ -510,9 +488,9 @@ def fmt(x, spec=".2f"):
 def report_model(b, model, cfg, out, svg_dir):
     res = out["res"]
     case = f"{model} n=4 B={cfg['B']} m={cfg['m']}"
-    body = [f"### {model}: {cfg['kind'].upper()}-format data, n = 4, 1F1B, B = {cfg['B']}, m = {cfg['m']}, SGD lr {cfg['lr']}, "
-            f"{cfg['steps']} steps", "",
-            f"Held-out set: {cfg['nval']} rows, evaluated every {cfg['every']} steps and after the last.  Plans made with "
+    body = [f"### {model}: {cfg['kind'].upper()}-format data (`--noise {cfg['noise']}`), n = 4, 1F1B, B = {cfg['B']}, "
+            f"m = {cfg['m']}, SGD lr {cfg['lr']}, {cfg['steps']} steps", "",
+            f"Held-out set: {cfg['nval']} rows (`piperun-data --test`), evaluated every {cfg['every']} steps and after the last.  Plans made with "
             f"`--costs` (a profile at n = {out['profile_n']}).  `--freeze-at {out['freeze_at']}` for the fixed schedule.  "
             f"torch Pipe: 4 partitions, {out['split_note']}; chunks = {cfg['m']}, checkpoint='never', "
             f"torch.set_num_threads({THREADS}).", ""]
@@ -525,14 +503,15 @@ def report_model(b, model, cfg, out, svg_dir):
               note=f"the no-freezing run's best held-out accuracy less {TARGET_MARGIN:.2f}")
     body += [f"Target accuracy: {fmt(target and target * 100)}% (the no-freezing run's best, less {TARGET_MARGIN * 100:.0f} point).", ""]
     runs = ["| variant | load avg at start | steps | wall time s | re-plans s | whole invocation s | final accuracy % | "
-            "vs no freezing (points) | freeze events (after step: layers frozen) |", "|---|---|---|---|---|---|---|---|---|"]
+            "vs no freezing (points) | mean of the last 4 evaluations % | vs no freezing (points) | best % | "
+            "freeze events (after step: layers frozen) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     ttab = ["| variant | target reached after step | time to target s | / no freezing | / torch Pipe | "
             "at median steps: time to target s | / no freezing | / torch Pipe |", "|---|---|---|---|---|---|---|---|"]
     tt, ts, sv = {}, {}, {}
     for name, _ in VARIANTS:
         r = res[name]
         if "error" in r:
-            runs.append(f"| {name} | ERROR: {r['error'][:300]} ||||||||")
+            runs.append(f"| {name} | ERROR: {r['error'][:300]} |||||||||||")
             b.add_row(SEC, f"{case} {name}", "run", "ERROR", note=r["error"])
             continue
         tt[name] = time_to(r["points"], target) if target is not None else None
@@ -550,8 +529,12 @@ def report_model(b, model, cfg, out, svg_dir):
         qn, qt = ratio(ts, name, "no freezing"), ratio(ts, name, "torch Pipe")
         dacc = (r["final_acc"] - nf["final_acc"]) * 100 if "error" not in nf and r.get("final_acc") is not None else None
         ev = ", ".join(f"{e['step']}: {e['layers']}" for e in r["events"]) or ("-" if name != "torch Pipe" else "n/a")
+        tail = statistics.mean(acc for _, _, acc in r["vals"][-4:]) * 100
+        dtail = tail - statistics.mean(acc for _, _, acc in nf["vals"][-4:]) * 100 if "error" not in nf else None
+        best = max(acc for _, _, acc in r["vals"]) * 100
         runs.append(f"| {name} | {r['load']:.2f} | {cfg['steps']} | {r['wall_s']:.2f} | {r['replan_s']:.2f} | {r['invocation_s']:.2f} | "
-                    f"{fmt(r['final_acc'] * 100)} | {fmt(dacc, '+.2f') if name != 'no freezing' else ''} | {ev} |")
+                    f"{fmt(r['final_acc'] * 100)} | {fmt(dacc, '+.2f') if name != 'no freezing' else ''} | {tail:.2f} | "
+                    f"{fmt(dtail, '+.2f') if name != 'no freezing' else ''} | {best:.2f} | {ev} |")
         nr = "not reached"
         ttab.append(f"| {name} | {sv[name] if sv[name] is not None else nr} | {fmt(t) if t is not None else nr} | {fmt(rn, '.3f')} | "
                     f"{fmt(rt, '.3f')} | {fmt(q) if q is not None else nr} | {fmt(qn, '.3f')} | {fmt(qt, '.3f')} |")
@@ -560,6 +543,7 @@ def report_model(b, model, cfg, out, svg_dir):
         b.add_row(SEC, sc, "invocation_s", r["invocation_s"], "s")
         b.add_row(SEC, sc, "replan_s", r["replan_s"], "s")
         b.add_row(SEC, sc, "final_val_accuracy", r["final_acc"], "fraction")
+        b.add_row(SEC, sc, "val_accuracy_mean_last_4", tail / 100, "fraction")
         b.add_row(SEC, sc, "time_to_target_s", t if t is not None else nr, "s", note=f"reached after step {sv[name]}")
         b.add_row(SEC, sc, "time_to_target_at_median_steps_s", q if q is not None else nr, "s",
                   note="each step's time replaced by its plan's median step")
@@ -572,6 +556,7 @@ def report_model(b, model, cfg, out, svg_dir):
         if name not in ("no freezing", "torch Pipe"):
             ok = dacc is not None and dacc >= -FINAL_TOLERANCE * 100 - 1e-9
             b.add_row(SEC, sc, "final_accuracy_minus_nofreeze", dacc, "points", ">= -0.5", b.yes(ok) if dacc is not None else "")
+            b.add_row(SEC, sc, "mean_last_4_accuracy_minus_nofreeze", dtail, "points")
             b.add_row(SEC, sc, "time_to_target_over_nofreeze", rn, "x")
             b.add_row(SEC, sc, "time_to_target_at_median_steps_over_nofreeze", qn, "x")
             if name.startswith("auto (defaults"):
@@ -655,6 +640,10 @@ def report_model(b, model, cfg, out, svg_dir):
             r = res[name]
             if "error" in r or name in ("no freezing", "torch Pipe"):
                 continue
+            acc = (f" Final accuracy {r['final_acc'] * 100:.2f}% ({(r['final_acc'] - nf['final_acc']) * 100:+.2f} points against no "
+                   f"freezing){'' if r['final_acc'] >= nf['final_acc'] - FINAL_TOLERANCE else ': below the 0.5-point target'}; "
+                   + (f"target reached after step {next((st for st, _, a in r['vals'] if a >= target), None)}."
+                      if any(a >= target for _, _, a in r["vals"]) else "target not reached."))
             if r["events"]:
                 e0 = r["events"][0]
                 steps_before = e0["step"] - 1
@@ -665,9 +654,9 @@ def report_model(b, model, cfg, out, svg_dir):
                              + f"; {len(r['events'])} re-plan(s) cost {r['replan_s']:.1f} s; the last plan's measured step "
                              f"{fmt(last['measured_s'] and last['measured_s'] * 1e3)} ms against "
                              f"{fmt(r['plans'][0]['measured_s'] and r['plans'][0]['measured_s'] * 1e3)} ms before "
-                             f"({steps_before} steps under the first plan).")
+                             f"({steps_before} steps under the first plan)." + acc)
             else:
-                lines.append(f"{name}: never froze in {cfg['steps']} steps.")
+                lines.append(f"{name}: never froze in {cfg['steps']} steps." + acc)
         body += [""] + [f"- {ln}" for ln in lines]
     # plot
     series = []
