@@ -33,8 +33,10 @@ the cuts (node_begin of each stage), the predicted step (plan.json) and the meas
 steps run under it; the freeze events.  Plots: bench/freeze_lenet.svg, bench/freeze_resnet.svg.
 
 Standalone (`make bench-freeze`): /usr/bin/python3 bench/freezebench.py [lenet] [resnet] writes bench/freeze.md
-and the plots (not results.md).  The torch side is this file run as a child:
-`freezebench.py torch --model lenet --data DIR --val DIR ...` (prints one JSON line).
+and the plots (not results.md); each model's measurements are saved in bench/work/freezebench/<model>.result.json,
+and `freezebench.py --report [lenet] [resnet]` writes the report again from them without running anything.
+The torch side is this file run as a child: `freezebench.py torch --model lenet --data DIR --val DIR ...`
+(prints one JSON line).
 Environment: BENCH_QUICK=1 (a smoke run: fewer steps, fewer variants), BENCH_FREEZE_REPEATS (rounds,
 default 1; the fastest run of each variant is kept: accuracy does not depend on the round).
 """
@@ -683,36 +685,70 @@ def report_model(b, model, cfg, out, svg_dir):
     return body
 
 
-def section_freeze(b, data=None, models=None, svg_dir=HERE, md_path=os.path.join(HERE, "freeze.md")):
-    """bench.py calls this (data is unused: the section makes its own split sets)."""
-    if b.QUICK:
+def saved_path(b, model):
+    return os.path.join(b.WORK, "freezebench", f"{model}.result.json")
+
+
+def load_saved(b, model):
+    """A run's measurements as section_freeze saved them (JSON turns the step keys into strings)."""
+    with open(saved_path(b, model)) as f:
+        sv = json.load(f)
+    for r in sv["out"]["res"].values():
+        for k in ("val_clock", "steady"):
+            if k in r:
+                r[k] = {int(st): v for st, v in r[k].items()}
+    return sv
+
+
+def section_freeze(b, data=None, models=None, svg_dir=HERE, md_path=os.path.join(HERE, "freeze.md"), report_only=False):
+    """bench.py calls this (data is unused: the section makes its own data sets).  Each model's measurements
+    are saved to bench/work/freezebench/<model>.result.json; report_only writes the report from those."""
+    if b.QUICK and not report_only:
         quick_config()
     repeats = max(1, int(os.environ.get("BENCH_FREEZE_REPEATS", "1")))
     t0 = time.time()
-    body = [f"Written by bench/freezebench.py{' (BENCH_QUICK: a smoke run)' if b.QUICK else ''}.  "
-            "4 MPI ranks share this machine's cores "
-            f"({os.cpu_count()}), so pipecc's stages oversubscribe them; torch Pipe gets {THREADS} intra-op threads "
-            "(on CPU every Pipe partition runs on one worker thread: no overlap between partitions, only "
-            "intra-op threads).  Wall time: each step's time since the run's first step, re-plans (pipecc, make, a new "
-            "mpirun) included, held-out evaluations before the step included, start-up not (the whole invocation is "
-            "the next column).  FreezePipe's claim is time to accuracy -64.5% against torchgpipe, i.e. a ratio of 0.355.", ""]
+    ntargets = len(b.targets)
+    header = [f"4 MPI ranks share this machine's cores ({os.cpu_count()}), so pipecc's stages oversubscribe them; torch Pipe "
+              f"gets {THREADS} intra-op threads (on CPU every Pipe partition runs on one worker thread: no overlap between "
+              "partitions, only intra-op threads).  Wall time: each step's time since the run's first step, re-plans "
+              "(pipecc, make, a new mpirun) included, held-out evaluations before the step included, start-up not (the "
+              "whole invocation, start-up included, is reported beside it).  FreezePipe's claim is time to accuracy -64.5% "
+              "against torchgpipe, i.e. a ratio of 0.355.", ""]
+    body, stamps = [], []
     for model in (models or list(MODELS)):
-        cfg = MODELS[model]
         try:
-            out = bench_model(b, model, cfg, repeats)
+            if report_only:
+                sv = load_saved(b, model)
+                cfg, out = sv["cfg"], sv["out"]
+                VARIANTS[:] = [tuple(v) for v in sv["variants"]]   # the variants that run had
+                stamps.append(f"{model}: measured {sv['date']} at pipecc {sv['commit']} in {sv['seconds']:.0f} s"
+                              f"{' (BENCH_QUICK: a smoke run)' if sv.get('quick') else ''}")
+            else:
+                cfg = MODELS[model]
+                t1 = time.time()
+                out = bench_model(b, model, cfg, repeats)
+                sv = {"cfg": cfg, "out": out, "variants": VARIANTS, "date": b.machine_info()[0][1], "quick": b.QUICK,
+                      "seconds": time.time() - t1,
+                      "commit": b.first_line(["git", "rev-parse", "--short", "HEAD"])}
+                with open(saved_path(b, model), "w") as f:
+                    json.dump(sv, f)
+                stamps.append(f"{model}: measured {sv['date']} at pipecc {sv['commit']} in {sv['seconds']:.0f} s"
+                              f"{' (BENCH_QUICK: a smoke run)' if b.QUICK else ''}")
             body += report_model(b, model, cfg, out, svg_dir)
         except Exception as e:  # noqa: BLE001
             b.log(f"  error: {e}")
             b.add_row(SEC, model, "case", "ERROR", note=str(e))
             body += [f"### {model}", "", f"ERROR: {e}"]
         body.append("")
-    body.append(f"Section time: {time.time() - t0:.0f} s.")
-    text = "\n".join(body)
+    tg = b.targets[ntargets:]
+    text = "\n".join(header + [f"Written by bench/freezebench.py: {'; '.join(stamps)}.", "",
+                               "| target | measured | met? |", "|---|---|---|"]
+                     + [f"| {t} | {m} | {ok} |" for t, m, ok in tg] + [""] + body)
     b.md_sections.append(("9. Freezing: time to accuracy with `--freeze auto` against no freezing and torch's GPipe Pipe", text))
     with open(md_path + ".tmp", "w") as f:
-        f.write(f"# Freezing: time to accuracy (bench section 9)\n\nOn {b.machine_info()[0][1]}, pipecc "
-                f"{b.first_line(['git', 'rev-parse', '--short', 'HEAD'])}.\n\n{text}\n")
+        f.write(f"# Freezing: time to accuracy (bench section 9)\n\n{text}\n")
     os.replace(md_path + ".tmp", md_path)
+    b.log(f"freeze: section {time.time() - t0:.0f} s")
     return text
 
 
@@ -724,5 +760,5 @@ if __name__ == "__main__":
     import bench as b  # noqa: E402
     os.makedirs(b.WORK, exist_ok=True)
     models = [m for m in sys.argv[1:] if m in MODELS] or None
-    section_freeze(b, None, models)
+    section_freeze(b, None, models, report_only="--report" in sys.argv[1:])
     b.log("wrote bench/freeze.md")
