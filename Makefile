@@ -24,7 +24,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict zoo test-memory test-pipefb test-async test-freeze
+.PHONY: all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-pipefb test-async test-freeze
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
@@ -153,6 +153,11 @@ bench: all
 # every schedule, planned with a measured profile (--costs); about 10 minutes.
 bench-predict: all
 	/usr/bin/python3 bench/predict.py
+
+# Section 9 of make bench alone (bench/freeze.md, bench/freeze_*.svg; not results.md): time to a held-out
+# accuracy with --freeze auto, without freezing and with torch's GPipe Pipe; about 7 minutes.
+bench-freeze: all
+	/usr/bin/python3 bench/freezebench.py
 
 models:
 	$(PY) onnx_models/export.py --large

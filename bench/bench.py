@@ -7,7 +7,7 @@ Each pipecc figure is measured in the same invocation as the figure it is compar
 alternating (pipecc, reference, pipecc, reference, ... BENCH_REPEATS rounds, best median kept).
 
 Environment: BENCH_REPEATS (default 4), BENCH_QUICK=1 (fewer steps, for trying the script out),
-BENCH_SKIP (comma list of sections to skip: single,pipeline,memcurve,pipefb,async,compiler), BENCH_PIPE_MODELS (comma list:
+BENCH_SKIP (comma list of sections to skip: single,pipeline,memcurve,pipefb,async,freeze,compiler), BENCH_PIPE_MODELS (comma list:
 only these pipeline models), BENCH_MS (comma list of micro-batch counts, default 4,8).
 See bench/README.md for what each row means.
 """
@@ -689,6 +689,9 @@ def main():
     if data and "async" not in SKIP:
         import asyncbench   # section 8: --schedule async against 1f1b and zb1; exposed communication
         asyncbench.section_async(sys.modules[__name__], data)
+    if data and "freeze" not in SKIP:
+        import freezebench   # section 9: time to accuracy with --freeze auto against no freezing and torch Pipe
+        freezebench.section_freeze(sys.modules[__name__], data)
     if "compiler" not in SKIP:
         log("compiler: gpt2_small -n 8 --plan-only")
         section_compiler()
