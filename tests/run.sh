@@ -56,7 +56,7 @@ suite "measured node costs: pipecc --profile, run.sh --profile, --costs (hostile
 suite "PipeFB: forward ranks and backward ranks, bit-identical to -n 1 (lenet, gpt at n = 2, 4), the forward ranks' arena, bad flags (ASan build; the whole matrix: make test-pipefb)" env PIPECC=bin/pipecc-asan $PY tests/test_pipefb.py --quick
 suite "async: a pipeline that never drains, against a PyTorch simulation of its staleness rule (mlp, lenet, gpt; K = 1, 2), n = 2 and 4 bit-identical, refusals (ASan build; the whole matrix: make test-async)" env PIPECC=bin/pipecc-asan $PY tests/test_async.py --quick
 suite "frozen layers: --frozen and run.sh --freeze-at (a freeze event re-plans and continues) against PyTorch with requires_grad=False, a re-plan killed and resumed, hostile --frozen files (ASan build; the whole suite: make test-freeze)" env PIPECC=bin/pipecc-asan $PY tests/test_freeze.py --quick
-suite "tied weights: a GPT with its head tied to its embedding, and an export that merged LayerNorm weights, n = 1, 2, 4 against PyTorch" $PY tests/test_tied.py
+suite "tied weights: a GPT with its head tied to its embedding, n = 1, 2, 4, and an export that merged LayerNorm weights, n = 1, 4, against PyTorch" $PY tests/test_tied.py
 suite "model zoo subset: torchvision resnet18 against PyTorch within its float32 spread, n = 1 and 4 (make zoo: the rest)" $PY tests/zoo/run.py --quick
 suite "run traces: one span per executed action, 4 ranks, every schedule" env PIPECC=bin/pipecc $PY tests/test_trace.py
 suite "training runs: demo loss, checkpoint/resume, killed rank, NaN, bad data" $PY tests/test_train.py

@@ -218,7 +218,7 @@ def merged_gpt(tmp, tok):
     if not check(len(shared) >= 2, f"the eval-mode export merges the LayerNorms' equal weights ({shared})"):
         return
     runs = {}
-    for n in (1, 2, 4):
+    for n in (1, 4):   # n = 2 as well for the tied GPT above; here 1 and 4 keep make test within its time
         got = compile_run(tmp, "merged", path, n, 1 if n == 1 else STEPS)
         if got is None:
             continue
@@ -236,7 +236,7 @@ def merged_gpt(tmp, tok):
                 continue
             trained = got[2]
         runs[n] = trained
-    bit_identical(runs, "merged: n = 1, 2 and 4 give bit-identical weights")
+    bit_identical(runs, "merged: n = 1 and 4 give bit-identical weights")
 
     # --untie: each reader its own copy - the model torch trained.
     init_state = {k: v.detach().numpy().copy() for k, v in model.named_parameters()}
