@@ -96,6 +96,20 @@ class CmdError(Exception):
     pass
 
 
+def kill_group(p, wait):
+    """Ends p's process group (SIGTERM, then SIGKILL), waiting up to 5 s after each with wait(timeout)."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return None
+        try:
+            return wait(5)
+        except subprocess.TimeoutExpired:
+            continue
+    return None
+
+
 def run_cmd(cmd, timeout, cwd=ROOT, env=None, check=True):
     """Run cmd in its own process group; on timeout kill that group.  Returns (rc, out, err, secs)."""
     t = time.time()
@@ -104,16 +118,7 @@ def run_cmd(cmd, timeout, cwd=ROOT, env=None, check=True):
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                out, err = p.communicate(timeout=5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        kill_group(p, lambda t: p.communicate(timeout=t))
         raise CmdError(f"timed out after {timeout} s: {' '.join(cmd)[:200]}")
     secs = time.time() - t
     if check and p.returncode != 0:

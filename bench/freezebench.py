@@ -45,7 +45,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -132,16 +131,7 @@ def run_stamped(b, cmd, timeout, env=None):
     try:
         p.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(p.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                p.wait(timeout=5)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        b.kill_group(p, lambda t: p.wait(timeout=t))
         raise b.CmdError(f"timed out after {timeout} s: {' '.join(cmd)[:200]}")
     secs = time.monotonic() - t0
     for t in ts:
