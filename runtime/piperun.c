@@ -233,6 +233,10 @@ static void parse_freeze(Args *a, const char *v) {
 static void parse_args(Args *a, int argc, char **argv) {
   memset(a, 0, sizeof *a);
   a->steps = -1, a->seed = 1, a->lr_schedule = "constant";
+  /* --freeze auto's defaults (docs/freeze.md, measured in bench section 9): an interval long enough
+   * that a norm summed over it is not one batch's noise, and a change small enough that the layer
+   * has stopped moving. */
+  a->freeze_every = 50, a->freeze_threshold = 0.05;
   for (int i = 1; i < argc; i++) {
     const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define TAKE() (i++, v)
@@ -277,10 +281,8 @@ static void parse_args(Args *a, int argc, char **argv) {
   if (!a->lr_schedule || (strcmp(a->lr_schedule, "constant") && strcmp(a->lr_schedule, "cosine")))
     usage_error("--lr-schedule '%s': expected constant or cosine", a->lr_schedule ? a->lr_schedule : "");
   if (a->checkpoint && !a->ckpt_every) a->ckpt_every = 100;
-  /* --freeze auto's defaults (docs/freeze.md): an interval long enough that a norm summed over it is
-   * not one batch's noise, and a change small enough that the layer has stopped moving. */
-  if (!a->freeze_every) a->freeze_every = 50;
-  if (a->freeze_threshold <= 0) a->freeze_threshold = 0.05;
+  /* 0 would never freeze (no change is below it): said, not replaced by the default. */
+  if (!(a->freeze_threshold > 0)) usage_error("--freeze-threshold must be above 0 (a layer freezes when its change is below it)%s", "");
 }
 
 /* ---- start-up checks: every rank agrees before the first step ---- */

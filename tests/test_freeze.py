@@ -342,6 +342,11 @@ def auto_case(tmp, env, build, path, data, B, M, every=3, steps=12):
         if e.args[1]:
             ta.note(par.tail(e.args[1], 25))
         return
+    # A threshold of 0 would never freeze: refused, not replaced by the default.
+    z = subprocess.run([os.path.join(out, "run.sh"), "--data", data.path, "--steps", "1", "--freeze", "auto", "--freeze-threshold", "0"],
+                       capture_output=True, text=True, env=env, cwd=tmp, timeout=300)
+    result(z.returncode == 2 and "--freeze-threshold must be above 0" in z.stderr, "--freeze auto --freeze-threshold 0 is refused, "
+           "naming the flag", z.stderr.strip()[:200])
     said = [ln for ln in r.stdout.splitlines() if ln.startswith("run.sh: freeze after") or ln.startswith("freeze auto")]
     result(any(f"freeze after step {2 * every}: the first {n} " in ln for ln in said),
            f"--freeze auto froze the {n} layers the rule names after step {2 * every}", " | ".join(said)[:300])
