@@ -85,7 +85,12 @@ typedef struct Graph {
   /* --untie (untie.c): tensor `copy` is a copy of initializer `from` that node `node` now reads. */
   struct Untied { int from, copy, node; } *untied;
   int nuntied, capuntied;
+  int conv_impl;       /* --conv: CONV_AUTO, CONV_GEMM or CONV_DNNL (ops/conv.c) */
 } Graph;
+
+/* How convolutions run (--conv): the rule in ops/conv.c, im2col + GEMM everywhere, or oneDNN everywhere
+ * it can (in a build of the stages with oneDNN; without it every convolution is im2col + GEMM). */
+enum { CONV_AUTO = 0, CONV_GEMM = 1, CONV_DNNL = 2 };
 
 /* Construction. */
 int ir_add_tensor(Graph *g, const char *name);   /* new tensor (names need not be unique here) */

@@ -40,6 +40,8 @@ static void usage(FILE *f) {
         "                        'layers N'): their weights become constants, with no gradient or optimizer state\n"
         "  --route direct|relay  a value that skips ranks goes straight to the ranks that read it (default), or\n"
         "                        through every rank between (pipefb always relays)\n"
+        "  --conv auto|gemm|dnnl  how convolutions run: oneDNN where it measured faster (default), im2col + GEMM\n"
+        "                   everywhere, or oneDNN everywhere (a stage build without oneDNN runs im2col + GEMM)\n"
         "  --progress wait|poll  when MPI moves messages: while a rank waits for them (default), or also between\n"
         "                        the nodes of its forward and backward (docs/async.md, overlap)\n"
         "  --staleness K         async: step t computes on the weights of step t-K, and its gradient updates the\n"
@@ -259,6 +261,12 @@ int main(int argc, char **argv) {
       if (!strcmp(val, "direct")) o.relay = 0;
       else if (!strcmp(val, "relay")) o.relay = 1;
       else return bad("--route '%s': expected direct (a value goes only to the ranks that read it) or relay (through every rank between)%s", val, "");
+    } else if (!strcmp(a, "--conv")) {
+      NEEDVAL();
+      if (!strcmp(val, "auto")) o.conv_impl = CONV_AUTO;
+      else if (!strcmp(val, "gemm")) o.conv_impl = CONV_GEMM;
+      else if (!strcmp(val, "dnnl")) o.conv_impl = CONV_DNNL;
+      else return bad("--conv '%s': expected auto, gemm (im2col + GEMM) or dnnl (oneDNN)%s", val, "");
     } else if (!strcmp(a, "--progress")) {
       NEEDVAL();
       if (!strcmp(val, "poll")) o.poll = 1;

@@ -523,6 +523,7 @@ int plan_build(Plan *p, const Options *o) {
   memset(p, 0, sizeof *p);
   p->opt = *o;
   if (onnx_load_file(o->model, &p->g)) return -1;
+  p->g.conv_impl = o->conv_impl;
   return plan_from_graph(p);
 }
 

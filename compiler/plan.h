@@ -28,6 +28,7 @@ typedef struct Options {
   const char *costs; /* --costs FILE: measured node times to plan with (profile.c) */
   int64_t batch;
   double mem_limit, lr, momentum, weight_decay;
+  int conv_impl;          /* --conv: CONV_AUTO, CONV_GEMM, CONV_DNNL (ir.h) */
   int have_lr;            /* --lr given (0 is a learning rate too: only the running statistics move) */
 } Options;
 

@@ -141,7 +141,17 @@ typedef struct ConvShape {
   int od, oh, ow;               /* output */
   int sd, sh, sw, pd, ph, pw;   /* strides, begin pads */
   int dd, dh, dw;               /* dilations */
+  int lib;                      /* 1: the compiler chose oneDNN for it (conv_dnnl.c, in a build with PR_DNNL) */
+  int64_t lib_work;             /* bytes of the workspace (col) the compiler gave it */
 } ConvShape;
+
+#ifdef PR_DNNL
+/* conv_dnnl.c: 0 when oneDNN ran the call, -1 when it cannot take the shape (im2col + GEMM then runs it). */
+void pr_conv_lib_init(const char *blas_core, int threads);
+int pr_conv_lib_fwd(const ConvShape *s, const float *x, const float *w, const float *b, float *y, float *work);
+int pr_conv_lib_bwd_data(const ConvShape *s, const float *w, const float *dy, float *dx, int acc, float *work);
+int pr_conv_lib_bwd_weights(const ConvShape *s, const float *x, const float *dy, float *dw, int acc, float *work);
+#endif
 
 PR_INLINE int64_t conv_in_sp(const ConvShape *s) { return (int64_t)s->d * s->h * s->w; }
 PR_INLINE int conv_out_sp(const ConvShape *s) { return s->od * s->oh * s->ow; }
@@ -221,6 +231,9 @@ PR_INLINE void k_col2im_add(const float *col, float *dx, const ConvShape *s) {
 }
 
 PR_INLINE void k_conv(const float *x, const float *w, const float *b, float *y, float *col, const ConvShape *s) {
+#ifdef PR_DNNL
+  if (s->lib && pr_conv_lib_fwd(s, x, w, b, y, col) == 0) return;
+#endif
   int cg = s->c / s->group, mg = s->m / s->group, kk = cg * s->kd * s->kh * s->kw, sp = conv_out_sp(s);
   for (int n = 0; n < s->n; n++)
     for (int g = 0; g < s->group; g++) {
@@ -239,6 +252,13 @@ PR_INLINE void k_conv(const float *x, const float *w, const float *b, float *y, 
 PR_INLINE void k_conv_grad(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db, float *col,
                                const ConvShape *s, int acc_x, int acc_w) {
   int cg = s->c / s->group, mg = s->m / s->group, kk = cg * s->kd * s->kh * s->kw, sp = conv_out_sp(s);
+#ifdef PR_DNNL
+  /* oneDNN takes dw and dx (a shape it refuses fails the first call, and then runs here whole). */
+  if (s->lib && (dw ? pr_conv_lib_bwd_weights(s, x, dy, dw, acc_w, col) : dx ? pr_conv_lib_bwd_data(s, w, dy, dx, acc_x, col) : -1) == 0) {
+    if (dw && dx) pr_conv_lib_bwd_data(s, w, dy, dx, acc_x, col);
+    dw = dx = NULL;
+  }
+#endif
   if (dx && !acc_x) memset(dx, 0, sizeof(float) * (size_t)s->n * s->c * conv_in_sp(s));
   if (dw && !acc_w) memset(dw, 0, sizeof(float) * (size_t)s->m * kk);
   if (db && !acc_w) memset(db, 0, sizeof(float) * (size_t)s->m);

@@ -1832,6 +1832,13 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   const char *kernels = NULL;
   for (int i = 1; i + 1 < argc; i++)
     if (!strcmp(argv[i], "--blas-kernels")) kernels = argv[i + 1];
+#ifdef PR_DNNL
+  /* oneDNN runs on OpenMP, which fixes its thread count when it loads, from OMP_NUM_THREADS (else one
+   * thread per core: ranks sharing cores would then fight over them).  A rank computes on one thread,
+   * so that is set and, when it changes, the program runs itself again, as blas_core_pin does. */
+  const char *omp = getenv("OMP_NUM_THREADS");
+  if ((!omp || strcmp(omp, "1")) && !setenv("OMP_NUM_THREADS", "1", 1)) execv("/proc/self/exe", argv);
+#endif
   blas_core_pin(argv, kernels);
   if (st->forward_only) return pr_eval(argc, argv, st);
   MPI_Init(&argc, &argv);
@@ -1849,6 +1856,9 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   }
   openblas_set_num_threads(1);
   check_blas_core(size);
+#ifdef PR_DNNL
+  pr_conv_lib_init(openblas_get_corename(), 1);
+#endif
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
   int *tag_ub, flag;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag);

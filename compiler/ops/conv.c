@@ -1,7 +1,33 @@
-/* conv.c - 1-D, 2-D and 3-D convolution (strides, pads or auto_pad, dilations, groups) by im2col + GEMM. */
+/* conv.c - 1-D, 2-D and 3-D convolution (strides, pads or auto_pad, dilations, groups) by im2col + GEMM,
+ * or by oneDNN's convolutions where the rule below picks them (runtime/conv_dnnl.c). */
 #include "ops/rule.h"
 
 static int64_t conv_workspace(Graph *g, const Node *n);
+
+/* Whether a convolution runs through oneDNN.  Measured here (docs/kernels.md): oneDNN's blocked-layout
+ * convolutions, reorders in and out included, take 0.4-0.7x the time of im2col + SGEMM per sample on
+ * the sample ResNet's shapes (3x3 and 1x1, 16-64 channels), and LeNet's 5x5 convolutions of 1-16
+ * channels still gain (its step's CPU time 5.4 -> 4.2 ms); no sample shape measured slower, so auto
+ * takes oneDNN for every convolution. */
+static int conv_lib(Graph *g, const Node *n) {
+  if (g->conv_impl == CONV_GEMM) return 0;
+  if (g->conv_impl == CONV_DNNL) return 1;
+  (void)n;
+  return 1;
+}
+
+static int64_t pad16(int64_t v) { return (v + 15) / 16 * 16; }
+
+/* What oneDNN's call needs at most (conv_dnnl.c): blocked copies of an input-sized, an output-sized
+ * and a weight-sized tensor, channels padded to 16 (its AVX-512 blocking; AVX2's 8 needs less), each
+ * aligned to 64 bytes. */
+static int64_t conv_lib_bytes(Graph *g, const Node *n) {
+  Tensor *X = node_in(g, n, 0), *W = node_in(g, n, 1), *Y = node_out(g, n, 0);
+  int64_t group = attr_int(n, "group", 1), xs = X->dims[0] * pad16(X->dims[1]), ys = Y->dims[0] * pad16(Y->dims[1]),
+          ws = group * pad16(W->dims[0] / group) * pad16(W->dims[1]);
+  for (int i = 2; i < X->rank; i++) xs *= X->dims[i], ys *= Y->dims[i], ws *= W->dims[i];
+  return 4 * (xs + ys + ws) + 3 * 64;
+}
 
 static int conv_infer(Graph *g, Node *n) {
   Tensor *x = need_in(g, n, 0), *wt = need_in(g, n, 1);
@@ -42,7 +68,8 @@ static int conv_fwd(Emit *e, const Node *n, int j) {
                  A_INT(ws.in[1]), A_INT(ws.in[2]), A_INT(W->dims[0]), A_INT(ws.k[0]), A_INT(ws.k[1]), A_INT(ws.k[2]),
                  A_INT(attr_int(n, "group", 1)), A_INT(ws.out[0]), A_INT(ws.out[1]), A_INT(ws.out[2]), A_INT(ws.s[0]),
                  A_INT(ws.s[1]), A_INT(ws.s[2]), A_INT(ws.pb[0]), A_INT(ws.pb[1]), A_INT(ws.pb[2]), A_INT(ws.d[0]),
-                 A_INT(ws.d[1]), A_INT(ws.d[2]));
+                 A_INT(ws.d[1]), A_INT(ws.d[2]), A_INT(conv_lib(em_graph(e), n)),
+                 A_INT(conv_workspace(em_graph(e), n)));
   CALL(e, PH_FWD, K_CONV, n, A_BUF(x), A_BUF(w), A_BUF(b), A_BUF(y), A_BUF(col), A_CONST(cs));
   return 0;
 }
@@ -70,11 +97,13 @@ static double conv_flops(Graph *g, const Node *n) {
   return 2.0 * out * k + (node_in(g, n, 2) ? out : 0);
 }
 
-/* The im2col columns of one sample and group: [C/group * kernel size, output spatial size] floats. */
+/* The im2col columns of one sample and group: [C/group * kernel size, output spatial size] floats;
+ * for oneDNN, what its call needs if that is more (the columns stay the fallback). */
 static int64_t conv_workspace(Graph *g, const Node *n) {
   Tensor *W = node_in(g, n, 1), *Y = node_out(g, n, 0);
   int64_t bytes = 4 * W->dims[1];
   for (int i = 2; i < W->rank; i++) bytes *= W->dims[i] * Y->dims[i];
+  if (conv_lib(g, n) && conv_lib_bytes(g, n) > bytes) bytes = conv_lib_bytes(g, n);
   return bytes;
 }
 

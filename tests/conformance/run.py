@@ -202,9 +202,9 @@ def build_runtime(work):
     m = os.path.join(ROOT, "onnx_models", "mlp.onnx")
     subprocess.run([PIPECC, m, "-o", probe, "--forward-only", "--plan-only"], capture_output=True)
     subprocess.run([PIPECC, m, "-o", probe, "--forward-only"], check=True, capture_output=True)
-    subprocess.run(["make", "-s", "-C", probe, "build/piperun.o", "build/trace.o", "build/data.o", "build/save_onnx.o", "build/eval.o",
-                    "build/xfer.o", "build/profile.o", "build/onnx.pb-c.o"], check=True, capture_output=True)
-    return [os.path.join(probe, "build", f) for f in ("piperun.o", "trace.o", "data.o", "save_onnx.o", "eval.o", "xfer.o", "profile.o", "onnx.pb-c.o")]
+    subprocess.run(["make", "-s", "-C", probe, "runtime"], check=True, capture_output=True)
+    objs = sorted(f for f in os.listdir(os.path.join(probe, "build")) if f.endswith(".o"))
+    return [os.path.join(probe, "build", f) for f in objs]
 
 
 def run_case(name, case_dir, work, rt_obj):
@@ -228,6 +228,9 @@ def run_case(name, case_dir, work, rt_obj):
     runtime = os.path.join(ROOT, "runtime")
     cc = ["mpicc", "-O1", "-w", "-I" + runtime, "-I" + os.path.join(ROOT, "build", "gen"), "-D_GNU_SOURCE",
           os.path.join(out, "stage_0.c"), *rt_obj, "-o", os.path.join(out, "stage_0"), "-lopenblas", "-lprotobuf-c", "-lm", "-lpthread"]
+    if os.path.exists("/usr/include/dnnl.h"):  # as the generated Makefile does: convolutions through oneDNN
+        cc[1:1] = ["-DPR_DNNL"]
+        cc += ["-ldnnl", "-lgomp"]
     r = subprocess.run(cc, capture_output=True, text=True, env=dict(os.environ, OMPI_CC="clang"))
     if r.returncode:
         return "fail", "the generated program does not compile: " + r.stderr.strip()[:300]
