@@ -9,7 +9,8 @@ alternating (pipecc, reference, pipecc, reference, ... BENCH_REPEATS rounds, bes
 Environment: BENCH_REPEATS (default 4), BENCH_QUICK=1 (fewer steps, for trying the script out),
 BENCH_SKIP (comma list of sections to skip: single,pipeline,memcurve,pipefb,async,freeze,compiler), BENCH_PIPE_MODELS (comma list:
 only these pipeline models), BENCH_MS (comma list of micro-batch counts, default 4,8), BENCH_N4_MS (comma list of the
-micro-batch counts that also run at n = 4, default 8; empty: none), BENCH_SINGLE_MODELS (comma list: only these
+micro-batch counts that also run at n = 4, default 8; empty: none), BENCH_N4_REPEATS (rounds with the n = 4 runs,
+default 2), BENCH_SINGLE_MODELS (comma list: only these
 single-stage models).
 See bench/README.md for what each row means.
 """
@@ -69,6 +70,7 @@ PIPE = [
 ]
 MS = [int(x) for x in os.environ.get("BENCH_MS", "4,8").split(",") if x]
 N4_MS = [int(x) for x in os.environ.get("BENCH_N4_MS", "8").split(",") if x]   # these m also run at n = 4
+N4_REPEATS = max(1, min(REPEATS, int(os.environ.get("BENCH_N4_REPEATS", "2"))))   # in the first rounds only: time
 if os.environ.get("BENCH_PIPE_MODELS"):
     PIPE = [c for c in PIPE if c[0] in os.environ["BENCH_PIPE_MODELS"].split(",")]
 # zb1 (ZB-H1) runs beside 1f1b: its throughput and measured bubble land in the same tables.
@@ -561,11 +563,11 @@ def section_pipeline(data, mem_rows, pred_rows, bubble_rows):
             res = {s: [] for s in SCHEDULES}
             res4 = {s: [] for s in built4}
             r1, r1m, rt = [], [], []
-            for _ in range(REPEATS):
+            for rnd in range(REPEATS):
                 for sched in SCHEDULES:
                     if isinstance(built[sched], tuple):
                         res[sched].append(attempt(run_pipe, built[sched][0], built[sched][1], data[kind], steps))
-                    if isinstance(built4.get(sched), tuple):
+                    if isinstance(built4.get(sched), tuple) and rnd < N4_REPEATS:
                         res4[sched].append(attempt(run_pipe, built4[sched][0], built4[sched][1], data[kind], steps))
                 if d1:
                     r1.append(attempt(run_pipe, d1, plan1, data[kind], steps))
@@ -661,8 +663,8 @@ def section_pipeline(data, mem_rows, pred_rows, bubble_rows):
                         "on one worker thread, so it gets no pipeline overlap, only intra-op threads. torch Pipe is GPipe only: the "
                         "same figure is used for every pipecc schedule; zb1 is the zero-bubble ZB-H1 schedule (backward split into "
                         "input- and weight-gradient halves, W's deferred into the bubble).\n\n" + "\n".join(f"- {n}" for n in dict.fromkeys(notes))
-                        + (f"\n\nn = 4 (m in {N4_MS}, the same profile as n = 2; {os.cpu_count()} cores here, so 4 ranks share "
-                           "them: reported, no target):\n\n" + "\n".join(lines4) if len(lines4) > 2 else "")
+                        + (f"\n\nn = 4 (m in {N4_MS}, the same profile as n = 2, in the first {N4_REPEATS} of the alternating "
+                           f"rounds, best kept; {os.cpu_count()} cores here, so 4 ranks share them: reported, no target):\n\n" + "\n".join(lines4) if len(lines4) > 2 else "")
                         + "".join(f"\n\n![{t}]({os.path.basename(f)})" for f, t in plots)))
 
 
@@ -695,7 +697,7 @@ def pipeline_plots(thr):
         try:
             svgplot.plot(path, series, title=title, xlabel="pipeline stages n (MPI ranks)", ylabel="samples/s",
                          xlim=(0.8, nmax + 0.2), ylim=(0, ymax),
-                         notes=[f"median step after warm-up, best of {REPEATS} alternating runs (section 2); n = 1: "
+                         notes=[f"median step after warm-up, best of {REPEATS} alternating runs ({N4_REPEATS} at n = 4; section 2); n = 1: "
                                 f"-n 1 --microbatches 1; this machine has {os.cpu_count()} cores, so n = 4 ranks share them."])
             out.append((path, title))
         except Exception as e:  # noqa: BLE001
