@@ -305,7 +305,7 @@ def torch_partitions(model, plan):
 
 
 def run_torch(b, model, cfg, train, val, splits):
-    env = dict(os.environ, OMP_NUM_THREADS=str(THREADS), MASTER_ADDR="127.0.0.1", GLOG_minloglevel="2")
+    env = b.torch_env(THREADS)   # the stages' OpenBLAS kernels for torch too
     env.setdefault("MASTER_PORT", str(29500 + os.getpid() % 2000))
     cmd = [b.PY, os.path.abspath(__file__), "torch", "--model", model, "--kind", cfg["kind"], "--data", train, "--val", val,
            "--batch", str(cfg["B"]), "--chunks", str(cfg["m"]), "--lr", str(cfg["lr"]), "--steps", str(cfg["steps"]),

@@ -12,8 +12,9 @@ A series is a dict: name, points [(x, y), ...] (None values are skipped), option
 marker (circle, square, triangle, diamond, cross, plus), size (the marker's radius, default 4.5;
 give series that may share points decreasing sizes so each stays visible), line (default True:
 joined in the order given), dash (an SVG dasharray).  Axis ranges come from the data (and the reference lines and
-regions), widened to nice tick values, unless xlim / ylim are given.  The file is written
-atomically.  Run this file to draw a demo: `python3 bench/svgplot.py /tmp/demo.svg`.
+regions), widened to nice tick values, unless xlim / ylim are given.  xlog / ylog: a logarithmic
+axis (values <= 0 are skipped; ticks at 1, 2, 5 x 10^k, or at the decades over a wide range;
+xlim / ylim, lines and regions are given in data units).  The file is written atomically.  Run this file to draw a demo: `python3 bench/svgplot.py /tmp/demo.svg`.
 """
 import math
 import os
@@ -60,6 +61,27 @@ def fmt_tick(v, step):
     return f"{v:.{decimals}f}"
 
 
+def log_ticks(lo, hi):
+    """Ticks for a log axis over [lo, hi] (log10 units): 1, 2, 5 x 10^k when it spans at most 3
+    decades, else the decades.  Returns (lo', hi', [ticks in log10 units])."""
+    if hi < lo:
+        lo, hi = hi, lo
+    if hi - lo < 1e-9:
+        lo, hi = lo - 0.5, hi + 0.5
+    a, b = math.floor(lo + 1e-9), math.ceil(hi - 1e-9)
+    mult = (1, 2, 5) if b - a <= 3 else (1,)
+    cand = [k + math.log10(f) for k in range(a, b + 1) for f in mult]
+    below = [t for t in cand if t <= lo + 1e-9]
+    above = [t for t in cand if t >= hi - 1e-9]
+    lo2, hi2 = (max(below) if below else a), (min(above) if above else b)
+    return lo2, hi2, [t for t in cand if lo2 - 1e-9 <= t <= hi2 + 1e-9]
+
+
+def log_label(t):
+    v = 10 ** t
+    return f"{v:.0f}" if v >= 1 else f"{v:.{max(1, -math.floor(t + 1e-9))}f}".rstrip("0").rstrip(".")
+
+
 def marker_svg(kind, x, y, color, r=4.5):
     if kind == "square":
         return f'<rect x="{x - r:.1f}" y="{y - r:.1f}" width="{2 * r:.1f}" height="{2 * r:.1f}" fill="{color}" stroke="white" stroke-width="0.8"/>'
@@ -79,7 +101,7 @@ def marker_svg(kind, x, y, color, r=4.5):
 
 
 def plot(path, series, title="", xlabel="", ylabel="", xlim=None, ylim=None, hlines=(), vlines=(),
-         regions=(), notes=(), width=720, height=460):
+         regions=(), notes=(), width=720, height=460, xlog=False, ylog=False):
     """Write an SVG plot of the series to path (see the module docstring); returns path.  Notes
     are lines of text under the plot, wrapped to its width; the plot area shrinks to make room for
     them and for the legend."""
@@ -90,6 +112,18 @@ def plot(path, series, title="", xlabel="", ylabel="", xlim=None, ylim=None, hli
         s.setdefault("line", True)
         s["points"] = [(float(x), float(y)) for x, y in s.get("points", ())
                        if x is not None and y is not None and math.isfinite(x) and math.isfinite(y)]
+    def lg(v, on):
+        return (math.log10(v) if v > 0 else None) if on and v is not None else v
+    if xlog or ylog:
+        for s in series:
+            s["points"] = [(lg(x, xlog), lg(y, ylog)) for x, y in s["points"]
+                           if (not xlog or x > 0) and (not ylog or y > 0)]
+        vlines = [(lg(v, xlog), t) for v, t in vlines if not xlog or v > 0]
+        hlines = [(lg(v, ylog), t) for v, t in hlines if not ylog or v > 0]
+        regions = [dict(r, **{k: tuple(lg(v, on) for v in r[k]) for k, on in (("x", xlog), ("y", ylog)) if k in r})
+                   for r in regions]
+        xlim = tuple(lg(v, xlog) for v in xlim) if xlim else xlim
+        ylim = tuple(lg(v, ylog) for v in ylim) if ylim else ylim
     xs = [p[0] for s in series for p in s["points"]] + [v for v, _ in vlines]
     ys = [p[1] for s in series for p in s["points"]] + [v for v, _ in hlines]
     for r in regions:
@@ -99,8 +133,8 @@ def plot(path, series, title="", xlabel="", ylabel="", xlim=None, ylim=None, hli
         a, b = min(vs, default=lo), max(vs, default=hi)
         pad = 0.03 * (b - a)
         return a - pad, b + pad
-    x0, x1, xt = ticks(*(xlim or padded(xs, 0.0, 1.0)))
-    y0, y1, yt = ticks(*(ylim or padded(ys, 0.0, 1.0)))
+    x0, x1, xt = (log_ticks if xlog else ticks)(*(xlim or padded(xs, 0.0, 1.0)))
+    y0, y1, yt = (log_ticks if ylog else ticks)(*(ylim or padded(ys, 0.0, 1.0)))
     if xlim:
         x0, x1, xt = xlim[0], xlim[1], [t for t in xt if xlim[0] - 1e-9 <= t <= xlim[1] + 1e-9]
     if ylim:
@@ -147,10 +181,12 @@ def plot(path, series, title="", xlabel="", ylabel="", xlim=None, ylim=None, hli
     # grid and ticks
     for t in xt:
         o.append(f'<line x1="{X(t):.1f}" y1="{top}" x2="{X(t):.1f}" y2="{top + ph}" stroke="#e6e6e6"/>')
-        o.append(f'<text x="{X(t):.1f}" y="{top + ph + 16}" text-anchor="middle">{fmt_tick(t, xstep)}</text>')
+        o.append(f'<text x="{X(t):.1f}" y="{top + ph + 16}" text-anchor="middle">'
+                 f'{log_label(t) if xlog else fmt_tick(t, xstep)}</text>')
     for t in yt:
         o.append(f'<line x1="{left}" y1="{Y(t):.1f}" x2="{left + pw}" y2="{Y(t):.1f}" stroke="#e6e6e6"/>')
-        o.append(f'<text x="{left - 6}" y="{Y(t) + 4:.1f}" text-anchor="end">{fmt_tick(t, ystep)}</text>')
+        o.append(f'<text x="{left - 6}" y="{Y(t) + 4:.1f}" text-anchor="end">'
+                 f'{log_label(t) if ylog else fmt_tick(t, ystep)}</text>')
     o.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="#333"/>')
     for v, label in hlines:
         if y0 <= v <= y1:

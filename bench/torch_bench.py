@@ -19,7 +19,8 @@ ckpt:  the eager step with activation checkpointing over the flat layer list (la
        (not timed) under torch.profiler's memory tracking, the peak of live tensor bytes above the
        step's start (tensor_step_peak_bytes) plus the weights (tensor_peak_bytes), which unlike
        RssAnon does not include what glibc keeps of freed memory.
-The models are the torch classes of onnx_models/export.py; weights come from torch.manual_seed(0).
+The models are the torch classes of onnx_models/export.py (and, for eager, bench/bench_models.py's resnet18 and
+gpt2blk); weights come from torch.manual_seed(0), as in their ONNX exports.
 The step time is the median over the steps after --warmup.
 """
 import argparse
@@ -35,6 +36,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "onnx_models"))
 from export import GPT, MLP, LeNet5, SmallResNet  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_models  # noqa: E402  (resnet18, gpt2blk: the bench-only models)
 
 
 class Embed(nn.Module):
@@ -58,6 +62,8 @@ class Head(nn.Module):
 
 def build(name):
     torch.manual_seed(0)
+    if name in bench_models.MODELS:
+        return bench_models.build(name)
     return {"mlp": MLP, "lenet": LeNet5, "resnet": SmallResNet, "gpt": GPT}[name]()
 
 
@@ -85,6 +91,12 @@ def layers_of(name, model):
 
 def batch_of(name, B):
     g = torch.Generator().manual_seed(1)
+    if name in bench_models.MODELS:
+        _, kind, shape, _ = bench_models.MODELS[name]
+        if kind == "tokens":
+            V, T = shape
+            return torch.randint(0, V, (B, T), generator=g), torch.randint(0, V, (B, T), generator=g)
+        return torch.randn(B, *shape, generator=g), torch.randint(0, 10, (B,), generator=g)
     if name == "gpt":
         return torch.randint(0, 64, (B, 32), generator=g), torch.randint(0, 64, (B, 32), generator=g)
     if name == "resnet":
