@@ -385,6 +385,7 @@ PR_INLINE void k_avgpool_grad(const float *dy, float *dx, const PoolShape *s, in
 
 /* ---- elementwise binary ops with numpy broadcasting ---- */
 enum { BIN_ADD = 0, BIN_SUB = 1, BIN_MUL = 2, BIN_DIV = 3, BIN_POW = 4, BIN_MAX = 5, BIN_MIN = 6 };
+enum { BIN_MUL_SELF = 100 }; /* kernels.h's own: pow with the exponent 2 */
 typedef struct BcastShape {
   int rank;
   int64_t out[8];      /* output dims */
@@ -413,43 +414,84 @@ static inline float bin_apply(int op, float a, float b) {
   }
 }
 
+/* A broadcast is walked a row (the output's last axis) at a time: the operands' offsets are found once
+ * per row, and along it each moves by its stride on that axis (0 where it is broadcast).  The op is
+ * chosen once per call, so each loop is plain enough to vectorise. */
+#define PR_BIN_ROWS(OP)                                                                                     \
+  for (int64_t r = 0; r < rows; r++) {                                                                      \
+    const float *ar = a + (rows == 1 ? 0 : bcast_at(s, s->sa, r * L)), *br = b + (rows == 1 ? 0 : bcast_at(s, s->sb, r * L)); \
+    float *yr = y + r * L;                                                                                  \
+    for (int64_t k = 0; k < L; k++) yr[k] = OP == BIN_MUL_SELF ? ar[k * ta] * ar[k * ta] : bin_apply(OP, ar[k * ta], br[k * tb]); \
+  }
 static inline void k_binary(int op, const float *a, const float *b, float *y, const BcastShape *s) {
-  if (s->na == s->ny && s->nb == s->ny)
-    for (int64_t i = 0; i < s->ny; i++) y[i] = bin_apply(op, a[i], b[i]);
-  else
-    for (int64_t i = 0; i < s->ny; i++) y[i] = bin_apply(op, a[bcast_at(s, s->sa, i)], b[bcast_at(s, s->sb, i)]);
+  int same = (s->na == s->ny && s->nb == s->ny) || s->rank == 0;
+  int64_t L = same ? s->ny : s->out[s->rank - 1], rows = s->ny / L;
+  int64_t ta = same ? (s->na == s->ny) : s->sa[s->rank - 1], tb = same ? (s->nb == s->ny) : s->sb[s->rank - 1];
+  switch (op) {
+  case BIN_ADD: PR_BIN_ROWS(BIN_ADD) break;
+  case BIN_SUB: PR_BIN_ROWS(BIN_SUB) break;
+  case BIN_MUL: PR_BIN_ROWS(BIN_MUL) break;
+  case BIN_DIV: PR_BIN_ROWS(BIN_DIV) break;
+  case BIN_MAX: PR_BIN_ROWS(BIN_MAX) break;
+  case BIN_MIN: PR_BIN_ROWS(BIN_MIN) break;
+  default: /* x**2, the norms' square, as x*x without evaluating powf beside it */
+    if (s->nb == 1 && b[0] == 2.0f) { PR_BIN_ROWS(BIN_MUL_SELF) } else { PR_BIN_ROWS(BIN_POW) }
+  }
 }
+#undef PR_BIN_ROWS
 
 /* Gradient for input `which` (0 = a, 1 = b), summed over its broadcast axes
- * in output order. */
+ * in output order.  Rows of the output's last axis as k_binary walks them
+ * (each element of d still gets its additions in output order), and the op's
+ * formula chosen once per call, not per element: the loops are then plain
+ * enough to vectorise whether or not the call is inlined.  a or b is NULL
+ * where the op's gradient does not read it; it is then not touched. */
+#define PR_BIN_GRAD_ROWS(EXPR)                                                                              \
+  for (int64_t r = 0; r < rows; r++) {                                                                      \
+    int64_t ia = rows == 1 ? 0 : bcast_at(s, s->sa, r * L), ib = rows == 1 ? 0 : bcast_at(s, s->sb, r * L); \
+    const float *ar = a ? a + ia : NULL, *br = b ? b + ib : NULL, *g = dy + r * L;                          \
+    float *dr = d + (which ? ib : ia);                                                                      \
+    for (int64_t k = 0; k < L; k++) {                                                                       \
+      float A = ar ? ar[k * ta] : 0, B = br ? br[k * tb] : 0, G = g[k];                                     \
+      (void)A, (void)B;                                                                                     \
+      dr[k * td] += (EXPR);                                                                                 \
+    }                                                                                                       \
+  }
 static inline void k_binary_grad(int op, int which, const float *a, const float *b, const float *dy, float *d, const BcastShape *s,
                                  int acc) {
   int64_t n = which ? s->nb : s->na;
-  const int64_t *st = which ? s->sb : s->sa;
   if (!acc) memset(d, 0, sizeof(float) * (size_t)n);
-  for (int64_t i = 0; i < s->ny; i++) {
-    int64_t ia = bcast_at(s, s->sa, i), ib = bcast_at(s, s->sb, i);
-    float g;
-    switch (op) {
-    case BIN_ADD: g = dy[i]; break;
-    case BIN_SUB: g = which ? -dy[i] : dy[i]; break;
-    case BIN_MUL: g = dy[i] * (which ? a[ia] : b[ib]); break;
-    case BIN_DIV: g = which ? -dy[i] * a[ia] / (b[ib] * b[ib]) : dy[i] / b[ib]; break;
-    /* torch.maximum / minimum: dy / 2 to each side of a tie, dy to the winner
-     * and to both when a NaN makes every comparison false. */
-    case BIN_MAX:
-    case BIN_MIN: {
-      float u = which ? b[ib] : a[ia], v = which ? a[ia] : b[ib];
-      g = u == v ? dy[i] / 2 : (op == BIN_MAX ? u < v : u > v) ? 0 : dy[i];
-      break;
-    }
-    default: /* pow */
-      g = which ? dy[i] * powf(a[ia], b[ib]) * logf(a[ia]) : dy[i] * b[ib] * powf(a[ia], b[ib] - 1);
-    }
-    d[which ? ib : ia] += g;
-    (void)st;
+  /* [rows, L]: one row when nothing is broadcast (or the output is a scalar). */
+  int same = (s->na == s->ny && s->nb == s->ny) || s->rank == 0;
+  int64_t L = same ? s->ny : s->out[s->rank - 1], rows = s->ny / L;
+  int64_t ta = same ? (s->na == s->ny) : s->sa[s->rank - 1], tb = same ? (s->nb == s->ny) : s->sb[s->rank - 1];
+  int64_t td = which ? tb : ta;
+  switch (op) {
+  case BIN_ADD: PR_BIN_GRAD_ROWS(G) break;
+  case BIN_SUB:
+    if (which) { PR_BIN_GRAD_ROWS(-G) } else { PR_BIN_GRAD_ROWS(G) }
+    break;
+  case BIN_MUL:
+    if (which) { PR_BIN_GRAD_ROWS(G * A) } else { PR_BIN_GRAD_ROWS(G * B) }
+    break;
+  case BIN_DIV:
+    if (which) { PR_BIN_GRAD_ROWS(-G * A / (B * B)) } else { PR_BIN_GRAD_ROWS(G / B) }
+    break;
+  /* torch.maximum / minimum: dy / 2 to each side of a tie, dy to the winner
+   * and to both when a NaN makes every comparison false. */
+  case BIN_MAX:
+    if (which) { PR_BIN_GRAD_ROWS(B == A ? G / 2 : B < A ? 0 : G) } else { PR_BIN_GRAD_ROWS(A == B ? G / 2 : A < B ? 0 : G) }
+    break;
+  case BIN_MIN:
+    if (which) { PR_BIN_GRAD_ROWS(B == A ? G / 2 : B > A ? 0 : G) } else { PR_BIN_GRAD_ROWS(A == B ? G / 2 : A > B ? 0 : G) }
+    break;
+  default: /* pow; x**2's b * x**(b-1) is 2 * x exactly (powf(x, 1) is x) */
+    if (which) { PR_BIN_GRAD_ROWS(G * powf(A, B) * logf(A)) }
+    else if (s->nb == 1 && b[0] == 2.0f) { PR_BIN_GRAD_ROWS(G * 2.0f * A) }
+    else { PR_BIN_GRAD_ROWS(G * B * powf(A, B - 1)) }
   }
 }
+#undef PR_BIN_GRAD_ROWS
 
 /* ---- batch normalization over N and the spatial axes, per channel ---- */
 typedef struct BnShape {
@@ -587,8 +629,20 @@ static inline void k_batchnorm_grad(const float *x, const float *gamma, const fl
 }
 
 /* ---- more elementwise ---- */
+/* erf eight at a time through glibc's vector libm (libmvec, glibc >= 2.35: at most 4 ulp from the
+ * correctly rounded value, tests/test_kernels.c checks it against erff over the whole float range);
+ * the tail and other targets use erff.  The same elements go the same way whatever the cut. */
+#if defined(PR_MVEC) && defined(__AVX2__)
+typedef float pr_v8sf __attribute__((vector_size(32), aligned(4)));
+typedef float pr_v8sf_a __attribute__((vector_size(32)));
+pr_v8sf_a _ZGVdN8v_erff(pr_v8sf_a);
+#endif
 static inline void k_erf(const float *x, float *y, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] = erff(x[i]);
+  int64_t i = 0;
+#if defined(PR_MVEC) && defined(__AVX2__)
+  for (; i + 8 <= n; i += 8) *(pr_v8sf *)(y + i) = _ZGVdN8v_erff(*(const pr_v8sf *)(x + i));
+#endif
+  for (; i < n; i++) y[i] = erff(x[i]);
 }
 static inline void k_erf_grad(const float *x, const float *dy, float *dx, int64_t n, int acc) {
   for (int64_t i = 0; i < n; i++) {
@@ -844,8 +898,16 @@ static inline void k_softmax(const float *x, float *y, int64_t rows, int64_t col
     const float *a = x + r * cols;
     float *b = y + r * cols, mx = a[0], sum = 0;
     for (int64_t k = 1; k < cols; k++) mx = a[k] > mx ? a[k] : mx;
-    for (int64_t k = 0; k < cols; k++) sum += expf(a[k] - mx);
-    for (int64_t k = 0; k < cols; k++) b[k] = log ? a[k] - mx - logf(sum) : expf(a[k] - mx) / sum;
+    if (log) {
+      for (int64_t k = 0; k < cols; k++) sum += expf(a[k] - mx);
+      for (int64_t k = 0; k < cols; k++) b[k] = a[k] - mx - logf(sum);
+      continue;
+    }
+    /* The exponentials in one loop of their own (vectorised where the build has a vector libm), then
+     * summed in order, then divided. */
+    for (int64_t k = 0; k < cols; k++) b[k] = expf(a[k] - mx);
+    for (int64_t k = 0; k < cols; k++) sum += b[k];
+    for (int64_t k = 0; k < cols; k++) b[k] /= sum;
   }
 }
 static inline void k_softmax_grad(const float *y, const float *dy, float *dx, int64_t rows, int64_t cols, int log, int acc) {

@@ -856,7 +856,7 @@ static void unflat3(int64_t i, const int *v, int *out) {
 
 static ConvShape conv_shape(const WinCase *t) {
   return (ConvShape){t->n, t->c, t->in[0], t->in[1], t->in[2], t->m, t->k[0], t->k[1], t->k[2], t->group, t->out[0], t->out[1],
-                     t->out[2], t->s[0], t->s[1], t->s[2], t->p[0], t->p[1], t->p[2], t->dl[0], t->dl[1], t->dl[2]};
+                     t->out[2], t->s[0], t->s[1], t->s[2], t->p[0], t->p[1], t->p[2], t->dl[0], t->dl[1], t->dl[2], 0, 0};
 }
 
 /* The largest error relative to the largest reference value: sums of float
@@ -964,8 +964,55 @@ static void test_pool(const WinCase *t, int count_include_pad) {
   free(x), free(y), free(dy), free(dx), free(rmax), free(ravg), free(rdmax), free(rdavg);
 }
 
+/* The vector libm the stage programs use (kernels.h, PR_MVEC): erf and exp eight at a time, against
+ * the double-precision functions over the whole float range (every 97th bit pattern, NaNs apart), within
+ * libmvec's documented 4 ulp; the infinities and NaN map as erff and expf map them. */
+#if defined(PR_MVEC) && defined(__AVX2__)
+pr_v8sf_a _ZGVdN8v_expf(pr_v8sf_a);
+static double ulp_err(float got, double want) {
+  float w = (float)want;
+  if (isnan(want)) return isnan(got) ? 0 : 1e9;
+  if (isinf(w)) return got == w ? 0 : 1e9;
+  double u = nextafterf(fabsf(w), INFINITY) - fabsf(w);
+  if (isinf(u)) u = fabsf(w) - nextafterf(fabsf(w), 0);
+  return fabs((double)got - want) / u;
+}
+static void test_mvec(int which) {
+  const char *name = which ? "exp" : "erf";
+  double worst = 0;
+  float worst_x = 0;
+  int64_t count = 0;
+  for (uint64_t bits = 0; bits < (1ull << 32); bits += 97 * 8) {
+    float x[8], y[8];
+    for (int k = 0; k < 8; k++) {
+      uint32_t b = (uint32_t)(bits + 97u * (uint32_t)k);
+      memcpy(&x[k], &b, 4);
+      if (isnan(x[k])) x[k] = 0;
+    }
+    if (which) *(pr_v8sf *)y = _ZGVdN8v_expf(*(const pr_v8sf *)x);
+    else k_erf(x, y, 8);
+    for (int k = 0; k < 8; k++, count++) {
+      double e = ulp_err(y[k], which ? exp((double)x[k]) : erf((double)x[k]));
+      if (e > worst) worst = e, worst_x = x[k];
+    }
+  }
+  float sp[3] = {INFINITY, -INFINITY, NAN}, got[8] = {0}, in[8] = {0};
+  memcpy(in, sp, sizeof sp);
+  if (which) *(pr_v8sf *)got = _ZGVdN8v_expf(*(const pr_v8sf *)in);
+  else k_erf(in, got, 8);
+  int special = which ? got[0] == INFINITY && got[1] == 0 && isnan(got[2]) : got[0] == 1 && got[1] == -1 && isnan(got[2]);
+  CHECK(special, "vector %s of inf, -inf, NaN as libm's", name);
+  CHECK(worst <= 4, "vector %s over %lld floats of the whole range: worst %.2f ulp at %a (bound 4)", name, (long long)count, worst, worst_x);
+  if (worst <= 4 && special) printf("ok - vector %s (libmvec) within %.2f ulp of the exact value over %lld floats of the whole range\n", name, worst, (long long)count);
+}
+#endif
+
 int main(void) {
   make_inputs();
+#if defined(PR_MVEC) && defined(__AVX2__)
+  test_mvec(0);
+  test_mvec(1);
+#endif
   test_nan();
   test_gelu(0);
   test_gelu(1);
