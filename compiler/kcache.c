@@ -226,6 +226,7 @@ static int entry_cmp(const void *a, const void *b) {
 
 /* Sorted by key, the last of equal keys kept. */
 static void cache_sort(Cache *c) {
+  if (c->n < 2) return; /* (qsort of a NULL array is undefined even for 0 entries) */
   qsort(c->e, (size_t)c->n, sizeof *c->e, entry_cmp);
   int w = 0;
   for (int i = 0; i < c->n; i++) {
@@ -505,7 +506,7 @@ void kcache_merge(Plan *p, Costs *c) {
       if (!aux_key(p, a, key) && (a != AUX_UPDATE || p->params > 0)) cache_put(&add, key->s, (double[3]){aux[a], 0, 0});
     free(key);
     /* Nodes of one shape (a transformer's blocks): their mean, which replaces the cache's. */
-    qsort(add.e, (size_t)add.n, sizeof *add.e, entry_cmp);
+    if (add.n > 1) qsort(add.e, (size_t)add.n, sizeof *add.e, entry_cmp);
     for (int i = 0, j; i < add.n; i = j) {
       double t[3] = {0, 0, 0};
       for (j = i; j < add.n && !strcmp(add.e[j].key, add.e[i].key); j++)
