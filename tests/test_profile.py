@@ -32,6 +32,21 @@ machine) this checks that:
   - a model's own profile plans it whatever its node names: spaces, quotes,
     backslashes, non-ASCII and control bytes, comment markers, an unnamed
     node, and a name of 600 bytes.
+  - the kernel cache (PIPECC_KERNEL_CACHE, a file in the test's directory):
+    a profile planned for --devices is not merged; the profile with this
+    machine's rate is merged by --costs (12 node entries + loader, loss,
+    update); a plan without --costs then has the --costs plan's cuts and
+    predicted step, 12 of 12 nodes from the cache (listing, plan.json, each
+    stage); -n 3 and a second model sharing 9 of LeNet's 12 shapes (renamed,
+    fc2 50 wide) reuse it; --devices and PIPECC_KERNEL_CACHE=off plans ignore
+    it; another machine's section is unused and kept by a merge; hostile
+    caches (not a cache, format 2, empty, binary, NUL and control bytes,
+    negative/NaN/inf/huge times, malformed and unknown lines, an entry
+    before any machine line, a long line, a directory, a file over 64 MiB)
+    warn naming FILE:LINE and cost those nodes from FLOPs, never fail; a merge
+    leaves a non-cache file alone and drops bad lines; pipecc-probe --kernels
+    fills it for MLP (every node of MLP -n 2 then from the cache) and refuses
+    --devices.
 Run with /usr/bin/python3 (PIPECC picks the compiler, bin/pipecc by default)."""
 import csv
 import json
