@@ -355,7 +355,9 @@ const char *machine_identity(Pool *pool, double *flops) {
       }
     fclose(f);
   }
-  char *id = pool_printf(pool, "cpu=%s;cores=%d;flops=%.4gG;blas=%s", cpu, m.cores, m.dev[0].flops / 1e9, core && *core ? core : "default");
+  /* Not the rate: a re-probe of the same machine measures another one (noise,
+   * load), and its kernels are no faster for it. */
+  char *id = pool_printf(pool, "cpu=%s;cores=%d;blas=%s", cpu, m.cores, core && *core ? core : "default");
   /* One token of printable ASCII. */
   for (char *c = id; *c; c++)
     if (*c == ' ' || *c == '\t') *c = '_';

@@ -474,7 +474,7 @@ void kcache_merge(Plan *p, Costs *c) {
   else if (c->profile_mb != p->mb_size)
     c->merge_note = pool_printf(&g->pool, "measured at micro-batch %lld, not the plan's %lld", (long long)c->profile_mb, (long long)p->mb_size);
   else if (!id) c->merge_note = "this machine has no cached probe (plan once without --devices)";
-  else if (fabs(c->rate / flops - 1) > 1e-3)
+  else if (fabs(c->rate / flops - 1) > 0.1)
     c->merge_note = pool_printf(&g->pool, "planned for %.1f GFLOP/s, not this machine's probed %.1f (taken elsewhere, or with --devices)",
                                 c->rate / 1e9, flops / 1e9);
   if (c->merge_note) return;
@@ -493,9 +493,8 @@ void kcache_merge(Plan *p, Costs *c) {
     const char *need = plan_needs(p);
     KB *key = malloc(sizeof *key);
     if (!key) abort();
-    /* Stored as seconds on this machine at its probed rate, as --costs would
-     * scale them (the profile's rate may be the unrounded probe's). */
-    double k = c->rate / flops;
+    /* Seconds on this machine, as measured (not scaled by a re-probe's rate). */
+    double k = 1;
     Cache add;
     memset(&add, 0, sizeof add);
     for (int q = 0; q < p->N; q++)
