@@ -188,7 +188,8 @@ int probe_kernels(int argc, char **argv) {
     char *s = strstr(line, "merged into the kernel cache");
     if (s) {
       merged = !strstr(line, "not merged");
-      printf("pipecc-probe: %s at -n %d: %s", model, n, s);
+      if (merged) printf("pipecc-probe: %s at -n %d: %s", model, n, s);
+      else fprintf(stderr, "pipecc-probe: %s at -n %d: %s", model, n, line + strspn(line, " "));
       break;
     }
   }
