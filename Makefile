@@ -33,9 +33,9 @@ bin/piperun-data: runtime/datagen.c runtime/data.c runtime/data.h
 	clang $(CFLAGS) $(WARN) -D_GNU_SOURCE runtime/datagen.c runtime/data.c -o $@ -lm
 
 # Measures the MPI link; pipecc runs it when it first probes the machine.
-bin/pipecc-probe: runtime/probe_mpi.c
+bin/pipecc-probe: runtime/probe_mpi.c runtime/probe_kernels.c
 	@mkdir -p $(@D)
-	mpicc $(CFLAGS) $(WARN) $< -o $@
+	mpicc $(CFLAGS) $(WARN) runtime/probe_mpi.c runtime/probe_kernels.c -o $@
 probe: bin/pipecc-probe bin/pipecc
 	rm -f $${PIPECC_CACHE:-$$HOME/.cache/pipecc/machine.txt}
 	bin/pipecc onnx_models/mlp.onnx -n 2 -o build/probe.pipe >/dev/null

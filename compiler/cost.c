@@ -18,6 +18,8 @@
 
 #include "ops.h"
 
+static const char *cache_path(char *buf, size_t len);
+
 static double numel_d(const Tensor *t) { return t ? (double)ir_numel(t) : 0; }
 
 /* Forward FLOPs of one node: its operator's own rule (compiler/ops/). */
@@ -95,6 +97,8 @@ void cost_nodes(Graph *g, NodeCost *c) {
 }
 
 /* ---- the machine ---- */
+
+const char *machine_cache_path(char *buf, size_t len) { return cache_path(buf, len); }
 
 static const char *cache_path(char *buf, size_t len) {
   const char *env = getenv("PIPECC_CACHE");
@@ -323,6 +327,45 @@ static void mkdirs_for(const char *path) {
       mkdir(tmp, 0755);
       *p = '/';
     }
+}
+
+const char *machine_identity(Pool *pool, double *flops) {
+  char buf[1024];
+  const char *path = cache_path(buf, sizeof buf);
+  const char *core = getenv("OPENBLAS_CORETYPE");
+  char blas_line[96];
+  snprintf(blas_line, sizeof blas_line, "# blas kernels: %s\n", core && *core ? core : "OpenBLAS's choice");
+  char *text = read_text(path);
+  Machine m;
+  int ok = text && strstr(text, blas_line) && strstr(text, "\nhost cores=") && !machine_parse(&m, 1, text, path);
+  free(text);
+  err_clear();
+  if (!ok) return NULL;
+  char cpu[256] = "unknown";
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  if (f) {
+    char line[1024];
+    while (fgets(line, sizeof line, f))
+      if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+        const char *v = strchr(line, ':') + 1;
+        while (*v == ' ' || *v == '\t') v++;
+        snprintf(cpu, sizeof cpu, "%s", v);
+        cpu[strcspn(cpu, "\r\n")] = 0;
+        break;
+      }
+    fclose(f);
+  }
+  /* Not the rate: a re-probe of the same machine measures another one (noise,
+   * load), and its kernels are no faster for it. */
+  char *id = pool_printf(pool, "cpu=%s;cores=%d;blas=%s", cpu, m.cores, core && *core ? core : "default");
+  /* One token of printable ASCII. */
+  for (char *c = id; *c; c++)
+    if (*c == ' ' || *c == '\t') *c = '_';
+    else if ((unsigned char)*c < 0x21 || (unsigned char)*c > 0x7e) *c = '?';
+  size_t len = strlen(id);
+  while (len && id[len - 1] == '_') id[--len] = 0;
+  *flops = m.dev[0].flops;
+  return id;
 }
 
 int machine_load(Machine *m, int n, const char *devices_file, Pool *pool) {

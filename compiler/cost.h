@@ -48,6 +48,12 @@ void cost_nodes(Graph *g, NodeCost *c);
 int machine_load(Machine *m, int n, const char *devices_file, Pool *pool);
 /* Parses a devices description (see docs/devices.md); exposed for tests. */
 int machine_parse(Machine *m, int n, const char *text, const char *name);
+/* This machine's identity as its cached probe gives it (CPU model, cores,
+ * BLAS kernels): the kernel cache's section key.  NULL when the
+ * machine cache is missing or not valid.  *flops: the probed rate. */
+const char *machine_identity(Pool *pool, double *flops);
+/* The machine cache's path: $PIPECC_CACHE, else ~/.cache/pipecc/machine.txt. */
+const char *machine_cache_path(char *buf, size_t len);
 /* Runs the probe now: GEMM rate through OpenBLAS, memcpy bandwidth, cores. */
 void machine_probe(Machine *m);
 #endif

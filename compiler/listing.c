@@ -138,6 +138,11 @@ static void stage_text(const Plan *p, int s, Buf *b) {
   buf_printf(b, "  FLOPs        %s forward, %s backward per micro-batch\n", fmt_count(ff), fmt_count(bf));
   buf_printf(b, "  predicted    forward %s + backward %s + communication %s = %s per micro-batch (%.2fx the mean)\n",
              fmt_time(c->fwd), fmt_time(c->bwd), fmt_time(c->comm), fmt_time(c->time), c->time / mean_time(p));
+  if (p->costs && p->costs->src) {
+    int hit = 0;
+    for (int k = a; k < e; k++) hit += p->costs->src[k];
+    buf_printf(b, "  costs        %d of %d nodes from the kernel cache, %d from the FLOP model\n", hit, e - a, e - a - hit);
+  }
   buf_printf(b, "  memory       %s (%.0f bytes) = weights %s + grads %s + optimizer %s + %s %s + crossing values %s + "
                 "temporaries %s (%d ring cop%s, %d micro-batch%s in flight)\n",
              fmt_bytes(c->mem_total), c->mem_total, fmt_bytes(c->mem_params), fmt_bytes(c->mem_grads), fmt_bytes(c->mem_opt),
@@ -288,10 +293,18 @@ void listing_text(const Plan *p, Buf *b) {
              n > 1 ? m->link[0].latency * 1e6 : 0, m->memcpy_bw / 1e9);
   if (m->cores > 0 && n > m->cores)
     buf_printf(b, "               %d ranks share %d cores: ranks computing at once share them (the step's simulation)\n", n, m->cores);
-  if (p->costs)
-    buf_printf(b, "  node costs   measured: --costs %s (at micro-batch %lld%s, on %.1f GFLOP/s)\n", p->costs->path,
-               (long long)p->costs->profile_mb, p->costs->profile_mb == p->mb_size ? "" : ", scaled linearly", p->costs->rate / 1e9);
-  else
+  if (p->costs && p->costs->path) {
+    const Costs *c = p->costs;
+    buf_printf(b, "  node costs   measured: --costs %s (at micro-batch %lld%s, on %.1f GFLOP/s)\n", c->path, (long long)c->profile_mb,
+               c->profile_mb == p->mb_size ? "" : ", scaled linearly", c->rate / 1e9);
+    if (c->merged) buf_printf(b, "               merged into the kernel cache %s (%d node times)\n", c->cache_path, c->merged);
+    else if (c->merge_note) buf_printf(b, "               not merged into the kernel cache: %s\n", c->merge_note);
+  } else if (p->costs) {
+    const Costs *c = p->costs;
+    buf_printf(b, "  node costs   %d of %d nodes from the kernel cache %s, %d from the FLOP model; the loader, the loss and\n"
+                  "               the update: %d of 3 from the cache (fill it: pipecc-probe --kernels MODEL, or --costs FILE)\n",
+               c->ncached, p->N, c->cache_path, p->N - c->ncached, c->aux);
+  } else
     buf_printf(b, "  node costs   FLOPs over the rate above and memory traffic over memory copies (measure them: --profile, --costs)\n");
   if (p->opt.mem_limit > 0) buf_printf(b, "  mem limit    %s per rank\n", fmt_bytes(p->opt.mem_limit));
   if (p->part_note) buf_printf(b, "  partition    %s\n", p->part_note);
@@ -401,8 +414,18 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, "  \"mem_limit_bytes\": %.0f,\n  \"machine\": {\"source\": ", p->opt.mem_limit);
   json_str(b, p->machine.source);
   buf_printf(b, ", \"memcpy_bandwidth\": %.6g, \"cores\": %d, \"costs\": ", p->machine.memcpy_bw, p->machine.cores);
-  if (p->costs) json_str(b, p->costs->path);
+  if (p->costs && p->costs->path) json_str(b, p->costs->path);
   else buf_printf(b, "null");
+  if (p->costs && p->costs->src) {
+    buf_printf(b, ", \"kernel_cache\": {\"path\": ");
+    json_str(b, p->costs->cache_path);
+    buf_printf(b, ", \"nodes_from_cache\": %d, \"nodes_from_flops\": %d, \"aux_from_cache\": %d}", p->costs->ncached,
+               p->N - p->costs->ncached, p->costs->aux);
+  } else if (p->costs && p->costs->merged) {
+    buf_printf(b, ", \"kernel_cache_merged\": {\"path\": ");
+    json_str(b, p->costs->cache_path);
+    buf_printf(b, ", \"entries\": %d}", p->costs->merged);
+  }
   buf_printf(b, ", \"ranks\": [");
   for (int s = 0; s < n; s++) buf_printf(b, "%s{\"flops\": %.6g, \"mem_bytes\": %.0f}", s ? ", " : "", p->machine.dev[s].flops, p->machine.dev[s].mem_bytes);
   buf_printf(b, "], \"links\": [");
@@ -447,6 +470,11 @@ void listing_json(const Plan *p, Buf *b) {
     }
     buf_printf(b, "],\n     \"parameters\": %.0f, \"fwd_flops\": %.0f, \"bwd_flops\": %.0f,\n", params, ff, bf);
     buf_printf(b, "     \"fwd_time_s\": %.9g, \"bwd_time_s\": %.9g, \"comm_time_s\": %.9g, \"time_s\": %.9g,\n", c->fwd, c->bwd, c->comm, c->time);
+    if (p->costs && p->costs->src) {
+      int hit = 0;
+      for (int k = a; k < e; k++) hit += p->costs->src[k];
+      buf_printf(b, "     \"costs_from_cache\": %d, \"costs_from_flops\": %d,\n", hit, e - a - hit);
+    }
     buf_printf(b, "     \"memory\": {\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"stash\": %.0f, \"received\": %.0f, "
                   "\"workspace\": %.0f, \"total\": %.0f, \"inflight\": %d, \"copies\": %d, \"estimate\": %.0f, \"exact\": %s},\n",
                c->mem_params, c->mem_grads, c->mem_opt, c->mem_stash, c->mem_recv, c->mem_work, c->mem_total, c->inflight, c->copies,

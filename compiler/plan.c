@@ -10,6 +10,7 @@
 #include "dagpart.h"
 #include "onnx_load.h"
 #include "ops.h"
+#include "kcache.h"
 #include "profile.h"
 #include "stageprog.h"
 #include "stash.h"
@@ -435,6 +436,11 @@ static void apply_order(Plan *p, PartProblem *pr, const int *order) {
     Costs *c = p->costs;
     c->fwd = (double *)permuted(pool, c->fwd, order, N), c->bwd_input = (double *)permuted(pool, c->bwd_input, order, N);
     c->bwd_weight = (double *)permuted(pool, c->bwd_weight, order, N);
+    if (c->src) {
+      char *src = pool_alloc(pool, (size_t)N + 1);
+      for (int q = 0; q < N; q++) src[q] = c->src[order[q]];
+      c->src = src;
+    }
     pr->fwd_s = c->fwd, pr->bwdi_s = c->bwd_input, pr->bwdw_s = c->bwd_weight;
   }
   collect_edges(p);
@@ -604,6 +610,9 @@ int plan_from_graph(Plan *p) {
     if (costs_load(c, o->costs, p, &g->pool)) return -1;
     pr->fwd_s = c->fwd, pr->bwdi_s = c->bwd_input, pr->bwdw_s = c->bwd_weight;
     pr->time_rate = c->rate, pr->load_s = c->load, pr->loss_s = c->loss, pr->update_per_byte = c->update_per_param / 4;
+    kcache_merge(p, c); /* the profile's times, under each node's shape key, for later plans */
+  } else {
+    kcache_apply(p, pr); /* nodes the kernel cache has times for (kcache.c); nothing changes when it has none */
   }
   /* Frozen layers: backwards that no longer run, weight gradients no longer made. */
   if (o->frozen) freeze_costs(p, arr[1], p->costs ? p->costs->bwd_input : NULL, p->costs ? p->costs->bwd_weight : NULL);

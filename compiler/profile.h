@@ -19,6 +19,15 @@ typedef struct Costs {
   double update_per_param; /* the optimizer's seconds per trained float */
   double rate;
   int64_t profile_mb;      /* the micro-batch size it was measured at (times scale linearly to the plan's) */
+  /* The kernel cache (kcache.c).  Without --costs, path is NULL and these
+   * say where the times came from: src[k] = 1 where node k's are the cache's
+   * (else the FLOP model's), ncached of them; aux: how many of the loader,
+   * the loss and the update were found there.  With --costs: merged, how
+   * many entries the profile wrote into the cache (merge_note: why none). */
+  const char *cache_path;
+  char *src;
+  int ncached, aux, merged;
+  const char *merge_note;
 } Costs;
 
 /* "K OP NAME" of graph node `node`, the K-th compute node in the model's

@@ -5,7 +5,12 @@
  * Ping-pong of 8-byte messages gives the latency (half a round trip), of
  * 4 MiB messages the bandwidth.  Rank 0 prints one devices-file line,
  * "link * bandwidth=...G latency=...us", which pipecc stores in its machine
- * cache.  Run across two nodes (a hostfile) to measure the real network. */
+ * cache.  Run across two nodes (a hostfile) to measure the real network.
+ *
+ *   bin/pipecc-probe --kernels MODEL.onnx [--batch B --microbatches M ...]
+ *
+ * times pipecc's kernels at MODEL's shapes into the kernel cache
+ * (probe_kernels.c, docs/cost.md). */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +34,11 @@ static double pingpong(int rank, char *buf, int bytes, int reps) {
   return best;
 }
 
+int probe_kernels(int argc, char **argv); /* probe_kernels.c */
+
 int main(int argc, char **argv) {
+  /* pipecc-probe --kernels MODEL ...: fills pipecc's kernel-time cache (no MPI here; mpirun is its child). */
+  if (argc > 1 && !strcmp(argv[1], "--kernels")) return probe_kernels(argc, argv);
   MPI_Init(&argc, &argv);
   int rank, size;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);

@@ -8,6 +8,7 @@ PY=/usr/bin/python3
 T=$(mktemp -d "${TMPDIR:-/tmp}/pipecc-test.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 export PIPECC_CACHE=$T/machine.txt
+export PIPECC_KERNEL_CACHE=$T/kernels.txt  # the kernel-time cache (docs/cost.md): empty, so plans are the FLOP model's
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
@@ -52,7 +53,7 @@ suite "generated/ is what the compiler writes" bash tests/test_generated.sh
 suite "training parity with PyTorch, bit-identity across n and schedules" env PIPECC=bin/pipecc $PY tests/test_parity.py
 suite "ResNet training parity with PyTorch (BatchNorm, residuals), n = 1 and 4" $PY tests/test_parity_models.py
 suite "memory plan: offload to a peer or a file, recompute, bit-identical under --mem-limit, compiled by the ASan build (make test-memory: every model, n, schedule)" env PIPECC=bin/pipecc-asan $PY tests/test_memory.py --quick
-suite "measured node costs: pipecc --profile, run.sh --profile, --costs (hostile profiles refused) (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_profile.py
+suite "measured node costs: pipecc --profile, run.sh --profile, --costs (hostile profiles refused), the kernel cache and pipecc-probe --kernels (hostile caches warned about) (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_profile.py
 suite "PipeFB: forward ranks and backward ranks, bit-identical to -n 1 (lenet, gpt at n = 2, 4), the forward ranks' arena, bad flags (ASan build; the whole matrix: make test-pipefb)" env PIPECC=bin/pipecc-asan $PY tests/test_pipefb.py --quick
 suite "async: a pipeline that never drains, against a PyTorch simulation of its staleness rule (mlp, lenet, gpt; K = 1, 2), n = 2 and 4 bit-identical, refusals (ASan build; the whole matrix: make test-async)" env PIPECC=bin/pipecc-asan $PY tests/test_async.py --quick
 suite "frozen layers: --frozen and run.sh --freeze-at (a freeze event re-plans and continues) against PyTorch with requires_grad=False, a re-plan killed and resumed, hostile --frozen files (ASan build; the whole suite: make test-freeze)" env PIPECC=bin/pipecc-asan $PY tests/test_freeze.py --quick

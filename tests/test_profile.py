@@ -32,12 +32,28 @@ machine) this checks that:
   - a model's own profile plans it whatever its node names: spaces, quotes,
     backslashes, non-ASCII and control bytes, comment markers, an unnamed
     node, and a name of 600 bytes.
+  - the kernel cache (PIPECC_KERNEL_CACHE, a file in the test's directory):
+    a profile planned for --devices is not merged; the profile with this
+    machine's rate is merged by --costs (12 node entries + loader, loss,
+    update); a plan without --costs then has the --costs plan's cuts and
+    predicted step, 12 of 12 nodes from the cache (listing, plan.json, each
+    stage); -n 3 and a second model sharing 9 of LeNet's 12 shapes (renamed,
+    fc2 50 wide) reuse it; --devices and PIPECC_KERNEL_CACHE=off plans ignore
+    it; another machine's section is unused and kept by a merge; hostile
+    caches (not a cache, format 2, empty, binary, NUL and control bytes,
+    negative/NaN/inf/huge times, malformed and unknown lines, an entry
+    before any machine line, a long line, a directory, a file over 64 MiB)
+    warn naming FILE:LINE and cost those nodes from FLOPs, never fail; a merge
+    leaves a non-cache file alone and drops bad lines; pipecc-probe --kernels
+    fills it for MLP (every node of MLP -n 2 then from the cache) and refuses
+    --devices.
 Run with /usr/bin/python3 (PIPECC picks the compiler, bin/pipecc by default)."""
 import csv
 import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -270,9 +286,205 @@ def hostile_cases(tmp, good, mlp_profile):
     return cases
 
 
+# ---- the kernel cache (compiler/kcache.c) ----
+
+PROBE = os.path.join(ROOT, "bin", "pipecc-probe")
+
+
+def kc_plan(out, *extra, model="lenet", n=2, cache=None):
+    """pipecc without --devices (the kernel cache applies), --plan-only; cache: PIPECC_KERNEL_CACHE for this call."""
+    env = dict(os.environ)
+    if cache is not None:
+        env["PIPECC_KERNEL_CACHE"] = cache
+    return run([PIPECC, MODEL.get(model, model), "-n", str(n), "--batch", str(BATCH), "--microbatches", str(MICRO), "--plan-only",
+                "--listing", "-o", out, *extra], env=env)
+
+
+def kc_entries(path):
+    """{machine: [(fwd, bi, bw, key)]} of a kernel cache file."""
+    secs, cur = {}, None
+    for line in open(path, errors="replace").read().splitlines():
+        if line.startswith("machine "):
+            cur = line[8:]
+            secs.setdefault(cur, [])
+        elif line.startswith("k ") and cur is not None:
+            t = line.split(" ")
+            secs[cur].append((float(t[1]), float(t[2]), float(t[3]), t[4]))
+    return secs
+
+
+def kernel_cache_cases(tmp, good, data):
+    """A profile merged into the cache plans as --costs does; shapes shared with another model and another n are reused;
+    hostile and foreign caches are warned about and ignored line by line (ASan build)."""
+    kc = os.environ["PIPECC_KERNEL_CACHE"]
+    flop_dir = os.path.join(tmp, "kc-flop")
+    r = kc_plan(flop_dir, cache="off")
+    if not check(r.returncode == 0 and sanitizer_clean(r), "PIPECC_KERNEL_CACHE=off: lenet -n 2 plans from FLOPs", tail(r)):
+        return
+    flop = plan_json(flop_dir)
+    rate = flop["machine"]["ranks"][0]["flops"]
+    check("kernel_cache" not in flop["machine"] and "node costs   FLOPs" in r.stdout and "kernel cache" not in r.stdout,
+          "without cache entries the plan and the listing are the FLOP model's, with no word of the cache")
+    # The test profile was planned for tests/devices_equal.txt; with this machine's probed rate it is a profile of this machine.
+    here = write(os.path.join(tmp, "here.profile"), re.sub(r"^rate .*$", f"rate {rate!r}", good, flags=re.M))
+    r = pipecc(os.path.join(tmp, "kc-devices"), "--costs", prof_for_devices(tmp, good), "--plan-only", "--listing")
+    check(r.returncode == 0 and "not merged into the kernel cache: planned for 50.0 GFLOP/s" in r.stdout and not os.path.exists(kc),
+          "a profile planned for --devices figures is not merged (the listing says why)", tail(r))
+    costs_dir = os.path.join(tmp, "kc-costs")
+    r = kc_plan(costs_dir, "--costs", here)
+    if not check(r.returncode == 0 and sanitizer_clean(r) and f"merged into the kernel cache {kc} (12 node times)" in r.stdout,
+                 "pipecc --costs (a profile of this machine) merges its 12 node times into the cache", tail(r)):
+        return
+    costs = plan_json(costs_dir)
+    secs = kc_entries(kc)
+    check(open(kc).read().startswith("pipecc-kernels 1\n") and len(secs) == 1 and len(next(iter(secs.values()))) == 12 + 3,
+          f"the cache file: a header, one machine section, 12 node entries + load, loss, update ({[len(v) for v in secs.values()]})")
+    check(costs["machine"].get("kernel_cache_merged", {}).get("entries") == 12, "plan.json says what was merged")
+    # Without --costs: the same plan.
+    cache_dir = os.path.join(tmp, "kc-cache")
+    r = kc_plan(cache_dir)
+    if check(r.returncode == 0 and sanitizer_clean(r), "lenet -n 2 without --costs plans from the cache", tail(r)):
+        cached = plan_json(cache_dir)
+        kcj = cached["machine"].get("kernel_cache", {})
+        check(kcj.get("nodes_from_cache") == 12 and kcj.get("nodes_from_flops") == 0 and kcj.get("aux_from_cache") == 3,
+              f"plan.json: 12 of 12 nodes and the loader, loss and update from the cache ({kcj})")
+        check(f"12 of 12 nodes from the kernel cache {kc}, 0 from the FLOP model" in r.stdout, "the listing says 12 of 12 from the cache")
+        check([s.get("costs_from_cache") for s in cached["stage_plans"]] == [e - b for b, e in cuts(cached)],
+              "each stage's costs_from_cache is its node count")
+        pc, pk = costs["predicted_step_time_s"], cached["predicted_step_time_s"]
+        check(cuts(cached) == cuts(costs) and abs(pc - pk) <= 1e-9 * pc,
+              f"the cache's plan is the --costs plan: cuts {cuts(cached)} vs {cuts(costs)}, step {pk!r} vs {pc!r}")
+        check(all(abs(a["fwd_time_s"] - b["fwd_time_s"]) <= 1e-9 * b["fwd_time_s"] for a, b in zip(cached["stage_plans"], costs["stage_plans"])),
+              "and each stage's predicted forward")
+        check(pk != flop["predicted_step_time_s"], "and not the FLOP model's step")
+    # Another n: every node reused.
+    r = kc_plan(os.path.join(tmp, "kc-n3"), n=3)
+    if check(r.returncode == 0 and sanitizer_clean(r), "lenet -n 3 plans", tail(r)):
+        check(plan_json(os.path.join(tmp, "kc-n3"))["machine"].get("kernel_cache", {}).get("nodes_from_cache") == 12,
+              "at -n 3 the same 12 shapes come from the cache")
+    # Another model sharing shapes: LeNet renamed, with fc2 84 -> 50 wide (fc2, its Relu and fc3 change shape).
+    import numpy as np
+    from onnx import numpy_helper
+    m = onnx.load(MODEL["lenet"])
+    for i, nd in enumerate(m.graph.node):
+        nd.name = f"other{i}"
+    inits = {t.name: t for t in m.graph.initializer}
+    for name, fn in (("fc2.weight", lambda a: a[:50]), ("fc2.bias", lambda a: a[:50]), ("fc3.weight", lambda a: a[:, :50])):
+        arr = np.ascontiguousarray(fn(numpy_helper.to_array(inits[name])))
+        inits[name].CopyFrom(numpy_helper.from_array(arr, name))
+    del m.graph.value_info[:]
+    other = os.path.join(tmp, "other.onnx")
+    onnx.save(m, other)
+    r = kc_plan(os.path.join(tmp, "kc-other"), model=other)
+    if check(r.returncode == 0 and sanitizer_clean(r), "a second model (renamed LeNet, fc2 50 wide) plans", tail(r)):
+        kcj = plan_json(os.path.join(tmp, "kc-other"))["machine"].get("kernel_cache", {})
+        check(kcj.get("nodes_from_cache") == 9 and kcj.get("nodes_from_flops") == 3,
+              f"it reuses the 9 shapes it shares with LeNet; 3 from the FLOP model ({kcj})")
+        check("9 of 12 nodes from the kernel cache" in r.stdout and "3 from the FLOP model" in r.stdout, "the listing says 9 of 12")
+    # --devices plans another machine: the cache is not used.
+    r = pipecc(os.path.join(tmp, "kc-dev"), "--plan-only")
+    check(r.returncode == 0 and "kernel_cache" not in plan_json(os.path.join(tmp, "kc-dev"))["machine"], "--devices plans ignore the cache")
+
+    # A foreign machine's section: kept by merges, never used.
+    text = open(kc).read()
+    mine = re.search(r"^machine (\S+)$", text, re.M).group(1)
+    foreign = write(os.path.join(tmp, "foreign.txt"), text.replace(f"machine {mine}", "machine cpu=Another_CPU;cores=64;flops=999G;blas=x"))
+    r = kc_plan(os.path.join(tmp, "kc-foreign"), cache=foreign)
+    check(r.returncode == 0 and plan_json(os.path.join(tmp, "kc-foreign"))["predicted_step_time_s"] == flop["predicted_step_time_s"]
+          and "kernel cache" not in r.stdout and "warning" not in r.stderr,
+          "another machine's entries are not used: the FLOP model's plan, no warning", tail(r))
+    r = kc_plan(os.path.join(tmp, "kc-foreign-merge"), "--costs", here, cache=foreign)
+    s2 = kc_entries(foreign)
+    check(r.returncode == 0 and len(s2) == 2 and len(s2.get(mine, [])) == 15 and len(s2.get("cpu=Another_CPU;cores=64;flops=999G;blas=x", [])) == 15,
+          f"a merge keeps the other machine's section and adds this one's ({ {k[:20]: len(v) for k, v in s2.items()} })")
+
+    # Hostile caches: warned about naming FILE:LINE, the bad lines ignored (their nodes from FLOPs), never a crash.
+    lines = text.splitlines()
+    first_k = next(i for i, line in enumerate(lines) if line.startswith("k "))
+    conv = next(i for i, line in enumerate(lines) if line.startswith("k ") and "Conv|" in line)
+
+    def with_line(i, new):
+        ls = list(lines)
+        ls[i] = new
+        return "\n".join(ls) + "\n"
+
+    t = lines[conv].split(" ")
+    hostile = [  # (name, text or None for a special file, line or None, hits expected: 11 one node dropped, 0 the whole file)
+        ("not a cache", "hello\n" + text, 1, 0),
+        ("format 2", text.replace("pipecc-kernels 1", "pipecc-kernels 2"), 1, 0),
+        ("an empty file", "", None, 0),
+        ("binary garbage", bytes(range(256)) * 40, 1, 0),
+        ("a NUL byte in an entry", with_line(conv, lines[conv][:20] + "\0" + lines[conv][20:]), conv + 1, 11),
+        ("a control byte in a key", with_line(conv, lines[conv] + "\x1b[2J"), conv + 1, 11),
+        ("a negative time", with_line(conv, " ".join(["k", "-1"] + t[2:])), conv + 1, 11),
+        ("a NaN time", with_line(conv, " ".join(["k", "nan"] + t[2:])), conv + 1, 11),
+        ("an infinite time", with_line(conv, " ".join(["k", t[1], "inf"] + t[3:])), conv + 1, 11),
+        ("an overflowing time", with_line(conv, " ".join(["k", t[1], t[2], "1e999"] + t[4:])), conv + 1, 11),
+        ("a time over 10^6 s", with_line(conv, " ".join(["k", "2e6"] + t[2:])), conv + 1, 11),
+        ("trailing junk on a time", with_line(conv, " ".join(["k", t[1] + "s"] + t[2:])), conv + 1, 11),
+        ("two times only", with_line(conv, " ".join(t[:3] + t[4:])), conv + 1, 11),
+        ("a key with a space", with_line(conv, lines[conv] + " x"), conv + 1, 11),
+        ("a line over 8192 bytes", with_line(conv, lines[conv] + "x" * 9000), conv + 1, 11),
+        ("an unknown entry", with_line(conv, "bogus " + lines[conv]), conv + 1, 11),
+        ("an entry before any machine line", "\n".join(lines[:first_k - 1] + [lines[conv]] + lines[first_k - 1:conv] + lines[conv + 1:]) + "\n",
+         first_k, 11),
+        ("a machine line with two words", text.replace(f"machine {mine}", f"machine {mine} extra"), first_k, 0),
+    ]
+    for i, (name, content, line, hits) in enumerate(hostile):
+        path = os.path.join(tmp, f"kc-hostile.{i}.txt")
+        with open(path, "wb") as f:
+            f.write(content if isinstance(content, bytes) else content.encode("latin-1"))
+        out = os.path.join(tmp, f"kc-hostile.{i}")
+        r = kc_plan(out, cache=path)
+        where = f"pipecc: warning: kernel cache {path}" + (f":{line}:" if line else ":")
+        ok = r.returncode == 0 and sanitizer_clean(r) and where in r.stderr
+        got = plan_json(out)["machine"].get("kernel_cache", {}).get("nodes_from_cache", 0) if ok else None
+        check(ok and got == hits, f"kernel cache with {name}: warned at {'line %d' % line if line else 'the file'}, "
+              f"{hits} nodes from it", f"rc {r.returncode}, hits {got}: {tail(r, 300)!r}")
+    for name, path in (("a directory", os.path.join(tmp, "a-kc-dir")), ("a file over 64 MiB", os.path.join(tmp, "kc-big.txt"))):
+        if name == "a directory":
+            os.mkdir(path)
+        else:
+            with open(path, "w") as f:
+                f.write(text)
+                f.truncate(64 * 1024 * 1024 + 1)
+        out = os.path.join(tmp, "kc-special")
+        shutil.rmtree(out, ignore_errors=True)
+        r = kc_plan(out, cache=path)
+        check(r.returncode == 0 and sanitizer_clean(r) and f"pipecc: warning: kernel cache {path}:" in r.stderr
+              and "kernel_cache" not in plan_json(out)["machine"], f"kernel cache {name}: warned, not used", tail(r))
+    # A merge into a corrupt file leaves it; a merge into one with bad lines drops them.
+    bad = write(os.path.join(tmp, "kc-notacache.txt"), "hello\n")
+    r = kc_plan(os.path.join(tmp, "kc-m1"), "--costs", here, cache=bad)
+    check(r.returncode == 0 and open(bad).read() == "hello\n" and "not merged into the kernel cache: the cache file is not" in r.stdout,
+          "a merge into a file that is not a kernel cache leaves it as it is", tail(r))
+    badl = write(os.path.join(tmp, "kc-badline.txt"), with_line(conv, " ".join(["k", "nan"] + t[2:])))
+    r = kc_plan(os.path.join(tmp, "kc-m2"), "--costs", here, cache=badl)
+    check(r.returncode == 0 and "nan" not in open(badl).read() and len(kc_entries(badl)[mine]) == 15
+          and f"kernel cache {badl}:{conv + 1}:" in r.stderr, "a merge drops a bad line (with a warning) and writes every entry", tail(r))
+
+    # pipecc-probe --kernels: a profile build of MLP at -n 1, two steps, merged.
+    probe_cache = os.path.join(tmp, "kc-probe.txt")
+    env = dict(os.environ, PIPECC_KERNEL_CACHE=probe_cache)
+    r = run([PROBE, "--kernels", MODEL["mlp"], "-n", "1", "--batch", str(BATCH), "--microbatches", str(MICRO), "--steps", "2", "--data", data],
+            env=env, timeout=300)
+    if check(r.returncode == 0 and "merged into the kernel cache" in r.stdout, "pipecc-probe --kernels mlp merges its times", tail(r)):
+        r = kc_plan(os.path.join(tmp, "kc-probe-mlp"), model="mlp", cache=probe_cache)
+        pj = plan_json(os.path.join(tmp, "kc-probe-mlp"))
+        check(r.returncode == 0 and pj["machine"].get("kernel_cache", {}).get("nodes_from_flops") == 0,
+              f"then MLP -n 2 plans every node from the cache ({pj['machine'].get('kernel_cache')})", tail(r))
+    r = run([PROBE, "--kernels", MODEL["mlp"], "--devices", DEVICES], env=env)
+    check(r.returncode == 2 and "--devices is not for --kernels" in r.stderr, "pipecc-probe --kernels refuses --devices", tail(r))
+
+
+def prof_for_devices(tmp, good):
+    return write(os.path.join(tmp, "devices.profile"), good)
+
+
 def main():
     t_start = time.time()
     with tempfile.TemporaryDirectory() as tmp:
+        os.environ["PIPECC_KERNEL_CACHE"] = os.path.join(tmp, "kernels.txt")  # never the user's cache
         data = os.path.join(tmp, "mnist")
         g = run([DATAGEN, "mnist", data, "--n", "2048", "--seed", "1"])
         if not check(g.returncode == 0, "piperun-data mnist --n 2048", tail(g)):
@@ -447,6 +659,10 @@ def main():
         dev = write(os.path.join(tmp, "devices.badkey"), base + "host threads=2\n")
         r = pipecc(os.path.join(tmp, "cores-badkey"), "--plan-only", devices=dev)
         check(r.returncode != 0 and f"{dev}:{nbase + 1}: unknown key 'threads'" in r.stderr, "host threads=2: an unknown key", tail(r, 200))
+
+        # ---- 9. the kernel cache ----
+        if good:
+            kernel_cache_cases(tmp, good, data)
 
         # ---- 8. node names: a model's own profile plans it whatever its names ----
         renamed = {
