@@ -1646,14 +1646,26 @@ static inline void k_gru_grad(const float *x, const float *w, const float *r, co
 }
 
 /* ---- optimizers (PyTorch's update rules, step by step) ---- */
+/* The flags are tested once per call, not per element, so each loop vectorises; every element gets the
+ * same expressions as in one loop with the tests inside. */
 static inline void k_sgd(float *p, const float *g, float *buf, int64_t n, float lr, float momentum, float wd, int first) {
+  if (wd == 0 && momentum == 0) {
+    for (int64_t i = 0; i < n; i++) p[i] = p[i] + (-lr) * g[i];
+    return;
+  }
+  if (momentum == 0) {
+    for (int64_t i = 0; i < n; i++) {
+      float d = g[i];
+      d = d + wd * p[i];
+      p[i] = p[i] + (-lr) * d;
+    }
+    return;
+  }
   for (int64_t i = 0; i < n; i++) {
     float d = g[i];
     if (wd != 0) d = d + wd * p[i];
-    if (momentum != 0) {
-      buf[i] = first ? d : buf[i] * momentum + d;
-      d = buf[i];
-    }
+    buf[i] = first ? d : buf[i] * momentum + d;
+    d = buf[i];
     p[i] = p[i] + (-lr) * d;
   }
 }

@@ -918,6 +918,12 @@ static double lr_at(const Run *r, int64_t step) {
 }
 
 static void check_finite(const Run *r, const char *what, const char *name, const float *x, int64_t n) {
+  /* A pass over the exponent bits that vectorises (all ones: Inf or NaN); the element is looked for only
+   * when there is one. */
+  const uint32_t *b = (const uint32_t *)x;
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; i++) bad |= (b[i] & 0x7f800000u) == 0x7f800000u;
+  if (!bad) return;
   for (int64_t i = 0; i < n; i++)
     if (!isfinite(x[i]))
       die(3, "step %lld: %s of '%s' is %s at element %lld; stopping (lower --lr?)", (long long)r->step + 1, what, name,
