@@ -383,6 +383,32 @@ PR_INLINE void k_avgpool_grad(const float *dy, float *dx, const PoolShape *s, in
   })
 }
 
+/* ---- sums in eight lanes ----
+ * A sum in one running total is a chain of dependent adds that no compiler may vectorise.  These keep
+ * eight totals, element k going to lane k % 8, and add the lanes in a fixed tree at the end: the order is
+ * fixed by the length alone, so every rank that runs a kernel gets the same bits, at vector speed. */
+static inline float pr_lanes_total(const float *l) {
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+static inline float pr_sum8(const float *x, int64_t n) {
+  float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int j = 0; j < 8; j++) l[j] += x[k + j];
+  float t = pr_lanes_total(l);
+  for (; k < n; k++) t += x[k];
+  return t;
+}
+static inline float pr_dot8(const float *x, const float *y, int64_t n) {
+  float l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 8 <= n; k += 8)
+    for (int j = 0; j < 8; j++) l[j] += x[k + j] * y[k + j];
+  float t = pr_lanes_total(l);
+  for (; k < n; k++) t += x[k] * y[k];
+  return t;
+}
+
 /* ---- elementwise binary ops with numpy broadcasting ---- */
 enum { BIN_ADD = 0, BIN_SUB = 1, BIN_MUL = 2, BIN_DIV = 3, BIN_POW = 4, BIN_MAX = 5, BIN_MIN = 6 };
 enum { BIN_MUL_SELF = 100 }; /* kernels.h's own: pow with the exponent 2 */
@@ -440,9 +466,10 @@ static inline void k_binary(int op, const float *a, const float *b, float *y, co
 }
 #undef PR_BIN_ROWS
 
-/* Gradient for input `which` (0 = a, 1 = b), summed over its broadcast axes
- * in output order.  Rows of the output's last axis as k_binary walks them
- * (each element of d still gets its additions in output order), and the op's
+/* Gradient for input `which` (0 = a, 1 = b), summed over its broadcast axes:
+ * rows of the output's last axis as k_binary walks them, a row that sums into
+ * one element of d (a norm's scale) in eight lanes, the others in output
+ * order; the op's
  * formula chosen once per call, not per element: the loops are then plain
  * enough to vectorise whether or not the call is inlined.  a or b is NULL
  * where the op's gradient does not read it; it is then not touched. */
@@ -451,6 +478,24 @@ static inline void k_binary(int op, const float *a, const float *b, float *y, co
     int64_t ia = rows == 1 ? 0 : bcast_at(s, s->sa, r * L), ib = rows == 1 ? 0 : bcast_at(s, s->sb, r * L); \
     const float *ar = a ? a + ia : NULL, *br = b ? b + ib : NULL, *g = dy + r * L;                          \
     float *dr = d + (which ? ib : ia);                                                                      \
+    if (td == 0 && L >= 16) { /* the row sums into one element: in lanes (pr_sum8) */                       \
+      float l[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t;                                                             \
+      int64_t k = 0;                                                                                        \
+      for (; k + 8 <= L; k += 8)                                                                            \
+        for (int j = 0; j < 8; j++) {                                                                       \
+          float A = ar ? ar[(k + j) * ta] : 0, B = br ? br[(k + j) * tb] : 0, G = g[k + j];                 \
+          (void)A, (void)B;                                                                                 \
+          l[j] += (EXPR);                                                                                   \
+        }                                                                                                   \
+      t = pr_lanes_total(l);                                                                                \
+      for (; k < L; k++) {                                                                                  \
+        float A = ar ? ar[k * ta] : 0, B = br ? br[k * tb] : 0, G = g[k];                                   \
+        (void)A, (void)B;                                                                                   \
+        t += (EXPR);                                                                                        \
+      }                                                                                                     \
+      dr[0] += t;                                                                                           \
+      continue;                                                                                             \
+    }                                                                                                       \
     for (int64_t k = 0; k < L; k++) {                                                                       \
       float A = ar ? ar[k * ta] : 0, B = br ? br[k * tb] : 0, G = g[k];                                     \
       (void)A, (void)B;                                                                                     \
@@ -880,7 +925,16 @@ static inline int64_t reduce_at(const ReduceShape *s, int64_t i) {
   }
   return out;
 }
+/* A reduction over trailing axes (a norm's mean over the features) sums each output's contiguous run in
+ * lanes (pr_sum8); any other in input order. */
 static inline void k_reduce(const float *x, float *y, const ReduceShape *s) {
+  int t = 0; /* the reduced axes are the last t, and only they */
+  while (t < s->rank && (s->mask >> (s->rank - 1 - t) & 1)) t++;
+  if (t > 0 && s->mask == ((1 << s->rank) - 1) - ((1 << (s->rank - t)) - 1)) {
+    int64_t inner = s->n / s->nout;
+    for (int64_t o = 0; o < s->nout; o++) y[o] = pr_sum8(x + o * inner, inner) * s->scale;
+    return;
+  }
   memset(y, 0, sizeof(float) * (size_t)s->nout);
   for (int64_t i = 0; i < s->n; i++) y[reduce_at(s, i)] += x[i];
   for (int64_t o = 0; o < s->nout; o++) y[o] *= s->scale;
@@ -897,24 +951,32 @@ static inline void k_softmax(const float *x, float *y, int64_t rows, int64_t col
   for (int64_t r = 0; r < rows; r++) {
     const float *a = x + r * cols;
     float *b = y + r * cols, mx = a[0], sum = 0;
-    for (int64_t k = 1; k < cols; k++) mx = a[k] > mx ? a[k] : mx;
+    /* The maximum in eight lanes too: exact in any order (a NaN in the row makes the loss NaN anyway). */
+    int64_t k0 = 1;
+    if (cols >= 16) {
+      float l[8];
+      for (int j = 0; j < 8; j++) l[j] = a[j];
+      for (k0 = 8; k0 + 8 <= cols; k0 += 8)
+        for (int j = 0; j < 8; j++) l[j] = a[k0 + j] > l[j] ? a[k0 + j] : l[j];
+      for (int j = 0; j < 8; j++) mx = l[j] > mx ? l[j] : mx;
+    }
+    for (int64_t k = k0; k < cols; k++) mx = a[k] > mx ? a[k] : mx;
     if (log) {
       for (int64_t k = 0; k < cols; k++) sum += expf(a[k] - mx);
       for (int64_t k = 0; k < cols; k++) b[k] = a[k] - mx - logf(sum);
       continue;
     }
     /* The exponentials in one loop of their own (vectorised where the build has a vector libm), then
-     * summed in order, then divided. */
+     * summed in lanes, then divided. */
     for (int64_t k = 0; k < cols; k++) b[k] = expf(a[k] - mx);
-    for (int64_t k = 0; k < cols; k++) sum += b[k];
+    sum = pr_sum8(b, cols);
     for (int64_t k = 0; k < cols; k++) b[k] /= sum;
   }
 }
 static inline void k_softmax_grad(const float *y, const float *dy, float *dx, int64_t rows, int64_t cols, int log, int acc) {
   for (int64_t r = 0; r < rows; r++) {
     const float *p = y + r * cols, *g = dy + r * cols;
-    float *d = dx + r * cols, dot = 0;
-    for (int64_t k = 0; k < cols; k++) dot += log ? g[k] : g[k] * p[k];
+    float *d = dx + r * cols, dot = log ? pr_sum8(g, cols) : pr_dot8(g, p, cols);
     for (int64_t k = 0; k < cols; k++) {
       float v = log ? g[k] - expf(p[k]) * dot : p[k] * (g[k] - dot);
       d[k] = acc ? d[k] + v : v;
