@@ -396,21 +396,30 @@ int machine_load(Machine *m, int n, const char *devices_file, Pool *pool) {
   Machine probe;
   machine_probe(&probe);
   int mpi = probe_link(&probe.link[0]);
+  /* The figures as the cache file holds them (4 digits), and this plan uses
+   * them as read back from that text: every later plan reads the file, and a
+   * probing plan that kept the unrounded figures would plan another machine
+   * (a rate 3e-4 off scales every time of a --costs or kernel-cache plan). */
+  char fig[512];
+  int nfig = snprintf(fig, sizeof fig, "%s%s%srank * flops=%.4gG\nlink * bandwidth=%.4gG latency=%.3gus\nmemcpy bandwidth=%.4gG\n",
+                      "# pipecc machine probe: single-thread OpenBLAS SGEMM rate, memcpy bandwidth,\n",
+                      mpi ? "# and the MPI link measured by pipecc-probe (two ranks on this machine).\n"
+                          : "# and the link estimated from memcpy (pipecc-probe could not run MPI here).\n",
+                      blas_line, probe.dev[0].flops / 1e9, probe.link[0].bandwidth / 1e9, probe.link[0].latency * 1e6, probe.memcpy_bw / 1e9);
+  if (probe.cores && nfig > 0 && (size_t)nfig < sizeof fig) snprintf(fig + nfig, sizeof fig - (size_t)nfig, "host cores=%d\n", probe.cores);
   FILE *f = (mkdirs_for(path), fopen(path, "w"));
   if (f) {
-    fprintf(f, "# pipecc machine probe: single-thread OpenBLAS SGEMM rate, memcpy bandwidth,\n");
-    fprintf(f, mpi ? "# and the MPI link measured by pipecc-probe (two ranks on this machine).\n"
-                   : "# and the link estimated from memcpy (pipecc-probe could not run MPI here).\n");
-    fputs(blas_line, f);
-    fprintf(f, "rank * flops=%.4gG\nlink * bandwidth=%.4gG latency=%.3gus\nmemcpy bandwidth=%.4gG\n", probe.dev[0].flops / 1e9,
-            probe.link[0].bandwidth / 1e9, probe.link[0].latency * 1e6, probe.memcpy_bw / 1e9);
-    if (probe.cores) fprintf(f, "host cores=%d\n", probe.cores);
+    fputs(fig, f);
     fclose(f);
   }
-  for (int s = 0; s < n; s++) m->dev[s] = probe.dev[0], m->link[s] = probe.link[0];
-  m->nranks = n;
-  m->memcpy_bw = probe.memcpy_bw;
-  m->cores = probe.cores;
+  if (machine_parse(m, n, fig, path)) { /* (cannot fail on its own text; the unrounded figures then) */
+    err_clear();
+    memset(m, 0, sizeof *m);
+    for (int s = 0; s < n; s++) m->dev[s] = probe.dev[0], m->link[s] = probe.link[0];
+    m->nranks = n;
+    m->memcpy_bw = probe.memcpy_bw;
+    m->cores = probe.cores;
+  }
   m->source = pool_printf(pool, "probe of this machine (now%s), cached in %s", mpi ? ", MPI link measured" : ", link estimated", path);
   return 0;
 }
