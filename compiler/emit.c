@@ -210,9 +210,8 @@ static int has_eval_forward(const StageProg *sp) {
   return 0;
 }
 
-static void emit_calls(Buf *o, const StageProg *sp, const Call *calls, int n, int which, const int *local) {
-  if (local && which != 3) buf_printf(o, "  PR_PROF_START();\n");
-  for (int i = 0; i < n; i++) {
+static void emit_calls_range(Buf *o, const StageProg *sp, const Call *calls, int n, int lo, int hi, int which, const int *local) {
+  for (int i = lo; i < hi; i++) {
     if (!emitted(sp, &calls[i], i, which)) continue;
     buf_printf(o, "  /* ");
     put_comment(o, calls[i].comment ? calls[i].comment : "");
@@ -239,6 +238,47 @@ static void emit_calls(Buf *o, const StageProg *sp, const Call *calls, int n, in
     emit_mark(o, sp, calls, n, which, local, i);
     emit_poll(o, sp, calls, n, which, i);
   }
+}
+
+/* A long function is cut into parts of at most PART_CALLS calls, each its own function that clang may
+ * not inline back: its optimiser's time grows faster than linearly with a function's size, and one
+ * function of a thousand calls (densenet121's forward) was most of a 170 s build.  The parts run in
+ * order, so the arithmetic is the same. */
+enum { PART_CALLS = 96 };
+
+/* Emits `static void NAME(PARAMS) { ... }` running calls[0..n) (those `which` selects). */
+static void emit_fn(Buf *o, const StageProg *sp, const char *name, const char *params, const char *args, const Call *calls, int n,
+                    int which, const int *local) {
+  char voids[128] = "(void)"; /* "(void)slot, (void)xslot" */
+  for (const char *a = args; *a && strlen(voids) + 8 < sizeof voids; a++) {
+    size_t l = strlen(voids);
+    if (*a == ' ') memcpy(voids + l, " (void)", 8);
+    else voids[l] = *a, voids[l + 1] = 0;
+  }
+  int count = 0;
+  for (int i = 0; i < n; i++) count += emitted(sp, &calls[i], i, which);
+  const char *start = local && which != 3 ? "  PR_PROF_START();\n" : "";
+  if (count <= PART_CALLS) {
+    buf_printf(o, "\nstatic void %s(%s) {\n  %s;\n%s", name, params, voids, start);
+    emit_calls_range(o, sp, calls, n, 0, n, which, local);
+    buf_printf(o, "}\n");
+    return;
+  }
+  int parts = (count + PART_CALLS - 1) / PART_CALLS, lo = 0;
+  for (int part = 0; part < parts; part++) {
+    int hi = lo, k = 0;
+    while (hi < n && (k < PART_CALLS || !emitted(sp, &calls[hi], hi, which)))
+      k += emitted(sp, &calls[hi], hi, which), hi++;
+    if (part == parts - 1) hi = n;
+    buf_printf(o, "\n/* %s, part %d of %d. */\nstatic __attribute__((noinline)) void %s_part%d(%s) {\n  %s;\n", name,
+               part + 1, parts, name, part + 1, params, voids);
+    emit_calls_range(o, sp, calls, n, lo, hi, which, local);
+    buf_printf(o, "}\n");
+    lo = hi;
+  }
+  buf_printf(o, "\nstatic void %s(%s) {\n%s", name, params, start);
+  for (int part = 0; part < parts; part++) buf_printf(o, "  %s_part%d(%s);\n", name, part + 1, args);
+  buf_printf(o, "}\n");
 }
 
 /* A buffer's arena offset in a table: its macro, or -1 for none (or one this rank does not hold). */
@@ -425,33 +465,27 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
     buf_printf(o, "};\n");
   }
   if (role != ROLE_BWD) {
-    buf_printf(o, "\nstatic void forward(int slot, int xslot) {\n  (void)slot, (void)xslot; /* a stage that only reads weights and constants uses no ring slot */\n");
-    emit_calls(o, sp, sp->fwd, sp->nfwd, 0, local);
-    buf_printf(o, "}\n");
+    buf_printf(o, "\n/* The forward of the micro-batch in ring slot `slot` (unused by a stage that reads only weights and constants). */");
+    emit_fn(o, sp, "forward", "int slot, int xslot", "slot, xslot", sp->fwd, sp->nfwd, 0, local);
   }
   int eval_fwd = role != ROLE_BWD && has_eval_forward(sp);
   if (eval_fwd) {
     buf_printf(o, "\n/* The eval forward (run.sh --val): training-mode BatchNorm normalises with its running statistics and\n"
                   " * leaves them as they are; Dropout keeps every element. */\n");
     render_eval_shapes(o, sp);
-    buf_printf(o, "\nstatic void forward_eval(int slot, int xslot) {\n  (void)slot, (void)xslot;\n");
-    emit_calls(o, sp, sp->fwd, sp->nfwd, 4, NULL);
-    buf_printf(o, "}\n");
+    emit_fn(o, sp, "forward_eval", "int slot, int xslot", "slot, xslot", sp->fwd, sp->nfwd, 4, NULL);
   }
   if (sp->recompute) {
-    buf_printf(o, "\n/* RECOMPUTE: the forward calls that make the recomputed values again, from what stayed. */\n"
-                  "static void recompute(int slot, int xslot) {\n  (void)slot, (void)xslot;\n");
-    emit_calls(o, sp, sp->fwd, sp->nfwd, 3, NULL);
-    buf_printf(o, "}\n");
+    buf_printf(o, "\n/* RECOMPUTE: the forward calls that make the recomputed values again, from what stayed. */");
+    emit_fn(o, sp, "recompute", "int slot, int xslot", "slot, xslot", sp->fwd, sp->nfwd, 3, NULL);
   }
   int split = p->opt.schedule == SCHED_ZB1;
   static const char *const fn[] = {"backward", "backward_input", "backward_weight"};
   static const char *const what[] = {"", "/* The input-gradient half (zb1's I): everything but the weight gradients. */\n",
                                      "/* The weight-gradient half (zb1's W), run later for the same slots. */\n"};
   for (int which = 0; role != ROLE_FWD && which <= (split ? 2 : 0); which++) {
-    buf_printf(o, "\n%sstatic void %s(int slot, int xslot, int gslot) {\n  (void)slot, (void)xslot, (void)gslot;\n", what[which], fn[which]);
-    emit_calls(o, sp, sp->bwd, sp->nbwd, which, local);
-    buf_printf(o, "}\n");
+    if (*what[which]) buf_printf(o, "\n%.*s", (int)strlen(what[which]) - 1, what[which]);
+    emit_fn(o, sp, fn[which], "int slot, int xslot, int gslot", "slot, xslot, gslot", sp->bwd, sp->nbwd, which, local);
   }
   buf_printf(o, "\n");
   free(local);

@@ -307,6 +307,7 @@ void listing_text(const Plan *p, Buf *b) {
   } else
     buf_printf(b, "  node costs   FLOPs over the rate above and memory traffic over memory copies (measure them: --profile, --costs)\n");
   if (p->opt.mem_limit > 0) buf_printf(b, "  mem limit    %s per rank\n", fmt_bytes(p->opt.mem_limit));
+  if (p->conv_note) buf_printf(b, "  convolution  %s\n", p->conv_note);
   if (p->part_note) buf_printf(b, "  partition    %s\n", p->part_note);
   buf_printf(b, "\n");
   for (int s = 0; s < n; s++) stage_text(p, s, b);

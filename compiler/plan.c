@@ -591,6 +591,14 @@ int plan_from_graph(Plan *p) {
     return err_set("-n %d is larger than the number of compute nodes in %s (%d after constant folding): each stage needs "
                    "at least one", o->nstages, g->path, p->N);
   if (machine_load(&p->machine, o->nstages, o->devices, &g->pool)) return -1;
+  /* oneDNN's primitives hold memory outside the arena (their JIT code and scratchpad, about 100 KiB per
+   * convolution) that the plan does not bound yet: under a memory limit, convolutions run as im2col + GEMM
+   * unless --conv dnnl asks for oneDNN (docs/kernels.md). */
+  if (g->conv_impl == CONV_AUTO) {
+    int limited = o->mem_limit > 0;
+    for (int s = 0; s < o->nstages; s++) limited |= p->machine.dev[s].mem_bytes > 0;
+    if (limited) g->conv_impl = CONV_GEMM, p->conv_note = "im2col + GEMM: oneDNN's memory outside the arena is not planned yet";
+  }
   const char *opt = o->optimizer ? o->optimizer : "sgd";
   p->opt_slots = !strcmp(opt, "sgd") ? (o->momentum > 0 ? 1 : 0) : 2;
   PartProblem *pr = &p->prob;

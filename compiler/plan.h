@@ -59,6 +59,7 @@ typedef struct FbPlan {
 
 typedef struct Plan {
   Options opt;
+  const char *conv_note; /* why convolutions do not run through oneDNN, when --conv auto chose so */
   Graph g;
   int N;             /* live compute nodes */
   int *node;         /* node[k]: graph index of the k-th compute node */

@@ -12,6 +12,10 @@
 /* Kernels whose loops are driven by a constant shape struct are inlined at
  * every call, so clang specialises each one on its shape. */
 #define PR_INLINE static inline __attribute__((always_inline))
+/* Kernels whose work does not gain from a constant shape (a library call, a copy, a per-channel loop)
+ * are kept out of line instead: inlining them at each of a large model's thousand calls was most of its
+ * build (docs/kernels.md, "Build time"). */
+#define PR_OUT_OF_LINE static __attribute__((noinline, unused))
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
@@ -230,11 +234,9 @@ PR_INLINE void k_col2im_add(const float *col, float *dx, const ConvShape *s) {
         }
 }
 
-/* The convolutions are kept out of line: oneDNN does their work (conv_dnnl.c), so specialising the
- * im2col fallback on each call's shape buys nothing, and inlining it at every call was most of a conv
- * net's build (resnet50's stage: 11.3 s of clang, 2.6 s without; docs/kernels.md). */
-#define PR_CONV_OUT_OF_LINE static __attribute__((noinline, unused))
-PR_CONV_OUT_OF_LINE void k_conv(const float *x, const float *w, const float *b, float *y, float *col, const ConvShape *s) {
+/* Out of line: oneDNN does the work (conv_dnnl.c), so specialising the im2col fallback on each call's
+ * shape buys nothing (resnet50's stage: 11.3 s of clang inlined, 2.6 s not). */
+PR_OUT_OF_LINE void k_conv(const float *x, const float *w, const float *b, float *y, float *col, const ConvShape *s) {
 #ifdef PR_DNNL
   if (s->lib && pr_conv_lib_fwd(s, x, w, b, y, col) == 0) return;
 #endif
@@ -253,7 +255,7 @@ PR_CONV_OUT_OF_LINE void k_conv(const float *x, const float *w, const float *b, 
 
 /* Gradients of a convolution: dw, db accumulate when acc_w; dx when acc_x.
  * dx or dw/db may be NULL when not needed. */
-PR_CONV_OUT_OF_LINE void k_conv_grad(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db, float *col,
+PR_OUT_OF_LINE void k_conv_grad(const float *x, const float *w, const float *dy, float *dx, float *dw, float *db, float *col,
                                const ConvShape *s, int acc_x, int acc_w) {
   int cg = s->c / s->group, mg = s->m / s->group, kk = cg * s->kd * s->kh * s->kw, sp = conv_out_sp(s);
 #ifdef PR_DNNL
@@ -599,7 +601,7 @@ static inline void bn_batch_stats(const float *x, const BnShape *s, int64_t ch, 
 
 /* Training: normalise with the batch's mean and (biased) variance and update
  * the running statistics with the unbiased variance, as PyTorch does. */
-static inline void k_batchnorm(const float *x, const float *gamma, const float *beta, float *rmean, float *rvar, float *y,
+PR_OUT_OF_LINE void k_batchnorm(const float *x, const float *gamma, const float *beta, float *rmean, float *rvar, float *y,
                                const BnShape *s) {
   int64_t cnt = s->n * s->sp, sp = s->sp;
   for (int64_t ch = 0; ch < s->c; ch++) {
@@ -625,7 +627,7 @@ static inline void k_batchnorm(const float *x, const float *gamma, const float *
 
 /* Gradients of batch normalization; training mode recomputes the batch
  * statistics from the stashed input. dx may be NULL; dgamma/dbeta add. */
-static inline void k_batchnorm_grad(const float *x, const float *gamma, const float *rmean, const float *rvar, const float *dy,
+PR_OUT_OF_LINE void k_batchnorm_grad(const float *x, const float *gamma, const float *rmean, const float *rvar, const float *dy,
                                     float *dx, float *dgamma, float *dbeta, const BnShape *s, int acc_x) {
   int64_t cnt = s->n * s->sp, sp = s->sp;
   for (int64_t ch = 0; ch < s->c; ch++) {
@@ -1148,14 +1150,14 @@ static inline void k_leakyrelu_grad(const float *x, const float *dy, float *dx, 
 /* The inverse of k_take: x [outer, len, inner] goes to y's slice [start,
  * start + len) along an axis of size `axis` ([outer, axis, inner]).  The K
  * inputs of a Concat cover y, so y needs no zeroing. */
-static inline void k_put(const float *x, float *y, int64_t outer, int64_t axis, int64_t inner, int64_t start, int64_t len) {
+PR_OUT_OF_LINE void k_put(const float *x, float *y, int64_t outer, int64_t axis, int64_t inner, int64_t start, int64_t len) {
   for (int64_t o = 0; o < outer; o++) memcpy(y + (o * axis + start) * inner, x + o * len * inner, sizeof(float) * (size_t)(len * inner));
 }
 /* Concat's gradient for one input: dx [outer, len, inner] = dy's slice, written
  * (acc = 0, the same as k_take(dy, dx, ...)) or added (acc = 1).  k_take_grad
  * is NOT this: it scatters a small dy INTO a slice of a large dx (Split's
  * gradient), the opposite direction, and always adds. */
-static inline void k_put_grad(const float *dy, float *dx, int64_t outer, int64_t axis, int64_t inner, int64_t start, int64_t len,
+PR_OUT_OF_LINE void k_put_grad(const float *dy, float *dx, int64_t outer, int64_t axis, int64_t inner, int64_t start, int64_t len,
                               int acc) {
   if (!acc) {
     k_take(dy, dx, outer, axis, inner, start, len);
