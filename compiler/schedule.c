@@ -218,6 +218,13 @@ static double duration(const Action *a, const StageCost *c) {
   }
 }
 
+/* The part of an action's duration that is compute (docs/cost.md, "The bubble"): all of it but the
+ * message time charged to F, B and I. */
+static double compute_part(const Action *a, const StageCost *c) {
+  double d = duration(a, c);
+  return a->kind == ACT_F || a->kind == ACT_B || a->kind == ACT_I ? d - c->comm / 2 : d;
+}
+
 /* The timing simulation's state.  Transfers of the memory plan run beside
  * compute: each rank has one channel (its I/O thread, or its link to the
  * peer) that carries its OFFLOADs and PREFETCHes in the order they are
@@ -414,11 +421,11 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch) {
         Action *a = &sc->act[s][next[s]];
         double ready = sim_ready(sim, a, s, has_pre + s * m);
         if (ready < 0) break;
-        double dur = duration(a, &cost[s]) * (stretch ? stretch[s][next[s]] : 1);
+        double k = stretch ? stretch[s][next[s]] : 1, dur = duration(a, &cost[s]) * k;
         a->start = fmax(ready, sim->free_at[s]);
         a->end = a->start + dur;
         sim->free_at[s] = a->end;
-        sc->busy[s] += dur;
+        sc->busy[s] += compute_part(a, &cost[s]) * k; /* stretched: a rank sharing its core is still computing */
         sim_run(sim, a, s);
         next[s]++, remaining--, progressed = 1;
       }

@@ -61,8 +61,8 @@ typedef struct Schedule {
   int *nxslots;      /* copies of the leaving values per rank (0: the rank offloads and recomputes nothing) */
   int *nstore;       /* store slots per rank for a peer's offloaded values (0: it holds none) */
   double step_time;  /* predicted makespan of one step */
-  double bubble;     /* 1 - mean busy / makespan */
-  double *busy;      /* per stage */
+  double bubble;     /* 1 - mean busy / makespan (docs/cost.md, "The bubble") */
+  double *busy;      /* per stage: compute time (F, B, I, W, RECOMPUTE, UPDATE, stretched; not message time) */
   int cores;         /* cores the ranks share (schedule_time); 0: a core per rank */
   const FbLinks *fb; /* pipefb: who sends what to whom (NULL for the other schedules) */
   /* Direct sends (plan_route): per rank, the ranks its forward values come

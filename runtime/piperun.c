@@ -81,6 +81,10 @@ typedef struct Run {
   MPI_Request *tie_req; /* tied weights' part exchange: nparts * nstages requests at most */
   PrTrace trace;
   double t_compute, t_wait, t_total;
+  /* The bubble (docs/cost.md, "The bubble"): t_busy is the wall time inside F, B, I, W, RECOMPUTE and
+   * UPDATE less the waits inside them; bub_busy and bub_wall sum t_busy and the step's wall time over
+   * the steps after the first (the warm-up), or over the only one. */
+  double t_busy, bub_busy, bub_wall;
   double sent_bytes;   /* every byte this rank sent: messages, offloaded activations (to a peer or its file), weights */
   PrProfExtra prof;    /* --profile: the loader, the loss and the update, beside the nodes' marks */
   /* The memory plan: the messages to and from the peer (on their own
@@ -895,6 +899,26 @@ static double run_action(Run *r, const PrAction *a) {
   default: die(2, "action kind %d is not supported by this runtime (regenerate with pipecc)", a->kind);
   }
   return 0;
+}
+
+/* Runs action a and times it: the trace span, and the busy time of a compute action (F, B, I, W,
+ * RECOMPUTE, UPDATE: its wall time, a core shared with another rank included, less its waits for
+ * messages and transfers, which are bubble).  Returns the loss it adds. */
+static double timed_action(Run *r, const PrAction *a, int64_t step) {
+  double w0 = r->t_wait, a0 = now();
+  double loss = run_action(r, a);
+  double a1 = now();
+  trace_add(&r->trace, a->kind, a->mb, a->kind == PR_SEND_GRAD || a->kind == PR_RECV_GRAD ? a->gslot : a->slot, step, a0, a1);
+  if (a->kind == PR_F || a->kind == PR_B || a->kind == PR_I || a->kind == PR_W || a->kind == PR_RECOMPUTE || a->kind == PR_UPDATE)
+    r->t_busy += (a1 - a0) - (r->t_wait - w0);
+  return loss;
+}
+
+/* Adds a step's busy time (t_busy less busy0) and wall time to the bubble's sums: the first step of
+ * the run warms pages and caches, and counts only when it is the only one. */
+static void bubble_step(Run *r, int64_t step, int64_t first, double busy0, double wall) {
+  if (step == first && r->a.steps - first > 1) return;
+  r->bub_busy += r->t_busy - busy0, r->bub_wall += wall;
 }
 
 const char *pr_kind_name(int kind) {
@@ -1745,9 +1769,7 @@ static void async_body(Run *r, int64_t t, int64_t first) {
       pr_weights = weights_for(r, step);
       if (a.kind == PR_F && r->have_data && r->data.kind != DATA_TOKENS) batch_of(r, step);
     }
-    double a0 = now();
-    r->aloss[step % L1] += run_action(r, &a);
-    trace_add(&r->trace, a.kind, a.mb, a.kind == PR_SEND_GRAD || a.kind == PR_RECV_GRAD ? a.gslot : a.slot, step, a0, now());
+    r->aloss[step % L1] += timed_action(r, &a, step);
     pr_weights = st->arena;
   }
   r->step = t;
@@ -1763,13 +1785,14 @@ static void run_async(Run *r, StepLog *sl) {
   if (!r->idx_ring || !r->idx_of || !r->aloss) die(2, "out of memory for the async schedule's bookkeeping");
   for (int64_t k = 0; k < L1; k++) r->idx_of[k] = -1;
   for (int64_t t = first - st->lookahead; t < r->a.steps; t++) {
-    double t0 = now();
+    double t0 = now(), busy0 = r->t_busy;
     if (t >= first) zero_grads(r); /* the body's backwards are all step t's, after step t-1's UPDATE */
     async_body(r, t, first);
     if (t < first) continue; /* the fill: forwards of the first steps only */
-    double loss = r->aloss[t % L1];
+    double loss = r->aloss[t % L1], dt = now() - t0;
     r->aloss[t % L1] = 0;
-    end_step(r, sl, loss, now() - t0);
+    bubble_step(r, t, first, busy0, dt);
+    end_step(r, sl, loss, dt);
   }
   r->step = r->a.steps;
   free(r->idx_ring), free(r->idx_of), free(r->aloss);
@@ -1976,17 +1999,14 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     run_async(&r, &sl);
   } else {
     for (; r.step < r.a.steps; r.step++) {
-      double t0 = now(), loss = 0;
+      double t0 = now(), loss = 0, busy0 = r.t_busy;
       if (r.have_data && r.data.kind != DATA_TOKENS)
         data_batch_indices(&r.data, r.step, st->batch, r.a.seed, r.a.shuffle, r.idx);
       zero_grads(&r);
-      for (int k = 0; k < st->nactions; k++) {
-        const PrAction *a = &st->actions[k];
-        double a0 = now();
-        loss += run_action(&r, a);
-        trace_add(&r.trace, a->kind, a->mb, a->kind == PR_SEND_GRAD || a->kind == PR_RECV_GRAD ? a->gslot : a->slot, r.step, a0, now());
-      }
-      end_step(&r, &sl, loss, now() - t0);
+      for (int k = 0; k < st->nactions; k++) loss += timed_action(&r, &st->actions[k], r.step);
+      double dt = now() - t0;
+      bubble_step(&r, r.step, first_step, busy0, dt);
+      end_step(&r, &sl, loss, dt);
     }
   }
   double first_loss = sl.first_loss, last_loss = sl.last_loss;
@@ -2045,19 +2065,20 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   }
   /* The summary: every stage's compute, wait and memory, on the last stage. */
   /* Each rank's own wall time: another rank's would make comm+other negative. */
-  enum { NSUM = 10 };
+  enum { NSUM = 12 };
   double mine[NSUM] = {r.t_compute, r.t_wait, (double)st->arena_bytes, st->predicted_bytes, r.t_total, (double)r.rss_peak,
-                       (double)r.rss_overhead, r.t_xfer_wait, r.sent_bytes, r.t_exposed}, *all = NULL;
+                       (double)r.rss_overhead, r.t_xfer_wait, r.sent_bytes, r.t_exposed, r.bub_busy, r.bub_wall}, *all = NULL;
   if (st->loss) all = malloc(sizeof(double) * NSUM * (size_t)st->nstages);
   MPI_Gather(mine, NSUM, MPI_DOUBLE, all, NSUM, MPI_DOUBLE, st->loss_rank, MPI_COMM_WORLD);
   if (st->loss && !r.a.quiet) {
     int64_t steps = r.a.steps - first_step;
-    double busy = 0;
-    for (int s = 0; s < st->nstages; s++) busy += all[NSUM * s];
+    /* The bubble (docs/cost.md): 1 - the ranks' busy time / the ranks' wall time, over the steps after the first. */
+    double busy = 0, wall = 0;
+    for (int s = 0; s < st->nstages; s++) busy += all[NSUM * s + 10], wall += all[NSUM * s + 11];
     printf("done: %lld steps in %.2f s, %.1f samples/s, loss %.6f -> %.6f\n", (long long)steps, r.t_total,
            steps ? (double)steps * st->batch / r.t_total : 0, first_loss, last_loss);
     printf("step time %.3f ms measured, %.3f ms predicted; bubble %.1f%% measured\n", steps ? 1e3 * r.t_total / (double)steps : 0,
-           1e3 * st->predicted_step_s, r.t_total > 0 ? 100 * (1 - busy / (st->nstages * r.t_total)) : 0);
+           1e3 * st->predicted_step_s, wall > 0 ? 100 * (1 - busy / wall) : 0);
     printf("stage  compute_s  wait_s  comm+other_s  arena_bytes  predicted_bytes  rss_peak_bytes  rss_overhead_bytes  xfer_wait_s"
            "  sent_bytes  exposed_s\n");
     for (int s = 0; s < st->nstages; s++) {
