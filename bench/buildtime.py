@@ -54,7 +54,7 @@ def du(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(MODELS))
-    ap.add_argument("--n", default="1,4")
+    ap.add_argument("--n", default="1")
     ap.add_argument("--out", default=os.path.join(HERE, "buildtime.md"))
     a = ap.parse_args()
     os.makedirs(WORK, exist_ok=True)

@@ -99,7 +99,7 @@ def main():
         {"name": "with programs peak (GiB)", "points": [(r["size"] / mib, r["mf"] / 2**30) for r in rows]},
     ]
     plot(os.path.join(HERE, "compilescale.svg"), series, title="pipecc -n 8 on GPT-2-shaped models of 3, 6, 12 blocks",
-         xlabel="ONNX file, MiB", ylabel="seconds / GiB", xlim=(0, None), ylim=(0, None),
+         xlabel="ONNX file, MiB", ylabel="seconds / GiB",
          notes=[f"{now}, load average {load}; median of {a.runs} runs; peak RSS by GNU time"])
 
 
