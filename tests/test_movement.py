@@ -108,9 +108,9 @@ def check_casts(par, tmp, env):
         out = os.path.join(work, "prog")
         try:
             par.run_cmd("pipecc", [PIPECC, path, "--forward-only", "-o", out], env)
-            par.run_cmd("cc", ["mpicc", "-O1", "-Wall", "-Werror", "-I" + runtime, "-I" + os.path.join(ROOT, "build", "gen"),
+            par.run_cmd("cc", ["mpicc", "-O1", "-Wall", "-Werror", *conf.lib_cflags(), "-I" + runtime, "-I" + os.path.join(ROOT, "build", "gen"),
                                "-D_GNU_SOURCE", os.path.join(out, "stage_0.c"), *rt_obj, "-o", os.path.join(out, "stage_0"),
-                               "-lopenblas", "-lprotobuf-c", "-lm", "-lpthread"], dict(env, OMPI_CC="clang"))
+                               "-lopenblas", "-lprotobuf-c", "-lm", "-lpthread", *conf.lib_ldlibs()], dict(env, OMPI_CC="clang"))
             par.run_cmd("stage_0", [os.path.join(out, "stage_0"), os.path.join(work, "in"), os.path.join(work, "out")],
                         dict(env, PIPERUN_DIR=out))
             code = open(os.path.join(out, "stage_0.c")).read()

@@ -196,6 +196,16 @@ def prepare(case_dir, work):
     return path, files, outputs
 
 
+def lib_cflags():
+    """What the generated Makefile adds when the machine has oneDNN (convolutions through it)."""
+    return ["-DPR_DNNL"] if os.path.exists("/usr/include/dnnl.h") else []
+
+
+def lib_ldlibs():
+    """The libraries build_runtime's objects need beyond OpenBLAS and protobuf-c (as the generated Makefile)."""
+    return ["-ldnnl", "-lgomp"] if os.path.exists("/usr/include/dnnl.h") else []
+
+
 def build_runtime(work):
     """Compiles libpiperun once; each case then only compiles its stage file."""
     probe = os.path.join(work, "probe")
@@ -228,9 +238,8 @@ def run_case(name, case_dir, work, rt_obj):
     runtime = os.path.join(ROOT, "runtime")
     cc = ["mpicc", "-O1", "-w", "-I" + runtime, "-I" + os.path.join(ROOT, "build", "gen"), "-D_GNU_SOURCE",
           os.path.join(out, "stage_0.c"), *rt_obj, "-o", os.path.join(out, "stage_0"), "-lopenblas", "-lprotobuf-c", "-lm", "-lpthread"]
-    if os.path.exists("/usr/include/dnnl.h"):  # as the generated Makefile does: convolutions through oneDNN
-        cc[1:1] = ["-DPR_DNNL"]
-        cc += ["-ldnnl", "-lgomp"]
+    cc[1:1] = lib_cflags()
+    cc += lib_ldlibs()
     r = subprocess.run(cc, capture_output=True, text=True, env=dict(os.environ, OMPI_CC="clang"))
     if r.returncode:
         return "fail", "the generated program does not compile: " + r.stderr.strip()[:300]
