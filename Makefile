@@ -24,7 +24,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-pipefb test-async test-freeze
+.PHONY: test-parity bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-pipefb test-async test-freeze
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
@@ -173,6 +173,11 @@ bench-scale: all
 
 models:
 	$(PY) onnx_models/export.py --large
+
+# Training parity's whole matrix (make test runs tests/test_parity.py --ci): every model at n = 1, 2, 4
+# (the local ones at 1 and 4) under every schedule.
+test-parity: bin/pipecc
+	PIPECC=bin/pipecc $(PY) tests/test_parity.py
 
 # The memory plan's whole matrix (not part of make test): every sample model
 # at n = 2 and 4, 1f1b and zb1, offloaded to a peer, to a file, recomputed.

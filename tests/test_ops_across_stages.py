@@ -29,7 +29,7 @@ from onnx import numpy_helper
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_gradcheck as tg  # noqa: E402  (the model builder, IDX writer and process runner)
 
-CONFIGS = ((1, "1f1b"), (3, "gpipe"), (4, "1f1b"), (4, "zb1"))
+CONFIGS = ((1, "1f1b"), (3, "gpipe"), (4, "zb1"))  # -n 4 1f1b left out: make test within 15 min (test_parity runs it)
 BATCH, MICRO, STEPS = 16, 4, 3
 passed = failed = 0
 

@@ -21,6 +21,7 @@ One more run per model (n = 2, 1f1b) uses momentum 0.9 and weight decay 1e-4.
 
   /usr/bin/python3 tests/test_parity.py            # everything
   /usr/bin/python3 tests/test_parity.py --quick    # lenet only, n = 1 and 4, 1f1b and zb1
+  /usr/bin/python3 tests/test_parity.py --ci       # make test: n = 1 and 4; the local models under 1f1b, zb1
   --keep    keep the temp dir (its path is printed)
   --model NAME   only this model (repeatable)
 
@@ -516,6 +517,8 @@ def run_case(tag, onnx_path, n, sched, opt_cfg, datadir, casedir, env, ref):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="lenet only, n = 1 and 4, 1f1b and zb1")
+    ap.add_argument("--ci", action="store_true", help="make test's share: every model at n = 1 and 4 (no n = 2: the other "
+                    "suites run n = 2 widely), the four local models under 1f1b and zb1 only (make test-parity: all)")
     ap.add_argument("--keep", action="store_true", help="keep the temp dir")
     ap.add_argument("--model", action="append", help="only this model (repeatable)")
     args = ap.parse_args()
@@ -563,8 +566,9 @@ def main():
             runs, any_failed = {}, False
             # n = 2 for the two sample models; the others at n = 1 and 4 (they are bit-identical across n anyway),
             # which keeps make test within its time.
-            for n in (ns if name in ("mlp", "lenet") else tuple(x for x in ns if x != 2)):
-                for sched in scheds:
+            for n in (ns if name in ("mlp", "lenet") and not args.ci else tuple(x for x in ns if x != 2)):
+                # --ci: the four local models (op coverage) under 1f1b and zb1 only; the sample models keep gpipe.
+                for sched in (scheds if name in ("mlp", "lenet") or not args.ci else ("1f1b", "zb1")):
                     tag = f"{name} n={n} {sched}"
                     r = run_case(tag, paths[name], n, sched, {}, datadir,
                                  os.path.join(tmp, f"{name}-n{n}-{sched}"), env, ref)
