@@ -332,16 +332,29 @@ static void mkdirs_for(const char *path) {
     }
 }
 
+/* The probe's cached figures into m (n ranks), when the cache at `path` holds figures measured with the
+ * BLAS kernels this process runs (blas_core.h) and the host's cores: 0, else -1. */
+static const char *blas_kernels_line(char *buf, size_t len) {
+  const char *core = getenv("OPENBLAS_CORETYPE");
+  snprintf(buf, len, "# blas kernels: %s\n", core && *core ? core : "OpenBLAS's choice");
+  return buf;
+}
+
+static int cached_machine(Machine *m, int n, const char *path) {
+  char blas_line[96];
+  blas_kernels_line(blas_line, sizeof blas_line);
+  char *text = read_text(path);
+  int ok = text && strstr(text, blas_line) && strstr(text, "\nhost cores=") && !machine_parse(m, n, text, path);
+  free(text);
+  return ok ? 0 : -1;
+}
+
 const char *machine_identity(Pool *pool, double *flops) {
   char buf[1024];
   const char *path = cache_path(buf, sizeof buf);
   const char *core = getenv("OPENBLAS_CORETYPE");
-  char blas_line[96];
-  snprintf(blas_line, sizeof blas_line, "# blas kernels: %s\n", core && *core ? core : "OpenBLAS's choice");
-  char *text = read_text(path);
   Machine m;
-  int ok = text && strstr(text, blas_line) && strstr(text, "\nhost cores=") && !machine_parse(&m, 1, text, path);
-  free(text);
+  int ok = cached_machine(&m, 1, path) == 0;
   err_clear();
   if (!ok) return NULL;
   char cpu[256] = "unknown";
@@ -385,17 +398,13 @@ int machine_load(Machine *m, int n, const char *devices_file, Pool *pool) {
   char buf[1024];
   const char *path = cache_path(buf, sizeof buf);
   /* The figures hold for the BLAS kernels they were measured with (blas_core.h). */
-  const char *core = getenv("OPENBLAS_CORETYPE");
-  char blas_line[96];
-  snprintf(blas_line, sizeof blas_line, "# blas kernels: %s\n", core && *core ? core : "OpenBLAS's choice");
-  char *text = read_text(path);
-  if (text && strstr(text, blas_line) && strstr(text, "\nhost cores=") && !machine_parse(m, n, text, path)) {
-    free(text);
+  if (cached_machine(m, n, path) == 0) {
     m->source = pool_printf(pool, "probe of this machine, cached in %s", path);
     return 0;
   }
-  free(text);
   err_clear(); /* a stale or foreign cache is re-probed, not an error */
+  char blas_line[96];
+  blas_kernels_line(blas_line, sizeof blas_line);
   Machine probe;
   machine_probe(&probe);
   int mpi = probe_link(&probe.link[0]);
