@@ -7,29 +7,16 @@ A few seconds.  Run with /usr/bin/python3."""
 import json
 import os
 import re
-import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
-DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
-DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_trace as tt  # noqa: E402  (its paths, check() with the tally, and sh(): the same runs)
+
+ROOT, PIPECC, DATAGEN, DEVICES = tt.ROOT, tt.PIPECC, tt.DATAGEN, tt.DEVICES
+check, sh = tt.check, tt.sh
 STEPS = 6
 BUSY = {"F", "B", "I", "W", "RECOMPUTE", "UPDATE"}
-passed = failed = 0
-
-
-def check(cond, what):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
-    print(("ok - " if cond else "not ok - ") + what)
-    return cond
-
-
-def sh(cmd, timeout=300):
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 
 def trace_bubble(path):
@@ -83,8 +70,8 @@ def main():
             check(meas > 0.2, f"{tag}: measured bubble {meas:.3f} is clearly positive (ideal (p-1)/(m+p-1) = 0.333)")
             check(plan["bubble"] > 0.2, f"{tag}: the plan's bubble {plan['bubble']:.3f} too")
         check(abs(meas - from_trace) <= 0.03, f"{tag}: measured bubble {meas:.3f} matches the trace's spans ({from_trace:.3f})")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    print(f"{tt.passed} passed, {tt.failed} failed")
+    return 1 if tt.failed else 0
 
 
 if __name__ == "__main__":
