@@ -448,13 +448,20 @@ static inline float bin_apply(int op, float a, float b) {
 
 /* A broadcast is walked a row (the output's last axis) at a time: the operands' offsets are found once
  * per row, and along it each moves by its stride on that axis (0 where it is broadcast).  The op is
- * chosen once per call, so each loop is plain enough to vectorise. */
-#define PR_BIN_ROWS(OP)                                                                                     \
+ * chosen once per call, and the strides the graphs have (1 and 1, 1 and 0, 0 and 1) are constants of
+ * their own loops, so each loop is plain enough to vectorise; any other stride pair takes the general
+ * loop. */
+#define PR_BIN_ROW(OP, TA, TB)                                                                              \
   for (int64_t r = 0; r < rows; r++) {                                                                      \
     const float *ar = a + (rows == 1 ? 0 : bcast_at(s, s->sa, r * L)), *br = b + (rows == 1 ? 0 : bcast_at(s, s->sb, r * L)); \
     float *yr = y + r * L;                                                                                  \
-    for (int64_t k = 0; k < L; k++) yr[k] = OP == BIN_MUL_SELF ? ar[k * ta] * ar[k * ta] : bin_apply(OP, ar[k * ta], br[k * tb]); \
+    for (int64_t k = 0; k < L; k++) yr[k] = OP == BIN_MUL_SELF ? ar[k * TA] * ar[k * TA] : bin_apply(OP, ar[k * TA], br[k * TB]); \
   }
+#define PR_BIN_ROWS(OP)                                                                                     \
+  if (ta == 1 && tb == 1) { PR_BIN_ROW(OP, 1, 1) }                                                          \
+  else if (ta == 1 && tb == 0) { PR_BIN_ROW(OP, 1, 0) }                                                     \
+  else if (ta == 0 && tb == 1) { PR_BIN_ROW(OP, 0, 1) }                                                     \
+  else { PR_BIN_ROW(OP, ta, tb) }
 static inline void k_binary(int op, const float *a, const float *b, float *y, const BcastShape *s) {
   int same = (s->na == s->ny && s->nb == s->ny) || s->rank == 0;
   int64_t L = same ? s->ny : s->out[s->rank - 1], rows = s->ny / L;
@@ -470,6 +477,7 @@ static inline void k_binary(int op, const float *a, const float *b, float *y, co
     if (s->nb == 1 && b[0] == 2.0f) { PR_BIN_ROWS(BIN_MUL_SELF) } else { PR_BIN_ROWS(BIN_POW) }
   }
 }
+#undef PR_BIN_ROW
 #undef PR_BIN_ROWS
 
 /* Gradient for input `which` (0 = a, 1 = b), summed over its broadcast axes:
@@ -479,23 +487,23 @@ static inline void k_binary(int op, const float *a, const float *b, float *y, co
  * formula chosen once per call, not per element: the loops are then plain
  * enough to vectorise whether or not the call is inlined.  a or b is NULL
  * where the op's gradient does not read it; it is then not touched. */
-#define PR_BIN_GRAD_ROWS(EXPR)                                                                              \
+#define PR_BIN_GRAD_ROW(EXPR, TA, TB, TD)                                                                              \
   for (int64_t r = 0; r < rows; r++) {                                                                      \
     int64_t ia = rows == 1 ? 0 : bcast_at(s, s->sa, r * L), ib = rows == 1 ? 0 : bcast_at(s, s->sb, r * L); \
     const float *ar = a ? a + ia : NULL, *br = b ? b + ib : NULL, *g = dy + r * L;                          \
     float *dr = d + (which ? ib : ia);                                                                      \
-    if (td == 0 && L >= 16) { /* the row sums into one element: in lanes (pr_sum8) */                       \
+    if (TD == 0 && L >= 16) { /* the row sums into one element: in lanes (pr_sum8) */                       \
       float l[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t;                                                             \
       int64_t k = 0;                                                                                        \
       for (; k + 8 <= L; k += 8)                                                                            \
         for (int j = 0; j < 8; j++) {                                                                       \
-          float A = ar ? ar[(k + j) * ta] : 0, B = br ? br[(k + j) * tb] : 0, G = g[k + j];                 \
+          float A = ar ? ar[(k + j) * TA] : 0, B = br ? br[(k + j) * TB] : 0, G = g[k + j];                 \
           (void)A, (void)B;                                                                                 \
           l[j] += (EXPR);                                                                                   \
         }                                                                                                   \
       t = pr_lanes_total(l);                                                                                \
       for (; k < L; k++) {                                                                                  \
-        float A = ar ? ar[k * ta] : 0, B = br ? br[k * tb] : 0, G = g[k];                                   \
+        float A = ar ? ar[k * TA] : 0, B = br ? br[k * TB] : 0, G = g[k];                                   \
         (void)A, (void)B;                                                                                   \
         t += (EXPR);                                                                                        \
       }                                                                                                     \
@@ -503,11 +511,17 @@ static inline void k_binary(int op, const float *a, const float *b, float *y, co
       continue;                                                                                             \
     }                                                                                                       \
     for (int64_t k = 0; k < L; k++) {                                                                       \
-      float A = ar ? ar[k * ta] : 0, B = br ? br[k * tb] : 0, G = g[k];                                     \
+      float A = ar ? ar[k * TA] : 0, B = br ? br[k * TB] : 0, G = g[k];                                     \
       (void)A, (void)B;                                                                                     \
-      dr[k * td] += (EXPR);                                                                                 \
+      dr[k * TD] += (EXPR);                                                                                 \
     }                                                                                                       \
   }
+/* As k_binary: the usual stride pairs as constants of their own loops. */
+#define PR_BIN_GRAD_ROWS(EXPR)                                                                              \
+  if (ta == 1 && tb == 1) { PR_BIN_GRAD_ROW(EXPR, 1, 1, 1) }                                                \
+  else if (ta == 1 && tb == 0) { if (which) { PR_BIN_GRAD_ROW(EXPR, 1, 0, 0) } else { PR_BIN_GRAD_ROW(EXPR, 1, 0, 1) } } \
+  else if (ta == 0 && tb == 1) { if (which) { PR_BIN_GRAD_ROW(EXPR, 0, 1, 1) } else { PR_BIN_GRAD_ROW(EXPR, 0, 1, 0) } } \
+  else { PR_BIN_GRAD_ROW(EXPR, ta, tb, td) }
 static inline void k_binary_grad(int op, int which, const float *a, const float *b, const float *dy, float *d, const BcastShape *s,
                                  int acc) {
   int64_t n = which ? s->nb : s->na;
@@ -543,6 +557,7 @@ static inline void k_binary_grad(int op, int which, const float *a, const float 
   }
 }
 #undef PR_BIN_GRAD_ROWS
+#undef PR_BIN_GRAD_ROW
 
 /* ---- batch normalization over N and the spatial axes, per channel ---- */
 typedef struct BnShape {
@@ -953,6 +968,10 @@ static inline void k_reduce_grad(const float *dy, float *dx, const ReduceShape *
 }
 
 /* ---- Softmax over the last axis ---- */
+/* Below this a vector expf leaves its fast path (e^-80 is far above float's smallest normal). */
+#define PR_EXP_LOW (-80.0f)
+/* One scalar expf the vectoriser leaves alone (a NaN argument comes back NaN, as from the vector one). */
+PR_OUT_OF_LINE float pr_expf_one(float t) { return expf(t); }
 static inline void k_softmax(const float *x, float *y, int64_t rows, int64_t cols, int log) {
   for (int64_t r = 0; r < rows; r++) {
     const float *a = x + r * cols;
@@ -973,8 +992,15 @@ static inline void k_softmax(const float *x, float *y, int64_t rows, int64_t col
       continue;
     }
     /* The exponentials in one loop of their own (vectorised where the build has a vector libm), then
-     * summed in lanes, then divided. */
-    for (int64_t k = 0; k < cols; k++) b[k] = expf(a[k] - mx);
+     * summed in lanes, then divided.  A vector expf takes a slow path, a lane at a time, for arguments
+     * near or below its underflow, and a causal mask makes half of every row -inf: those lanes get an
+     * argument of 0 and are set afterwards, -inf to 0 and the rest (a denormal or 0) by the scalar expf. */
+    for (int64_t k = 0; k < cols; k++) {
+      float t = a[k] - mx;
+      b[k] = expf(t > PR_EXP_LOW ? t : 0.0f);
+    }
+    for (int64_t k = 0; k < cols; k++)
+      if (!(a[k] - mx > PR_EXP_LOW)) b[k] = a[k] == -INFINITY ? 0.0f : pr_expf_one(a[k] - mx);
     sum = pr_sum8(b, cols);
     for (int64_t k = 0; k < cols; k++) b[k] /= sum;
   }
