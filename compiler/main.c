@@ -163,6 +163,20 @@ static void keep_flag(Options *o, char **argv, int from, int to) {
   for (int i = from; i < to; i++) ((const char **)o->args)[o->nargs++] = argv[i];
 }
 
+/* A plan that failed under a memory limit with oneDNN's convolutions, whose code and descriptors
+ * count against the limit (plan_lib_bytes), is made again with im2col + GEMM, which holds nothing
+ * beside the arena: slower, but it may fit.  1 when that retry is due (p freed, o changed). */
+static int conv_retry(Plan *p, Options *o) {
+  if (o->conv_impl != CONV_AUTO || !p->N || plan_lib_bytes(p, 0, p->N) <= 0) return 0;
+  int limited = o->mem_limit > 0;
+  for (int s = 0; s < o->nstages && s < MAX_RANKS; s++) limited |= p->machine.dev[s].mem_bytes > 0;
+  if (!limited) return 0;
+  err_clear();
+  plan_free(p);
+  o->conv_impl = CONV_GEMM, o->conv_fallback = 1;
+  return 1;
+}
+
 int main(int argc, char **argv) {
   /* The probe times the BLAS kernels the stage programs will run. */
   blas_core_pin(argv, NULL);
@@ -357,7 +371,9 @@ int main(int argc, char **argv) {
 
   Plan p;
   int rc = 0;
+again:
   if (plan_build(&p, &o)) {
+    if (conv_retry(&p, &o)) goto again;
     report("%s", err_msg());
     plan_free(&p);
     free(outdir);
@@ -370,11 +386,13 @@ int main(int argc, char **argv) {
     /* Stage programs first: the listing states their arenas. */
     int ok = 1;
     if (plan_programs(&p)) {
+      if (conv_retry(&p, &o)) goto again;
       report("%s: %s (--plan-only writes the plan and listing alone)", o.model, err_msg());
       ok = 0, rc = 2;
     }
     /* The memory plan: stages over the limit keep, offload or recompute their stash. */
     if (ok && p.progs && stash_plan(&p)) {
+      if (conv_retry(&p, &o)) goto again;
       report("%s: %s", o.model, err_msg());
       ok = 0, rc = 2;
     }

@@ -262,7 +262,7 @@ double plan_price_role(Plan *p, int role, int i, int j) {
     *v = INFINITY;
   } else {
     memplan_as(p, &sp, p->opt.microbatches < 2 ? p->opt.microbatches : 2, role == ROLE_FWD ? 1 : 2, role);
-    *v = (double)sp.arena_bytes;
+    *v = (double)sp.arena_bytes + plan_lib_bytes(p, i, j);
   }
   pool_free(&tmp);
   return *v;
@@ -278,7 +278,7 @@ static double price_stage(void *ctx, int s, int i, int j) {
   int found;
   double *v = memo_slot(p->memo, k, &found);
   if (found) return *v;
-  if (p->floor_pricing) return *v = stash_floor(p, s, i, j);
+  if (p->floor_pricing) return *v = stash_floor(p, s, i, j) + plan_lib_bytes(p, i, j);
   Pool tmp = {0};
   StageProg sp;
   if (stage_build(p, &sp, s, i, j, 0, &tmp)) {
@@ -286,7 +286,7 @@ static double price_stage(void *ctx, int s, int i, int j) {
     *v = INFINITY;
   } else {
     memplan(p, &sp, k.nslots, k.ngslots);
-    *v = (double)sp.arena_bytes;
+    *v = (double)sp.arena_bytes + plan_lib_bytes(p, i, j);
   }
   pool_free(&tmp);
   return *v;
@@ -591,13 +591,16 @@ int plan_from_graph(Plan *p) {
     return err_set("-n %d is larger than the number of compute nodes in %s (%d after constant folding): each stage needs "
                    "at least one", o->nstages, g->path, p->N);
   if (machine_load(&p->machine, o->nstages, o->devices, &g->pool)) return -1;
-  /* oneDNN's primitives hold memory outside the arena (their JIT code and scratchpad, about 100 KiB per
-   * convolution) that the plan does not bound yet: under a memory limit, convolutions run as im2col + GEMM
-   * unless --conv dnnl asks for oneDNN (docs/kernels.md). */
-  if (g->conv_impl == CONV_AUTO) {
-    int limited = o->mem_limit > 0;
-    for (int s = 0; s < o->nstages; s++) limited |= p->machine.dev[s].mem_bytes > 0;
-    if (limited) g->conv_impl = CONV_GEMM, p->conv_note = "im2col + GEMM: oneDNN's memory outside the arena is not planned yet";
+  /* oneDNN's scratch memory is in each convolution's workspace (conv.c); its code and descriptors are
+   * beside the arena, and a memory limit counts them (plan_lib_bytes). */
+  {
+    int lib = 0;
+    for (int k = 0; k < p->N; k++) lib += !strcmp(g->n[p->node[k]].def->name, "Conv");
+    if (lib && g->conv_impl != CONV_GEMM)
+      p->conv_note = "oneDNN: scratch memory in the arena; code and descriptors beside it, 96 KiB a convolution, "
+                     "counted against a memory limit";
+    else if (lib && o->conv_fallback)
+      p->conv_note = "im2col + GEMM: no plan fits the memory limit with oneDNN's 96 KiB a convolution beside the arena";
   }
   const char *opt = o->optimizer ? o->optimizer : "sgd";
   p->opt_slots = !strcmp(opt, "sgd") ? (o->momentum > 0 ? 1 : 0) : 2;
@@ -712,9 +715,24 @@ void plan_stage_memory(Plan *p, int s) {
   c->mem_versions = (double)sp->mem_versions;
 }
 
+/* oneDNN's convolutions hold their code and descriptors outside the arena (conv_dnnl.c; their scratch
+ * memory is in the arena): 70 KiB a convolution measured on the sample ResNet (its -n 1 run's overhead
+ * against --conv gemm), allowed 96 KiB. */
+enum { PLAN_DNNL_CONV_BYTES = 96 << 10 };
+
+double plan_lib_bytes(const Plan *p, int i, int j) {
+  if (p->g.conv_impl == CONV_GEMM) return 0;
+  double b = 0;
+  for (int k = i; k < j; k++) b += !strcmp(p->g.n[p->node[k]].def->name, "Conv") ? PLAN_DNNL_CONV_BYTES : 0;
+  return b;
+}
+
+/* What stage s's arena may take: the limit, less what its convolutions' library holds beside the arena
+ * once the cut is made (the partitioner's prices add it instead). */
 double plan_stage_limit(const Plan *p, int s) {
   double lim = p->machine.dev[s].mem_bytes;
   if (p->opt.mem_limit > 0 && (lim <= 0 || p->opt.mem_limit < lim)) lim = p->opt.mem_limit;
+  if (lim > 0 && p->progs && p->part.start) lim -= plan_lib_bytes(p, p->part.start[s], p->part.start[s + 1]);
   return lim;
 }
 

@@ -29,6 +29,7 @@ typedef struct Options {
   int64_t batch;
   double mem_limit, lr, momentum, weight_decay;
   int conv_impl;          /* --conv: CONV_AUTO, CONV_GEMM, CONV_DNNL (ir.h) */
+  int conv_fallback;      /* CONV_GEMM because no plan with oneDNN fit the memory limit (main.c) */
   int have_lr;            /* --lr given (0 is a learning rate too: only the running statistics move) */
 } Options;
 
@@ -59,7 +60,7 @@ typedef struct FbPlan {
 
 typedef struct Plan {
   Options opt;
-  const char *conv_note; /* why convolutions do not run through oneDNN, when --conv auto chose so */
+  const char *conv_note; /* how convolutions run and what they hold outside the arena (the listing) */
   Graph g;
   int N;             /* live compute nodes */
   int *node;         /* node[k]: graph index of the k-th compute node */
@@ -121,6 +122,8 @@ void plan_free(Plan *p);
 void plan_stage_memory(Plan *p, int s);
 /* Stage s's memory limit: the smaller of --mem-limit and its rank's mem in --devices; 0 = none. */
 double plan_stage_limit(const Plan *p, int s);
+/* Bytes the convolution library holds beside the arena for compute nodes [i, j) (0 under --conv gemm). */
+double plan_lib_bytes(const Plan *p, int i, int j);
 /* PipeFB (pipefb.c): chooses the forward ranks (or takes --fb-split), cuts
  * the forward and the backward chains, and schedules them; 0 or -1 with err_set. */
 int pipefb_plan(Plan *p);

@@ -42,7 +42,8 @@ typedef struct Lib {
   dnnl_memory_t w_x, w_dy, w_dw;             /* backward weights */
   int f_x_plain, f_w_plain, f_y_plain, d_dy_plain, d_w_plain, w_x_plain, w_dy_plain;
   Reo r_fx, r_fw, r_fy, r_ddy, r_dw, r_ddx, r_ddx_sum, r_wx, r_wdy, r_wdw, r_wdw_sum;
-  size_t off_x, off_y, off_w, need; /* the workspace: blocked x (or dx), y (or dy), w (or dw) */
+  dnnl_memory_t scr[3];                      /* forward, backward data, backward weights scratch (NULL: none) */
+  size_t off_x, off_y, off_w, off_s, need;   /* the workspace: blocked x (or dx), y (or dy), w (or dw), scratch */
 } Lib;
 
 static dnnl_engine_t eng;
@@ -133,13 +134,18 @@ static int lib_make(Lib *L, int64_t work_bytes) {
     return -1;
   dnnl_convolution_desc_t fd, dd, wdsc;
   dnnl_primitive_desc_t fpd = NULL, dpd = NULL, wpd = NULL;
-  int bad = dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct, &ax, &aw, NULL, &ay,
+  /* Each primitive's scratch memory comes from the workspace too (user scratchpad mode), so what a
+   * convolution needs beside the plan's arena is only its code and descriptors. */
+  dnnl_primitive_attr_t attr = NULL;
+  int bad = dnnl_primitive_attr_create(&attr) || dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user) ||
+            dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training, dnnl_convolution_direct, &ax, &aw, NULL, &ay,
                                                        st, dl, pl, pr) ||
-            dnnl_primitive_desc_create(&fpd, &fd, NULL, eng, NULL) ||
+            dnnl_primitive_desc_create(&fpd, &fd, attr, eng, NULL) ||
             dnnl_dilated_convolution_backward_data_desc_init(&dd, dnnl_convolution_direct, &ax, &aw, &ay, st, dl, pl, pr) ||
-            dnnl_primitive_desc_create(&dpd, &dd, NULL, eng, fpd) ||
+            dnnl_primitive_desc_create(&dpd, &dd, attr, eng, fpd) ||
             dnnl_dilated_convolution_backward_weights_desc_init(&wdsc, dnnl_convolution_direct, &ax, &aw, NULL, &ay, st, dl, pl, pr) ||
-            dnnl_primitive_desc_create(&wpd, &wdsc, NULL, eng, fpd);
+            dnnl_primitive_desc_create(&wpd, &wdsc, attr, eng, fpd);
+  if (attr) dnnl_primitive_attr_destroy(attr);
   if (!bad) {
     const dnnl_memory_desc_t *fx = dnnl_primitive_desc_query_md(fpd, dnnl_query_src_md, 0),
                              *fw = dnnl_primitive_desc_query_md(fpd, dnnl_query_weights_md, 0),
@@ -158,7 +164,24 @@ static int lib_make(Lib *L, int64_t work_bytes) {
     if ((t = dnnl_memory_desc_get_size(wdy)) > szy) szy = t;
     if ((t = dnnl_memory_desc_get_size(dw)) > szw) szw = t;
     if ((t = dnnl_memory_desc_get_size(wdw)) > szw) szw = t;
-    L->off_x = 0, L->off_y = (szx + 63) / 64 * 64, L->off_w = L->off_y + (szy + 63) / 64 * 64, L->need = L->off_w + szw;
+    size_t scr = 0;
+    dnnl_primitive_desc_t pds[3] = {fpd, dpd, wpd};
+    for (int i = 0; i < 3; i++) {
+      const dnnl_memory_desc_t *sm = dnnl_primitive_desc_query_md(pds[i], dnnl_query_scratchpad_md, 0);
+      if (sm && (t = dnnl_memory_desc_get_size(sm)) > scr) scr = t;
+    }
+    L->off_x = 0, L->off_y = (szx + 63) / 64 * 64, L->off_w = L->off_y + (szy + 63) / 64 * 64;
+    L->off_s = L->off_w + (szw + 63) / 64 * 64, L->need = L->off_s + scr;
+    if (getenv("PIPERUN_DNNL_SIZES"))
+      fprintf(stderr, "dnnl conv %d->%d k%dx%d s%d %dx%d->%dx%d n%d: x %zu y %zu w %zu scratch %zu (f %zu d %zu w %zu) need %zu have %lld\n",
+              s->c, s->m, s->kh, s->kw, s->sh, s->h, s->w, s->oh, s->ow, s->n, szx, szy, szw, scr,
+              dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(fpd, dnnl_query_scratchpad_md, 0)),
+              dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(dpd, dnnl_query_scratchpad_md, 0)),
+              dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(wpd, dnnl_query_scratchpad_md, 0)), L->need, (long long)work_bytes);
+    for (int i = 0; i < 3; i++) {
+      const dnnl_memory_desc_t *sm = dnnl_primitive_desc_query_md(pds[i], dnnl_query_scratchpad_md, 0);
+      if (sm && dnnl_memory_desc_get_size(sm) > 0 && !(L->scr[i] = mem_of(sm))) bad = 1;
+    }
     if ((int64_t)L->need > work_bytes) bad = 1;
     L->f_x_plain = dnnl_memory_desc_equal(fx, &ux), L->f_w_plain = dnnl_memory_desc_equal(fw, &uw);
     L->f_y_plain = dnnl_memory_desc_equal(fy, &uy), L->d_dy_plain = dnnl_memory_desc_equal(ddy, &uy);
@@ -209,10 +232,13 @@ static Lib *lib_for(const ConvShape *s, int64_t work_bytes) {
   return L->ok > 0 ? L : NULL;
 }
 
-static void run3(dnnl_primitive_t p, int a0, dnnl_memory_t m0, int a1, dnnl_memory_t m1, int a2, dnnl_memory_t m2, int a3,
-                 dnnl_memory_t m3) {
-  dnnl_exec_arg_t a[4] = {{a0, m0}, {a1, m1}, {a2, m2}, {a3, m3}};
-  must(dnnl_primitive_execute(p, strm, m3 ? 4 : 3, a), "convolution");
+/* Runs a convolution primitive on three tensors, with its scratch memory (if any) at the workspace's
+ * scratch region. */
+static void run3(dnnl_primitive_t p, dnnl_memory_t scr, char *ws, int a0, dnnl_memory_t m0, int a1, dnnl_memory_t m1, int a2,
+                 dnnl_memory_t m2) {
+  dnnl_exec_arg_t a[4] = {{a0, m0}, {a1, m1}, {a2, m2}, {DNNL_ARG_SCRATCHPAD, scr}};
+  if (scr) must(dnnl_memory_set_data_handle(scr, ws), "scratch");
+  must(dnnl_primitive_execute(p, strm, scr ? 4 : 3, a), "convolution");
   must(dnnl_stream_wait(strm), "stream");
 }
 
@@ -232,7 +258,7 @@ int pr_conv_lib_fwd(const ConvShape *s, const float *x, const float *w, const fl
   place(L->f_x_plain, &L->r_fx, L->f_x, x, ws + L->off_x);
   place(L->f_w_plain, &L->r_fw, L->f_w, w, ws + L->off_w);
   dnnl_memory_set_data_handle(L->f_y, L->f_y_plain ? (void *)y : ws + L->off_y);
-  run3(L->fwd, DNNL_ARG_SRC, L->f_x, DNNL_ARG_WEIGHTS, L->f_w, DNNL_ARG_DST, L->f_y, 0, NULL);
+  run3(L->fwd, L->scr[0], ws + L->off_s, DNNL_ARG_SRC, L->f_x, DNNL_ARG_WEIGHTS, L->f_w, DNNL_ARG_DST, L->f_y);
   if (!L->f_y_plain) reo_run(&L->r_fy, ws + L->off_y, y);
   if (b) { /* after the sum, as the im2col path adds it */
     int64_t sp = (int64_t)s->od * s->oh * s->ow;
@@ -253,7 +279,7 @@ int pr_conv_lib_bwd_data(const ConvShape *s, const float *w, const float *dy, fl
   place(L->d_dy_plain, &L->r_ddy, L->d_dy, dy, ws + L->off_y);
   place(L->d_w_plain, &L->r_dw, L->d_w, w, ws + L->off_w);
   dnnl_memory_set_data_handle(L->d_dx, ws + L->off_x);
-  run3(L->bdata, DNNL_ARG_DIFF_DST, L->d_dy, DNNL_ARG_WEIGHTS, L->d_w, DNNL_ARG_DIFF_SRC, L->d_dx, 0, NULL);
+  run3(L->bdata, L->scr[1], ws + L->off_s, DNNL_ARG_DIFF_DST, L->d_dy, DNNL_ARG_WEIGHTS, L->d_w, DNNL_ARG_DIFF_SRC, L->d_dx);
   reo_run(acc ? &L->r_ddx_sum : &L->r_ddx, ws + L->off_x, dx);
   return 0;
 }
@@ -266,7 +292,7 @@ int pr_conv_lib_bwd_weights(const ConvShape *s, const float *x, const float *dy,
   place(L->w_x_plain, &L->r_wx, L->w_x, x, ws + L->off_x);
   place(L->w_dy_plain, &L->r_wdy, L->w_dy, dy, ws + L->off_y);
   dnnl_memory_set_data_handle(L->w_dw, ws + L->off_w);
-  run3(L->bweights, DNNL_ARG_SRC, L->w_x, DNNL_ARG_DIFF_DST, L->w_dy, DNNL_ARG_DIFF_WEIGHTS, L->w_dw, 0, NULL);
+  run3(L->bweights, L->scr[2], ws + L->off_s, DNNL_ARG_SRC, L->w_x, DNNL_ARG_DIFF_DST, L->w_dy, DNNL_ARG_DIFF_WEIGHTS, L->w_dw);
   reo_run(acc ? &L->r_wdw_sum : &L->r_wdw, ws + L->off_w, dw);
   return 0;
 }

@@ -127,16 +127,24 @@ def train(out, data, tmp, tag):
 def case(model, n, sched, target, fracs, tmp, data, plain_cache):
     tag = f"{model} n={n} {sched} {target}"
     key = (model, n, sched)
-    if key not in plain_cache:
-        out = os.path.join(tmp, f"{model}.{n}.{sched}.plain")
-        r = compile_plan(model, n, sched, out)
-        if not check(r.returncode == 0, f"{model} n={n} {sched}: the plain plan compiles ({r.stderr.strip()[-300:]})"):
-            plain_cache[key] = None
-        else:
-            plain_cache[key] = (max(arenas(out)), train(out, data, tmp, f"{model}.{n}.{sched}.plain"))
-    if not plain_cache[key] or not plain_cache[key][1]:
+
+    def plain(conv):
+        """The plain plan's busiest arena and training results, its convolutions run as `conv` (plan.json's
+        "convolutions"): a plan that fits its limit only with im2col + GEMM (pipecc falls back to it when
+        oneDNN's memory beside the arena does not fit) is compared with a plain plan on the same kernels."""
+        if key + (conv,) not in plain_cache:
+            out = os.path.join(tmp, f"{model}.{n}.{sched}.plain.{conv}")
+            r = compile_plan(model, n, sched, out, ["--conv", "gemm"] if conv == "im2col" else [])
+            if not check(r.returncode == 0, f"{model} n={n} {sched}: the plain plan ({conv}) compiles ({r.stderr.strip()[-300:]})"):
+                plain_cache[key + (conv,)] = None
+            else:
+                plain_cache[key + (conv,)] = (max(arenas(out)), train(out, data, tmp, f"{model}.{n}.{sched}.plain.{conv}"))
+        got = plain_cache[key + (conv,)]
+        return got if got and got[1] else None
+
+    if not plain("onednn"):
         return
-    busiest, (p_losses, p_model, p_rows) = plain_cache[key]
+    busiest = plain("onednn")[0]
     # The limits tried: for "auto", fractions of the busiest plain arena; for
     # one target, from the smallest limit it can reach (its floor F, named by
     # its refusal of 1K) up to just under the leanest plain plan's need P
@@ -184,6 +192,11 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache):
         return
     if not check(limit is not None, f"{tag}: plans under one of {base} and moves something ({'; '.join(errors) or 'no limit between'})"):
         return
+    conv = json.load(open(os.path.join(out, "plan.json"))).get("convolutions", "onednn")
+    ref = plain(conv)
+    if not check(ref is not None, f"{tag}: the plain plan on the limited plan's convolutions ({conv}) trains"):
+        return
+    _, (p_losses, p_model, p_rows) = ref
     got = arenas(out)
     bound = [limit if target != "peer" or r < (n + 1) // 2 else float("inf") for r in range(n)]
     check(all(a <= b for a, b in zip(got, bound)), f"{tag} limit {limit}: every limited rank's arena fits ({got})")

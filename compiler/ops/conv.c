@@ -20,13 +20,16 @@ static int64_t pad16(int64_t v) { return (v + 15) / 16 * 16; }
 
 /* What oneDNN's call needs at most (conv_dnnl.c): blocked copies of an input-sized, an output-sized
  * and a weight-sized tensor, channels padded to 16 (its AVX-512 blocking; AVX2's 8 needs less), each
- * aligned to 64 bytes. */
+ * aligned to 64 bytes, then the primitives' scratch memory.  Measured (PIPERUN_DNNL_SIZES=1): the 3x3
+ * and 5x5 kernels need none, a strided 1x1 copies one image's strided input to unit stride,
+ * output-plane x padded input channels floats plus 128 bytes; that much is allowed for every
+ * convolution.  A primitive that wants more runs as im2col + GEMM, saying so. */
 static int64_t conv_lib_bytes(Graph *g, const Node *n) {
   Tensor *X = node_in(g, n, 0), *W = node_in(g, n, 1), *Y = node_out(g, n, 0);
   int64_t group = attr_int(n, "group", 1), xs = X->dims[0] * pad16(X->dims[1]), ys = Y->dims[0] * pad16(Y->dims[1]),
-          ws = group * pad16(W->dims[0] / group) * pad16(W->dims[1]);
-  for (int i = 2; i < X->rank; i++) xs *= X->dims[i], ys *= Y->dims[i], ws *= W->dims[i];
-  return 4 * (xs + ys + ws) + 3 * 64;
+          ws = group * pad16(W->dims[0] / group) * pad16(W->dims[1]), scratch = pad16(X->dims[1]);
+  for (int i = 2; i < X->rank; i++) xs *= X->dims[i], ys *= Y->dims[i], ws *= W->dims[i], scratch *= Y->dims[i];
+  return 4 * (xs + ys + ws + scratch) + 4 * 64 + 128;
 }
 
 static int conv_infer(Graph *g, Node *n) {

@@ -5,12 +5,12 @@
  * Receives: input [8,1,28,28] (data loader)
  * Sends: /conv1/Conv_output_0 [8,6,28,28]
  * Schedule async, 8 micro-batches of 8; predicted 38.4 us forward + 76.8 us backward per micro-batch.
- * Arena: 1083904 bytes (weights 624), 4 copies of each value in flight, 2 of each gradient.
+ * Arena: 1884480 bytes (weights 624), 4 copies of each value in flight, 2 of each gradient.
  */
 #include "piperun.h"
 
 enum { STAGE = 0, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS = 4, NGSLOTS = 2 };
-#define ARENA_BYTES 1083904LL
+#define ARENA_BYTES 1884480LL
 #define WEIGHTS_BYTES 624LL
 
 /* async: step t computes on the weights of step t - STALENESS (the first STALENESS steps on the
@@ -35,13 +35,13 @@ enum { STALENESS = 1, LOOKAHEAD = 1, NWVERSIONS = 1 };
 #define SIZE_v__conv1_Conv_output_0 150528LL /* [8,6,28,28], one copy per micro-batch in flight */
 #define v__conv1_Conv_output_0(k) ((float *)(arena + OFF_v__conv1_Conv_output_0 + (int64_t)(k) * SIZE_v__conv1_Conv_output_0))
 #define OFF_col__conv1_Conv_output_0 1005504LL
-#define SIZE_col__conv1_Conv_output_0 78400LL /* workspace of one kernel (im2col columns) */
+#define SIZE_col__conv1_Conv_output_0 878976LL /* workspace of one kernel (im2col columns) */
 #define col__conv1_Conv_output_0 ((float *)(arena + OFF_col__conv1_Conv_output_0))
 #define OFF_d__conv1_Conv_output_0 704448LL
 #define SIZE_d__conv1_Conv_output_0 150528LL /* [8,6,28,28], gradient, one copy per gradient slot */
 #define d__conv1_Conv_output_0(k) ((float *)(arena + OFF_d__conv1_Conv_output_0 + (int64_t)(k) * SIZE_d__conv1_Conv_output_0))
 #define OFF_dcol__conv1_Conv_output_0 1005504LL
-#define SIZE_dcol__conv1_Conv_output_0 78400LL /* workspace of one kernel (im2col columns) */
+#define SIZE_dcol__conv1_Conv_output_0 878976LL /* workspace of one kernel (im2col columns) */
 #define dcol__conv1_Conv_output_0 ((float *)(arena + OFF_dcol__conv1_Conv_output_0))
 #define OFF_dW_conv1_weight 1280LL
 #define SIZE_dW_conv1_weight 600LL /* [6,1,5,5], weight gradient */
@@ -52,7 +52,7 @@ enum { STALENESS = 1, LOOKAHEAD = 1, NWVERSIONS = 1 };
 
 static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 
-static const ConvShape CONV_0 = {8, 1, 1, 28, 28, 6, 1, 5, 5, 1, 1, 28, 28, 1, 1, 1, 0, 2, 2, 1, 1, 1, 0, 78400};
+static const ConvShape CONV_0 = {8, 1, 1, 28, 28, 6, 1, 5, 5, 1, 1, 28, 28, 1, 1, 1, 0, 2, 2, 1, 1, 1, 1, 878976};
 
 /* The forward of the micro-batch in ring slot `slot` (unused by a stage that reads only weights and constants). */
 static void forward(int slot, int xslot) {
@@ -109,7 +109,7 @@ static const PrStage THIS_STAGE = {
     .loss = NULL, .forward_only = 0,
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,
-    .predicted_bytes = 1083904, .predicted_step_s = 0.0022005056,
+    .predicted_bytes = 1884480, .predicted_step_s = 0.0022005056,
     .role = PR_ROLE_BOTH, .prev_rank = -1, .next_rank = 1, .loss_rank = 3, .nfrozen = 0, .nlayers = 5,
     .staleness = STALENESS, .lookahead = LOOKAHEAD, .nwversions = NWVERSIONS, .wversion_base = WVERSION_BASE, .wversion_bytes = WVERSION_BYTES,
 };
