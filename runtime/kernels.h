@@ -446,118 +446,12 @@ static inline float bin_apply(int op, float a, float b) {
   }
 }
 
-/* A broadcast is walked a row (the output's last axis) at a time: the operands' offsets are found once
- * per row, and along it each moves by its stride on that axis (0 where it is broadcast).  The op is
- * chosen once per call, and the strides the graphs have (1 and 1, 1 and 0, 0 and 1) are constants of
- * their own loops, so each loop is plain enough to vectorise; any other stride pair takes the general
- * loop. */
-#define PR_BIN_ROW(OP, TA, TB)                                                                              \
-  for (int64_t r = 0; r < rows; r++) {                                                                      \
-    const float *ar = a + (rows == 1 ? 0 : bcast_at(s, s->sa, r * L)), *br = b + (rows == 1 ? 0 : bcast_at(s, s->sb, r * L)); \
-    float *yr = y + r * L;                                                                                  \
-    for (int64_t k = 0; k < L; k++) yr[k] = OP == BIN_MUL_SELF ? ar[k * TA] * ar[k * TA] : bin_apply(OP, ar[k * TA], br[k * TB]); \
-  }
-#define PR_BIN_ROWS(OP)                                                                                     \
-  if (ta == 1 && tb == 1) { PR_BIN_ROW(OP, 1, 1) }                                                          \
-  else if (ta == 1 && tb == 0) { PR_BIN_ROW(OP, 1, 0) }                                                     \
-  else if (ta == 0 && tb == 1) { PR_BIN_ROW(OP, 0, 1) }                                                     \
-  else { PR_BIN_ROW(OP, ta, tb) }
-static inline void k_binary(int op, const float *a, const float *b, float *y, const BcastShape *s) {
-  int same = (s->na == s->ny && s->nb == s->ny) || s->rank == 0;
-  int64_t L = same ? s->ny : s->out[s->rank - 1], rows = s->ny / L;
-  int64_t ta = same ? (s->na == s->ny) : s->sa[s->rank - 1], tb = same ? (s->nb == s->ny) : s->sb[s->rank - 1];
-  switch (op) {
-  case BIN_ADD: PR_BIN_ROWS(BIN_ADD) break;
-  case BIN_SUB: PR_BIN_ROWS(BIN_SUB) break;
-  case BIN_MUL: PR_BIN_ROWS(BIN_MUL) break;
-  case BIN_DIV: PR_BIN_ROWS(BIN_DIV) break;
-  case BIN_MAX: PR_BIN_ROWS(BIN_MAX) break;
-  case BIN_MIN: PR_BIN_ROWS(BIN_MIN) break;
-  default: /* x**2, the norms' square, as x*x without evaluating powf beside it */
-    if (s->nb == 1 && b[0] == 2.0f) { PR_BIN_ROWS(BIN_MUL_SELF) } else { PR_BIN_ROWS(BIN_POW) }
-  }
-}
-#undef PR_BIN_ROW
-#undef PR_BIN_ROWS
-
-/* Gradient for input `which` (0 = a, 1 = b), summed over its broadcast axes:
- * rows of the output's last axis as k_binary walks them, a row that sums into
- * one element of d (a norm's scale) in eight lanes, the others in output
- * order; the op's
- * formula chosen once per call, not per element: the loops are then plain
- * enough to vectorise whether or not the call is inlined.  a or b is NULL
- * where the op's gradient does not read it; it is then not touched. */
-#define PR_BIN_GRAD_ROW(EXPR, TA, TB, TD)                                                                              \
-  for (int64_t r = 0; r < rows; r++) {                                                                      \
-    int64_t ia = rows == 1 ? 0 : bcast_at(s, s->sa, r * L), ib = rows == 1 ? 0 : bcast_at(s, s->sb, r * L); \
-    const float *ar = a ? a + ia : NULL, *br = b ? b + ib : NULL, *g = dy + r * L;                          \
-    float *dr = d + (which ? ib : ia);                                                                      \
-    if (TD == 0 && L >= 16) { /* the row sums into one element: in lanes (pr_sum8) */                       \
-      float l[8] = {0, 0, 0, 0, 0, 0, 0, 0}, t;                                                             \
-      int64_t k = 0;                                                                                        \
-      for (; k + 8 <= L; k += 8)                                                                            \
-        for (int j = 0; j < 8; j++) {                                                                       \
-          float A = ar ? ar[(k + j) * TA] : 0, B = br ? br[(k + j) * TB] : 0, G = g[k + j];                 \
-          (void)A, (void)B;                                                                                 \
-          l[j] += (EXPR);                                                                                   \
-        }                                                                                                   \
-      t = pr_lanes_total(l);                                                                                \
-      for (; k < L; k++) {                                                                                  \
-        float A = ar ? ar[k * TA] : 0, B = br ? br[k * TB] : 0, G = g[k];                                   \
-        (void)A, (void)B;                                                                                   \
-        t += (EXPR);                                                                                        \
-      }                                                                                                     \
-      dr[0] += t;                                                                                           \
-      continue;                                                                                             \
-    }                                                                                                       \
-    for (int64_t k = 0; k < L; k++) {                                                                       \
-      float A = ar ? ar[k * TA] : 0, B = br ? br[k * TB] : 0, G = g[k];                                     \
-      (void)A, (void)B;                                                                                     \
-      dr[k * TD] += (EXPR);                                                                                 \
-    }                                                                                                       \
-  }
-/* As k_binary: the usual stride pairs as constants of their own loops. */
-#define PR_BIN_GRAD_ROWS(EXPR)                                                                              \
-  if (ta == 1 && tb == 1) { PR_BIN_GRAD_ROW(EXPR, 1, 1, 1) }                                                \
-  else if (ta == 1 && tb == 0) { if (which) { PR_BIN_GRAD_ROW(EXPR, 1, 0, 0) } else { PR_BIN_GRAD_ROW(EXPR, 1, 0, 1) } } \
-  else if (ta == 0 && tb == 1) { if (which) { PR_BIN_GRAD_ROW(EXPR, 0, 1, 1) } else { PR_BIN_GRAD_ROW(EXPR, 0, 1, 0) } } \
-  else { PR_BIN_GRAD_ROW(EXPR, ta, tb, td) }
-static inline void k_binary_grad(int op, int which, const float *a, const float *b, const float *dy, float *d, const BcastShape *s,
-                                 int acc) {
-  int64_t n = which ? s->nb : s->na;
-  if (!acc) memset(d, 0, sizeof(float) * (size_t)n);
-  /* [rows, L]: one row when nothing is broadcast (or the output is a scalar). */
-  int same = (s->na == s->ny && s->nb == s->ny) || s->rank == 0;
-  int64_t L = same ? s->ny : s->out[s->rank - 1], rows = s->ny / L;
-  int64_t ta = same ? (s->na == s->ny) : s->sa[s->rank - 1], tb = same ? (s->nb == s->ny) : s->sb[s->rank - 1];
-  int64_t td = which ? tb : ta;
-  switch (op) {
-  case BIN_ADD: PR_BIN_GRAD_ROWS(G) break;
-  case BIN_SUB:
-    if (which) { PR_BIN_GRAD_ROWS(-G) } else { PR_BIN_GRAD_ROWS(G) }
-    break;
-  case BIN_MUL:
-    if (which) { PR_BIN_GRAD_ROWS(G * A) } else { PR_BIN_GRAD_ROWS(G * B) }
-    break;
-  case BIN_DIV:
-    if (which) { PR_BIN_GRAD_ROWS(-G * A / (B * B)) } else { PR_BIN_GRAD_ROWS(G / B) }
-    break;
-  /* torch.maximum / minimum: dy / 2 to each side of a tie, dy to the winner
-   * and to both when a NaN makes every comparison false. */
-  case BIN_MAX:
-    if (which) { PR_BIN_GRAD_ROWS(B == A ? G / 2 : B < A ? 0 : G) } else { PR_BIN_GRAD_ROWS(A == B ? G / 2 : A < B ? 0 : G) }
-    break;
-  case BIN_MIN:
-    if (which) { PR_BIN_GRAD_ROWS(B == A ? G / 2 : B > A ? 0 : G) } else { PR_BIN_GRAD_ROWS(A == B ? G / 2 : A > B ? 0 : G) }
-    break;
-  default: /* pow; x**2's b * x**(b-1) is 2 * x exactly (powf(x, 1) is x) */
-    if (which) { PR_BIN_GRAD_ROWS(G * powf(A, B) * logf(A)) }
-    else if (s->nb == 1 && b[0] == 2.0f) { PR_BIN_GRAD_ROWS(G * 2.0f * A) }
-    else { PR_BIN_GRAD_ROWS(G * B * powf(A, B - 1)) }
-  }
-}
-#undef PR_BIN_GRAD_ROWS
-#undef PR_BIN_GRAD_ROW
+/* The broadcasting kernels proper are in broadcast.c, compiled once per build rather than in every
+ * stage program. */
+void k_binary(int op, const float *a, const float *b, float *y, const BcastShape *s);
+/* Gradient for input `which` (0 = a, 1 = b) of k_binary's op, summed over its broadcast axes; a or b is
+ * NULL where the op's gradient does not read it.  d accumulates when acc. */
+void k_binary_grad(int op, int which, const float *a, const float *b, const float *dy, float *d, const BcastShape *s, int acc);
 
 /* ---- batch normalization over N and the spatial axes, per channel ---- */
 typedef struct BnShape {
