@@ -8,6 +8,7 @@ PY=/usr/bin/python3
 T=$(mktemp -d "${TMPDIR:-/tmp}/pipecc-test.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 export PIPECC_CACHE=$T/machine.txt
+export PIPERUN_OBJ_CACHE=$T/rt  # libpiperun objects built once for every plan the suites build (templates/Makefile.in)
 export PIPECC_KERNEL_CACHE=$T/kernels.txt  # the kernel-time cache (docs/cost.md): empty, so plans are the FLOP model's
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

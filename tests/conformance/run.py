@@ -213,7 +213,9 @@ def build_runtime(work):
     m = os.path.join(ROOT, "onnx_models", "mlp.onnx")
     subprocess.run([PIPECC, m, "-o", probe, "--forward-only", "--plan-only"], capture_output=True)
     subprocess.run([PIPECC, m, "-o", probe, "--forward-only"], check=True, capture_output=True)
-    subprocess.run(["make", "-s", "-C", probe, "runtime"], check=True, capture_output=True)
+    # In the probe's own build/ (not a shared PIPERUN_OBJ_CACHE): the objects are listed from there.
+    env = {k: v for k, v in os.environ.items() if k != "PIPERUN_OBJ_CACHE"}
+    subprocess.run(["make", "-s", "-C", probe, "runtime"], check=True, capture_output=True, env=env)
     objs = sorted(f for f in os.listdir(os.path.join(probe, "build")) if f.endswith(".o"))
     return [os.path.join(probe, "build", f) for f in objs]
 
