@@ -87,6 +87,7 @@ typedef struct Run {
   double t_busy, bub_busy, bub_wall;
   double sent_bytes;   /* every byte this rank sent: messages, offloaded activations (to a peer or its file), weights */
   PrProfExtra prof;    /* --profile: the loader, the loss and the update, beside the nodes' marks */
+  int64_t prof_warm;   /* --profile: the first steps not measured, a quarter of the run (at least one) */
   /* The memory plan: the messages to and from the peer (on their own
    * communicator), per xslot the copy out and the copy in, per store slot the
    * peer's data coming or going; the file's I/O thread. */
@@ -1707,10 +1708,8 @@ static void end_step(Run *r, StepLog *sl, double loss, double dt) {
       printf("step %lld/%lld  loss %.6f  %.1f samples/s  eta %.1f s\n", (long long)r->step + 1, (long long)r->a.steps, loss, sps, eta);
     fflush(stdout);
   }
-  if (st->nprof && r->step == sl->first_step) { /* the first step warms caches and pages: not profiled */
-    prof_reset();
-    memset(&r->prof, 0, sizeof r->prof);
-  }
+  /* The first steps warm caches and pages (a quarter of the run, at least one): not profiled. */
+  if (st->nprof) prof_end_step(&r->prof, r->step >= sl->first_step + r->prof_warm);
   if (r->a.checkpoint && (r->step + 1) % r->a.ckpt_every == 0) {
     r->step++;
     save_checkpoint(r, r->a.checkpoint);
@@ -1899,7 +1898,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   r.rank = g_rank;
   parse_args(&r.a, argc, argv);
   if (r.a.profile && !st->nprof) usage_error("--profile: these stages have no timing marks; compile them with pipecc --profile%s", "");
-  if (r.a.profile && r.a.steps < 2) usage_error("--profile needs --steps 2 or more (the first step only warms up)%s", "");
+  if (r.a.profile && r.a.steps < 2) usage_error("--profile needs --steps 2 or more (the first quarter, at least one step, only warms up)%s", "");
   if (st->nprof) prof_init(st->nprof);
   pr_rand.seed = r.a.seed;
   char path[4096], msg[1024] = "";
@@ -1992,6 +1991,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   double t_start = now();
   r.trace.start = t_start;
   int64_t first_step = r.step;
+  r.prof_warm = (r.a.steps - first_step) / 4 > 1 ? (r.a.steps - first_step) / 4 : 1;
   StepLog sl = {log, t_start, first_step, NAN, NAN};
   pr_weights = st->arena;
   g_poll_run = &r;
@@ -2051,11 +2051,13 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   if (log) fclose(log);
   if (r.val_log) fclose(r.val_log);
   if (r.a.profile) {
-    int64_t steps = r.a.steps - first_step - 1;
-    r.prof.params = 0;
-    for (int i = 0; i < st->nparams; i++) r.prof.params += st->params[i].count;
-    int rc = prof_write(r.a.profile, st->model, st->prof_nodes, st->nprof, &r.prof, steps * st->microbatches, steps, st->mb_size,
-                        st->microbatches, st->prof_rate, g_rank, st->nstages, msg, sizeof msg);
+    if (prof_steps() == 0)
+      die(2, "--profile: no step was measured (the run's first %lld step%s only warm up); run more --steps", (long long)r.prof_warm,
+          r.prof_warm == 1 ? "" : "s");
+    int64_t params = 0;
+    for (int i = 0; i < st->nparams; i++) params += st->params[i].count;
+    int rc = prof_write(r.a.profile, st->model, st->prof_nodes, st->nprof, params, r.prof_warm, st->mb_size, st->microbatches,
+                        st->prof_rate, g_rank, st->nstages, msg, sizeof msg);
     if (rc) die(2, "%s", msg);
   }
   if (r.freeze_to) freeze_write(&r); /* and no --save: the run goes on in the re-planned program */

@@ -12,17 +12,55 @@
 double pr_prof_t;
 double *pr_prof_acc;
 static int prof_n;
+/* The measured steps' figures, a row each: 3 per node, then the loader, the
+ * loss and the update.  The latest PROF_KEEP steps are kept (a ring). */
+enum { PROF_KEEP = 256 };
+static double *hist;
+static int64_t nhist;
 
-void prof_init(int nnodes) {
-  prof_n = nnodes;
-  pr_prof_acc = calloc((size_t)(3 * nnodes + 1), sizeof(double));
-  if (!pr_prof_acc) {
+static int row_len(void) { return 3 * prof_n + 3; }
+
+static void *prof_calloc(size_t n, size_t size) {
+  void *p = calloc(n ? n : 1, size);
+  if (!p) {
     fprintf(stderr, "piperun: out of memory for the profile\n");
     exit(2);
   }
+  return p;
 }
 
-void prof_reset(void) { memset(pr_prof_acc, 0, sizeof(double) * (size_t)(3 * prof_n + 1)); }
+void prof_init(int nnodes) {
+  prof_n = nnodes;
+  pr_prof_acc = prof_calloc((size_t)(3 * nnodes + 1), sizeof(double));
+  hist = prof_calloc((size_t)PROF_KEEP * (size_t)row_len(), sizeof(double));
+}
+
+void prof_end_step(PrProfExtra *x, int measured) {
+  if (measured) {
+    double *row = hist + (size_t)(nhist % PROF_KEEP) * (size_t)row_len();
+    memcpy(row, pr_prof_acc, sizeof(double) * (size_t)(3 * prof_n));
+    row[3 * prof_n] = x->load, row[3 * prof_n + 1] = x->loss, row[3 * prof_n + 2] = x->update;
+    nhist++;
+  }
+  memset(pr_prof_acc, 0, sizeof(double) * (size_t)(3 * prof_n + 1));
+  x->load = x->loss = x->update = 0;
+}
+
+int64_t prof_steps(void) { return nhist; }
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* The median over the kept steps of column c (the mean of the middle two for an even count). */
+static double median(int c, double *tmp) {
+  int64_t n = nhist < PROF_KEEP ? nhist : PROF_KEEP;
+  if (n == 0) return 0;
+  for (int64_t k = 0; k < n; k++) tmp[k] = hist[(size_t)k * (size_t)row_len() + (size_t)c];
+  qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
+  return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+}
 
 /* Appends printf output to a growing buffer. */
 typedef struct Text {
@@ -53,27 +91,29 @@ static void text_printf(Text *t, const char *fmt, ...) {
   }
 }
 
-int prof_write(const char *path, const char *model, const char *const *names, int nnodes, const PrProfExtra *x, int64_t mbs,
-               int64_t steps, int mb_size, int microbatches, double rate, int rank, int nranks, char *msg, int len) {
+int prof_write(const char *path, const char *model, const char *const *names, int nnodes, int64_t params, int64_t warmup, int mb_size,
+               int microbatches, double rate, int rank, int nranks, char *msg, int len) {
   Text t = {0};
-  double per = mbs > 0 ? 1.0 / (double)mbs : 0, per_step = steps > 0 ? 1.0 / (double)steps : 0;
+  double per = 1.0 / (double)(microbatches > 0 ? microbatches : 1), *tmp = prof_calloc(PROF_KEEP, sizeof(double));
   if (rank == 0) {
-    text_printf(&t, "# pipecc profile of %s: seconds per micro-batch of %d, the mean over %lld steps of %d micro-batches\n", model, mb_size,
-                (long long)steps, microbatches);
-    text_printf(&t, "# after a warm-up step, on %d rank%s.  node K OP FORWARD BACKWARD_INPUT BACKWARD_WEIGHT NAME\n", nranks,
-                nranks == 1 ? "" : "s");
+    text_printf(&t, "# pipecc profile of %s: seconds per micro-batch of %d, the median over %lld steps of %d micro-batches\n", model,
+                mb_size, (long long)(nhist < PROF_KEEP ? nhist : PROF_KEEP), microbatches);
+    text_printf(&t, "# after %lld warm-up step%s, on %d rank%s.  node K OP FORWARD BACKWARD_INPUT BACKWARD_WEIGHT NAME\n", (long long)warmup,
+                warmup == 1 ? "" : "s", nranks, nranks == 1 ? "" : "s");
     text_printf(&t, "pipecc-profile 1\nmb %d\nrate %.6g\n", mb_size, rate);
   }
   for (int i = 0; i < nnodes; i++) {
-    const double *a = &pr_prof_acc[3 * i];
     /* names[i] is "K OP NAME": the times go between the op and the name. */
     const char *sp1 = strchr(names[i], ' '), *sp2 = sp1 ? strchr(sp1 + 1, ' ') : NULL;
     if (!sp2) continue;
-    text_printf(&t, "node %.*s %.6e %.6e %.6e %s\n", (int)(sp2 - names[i]), names[i], a[0] * per, a[1] * per, a[2] * per, sp2 + 1);
+    text_printf(&t, "node %.*s %.6e %.6e %.6e %s\n", (int)(sp2 - names[i]), names[i], median(3 * i, tmp) * per,
+                median(3 * i + 1, tmp) * per, median(3 * i + 2, tmp) * per, sp2 + 1);
   }
-  if (x->load > 0) text_printf(&t, "load %.6e\n", x->load * per);
-  if (x->loss > 0) text_printf(&t, "loss %.6e\n", x->loss * per);
-  text_printf(&t, "update %lld %.6e\n", (long long)x->params, x->update * per_step);
+  double load = median(3 * prof_n, tmp), loss = median(3 * prof_n + 1, tmp);
+  if (load > 0) text_printf(&t, "load %.6e\n", load * per);
+  if (loss > 0) text_printf(&t, "loss %.6e\n", loss * per);
+  text_printf(&t, "update %lld %.6e\n", (long long)params, median(3 * prof_n + 2, tmp));
+  free(tmp);
   int mine = t.len, *lens = NULL, *offs = NULL;
   char *all = NULL;
   if (rank == 0) {

@@ -2,11 +2,12 @@
  *
  * A stage compiled with `pipecc --profile` marks the end of each node's
  * calls in its forward and backward (PR_PROF); the time since the previous
- * mark is that node's.  `run.sh --profile FILE` then writes, after a
- * warm-up step, each node's seconds per micro-batch (forward, backward's
+ * mark is that node's.  `run.sh --profile FILE` then writes, after the
+ * warm-up steps, each node's seconds per micro-batch (forward, backward's
  * input-gradient part, its weight-gradient part), the loader's and the
- * loss's, and each stage's update, for `pipecc --costs FILE` to plan with
- * (docs/cost.md).  A stage built without --profile has no marks and
+ * loss's, and each stage's update, each the median over the measured steps
+ * (one slow step, a page fault or a neighbour's burst, moves a mean but not
+ * the median), for `pipecc --costs FILE` to plan with (docs/cost.md).  A stage built without --profile has no marks and
  * refuses the flag. */
 #ifndef PIPERUN_PROFILE_H
 #define PIPERUN_PROFILE_H
@@ -34,18 +35,20 @@ static inline void pr_prof_mark(int node, int dir) {
 
 /* What the runtime times besides the nodes, per stage. */
 typedef struct PrProfExtra {
-  double load, loss, update; /* seconds: the loader's inputs and labels, the loss, the optimizer */
-  int64_t params;            /* floats the stage updates */
+  double load, loss, update; /* seconds this step: the loader's inputs and labels, the loss, the optimizer */
 } PrProfExtra;
 
 /* Allocates the accumulators of nnodes nodes (0 if none: nothing is marked). */
 void prof_init(int nnodes);
-/* Forgets what was measured so far (after the warm-up step). */
-void prof_reset(void);
+/* Ends a step: a measured one's node times and x's join the history (the
+ * latest 256 steps), a warm-up one's are dropped; then both start again at 0. */
+void prof_end_step(PrProfExtra *x, int measured);
+/* How many steps were measured. */
+int64_t prof_steps(void);
 /* Collective: every rank's figures go to rank 0, which writes path
  * atomically (a temporary beside it, then rename).  names[i]: node i's
- * "index op name" key; per micro-batch over mbs micro-batches.  0, or -1
- * on rank 0 with a message in msg. */
-int prof_write(const char *path, const char *model, const char *const *names, int nnodes, const PrProfExtra *x, int64_t mbs,
-               int64_t steps, int mb_size, int microbatches, double rate, int rank, int nranks, char *msg, int len);
+ * "index op name" key; the medians over the measured steps, per
+ * micro-batch.  0, or -1 on rank 0 with a message in msg. */
+int prof_write(const char *path, const char *model, const char *const *names, int nnodes, int64_t params, int64_t warmup, int mb_size,
+               int microbatches, double rate, int rank, int nranks, char *msg, int len);
 #endif

@@ -466,13 +466,15 @@ def kernel_cache_cases(tmp, good, data):
     # pipecc-probe --kernels: a profile build of MLP at -n 1, two steps, merged.
     probe_cache = os.path.join(tmp, "kc-probe.txt")
     env = dict(os.environ, PIPECC_KERNEL_CACHE=probe_cache)
-    r = run([PROBE, "--kernels", MODEL["mlp"], "-n", "1", "--batch", str(BATCH), "--microbatches", str(MICRO), "--steps", "2", "--data", data],
-            env=env, timeout=300)
-    if check(r.returncode == 0 and "merged into the kernel cache" in r.stdout, "pipecc-probe --kernels mlp merges its times", tail(r)):
+    r = run([PROBE, "--kernels", MODEL["mlp"], "-n", "1", "--batch", str(BATCH), "--microbatches", str(MICRO), "--steps", "2", "--runs", "2",
+             "--data", data], env=env, timeout=300)
+    if check(r.returncode == 0 and "merged into the kernel cache" in r.stdout, "pipecc-probe --kernels mlp (2 runs) merges its times", tail(r)):
         r = kc_plan(os.path.join(tmp, "kc-probe-mlp"), model="mlp", cache=probe_cache)
         pj = plan_json(os.path.join(tmp, "kc-probe-mlp"))
         check(r.returncode == 0 and pj["machine"].get("kernel_cache", {}).get("nodes_from_flops") == 0,
               f"then MLP -n 2 plans every node from the cache ({pj['machine'].get('kernel_cache')})", tail(r))
+    r = run([PROBE, "--kernels", MODEL["mlp"], "--runs", "0"], env=env)
+    check(r.returncode == 2 and "--runs takes 1 to 100" in r.stderr, "pipecc-probe --kernels refuses --runs 0", tail(r))
     r = run([PROBE, "--kernels", MODEL["mlp"], "--devices", DEVICES], env=env)
     check(r.returncode == 2 and "--devices is not for --kernels" in r.stderr, "pipecc-probe --kernels refuses --devices", tail(r))
 
@@ -516,6 +518,14 @@ def main():
         good = open(prof_file).read() if loss_p is not None and os.path.exists(prof_file) else ""
         if check(bool(good), "run.sh --steps 3 --profile FILE writes FILE"):
             check_profile(parse_profile(good), plan_p, tables, "the profile")
+            check("the median over 2 steps" in good and "after 1 warm-up step," in good,
+                  f"--steps 3: the first step warms up, the medians are over the other 2 ({good.splitlines()[:2]})")
+            f8 = os.path.join(tmp, "lenet8.profile")
+            x = run([os.path.join(prof_dir, "run.sh"), "--data", data, "--steps", "8", "--profile", f8, "--timeout", "120"], timeout=240)
+            head = open(f8).read().splitlines()[:2] if os.path.exists(f8) else []
+            check(x.returncode == 0 and "the median over 6 steps" in " ".join(head) and "after 2 warm-up steps," in " ".join(head),
+                  f"--steps 8: a quarter of the run (2 steps) warms up, the medians are over 6 ({head})"
+                  + ("" if x.returncode == 0 else f"; {tail(x, 300)}"))
 
         # ---- 2. the marks change no numbers ----
         _, loss_0 = build_and_train(plain_dir, data, tmp, "plain build")
