@@ -217,23 +217,19 @@ def compile_plan(model, n, batch, m, sched, out, extra=()):
         return json.load(f)
 
 
-def build_pipe(model, n, batch, m, sched, costs=None):
+def build_pipe(model, n, batch, m, sched):
     d = os.path.join(WORK, f"{model}_n{n}_b{batch}_m{m}_{sched}.pipe")
-    plan = compile_plan(model, n, batch, m, sched, d, ["--costs", costs] if costs else [])
+    plan = compile_plan(model, n, batch, m, sched, d, [])
     run_cmd(["make", "-s", "-j2", "-C", d], TIMEOUT_BUILD)
     return d, plan
 
 
-def profile_pipe(model, batch, m, data):
-    """Node times for pipecc --costs (docs/cost.md): a --profile build at n = this machine's cores (at
-    most 2), trained 8 steps with run.sh --profile.  Returns the profile's path."""
-    n = max(1, min(2, os.cpu_count() or 1))
-    d = os.path.join(WORK, f"{model}_b{batch}_m{m}_profile.pipe")
-    compile_plan(model, n, batch, m, "1f1b", d, ["--profile"])
-    run_cmd(["make", "-s", "-j2", "-C", d], TIMEOUT_BUILD)
-    prof = d.rstrip("/") + ".profile"   # beside the directory: pipecc replaces only directories it wrote
-    run_cmd([os.path.join(d, "run.sh"), "--data", data, "--steps", "8", "--quiet", "--profile", prof], TIMEOUT_RUN)
-    return prof
+def probe_kernels(model, n, batch, m, data):
+    """Fills the kernel cache (KCACHE) with pipecc's own kernels' times at this plan's micro-batch shapes:
+    `pipecc-probe --kernels` (a --profile build at -n n, 16 steps, 3 runs, the fastest kept; docs/cost.md),
+    as a user would once per machine.  The plans made afterwards are predicted from it."""
+    run_cmd([PROBE, "--kernels", model_path(model), "-n", str(n), "--batch", str(batch), "--microbatches", str(m),
+             "--data", data], TIMEOUT_BUILD + TIMEOUT_RUN)
 
 
 def step_flops(plan):
@@ -443,8 +439,7 @@ def section_single(data, mem_rows, pred_rows):
                 raise CmdError(export_err)
             # The kernels' times at this plan's shapes, as a user would take them once per machine
             # (pipecc-probe --kernels, one rank as the run below): the plan's prediction is made from them.
-            run_cmd([PROBE, "--kernels", model_path(model), "-n", "1", "--batch", str(B), "--microbatches", "1"],
-                    TIMEOUT_BUILD)
+            probe_kernels(model, 1, B, 1, data[kind])
             d, plan = build_pipe(model, 1, B, 1, "1f1b")
             flops = step_flops(plan)
             pr, tr = [], []
@@ -535,33 +530,34 @@ def section_pipeline(data, mem_rows, pred_rows, bubble_rows):
         log(f"pipeline: {model} B={B}: -n 1 baseline")
         base = None
         try:
+            probe_kernels(model, 1, B, 1, data[kind])   # one rank: the baseline runs alone
             d1, plan1 = build_pipe(model, 1, B, 1, "1f1b")
         except Exception as e:  # noqa: BLE001
             d1 = plan1 = None
             add_row(sec, f"{model} B={B} n=1 M=1", "case", "ERROR", note=str(e))
         for m in MS:
-            log(f"pipeline: {model} B={B} m={m}: profile")
+            log(f"pipeline: {model} B={B} m={m}: pipecc-probe --kernels -n 2")
             try:
-                costs = profile_pipe(model, B, m, data[kind])
+                # Two ranks, both cores busy, as the pipelines run; the n = 4 plans share these shapes.
+                probe_kernels(model, 2, B, m, data[kind])
             except Exception as e:  # noqa: BLE001
-                log(f"  error: profile: {e}")
-                add_row(sec, f"{model} B={B} m={m}", "profile", "ERROR", note=str(e))
-                costs = None
+                log(f"  error: probe: {e}")
+                add_row(sec, f"{model} B={B} m={m}", "probe", "ERROR", note=str(e))
             built, built4 = {}, {}
             for sched in SCHEDULES:
                 try:
-                    built[sched] = build_pipe(model, 2, B, m, sched, costs)
+                    built[sched] = build_pipe(model, 2, B, m, sched)
                 except Exception as e:  # noqa: BLE001
                     log(f"  error: {e}")
                     built[sched] = CmdError(str(e))
                 if m in N4_MS:   # n = 4 (more ranks than cores here: they share them), same profile
                     try:
-                        built4[sched] = build_pipe(model, 4, B, m, sched, costs)
+                        built4[sched] = build_pipe(model, 4, B, m, sched)
                     except Exception as e:  # noqa: BLE001
                         log(f"  error: {e}")
                         built4[sched] = CmdError(str(e))
             try:
-                d1m, plan1m = build_pipe(model, 1, B, m, "1f1b", costs)
+                d1m, plan1m = build_pipe(model, 1, B, m, "1f1b")
             except Exception as e:  # noqa: BLE001
                 d1m = plan1m = None
             plan2 = next((v[1] for v in built.values() if isinstance(v, tuple)), None)
@@ -766,12 +762,12 @@ def section_bubble(bubble_rows, pred_rows):
                         "compiler's simulation with its own (unequal) stage times; the analytic (p-1)/(m+p-1) is shown for "
                         f"reference. Met = |plan bubble - measured| <= {BUBBLE_TOL:.0%} of measured; |predicted step - "
                         f"measured| <= {STEP_TOL:.0%} of measured (issue 15; bench/predict.py, `make bench-predict`, has the "
-                        "full n x schedule matrix against the same targets). Node costs: the n = 2, n = 4 and n = 1 (M = m) "
-                        "plans of section 2 are made with `--costs`, a profile of the same batch and micro-batches taken at "
-                        "n = 2 (docs/cost.md); section 1's single-stage plans from the kernel cache (bench/work/kernels.txt, "
-                        "made afresh by this run), which `pipecc-probe --kernels MODEL -n 1` fills before each is planned, as a "
-                        "user would once per machine; the n = 1 (M = 1) baselines of section 2 with the FLOP model, or with "
-                        "the cache where a section 1 model at the same shapes filled it."
+                        "full n x schedule matrix against the same targets). Node costs: every plan of sections 1 and 2 is "
+                        "predicted from the kernel cache (bench/work/kernels.txt, made afresh by this run), which "
+                        "`pipecc-probe --kernels` fills at the plan's batch and micro-batches before it is planned, as a user "
+                        "would once per machine (16 steps, 3 runs, the fastest run's per-node medians; docs/cost.md): at -n 1 "
+                        "for the single-stage plans, at -n 2 (both cores busy, as the pipelines run) for the n = 2, n = 4 and "
+                        "n = 1 (M = m) plans."
                         + (f"\n\n![{plot[1]}]({os.path.basename(plot[0])})" if plot else "")))
 
 
