@@ -332,14 +332,15 @@ static void mkdirs_for(const char *path) {
     }
 }
 
-/* The probe's cached figures into m (n ranks), when the cache at `path` holds figures measured with the
- * BLAS kernels this process runs (blas_core.h) and the host's cores: 0, else -1. */
+/* The cache's line naming the BLAS kernels its figures were measured with (blas_core.h). */
 static const char *blas_kernels_line(char *buf, size_t len) {
   const char *core = getenv("OPENBLAS_CORETYPE");
   snprintf(buf, len, "# blas kernels: %s\n", core && *core ? core : "OpenBLAS's choice");
   return buf;
 }
 
+/* The probe's cached figures into m (n ranks), when the cache at `path` holds figures measured with the
+ * BLAS kernels this process runs and the host's cores: 0, else -1. */
 static int cached_machine(Machine *m, int n, const char *path) {
   char blas_line[96];
   blas_kernels_line(blas_line, sizeof blas_line);

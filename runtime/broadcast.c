@@ -62,13 +62,11 @@ void k_binary(int op, const float *a, const float *b, float *y, const BcastShape
 #undef PR_BIN_ROW
 #undef PR_BIN_ROWS
 
-/* Gradient for input `which` (0 = a, 1 = b), summed over its broadcast axes:
- * rows of the output's last axis as k_binary walks them, a row that sums into
- * one element of d (a norm's scale) in eight lanes, the others in output
- * order; the op's
- * formula chosen once per call, not per element: the loops are then plain
- * enough to vectorise whether or not the call is inlined.  a or b is NULL
- * where the op's gradient does not read it; it is then not touched. */
+/* Gradient for input `which` (0 = a, 1 = b), summed over its broadcast axes: rows of the output's last
+ * axis as k_binary walks them, a row that sums into one element of d (a norm's scale) in eight lanes,
+ * the others in output order.  The op's formula is chosen once per call, not per element, so the loops
+ * are plain enough to vectorise.  a or b is NULL where the op's gradient does not read it; it is then
+ * not touched. */
 #define PR_BIN_GRAD_ROW(EXPR, TA, TB, TD)                                                                              \
   for (Rows w = rows_begin(s); w.r < rows; rows_next(&w)) {                                           \
     int64_t ia = w.oa, ib = w.ob;                                                                           \

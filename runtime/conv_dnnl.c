@@ -164,24 +164,21 @@ static int lib_make(Lib *L, int64_t work_bytes) {
     if ((t = dnnl_memory_desc_get_size(wdy)) > szy) szy = t;
     if ((t = dnnl_memory_desc_get_size(dw)) > szw) szw = t;
     if ((t = dnnl_memory_desc_get_size(wdw)) > szw) szw = t;
-    size_t scr = 0;
+    /* One scratch region serves the three primitives (they never run at once). */
+    size_t scr = 0, scr_of[3] = {0, 0, 0};
     dnnl_primitive_desc_t pds[3] = {fpd, dpd, wpd};
     for (int i = 0; i < 3; i++) {
       const dnnl_memory_desc_t *sm = dnnl_primitive_desc_query_md(pds[i], dnnl_query_scratchpad_md, 0);
-      if (sm && (t = dnnl_memory_desc_get_size(sm)) > scr) scr = t;
+      scr_of[i] = sm ? dnnl_memory_desc_get_size(sm) : 0;
+      if (scr_of[i] > scr) scr = scr_of[i];
+      if (scr_of[i] > 0 && !(L->scr[i] = mem_of(sm))) bad = 1;
     }
     L->off_x = 0, L->off_y = (szx + 63) / 64 * 64, L->off_w = L->off_y + (szy + 63) / 64 * 64;
     L->off_s = L->off_w + (szw + 63) / 64 * 64, L->need = L->off_s + scr;
     if (getenv("PIPERUN_DNNL_SIZES"))
       fprintf(stderr, "dnnl conv %d->%d k%dx%d s%d %dx%d->%dx%d n%d: x %zu y %zu w %zu scratch %zu (f %zu d %zu w %zu) need %zu have %lld\n",
-              s->c, s->m, s->kh, s->kw, s->sh, s->h, s->w, s->oh, s->ow, s->n, szx, szy, szw, scr,
-              dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(fpd, dnnl_query_scratchpad_md, 0)),
-              dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(dpd, dnnl_query_scratchpad_md, 0)),
-              dnnl_memory_desc_get_size(dnnl_primitive_desc_query_md(wpd, dnnl_query_scratchpad_md, 0)), L->need, (long long)work_bytes);
-    for (int i = 0; i < 3; i++) {
-      const dnnl_memory_desc_t *sm = dnnl_primitive_desc_query_md(pds[i], dnnl_query_scratchpad_md, 0);
-      if (sm && dnnl_memory_desc_get_size(sm) > 0 && !(L->scr[i] = mem_of(sm))) bad = 1;
-    }
+              s->c, s->m, s->kh, s->kw, s->sh, s->h, s->w, s->oh, s->ow, s->n, szx, szy, szw, scr, scr_of[0], scr_of[1], scr_of[2],
+              L->need, (long long)work_bytes);
     if ((int64_t)L->need > work_bytes) bad = 1;
     L->f_x_plain = dnnl_memory_desc_equal(fx, &ux), L->f_w_plain = dnnl_memory_desc_equal(fw, &uw);
     L->f_y_plain = dnnl_memory_desc_equal(fy, &uy), L->d_dy_plain = dnnl_memory_desc_equal(ddy, &uy);
