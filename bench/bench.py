@@ -838,7 +838,9 @@ def section_compiler():
         out = os.path.join(WORK, "gpt2_small_plan.pipe")
         use_time = os.access("/usr/bin/time", os.X_OK)
         times, rss = [], []
-        for _ in range(3):
+        # The first run reads the file into the page cache as the machine left it (this VM's DAMON reclaims
+        # idle page cache, so after the other sections that is often from disk): reported, not counted.
+        for _ in range(4):
             cmd = [PIPECC, model, "-n", "8", "--plan-only", "-o", out]
             if use_time:
                 _, _, err, _ = run_cmd(["/usr/bin/time", "-f", "BENCHTIME %e %M"] + cmd, 300)
@@ -852,6 +854,7 @@ def section_compiler():
                 mt = re.search(r"BENCHTIME ([\d.]+) (\d+)", o)
                 times.append(float(mt.group(1)))
                 rss.append(int(mt.group(2)) * 1024)
+        first, times = times[0], times[1:]
         t_med, t_min, peak = statistics.median(times), min(times), max(rss)
         ratio = peak / size
         ok_t, ok_m = t_med < 1.0, ratio < 1.3   # issue 15: under 1 s, peak under 1.3x the file
@@ -859,19 +862,24 @@ def section_compiler():
             plan = json.load(f)
         add_row(sec, "gpt2_small -n 8 --plan-only", "onnx_file_size", size, "bytes")
         add_row(sec, "gpt2_small -n 8 --plan-only", "time_median", t_med, "s", "< 1 s", yes(ok_t),
-                note=f"3 runs: {', '.join(f'{x:.2f}' for x in times)} ({'GNU time' if use_time else 'getrusage'})")
+                note=f"3 runs: {', '.join(f'{x:.2f}' for x in times)}, after a first run of {first:.2f} s "
+                     f"({'GNU time' if use_time else 'getrusage'})")
+        add_row(sec, "gpt2_small -n 8 --plan-only", "time_first_run", first, "s", note="page cache as the earlier sections left it")
         add_row(sec, "gpt2_small -n 8 --plan-only", "time_min", t_min, "s")
         add_row(sec, "gpt2_small -n 8 --plan-only", "peak_rss", peak, "bytes")
         add_row(sec, "gpt2_small -n 8 --plan-only", "peak_rss_over_onnx_size", ratio, "x", "< 1.3", yes(ok_m))
-        targets.append(("compiler: gpt2_small -n 8 --plan-only < 1 s", f"{t_med:.2f} s (median of 3, min {t_min:.2f})", yes(ok_t)))
+        targets.append(("compiler: gpt2_small -n 8 --plan-only < 1 s",
+                        f"{t_med:.2f} s (median of 3 after a first run of {first:.2f} s, min {t_min:.2f})", yes(ok_t)))
         targets.append(("compiler: peak RSS < 1.3x ONNX file size", f"{peak / 2**20:.0f} MiB = {ratio:.2f}x of {size / 2**20:.0f} MiB", yes(ok_m)))
         md_sections.append(("6. The compiler: `bin/pipecc onnx_models/large/gpt2_small.onnx -n 8 --plan-only`",
-                            "| ONNX file | nodes | parameters | time s (median of 3) | runs | peak RSS MiB | peak / file size | met (< 1 s)? | met (< 1.3x)? |\n"
-                            "|---|---|---|---|---|---|---|---|---|\n"
+                            "| ONNX file | nodes | parameters | time s (median of 3) | runs | first run s | peak RSS MiB | peak / file size | met (< 1 s)? | met (< 1.3x)? |\n"
+                            "|---|---|---|---|---|---|---|---|---|---|\n"
                             f"| {size / 2**20:.0f} MiB | {plan.get('nodes')} | {plan.get('parameters'):,} | {t_med:.2f} | "
-                            f"{', '.join(f'{x:.2f}' for x in times)} | {peak / 2**20:.0f} | {ratio:.2f} | {yes(ok_t)} | {yes(ok_m)} |\n\n"
+                            f"{', '.join(f'{x:.2f}' for x in times)} | {first:.2f} | {peak / 2**20:.0f} | {ratio:.2f} | {yes(ok_t)} | {yes(ok_m)} |\n\n"
                             f"Measured with {'GNU time (`/usr/bin/time -f %e %M`)' if use_time else 'getrusage(RUSAGE_CHILDREN)'}; "
-                            "wall time, so it includes reading the 634 MiB file (page cache warm after the first run)."))
+                            "wall time, reading the file included.  The first run finds the page cache as the earlier sections "
+                            "left it (on this VM, DAMON reclaims idle page cache, so often the file comes from disk); it is "
+                            "shown, and the target is the median of the 3 runs after it, with the file cached."))
     except Exception as e:  # noqa: BLE001
         log(f"  error: {e}")
         add_row(sec, "gpt2_small -n 8 --plan-only", "case", "ERROR", note=str(e))
