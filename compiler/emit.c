@@ -374,6 +374,13 @@ static void fb_tables(Buf *o, const Plan *p, const StageProg *sp, int *nss, int 
   fb_table(o, p, sp, fb->w, fb->nw, 1, 0, "WRECV", nwr);
 }
 
+/* How compute nodes [a, e)'s convolutions run, for the profile to say (PR_CONV_* in runtime/profile.h). */
+static const char *stage_conv(const Plan *p, int a, int e) {
+  for (int k = a; k < e; k++)
+    if (!strcmp(p->g.n[p->node[k]].op, "Conv")) return p->g.conv_impl == CONV_GEMM ? "PR_CONV_IM2COL" : "PR_CONV_ONEDNN";
+  return "PR_CONV_NONE";
+}
+
 static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf *o) {
   const Graph *g = &p->g;
   int s = sp->stage, n = p->opt.nstages, a = p->rbegin[s], e = p->rend[s], role = p->role[s];
@@ -598,7 +605,8 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
       pool_printf(&tp, "%lld", (long long)vocab), pool_printf(&tp, "%.0f", c->mem_total),
       pool_printf(&tp, "%.9g", p->sched.step_time), p->opt.forward_only ? "1" : "0", split ? "backward_input" : "NULL",
       split ? "backward_weight" : "NULL", memf,
-      p->opt.profile ? pool_printf(&tp, "\n    .prof_nodes = PROFILE_NODES, .nprof = %d, .prof_rate = %.6g,", e - a, p->machine.dev[s].flops) : "",
+      p->opt.profile ? pool_printf(&tp, "\n    .prof_nodes = PROFILE_NODES, .nprof = %d, .prof_rate = %.6g, .prof_conv = %s,", e - a,
+                                   p->machine.dev[s].flops, stage_conv(p, a, e)) : "",
       role == ROLE_BWD ? "NULL" : "forward", role == ROLE_FWD ? "NULL" : "backward",
       pool_printf(&tp, "\n    .role = %s, .prev_rank = %d, .next_rank = %d, .loss_rank = %d, .nfrozen = %d, .nlayers = %d,%s", role == ROLE_FWD ? "PR_ROLE_FWD" : role == ROLE_BWD ? "PR_ROLE_BWD" : "PR_ROLE_BOTH",
                   p->fb ? p->fb->links.prev[s] : s - 1, p->fb ? p->fb->links.next[s] : s + 1 < n ? s + 1 : -1,

@@ -70,15 +70,18 @@ static int attr_cmp(const void *a, const void *b) {
   return strcmp(x->name ? x->name : "", y->name ? y->name : "");
 }
 
-/* The op, its attributes by name, each input's and output's dtype and shape
- * (at the micro-batch size) and role: w a trained weight, f a frozen one, c a
- * constant, g a value that gets a gradient, n one that does not, - absent.
- * 0, or -1 when the key would be longer than KC_MAX_KEY (never cached). */
+/* The op (a convolution's with the implementation that runs it: oneDNN's and
+ * im2col + GEMM take different times for the same work), its attributes by
+ * name, each input's and output's dtype and shape (at the micro-batch size)
+ * and role: w a trained weight, f a frozen one, c a constant, g a value that
+ * gets a gradient, n one that does not, - absent.  0, or -1 when the key
+ * would be longer than KC_MAX_KEY (never cached). */
 static int node_key(const Plan *p, const char *need, int node, KB *k) {
   const Graph *g = &p->g;
   const Node *n = &g->n[node];
   k->w = 0, k->over = 0, k->s[0] = 0;
   kb_str(k, n->op);
+  if (!strcmp(n->op, "Conv")) kb_add(k, "@%s", g->conv_impl == CONV_GEMM ? "im2col" : "onednn");
   const Attr **as = malloc(sizeof(Attr *) * (size_t)(n->nattrs + 1));
   if (!as) abort();
   for (int i = 0; i < n->nattrs; i++) as[i] = &n->attrs[i];
@@ -373,6 +376,12 @@ static void warn_bad(const Cache *c, const char *path, const char *then) {
 
 /* ---- using it ---- */
 
+void kcache_flop_node(const PartProblem *pr, int q, double rate, double mbw, double *fwd, double *bwd_input, double *bwd_weight) {
+  double b = pr->bwd_flops[q] / rate + 2 * pr->traffic[q] / mbw;
+  *fwd = pr->fwd_flops[q] / rate + pr->traffic[q] / mbw;
+  *bwd_input = b / 2, *bwd_weight = b / 2;
+}
+
 void kcache_apply(Plan *p, PartProblem *pr) {
   const Options *o = &p->opt;
   if (o->costs || o->devices || o->forward_only) return;
@@ -405,10 +414,8 @@ void kcache_apply(Plan *p, PartProblem *pr) {
     const Entry *e = node_key(p, need, p->node[q], key) ? NULL : cache_find(&c, key->s);
     if (e) {
       k->fwd[q] = e->t[0], k->bwd_input[q] = e->t[1], k->bwd_weight[q] = e->t[2], k->src[q] = 1, hits++;
-    } else { /* the FLOP model's figures, node by node */
-      double b = pr->bwd_flops[q] / rate + 2 * pr->traffic[q] / mbw;
-      k->fwd[q] = pr->fwd_flops[q] / rate + pr->traffic[q] / mbw;
-      k->bwd_input[q] = b / 2, k->bwd_weight[q] = b / 2;
+    } else {
+      kcache_flop_node(pr, q, rate, mbw, &k->fwd[q], &k->bwd_input[q], &k->bwd_weight[q]);
     }
   }
   if (!hits) {
@@ -498,7 +505,7 @@ void kcache_merge(Plan *p, Costs *c) {
     Cache add;
     memset(&add, 0, sizeof add);
     for (int q = 0; q < p->N; q++)
-      if (!node_key(p, need, p->node[q], key))
+      if (!(c->conv_mismatch && !strcmp(g->n[p->node[q]].op, "Conv")) && !node_key(p, need, p->node[q], key))
         cache_put(&add, key->s, (double[3]){c->fwd[q] * k, c->bwd_input[q] * k, c->bwd_weight[q] * k}), c->merged++;
     double aux[NAUX] = {c->load * k, c->loss * k, c->update_per_param * k};
     for (int a = 0; a < NAUX; a++)

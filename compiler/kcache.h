@@ -33,6 +33,9 @@ void kcache_apply(struct Plan *p, struct PartProblem *pr);
  * the profile was taken on this machine at the plan's micro-batch size.
  * Sets c->merged (entries written) and c->merge_note (why not, or NULL). */
 void kcache_merge(struct Plan *p, Costs *c);
+/* The FLOP model's seconds for compute node q at `rate` FLOP/s and mbw
+ * bytes/s of memory copies: a node no measurement covers. */
+void kcache_flop_node(const struct PartProblem *pr, int q, double rate, double mbw, double *fwd, double *bwd_input, double *bwd_weight);
 /* The cache's path (NULL when disabled), into buf. */
 const char *kcache_path(char *buf, size_t len);
 #endif

@@ -297,6 +297,9 @@ void listing_text(const Plan *p, Buf *b) {
     const Costs *c = p->costs;
     buf_printf(b, "  node costs   measured: --costs %s (at micro-batch %lld%s, on %.1f GFLOP/s)\n", c->path, (long long)c->profile_mb,
                c->profile_mb == p->mb_size ? "" : ", scaled linearly", c->rate / 1e9);
+    if (c->conv_mismatch)
+      buf_printf(b, "               its convolutions ran %s, this plan's run %s: theirs are the FLOP model's (and not merged)\n",
+                 c->conv == 2 ? "through oneDNN" : "as im2col + GEMM", c->conv == 2 ? "as im2col + GEMM" : "through oneDNN");
     if (c->merged) buf_printf(b, "               merged into the kernel cache %s (%d node times)\n", c->cache_path, c->merged);
     else if (c->merge_note) buf_printf(b, "               not merged into the kernel cache: %s\n", c->merge_note);
   } else if (p->costs) {

@@ -619,6 +619,12 @@ int plan_from_graph(Plan *p) {
   if (o->costs) {
     Costs *c = p->costs = pool_alloc(&g->pool, sizeof *c);
     if (costs_load(c, o->costs, p, &g->pool)) return -1;
+    /* Convolutions timed through oneDNN say nothing of im2col + GEMM (a plan under a memory limit
+     * may fall back to it), nor the other way: theirs come from the FLOP model. */
+    c->conv_mismatch = c->conv && c->conv != (g->conv_impl == CONV_GEMM ? 1 : 2);
+    for (int q = 0; q < p->N && c->conv_mismatch; q++)
+      if (!strcmp(g->n[p->node[q]].op, "Conv"))
+        kcache_flop_node(pr, q, c->rate, p->machine.memcpy_bw, &c->fwd[q], &c->bwd_input[q], &c->bwd_weight[q]);
     pr->fwd_s = c->fwd, pr->bwdi_s = c->bwd_input, pr->bwdw_s = c->bwd_weight;
     pr->time_rate = c->rate, pr->load_s = c->load, pr->loss_s = c->loss, pr->update_per_byte = c->update_per_param / 4;
     kcache_merge(p, c); /* the profile's times, under each node's shape key, for later plans */

@@ -77,6 +77,12 @@ static int parse(Costs *c, const char *path, char *text, const Plan *p, char *se
       } else {
         c->loss += x[0];
       }
+    } else if (!strcmp(what, "conv")) {
+      char *v = token(&q);
+      int impl = !v ? 0 : !strcmp(v, "im2col") ? 1 : !strcmp(v, "onednn") ? 2 : 0;
+      if (!impl || token(&q)) return err_set("--costs %s:%d: 'conv' takes im2col or onednn", path, lineno);
+      if (c->conv && c->conv != impl) return err_set("--costs %s:%d: the ranks' 'conv' lines disagree", path, lineno);
+      c->conv = impl;
     } else if (!strcmp(what, "update")) {
       char *a = token(&q), *b = token(&q);
       if (!a || !b || number(a, &x[0]) || number(b, &x[1]) || token(&q))
@@ -103,7 +109,7 @@ static int parse(Costs *c, const char *path, char *text, const Plan *p, char *se
       seen[k] = 1;
       c->fwd[k] = x[0], c->bwd_input[k] = x[1], c->bwd_weight[k] = x[2];
     } else {
-      return err_set("--costs %s:%d: unknown entry '%s' (expected node, mb, rate, load, loss or update)", path, lineno, what);
+      return err_set("--costs %s:%d: unknown entry '%s' (expected node, mb, rate, load, loss, update or conv)", path, lineno, what);
     }
   }
   if (!header) return err_set("--costs %s: not a pipecc profile (it is empty)", path);

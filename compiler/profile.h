@@ -19,6 +19,8 @@ typedef struct Costs {
   double update_per_param; /* the optimizer's seconds per trained float */
   double rate;
   int64_t profile_mb;      /* the micro-batch size it was measured at (times scale linearly to the plan's) */
+  int conv;                /* how its convolutions ran: 0 not said (none, or an older profile), 1 im2col + GEMM, 2 oneDNN */
+  int conv_mismatch;       /* the plan runs them the other way: their times are the FLOP model's, and not merged */
   /* The kernel cache (kcache.c).  Without --costs, path is NULL and these
    * say where the times came from: src[k] = 1 where node k's are the cache's
    * (else the FLOP model's), ncached of them; aux: how many of the loader,

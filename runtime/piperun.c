@@ -2057,7 +2057,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     int64_t params = 0;
     for (int i = 0; i < st->nparams; i++) params += st->params[i].count;
     int rc = prof_write(r.a.profile, st->model, st->prof_nodes, st->nprof, params, r.prof_warm, st->mb_size, st->microbatches,
-                        st->prof_rate, g_rank, st->nstages, msg, sizeof msg);
+                        st->prof_rate, st->prof_conv, g_rank, st->nstages, msg, sizeof msg);
     if (rc) die(2, "%s", msg);
   }
   if (r.freeze_to) freeze_write(&r); /* and no --save: the run goes on in the re-planned program */

@@ -139,10 +139,13 @@ typedef struct PrStage {
   void (*recompute)(int slot, int xslot); /* NULL if nothing is recomputed */
   /* pipecc --profile: "K OP NAME" of each node the forward and backward mark
    * (PR_PROF(i, dir), i indexing this table); NULL / 0 otherwise.  rate: the
-   * FLOP/s the compiling pipecc planned with, written into the profile. */
+   * FLOP/s the compiling pipecc planned with, written into the profile.
+   * conv: how the stage's convolutions run (PR_CONV_*), which the profile
+   * says: their times hold for that implementation only. */
   const char *const *prof_nodes;
   int nprof;
   double prof_rate;
+  int prof_conv;
   /* Its chain: forward values come from prev_rank and go to next_rank,
    * gradients the other way (-1 at an end); the loss rank logs and sums up. */
   int role;                    /* PR_ROLE_* */

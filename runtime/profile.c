@@ -92,7 +92,7 @@ static void text_printf(Text *t, const char *fmt, ...) {
 }
 
 int prof_write(const char *path, const char *model, const char *const *names, int nnodes, int64_t params, int64_t warmup, int mb_size,
-               int microbatches, double rate, int rank, int nranks, char *msg, int len) {
+               int microbatches, double rate, int conv, int rank, int nranks, char *msg, int len) {
   Text t = {0};
   double per = 1.0 / (double)(microbatches > 0 ? microbatches : 1), *tmp = prof_calloc(PROF_KEEP, sizeof(double));
   if (rank == 0) {
@@ -113,6 +113,10 @@ int prof_write(const char *path, const char *model, const char *const *names, in
   if (load > 0) text_printf(&t, "load %.6e\n", load * per);
   if (loss > 0) text_printf(&t, "loss %.6e\n", loss * per);
   text_printf(&t, "update %lld %.6e\n", (long long)params, median(3 * prof_n + 2, tmp));
+#ifndef PR_DNNL
+  if (conv == PR_CONV_ONEDNN) conv = PR_CONV_IM2COL; /* built without oneDNN: conv_dnnl.c runs them as im2col + GEMM */
+#endif
+  if (conv != PR_CONV_NONE) text_printf(&t, "conv %s\n", conv == PR_CONV_ONEDNN ? "onednn" : "im2col");
   free(tmp);
   int mine = t.len, *lens = NULL, *offs = NULL;
   char *all = NULL;

@@ -15,6 +15,8 @@
 #include <time.h>
 
 enum { PR_PROF_FWD = 0, PR_PROF_BWD_INPUT = 1, PR_PROF_BWD_WEIGHT = 2 };
+/* A stage's convolutions: none, im2col + GEMM, or oneDNN's (where this runtime was built with it). */
+enum { PR_CONV_NONE = 0, PR_CONV_IM2COL = 1, PR_CONV_ONEDNN = 2 };
 
 /* The clock of the last mark, and seconds per node and direction: acc[3 * node + dir]. */
 extern double pr_prof_t;
@@ -50,5 +52,5 @@ int64_t prof_steps(void);
  * "index op name" key; the medians over the measured steps, per
  * micro-batch.  0, or -1 on rank 0 with a message in msg. */
 int prof_write(const char *path, const char *model, const char *const *names, int nnodes, int64_t params, int64_t warmup, int mb_size,
-               int microbatches, double rate, int rank, int nranks, char *msg, int len);
+               int microbatches, double rate, int conv, int rank, int nranks, char *msg, int len);
 #endif

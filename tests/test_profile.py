@@ -118,8 +118,8 @@ def profile_table(src):
 
 
 def parse_profile(text):
-    """The profile's entries: {'header', 'mb', 'rate', 'nodes': [(k, op, f, bi, bw, name)], 'load', 'loss', 'update'}."""
-    p = {"header": None, "mb": [], "rate": [], "nodes": [], "load": [], "loss": [], "update": [], "other": []}
+    """The profile's entries: {'header', 'mb', 'rate', 'nodes': [(k, op, f, bi, bw, name)], 'load', 'loss', 'update', 'conv'}."""
+    p = {"header": None, "mb": [], "rate": [], "nodes": [], "load": [], "loss": [], "update": [], "conv": [], "other": []}
     for line in text.splitlines():
         if not line.strip() or line.startswith("#"):
             continue
@@ -132,6 +132,8 @@ def parse_profile(text):
             p[t[0]].append(float(t[1]))
         elif t[0] == "update" and len(t) == 3:
             p["update"].append((int(t[1]), float(t[2])))
+        elif t[0] == "conv" and len(t) == 2:
+            p["conv"].append(t[1])
         else:
             p["other"].append(line)
     return p
@@ -187,6 +189,10 @@ def check_profile(prof, plan, tables, tag):
     check(len(prof["update"]) == nstages, f"{tag}: an update line per stage ({len(prof['update'])} for {nstages} stages)")
     params = [st["parameters"] for st in plan["stage_plans"]]
     check([u[0] for u in prof["update"]] == params, f"{tag}: the update lines count each stage's parameters ({prof['update']} vs {params})")
+    # Each stage with a convolution says how they ran: the plan's way, or im2col where the runtime has no oneDNN.
+    want = plan.get("convolutions") if os.path.exists("/usr/include/dnnl.h") else "im2col"
+    with_conv = sum(1 for st in plan["stage_plans"] if any(op == "Conv" for k, op, *_ in nodes if st["node_begin"] <= k < st["node_end"]))
+    check(prof["conv"] == [want] * with_conv, f"{tag}: a 'conv {want}' line per stage with a convolution ({prof['conv']}, {with_conv} stages)")
     # (a line is left out when its time is 0, so a coarse clock could drop one: at most one per stage)
     check(1 <= len(prof["load"]) <= nstages and len(prof["loss"]) <= 1,
           f"{tag}: the loader's and the loss's times ({prof['load']}, {prof['loss']})")
@@ -238,6 +244,10 @@ def hostile_cases(tmp, good, mlp_profile):
     edit("format version 2", replace(hdr, "pipecc-profile 2"), hdr + 1, "profile format 2; this pipecc reads format 1")
     edit("a header without a version", replace(hdr, "pipecc-profile"), hdr + 1, "not a pipecc profile")
     edit("an unknown entry", lambda ls: ls.insert(hdr + 1, "bogus 1"), hdr + 2, "unknown entry 'bogus'")
+    edit("conv sideways", lambda ls: ls.insert(hdr + 1, "conv sideways"), hdr + 2, "'conv' takes im2col or onednn")
+    def two_convs(ls):
+        ls[hdr + 1:hdr + 1] = ["conv im2col", "conv onednn"]
+    edit("conv lines that disagree", two_convs, hdr + 3, "the ranks' 'conv' lines disagree")
     edit("a node line without its name", replace(n0, node_line(0, name="")), n0 + 1, "expected 'node K OP")
     edit("a node line with two times", replace(n0, "node 0 Conv 1e-4 2e-4"), n0 + 1, "expected 'node K OP")
     edit("a bare 'node'", replace(n0, "node"), n0 + 1, "expected 'node K OP")
@@ -381,6 +391,12 @@ def kernel_cache_cases(tmp, good, data):
         check(kcj.get("nodes_from_cache") == 9 and kcj.get("nodes_from_flops") == 3,
               f"it reuses the 9 shapes it shares with LeNet; 3 from the FLOP model ({kcj})")
         check("9 of 12 nodes from the kernel cache" in r.stdout and "3 from the FLOP model" in r.stdout, "the listing says 9 of 12")
+    # A convolution's key names the implementation that ran it: im2col + GEMM does not take oneDNN's times.
+    r = kc_plan(os.path.join(tmp, "kc-gemm"), "--conv", "gemm")
+    if check(r.returncode == 0 and sanitizer_clean(r), "lenet -n 2 --conv gemm plans", tail(r)):
+        kcj = plan_json(os.path.join(tmp, "kc-gemm"))["machine"].get("kernel_cache", {})
+        check(kcj.get("nodes_from_cache") == 10 and kcj.get("nodes_from_flops") == 2,
+              f"--conv gemm: LeNet's 2 convolutions from the FLOP model (the cache holds oneDNN's), its other 10 nodes from the cache ({kcj})")
     # --devices plans another machine: the cache is not used.
     r = pipecc(os.path.join(tmp, "kc-dev"), "--plan-only")
     check(r.returncode == 0 and "kernel_cache" not in plan_json(os.path.join(tmp, "kc-dev"))["machine"], "--devices plans ignore the cache")
@@ -401,7 +417,7 @@ def kernel_cache_cases(tmp, good, data):
     # Hostile caches: warned about naming FILE:LINE, the bad lines ignored (their nodes from FLOPs), never a crash.
     lines = text.splitlines()
     first_k = next(i for i, line in enumerate(lines) if line.startswith("k "))
-    conv = next(i for i, line in enumerate(lines) if line.startswith("k ") and "Conv|" in line)
+    conv = next(i for i, line in enumerate(lines) if line.startswith("k ") and " Conv@onednn|" in line)
 
     def with_line(i, new):
         ls = list(lines)
@@ -570,6 +586,16 @@ def main():
                     want_f += sum(prof["loss"]) if s == nstages - 1 else 0
                     check(abs(st["fwd_time_s"] - want_f) <= 1e-6 * want_f + 1e-12,
                           f"stage {s}'s predicted forward is the profile's ({st['fwd_time_s']:.6g} vs {want_f:.6g} s)")
+                # Planned with the other convolution implementation: the profile's convolution times do not apply.
+                if prof["conv"] and prof["conv"][0] == "onednn":
+                    gemm_dir = os.path.join(tmp, "costs-gemm")
+                    r = pipecc(gemm_dir, "--costs", prof_file, "--conv", "gemm", "--listing")
+                    note = "its convolutions ran through oneDNN, this plan's run as im2col + GEMM: theirs are the FLOP model's"
+                    if check(r.returncode == 0 and sanitizer_clean(r) and note in r.stdout,
+                             f"--costs of a oneDNN profile, --conv gemm: the listing says '{note}'", tail(r)):
+                        g0, c0 = plan_json(gemm_dir)["stage_plans"][0], plan_c["stage_plans"][0]
+                        check(g0["fwd_time_s"] != c0["fwd_time_s"],
+                              f"... and stage 0's forward is not the profile's ({g0['fwd_time_s']:.6g} vs {c0['fwd_time_s']:.6g} s)")
                 # Every time 0 but the last node's, made huge: that node's stage must shrink to (nearly) it alone.
                 last = plan_c["compute_nodes"] - 1
                 out = []
