@@ -224,12 +224,13 @@ def build_pipe(model, n, batch, m, sched):
     return d, plan
 
 
-def probe_kernels(model, n, batch, m, data):
+def probe_kernels(model, n, batch, m, data, extra=()):
     """Fills the kernel cache (KCACHE) with pipecc's own kernels' times at this plan's micro-batch shapes:
     `pipecc-probe --kernels` (a --profile build at -n n, 16 steps, 3 runs, the fastest kept; docs/cost.md),
-    as a user would once per machine.  The plans made afterwards are predicted from it."""
+    as a user would once per machine.  The plans made afterwards are predicted from it.  extra: more
+    pipecc flags (--conv gemm: im2col's convolution times, which a plan under a memory limit may use)."""
     run_cmd([PROBE, "--kernels", model_path(model), "-n", str(n), "--batch", str(batch), "--microbatches", str(m),
-             "--data", data], TIMEOUT_BUILD + TIMEOUT_RUN)
+             "--data", data, *extra], TIMEOUT_BUILD + TIMEOUT_RUN)
 
 
 def step_flops(plan):

@@ -103,6 +103,11 @@ def profile_model(b, model, B, m, data, work):
     return prof, n
 
 
+def has_conv(b, model):
+    import onnx
+    return any(nd.op_type == "Conv" for nd in onnx.load(os.path.join(b.ROOT, "onnx_models", f"{model}.onnx")).graph.node)
+
+
 def compile_variant(b, model, B, m, out, extra):
     """pipecc with extra flags.  A `pipecc: error:` that is not about the command line means the
     target cannot meet the limit: Infeasible(first error line); anything else raises CmdError."""
@@ -204,12 +209,19 @@ def curve_model(b, data, model, B, m, kind, steps, tsteps, repeats):
     os.makedirs(os.path.join(work, "offload"), exist_ok=True)
     res = {"model": model, "B": B, "m": m, "steps": steps, "tsteps": tsteps, "repeats": repeats,
            "points": [], "torch": []}
-    b.log(f"memory curve: {model} -n {N} B={B} m={m}: profile, then the plain plan")
-    prof, res["profile_n"] = profile_model(b, model, B, m, data[kind], work)
-    costs = ["--costs", prof]
-    flags = {tgt: extra + costs for tgt, extra in targets_flags(work).items()}
+    b.log(f"memory curve: {model} -n {N} B={B} m={m}: pipecc-probe --kernels, then the plain plan")
+    # Every plan is predicted from the kernel cache: the probe times each node at this batch and these
+    # micro-batches, with the cores as busy as in the pipeline; a model with convolutions is probed with
+    # im2col's too, since a plan under a memory limit may run them that way (the listing's `convolution`).
+    res["profile_n"] = max(1, min(N, os.cpu_count() or 1))
+    res["probed_im2col"] = has_conv(b, model)
+    sched = ["--schedule", SCHEDULE]
+    b.probe_kernels(model, res["profile_n"], B, m, data[kind], sched)
+    if res["probed_im2col"]:
+        b.probe_kernels(model, res["profile_n"], B, m, data[kind], sched + ["--conv", "gemm"])
+    flags = targets_flags(work)
     plain_dir = os.path.join(work, f"{model}_plain.pipe")
-    plain = compile_variant(b, model, B, m, plain_dir, costs)
+    plain = compile_variant(b, model, B, m, plain_dir, [])
     build_dir(b, plain_dir)
     k0, arena0 = busiest(plain)
     res.update(plain_plan=plain, plain_busiest_stage=k0, plain_arena=arena0)
@@ -351,8 +363,10 @@ def report(b, res, svg_dir):
              f"busiest stage {res['plain_busiest_stage']}, arena {res['plain_arena'] / mib:.2f} MiB, step "
              f"{p0['median_s'] * 1e3:.1f} ms, measured peak {fmt_mib(meas0)} MiB (rss_peak - rss_overhead of the runtime summary). "
              f"pipecc runs {res['steps']} steps, PyTorch {res['tsteps']} after {TORCH_WARMUP} warm-up, "
-             f"{res['repeats']} round(s).  Every plan is made with `--costs`: node times measured by `run.sh --profile` "
-             f"on a `--profile` build at n = {res['profile_n']} (this machine's cores), the same batch and micro-batches.", "",
+             f"{res['repeats']} round(s).  Every plan is predicted from the kernel cache, which `pipecc-probe --kernels` "
+             f"filled first at n = {res['profile_n']} (this machine's cores), the same batch and micro-batches"
+             + (", once with oneDNN's convolutions and once with im2col's (`--conv gemm`: a plan under a memory limit "
+                "may fall back to them)." if res.get("probed_im2col") else "."), "",
              "| limit (% of plain arena) | --mem-limit bytes | target | busiest arena MiB (predicted) | predicted % | "
              "measured peak MiB | measured % | VmHWM MiB | step ms | plain step ms (beside it) | step / plain | "
              "predicted step ms | measured / predicted | note |",
@@ -520,6 +534,9 @@ def section_memcurve(b, data, models=None, svg_dir=HERE):
 if __name__ == "__main__":
     import bench as b  # noqa: E402
     os.makedirs(b.WORK, exist_ok=True)
+    os.environ["PIPECC_KERNEL_CACHE"] = os.path.join(b.WORK, "memcurve_kernels.txt")   # the probes' times, this run's
+    if os.path.exists(os.environ["PIPECC_KERNEL_CACHE"]):
+        os.remove(os.environ["PIPECC_KERNEL_CACHE"])
     want = sys.argv[1:] or None
     data = b.make_data()
     section_memcurve(b, data, want)
