@@ -136,6 +136,9 @@ static int node_key(const Plan *p, const char *need, int node, KB *k) {
   return k->over ? -1 : 0;
 }
 
+/* The actions' relative spread on this machine (a profile's `jitter`): the latest measured. */
+#define JITTER_KEY "jitter"
+
 /* The loader's, the loss's and the optimizer's keys: what their work depends on. */
 enum { AUX_LOAD, AUX_LOSS, AUX_UPDATE, NAUX };
 static int aux_key(const Plan *p, int which, KB *k) {
@@ -430,6 +433,8 @@ void kcache_apply(Plan *p, PartProblem *pr) {
   k->loss = aux[AUX_LOSS] ? aux[AUX_LOSS]->t[0] : 0;
   /* The FLOP model's update: weight, gradient and each slot read, weight and slots written. */
   k->update_per_param = aux[AUX_UPDATE] ? aux[AUX_UPDATE]->t[0] : (3 + 2 * (double)p->opt_slots) * 4 / mbw;
+  const Entry *jit = cache_find(&c, JITTER_KEY);
+  k->jitter = jit ? jit->t[0] : 0;
   k->rate = rate, k->profile_mb = p->mb_size;
   k->ncached = hits, k->cache_path = pool_strdup(&g->pool, path);
   cache_free(&c);
@@ -510,6 +515,7 @@ void kcache_merge(Plan *p, Costs *c) {
     double aux[NAUX] = {c->load * k, c->loss * k, c->update_per_param * k};
     for (int a = 0; a < NAUX; a++)
       if (!aux_key(p, a, key) && (a != AUX_UPDATE || p->params > 0)) cache_put(&add, key->s, (double[3]){aux[a], 0, 0});
+    if (c->jitter > 0) cache_put(&add, JITTER_KEY, (double[3]){c->jitter, 0, 0});
     free(key);
     /* Nodes of one shape (a transformer's blocks): their mean, which replaces the cache's. */
     if (add.n > 1) qsort(add.e, (size_t)add.n, sizeof *add.e, entry_cmp);

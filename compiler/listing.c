@@ -49,6 +49,9 @@ static void fb_text(const Plan *p, int s, Buf *b) {
   }
 }
 
+/* The predicted step with every action at its median time (the memory plan's own comparison). */
+static double at_medians(const Plan *p) { return p->sched.jitter > 0 ? p->sched.step_time_fixed : p->sched.step_time; }
+
 static double mean_time(const Plan *p) {
   double sum = 0;
   for (int s = 0; s < p->opt.nstages; s++) sum += p->part.cost[s].time;
@@ -331,8 +334,12 @@ void listing_text(const Plan *p, Buf *b) {
   buf_printf(b, "\nstep\n");
   if (p->plain_arena && p->plain_step > 0 && fabs(p->sched.step_time - p->plain_step) > 1e-12)
     buf_printf(b, "  memory plan  %s per step without it, %s with it (%+.1f%%): the copies and recomputation that compute does not hide\n",
-               fmt_time(p->plain_step), fmt_time(p->sched.step_time), 100 * (p->sched.step_time / p->plain_step - 1));
+               fmt_time(p->plain_step), fmt_time(at_medians(p)), 100 * (at_medians(p) / p->plain_step - 1));
   buf_printf(b, "  predicted    %s per step, %.1f samples/s\n", fmt_time(p->sched.step_time), (double)p->batch / p->sched.step_time);
+  if (p->sched.jitter > 0)
+    buf_printf(b, "               the mean of %d simulations with each action's time drawn around its median, spread %.1f%% as\n"
+                  "               measured; %s per step and %.1f%% bubble with every action at its median\n",
+               p->sched.jitter_draws, 100 * p->sched.jitter, fmt_time(p->sched.step_time_fixed), 100 * p->sched.bubble_fixed);
   if (p->sched.unroll > 0) {
     buf_printf(b, "  bubble       %.1f%% predicted in the steady state; the pipeline fills and drains once per run (%s), not every\n"
                   "               step (a synchronous balanced pipeline pays (p-1)/(m+p-1) = %.1f%% each step)\n",
@@ -439,6 +446,8 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, "]},\n");
   buf_printf(b, "  \"predicted_step_time_s\": %.9g,\n  \"bubble\": %.6f,\n  \"ideal_bubble\": %.6f,\n  \"max_stage_time_s\": %.9g,\n",
              p->sched.step_time, p->sched.bubble, schedule_ideal_bubble(n, p->opt.microbatches), p->part.max_time);
+  buf_printf(b, "  \"jitter\": %.6f,\n  \"step_time_at_medians_s\": %.9g,\n  \"bubble_at_medians\": %.6f,\n", p->sched.jitter,
+             at_medians(p), p->sched.jitter > 0 ? p->sched.bubble_fixed : p->sched.bubble);
   buf_printf(b, "  \"imbalance\": %.6f,\n  \"ties\": [", p->part.max_time / mean_time(p));
   int *ks = malloc(sizeof(int) * (size_t)(p->N + 1)), nties = 0;
   for (int t = 0; t < p->g.nt; t++) {

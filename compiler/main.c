@@ -396,6 +396,10 @@ again:
       report("%s: %s", o.model, err_msg());
       ok = 0, rc = 2;
     }
+    if (ok && plan_jitter(&p)) {
+      report("%s: %s", o.model, err_msg());
+      ok = 0, rc = 2;
+    }
     /* The partitioner priced every stage by this arena; this only guards that promise. */
     for (int s = 0; ok && p.arena && s < o.nstages; s++) {
       double lim = plan_stage_limit(&p, s);

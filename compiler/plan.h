@@ -122,6 +122,10 @@ void plan_free(Plan *p);
 void plan_stage_memory(Plan *p, int s);
 /* Stage s's memory limit: the smaller of --mem-limit and its rank's mem in --devices; 0 = none. */
 double plan_stage_limit(const Plan *p, int s);
+/* The step's predicted time and bubble under the spread of action times the
+ * node costs measured (schedule_jitter; nothing without one).  After the
+ * memory plan, which settles the lists.  0, or -1 with err_set. */
+int plan_jitter(Plan *p);
 /* Bytes the convolution library holds beside the arena for compute nodes [i, j) (0 under --conv gemm). */
 double plan_lib_bytes(const Plan *p, int i, int j);
 /* PipeFB (pipefb.c): chooses the forward ranks (or takes --fb-split), cuts

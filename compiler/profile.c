@@ -44,7 +44,8 @@ enum { MAX_PROFILE = 64 << 20, MAX_LINE = 8192 };
 
 static int parse(Costs *c, const char *path, char *text, const Plan *p, char *seen) {
   const Graph *g = &p->g;
-  double upd_s = 0, upd_params = 0;
+  double upd_s = 0, upd_params = 0, jit_sum = 0;
+  int jit_n = 0;
   int lineno = 0, header = 0, have_mb = 0;
   for (char *line = text, *nl; line; line = nl) {
     nl = strchr(line, '\n');
@@ -77,6 +78,10 @@ static int parse(Costs *c, const char *path, char *text, const Plan *p, char *se
       } else {
         c->loss += x[0];
       }
+    } else if (!strcmp(what, "jitter")) {
+      char *v = token(&q);
+      if (!v || number(v, &x[0]) || x[0] > 10 || token(&q)) return err_set("--costs %s:%d: 'jitter' takes one number from 0 to 10", path, lineno);
+      jit_sum += x[0], jit_n++;
     } else if (!strcmp(what, "conv")) {
       char *v = token(&q);
       int impl = !v ? 0 : !strcmp(v, "im2col") ? 1 : !strcmp(v, "onednn") ? 2 : 0;
@@ -109,7 +114,7 @@ static int parse(Costs *c, const char *path, char *text, const Plan *p, char *se
       seen[k] = 1;
       c->fwd[k] = x[0], c->bwd_input[k] = x[1], c->bwd_weight[k] = x[2];
     } else {
-      return err_set("--costs %s:%d: unknown entry '%s' (expected node, mb, rate, load, loss, update or conv)", path, lineno, what);
+      return err_set("--costs %s:%d: unknown entry '%s' (expected node, mb, rate, load, loss, update, conv or jitter)", path, lineno, what);
     }
   }
   if (!header) return err_set("--costs %s: not a pipecc profile (it is empty)", path);
@@ -121,6 +126,7 @@ static int parse(Costs *c, const char *path, char *text, const Plan *p, char *se
       return err_set("--costs %s: no time for node '%s' (a profile of part of the model?)", path, mine);
     }
   c->update_per_param = upd_params > 0 ? upd_s / upd_params : 0;
+  c->jitter = jit_n ? jit_sum / jit_n : 0;
   /* A profile taken at another micro-batch size: per-sample work scales linearly. */
   double scale = (double)p->mb_size / (double)c->profile_mb;
   for (int k = 0; k < p->N; k++) c->fwd[k] *= scale, c->bwd_input[k] *= scale, c->bwd_weight[k] *= scale;

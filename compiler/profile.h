@@ -19,6 +19,7 @@ typedef struct Costs {
   double update_per_param; /* the optimizer's seconds per trained float */
   double rate;
   int64_t profile_mb;      /* the micro-batch size it was measured at (times scale linearly to the plan's) */
+  double jitter;           /* the actions' relative spread (the ranks' `jitter` lines, their mean); 0: not measured */
   int conv;                /* how its convolutions ran: 0 not said (none, or an older profile), 1 im2col + GEMM, 2 oneDNN */
   int conv_mismatch;       /* the plan runs them the other way: their times are the FLOP model's, and not merged */
   /* The kernel cache (kcache.c).  Without --costs, path is NULL and these

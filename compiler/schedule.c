@@ -541,6 +541,41 @@ int schedule_time(Schedule *sc, const StageCost *cost) {
   return rc;
 }
 
+/* A reproducible normal deviate (xorshift64*, Box-Muller). */
+static double draw_normal(uint64_t *x) {
+  double u[2];
+  for (int i = 0; i < 2; i++) {
+    *x ^= *x >> 12, *x ^= *x << 25, *x ^= *x >> 27;
+    u[i] = ((double)((*x * 0x2545F4914F6CDD1DULL) >> 11) + 0.5) / 9007199254740992.0; /* (0, 1) */
+  }
+  return sqrt(-2 * log(u[0])) * cos(2 * M_PI * u[1]);
+}
+
+int schedule_jitter(Schedule *sc, const StageCost *cost, double cv, int draws) {
+  int p = sc->nstages;
+  sc->jitter = 0, sc->jitter_draws = 0;
+  int rc = (cv <= 0 || draws < 1 || sc->unroll > 0 || (sc->cores > 0 && p > sc->cores)) ? schedule_time(sc, cost) : simulate(sc, cost, NULL);
+  sc->step_time_fixed = sc->step_time, sc->bubble_fixed = sc->bubble;
+  if (rc || cv <= 0 || draws < 1 || sc->unroll > 0 || (sc->cores > 0 && p > sc->cores)) return rc;
+  int total = 0;
+  for (int s = 0; s < p; s++) total += sc->nact[s];
+  double **mult = malloc(sizeof(double *) * (size_t)p), *base = malloc(sizeof(double) * (size_t)(total + 1));
+  if (!mult || !base) abort();
+  for (int s = 0, at = 0; s < p; at += sc->nact[s], s++) mult[s] = base + at;
+  uint64_t x = 0x9E3779B97F4A7C15ULL;
+  double t = 0, b = 0;
+  for (int d = 0; d < draws && !rc; d++) {
+    for (int s = 0; s < p; s++)
+      for (int k = 0; k < sc->nact[s]; k++)
+        mult[s][k] = uses_cpu(sc->act[s][k].kind) ? fmin(3, fmax(0.3, 1 + cv * draw_normal(&x))) : 1;
+    if (!(rc = simulate(sc, cost, mult))) t += sc->step_time, b += sc->bubble;
+  }
+  if (!rc) rc = simulate(sc, cost, NULL); /* the actions' timing: their medians' */
+  if (!rc) sc->step_time = t / draws, sc->bubble = b / draws, sc->jitter = cv, sc->jitter_draws = draws;
+  free(mult), free(base);
+  return rc;
+}
+
 /* ---- building ---- */
 
 void schedule_build(Schedule *sc, int kind, int p, int m, int fwd_only, const StageCost *cost, Pool *pool) {

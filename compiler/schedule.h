@@ -62,6 +62,9 @@ typedef struct Schedule {
   int *nstore;       /* store slots per rank for a peer's offloaded values (0: it holds none) */
   double step_time;  /* predicted makespan of one step */
   double bubble;     /* 1 - mean busy / makespan (docs/cost.md, "The bubble") */
+  double jitter;     /* schedule_jitter: the actions' measured relative spread (0: not applied) */
+  int jitter_draws;  /* ... over how many simulations the step time and bubble are the means */
+  double step_time_fixed, bubble_fixed; /* ... and the figures with every action at its median time */
   double *busy;      /* per stage: compute time (F, B, I, W, RECOMPUTE, UPDATE, stretched; not message time) */
   int cores;         /* cores the ranks share (schedule_time); 0: a core per rank */
   const FbLinks *fb; /* pipefb: who sends what to whom (NULL for the other schedules) */
@@ -121,6 +124,14 @@ int schedule_validate(const Schedule *sc);
 void schedule_assign_slots(Schedule *sc, int s);
 /* Predicted timing of the lists as they stand; -1 with err_set if they stall. */
 int schedule_time(Schedule *sc, const StageCost *cost);
+/* Actions whose times spread (relative standard deviation cv, measured by
+ * a profile) make ranks wait for the slower side of every exchange, which
+ * a simulation of the medians does not see: the step time and bubble
+ * become the means over `draws` simulations with each compute action's
+ * time drawn around its median (a fixed seed: the same plan every time);
+ * the actions keep their median timing.  Not for async or oversubscribed
+ * lists (left as they are).  -1 with err_set if a draw stalls. */
+int schedule_jitter(Schedule *sc, const StageCost *cost, double cv, int draws);
 /* The analytic bubble of a balanced pipeline: (p - 1) / (m + p - 1). */
 double schedule_ideal_bubble(int nstages, int m);
 const char *schedule_name(int kind);

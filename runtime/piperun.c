@@ -751,7 +751,9 @@ static double do_forward(Run *r, const PrAction *a) {
     loss = st->loss(a->slot, labels);
     r->prof.load += t2 - t1, r->prof.loss += now() - t2;
   }
-  r->t_compute += now() - t0;
+  double dt = now() - t0;
+  r->t_compute += dt;
+  if (st->nprof) prof_action(a->kind, dt);
   return loss;
 }
 
@@ -857,7 +859,9 @@ static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int, int)) {
   if (a->xslot >= 0) wait_xslot_in(r, a->xslot);
   double t0 = now();
   fn(a->slot, a->xslot, a->gslot);
-  r->t_compute += now() - t0;
+  double dt = now() - t0;
+  r->t_compute += dt;
+  if (st->nprof) prof_action(a->kind, dt);
 }
 
 static void optimizer_step(Run *r);

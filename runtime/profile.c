@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <stdarg.h>
+#include <math.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,11 @@ static int prof_n;
 enum { PROF_KEEP = 256 };
 static double *hist;
 static int64_t nhist;
+
+/* The latest PROF_ACTS actions' compute times of each kind (F, B, I, W), this step's first. */
+enum { PROF_ACTS = 4096, PROF_KINDS = 4 };
+static double *acts[PROF_KINDS];
+static int64_t nacts[PROF_KINDS], step_acts[PROF_KINDS];
 
 static int row_len(void) { return 3 * prof_n + 3; }
 
@@ -33,9 +39,19 @@ void prof_init(int nnodes) {
   prof_n = nnodes;
   pr_prof_acc = prof_calloc((size_t)(3 * nnodes + 1), sizeof(double));
   hist = prof_calloc((size_t)PROF_KEEP * (size_t)row_len(), sizeof(double));
+  for (int k = 0; k < PROF_KINDS; k++) acts[k] = prof_calloc(PROF_ACTS, sizeof(double));
+}
+
+void prof_action(int kind, double seconds) {
+  if (kind < 0 || kind >= PROF_KINDS || !acts[kind]) return;
+  acts[kind][nacts[kind]++ % PROF_ACTS] = seconds;
 }
 
 void prof_end_step(PrProfExtra *x, int measured) {
+  for (int k = 0; k < PROF_KINDS; k++) {
+    if (!measured) nacts[k] = step_acts[k]; /* a warm-up step's actions are forgotten */
+    step_acts[k] = nacts[k];
+  }
   if (measured) {
     double *row = hist + (size_t)(nhist % PROF_KEEP) * (size_t)row_len();
     memcpy(row, pr_prof_acc, sizeof(double) * (size_t)(3 * prof_n));
@@ -60,6 +76,33 @@ static double median(int c, double *tmp) {
   for (int64_t k = 0; k < n; k++) tmp[k] = hist[(size_t)k * (size_t)row_len() + (size_t)c];
   qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
   return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
+}
+
+static double median_of(double *v, int64_t n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The actions' spread: each action's time relative to the median of its
+ * kind, and 1.4826 x the median absolute deviation of those (a standard
+ * deviation's robust estimate: one descheduled action does not move it).
+ * -1 with fewer than 16 actions. */
+static double action_jitter(void) {
+  int64_t total = 0;
+  for (int k = 0; k < PROF_KINDS; k++) total += nacts[k] < PROF_ACTS ? nacts[k] : PROF_ACTS;
+  if (total < 16) return -1;
+  double *rel = prof_calloc((size_t)total, sizeof(double)), *tmp = prof_calloc(PROF_ACTS, sizeof(double));
+  int64_t at = 0;
+  for (int k = 0; k < PROF_KINDS; k++) {
+    int64_t n = nacts[k] < PROF_ACTS ? nacts[k] : PROF_ACTS;
+    if (!n) continue;
+    memcpy(tmp, acts[k], sizeof(double) * (size_t)n);
+    double med = median_of(tmp, n);
+    for (int64_t i = 0; i < n && med > 0; i++) rel[at++] = fabs(acts[k][i] / med - 1);
+  }
+  double j = at >= 16 ? 1.4826 * median_of(rel, at) : -1;
+  free(rel), free(tmp);
+  return j;
 }
 
 /* Appends printf output to a growing buffer. */
@@ -117,6 +160,8 @@ int prof_write(const char *path, const char *model, const char *const *names, in
   if (conv == PR_CONV_ONEDNN) conv = PR_CONV_IM2COL; /* built without oneDNN: conv_dnnl.c runs them as im2col + GEMM */
 #endif
   if (conv != PR_CONV_NONE) text_printf(&t, "conv %s\n", conv == PR_CONV_ONEDNN ? "onednn" : "im2col");
+  double jitter = action_jitter();
+  if (jitter >= 0) text_printf(&t, "jitter %.4f\n", jitter);
   free(tmp);
   int mine = t.len, *lens = NULL, *offs = NULL;
   char *all = NULL;

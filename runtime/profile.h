@@ -47,6 +47,9 @@ void prof_init(int nnodes);
 void prof_end_step(PrProfExtra *x, int measured);
 /* How many steps were measured. */
 int64_t prof_steps(void);
+/* One F, B, I or W action's compute took `seconds` (kind PR_F..PR_W of
+ * piperun.h, 0..3): the spread of these is the profile's `jitter`. */
+void prof_action(int kind, double seconds);
 /* Collective: every rank's figures go to rank 0, which writes path
  * atomically (a temporary beside it, then rename).  names[i]: node i's
  * "index op name" key; the medians over the measured steps, per

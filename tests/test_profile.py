@@ -35,7 +35,7 @@ machine) this checks that:
   - the kernel cache (PIPECC_KERNEL_CACHE, a file in the test's directory):
     a profile planned for --devices is not merged; the profile with this
     machine's rate is merged by --costs (12 node entries + loader, loss,
-    update); a plan without --costs then has the --costs plan's cuts and
+    update, and the actions' spread, jitter); a plan without --costs then has the --costs plan's cuts and
     predicted step, 12 of 12 nodes from the cache (listing, plan.json, each
     stage); -n 3 and a second model sharing 9 of LeNet's 12 shapes (renamed,
     fc2 50 wide) reuse it; --devices and PIPECC_KERNEL_CACHE=off plans ignore
@@ -118,8 +118,9 @@ def profile_table(src):
 
 
 def parse_profile(text):
-    """The profile's entries: {'header', 'mb', 'rate', 'nodes': [(k, op, f, bi, bw, name)], 'load', 'loss', 'update', 'conv'}."""
-    p = {"header": None, "mb": [], "rate": [], "nodes": [], "load": [], "loss": [], "update": [], "conv": [], "other": []}
+    """The profile's entries: {'header', 'mb', 'rate', 'nodes': [(k, op, f, bi, bw, name)], 'load', 'loss', 'update', 'conv', 'jitter'}."""
+    p = {"header": None, "mb": [], "rate": [], "nodes": [], "load": [], "loss": [], "update": [], "conv": [], "jitter": [],
+         "other": []}
     for line in text.splitlines():
         if not line.strip() or line.startswith("#"):
             continue
@@ -128,7 +129,7 @@ def parse_profile(text):
             p["header"] = line
         elif t[0] == "node" and len(t) >= 7:
             p["nodes"].append((int(t[1]), t[2], float(t[3]), float(t[4]), float(t[5]), " ".join(t[6:])))
-        elif t[0] in ("mb", "rate", "load", "loss") and len(t) == 2:
+        elif t[0] in ("mb", "rate", "load", "loss", "jitter") and len(t) == 2:
             p[t[0]].append(float(t[1]))
         elif t[0] == "update" and len(t) == 3:
             p["update"].append((int(t[1]), float(t[2])))
@@ -189,6 +190,9 @@ def check_profile(prof, plan, tables, tag):
     check(len(prof["update"]) == nstages, f"{tag}: an update line per stage ({len(prof['update'])} for {nstages} stages)")
     params = [st["parameters"] for st in plan["stage_plans"]]
     check([u[0] for u in prof["update"]] == params, f"{tag}: the update lines count each stage's parameters ({prof['update']} vs {params})")
+    # Each rank's spread of its actions' times (3 steps x 4 micro-batches x F and B: enough to measure).
+    check(len(prof["jitter"]) == nstages and all(0 <= j <= 10 for j in prof["jitter"]),
+          f"{tag}: a 'jitter' line per stage, each between 0 and 10 ({prof['jitter']})")
     # Each stage with a convolution says how they ran: the plan's way, or im2col where the runtime has no oneDNN.
     want = plan.get("convolutions") if os.path.exists("/usr/include/dnnl.h") else "im2col"
     with_conv = sum(1 for st in plan["stage_plans"] if any(op == "Conv" for k, op, *_ in nodes if st["node_begin"] <= k < st["node_end"]))
@@ -245,6 +249,9 @@ def hostile_cases(tmp, good, mlp_profile):
     edit("a header without a version", replace(hdr, "pipecc-profile"), hdr + 1, "not a pipecc profile")
     edit("an unknown entry", lambda ls: ls.insert(hdr + 1, "bogus 1"), hdr + 2, "unknown entry 'bogus'")
     edit("conv sideways", lambda ls: ls.insert(hdr + 1, "conv sideways"), hdr + 2, "'conv' takes im2col or onednn")
+    edit("jitter -0.1", lambda ls: ls.insert(hdr + 1, "jitter -0.1"), hdr + 2, "'jitter' takes one number from 0 to 10")
+    edit("jitter 11", lambda ls: ls.insert(hdr + 1, "jitter 11"), hdr + 2, "'jitter' takes one number from 0 to 10")
+    edit("jitter nan", lambda ls: ls.insert(hdr + 1, "jitter nan"), hdr + 2, "'jitter' takes one number from 0 to 10")
     def two_convs(ls):
         ls[hdr + 1:hdr + 1] = ["conv im2col", "conv onednn"]
     edit("conv lines that disagree", two_convs, hdr + 3, "the ranks' 'conv' lines disagree")
@@ -347,8 +354,8 @@ def kernel_cache_cases(tmp, good, data):
         return
     costs = plan_json(costs_dir)
     secs = kc_entries(kc)
-    check(open(kc).read().startswith("pipecc-kernels 1\n") and len(secs) == 1 and len(next(iter(secs.values()))) == 12 + 3,
-          f"the cache file: a header, one machine section, 12 node entries + load, loss, update ({[len(v) for v in secs.values()]})")
+    check(open(kc).read().startswith("pipecc-kernels 1\n") and len(secs) == 1 and len(next(iter(secs.values()))) == 12 + 4,
+          f"the cache file: a header, one machine section, 12 node entries + load, loss, update, jitter ({[len(v) for v in secs.values()]})")
     check(costs["machine"].get("kernel_cache_merged", {}).get("entries") == 12, "plan.json says what was merged")
     # Without --costs: the same plan.
     cache_dir = os.path.join(tmp, "kc-cache")
@@ -411,7 +418,7 @@ def kernel_cache_cases(tmp, good, data):
           "another machine's entries are not used: the FLOP model's plan, no warning", tail(r))
     r = kc_plan(os.path.join(tmp, "kc-foreign-merge"), "--costs", here, cache=foreign)
     s2 = kc_entries(foreign)
-    check(r.returncode == 0 and len(s2) == 2 and len(s2.get(mine, [])) == 15 and len(s2.get("cpu=Another_CPU;cores=64;flops=999G;blas=x", [])) == 15,
+    check(r.returncode == 0 and len(s2) == 2 and len(s2.get(mine, [])) == 16 and len(s2.get("cpu=Another_CPU;cores=64;flops=999G;blas=x", [])) == 16,
           f"a merge keeps the other machine's section and adds this one's ({ {k[:20]: len(v) for k, v in s2.items()} })")
 
     # Hostile caches: warned about naming FILE:LINE, the bad lines ignored (their nodes from FLOPs), never a crash.
@@ -476,7 +483,7 @@ def kernel_cache_cases(tmp, good, data):
           "a merge into a file that is not a kernel cache leaves it as it is", tail(r))
     badl = write(os.path.join(tmp, "kc-badline.txt"), with_line(conv, " ".join(["k", "nan"] + t[2:])))
     r = kc_plan(os.path.join(tmp, "kc-m2"), "--costs", here, cache=badl)
-    check(r.returncode == 0 and "nan" not in open(badl).read() and len(kc_entries(badl)[mine]) == 15
+    check(r.returncode == 0 and "nan" not in open(badl).read() and len(kc_entries(badl)[mine]) == 16
           and f"kernel cache {badl}:{conv + 1}:" in r.stderr, "a merge drops a bad line (with a warning) and writes every entry", tail(r))
 
     # pipecc-probe --kernels: a profile build of MLP at -n 1, two steps, merged.
@@ -578,6 +585,13 @@ def main():
                 check(plan_c["machine"].get("costs") == prof_file, f"plan.json machine.costs is the path ({plan_c['machine'].get('costs')})")
                 check(plan_c["predicted_step_time_s"] > 0 and all(s["fwd_time_s"] > 0 for s in plan_c["stage_plans"]),
                       "the measured plan predicts positive stage and step times")
+                # The profile's spread of action times: the step is the mean over draws around the medians.
+                jit = parse_profile(good)["jitter"]
+                want_j = sum(jit) / len(jit) if jit else 0
+                check(abs(plan_c.get("jitter", -1) - want_j) <= 1e-5 and
+                      (want_j == 0 or ("simulations with each action's time drawn around its median" in listing
+                                       and plan_c["step_time_at_medians_s"] > 0)),
+                      f"plan.json's jitter is the mean of the profile's ({plan_c.get('jitter')} vs {want_j:.4f}), the listing says how it is used")
                 # The measured forward of each stage: its nodes' forward times, the loader's on stage 0, the loss's on the last.
                 prof = parse_profile(good)
                 for s, st in enumerate(plan_c["stage_plans"]):

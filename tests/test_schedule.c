@@ -17,7 +17,8 @@
  * bubble 1F1B pays every step is gone - and never longer than 1F1B's step;
  * an UPDATE moved before a step's last backward, a forward moved ahead of
  * the update it needs, and a staleness lowered below the lists' lookahead
- * are refused by the validator. */
+ * are refused by the validator.
+ * (d) schedule_jitter (see jitter_case). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -277,7 +278,35 @@ static void async_case(void) {
   pool_free(&pool);
 }
 
+/* (d) schedule_jitter: spread action times make a balanced 1F1B wait at its exchanges, so the
+ * mean step and bubble grow with the spread; the same call gives the same figures (a fixed seed);
+ * the actions keep their median timing; no spread changes nothing. */
+static void jitter_case(void) {
+  Pool pool = {0};
+  StageCost c[2];
+  unit_costs(c, 2, 2);
+  Schedule sc;
+  schedule_build(&sc, SCHED_1F1B, 2, 8, 0, c, &pool);
+  CHECK(schedule_time(&sc, c) == 0, "jitter: 1f1b n=2 m=8 simulates\n");
+  double t0 = sc.step_time, b0 = sc.bubble, end0 = sc.act[0][sc.nact[0] - 1].end;
+  CHECK(schedule_jitter(&sc, c, 0, 64) == 0 && sc.step_time == t0 && sc.bubble == b0 && sc.jitter == 0,
+        "jitter: no spread leaves the step (%g vs %g)\n", sc.step_time, t0);
+  double prev = t0, prevb = b0;
+  for (double cv = 0.05; cv < 0.31; cv += 0.125) {
+    CHECK(schedule_jitter(&sc, c, cv, 64) == 0, "jitter %g: simulates\n", cv);
+    double t = sc.step_time, b = sc.bubble;
+    CHECK(t > prev && b > prevb, "jitter %g: step %g and bubble %g grow (from %g, %g)\n", cv, t, b, prev, prevb);
+    CHECK(sc.step_time_fixed == t0 && sc.bubble_fixed == b0 && sc.act[0][sc.nact[0] - 1].end == end0,
+          "jitter %g: the figures at the medians (%g) and the actions' timing are kept\n", cv, sc.step_time_fixed);
+    CHECK(schedule_jitter(&sc, c, cv, 64) == 0 && sc.step_time == t && sc.bubble == b, "jitter %g: the same figures again\n", cv);
+    prev = t, prevb = b;
+  }
+  printf("ok - schedule_jitter: 1f1b n=2 m=8, spread 0.05..0.30: mean step %.2f units (%.2f at the medians)\n", prev, t0);
+  pool_free(&pool);
+}
+
 int main(void) {
+  jitter_case();
   fb_case();
   async_case();
   int f0 = failed;
