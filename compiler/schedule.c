@@ -552,11 +552,11 @@ static double draw_normal(uint64_t *x) {
 }
 
 int schedule_jitter(Schedule *sc, const StageCost *cost, double cv, int draws) {
-  int p = sc->nstages;
+  int p = sc->nstages, applies = cv > 0 && draws >= 1 && sc->unroll <= 0 && !(sc->cores > 0 && p > sc->cores);
   sc->jitter = 0, sc->jitter_draws = 0;
-  int rc = (cv <= 0 || draws < 1 || sc->unroll > 0 || (sc->cores > 0 && p > sc->cores)) ? schedule_time(sc, cost) : simulate(sc, cost, NULL);
+  int rc = applies ? simulate(sc, cost, NULL) : schedule_time(sc, cost); /* the figures at the medians */
   sc->step_time_fixed = sc->step_time, sc->bubble_fixed = sc->bubble;
-  if (rc || cv <= 0 || draws < 1 || sc->unroll > 0 || (sc->cores > 0 && p > sc->cores)) return rc;
+  if (rc || !applies) return rc;
   int total = 0;
   for (int s = 0; s < p; s++) total += sc->nact[s];
   double **mult = malloc(sizeof(double *) * (size_t)p), *base = malloc(sizeof(double) * (size_t)(total + 1));
