@@ -377,7 +377,7 @@ static void fb_tables(Buf *o, const Plan *p, const StageProg *sp, int *nss, int 
 /* How compute nodes [a, e)'s convolutions run, for the profile to say (PR_CONV_* in runtime/profile.h). */
 static const char *stage_conv(const Plan *p, int a, int e) {
   for (int k = a; k < e; k++)
-    if (!strcmp(p->g.n[p->node[k]].op, "Conv")) return p->g.conv_impl == CONV_GEMM ? "PR_CONV_IM2COL" : "PR_CONV_ONEDNN";
+    if (ir_is_conv(&p->g.n[p->node[k]])) return p->g.conv_impl == CONV_GEMM ? "PR_CONV_IM2COL" : "PR_CONV_ONEDNN";
   return "PR_CONV_NONE";
 }
 

@@ -221,3 +221,7 @@ Tensor *node_out(Graph *g, const Node *n, int k) {
   return k < n->nout && n->out[k] >= 0 ? &g->t[n->out[k]] : NULL;
 }
 
+
+int ir_is_conv(const Node *n) { return !strcmp(n->op, "Conv"); }
+
+const char *ir_conv_name(const Graph *g) { return g->conv_impl == CONV_GEMM ? "im2col" : "onednn"; }

@@ -91,6 +91,10 @@ typedef struct Graph {
 /* How convolutions run (--conv): the rule in ops/conv.c, im2col + GEMM everywhere, or oneDNN everywhere
  * it can (in a build of the stages with oneDNN; without it every convolution is im2col + GEMM). */
 enum { CONV_AUTO = 0, CONV_GEMM = 1, CONV_DNNL = 2 };
+/* A convolution: its time and the memory beside the arena depend on the implementation running it. */
+int ir_is_conv(const Node *n);
+/* How g's convolutions run, as plan.json, profiles and kernel-cache keys name it: "im2col" or "onednn". */
+const char *ir_conv_name(const Graph *g);
 
 /* Construction. */
 int ir_add_tensor(Graph *g, const char *name);   /* new tensor (names need not be unique here) */

@@ -422,7 +422,7 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, "  \"batch\": %lld,\n  \"microbatches\": %d,\n  \"microbatch_size\": %lld,\n  \"schedule\": \"%s\",\n  \"stages\": %d,\n",
              (long long)p->batch, p->opt.microbatches, (long long)p->mb_size, schedule_name(p->opt.schedule), n);
   buf_printf(b, "  \"optimizer\": \"%s\",\n  \"optimizer_slots_per_param\": %.0f,\n", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots);
-  buf_printf(b, "  \"convolutions\": \"%s\",\n", p->g.conv_impl == CONV_GEMM ? "im2col" : "onednn");
+  buf_printf(b, "  \"convolutions\": \"%s\",\n", ir_conv_name(&p->g));
   buf_printf(b, "  \"mem_limit_bytes\": %.0f,\n  \"machine\": {\"source\": ", p->opt.mem_limit);
   json_str(b, p->machine.source);
   buf_printf(b, ", \"memcpy_bandwidth\": %.6g, \"cores\": %d, \"costs\": ", p->machine.memcpy_bw, p->machine.cores);

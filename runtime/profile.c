@@ -69,18 +69,18 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* The median over the kept steps of column c (the mean of the middle two for an even count). */
+/* The median of v[0, n), sorting it (the mean of the middle two for an even count). */
+static double median_of(double *v, int64_t n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* The median over the kept steps of column c; tmp holds PROF_KEEP values. */
 static double median(int c, double *tmp) {
   int64_t n = nhist < PROF_KEEP ? nhist : PROF_KEEP;
   if (n == 0) return 0;
   for (int64_t k = 0; k < n; k++) tmp[k] = hist[(size_t)k * (size_t)row_len() + (size_t)c];
-  qsort(tmp, (size_t)n, sizeof *tmp, cmp_double);
-  return n % 2 ? tmp[n / 2] : 0.5 * (tmp[n / 2 - 1] + tmp[n / 2]);
-}
-
-static double median_of(double *v, int64_t n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  return median_of(tmp, n);
 }
 
 /* The actions' spread: each action's time relative to the median of its
