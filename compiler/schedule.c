@@ -425,7 +425,11 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch) {
         a->start = fmax(ready, sim->free_at[s]);
         a->end = a->start + dur;
         sim->free_at[s] = a->end;
-        sc->busy[s] += compute_part(a, &cost[s]) * k; /* stretched: a rank sharing its core is still computing */
+        /* At its own speed, stretched or not: ranks that share cores take
+         * turns in whole time slices, so an action runs unshared once it
+         * runs (docs/cost.md, "Ranks that share cores"), and the runtime's
+         * bubble, which counts wall time inside actions, sees it so. */
+        sc->busy[s] += compute_part(a, &cost[s]);
         sim_run(sim, a, s);
         next[s]++, remaining--, progressed = 1;
       }

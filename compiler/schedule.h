@@ -65,7 +65,7 @@ typedef struct Schedule {
   double jitter;     /* schedule_jitter: the actions' measured relative spread (0: not applied) */
   int jitter_draws;  /* ... over how many simulations the step time and bubble are the means */
   double step_time_fixed, bubble_fixed; /* ... and the figures with every action at its median time */
-  double *busy;      /* per stage: compute time (F, B, I, W, RECOMPUTE, UPDATE, stretched; not message time) */
+  double *busy;      /* per stage: compute time (F, B, I, W, RECOMPUTE, UPDATE, at unshared speed; not message time) */
   int cores;         /* cores the ranks share (schedule_time); 0: a core per rank */
   const FbLinks *fb; /* pipefb: who sends what to whom (NULL for the other schedules) */
   /* Direct sends (plan_route): per rank, the ranks its forward values come
