@@ -595,7 +595,7 @@ int plan_from_graph(Plan *p) {
    * beside the arena, and a memory limit counts them (plan_lib_bytes). */
   {
     int lib = 0;
-    for (int k = 0; k < p->N; k++) lib += ir_is_conv(&g->n[p->node[k]]);
+    for (int k = 0; k < p->N; k++) lib += ir_is_conv(&g->n[p->node[k]]) && !ir_conv_point(g, &g->n[p->node[k]]);
     if (lib && g->conv_impl != CONV_GEMM)
       p->conv_note = "oneDNN: scratch memory in the arena; code and descriptors beside it, 96 KiB a convolution, "
                      "counted against a memory limit";
@@ -623,7 +623,7 @@ int plan_from_graph(Plan *p) {
      * may fall back to it), nor the other way: theirs come from the FLOP model. */
     c->conv_mismatch = c->conv && c->conv != (g->conv_impl == CONV_GEMM ? 1 : 2);
     for (int q = 0; q < p->N && c->conv_mismatch; q++)
-      if (ir_is_conv(&g->n[p->node[q]]))
+      if (ir_is_conv(&g->n[p->node[q]]) && !ir_conv_point(g, &g->n[p->node[q]])) /* one-point ones run alike */
         kcache_flop_node(pr, q, c->rate, p->machine.memcpy_bw, &c->fwd[q], &c->bwd_input[q], &c->bwd_weight[q]);
     pr->fwd_s = c->fwd, pr->bwdi_s = c->bwd_input, pr->bwdw_s = c->bwd_weight;
     pr->time_rate = c->rate, pr->load_s = c->load, pr->loss_s = c->loss, pr->update_per_byte = c->update_per_param / 4;
@@ -738,9 +738,8 @@ int plan_jitter(Plan *p) {
 enum { PLAN_DNNL_CONV_BYTES = 96 << 10 };
 
 double plan_lib_bytes(const Plan *p, int i, int j) {
-  if (p->g.conv_impl == CONV_GEMM) return 0;
   double b = 0;
-  for (int k = i; k < j; k++) b += ir_is_conv(&p->g.n[p->node[k]]) ? PLAN_DNNL_CONV_BYTES : 0;
+  for (int k = i; k < j; k++) b += ir_conv_lib(&p->g, &p->g.n[p->node[k]]) ? PLAN_DNNL_CONV_BYTES : 0;
   return b;
 }
 

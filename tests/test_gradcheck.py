@@ -695,6 +695,32 @@ def _(g):
     g.head(g.node("Conv", ["x", g.rand([4, 1, 5, 5], 0.2), g.rand([4], 0.3)], kernel_shape=[5, 5], strides=[3, 3]))
 
 
+# Conv of one point (input and output 1x1: a GEMM over the one tap that lands on the point,
+# runtime/kernels.h k_conv_point; ResNet-18's last stage at 32x32)
+@case("Conv", "one point 3x3 pads=1 bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([6, 1, 1]), g.rand([5, 6, 3, 3], 0.3), g.rand([5], 0.3)],
+                  kernel_shape=[3, 3], pads=[1, 1, 1, 1]))
+
+
+@case("Conv", "one point group=2 3x2 pads=[2,0,0,1] dilations=[1,1] no bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([4, 1, 1]), g.rand([6, 2, 3, 2], 0.3)],
+                  kernel_shape=[3, 2], pads=[2, 0, 0, 1], group=2))
+
+
+@case("Conv", "one point 3x3 dilation=2 pads=[3,1,1,3]: no tap lands, bias only")
+def _(g):
+    # Its weight's gradient is zero, and so is the stem's; its bias's comes from the head.
+    g.head(g.node("Conv", [g.stem([4, 1, 1]), g.rand([3, 4, 3, 3], 0.3), g.rand([3], 0.3)],
+                  kernel_shape=[3, 3], pads=[3, 1, 1, 3], dilations=[2, 2]))
+
+
+@case("Conv", "one point 1-D k=1 stride=2 bias")
+def _(g):
+    g.head(g.node("Conv", [g.stem([5, 1]), g.rand([4, 5, 1], 0.3), g.rand([4], 0.3)], kernel_shape=[1], strides=[2]))
+
+
 # Conv 1-D (input [B,4,12]) and 3-D (input [B,2,5,6,6]), as torch.nn.Conv1d / Conv3d export them
 @case("Conv", "1-D k=3 stride=2 pads=1 bias")
 def _(g):

@@ -8,11 +8,17 @@ static int64_t conv_workspace(Graph *g, const Node *n);
  * convolutions, reorders in and out included, take 0.4-0.7x the time of im2col + SGEMM per sample on
  * the sample ResNet's shapes (3x3 and 1x1, 16-64 channels), and LeNet's 5x5 convolutions of 1-16
  * channels still gain (its step's CPU time 5.4 -> 4.2 ms); no sample shape measured slower, so auto
- * takes oneDNN for every convolution. */
-static int conv_lib(Graph *g, const Node *n) {
-  if (g->conv_impl == CONV_GEMM) return 0;
-  if (g->conv_impl == CONV_DNNL) return 1;
-  (void)n;
+ * takes oneDNN for every convolution but those of one point (ir_conv_point: a GEMM over the one tap that
+ * does any work, runtime/kernels.h). */
+static int conv_lib(Graph *g, const Node *n) { return ir_conv_lib(g, n); }
+
+/* How many kernel taps land on the one input point (0 or 1; runtime/kernels.h conv_point_tap). */
+static int conv_point_taps(Graph *g, const Node *n) {
+  Tensor *X = node_in(g, n, 0), *W = node_in(g, n, 1);
+  Window win;
+  if (window_attrs(n, X, W->dims + 2, &win)) return 1;
+  for (int i = 0; i < win.nsp; i++)
+    if (win.pb[i] % win.d[i] || win.pb[i] / win.d[i] >= win.k[i]) return 0;
   return 1;
 }
 
@@ -93,18 +99,22 @@ static int conv_bwd(Emit *e, const Node *n, int j) {
   return 0;
 }
 
+/* A convolution of one point does the arithmetic of its one tap (or none: the bias alone). */
 static double conv_flops(Graph *g, const Node *n) {
   Tensor *w = node_in(g, n, 1);
   double out = rule_numel(node_out(g, n, 0)), k = 1;
   for (int i = 1; i < w->rank; i++) k *= (double)w->dims[i];
+  if (ir_conv_point(g, n)) k = conv_point_taps(g, n) * (double)w->dims[1];
   return 2.0 * out * k + (node_in(g, n, 2) ? out : 0);
 }
 
 /* The im2col columns of one sample and group: [C/group * kernel size, output spatial size] floats;
- * for oneDNN, what its call needs if that is more (the columns stay the fallback). */
+ * for oneDNN, what its call needs if that is more (the columns stay the fallback); for a convolution
+ * of one point, its tap's weights, [M/group, C/group] floats. */
 static int64_t conv_workspace(Graph *g, const Node *n) {
   Tensor *W = node_in(g, n, 1), *Y = node_out(g, n, 0);
   int64_t bytes = 4 * W->dims[1];
+  if (ir_conv_point(g, n)) return 4 * W->dims[1] * (W->dims[0] / attr_int(n, "group", 1));
   for (int i = 2; i < W->rank; i++) bytes *= W->dims[i] * Y->dims[i];
   if (conv_lib(g, n) && conv_lib_bytes(g, n) > bytes) bytes = conv_lib_bytes(g, n);
   return bytes;
