@@ -84,6 +84,8 @@ static void memory_plan_text(const Plan *p, int s, Buf *b) {
                fmt_bytes((double)p->plain_arena[s]), fmt_bytes((double)sp->arena_bytes), sp->nxslots, sp->nxslots == 1 ? "y" : "ies",
                fmt_bytes((double)sp->xstride), fmt_bytes((double)sp->xout), target_text(p, s, where, sizeof where),
                fmt_bytes((double)(sp->xstride - sp->xout)), fmt_time(c->xfer_out), fmt_time(c->xfer_in), fmt_time(c->recompute));
+    if (stash_offloads(p, s) && !(p->host_of && p->host_of[s] >= 0) && stash_io_bytes(p) > 0)
+      buf_printf(b, "               the file's I/O thread beside the arena: %s allowed against the limit\n", fmt_bytes(stash_io_bytes(p)));
     for (int i = 0; i < sp->nbufs; i++) {
       const Buffer *x = &sp->bufs[i];
       if (x->kind != BUF_RING || x->fate == FATE_KEEP) continue;
