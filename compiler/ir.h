@@ -61,6 +61,7 @@ typedef struct Node {
   Attr *attrs;
   int nattrs;
   int folded;          /* evaluated at compile time; no longer part of the program */
+  int fused;           /* absorbed into the node that feeds it (fuse.c); folded is set too, so no pass runs it */
   const struct OpDef *def; /* its row of the operator table (set by infer_and_fold) */
 } Node;
 

@@ -74,6 +74,13 @@ static const char *target_text(const Plan *p, int s, char *buf, size_t len) {
   return buf;
 }
 
+/* What stage s (nodes [a, e)) holds beside its arena that a memory limit counts: oneDNN's code and
+ * descriptors, and the file's I/O thread where it offloads to a file. */
+static double beside_arena(const Plan *p, int s, int a, int e) {
+  int file = p->progs && p->plain_arena && stash_offloads(p, s) && !(p->host_of && p->host_of[s] >= 0);
+  return plan_lib_bytes(p, a, e) + (file ? stash_io_bytes(p) : 0);
+}
+
 static void memory_plan_text(const Plan *p, int s, Buf *b) {
   const StageProg *sp = &p->progs[s];
   const StageCost *c = &p->part.cost[s];
@@ -84,7 +91,7 @@ static void memory_plan_text(const Plan *p, int s, Buf *b) {
                fmt_bytes((double)p->plain_arena[s]), fmt_bytes((double)sp->arena_bytes), sp->nxslots, sp->nxslots == 1 ? "y" : "ies",
                fmt_bytes((double)sp->xstride), fmt_bytes((double)sp->xout), target_text(p, s, where, sizeof where),
                fmt_bytes((double)(sp->xstride - sp->xout)), fmt_time(c->xfer_out), fmt_time(c->xfer_in), fmt_time(c->recompute));
-    if (stash_offloads(p, s) && !(p->host_of && p->host_of[s] >= 0) && stash_io_bytes(p) > 0)
+    if (stash_offloads(p, s) && !(p->host_of && p->host_of[s] >= 0) && stash_io_bytes(p) > 0) /* as beside_arena */
       buf_printf(b, "               the file's I/O thread beside the arena: %s allowed against the limit\n", fmt_bytes(stash_io_bytes(p)));
     for (int i = 0; i < sp->nbufs; i++) {
       const Buffer *x = &sp->bufs[i];
@@ -272,8 +279,8 @@ void listing_text(const Plan *p, Buf *b) {
   const Machine *m = &p->machine;
   int n = p->opt.nstages;
   buf_printf(b, "pipecc plan: %s\n", g->path);
-  buf_printf(b, "  model        opset %lld, %d nodes (%d folded at compile time, %d compute), %s parameters\n",
-             (long long)g->opset, g->nn, p->nfolded, p->N, fmt_count(p->params));
+  buf_printf(b, "  model        opset %lld, %d nodes (%d folded at compile time, %d fused into the node before, %d compute), %s parameters\n",
+             (long long)g->opset, g->nn, p->nfolded, p->nfused, p->N, fmt_count(p->params));
   buf_printf(b, "  batch        %lld samples per step = %d micro-batches x %lld\n", (long long)p->batch, p->opt.microbatches,
              (long long)p->mb_size);
   buf_printf(b, "  schedule     %s over %d stage%s, optimizer %s (%.0f state slot%s per parameter)\n",
@@ -410,8 +417,8 @@ void listing_json(const Plan *p, Buf *b) {
   int n = p->opt.nstages;
   buf_printf(b, "{\n  \"model\": ");
   json_str(b, p->g.path);
-  buf_printf(b, ",\n  \"opset\": %lld,\n  \"nodes\": %d,\n  \"folded_nodes\": %d,\n  \"compute_nodes\": %d,\n  \"parameters\": %.0f,\n",
-             (long long)p->g.opset, p->g.nn, p->nfolded, p->N, p->params);
+  buf_printf(b, ",\n  \"opset\": %lld,\n  \"nodes\": %d,\n  \"folded_nodes\": %d,\n  \"fused_nodes\": %d,\n  \"compute_nodes\": %d,\n  \"parameters\": %.0f,\n",
+             (long long)p->g.opset, p->g.nn, p->nfolded, p->nfused, p->N, p->params);
   if (p->fb) buf_printf(b, "  \"fb_split\": %d,\n", p->fb->links.nf);
   if (p->opt.frozen) buf_printf(b, "  \"frozen_layers\": %d,\n  \"layers\": %d,\n", p->nfrozen, p->nlayers);
   if (p->sched.unroll > 0)
@@ -495,7 +502,7 @@ void listing_json(const Plan *p, Buf *b) {
                   "\"workspace\": %.0f, \"total\": %.0f, \"inflight\": %d, \"copies\": %d, \"estimate\": %.0f, \"exact\": %s},\n",
                c->mem_params, c->mem_grads, c->mem_opt, c->mem_stash, c->mem_recv, c->mem_work, c->mem_total, c->inflight, c->copies,
                c->mem_estimate, p->mem_note ? "false" : "true");
-    if (p->arena) buf_printf(b, "     \"arena_bytes\": %lld,\n", (long long)p->arena[s]);
+    if (p->arena) buf_printf(b, "     \"arena_bytes\": %lld, \"beside_arena_bytes\": %.0f,\n", (long long)p->arena[s], beside_arena(p, s, a, e));
     if (c->mem_versions > 0) buf_printf(b, "     \"weight_versions_bytes\": %.0f,\n", c->mem_versions);
     if (p->progs && p->plain_arena) memory_plan_json(p, s, b);
     buf_printf(b, "     \"recv\": ");

@@ -63,6 +63,8 @@ static void usage(FILE *f) {
         "  --list-ops            print the operator table (trainable / forward only / compile-time only) and exit\n"
         "  --blas-kernels        print the OpenBLAS kernels the stage programs run on this machine and exit\n"
         "  --forward-only        programs that run the forward pass on given inputs (no loss, no training)\n"
+        "  --no-fuse             run every node as its own call (by default a Relu that alone reads a\n"
+        "                        BatchNormalization's output runs inside it; the same bits either way)\n"
         "  --untie               a weight that nodes of one kind share (an exporter merged equal initializers)\n"
         "                        gets a copy per reading node instead of being trained as one tied weight\n"
         "  --loss xent|mse       softmax cross-entropy on integer labels (default), or mean squared error\n"
@@ -322,6 +324,8 @@ int main(int argc, char **argv) {
       o.forward_only = 1;
     } else if (!strcmp(a, "--untie")) {
       o.untie = 1;
+    } else if (!strcmp(a, "--no-fuse")) {
+      o.no_fuse = 1;
     } else if (!strcmp(a, "--loss")) {
       NEEDVAL();
       if (!strcmp(val, "mse")) o.loss_mse = 1;

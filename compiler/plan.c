@@ -13,6 +13,7 @@
 #include "kcache.h"
 #include "profile.h"
 #include "stageprog.h"
+#include "fuse.h"
 #include "stash.h"
 
 /* Gives every graph input its static shape: the batch axis becomes the
@@ -568,10 +569,11 @@ int plan_from_graph(Plan *p) {
   }
   if (check_nonempty(g)) return -1;
   if (o->untie && untie_merged(g)) return -1;
+  if (!o->no_fuse) p->nfused = fuse_graph(g);
   p->node = pool_alloc(&g->pool, sizeof(int) * (size_t)g->nn);
   for (int j = 0; j < g->nn; j++)
     if (!g->n[j].folded) p->node[p->N++] = j;
-    else p->nfolded++;
+    else if (!g->n[j].fused) p->nfolded++;
   if (!p->N) return err_set("%s: every node is a constant; there is nothing to train", g->path);
   if (freeze_apply(p)) return -1; /* the layers; with --frozen, the first N frozen */
   NodeCost *all = pool_alloc(&g->pool, sizeof(NodeCost) * (size_t)g->nn);

@@ -11,6 +11,7 @@ typedef struct Options {
   int forward_only;  /* an inference program: no loss, no backward (conformance tests) */
   int loss_mse;      /* MSE against one-hot labels instead of softmax cross-entropy */
   int untie;         /* --untie: a weight nodes of one kind share gets a copy per reader (untie.c) */
+  int no_fuse;       /* --no-fuse: every node its own call (fuse.c) */
   int offload;       /* --offload: OFFLOAD_* */
   const char *offload_dir; /* --offload file:DIR */
   int recompute;     /* --recompute auto (1) or none (0) */
@@ -81,6 +82,7 @@ typedef struct Plan {
   int *frozen_layers, nlayers, nfrozen, frozen_params;
   int64_t batch, mb_size;
   int nfolded;
+  int nfused;        /* nodes fuse.c absorbed into the node before them */
   double params, opt_slots;
   Machine machine;
   PartProblem prob;

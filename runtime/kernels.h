@@ -531,7 +531,8 @@ typedef struct BnShape {
   int64_t n, c, sp;   /* [n, c, sp] */
   float eps;
   double momentum;    /* ONNX momentum: running = running * momentum + batch * (1 - momentum), in double as PyTorch */
-  int training;
+  int relu;           /* a Relu fused after it (compiler/fuse.c): y = relu(bn(x)), and dy is masked by y */
+  int training;       /* last: stash.c's stash_bn_training reads it there */
 } BnShape;
 
 /* The per-channel sums below run in 8 double lanes, each plane's elements dealt round-robin, and the
@@ -603,7 +604,13 @@ PR_OUT_OF_LINE void k_batchnorm(const float *x, const float *gamma, const float 
     for (int64_t i = 0; i < s->n; i++) {
       const float *xp = x + (i * s->c + ch) * sp;
       float *yp = y + (i * s->c + ch) * sp;
-      for (int64_t k = 0; k < sp; k++) yp[k] = (xp[k] - m) * inv * g + b;
+      if (s->relu) /* k_relu's expression */
+        for (int64_t k = 0; k < sp; k++) {
+          float z = (xp[k] - m) * inv * g + b;
+          yp[k] = z > 0 || z != z ? z : 0;
+        }
+      else
+        for (int64_t k = 0; k < sp; k++) yp[k] = (xp[k] - m) * inv * g + b;
     }
   }
 }
@@ -612,25 +619,31 @@ PR_OUT_OF_LINE void k_batchnorm(const float *x, const float *gamma, const float 
  * stashed input.  dx may be NULL; dgamma/dbeta add.  One pass gathers, per channel and in double,
  * the sums of x, x^2, dy and dy * x (so the statistics and both reductions), a second writes dx:
  *   dbeta = sum dy,  dgamma = sum dy (x - mean) inv = (sum dy x - mean sum dy) inv. */
+/* With a fused Relu, y is its output and each dy is first masked as k_relu_grad does (zero where
+ * y <= 0), so the sums and dx see what the separate Relu's gradient would have held. */
+static inline float bn_masked(const float *y, const float *dy, int64_t k) { return y && y[k] <= 0 ? 0 : dy[k]; }
+
 PR_OUT_OF_LINE void k_batchnorm_grad(const float *x, const float *gamma, const float *rmean, const float *rvar, const float *dy,
-                                    float *dx, float *dgamma, float *dbeta, const BnShape *s, int acc_x) {
+                                    const float *y, float *dx, float *dgamma, float *dbeta, const BnShape *s, int acc_x) {
   int64_t cnt = s->n * s->sp, sp = s->sp;
   for (int64_t ch = 0; ch < s->c; ch++) {
     double lx[BN_LANES] = {0}, lxx[BN_LANES] = {0}, ldy[BN_LANES] = {0}, ldyx[BN_LANES] = {0};
     for (int64_t i = 0; i < s->n; i++) {
-      const float *xp = x + (i * s->c + ch) * sp, *dp = dy + (i * s->c + ch) * sp;
+      const float *xp = x + (i * s->c + ch) * sp, *dp = dy + (i * s->c + ch) * sp, *yp = y ? y + (i * s->c + ch) * sp : NULL;
       bn_v4d a[8];
       double *lanes[4] = {lx, lxx, ldy, ldyx};
       for (int q = 0; q < 4; q++) memcpy(a + 2 * q, lanes[q], sizeof(double) * 4), memcpy(a + 2 * q + 1, lanes[q] + 4, sizeof(double) * 4);
       int64_t k = 0;
       for (; k + BN_LANES <= sp; k += BN_LANES)
         for (int h = 0; h < 2; h++) {
-          bn_v4d xv = bn_load4(xp + k + 4 * h), d = bn_load4(dp + k + 4 * h);
+          float dm[4];
+          for (int q = 0; q < 4; q++) dm[q] = bn_masked(yp, dp, k + 4 * h + q);
+          bn_v4d xv = bn_load4(xp + k + 4 * h), d = bn_load4(dm);
           a[h] += xv, a[2 + h] += xv * xv, a[4 + h] += d, a[6 + h] += d * xv;
         }
       for (int q = 0; q < 4; q++) memcpy(lanes[q], a + 2 * q, sizeof(double) * 4), memcpy(lanes[q] + 4, a + 2 * q + 1, sizeof(double) * 4);
       for (; k < sp; k++) {
-        double xv = xp[k], d = dp[k];
+        double xv = xp[k], d = bn_masked(yp, dp, k);
         lx[k % BN_LANES] += xv, lxx[k % BN_LANES] += xv * xv, ldy[k % BN_LANES] += d, ldyx[k % BN_LANES] += d * xv;
       }
     }
@@ -644,16 +657,16 @@ PR_OUT_OF_LINE void k_batchnorm_grad(const float *x, const float *gamma, const f
     const float m = (float)mean, fi = (float)inv, g = gamma[ch];
     const double mdy = sdy / (double)cnt, mdyx = sdyx / (double)cnt, gi = g * inv;
     for (int64_t i = 0; i < s->n; i++) {
-      const float *xp = x + (i * s->c + ch) * sp, *dp = dy + (i * s->c + ch) * sp;
+      const float *xp = x + (i * s->c + ch) * sp, *dp = dy + (i * s->c + ch) * sp, *yp = y ? y + (i * s->c + ch) * sp : NULL;
       float *dxp = dx + (i * s->c + ch) * sp;
       if (s->training)
         for (int64_t k = 0; k < sp; k++) {
-          float v = (float)(gi * (dp[k] - mdy - (xp[k] - m) * fi * mdyx));
+          float v = (float)(gi * (bn_masked(yp, dp, k) - mdy - (xp[k] - m) * fi * mdyx));
           dxp[k] = acc_x ? dxp[k] + v : v;
         }
       else
         for (int64_t k = 0; k < sp; k++) {
-          float v = dp[k] * g * fi;
+          float v = bn_masked(yp, dp, k) * g * fi;
           dxp[k] = acc_x ? dxp[k] + v : v;
         }
     }

@@ -992,6 +992,13 @@ def _(g):
     g.head(g.node("Relu", [y]))
 
 
+# BatchNormalization then a Relu that alone reads it run as one call (compiler/fuse.c): in both modes.
+@case("BatchNormalization", "training_mode=0 then Relu (fused)")
+def _(g):
+    y = g.node("BatchNormalization", [g.stem([4, 3, 3])] + bn_inputs(g, 4), training_mode=0)
+    g.head(g.node("Relu", [y]))
+
+
 # LayerNormalization
 @case("LayerNormalization", "axis=-1 [B,4,6] scale+bias")
 def _(g):

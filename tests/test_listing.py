@@ -97,7 +97,8 @@ def mem_limit_checks(path, n, sched, devices, tmp):
     if not check(r.returncode == 0, f"{tag}: {r.stderr.strip()}"):
         return
     plan = json.load(open(os.path.join(free, "plan.json")))["stage_plans"]
-    fullest = max(arenas_in_code(free, n))
+    # Its own need: the fullest arena with what the limit counts beside it (oneDNN's code and descriptors).
+    fullest = max(a + st["beside_arena_bytes"] for a, st in zip(arenas_in_code(free, n), plan))
     lim = os.path.join(tmp, "lim.pipe")
     r = subprocess.run([PIPECC, *base, "-o", lim, "--mem-limit", str(fullest)], capture_output=True, text=True)
     if check(r.returncode == 0, f"{tag} --mem-limit {fullest} (its own fullest arena): {r.stderr.strip()}"):

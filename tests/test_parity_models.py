@@ -94,12 +94,12 @@ def load_parity_helpers():
 GB, GM, GSTEPS, GLR, GT = 8, 4, 10, 0.05, 32
 
 
-def train_pipecc(tmp, tag, path, n, batch, m, lr, data, steps, want, run_flags=()):
-    """Compile for n stages, build, train `steps` steps and check the per-step
-    losses against `want`.  Returns the saved initializers, or None on failure."""
+def train_pipecc(tmp, tag, path, n, batch, m, lr, data, steps, want, run_flags=(), flags=()):
+    """Compile for n stages (with more pipecc flags), build, train `steps` steps and check the
+    per-step losses against `want`.  Returns the saved initializers, or None on failure."""
     out = os.path.join(tmp, f"{tag}{n}.pipe")
     r = subprocess.run([PIPECC, path, "-n", str(n), "--batch", str(batch), "--microbatches", str(m), "--lr", str(lr),
-                        "--devices", DEVICES, "-o", out], capture_output=True, text=True)
+                        "--devices", DEVICES, *flags, "-o", out], capture_output=True, text=True)
     if not check(r.returncode == 0, f"{tag} n={n}: pipecc ({r.stderr.strip()})"):
         return None
     r = subprocess.run(["make", "-s", "-C", out], capture_output=True, text=True)
@@ -181,8 +181,11 @@ def main():
     want_losses, want_state = torch_reference(model, x, y)
     print(f"# resnet: torch losses {want_losses[0]:.4f} -> {want_losses[-1]:.4f}")
     runs = {}
-    for n in (1, 4):
-        trained = train_pipecc(tmp, "resnet", path, n, B, M, LR, data, STEPS, want_losses, run_flags=("--no-shuffle",))
+    # n = 2 with --no-fuse: every BatchNormalization and Relu its own call (fuse.c joins the pairs
+    # by default); the same bits either way.
+    for n, flags in ((1, ()), (4, ()), (2, ("--no-fuse",))):
+        tag = "resnet" if not flags else "resnet-nofuse"
+        trained = train_pipecc(tmp, tag, path, n, B, M, LR, data, STEPS, want_losses, run_flags=("--no-shuffle",), flags=flags)
         if trained is None:
             continue
         w_err = max(float(np.abs(trained[k] - want_state[k]).max()) for k in want_state if k in trained and "running" not in k)
@@ -191,10 +194,10 @@ def main():
         # configuration differ by up to 2.4e-4 (relative to 1 + |value|).  Bound: 1e-3.
         s_err = max(float((np.abs(trained[k] - want_state[k]) / (1 + np.abs(want_state[k]))).max())
                     for k in want_state if "running" in k)
-        check(w_err < 1e-4, f"resnet n={n}: weights within 1e-4 of PyTorch (max {w_err:.2e})")
-        check(s_err < 1e-3, f"resnet n={n}: BatchNorm running statistics within 1e-3 of PyTorch, relative to 1 + |value| (max {s_err:.2e})")
-        runs[n] = trained
-    bit_identical(runs, "resnet: n=1 and n=4 give bit-identical weights and statistics")
+        check(w_err < 1e-4, f"{tag} n={n}: weights within 1e-4 of PyTorch (max {w_err:.2e})")
+        check(s_err < 1e-3, f"{tag} n={n}: BatchNorm running statistics within 1e-3 of PyTorch, relative to 1 + |value| (max {s_err:.2e})")
+        runs[(n, flags)] = trained
+    bit_identical(runs, "resnet: n=1, n=4 and n=2 --no-fuse give bit-identical weights and statistics")
     for name in ("gpt", "gpt_opset17"):
         gpt_parity(tmp, ex, name)
     print(f"{passed} passed, {failed} failed")

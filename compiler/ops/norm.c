@@ -5,7 +5,7 @@
 
 #include "ops/rule.h"
 
-enum { SOFTMAX = 1, LOG_SOFTMAX }; /* OpDef.code */
+enum { SOFTMAX = 1, LOG_SOFTMAX, BN_RELU }; /* OpDef.code */
 
 /* ---- BatchNormalization ---- */
 
@@ -50,7 +50,8 @@ static int bn_fwd(Emit *e, const Node *n, int j) {
   int64_t sp = X->rank > 2 ? ir_numel(X) / (X->dims[0] * X->dims[1]) : 1;
   int rm = em_in(e, n, 3), rv = em_in(e, n, 4);
   int bs = SHAPE(e, "BnShape", em_name(e, "BN_%d", j), A_INT(X->dims[0]), A_INT(X->dims[1]), A_INT(sp),
-                 A_FLT(attr_float(n, "epsilon", 1e-5f)), A_DBL(decimal_of(attr_float(n, "momentum", 0.9f))), A_INT(bn_training(e, n)));
+                 A_FLT(attr_float(n, "epsilon", 1e-5f)), A_DBL(decimal_of(attr_float(n, "momentum", 0.9f))),
+                 A_INT(n->def->code == BN_RELU), A_INT(bn_training(e, n)));
   CALL(e, PH_FWD, K_BATCHNORM, n, A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_in(e, n, 2)), A_BUF(rm), A_BUF(rv),
        A_BUF(em_out(e, n, 0)), A_CONST(bs));
   /* Training mode's other outputs are the updated running statistics. */
@@ -71,12 +72,13 @@ static int bn_bwd(Emit *e, const Node *n, int j) {
   for (int half = 0; half <= apart; half++) {
     int wx = apart && half == 1 ? -1 : dx, wg = apart && half == 0 ? -1 : dg, wb = apart && half == 0 ? -1 : dbt;
     CALL(e, wx >= 0 ? PH_IGRAD : PH_WGRAD, K_BATCHNORM_GRAD, n, A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_in(e, n, 3)),
-         A_BUF(em_in(e, n, 4)), A_BUF(em_dy(e, n, 0)), A_BUF(wx), A_BUF(wg), A_BUF(wb), A_CONST(shape), A_INT(accx));
+         A_BUF(em_in(e, n, 4)), A_BUF(em_dy(e, n, 0)), A_BUF(n->def->code == BN_RELU ? em_out(e, n, 0) : -1), A_BUF(wx), A_BUF(wg),
+         A_BUF(wb), A_CONST(shape), A_INT(accx));
   }
   return 0;
 }
 
-static double bn_flops(Graph *g, const Node *n) { return 5 * rule_numel(node_in(g, n, 0)); }
+static double bn_flops(Graph *g, const Node *n) { return (n->def && n->def->code == BN_RELU ? 6 : 5) * rule_numel(node_in(g, n, 0)); }
 
 /* ---- LayerNormalization over the trailing axes from `axis` ---- */
 
@@ -174,6 +176,11 @@ static int softmax_bwd(Emit *e, const Node *n, int j) {
 }
 
 static double softmax_flops(Graph *g, const Node *n) { return 5 * rule_numel(node_in(g, n, 0)); }
+
+/* BatchNormalization with the Relu that alone reads its output (fuse.c): one pass less each way.  Its
+ * backward reads the output too, for the Relu's mask.  Not in the table: no model names it. */
+const OpDef OP_BATCHNORM_RELU = {"BatchNormalization+Relu", "norm", bn_infer, NULL, 7, STASH_BOTH, bn_flops, 0, bn_fwd, bn_bwd,
+                                 NULL, BN_RELU, 0};
 
 const OpDef OPS_NORM[] = {
     {"BatchNormalization", "norm", bn_infer, NULL, 7, STASH_INPUTS, bn_flops, 0, bn_fwd, bn_bwd, NULL, 0, 0},
