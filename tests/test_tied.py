@@ -299,6 +299,53 @@ def forward_without_slot(tmp):
         check(b.returncode == 0, f"... and its stage programs build ({b.stderr.strip()[-300:]})")
 
 
+def untied_fused_bn(tmp):
+    """Two BatchNormalizations reading one merged scale initializer (an exporter's merge), each
+    followed by a Relu that fuse.c joins to it: with --untie each gets its own copy, and the trained
+    model is written back (the packer matches the fused node to the file's BatchNormalization)."""
+    from onnx import TensorProto, helper
+    rng = np.random.default_rng(7)
+
+    def init(name, a):
+        return numpy_helper.from_array(np.asarray(a, dtype=np.float32), name)
+    ch = 4
+    inits = [init("w1", rng.normal(0, 0.3, (ch, 1, 3, 3))), init("w2", rng.normal(0, 0.3, (ch, ch, 3, 3))),
+             init("ones", np.ones(ch)), init("b1", np.zeros(ch)), init("b2", np.zeros(ch)),
+             init("m1", np.zeros(ch)), init("v1", np.ones(ch)), init("m2", np.zeros(ch)), init("v2", np.ones(ch)),
+             init("wh", rng.normal(0, 0.05, (10, ch * 28 * 28))), init("bh", np.zeros(10))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c1", "ones", "b1", "m1", "v1"], ["n1"], training_mode=1),
+             helper.make_node("Relu", ["n1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("BatchNormalization", ["c2", "ones", "b2", "m2", "v2"], ["n2"], training_mode=1),
+             helper.make_node("Relu", ["n2"], ["r2"]),
+             helper.make_node("Flatten", ["r2"], ["f"]),
+             helper.make_node("Gemm", ["f", "wh", "bh"], ["y"], transB=1)]
+    graph = helper.make_graph(nodes, "bnrelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [B, 1, 28, 28])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [B, 10])], inits)
+    path = os.path.join(tmp, "bnrelu.onnx")
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 15)]), path)
+    mnist = os.path.join(tmp, "mnist")
+    if not os.path.exists(mnist):
+        subprocess.run([DATAGEN, "mnist", mnist, "--n", "512", "--seed", "2"], check=True, capture_output=True)
+    out = os.path.join(tmp, "bnrelu.pipe")
+    r = subprocess.run([PIPECC, path, "-n", "1", "--batch", str(B), "--microbatches", "2", "--devices", DEVICES, "--untie",
+                        "-o", out], capture_output=True, text=True)
+    if not check(r.returncode == 0, f"untied fused BN: pipecc compiles it ({r.stderr.strip()[-300:]})"):
+        return
+    listing = open(os.path.join(out, "schedule.txt")).read()
+    check("2 fused into the node before" in listing, "untied fused BN: both Relus are fused into their BatchNormalization")
+    if not check(subprocess.run(["make", "-s", "-C", out], capture_output=True).returncode == 0, "untied fused BN: the stage builds"):
+        return
+    saved = os.path.join(tmp, "bnrelu.trained.onnx")
+    x = subprocess.run([os.path.join(out, "run.sh"), "--data", mnist, "--steps", "3", "--quiet", "--save", saved],
+                       capture_output=True, text=True, timeout=600)
+    if check(x.returncode == 0, f"untied fused BN: trains and saves ({x.stderr.strip()[-300:]})"):
+        m = onnx.load(saved)
+        scales = [n.input[1] for n in m.graph.node if n.op_type == "BatchNormalization"]
+        check(len(set(scales)) == 2, f"untied fused BN: the saved model's two BatchNormalizations read their own scales ({scales})")
+
+
 def main():
     global TOKENS
     tmp = tempfile.mkdtemp(prefix="pipecc-tied.")
@@ -310,6 +357,7 @@ def main():
     tied_gpt(tmp, tok)
     merged_gpt(tmp, tok)
     forward_without_slot(tmp)
+    untied_fused_bn(tmp)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
