@@ -518,7 +518,6 @@ static int hosts_for(Work *w, int s, int *out) {
   return n;
 }
 
-/* Plans rank s to fit `lim`; 0, or -1 with err_set naming the smallest limit it could fit. */
 /* A rank that offloads to a file runs the runtime's I/O thread (runtime/xfer.c), whose stack and
  * thread state sit beside the arena: 64-100 KiB measured on the GPT at n = 4 (each offloading rank's
  * rss_overhead against the plain plan's), allowed 128 KiB against the limit. */
@@ -526,6 +525,7 @@ enum { STASH_IO_THREAD_BYTES = 128 << 10 };
 
 double stash_io_bytes(const Plan *p) { return p->opt.offload == OFFLOAD_FILE ? STASH_IO_THREAD_BYTES : 0; }
 
+/* Plans rank s to fit `lim`; 0, or -1 with err_set naming the smallest limit it could fit. */
 static int plan_stage(Work *w, int s, double lim, int maxact) {
   Plan *p = w->p;
   StageProg *sp = &p->progs[s];
