@@ -74,15 +74,9 @@ static const char *target_text(const Plan *p, int s, char *buf, size_t len) {
   return buf;
 }
 
-/* What stage s's file I/O thread holds beside its arena (0 unless its activations go to a file). */
-static double io_thread_bytes(const Plan *p, int s) {
-  int file = p->progs && p->plain_arena && stash_offloads(p, s) && !(p->host_of && p->host_of[s] >= 0);
-  return file ? stash_io_bytes(p) : 0;
-}
-
-/* What stage s (nodes [a, e)) holds beside its arena that a memory limit counts: oneDNN's code and
- * descriptors, and the file's I/O thread. */
-static double beside_arena(const Plan *p, int s, int a, int e) { return plan_lib_bytes(p, a, e) + io_thread_bytes(p, s); }
+/* What a stage of nodes [a, e) holds beside its arena that a memory limit counts: oneDNN's code and
+ * descriptors (docs/memory.md: a file offload's I/O thread is not counted). */
+static double beside_arena(const Plan *p, int a, int e) { return plan_lib_bytes(p, a, e); }
 
 static void memory_plan_text(const Plan *p, int s, Buf *b) {
   const StageProg *sp = &p->progs[s];
@@ -94,8 +88,6 @@ static void memory_plan_text(const Plan *p, int s, Buf *b) {
                fmt_bytes((double)p->plain_arena[s]), fmt_bytes((double)sp->arena_bytes), sp->nxslots, sp->nxslots == 1 ? "y" : "ies",
                fmt_bytes((double)sp->xstride), fmt_bytes((double)sp->xout), target_text(p, s, where, sizeof where),
                fmt_bytes((double)(sp->xstride - sp->xout)), fmt_time(c->xfer_out), fmt_time(c->xfer_in), fmt_time(c->recompute));
-    if (io_thread_bytes(p, s) > 0)
-      buf_printf(b, "               the file's I/O thread beside the arena: %s allowed against the limit\n", fmt_bytes(io_thread_bytes(p, s)));
     for (int i = 0; i < sp->nbufs; i++) {
       const Buffer *x = &sp->bufs[i];
       if (x->kind != BUF_RING || x->fate == FATE_KEEP) continue;
@@ -505,7 +497,7 @@ void listing_json(const Plan *p, Buf *b) {
                   "\"workspace\": %.0f, \"total\": %.0f, \"inflight\": %d, \"copies\": %d, \"estimate\": %.0f, \"exact\": %s},\n",
                c->mem_params, c->mem_grads, c->mem_opt, c->mem_stash, c->mem_recv, c->mem_work, c->mem_total, c->inflight, c->copies,
                c->mem_estimate, p->mem_note ? "false" : "true");
-    if (p->arena) buf_printf(b, "     \"arena_bytes\": %lld, \"beside_arena_bytes\": %.0f,\n", (long long)p->arena[s], beside_arena(p, s, a, e));
+    if (p->arena) buf_printf(b, "     \"arena_bytes\": %lld, \"beside_arena_bytes\": %.0f,\n", (long long)p->arena[s], beside_arena(p, a, e));
     if (c->mem_versions > 0) buf_printf(b, "     \"weight_versions_bytes\": %.0f,\n", c->mem_versions);
     if (p->progs && p->plain_arena) memory_plan_json(p, s, b);
     buf_printf(b, "     \"recv\": ");

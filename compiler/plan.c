@@ -279,7 +279,7 @@ static double price_stage(void *ctx, int s, int i, int j) {
   int found;
   double *v = memo_slot(p->memo, k, &found);
   if (found) return *v;
-  if (p->floor_pricing) return *v = stash_floor(p, s, i, j) + plan_lib_bytes(p, i, j) + stash_io_bytes(p);
+  if (p->floor_pricing) return *v = stash_floor(p, s, i, j) + plan_lib_bytes(p, i, j);
   Pool tmp = {0};
   StageProg sp;
   if (stage_build(p, &sp, s, i, j, 0, &tmp)) {

@@ -518,13 +518,6 @@ static int hosts_for(Work *w, int s, int *out) {
   return n;
 }
 
-/* A rank that offloads to a file runs the runtime's I/O thread (runtime/xfer.c), whose stack and
- * thread state sit beside the arena: 64-100 KiB measured on the GPT at n = 4 (each offloading rank's
- * rss_overhead against the plain plan's), allowed 128 KiB against the limit. */
-enum { STASH_IO_THREAD_BYTES = 128 << 10 };
-
-double stash_io_bytes(const Plan *p) { return p->opt.offload == OFFLOAD_FILE ? STASH_IO_THREAD_BYTES : 0; }
-
 /* Plans rank s to fit `lim`; 0, or -1 with err_set naming the smallest limit it could fit. */
 static int plan_stage(Work *w, int s, double lim, int maxact) {
   Plan *p = w->p;
@@ -552,13 +545,12 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
     int tgt = targets[ti];
     int peer = tgt >= 0 ? tgt : -1;
     int saved_off = p->opt.offload;
-    int64_t io = tgt == -1 ? (int64_t)stash_io_bytes(p) : 0; /* the file's I/O thread, beside the arena */
     if (tgt == -2) p->opt.offload = OFFLOAD_NONE;
     for (int lead = 1; lead >= 0; lead--)
       for (int strat = 0; strat < ST_N; strat++) {
         restore(w, &start);
-        int fits = fill(w, s, strat, lead, peer, lim - (double)io, cand, nc, fw, f) == 0;
-        if ((int64_t)sp->arena_bytes + io < floor) floor = sp->arena_bytes + io;
+        int fits = fill(w, s, strat, lead, peer, lim, cand, nc, fw, f) == 0;
+        if ((int64_t)sp->arena_bytes < floor) floor = sp->arena_bytes;
         if (!fits) continue;
         const char *dbg = getenv("PIPECC_DEBUG_STASH");
         if (peer >= 0) {

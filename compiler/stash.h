@@ -18,9 +18,6 @@ void stash_floor_slots(Plan *p);
 /* The call is a BatchNorm in training mode (a recomputation skips its running statistics). */
 int stash_bn_training(const StageProg *sp, const Call *k);
 const char *offload_name(int o);
-/* What a rank offloading to a file holds beside its arena (the runtime's I/O thread), counted against
- * --mem-limit: 0 unless --offload file:DIR. */
-double stash_io_bytes(const Plan *p);
 /* OFFLOAD actions in stage s's list (0: its leaving values never leave: each micro-batch goes straight to its backward). */
 int stash_offloads(const Plan *p, int s);
 Action action_make(int kind, int mb);
