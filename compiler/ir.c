@@ -237,4 +237,6 @@ int ir_conv_point(const Graph *g, const Node *n) {
 
 const char *ir_conv_key(const Graph *g, const Node *n) { return ir_conv_point(g, n) ? "point" : ir_conv_name(g); }
 
-int ir_conv_lib(const Graph *g, const Node *n) { return ir_is_conv(n) && !ir_conv_point(g, n) && g->conv_impl != CONV_GEMM; }
+int ir_conv_by_impl(const Graph *g, const Node *n) { return ir_is_conv(n) && !ir_conv_point(g, n); }
+
+int ir_conv_lib(const Graph *g, const Node *n) { return ir_conv_by_impl(g, n) && g->conv_impl != CONV_GEMM; }

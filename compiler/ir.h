@@ -101,6 +101,9 @@ const char *ir_conv_name(const Graph *g);
 int ir_conv_point(const Graph *g, const Node *n);
 /* How convolution n runs, as its kernel-cache key names it: "point", else ir_conv_name. */
 const char *ir_conv_key(const Graph *g, const Node *n);
+/* A convolution whose implementation follows --conv (every one but those of one point): its time and
+ * its memory beside the arena depend on which runs it. */
+int ir_conv_by_impl(const Graph *g, const Node *n);
 /* Whether convolution n runs through oneDNN (and so holds its memory beside the arena). */
 int ir_conv_lib(const Graph *g, const Node *n);
 

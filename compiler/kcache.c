@@ -510,7 +510,7 @@ void kcache_merge(Plan *p, Costs *c) {
     Cache add;
     memset(&add, 0, sizeof add);
     for (int q = 0; q < p->N; q++)
-      if (!(c->conv_mismatch && ir_is_conv(&g->n[p->node[q]]) && !ir_conv_point(g, &g->n[p->node[q]])) && !node_key(p, need, p->node[q], key))
+      if (!(c->conv_mismatch && ir_conv_by_impl(g, &g->n[p->node[q]])) && !node_key(p, need, p->node[q], key))
         cache_put(&add, key->s, (double[3]){c->fwd[q] * k, c->bwd_input[q] * k, c->bwd_weight[q] * k}), c->merged++;
     double aux[NAUX] = {c->load * k, c->loss * k, c->update_per_param * k};
     for (int a = 0; a < NAUX; a++)

@@ -597,7 +597,7 @@ int plan_from_graph(Plan *p) {
    * beside the arena, and a memory limit counts them (plan_lib_bytes). */
   {
     int lib = 0;
-    for (int k = 0; k < p->N; k++) lib += ir_is_conv(&g->n[p->node[k]]) && !ir_conv_point(g, &g->n[p->node[k]]);
+    for (int k = 0; k < p->N; k++) lib += ir_conv_by_impl(g, &g->n[p->node[k]]);
     if (lib && g->conv_impl != CONV_GEMM)
       p->conv_note = "oneDNN: scratch memory in the arena; code and descriptors beside it, 96 KiB a convolution, "
                      "counted against a memory limit";
@@ -625,7 +625,7 @@ int plan_from_graph(Plan *p) {
      * may fall back to it), nor the other way: theirs come from the FLOP model. */
     c->conv_mismatch = c->conv && c->conv != (g->conv_impl == CONV_GEMM ? 1 : 2);
     for (int q = 0; q < p->N && c->conv_mismatch; q++)
-      if (ir_is_conv(&g->n[p->node[q]]) && !ir_conv_point(g, &g->n[p->node[q]])) /* one-point ones run alike */
+      if (ir_conv_by_impl(g, &g->n[p->node[q]]))
         kcache_flop_node(pr, q, c->rate, p->machine.memcpy_bw, &c->fwd[q], &c->bwd_input[q], &c->bwd_weight[q]);
     pr->fwd_s = c->fwd, pr->bwdi_s = c->bwd_input, pr->bwdw_s = c->bwd_weight;
     pr->time_rate = c->rate, pr->load_s = c->load, pr->loss_s = c->loss, pr->update_per_byte = c->update_per_param / 4;

@@ -681,9 +681,14 @@ PR_OUT_OF_LINE void k_batchnorm_grad(const float *x, const float *gamma, const f
           float v = (float)(gi * (dp[k] - mdy - (xp[k] - m) * fi * mdyx));
           dxp[k] = acc_x ? dxp[k] + v : v;
         }
+      else if (yp)
+        for (int64_t k = 0; k < sp; k++) {
+          float v = (yp[k] <= 0 ? 0 : dp[k]) * g * fi;
+          dxp[k] = acc_x ? dxp[k] + v : v;
+        }
       else
         for (int64_t k = 0; k < sp; k++) {
-          float v = bn_masked(yp, dp, k) * g * fi;
+          float v = dp[k] * g * fi;
           dxp[k] = acc_x ? dxp[k] + v : v;
         }
     }
