@@ -161,7 +161,7 @@ int em_shape_ref(Emit *e, const char *name) {
 }
 void em_call(Emit *e, int phase, int kernel, const Node *n, const Arg *args, int nargs) {
   /* A fused node's call says what it runs (fuse.c): "/bn1/BatchNormalization (BatchNormalization+Relu)". */
-  const char *comment = strchr(n->op, '+') ? pool_printf(e->pool, "%s (%s)", n->name, n->op) : n->name;
+  const char *comment = n->fusion ? pool_printf(e->pool, "%s (%s)", n->name, n->fusion) : n->name;
   Call *k = call_add(e->sp, e->pool, phase, kernel, (int)(n - e->p->g.n), comment, args, nargs);
   /* W work may only produce weight gradients: a call that also writes the
    * gradient of an activation (a Gemm whose B is computed) is input-gradient

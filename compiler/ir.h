@@ -62,6 +62,7 @@ typedef struct Node {
   int nattrs;
   int folded;          /* evaluated at compile time; no longer part of the program */
   int fused;           /* absorbed into the node that feeds it (fuse.c); folded is set too, so no pass runs it */
+  const char *fusion;  /* what this node runs since fuse.c gave it other nodes' work ("BatchNormalization+Relu"), or NULL */
   const struct OpDef *def; /* its row of the operator table (set by infer_and_fold) */
 } Node;
 

@@ -274,7 +274,7 @@ void listing_text(const Plan *p, Buf *b) {
   const Machine *m = &p->machine;
   int n = p->opt.nstages;
   buf_printf(b, "pipecc plan: %s\n", g->path);
-  buf_printf(b, "  model        opset %lld, %d nodes (%d folded at compile time, %d fused into the node before, %d compute), %s parameters\n",
+  buf_printf(b, "  model        opset %lld, %d nodes (%d folded at compile time, %d fused into another, %d compute), %s parameters\n",
              (long long)g->opset, g->nn, p->nfolded, p->nfused, p->N, fmt_count(p->params));
   buf_printf(b, "  batch        %lld samples per step = %d micro-batches x %lld\n", (long long)p->batch, p->opt.microbatches,
              (long long)p->mb_size);

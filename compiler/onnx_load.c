@@ -495,22 +495,16 @@ static void restore_data(const Held *h) {
  * them back from the stages, so they are on disk once, in weights/).  The unpacked model is edited
  * for the packing and restored after, so the graph's data (which points into it) is untouched.
  * Returns the bytes (malloc'd) in *out; -1 with err_set if g has no model. */
-/* The graph's op for a node of the file: the same, or (fuse.c) the same joined with the ops it absorbed
- * ("BatchNormalization+Relu"). */
-static int same_op(const char *file_op, const char *graph_op) {
-  size_t n = strlen(file_op);
-  return !strncmp(file_op, graph_op, n) && (graph_op[n] == '\0' || graph_op[n] == '+');
-}
-
 int onnx_pack_model(const Graph *g, const char *strip, uint8_t **out, size_t *len) {
   Onnx__ModelProto *m = g->proto;
   if (!m || !m->graph) return err_set("internal error: no model to write");
   Onnx__GraphProto *gp = m->graph;
   int nu = g->nuntied;
-  /* The graph's node j is the model's node j (read_graph adds one per node, in order). */
+  /* The graph's node j is the model's node j (read_graph adds one per node, in order); a node that
+   * fuse.c gave other nodes' work runs another op than the file's. */
   for (int u = 0; u < nu; u++) {
     int j = g->untied[u].node;
-    if ((size_t)j >= gp->n_node || !gp->node[j]->op_type || !same_op(gp->node[j]->op_type, g->n[j].op))
+    if ((size_t)j >= gp->n_node || !gp->node[j]->op_type || (!g->n[j].fusion && strcmp(gp->node[j]->op_type, g->n[j].op)))
       return err_set("internal error: node %d of the model is not the graph's '%s'", j, g->n[j].name);
   }
   Onnx__TensorProto *tp = calloc((size_t)nu + 1, sizeof *tp);

@@ -703,6 +703,7 @@ PR_OUT_OF_LINE void k_batchnorm_grad(const float *x, const float *gamma, const f
 typedef float pr_v8sf __attribute__((vector_size(32), aligned(4)));
 typedef float pr_v8sf_a __attribute__((vector_size(32)));
 pr_v8sf_a _ZGVdN8v_erff(pr_v8sf_a);
+pr_v8sf_a _ZGVdN8v_expf(pr_v8sf_a);
 #endif
 static inline void k_erf(const float *x, float *y, int64_t n) {
   int64_t i = 0;
@@ -826,22 +827,57 @@ typedef struct PermShape {
   int64_t n;
 } PermShape;
 
-static inline int64_t perm_at(const PermShape *s, int64_t i) {
-  int64_t off = 0;
-  for (int d = s->rank - 1; d >= 0; d--) {
-    off += (i % s->out[d]) * s->st[d];
-    i /= s->out[d];
+/* One pass over a permutation, both directions: y[i] = x[at(i)] (fwd), or dx[at(i)] (+)= dy[i] (grad).
+ * The output is walked in order, its last axis innermost.  Where that axis reads the input with a
+ * stride and another output axis q reads it contiguously (a true transpose, K^T of attention), the
+ * two are walked in 32x32 tiles so both sides stay in cache; a contiguous last axis is a row copy.
+ * Every element moves once, so the order changes no bits. */
+#define PERM_TILE 32
+static inline void perm_walk(const PermShape *s, float *x, float *y, int grad, int acc) {
+  int r = s->rank, last = r - 1, q = -1;
+  int64_t ost[8], idx[8] = {0};
+  if (r == 0 || s->n == 0) return;
+  ost[last] = 1;
+  for (int d = last - 1; d >= 0; d--) ost[d] = ost[d + 1] * s->out[d + 1];
+  if (s->st[last] != 1)
+    for (int d = 0; d < last; d++)
+      if (s->st[d] == 1 && s->out[d] > 1) q = d;
+  int64_t nl = s->out[last], sl = s->st[last], nq = q >= 0 ? s->out[q] : 1, oq = q >= 0 ? ost[q] : 0;
+  for (;;) {
+    int64_t ib = 0, ob = 0;
+    for (int d = 0; d < last; d++) ib += idx[d] * s->st[d], ob += idx[d] * ost[d];
+    for (int64_t q0 = 0; q0 < nq; q0 += PERM_TILE)
+      for (int64_t l0 = 0; l0 < nl; l0 += PERM_TILE) {
+        int64_t q1 = q >= 0 ? (q0 + PERM_TILE < nq ? q0 + PERM_TILE : nq) : 1, l1 = q >= 0 ? (l0 + PERM_TILE < nl ? l0 + PERM_TILE : nl) : nl;
+        if (q < 0) l0 = nl; /* no tiling: the whole row at once */
+        for (int64_t qi = q >= 0 ? q0 : 0; qi < q1; qi++) {
+          float *yo = y + ob + qi * oq, *xi = x + ib + qi;
+          int64_t la = q >= 0 ? l0 : 0;
+          if (q < 0) xi = x + ib;
+          if (!grad) {
+            if (sl == 1) memcpy(yo + la, xi + la, sizeof(float) * (size_t)(l1 - la));
+            else for (int64_t l = la; l < l1; l++) yo[l] = xi[l * sl];
+          } else if (acc) {
+            for (int64_t l = la; l < l1; l++) xi[l * sl] += yo[l];
+          } else {
+            if (sl == 1) memcpy(xi + la, yo + la, sizeof(float) * (size_t)(l1 - la));
+            else for (int64_t l = la; l < l1; l++) xi[l * sl] = yo[l];
+          }
+        }
+      }
+    /* the next index over the output axes before the last, q excepted */
+    int d = last - 1;
+    for (; d >= 0; d--) {
+      if (d == q) continue;
+      if (++idx[d] < s->out[d]) break;
+      idx[d] = 0;
+    }
+    if (d < 0) return;
   }
-  return off;
 }
-static inline void k_transpose(const float *x, float *y, const PermShape *s) {
-  for (int64_t i = 0; i < s->n; i++) y[i] = x[perm_at(s, i)];
-}
+static inline void k_transpose(const float *x, float *y, const PermShape *s) { perm_walk(s, (float *)x, y, 0, 0); }
 static inline void k_transpose_grad(const float *dy, float *dx, const PermShape *s, int acc) {
-  for (int64_t i = 0; i < s->n; i++) {
-    int64_t o = perm_at(s, i);
-    dx[o] = acc ? dx[o] + dy[i] : dy[i];
-  }
+  perm_walk(s, dx, (float *)dy, 1, acc);
 }
 
 /* ---- Split / slices along one axis: [outer, axis, inner] ---- */
@@ -1018,12 +1054,15 @@ static inline void k_softmax_grad(const float *y, const float *dy, float *dx, in
 }
 
 /* ---- LayerNormalization over the trailing `cols` elements ---- */
-/* Mean and biased variance of one row, in float as ONNX's stash_type=1. */
+/* Mean and biased variance of one row, in float as ONNX's stash_type=1, each sum over eight lanes
+ * (pr_sum8) so that it vectorises: a row of 768 summed in order is a chain of 768 dependent adds. */
 static inline void ln_row_stats(const float *a, int64_t cols, float *mean, float *var) {
-  float m = 0, v = 0;
-  for (int64_t k = 0; k < cols; k++) m += a[k];
-  m /= (float)cols;
-  for (int64_t k = 0; k < cols; k++) v += (a[k] - m) * (a[k] - m);
+  float m = pr_sum8(a, cols) / (float)cols, l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t k = 0;
+  for (; k + 8 <= cols; k += 8)
+    for (int j = 0; j < 8; j++) l[j] += (a[k + j] - m) * (a[k + j] - m);
+  float v = pr_lanes_total(l);
+  for (; k < cols; k++) v += (a[k] - m) * (a[k] - m);
   *mean = m, *var = v / (float)cols;
 }
 static inline void k_layernorm(const float *x, const float *scale, const float *bias, float *y, int64_t rows, int64_t cols, float eps) {
@@ -1052,19 +1091,30 @@ static inline void k_layernorm_grad(const float *x, const float *scale, const fl
     const float *a = x + r * cols, *g = dy + r * cols;
     float mean, var;
     ln_row_stats(a, cols, &mean, &var);
-    float inv = 1.0f / sqrtf(var + eps), sg = 0, sgx = 0;
-    for (int64_t k = 0; k < cols; k++) {
+    float inv = 1.0f / sqrtf(var + eps);
+    if (dscale)
+      for (int64_t k = 0; k < cols; k++) dscale[k] += g[k] * ((a[k] - mean) * inv);
+    if (dbias)
+      for (int64_t k = 0; k < cols; k++) dbias[k] += g[k];
+    if (!dx) continue;
+    /* the sums of dy*scale and dy*scale*xhat, over eight lanes as ln_row_stats */
+    float l1[8] = {0, 0, 0, 0, 0, 0, 0, 0}, l2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t k = 0;
+    for (; k + 8 <= cols; k += 8)
+      for (int j = 0; j < 8; j++) {
+        float xh = (a[k + j] - mean) * inv, gs = g[k + j] * scale[k + j];
+        l1[j] += gs, l2[j] += gs * xh;
+      }
+    float sg = pr_lanes_total(l1), sgx = pr_lanes_total(l2);
+    for (; k < cols; k++) {
       float xh = (a[k] - mean) * inv, gs = g[k] * scale[k];
       sg += gs, sgx += gs * xh;
-      if (dscale) dscale[k] += g[k] * xh;
-      if (dbias) dbias[k] += g[k];
     }
-    if (!dx) continue;
-    for (int64_t k = 0; k < cols; k++) {
-      float xh = (a[k] - mean) * inv;
-      float v = inv * (g[k] * scale[k] - sg / (float)cols - xh * sgx / (float)cols);
-      dx[r * cols + k] = acc ? dx[r * cols + k] + v : v;
-    }
+    float *d = dx + r * cols, mg = sg / (float)cols, mgx = sgx / (float)cols;
+    if (acc)
+      for (int64_t q = 0; q < cols; q++) d[q] += inv * (g[q] * scale[q] - mg - (a[q] - mean) * inv * mgx);
+    else
+      for (int64_t q = 0; q < cols; q++) d[q] = inv * (g[q] * scale[q] - mg - (a[q] - mean) * inv * mgx);
   }
 }
 
@@ -1126,38 +1176,62 @@ static inline void k_gelu(const float *x, float *y, int64_t n, int tanh_approx) 
   const float kAlpha = 0.70710678118654752440f; /* 1/sqrt(2) */
   const float kBeta = 0.79788456080286535588f;  /* sqrt(2/pi) */
   const float kKappa = 0.044715f;
-  for (int64_t i = 0; i < n; i++) {
-    float v = x[i];
-    if (tanh_approx) {
-      float inner = kBeta * (v + kKappa * (v * v * v));
+  int64_t i = 0;
+  if (tanh_approx) {
+    for (; i < n; i++) {
+      float v = x[i], inner = kBeta * (v + kKappa * (v * v * v));
       y[i] = 0.5f * v * (1.0f + tanhf(inner));
-    } else {
-      y[i] = v * 0.5f * (1.0f + erff(v * kAlpha));
     }
+    return;
   }
+#if defined(PR_MVEC) && defined(__AVX2__)
+  /* erf eight at a time, as k_erf */
+  for (; i + 8 <= n; i += 8) {
+    pr_v8sf_a v, t;
+    memcpy(&v, x + i, sizeof v);
+    t = _ZGVdN8v_erff(v * kAlpha);
+    v = v * 0.5f * (1.0f + t);
+    memcpy(y + i, &v, sizeof v);
+  }
+#endif
+  for (; i < n; i++) y[i] = x[i] * 0.5f * (1.0f + erff(x[i] * kAlpha));
 }
 /* d gelu / dx from the forward's input x:
  * none: Phi(x) + x phi(x); tanh: 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2). */
-static inline void k_gelu_grad(const float *x, const float *dy, float *dx, int64_t n, int tanh_approx, int acc) {
+static inline float gelu_slope(float v, int tanh_approx) {
   const float kAlpha = 0.70710678118654752440f;  /* 1/sqrt(2) */
   const float kPdf = 0.39894228040143267794f;    /* 1/sqrt(2 pi) */
   const float kBeta = 0.79788456080286535588f;   /* sqrt(2/pi) */
   const float kKappa = 0.044715f;
-  for (int64_t i = 0; i < n; i++) {
-    float v = x[i], d;
-    if (tanh_approx) {
-      float v2 = v * v;
-      float t = tanhf(kBeta * (v + kKappa * (v2 * v)));
-      float left = 0.5f * v, right = 1.0f + t;
-      float dleft = 0.5f * right;
-      float dright = left * (1.0f - t * t) * (kBeta * (1.0f + 3.0f * kKappa * v2));
-      d = dleft + dright;
-    } else {
-      float cdf = 0.5f * (1.0f + erff(v * kAlpha));
-      float pdf = kPdf * expf(v * v * -0.5f);
-      d = cdf + v * pdf;
-    }
-    float g = dy[i] * d;
+  if (tanh_approx) {
+    float v2 = v * v;
+    float t = tanhf(kBeta * (v + kKappa * (v2 * v)));
+    float left = 0.5f * v, right = 1.0f + t;
+    float dleft = 0.5f * right;
+    float dright = left * (1.0f - t * t) * (kBeta * (1.0f + 3.0f * kKappa * v2));
+    return dleft + dright;
+  }
+  float cdf = 0.5f * (1.0f + erff(v * kAlpha));
+  float pdf = kPdf * expf(v * v * -0.5f);
+  return cdf + v * pdf;
+}
+static inline void k_gelu_grad(const float *x, const float *dy, float *dx, int64_t n, int tanh_approx, int acc) {
+  int64_t i = 0;
+#if defined(PR_MVEC) && defined(__AVX2__)
+  /* the exact form eight at a time: erf and exp through libmvec, as k_erf */
+  for (; !tanh_approx && i + 8 <= n; i += 8) {
+    pr_v8sf_a v, g, d;
+    memcpy(&v, x + i, sizeof v);
+    memcpy(&g, dy + i, sizeof g);
+    pr_v8sf_a cdf = 0.5f * (1.0f + _ZGVdN8v_erff(v * 0.70710678118654752440f));
+    pr_v8sf_a pdf = 0.39894228040143267794f * _ZGVdN8v_expf(v * v * -0.5f);
+    g = g * (cdf + v * pdf);
+    if (acc) memcpy(&d, dx + i, sizeof d), g = d + g;
+    memcpy(dx + i, &g, sizeof g);
+  }
+#endif
+  for (; i < n; i++) {
+    float g = dy[i] * gelu_slope(x[i], tanh_approx);
     dx[i] = acc ? dx[i] + g : g;
   }
 }

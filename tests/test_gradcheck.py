@@ -45,6 +45,7 @@ on any failure.
 import argparse
 import concurrent.futures
 import glob
+import json
 import os
 import shutil
 import signal
@@ -1016,6 +1017,76 @@ def _(g):
     g.head(g.node("LayerNormalization", [g.stem([8]), g.uniform([8], 0.5, 1.5)]))
 
 
+# Decomposed LayerNormalization and GELU, as torch.onnx writes them below opset 17 / 20: compiler/fuse.c
+# makes each exact chain one LayerNormalization or Gelu node (FUSED says how many nodes it absorbs, checked
+# against plan.json's fused_nodes); the near misses must stay as they are, and all must train right.
+FUSED = {
+    "training_mode=0 then Relu (fused)": 1,
+    "training_mode=1 Y only, after Conv": 1,
+}
+
+
+def decomposed_ln(g, x, axes, scale, bias, eps=1e-5, exponent=2.0):
+    m = g.node("ReduceMean", [x], axes=axes)
+    d = g.node("Sub", [x, m])
+    v = g.node("ReduceMean", [g.node("Pow", [d, g.init(np.array(exponent, np.float32), "c")])], axes=axes)
+    s = g.node("Sqrt", [g.node("Add", [v, g.init(np.array(eps, np.float32), "c")])])
+    return g.node("Add", [g.node("Mul", [g.node("Div", [d, s]), scale]), bias]), d
+
+
+def decomposed_gelu(g, x, half=0.5):
+    e = g.node("Erf", [g.node("Div", [x, g.init(np.array(np.sqrt(2.0), np.float32), "c")])])
+    a = g.node("Add", [e, g.init(np.array(1.0, np.float32), "c")])
+    return g.node("Mul", [g.node("Mul", [x, a]), g.init(np.array(half, np.float32), "c")]), e
+
+
+def fused_case(name, nodes):
+    FUSED[name] = nodes
+    return name
+
+
+@case("LayerNormalization", fused_case("decomposed, axes=[-1] [B,4,6] (fused)", 8))
+def _(g):
+    g.head(decomposed_ln(g, g.stem([4, 6]), [-1], g.uniform([6], 0.5, 1.5), g.rand([6], 0.3))[0])
+
+
+@case("LayerNormalization", fused_case("decomposed, axes=[1,2] [B,4,6] epsilon=1e-3 (fused)", 8))
+def _(g):
+    g.head(decomposed_ln(g, g.stem([4, 6]), [1, 2], g.uniform([4, 6], 0.5, 1.5), g.rand([4, 6], 0.3), eps=1e-3)[0])
+
+
+@case("LayerNormalization", fused_case("decomposed, the centred value read again (not fused)", 0))
+def _(g):
+    y, d = decomposed_ln(g, g.stem([4, 6]), [-1], g.uniform([6], 0.5, 1.5), g.rand([6], 0.3))
+    g.head(g.node("Add", [y, d]))
+
+
+@case("LayerNormalization", fused_case("decomposed, Pow 4 (not fused)", 0))
+def _(g):
+    g.head(decomposed_ln(g, g.stem([4, 6]), [-1], g.uniform([6], 0.5, 1.5), g.rand([6], 0.3), exponent=4.0)[0])
+
+
+@case("LayerNormalization", fused_case("decomposed, axes=[1] of [B,4,6] (not fused)", 0))
+def _(g):
+    g.head(decomposed_ln(g, g.stem([4, 6]), [1], g.uniform([6], 0.5, 1.5), g.rand([6], 0.3))[0])
+
+
+@case("Gelu", fused_case("decomposed x * (erf(x / sqrt 2) + 1) * 0.5 [B,12] (fused)", 4))
+def _(g):
+    g.head(decomposed_gelu(g, g.stem([12]))[0])
+
+
+@case("Gelu", fused_case("decomposed, times 0.6 (not fused)", 0))
+def _(g):
+    g.head(decomposed_gelu(g, g.stem([12]), half=0.6)[0])
+
+
+@case("Gelu", fused_case("decomposed, erf read again (not fused)", 0))
+def _(g):
+    y, e = decomposed_gelu(g, g.stem([12]))
+    g.head(g.node("Add", [y, e]))
+
+
 # Gather
 @case("Gather", "embedding [10,6], indices [5] with repeats, + x")
 def _(g):
@@ -1702,6 +1773,13 @@ def check_case(op, cname, opset, build, rt, work, imgs, labels, keep, index):
         return
     loss32, trained = got
     opset = max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    fused_want = FUSED.get(cname)
+    if fused_want is not None:
+        with open(os.path.join(casedir, "out.pipe", "plan.json")) as f:
+            fused_got = json.load(f)["fused_nodes"]
+        if fused_got != fused_want:
+            result("not ok", tag, f"plan.json fused_nodes {fused_got}, expected {fused_want} (compiler/fuse.c)")
+            return
 
     problems, worst_ag, worst_fd, worst_ref = [], 0.0, 0.0, 0.0
     if set(trained) != set(inits):

@@ -11,6 +11,7 @@ trained weights and BatchNorm running statistics in the saved ONNX (1e-4
 absolute).  Run with /usr/bin/python3."""
 import csv
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -151,13 +152,23 @@ def gpt_parity(tmp, ex, name):
     expect = par.expected_initializers(om, model, mapping)
     print(f"# {name}: torch losses {want[0]:.4f} -> {want[-1]:.4f}")
     runs = {}
-    for n in (1, 4):
-        trained = train_pipecc(tmp, name, path, n, GB, GM, GLR, tokens, GSTEPS, want)
+    # Each decomposed LayerNorm (one Sqrt) is 9 nodes made one, each decomposed GELU (one Erf) 5
+    # (compiler/fuse.c); n = 2 with --no-fuse runs every node apart, with other rounding.
+    ops = [nd.op_type for nd in om.graph.node]
+    fused_want = 8 * ops.count("Sqrt") + 4 * ops.count("Erf")
+    for n, flags in ((1, ()), (4, ()), (2, ("--no-fuse",))):
+        tag = name if not flags else name + "-nofuse"
+        trained = train_pipecc(tmp, tag, path, n, GB, GM, GLR, tokens, GSTEPS, want, flags=flags)
         if trained is None:
             continue
         err = max(float(np.abs(trained[k].astype(np.float64) - expect[k]).max()) for k in mapping)
-        check(err < 1e-4, f"{name} n={n}: weights within 1e-4 of PyTorch (max {err:.2e})")
-        runs[n] = trained
+        check(err < 1e-4, f"{tag} n={n}: weights within 1e-4 of PyTorch (max {err:.2e})")
+        with open(os.path.join(tmp, f"{tag}{n}.pipe", "plan.json")) as f:
+            fused = json.load(f)["fused_nodes"]
+        want_fused = 0 if flags else fused_want
+        check(fused == want_fused, f"{tag} n={n}: {fused} nodes fused, {want_fused} expected (LayerNorm and GELU chains)")
+        if not flags:
+            runs[n] = trained
     bit_identical(runs, f"{name}: n=1 and n=4 give bit-identical weights")
 
 
