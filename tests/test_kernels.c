@@ -1007,8 +1007,53 @@ static void test_mvec(int which) {
 }
 #endif
 
+/* k_transpose / k_transpose_grad on random permutations of random shapes (ranks 1..6, sizes 1..70,
+ * so that both the row copy and the 32x32 tiles with partial edges run) against the element-wise
+ * definition: y[i] = x[at(i)] exactly, and dx[at(i)] = dy[i], or += with acc. */
+static int64_t perm_ref_at(const PermShape *s, int64_t i) {
+  int64_t off = 0;
+  for (int d = s->rank - 1; d >= 0; d--) off += (i % s->out[d]) * s->st[d], i /= s->out[d];
+  return off;
+}
+static void test_transpose(void) {
+  int f0 = failed, cases = 0;
+  while (cases < 400) {
+    int r = 1 + (int)(urand() * 6);
+    int64_t dims[8], perm[8], xs8[8], n = 1;
+    for (int i = 0; i < r; i++) dims[i] = 1 + (int64_t)(urand() * (urand() < 0.7 ? 5 : 70)), n *= dims[i], perm[i] = i;
+    if (n > 100000) continue;
+    for (int i = r - 1; i > 0; i--) {
+      int j = (int)(urand() * (i + 1));
+      int64_t t = perm[i];
+      perm[i] = perm[j], perm[j] = t;
+    }
+    int64_t st = 1;
+    for (int i = r - 1; i >= 0; i--) xs8[i] = st, st *= dims[i];
+    PermShape s = {.rank = r, .n = n};
+    for (int i = 0; i < r; i++) s.out[i] = dims[perm[i]], s.st[i] = xs8[perm[i]];
+    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    float *d1 = malloc(sizeof(float) * (size_t)n), *d2 = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)urand(), d1[i] = d2[i] = (float)i;
+    k_transpose(x, y, &s);
+    int64_t bad = -1;
+    for (int64_t i = 0; i < n && bad < 0; i++)
+      if (y[i] != x[perm_ref_at(&s, i)]) bad = i;
+    int acc = cases & 1;
+    k_transpose_grad(x, d1, &s, acc);
+    for (int64_t i = 0; i < n; i++) d2[perm_ref_at(&s, i)] = acc ? d2[perm_ref_at(&s, i)] + x[i] : x[i];
+    CHECK(bad < 0, "transpose case %d (rank %d, %lld elements): y[%lld] is not x at its permuted offset", cases, r, (long long)n,
+          (long long)bad);
+    CHECK(!memcmp(d1, d2, sizeof(float) * (size_t)n), "transpose case %d (rank %d): the gradient (acc %d) differs from the definition",
+          cases, r, acc);
+    free(x), free(y), free(d1), free(d2);
+    cases++;
+  }
+  OK_IF_NONE_FAILED(f0, "k_transpose and k_transpose_grad (acc 0 and 1) on 400 random permutations match the definition\n");
+}
+
 int main(void) {
   make_inputs();
+  test_transpose();
 #if defined(PR_MVEC) && defined(__AVX2__)
   test_mvec(0);
   test_mvec(1);
