@@ -9,6 +9,8 @@
  * fused plan with `--no-fuse`).  The Relu stays in the graph, folded and marked fused, so node
  * indices and names do not move; the pair keeps the normalization's name.
  *
+ * MatMul then a bias: fuse_matmul_bias below.
+ *
  * Decomposed LayerNormalization and GELU.  An exporter without those ops (torch.onnx below opset 17,
  * or 20 for Gelu) writes them as chains of elementwise and reduction nodes:
  *   LayerNorm  ReduceMean(x) -> Sub(x, .) -> Pow(., 2) -> ReduceMean -> Add(., eps) -> Sqrt
@@ -28,7 +30,7 @@
 #include "ops.h"
 #include "shape.h"
 
-extern const OpDef OP_BATCHNORM_RELU;
+extern const OpDef OP_BATCHNORM_RELU, OP_MATMUL_BIAS;
 
 static int graph_output(const Graph *g, int t) {
   for (int i = 0; i < g->noutputs; i++)
@@ -224,6 +226,26 @@ static int fuse_gelu(Graph *g, int j) {
   return c.n - 1;
 }
 
+/* MatMul(a, B) then Add(., bias) (either order), B one matrix [K, N] and the bias [N]: a Gemm over
+ * the rows of a with the bias as C (OP_MATMUL_BIAS, ops/gemm.c).  Every nn.Linear on a 3-D input
+ * exports so. */
+static int fuse_matmul_bias(Graph *g, int j) {
+  Chain c = {g, {0}, 0};
+  Node *mm = take(&c, j, "MatMul");
+  if (!mm || mm->nin != 2 || mm->in[0] < 0 || mm->in[1] < 0) return 0;
+  const Tensor *A = &g->t[mm->in[0]], *B = &g->t[mm->in[1]], *Y = &g->t[mm->out[0]];
+  if (A->rank < 2 || B->rank != 2 || A->dtype != DT_FLOAT || B->dtype != DT_FLOAT) return 0;
+  Node *ad = take(&c, next(&c), "Add");
+  int b = ad ? other(ad, mm->out[0]) : -1;
+  if (b < 0 || b == mm->in[0] || b == mm->in[1]) return 0;
+  const Tensor *bias = &g->t[b];
+  if (bias->dtype != DT_FLOAT || bias->rank != 1 || bias->dims[0] != Y->dims[Y->rank - 1]) return 0;
+  if (!same_shape(&g->t[ad->out[0]], Y)) return 0;
+  int ins[3] = {mm->in[0], mm->in[1], b};
+  collapse(&c, &OP_MATMUL_BIAS, OP_MATMUL_BIAS.name, ins, 3, NULL, 0);
+  return 1;
+}
+
 /* Recounts each tensor's live readers after the chains have gone. */
 static void recount(Graph *g) {
   for (int i = 0; i < g->nt; i++) g->t[i].nuses = 0;
@@ -240,7 +262,8 @@ int fuse_graph(Graph *g) {
     int f = fuse_bn_relu(g, j);
     if (!f) f = fuse_layernorm(g, j);
     if (!f) f = fuse_gelu(g, j);
-    if (f > 1) recount(g);
+    if (!f) f = fuse_matmul_bias(g, j);
+    if (f > 0) recount(g);
     fused += f;
   }
   return fused;

@@ -1087,6 +1087,28 @@ def _(g):
     g.head(g.node("Add", [y, e]))
 
 
+# MatMul then the Add of a bias [N] (every nn.Linear on a 3-D input exports so): one Gemm (fuse.c).
+@case("MatMul", fused_case("[B,4,6]x[6,5] then Add bias [5] (fused)", 1))
+def _(g):
+    g.head(g.node("Add", [g.node("MatMul", [g.stem([4, 6]), g.rand([6, 5], 0.5)]), g.rand([5], 0.5)]))
+
+
+@case("MatMul", fused_case("[B,6]x[6,5], Add(bias [5], it) (fused)", 1))
+def _(g):
+    g.head(g.node("Add", [g.rand([5], 0.5), g.node("MatMul", [g.stem([6]), g.rand([6, 5], 0.5)])]))
+
+
+@case("MatMul", fused_case("[B,4,6]x[6,5] then Add [4,5] (not fused)", 0))
+def _(g):
+    g.head(g.node("Add", [g.node("MatMul", [g.stem([4, 6]), g.rand([6, 5], 0.5)]), g.rand([4, 5], 0.5)]))
+
+
+@case("MatMul", fused_case("[B,4,6]x[6,5] read twice, one Add of bias [5] (not fused)", 0))
+def _(g):
+    y = g.node("MatMul", [g.stem([4, 6]), g.rand([6, 5], 0.5)])
+    g.head(g.node("Mul", [g.node("Add", [y, g.rand([5], 0.5)]), y]))
+
+
 # Gather
 @case("Gather", "embedding [10,6], indices [5] with repeats, + x")
 def _(g):

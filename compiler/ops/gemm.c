@@ -148,6 +148,56 @@ static double matmul_flops(Graph *g, const Node *n) {
   return 2.0 * rule_numel(node_out(g, n, 0)) * (double)a->dims[a->rank - 1];
 }
 
+/* ---- MatMul then the Add of a bias, fused (fuse.c): a Gemm over the folded batch ---- */
+/* A [..., M, K] x B [K, N] + bias [N]: with B one matrix, the batch folds into the rows, and the
+ * whole is k_gemm with C = bias broadcast over the rows (written into Y, then the GEMM adds into
+ * it).  The Add's forward pass and the copy of dy its backward made are gone; the bias's gradient
+ * is the column sums of dy, as Gemm's C takes it. */
+typedef struct BiasDims { int M, N, K; } BiasDims;
+
+static BiasDims mmb_dims(Emit *e, const Node *n) {
+  Tensor *A = em_t(e, n->in[0]), *Y = em_t(e, n->out[0]);
+  BiasDims d;
+  d.K = (int)A->dims[A->rank - 1], d.N = (int)Y->dims[Y->rank - 1], d.M = (int)(ir_numel(Y) / d.N);
+  return d;
+}
+
+static int mmb_fwd(Emit *e, const Node *n, int j) {
+  (void)j;
+  BiasDims d = mmb_dims(e, n);
+  CALL(e, PH_FWD, K_GEMM, n, A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_in(e, n, 2)), A_BUF(em_out(e, n, 0)), A_INT(d.M),
+       A_INT(d.N), A_INT(d.K), A_INT(0), A_INT(0), A_FLT(1), A_FLT(1), A_INT(1), A_INT(d.N));
+  return 0;
+}
+
+static int mmb_bwd(Emit *e, const Node *n, int j) {
+  (void)j;
+  BiasDims d = mmb_dims(e, n);
+  int dy = em_dy(e, n, 0), acc;
+  /* B first, then the bias, then A: MatMul's order, the Add's gradient between. */
+  if (em_needs(e, n, 1)) {
+    int db = em_grad(e, n, 1, &acc);
+    CALL(e, em_t(e, n->in[1])->is_param ? PH_WGRAD : PH_IGRAD, K_GEMM_DB, n, A_BUF(dy), A_BUF(em_in(e, n, 0)), A_BUF(db), A_INT(d.M),
+         A_INT(d.N), A_INT(d.K), A_INT(0), A_INT(0), A_FLT(1), A_INT(acc));
+  }
+  if (em_needs(e, n, 2)) {
+    int dc = em_grad(e, n, 2, &acc);
+    CALL(e, em_t(e, n->in[2])->is_param ? PH_WGRAD : PH_IGRAD, K_GEMM_DC, n, A_BUF(dy), A_BUF(dc), A_INT(d.M), A_INT(d.N), A_INT(1),
+         A_INT(d.N), A_FLT(1), A_INT(acc));
+  }
+  if (em_needs(e, n, 0)) {
+    int da = em_grad(e, n, 0, &acc);
+    CALL(e, PH_IGRAD, K_GEMM_DA, n, A_BUF(dy), A_BUF(em_in(e, n, 1)), A_BUF(da), A_INT(d.M), A_INT(d.N), A_INT(d.K), A_INT(0), A_INT(0),
+         A_FLT(1), A_INT(acc));
+  }
+  return 0;
+}
+
+static double mmb_flops(Graph *g, const Node *n) { return matmul_flops(g, n) + rule_numel(node_out(g, n, 0)); }
+
+/* Not in the table: no model names it. */
+const OpDef OP_MATMUL_BIAS = {"MatMul+Add", "gemm", matmul_infer, NULL, 7, STASH_INPUTS, mmb_flops, 1, mmb_fwd, mmb_bwd, NULL, 0, 0};
+
 const OpDef OPS_GEMM[] = {
     {"Gemm", "gemm", gemm_infer, NULL, 7, STASH_INPUTS, gemm_flops, 1, gemm_fwd, gemm_bwd, NULL, 0, 0},
     {"MatMul", "gemm", matmul_infer, NULL, 3, STASH_INPUTS, matmul_flops, 1, matmul_fwd, matmul_bwd, NULL, 0, 0},
