@@ -25,8 +25,13 @@
 static inline void k_gemm(const float *A, const float *B, const float *C, float *Y, int M, int N, int K, int ta, int tb,
                           float alpha, float beta, int cm, int cn) {
   if (C && beta != 0) {
-    for (int i = 0; i < M; i++)
-      for (int j = 0; j < N; j++) Y[(int64_t)i * N + j] = beta * C[(int64_t)(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)];
+    /* C broadcast into Y: a row vector (a bias) in a loop of its own, so that it vectorises */
+    if (cm == 1 && cn == N)
+      for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) Y[(int64_t)i * N + j] = beta * C[j];
+    else
+      for (int i = 0; i < M; i++)
+        for (int j = 0; j < N; j++) Y[(int64_t)i * N + j] = beta * C[(int64_t)(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)];
   }
   cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, ta ? M : K, B,
               tb ? K : N, C && beta != 0 ? 1.0f : 0.0f, Y, N);
@@ -57,6 +62,11 @@ static inline void k_gemm_dB(const float *dY, const float *A, float *dB, int M, 
 /* dC = beta * dY summed over the broadcast axes. */
 static inline void k_gemm_dC(const float *dY, float *dC, int M, int N, int cm, int cn, float beta, int acc) {
   if (!acc) memset(dC, 0, sizeof(float) * (size_t)cm * (size_t)cn);
+  if (cm == 1 && cn == N) { /* a bias: the column sums, rows in order, a vector of columns at a time */
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) dC[j] += beta * dY[(int64_t)i * N + j];
+    return;
+  }
   for (int i = 0; i < M; i++)
     for (int j = 0; j < N; j++) dC[(int64_t)(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)] += beta * dY[(int64_t)i * N + j];
 }
