@@ -9,6 +9,7 @@
  * fused plan with `--no-fuse`).  The Relu stays in the graph, folded and marked fused, so node
  * indices and names do not move; the pair keeps the normalization's name.
  *
+ * Add then Relu (a residual block's end) likewise, with the same bits: fuse_add_relu below.
  * MatMul then a bias: fuse_matmul_bias below.
  *
  * Decomposed LayerNormalization and GELU.  An exporter without those ops (torch.onnx below opset 17,
@@ -30,7 +31,7 @@
 #include "ops.h"
 #include "shape.h"
 
-extern const OpDef OP_BATCHNORM_RELU, OP_MATMUL_BIAS;
+extern const OpDef OP_BATCHNORM_RELU, OP_MATMUL_BIAS, OP_ADD_RELU;
 
 static int graph_output(const Graph *g, int t) {
   for (int i = 0; i < g->noutputs; i++)
@@ -60,6 +61,27 @@ static int fuse_bn_relu(Graph *g, int j) {
   n->out[0] = y, g->t[y].producer = j;
   g->t[t].producer = -1, g->t[t].nuses = 0; /* nothing makes or reads it now */
   n->def = &OP_BATCHNORM_RELU, n->op = OP_BATCHNORM_RELU.name, n->fusion = OP_BATCHNORM_RELU.name;
+  relu->folded = relu->fused = 1;
+  return 1;
+}
+
+/* Add of two values of one shape, then the Relu that alone reads the sum (a residual block's end):
+ * OP_ADD_RELU (ops/elementwise.c), one pass each way and the same bits, as BN+Relu. */
+static int fuse_add_relu(Graph *g, int j) {
+  Node *n = &g->n[j];
+  if (strcmp(n->def->name, "Add") || n->nin != 2 || n->nout != 1 || n->out[0] < 0 || n->in[0] < 0 || n->in[1] < 0) return 0;
+  const Tensor *a = &g->t[n->in[0]], *b = &g->t[n->in[1]], *y = &g->t[n->out[0]];
+  if (a->dtype != DT_FLOAT || b->dtype != DT_FLOAT || a->rank != y->rank || b->rank != y->rank ||
+      memcmp(a->dims, y->dims, sizeof(int64_t) * (size_t)y->rank) || memcmp(b->dims, y->dims, sizeof(int64_t) * (size_t)y->rank))
+    return 0;
+  int t = n->out[0], r = only_reader(g, j, t);
+  if (r < 0) return 0;
+  Node *relu = &g->n[r];
+  if (strcmp(relu->def->name, "Relu") || relu->nin != 1 || relu->nout != 1 || relu->out[0] < 0) return 0;
+  int out = relu->out[0];
+  n->out[0] = out, g->t[out].producer = j;
+  g->t[t].producer = -1, g->t[t].nuses = 0;
+  n->def = &OP_ADD_RELU, n->op = OP_ADD_RELU.name, n->fusion = OP_ADD_RELU.name;
   relu->folded = relu->fused = 1;
   return 1;
 }
@@ -263,6 +285,7 @@ int fuse_graph(Graph *g) {
     if (!f) f = fuse_layernorm(g, j);
     if (!f) f = fuse_gelu(g, j);
     if (!f) f = fuse_matmul_bias(g, j);
+    if (!f) f = fuse_add_relu(g, j);
     if (f > 0) recount(g);
     fused += f;
   }

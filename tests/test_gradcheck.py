@@ -1109,6 +1109,18 @@ def _(g):
     g.head(g.node("Mul", [g.node("Add", [y, g.rand([5], 0.5)]), y]))
 
 
+# Add of two values of one shape then a Relu that alone reads the sum (a residual block's end): one call.
+@case("Add", fused_case("[B,4,6] + [B,4,6] then Relu (fused)", 1))
+def _(g):
+    x = g.stem([4, 6])
+    g.head(g.node("Relu", [g.node("Add", [x, g.node("Tanh", [x])])]))
+
+
+@case("Add", fused_case("[B,4,6] + weight [4,6] then Relu (not fused: a broadcast)", 0))
+def _(g):
+    g.head(g.node("Relu", [g.node("Add", [g.stem([4, 6]), g.rand([4, 6], 0.5)])]))
+
+
 # Gather
 @case("Gather", "embedding [10,6], indices [5] with repeats, + x")
 def _(g):
