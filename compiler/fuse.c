@@ -39,6 +39,10 @@ static int graph_output(const Graph *g, int t) {
   return 0;
 }
 
+static int same_shape(const Tensor *a, const Tensor *b) {
+  return a->rank == b->rank && !memcmp(a->dims, b->dims, sizeof(int64_t) * (size_t)a->rank);
+}
+
 /* The one live node after j that reads tensor t, or -1. */
 static int only_reader(const Graph *g, int j, int t) {
   if (t < 0 || g->t[t].nuses != 1 || graph_output(g, t)) return -1;
@@ -50,9 +54,11 @@ static int only_reader(const Graph *g, int j, int t) {
   return -1;
 }
 
-static int fuse_bn_relu(Graph *g, int j) {
+/* Node j's one output read by a Relu alone (and not a graph output): the Relu is absorbed, node j
+ * writes its output and runs `def` from now on. */
+static int absorb_relu(Graph *g, int j, const OpDef *def) {
   Node *n = &g->n[j];
-  if (strcmp(n->def->name, "BatchNormalization") || n->nout < 1 || n->out[0] < 0) return 0;
+  if (n->nout < 1 || n->out[0] < 0) return 0;
   int t = n->out[0], r = only_reader(g, j, t);
   if (r < 0) return 0;
   Node *relu = &g->n[r];
@@ -60,9 +66,13 @@ static int fuse_bn_relu(Graph *g, int j) {
   int y = relu->out[0];
   n->out[0] = y, g->t[y].producer = j;
   g->t[t].producer = -1, g->t[t].nuses = 0; /* nothing makes or reads it now */
-  n->def = &OP_BATCHNORM_RELU, n->op = OP_BATCHNORM_RELU.name, n->fusion = OP_BATCHNORM_RELU.name;
+  n->def = def, n->op = def->name, n->fusion = def->name;
   relu->folded = relu->fused = 1;
   return 1;
+}
+
+static int fuse_bn_relu(Graph *g, int j) {
+  return !strcmp(g->n[j].def->name, "BatchNormalization") && absorb_relu(g, j, &OP_BATCHNORM_RELU);
 }
 
 /* Add of two values of one shape, then the Relu that alone reads the sum (a residual block's end):
@@ -71,19 +81,8 @@ static int fuse_add_relu(Graph *g, int j) {
   Node *n = &g->n[j];
   if (strcmp(n->def->name, "Add") || n->nin != 2 || n->nout != 1 || n->out[0] < 0 || n->in[0] < 0 || n->in[1] < 0) return 0;
   const Tensor *a = &g->t[n->in[0]], *b = &g->t[n->in[1]], *y = &g->t[n->out[0]];
-  if (a->dtype != DT_FLOAT || b->dtype != DT_FLOAT || a->rank != y->rank || b->rank != y->rank ||
-      memcmp(a->dims, y->dims, sizeof(int64_t) * (size_t)y->rank) || memcmp(b->dims, y->dims, sizeof(int64_t) * (size_t)y->rank))
-    return 0;
-  int t = n->out[0], r = only_reader(g, j, t);
-  if (r < 0) return 0;
-  Node *relu = &g->n[r];
-  if (strcmp(relu->def->name, "Relu") || relu->nin != 1 || relu->nout != 1 || relu->out[0] < 0) return 0;
-  int out = relu->out[0];
-  n->out[0] = out, g->t[out].producer = j;
-  g->t[t].producer = -1, g->t[t].nuses = 0;
-  n->def = &OP_ADD_RELU, n->op = OP_ADD_RELU.name, n->fusion = OP_ADD_RELU.name;
-  relu->folded = relu->fused = 1;
-  return 1;
+  if (a->dtype != DT_FLOAT || b->dtype != DT_FLOAT || !same_shape(a, y) || !same_shape(b, y)) return 0;
+  return absorb_relu(g, j, &OP_ADD_RELU);
 }
 
 /* ---- matching a chain ---- */
@@ -129,10 +128,6 @@ static int other(const Node *n, int one) {
   if (n->in[0] == one && n->in[1] != one) return n->in[1];
   if (n->in[1] == one && n->in[0] != one) return n->in[0];
   return -1;
-}
-
-static int same_shape(const Tensor *a, const Tensor *b) {
-  return a->rank == b->rank && !memcmp(a->dims, b->dims, sizeof(int64_t) * (size_t)a->rank);
 }
 
 /* Rewrites the chain as one node in its last slot, reading ins[0..nin) and writing the last node's
@@ -209,9 +204,9 @@ static int fuse_layernorm(Graph *g, int j) {
   Node *dv = take(&c, next(&c), "Div");
   if (!dv || c.node[c.n - 1] != dj || dv->in[1] != sq->out[0]) return 0;
   Node *mu = take(&c, next(&c), "Mul");
-  int s = mu ? other(mu, dv->out[0]) : -1;
-  Node *ab = take(&c, next(&c), "Add");
-  int b = ab ? other(ab, mu->out[0]) : -1;
+  Node *ab = mu ? take(&c, next(&c), "Add") : NULL;
+  if (!ab) return 0; /* no scale or no bias: not LayerNormalization's form */
+  int s = other(mu, dv->out[0]), b = other(ab, mu->out[0]);
   int64_t cols = 1;
   for (int i = X->rank - k; i < X->rank; i++) cols *= X->dims[i];
   /* The scale and bias: float, one value per normalised element, and the output x's shape. */

@@ -82,7 +82,7 @@ typedef struct Plan {
   int *frozen_layers, nlayers, nfrozen, frozen_params;
   int64_t batch, mb_size;
   int nfolded;
-  int nfused;        /* nodes fuse.c absorbed into another (BN+Relu, decomposed LayerNorm and GELU) */
+  int nfused;        /* nodes fuse.c absorbed into another */
   double params, opt_slots;
   Machine machine;
   PartProblem prob;

@@ -1066,6 +1066,16 @@ def _(g):
     g.head(decomposed_ln(g, g.stem([4, 6]), [-1], g.uniform([6], 0.5, 1.5), g.rand([6], 0.3), exponent=4.0)[0])
 
 
+@case("LayerNormalization", fused_case("decomposed, no scale, then Add of a bias (not fused)", 0))
+def _(g):
+    x = g.stem([4, 6])
+    m = g.node("ReduceMean", [x], axes=[-1])
+    d = g.node("Sub", [x, m])
+    v = g.node("ReduceMean", [g.node("Pow", [d, g.init(np.array(2.0, np.float32), "c")])], axes=[-1])
+    s = g.node("Sqrt", [g.node("Add", [v, g.init(np.array(1e-5, np.float32), "c")])])
+    g.head(g.node("Add", [g.node("Div", [d, s]), g.rand([6], 0.3)]))
+
+
 @case("LayerNormalization", fused_case("decomposed, axes=[1] of [B,4,6] (not fused)", 0))
 def _(g):
     g.head(decomposed_ln(g, g.stem([4, 6]), [1], g.uniform([6], 0.5, 1.5), g.rand([6], 0.3))[0])
