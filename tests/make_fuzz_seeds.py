@@ -58,4 +58,25 @@ save("layernorm", [helper.make_node("LayerNormalization", ["h", "g", "bb"], ["n"
                    helper.make_node("Split", ["m", "sp"], ["a", "b2"], axis=1),
                    helper.make_node("Concat", ["b2", "a"], ["o"], axis=1)],
      [h], [out_t], [w("g", 4), w("bb", 4), numpy_helper.from_array(np.array([1, 3], dtype=np.int64), "sp")], opset=17)
+# The chains compiler/fuse.c makes one node of, and a near miss of each (a decomposed norm without
+# scale whose Div feeds an Add: the form that once crashed the matcher).
+xf = helper.make_tensor_value_info("xf", TensorProto.FLOAT, ["batch", 3, 4])
+c = lambda name, v: numpy_helper.from_array(np.array(v, dtype=np.float32), name)  # noqa: E731
+ln = [helper.make_node("ReduceMean", ["xf"], ["m1"], axes=[-1]), helper.make_node("Sub", ["xf", "m1"], ["d"]),
+      helper.make_node("Pow", ["d", "two"], ["p"]), helper.make_node("ReduceMean", ["p"], ["v"], axes=[-1]),
+      helper.make_node("Add", ["v", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"]),
+      helper.make_node("Div", ["d", "sd"], ["nn"]), helper.make_node("Mul", ["nn", "g"], ["ns"]),
+      helper.make_node("Add", ["ns", "bb"], ["l"])]
+lin = [helper.make_node("MatMul", ["l", "wl"], ["mm"]), helper.make_node("Add", ["bl", "mm"], ["h1"])]
+gelu = [helper.make_node("Div", ["h1", "rt2"], ["q"]), helper.make_node("Erf", ["q"], ["e"]),
+        helper.make_node("Add", ["e", "one"], ["e1"]), helper.make_node("Mul", ["h1", "e1"], ["ge"]),
+        helper.make_node("Mul", ["ge", "half"], ["gl"])]
+res = [helper.make_node("Add", ["gl", "xf"], ["r"]), helper.make_node("Relu", ["r"], ["rr"])]
+bare = [helper.make_node("ReduceMean", ["rr"], ["m2"], axes=[-1]), helper.make_node("Sub", ["rr", "m2"], ["d2"]),
+        helper.make_node("Pow", ["d2", "two"], ["p2"]), helper.make_node("ReduceMean", ["p2"], ["v2"], axes=[-1]),
+        helper.make_node("Add", ["v2", "eps"], ["ve2"]), helper.make_node("Sqrt", ["ve2"], ["sd2"]),
+        helper.make_node("Div", ["d2", "sd2"], ["n2"]), helper.make_node("Add", ["n2", "bb"], ["o"])]
+save("fusion", ln + lin + gelu + res + bare, [xf], [out_t],
+     [c("two", 2.0), c("eps", 1e-5), c("rt2", 1.4142135), c("one", 1.0), c("half", 0.5), w("g", 4), w("bb", 4),
+      w("wl", 4, 4), w("bl", 4)])
 print("wrote seeds to", out)
