@@ -219,7 +219,7 @@ static int fuse_layernorm(Graph *g, int j) {
   a[0] = (Attr){.name = "axis", .type = ATTR_INT, .i = X->rank - k};
   a[1] = (Attr){.name = "epsilon", .type = ATTR_FLOAT, .f = (float)eps};
   int ins[3] = {x, s, b};
-  collapse(&c, op_find("LayerNormalization"), "LayerNormalization, fused from 9 nodes", ins, 3, a, 2);
+  collapse(&c, op_find("LayerNormalization"), "ReduceMean..Add as LayerNormalization", ins, 3, a, 2);
   return c.n - 1;
 }
 
@@ -239,7 +239,7 @@ static int fuse_gelu(Graph *g, int j) {
   if (!half || !is_const(g, other(half, mx->out[0]), 0.5)) return 0;
   if (!same_shape(&g->t[half->out[0]], &g->t[x])) return 0;
   int ins[1] = {x};
-  collapse(&c, op_find("Gelu"), "Gelu, fused from 5 nodes", ins, 1, NULL, 0);
+  collapse(&c, op_find("Gelu"), "Div..Mul as Gelu", ins, 1, NULL, 0);
   return c.n - 1;
 }
 

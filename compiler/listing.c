@@ -269,6 +269,25 @@ static void tie_text(const Plan *p, Buf *b) {
   free(ks);
 }
 
+/* The kinds of fused node in the plan (fuse.c's Node.fusion) and how many of each, in first-seen order.
+ * Returns the number of kinds. */
+#define MAX_FUSION_KINDS 16
+static int fusion_kinds(const Plan *p, const char **kind, int *count) {
+  int nk = 0;
+  for (int k = 0; k < p->N; k++) {
+    const char *f = p->g.n[p->node[k]].fusion;
+    if (!f) continue;
+    int i = 0;
+    while (i < nk && strcmp(kind[i], f)) i++;
+    if (i == nk) {
+      if (nk == MAX_FUSION_KINDS) continue;
+      kind[nk] = f, count[nk++] = 0;
+    }
+    count[i]++;
+  }
+  return nk;
+}
+
 void listing_text(const Plan *p, Buf *b) {
   const Graph *g = &p->g;
   const Machine *m = &p->machine;
@@ -276,6 +295,12 @@ void listing_text(const Plan *p, Buf *b) {
   buf_printf(b, "pipecc plan: %s\n", g->path);
   buf_printf(b, "  model        opset %lld, %d nodes (%d folded at compile time, %d fused into another, %d compute), %s parameters\n",
              (long long)g->opset, g->nn, p->nfolded, p->nfused, p->N, fmt_count(p->params));
+  {
+    const char *kind[MAX_FUSION_KINDS];
+    int count[MAX_FUSION_KINDS], nk = fusion_kinds(p, kind, count);
+    for (int i = 0; i < nk; i++)
+      buf_printf(b, "%s%d x %s%s", i ? "; " : "  fused        ", count[i], kind[i], i == nk - 1 ? " (--no-fuse: apart)\n" : "");
+  }
   buf_printf(b, "  batch        %lld samples per step = %d micro-batches x %lld\n", (long long)p->batch, p->opt.microbatches,
              (long long)p->mb_size);
   buf_printf(b, "  schedule     %s over %d stage%s, optimizer %s (%.0f state slot%s per parameter)\n",
@@ -414,6 +439,17 @@ void listing_json(const Plan *p, Buf *b) {
   json_str(b, p->g.path);
   buf_printf(b, ",\n  \"opset\": %lld,\n  \"nodes\": %d,\n  \"folded_nodes\": %d,\n  \"fused_nodes\": %d,\n  \"compute_nodes\": %d,\n  \"parameters\": %.0f,\n",
              (long long)p->g.opset, p->g.nn, p->nfolded, p->nfused, p->N, p->params);
+  {
+    const char *kind[MAX_FUSION_KINDS];
+    int count[MAX_FUSION_KINDS], nk = fusion_kinds(p, kind, count);
+    buf_printf(b, "  \"fusions\": [");
+    for (int i = 0; i < nk; i++) {
+      buf_printf(b, "%s{\"runs\": ", i ? ", " : "");
+      json_str(b, kind[i]);
+      buf_printf(b, ", \"nodes\": %d}", count[i]);
+    }
+    buf_printf(b, "],\n");
+  }
   if (p->fb) buf_printf(b, "  \"fb_split\": %d,\n", p->fb->links.nf);
   if (p->opt.frozen) buf_printf(b, "  \"frozen_layers\": %d,\n  \"layers\": %d,\n", p->nfrozen, p->nlayers);
   if (p->sched.unroll > 0)

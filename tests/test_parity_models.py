@@ -175,9 +175,13 @@ def gpt_parity(tmp, ex, name):
         err = max(float(np.abs(trained[k].astype(np.float64) - expect[k]).max()) for k in mapping)
         check(err < 1e-4, f"{tag} n={n}: weights within 1e-4 of PyTorch (max {err:.2e})")
         with open(os.path.join(tmp, f"{tag}{n}.pipe", "plan.json")) as f:
-            fused = json.load(f)["fused_nodes"]
+            pj = json.load(f)
+        fused, kinds = pj["fused_nodes"], {k["runs"]: k["nodes"] for k in pj["fusions"]}
         want_fused = 0 if flags else fused_want
-        check(fused == want_fused, f"{tag} n={n}: {fused} nodes fused, {want_fused} expected (LayerNorm, GELU, MatMul+bias)")
+        want_kinds = {} if flags else {k: v for k, v in (("ReduceMean..Add as LayerNormalization", ops.count("Sqrt")),
+                                                         ("Div..Mul as Gelu", ops.count("Erf")), ("MatMul+Add", linear)) if v}
+        check(fused == want_fused and kinds == want_kinds,
+              f"{tag} n={n}: {fused} nodes fused into {kinds}, {want_fused} into {want_kinds} expected (LayerNorm, GELU, MatMul+bias)")
         if not flags:
             runs[n] = trained
     bit_identical(runs, f"{name}: n=1 and n=4 give bit-identical weights")
