@@ -761,24 +761,52 @@ typedef struct WhereShape {
   int64_t nx, ny, nout;
 } WhereShape;
 
-static inline int64_t where_at(const WhereShape *s, const int64_t *st, int64_t i) {
-  int64_t off = 0;
-  for (int d = s->rank - 1; d >= 0; d--) {
-    off += (i % s->out[d]) * st[d];
-    i /= s->out[d];
+/* Where walks the output a row (its last axis) at a time: the offsets of c, x and y are found once
+ * per row from an odometer over the other axes, and the row runs with the last axis' strides (0 for
+ * a broadcast operand).  The output is visited in order, so a broadcast operand's gradient sums its
+ * contributions in the order it always did. */
+static inline void where_row(const WhereShape *s, const int64_t *idx, int64_t *oc, int64_t *ox, int64_t *oy) {
+  *oc = *ox = *oy = 0;
+  for (int d = 0; d < s->rank - 1; d++) *oc += idx[d] * s->sc[d], *ox += idx[d] * s->sx[d], *oy += idx[d] * s->sy[d];
+}
+static inline int where_next(const WhereShape *s, int64_t *idx) {
+  for (int d = s->rank - 2; d >= 0; d--) {
+    if (++idx[d] < s->out[d]) return 1;
+    idx[d] = 0;
   }
-  return off;
+  return 0;
 }
 static inline void k_where(const uint8_t *c, const float *x, const float *y, float *out, const WhereShape *s) {
-  for (int64_t i = 0; i < s->nout; i++) out[i] = c[where_at(s, s->sc, i)] ? x[where_at(s, s->sx, i)] : y[where_at(s, s->sy, i)];
+  if (s->rank == 0) {
+    out[0] = c[0] ? x[0] : y[0];
+    return;
+  }
+  int last = s->rank - 1;
+  int64_t L = s->out[last], tc = s->sc[last], tx = s->sx[last], ty = s->sy[last], idx[8] = {0}, oc, ox, oy;
+  float *o = out;
+  do {
+    where_row(s, idx, &oc, &ox, &oy);
+    for (int64_t k = 0; k < L; k++) o[k] = c[oc + k * tc] ? x[ox + k * tx] : y[oy + k * ty];
+    o += L;
+  } while (where_next(s, idx));
 }
 /* which = 1: gradient of x, 2: of y. */
 static inline void k_where_grad(const uint8_t *c, const float *dout, float *d, int which, const WhereShape *s, int acc) {
   if (!acc) memset(d, 0, sizeof(float) * (size_t)(which == 1 ? s->nx : s->ny));
-  for (int64_t i = 0; i < s->nout; i++) {
-    int pick = c[where_at(s, s->sc, i)] != 0;
-    if (pick == (which == 1)) d[where_at(s, which == 1 ? s->sx : s->sy, i)] += dout[i];
+  if (s->rank == 0) {
+    if ((c[0] != 0) == (which == 1)) d[0] += dout[0];
+    return;
   }
+  int last = s->rank - 1, want = which == 1;
+  int64_t L = s->out[last], tc = s->sc[last], td = which == 1 ? s->sx[last] : s->sy[last], idx[8] = {0}, oc, ox, oy;
+  const float *g = dout;
+  do {
+    where_row(s, idx, &oc, &ox, &oy);
+    float *dr = d + (which == 1 ? ox : oy);
+    for (int64_t k = 0; k < L; k++)
+      if ((c[oc + k * tc] != 0) == want) dr[k * td] += g[k];
+    g += L;
+  } while (where_next(s, idx));
 }
 
 /* ---- MatMul with numpy semantics: batch dims broadcast ---- */

@@ -1051,8 +1051,64 @@ static void test_transpose(void) {
   OK_IF_NONE_FAILED(f0, "k_transpose and k_transpose_grad (acc 0 and 1) on 400 random permutations match the definition\n");
 }
 
+/* k_where / k_where_grad on random shapes (ranks 0..5) where c, x and y each broadcast along random
+ * axes, against the element-wise definition: out[i] = c[at(i)] ? x[at(i)] : y[at(i)], and each
+ * operand's gradient summed over the output in order (acc 0 and 1), bit for bit. */
+static int64_t where_ref_at(const WhereShape *s, const int64_t *st, int64_t i) {
+  int64_t off = 0;
+  for (int d = s->rank - 1; d >= 0; d--) off += (i % s->out[d]) * st[d], i /= s->out[d];
+  return off;
+}
+static void where_strides(const WhereShape *s, int64_t *st, int64_t *n) {
+  int keep[8];
+  for (int d = 0; d < s->rank; d++) keep[d] = urand() < 0.6;
+  *n = 1;
+  for (int d = s->rank - 1; d >= 0; d--) {
+    st[d] = keep[d] && s->out[d] > 1 ? *n : 0;
+    if (st[d]) *n *= s->out[d];
+  }
+}
+static void test_where(void) {
+  int f0 = failed;
+  for (int it = 0; it < 300; it++) {
+    WhereShape s = {.rank = (int)(urand() * 6)};
+    s.nout = 1;
+    for (int d = 0; d < s.rank; d++) s.out[d] = 1 + (int64_t)(urand() * 7), s.nout *= s.out[d];
+    int64_t nc;
+    where_strides(&s, s.sc, &nc), where_strides(&s, s.sx, &s.nx), where_strides(&s, s.sy, &s.ny);
+    uint8_t *c = malloc((size_t)nc);
+    float *x = malloc(sizeof(float) * (size_t)s.nx), *y = malloc(sizeof(float) * (size_t)s.ny);
+    float *o = malloc(sizeof(float) * (size_t)s.nout), *g = malloc(sizeof(float) * (size_t)s.nout);
+    for (int64_t i = 0; i < nc; i++) c[i] = urand() < 0.5;
+    for (int64_t i = 0; i < s.nx; i++) x[i] = (float)urand();
+    for (int64_t i = 0; i < s.ny; i++) y[i] = (float)urand() + 2;
+    for (int64_t i = 0; i < s.nout; i++) g[i] = (float)urand();
+    k_where(c, x, y, o, &s);
+    int64_t bad = -1;
+    for (int64_t i = 0; i < s.nout && bad < 0; i++)
+      if (o[i] != (c[where_ref_at(&s, s.sc, i)] ? x[where_ref_at(&s, s.sx, i)] : y[where_ref_at(&s, s.sy, i)])) bad = i;
+    CHECK(bad < 0, "where case %d (rank %d): out[%lld] is not the element the definition picks", it, s.rank, (long long)bad);
+    for (int which = 1; which <= 2; which++) {
+      int64_t n = which == 1 ? s.nx : s.ny;
+      const int64_t *st = which == 1 ? s.sx : s.sy;
+      float *d1 = malloc(sizeof(float) * (size_t)n), *d2 = malloc(sizeof(float) * (size_t)n);
+      int acc = it & 1;
+      for (int64_t i = 0; i < n; i++) d1[i] = d2[i] = acc ? (float)i : 0.0f;
+      k_where_grad(c, g, d1, which, &s, acc);
+      for (int64_t i = 0; i < s.nout; i++)
+        if ((c[where_ref_at(&s, s.sc, i)] != 0) == (which == 1)) d2[where_ref_at(&s, st, i)] += g[i];
+      CHECK(!memcmp(d1, d2, sizeof(float) * (size_t)n), "where case %d (rank %d): the gradient of %s (acc %d) differs from the definition",
+            it, s.rank, which == 1 ? "x" : "y", acc);
+      free(d1), free(d2);
+    }
+    free(c), free(x), free(y), free(o), free(g);
+  }
+  OK_IF_NONE_FAILED(f0, "k_where and k_where_grad (both operands, acc 0 and 1) on 300 random broadcasts match the definition\n");
+}
+
 int main(void) {
   make_inputs();
+  test_where();
   test_transpose();
 #if defined(PR_MVEC) && defined(__AVX2__)
   test_mvec(0);
