@@ -263,15 +263,6 @@ static int fuse_matmul_bias(Graph *g, int j) {
   return 1;
 }
 
-/* Recounts each tensor's live readers after the chains have gone. */
-static void recount(Graph *g) {
-  for (int i = 0; i < g->nt; i++) g->t[i].nuses = 0;
-  for (int j = 0; j < g->nn; j++)
-    if (!g->n[j].folded)
-      for (int k = 0; k < g->n[j].nin; k++)
-        if (g->n[j].in[k] >= 0) g->t[g->n[j].in[k]].nuses++;
-}
-
 int fuse_graph(Graph *g) {
   int fused = 0;
   for (int j = 0; j < g->nn; j++) {
@@ -281,7 +272,7 @@ int fuse_graph(Graph *g) {
     if (!f) f = fuse_gelu(g, j);
     if (!f) f = fuse_matmul_bias(g, j);
     if (!f) f = fuse_add_relu(g, j);
-    if (f > 0) recount(g);
+    if (f > 0) count_uses(g); /* the chain's values are read no more */
     fused += f;
   }
   return fused;

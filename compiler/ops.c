@@ -95,7 +95,7 @@ static int foldable(Graph *g, const Node *n, const OpDef *d) {
   return 1;
 }
 
-static void count_uses(Graph *g) {
+void count_uses(Graph *g) {
   for (int i = 0; i < g->nt; i++) g->t[i].nuses = 0;
   for (int j = 0; j < g->nn; j++)
     if (!g->n[j].folded)

@@ -44,6 +44,9 @@ typedef struct OpDef {
   unsigned flags;       /* OPF_* */
 } OpDef;
 
+/* Recounts each tensor's readers among the live nodes (Tensor.nuses); a parameter nothing reads is
+ * no longer one.  After inference, and after fuse.c rewires nodes. */
+void count_uses(Graph *g);
 const OpDef *op_find(const char *name);
 /* Comma-separated list of ops pipecc can run, for error messages. */
 const char *op_supported_list(void);
