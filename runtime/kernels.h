@@ -887,6 +887,18 @@ typedef struct PermShape {
  * two are walked in 32x32 tiles so both sides stay in cache; a contiguous last axis is a row copy.
  * Every element moves once, so the order changes no bits. */
 #define PERM_TILE 32
+/* Elements [la, lb) of one output row yo, whose input elements are xi[l * sl]. */
+static inline void perm_row(float *yo, float *xi, int64_t la, int64_t lb, int64_t sl, int grad, int acc) {
+  if (!grad) {
+    if (sl == 1) memcpy(yo + la, xi + la, sizeof(float) * (size_t)(lb - la));
+    else for (int64_t l = la; l < lb; l++) yo[l] = xi[l * sl];
+  } else if (acc) {
+    for (int64_t l = la; l < lb; l++) xi[l * sl] += yo[l];
+  } else {
+    if (sl == 1) memcpy(xi + la, yo + la, sizeof(float) * (size_t)(lb - la));
+    else for (int64_t l = la; l < lb; l++) xi[l * sl] = yo[l];
+  }
+}
 static inline void perm_walk(const PermShape *s, float *x, float *y, int grad, int acc) {
   int r = s->rank, last = r - 1, q = -1;
   int64_t ost[8], idx[8] = {0};
@@ -896,29 +908,18 @@ static inline void perm_walk(const PermShape *s, float *x, float *y, int grad, i
   if (s->st[last] != 1)
     for (int d = 0; d < last; d++)
       if (s->st[d] == 1 && s->out[d] > 1) q = d;
-  int64_t nl = s->out[last], sl = s->st[last], nq = q >= 0 ? s->out[q] : 1, oq = q >= 0 ? ost[q] : 0;
+  int64_t nl = s->out[last], sl = s->st[last];
   for (;;) {
     int64_t ib = 0, ob = 0;
     for (int d = 0; d < last; d++) ib += idx[d] * s->st[d], ob += idx[d] * ost[d];
-    for (int64_t q0 = 0; q0 < nq; q0 += PERM_TILE)
-      for (int64_t l0 = 0; l0 < nl; l0 += PERM_TILE) {
-        int64_t q1 = q >= 0 ? (q0 + PERM_TILE < nq ? q0 + PERM_TILE : nq) : 1, l1 = q >= 0 ? (l0 + PERM_TILE < nl ? l0 + PERM_TILE : nl) : nl;
-        if (q < 0) l0 = nl; /* no tiling: the whole row at once */
-        for (int64_t qi = q >= 0 ? q0 : 0; qi < q1; qi++) {
-          float *yo = y + ob + qi * oq, *xi = x + ib + qi;
-          int64_t la = q >= 0 ? l0 : 0;
-          if (q < 0) xi = x + ib;
-          if (!grad) {
-            if (sl == 1) memcpy(yo + la, xi + la, sizeof(float) * (size_t)(l1 - la));
-            else for (int64_t l = la; l < l1; l++) yo[l] = xi[l * sl];
-          } else if (acc) {
-            for (int64_t l = la; l < l1; l++) xi[l * sl] += yo[l];
-          } else {
-            if (sl == 1) memcpy(xi + la, yo + la, sizeof(float) * (size_t)(l1 - la));
-            else for (int64_t l = la; l < l1; l++) xi[l * sl] = yo[l];
-          }
+    if (q < 0)
+      perm_row(y + ob, x + ib, 0, nl, sl, grad, acc);
+    else /* axis q reads the input contiguously: tiles of q x last */
+      for (int64_t q0 = 0; q0 < s->out[q]; q0 += PERM_TILE)
+        for (int64_t l0 = 0; l0 < nl; l0 += PERM_TILE) {
+          int64_t q1 = q0 + PERM_TILE < s->out[q] ? q0 + PERM_TILE : s->out[q], l1 = l0 + PERM_TILE < nl ? l0 + PERM_TILE : nl;
+          for (int64_t qi = q0; qi < q1; qi++) perm_row(y + ob + qi * ost[q], x + ib + qi, l0, l1, sl, grad, acc);
         }
-      }
     /* the next index over the output axes before the last, q excepted */
     int d = last - 1;
     for (; d >= 0; d--) {
