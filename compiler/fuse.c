@@ -9,7 +9,6 @@
  * fused plan with `--no-fuse`).  The Relu stays in the graph, folded and marked fused, so node
  * indices and names do not move; the pair keeps the normalization's name.
  *
- * Add then Relu (a residual block's end) likewise, with the same bits: fuse_add_relu below.
  * MatMul then a bias: fuse_matmul_bias below.
  *
  * Decomposed LayerNormalization and GELU.  An exporter without those ops (torch.onnx below opset 17,
@@ -31,7 +30,7 @@
 #include "ops.h"
 #include "shape.h"
 
-extern const OpDef OP_BATCHNORM_RELU, OP_MATMUL_BIAS, OP_ADD_RELU;
+extern const OpDef OP_BATCHNORM_RELU, OP_MATMUL_BIAS;
 
 static int graph_output(const Graph *g, int t) {
   for (int i = 0; i < g->noutputs; i++)
@@ -73,16 +72,6 @@ static int absorb_relu(Graph *g, int j, const OpDef *def) {
 
 static int fuse_bn_relu(Graph *g, int j) {
   return !strcmp(g->n[j].def->name, "BatchNormalization") && absorb_relu(g, j, &OP_BATCHNORM_RELU);
-}
-
-/* Add of two values of one shape, then the Relu that alone reads the sum (a residual block's end):
- * OP_ADD_RELU (ops/elementwise.c), one pass each way and the same bits, as BN+Relu. */
-static int fuse_add_relu(Graph *g, int j) {
-  Node *n = &g->n[j];
-  if (strcmp(n->def->name, "Add") || n->nin != 2 || n->nout != 1 || n->out[0] < 0 || n->in[0] < 0 || n->in[1] < 0) return 0;
-  const Tensor *a = &g->t[n->in[0]], *b = &g->t[n->in[1]], *y = &g->t[n->out[0]];
-  if (a->dtype != DT_FLOAT || b->dtype != DT_FLOAT || !same_shape(a, y) || !same_shape(b, y)) return 0;
-  return absorb_relu(g, j, &OP_ADD_RELU);
 }
 
 /* ---- matching a chain ---- */
@@ -271,7 +260,6 @@ int fuse_graph(Graph *g) {
     if (!f) f = fuse_layernorm(g, j);
     if (!f) f = fuse_gelu(g, j);
     if (!f) f = fuse_matmul_bias(g, j);
-    if (!f) f = fuse_add_relu(g, j);
     if (f > 0) count_uses(g); /* the chain's values are read no more */
     fused += f;
   }

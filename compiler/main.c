@@ -64,7 +64,7 @@ static void usage(FILE *f) {
         "  --blas-kernels        print the OpenBLAS kernels the stage programs run on this machine and exit\n"
         "  --forward-only        programs that run the forward pass on given inputs (no loss, no training)\n"
         "  --no-fuse             run every node as its own call (by default a Relu that alone reads a\n"
-        "                        BatchNormalization's output or an Add runs inside it, with the same bits, and an\n"
+        "                        BatchNormalization's output runs inside it, with the same bits, and an\n"
         "                        exported decomposed LayerNorm or GELU, or a MatMul and its bias, runs as one\n"
         "                        op, rounded as that op)\n"
         "  --untie               a weight that nodes of one kind share (an exporter merged equal initializers)\n"

@@ -84,22 +84,6 @@ static inline void k_relu_grad(const float *y, const float *dy, float *dx, int64
     dx[i] = acc ? dx[i] + g : g;
   }
 }
-/* Add then Relu, fused (compiler/fuse.c: the end of a residual block): y = relu(a + b), elementwise
- * over equal shapes, as k_binary's BIN_ADD then k_relu.  The backward gives each input the masked dy
- * (relu's gradient) as k_binary_grad would pass it on: added to what d holds, or to a zeroed d
- * (0 + g, not g: a -0 gradient comes out +0, as it did apart). */
-static inline void k_add_relu(const float *a, const float *b, float *y, int64_t n) {
-  for (int64_t i = 0; i < n; i++) {
-    float v = a[i] + b[i];
-    y[i] = v > 0 || v != v ? v : 0;
-  }
-}
-static inline void k_add_relu_grad(const float *y, const float *dy, float *d, int64_t n, int acc) {
-  if (acc)
-    for (int64_t i = 0; i < n; i++) d[i] += y[i] <= 0 ? 0 : dy[i];
-  else
-    for (int64_t i = 0; i < n; i++) d[i] = 0.0f + (y[i] <= 0 ? 0 : dy[i]);
-}
 static inline void k_tanh(const float *x, float *y, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] = tanhf(x[i]);
 }

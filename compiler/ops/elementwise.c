@@ -536,28 +536,6 @@ static int where_fold(Graph *g, Node *n) {
 static double flops_1(Graph *g, const Node *n) { return rule_numel(node_out(g, n, 0)); }
 static double flops_8(Graph *g, const Node *n) { return 8 * rule_numel(node_out(g, n, 0)); }
 
-/* ---- Add then the Relu that alone reads it, fused (fuse.c): one pass each way ---- */
-static int add_relu_fwd(Emit *e, const Node *n, int j) {
-  (void)j;
-  CALL(e, PH_FWD, K_ADD_RELU, n, A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_out(e, n, 0)), A_INT(out_numel(e, n)));
-  return 0;
-}
-static int add_relu_bwd(Emit *e, const Node *n, int j) {
-  (void)j;
-  /* The second input's gradient first, as binary_bwd; a bias added is W work. */
-  for (int which = 1; which >= 0; which--) {
-    if (!em_needs(e, n, which)) continue;
-    int acc, d = em_grad(e, n, which, &acc);
-    CALL(e, em_t(e, n->in[which])->is_param ? PH_WGRAD : PH_IGRAD, K_ADD_RELU_GRAD, n, A_BUF(em_out(e, n, 0)),
-         A_BUF(em_dy(e, n, 0)), A_BUF(d), A_INT(out_numel(e, n)), A_INT(acc));
-  }
-  return 0;
-}
-static double flops_2(Graph *g, const Node *n) { return 2 * rule_numel(node_out(g, n, 0)); }
-/* Not in the table: no model names it. */
-const OpDef OP_ADD_RELU = {"Add+Relu", "elementwise", ew_infer_binary, NULL, 3, STASH_OUTPUT, flops_2, 0, add_relu_fwd, add_relu_bwd,
-                           NULL, 0, 0};
-
 #define ALU(name, stash, code, infer) \
   {name, "elementwise", infer, ew_fold_binary, 3, stash, flops_1, 0, binary_fwd, binary_bwd, NULL, code, 0}
 const OpDef OPS_ELEMENTWISE[] = {
