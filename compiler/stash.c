@@ -14,8 +14,9 @@
  * stage under 1F1B) keeps its xslot and moves nothing; any other leaves.
  *
  * Each over-limit stage tries a few plans (prefetch one compute action ahead
- * or just before the backward; offload first, recompute first, or whichever
- * is cheaper per value), adds values largest first until its arena fits,
+ * or just before the backward; values largest first, offloaded first,
+ * recomputed first, or whichever is cheaper per value; or the value that
+ * costs least per byte first), adds values until its arena fits,
  * inserts OFFLOAD / PREFETCH / RECOMPUTE actions (HOLD / RETURN on the peer
  * that holds its data, placed by the predicted times), and keeps the plan
  * with the shortest predicted step that the validator accepts. */
@@ -391,31 +392,58 @@ static int place_peer(Work *w, int s, int q) {
   return ns;
 }
 
-/* The greedy fill: values largest first, each given a fate by the strategy,
- * until rank s fits `lim`.  0 and f filled, or -1 if it never fits. */
-enum { ST_OFFLOAD, ST_RECOMPUTE, ST_CHEAPER, ST_N };
+/* The greedy fill: values given a fate by the strategy, until rank s fits
+ * `lim`.  The first three take the values largest first: offload first,
+ * recompute first, or whichever is cheaper for that value (recomputing its
+ * calls against copying its bytes).  ST_CHEAPEST takes next the value whose
+ * own added cost per byte is least, given what is already recomputed: a
+ * GELU's output or a softmax's, made again from an input that stays anyway,
+ * leaves before a GEMM's output that needs the GEMM run again (selective
+ * recomputation, as Megatron-LM does by hand).  0 and f filled, or -1 if it
+ * never fits. */
+enum { ST_OFFLOAD, ST_RECOMPUTE, ST_CHEAPER, ST_CHEAPEST, ST_N };
+
+/* Whether value b can be recomputed on top of the fates f (its fate is left
+ * as it was), and into *extra the recompute time it adds to rc_now. */
+static int rc_extra(const Plan *p, const StageProg *sp, int s, char *f, const char *fw, char *call, int b, double rc_now,
+                    double *extra) {
+  char was = f[b];
+  f[b] = FATE_RECOMPUTE;
+  int ok = closure(sp, f, fw, call) == 0;
+  *extra = ok ? rc_time(p, sp, s, call) - rc_now : 0;
+  f[b] = was;
+  return ok;
+}
 
 static int fill(Work *w, int s, int strat, int lead, int peer, double lim, const Cand *cand, int nc, const char *fw, char *f) {
   Plan *p = w->p;
   StageProg *sp = &p->progs[s];
   int allow_out = p->opt.offload != OFFLOAD_NONE, allow_rc = p->opt.recompute;
-  char *call = malloc((size_t)sp->nfwd + 1);
-  if (!call) abort();
+  char *call = malloc((size_t)sp->nfwd + 1), *used = calloc((size_t)nc + 1, 1);
+  if (!call || !used) abort();
   memset(f, FATE_KEEP, (size_t)sp->nbufs);
   double bw = w->file_bw;
   if (peer >= 0) bw = link_between(p, s, peer).bandwidth;
   int ok = -1;
   double rc_now = 0;
-  for (int i = 0; i < nc; i++) {
-    int b = cand[i].buf, fate = -1;
-    int can_rc = 0;
+  for (int step = 0; step < nc; step++) {
+    int i = step, can_rc = 0;
     double extra = 0;
-    if (allow_rc && !cand[i].recv) {
-      f[b] = FATE_RECOMPUTE;
-      can_rc = closure(sp, f, fw, call) == 0;
-      if (can_rc) extra = rc_time(p, sp, s, call) - rc_now;
-      f[b] = FATE_KEEP;
+    if (strat == ST_CHEAPEST) {
+      /* The unused value whose cheaper way out costs least per byte. */
+      double best = INFINITY;
+      i = -1;
+      for (int c = 0; c < nc; c++) {
+        if (used[c]) continue;
+        double x = 0, t = allow_out ? (double)cand[c].bytes / bw : INFINITY;
+        if (allow_rc && !cand[c].recv && rc_extra(p, sp, s, f, fw, call, cand[c].buf, rc_now, &x)) t = fmin(t, x);
+        if (t / (double)cand[c].bytes < best) best = t / (double)cand[c].bytes, i = c;
+      }
+      if (i < 0) break; /* nothing left can leave */
     }
+    used[i] = 1;
+    int b = cand[i].buf, fate = -1;
+    if (allow_rc && !cand[i].recv) can_rc = rc_extra(p, sp, s, f, fw, call, b, rc_now, &extra);
     if (strat == ST_OFFLOAD) fate = allow_out ? FATE_OFFLOAD : can_rc ? FATE_RECOMPUTE : -1;
     else if (strat == ST_RECOMPUTE) fate = can_rc ? FATE_RECOMPUTE : allow_out ? FATE_OFFLOAD : -1;
     else fate = can_rc && (!allow_out || extra <= (double)cand[i].bytes / bw) ? FATE_RECOMPUTE : allow_out ? FATE_OFFLOAD : -1;
@@ -434,7 +462,7 @@ static int fill(Work *w, int s, int strat, int lead, int peer, double lim, const
       break;
     }
   }
-  free(call);
+  free(call), free(used);
   return ok;
 }
 

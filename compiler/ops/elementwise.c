@@ -195,10 +195,25 @@ static int binary_fwd(Emit *e, const Node *n, int j) {
   return 0;
 }
 
+/* Whether the gradient of input `which` reads input k (k_binary_grad's
+ * formulas).  A sum or difference reads neither; a product's gradient for
+ * one side reads the other alone, and a quotient's for its numerator the
+ * denominator alone.  What a gradient does not read is not stashed: the
+ * attention scores before their scale (q k^T, times a constant) would
+ * otherwise stay alive from the forward to the backward for nothing. */
+static int bin_grad_reads(int code, int which, int k) {
+  switch (code) {
+  case EW_ADD:
+  case EW_SUB: return 0;
+  case EW_MUL: return k != which;
+  case EW_DIV: return which == 1 || k == 1;
+  default: return 1; /* Max, Min, Pow: both */
+  }
+}
+
 static int binary_bwd(Emit *e, const Node *n, int j) {
   const char *code = bin_code(n);
-  /* The gradients of a sum or difference do not read the inputs. */
-  int lin = n->def->code == EW_ADD || n->def->code == EW_SUB, a = em_in(e, n, 0), b = em_in(e, n, 1), acc;
+  int a = em_in(e, n, 0), b = em_in(e, n, 1), acc, op = n->def->code;
   int bs = em_shape_ref(e, em_name(e, "BIN_%d", j));
   /* Reverse input order, as the other rules: the second input's gradient first. */
   for (int which = 1; which >= 0; which--) {
@@ -206,8 +221,8 @@ static int binary_bwd(Emit *e, const Node *n, int j) {
     int d = em_grad(e, n, which, &acc);
     /* A bias added to an activation is a weight: its gradient is W work. */
     int ph = em_t(e, n->in[which])->is_param ? PH_WGRAD : PH_IGRAD;
-    CALL(e, ph, K_BINARY_GRAD, n, A_SYM(code), A_INT(which), A_BUF(lin ? -1 : a), A_BUF(lin ? -1 : b), A_BUF(em_dy(e, n, 0)), A_BUF(d),
-         A_CONST(bs), A_INT(acc));
+    CALL(e, ph, K_BINARY_GRAD, n, A_SYM(code), A_INT(which), A_BUF(bin_grad_reads(op, which, 0) ? a : -1),
+         A_BUF(bin_grad_reads(op, which, 1) ? b : -1), A_BUF(em_dy(e, n, 0)), A_BUF(d), A_CONST(bs), A_INT(acc));
   }
   return 0;
 }
