@@ -417,7 +417,12 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   buf_printf(o, "#include \"piperun.h\"\n\n");
   buf_printf(o, "enum { STAGE = %d, NSTAGES = %d, MICROBATCHES = %d, MB_SIZE = %lld, BATCH = %lld, NSLOTS = %d, NGSLOTS = %d };\n",
              s, n, p->opt.microbatches, (long long)p->mb_size, (long long)p->batch, sp->nslots, sp->ngslots);
-  buf_printf(o, "#define ARENA_BYTES %lldLL\n#define WEIGHTS_BYTES %lldLL\n\n", (long long)sp->arena_bytes, (long long)sp->weights_bytes);
+  buf_printf(o, "#define ARENA_BYTES %lldLL\n#define WEIGHTS_BYTES %lldLL\n", (long long)sp->arena_bytes, (long long)sp->weights_bytes);
+  if (p->sched.core_of)
+    buf_printf(o, "/* %d ranks share %d cores: this one runs on core PIN_CORE, beside ranks the plan chose (schedule_pin) */\n"
+                  "enum { PIN_CORE = %d, PIN_CORES = %d };\n\n", n, p->sched.cores, p->sched.core_of[s], p->sched.cores);
+  else
+    buf_printf(o, "enum { PIN_CORE = 0, PIN_CORES = 0 }; /* a core per rank: not pinned */\n\n");
   if (p->sched.unroll > 0) {
     buf_printf(o, "/* async: step t computes on the weights of step t - STALENESS (the first STALENESS steps on the\n"
                   " * initial ones) and updates the newest.  The weights region holds the newest; NWVERSIONS older\n"

@@ -323,8 +323,18 @@ void listing_text(const Plan *p, Buf *b) {
   buf_printf(b, "               rank 0: %.1f GFLOP/s%s; link 0: %.2f GB/s, %.1f us; memory copies %.1f GB/s\n", m->dev[0].flops / 1e9,
              m->dev[0].mem_bytes > 0 ? "" : ", memory unlimited", n > 1 ? m->link[0].bandwidth / 1e9 : 0,
              n > 1 ? m->link[0].latency * 1e6 : 0, m->memcpy_bw / 1e9);
-  if (m->cores > 0 && n > m->cores)
+  if (m->cores > 0 && n > m->cores && p->sched.core_of) {
+    buf_printf(b, "               %d ranks share %d cores, each rank pinned to one (the runtime; run.sh --no-pin leaves them):", n,
+               m->cores);
+    for (int c = 0; c < m->cores; c++) {
+      buf_printf(b, "%s core %d: rank", c ? ";" : "", c);
+      for (int s = 0, k = 0; s < n; s++)
+        if (p->sched.core_of[s] == c) buf_printf(b, "%s %d", k++ ? "," : "", s);
+    }
+    buf_printf(b, "\n               (the pairing whose simulated step is shortest: a core runs one action at a time)\n");
+  } else if (m->cores > 0 && n > m->cores) {
     buf_printf(b, "               %d ranks share %d cores: ranks computing at once share them (the step's simulation)\n", n, m->cores);
+  }
   if (p->costs && p->costs->path) {
     const Costs *c = p->costs;
     buf_printf(b, "  node costs   measured: --costs %s (at micro-batch %lld%s, on %.1f GFLOP/s)\n", c->path, (long long)c->profile_mb,
@@ -365,6 +375,9 @@ void listing_text(const Plan *p, Buf *b) {
     buf_printf(b, "  memory plan  %s per step without it, %s with it (%+.1f%%): the copies and recomputation that compute does not hide\n",
                fmt_time(p->plain_step), fmt_time(at_medians(p)), 100 * (at_medians(p) / p->plain_step - 1));
   buf_printf(b, "  predicted    %s per step, %.1f samples/s\n", fmt_time(p->sched.step_time), (double)p->batch / p->sched.step_time);
+  if (p->sched.core_of && p->sched.step_unpinned > 0)
+    buf_printf(b, "               with ranks pinned as above; unpinned (run.sh --no-pin), about %s (the ranks computing at once share "
+                  "the cores)\n", fmt_time(p->sched.step_unpinned));
   if (p->sched.jitter > 0)
     buf_printf(b, "               the mean of %d simulations with each action's time drawn around its median, spread %.1f%% as\n"
                   "               measured; %s per step and %.1f%% bubble with every action at its median\n",
@@ -465,7 +478,15 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, "  \"convolutions\": \"%s\",\n", ir_conv_name(&p->g));
   buf_printf(b, "  \"mem_limit_bytes\": %.0f,\n  \"machine\": {\"source\": ", p->opt.mem_limit);
   json_str(b, p->machine.source);
-  buf_printf(b, ", \"memcpy_bandwidth\": %.6g, \"cores\": %d, \"costs\": ", p->machine.memcpy_bw, p->machine.cores);
+  buf_printf(b, ", \"memcpy_bandwidth\": %.6g, \"cores\": %d, \"pinned_core\": ", p->machine.memcpy_bw, p->machine.cores);
+  if (p->sched.core_of) {
+    buf_printf(b, "[");
+    for (int s = 0; s < n; s++) buf_printf(b, "%s%d", s ? ", " : "", p->sched.core_of[s]);
+    buf_printf(b, "]");
+  } else {
+    buf_printf(b, "null");
+  }
+  buf_printf(b, ", \"costs\": ");
   if (p->costs && p->costs->path) json_str(b, p->costs->path);
   else buf_printf(b, "null");
   if (p->costs && p->costs->src) {

@@ -184,7 +184,7 @@ static int try_split(Plan *p, int nf, FbPlan *fb, StageCost *cost, Schedule *sc,
   }
   schedule_build_pipefb(sc, &fb->links, n, p->opt.microbatches, cost, &p->g.pool);
   sc->cores = p->machine.cores;
-  if (schedule_time(sc, cost)) return -1;
+  if (schedule_time(sc, cost) || schedule_pin(sc, cost, &p->g.pool)) return -1;
   *step = sc->step_time;
   return 0;
 }

@@ -664,7 +664,7 @@ int plan_from_graph(Plan *p) {
   }
   p->sched.cores = p->machine.cores;
   if (p->direct) route_peers(p, &p->sched);
-  schedule_time(&p->sched, p->part.cost);
+  if (!schedule_time(&p->sched, p->part.cost)) schedule_pin(&p->sched, p->part.cost, &g->pool);
   err_clear(); /* a stall is reported by schedule_validate, with names */
   if (schedule_validate(&p->sched)) return -1;
   for (int s = 0; s < o->nstages; s++)
@@ -729,6 +729,15 @@ enum { PLAN_JITTER_DRAWS = 64 };
 
 int plan_jitter(Plan *p) {
   double cv = p->costs ? p->costs->jitter : 0;
+  /* Pinned ranks: the listing gives the unpinned estimate beside, for the lists as they now are. */
+  if (p->sched.core_of) {
+    int *pin = p->sched.core_of;
+    p->sched.core_of = NULL;
+    int rc = schedule_time(&p->sched, p->part.cost);
+    p->sched.step_unpinned = rc ? 0 : p->sched.step_time;
+    p->sched.core_of = pin;
+    if (rc || schedule_time(&p->sched, p->part.cost)) return -1;
+  }
   /* Nothing measured: the figures stand.  pipefb's lists are simulated with costs of their own (pipefb.c). */
   if (cv <= 0 || p->sched.fb) return 0;
   return schedule_jitter(&p->sched, p->part.cost, cv, PLAN_JITTER_DRAWS);

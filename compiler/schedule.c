@@ -383,6 +383,30 @@ static void sim_run(Sim *sim, Action *a, int s) {
   }
 }
 
+/* Busy CPU: compute, recomputation and the update (a transfer runs beside them). */
+static int uses_cpu(int kind) { return action_is_compute(kind) || kind == ACT_RECOMPUTE || kind == ACT_UPDATE; }
+
+/* Pinned ranks (sc->core_of): the next action to run is the one, over all
+ * ranks, that can start first; a CPU action also waits for its core, which
+ * runs one action at a time at its own speed (Linux's time slices are longer
+ * than most actions; a rank that waits yields its core).  A file transfer
+ * of the memory plan runs on its rank's channel beside compute, as unpinned:
+ * the I/O thread is not pinned (runtime/piperun.c).  -1: none can start yet. */
+static int pick_pinned(Sim *sim, const int *next, const int *has_pre, const double *core_free, double *start) {
+  const Schedule *sc = sim->sc;
+  int best = -1;
+  for (int s = 0; s < sim->p; s++) {
+    if (next[s] >= sc->nact[s]) continue;
+    const Action *a = &sc->act[s][next[s]];
+    double r = sim_ready(sim, a, s, has_pre + s * sim->m);
+    if (r < 0) continue;
+    double t = fmax(r, sim->free_at[s]);
+    if (uses_cpu(a->kind)) t = fmax(t, core_free[sc->core_of[s]]);
+    if (best < 0 || t < *start) best = s, *start = t;
+  }
+  return best;
+}
+
 /* One pass of the simulation; stretch[s][k] (NULL: 1) slows rank s's k-th action. */
 static int simulate(Schedule *sc, const StageCost *cost, double **stretch) {
   int p = sc->nstages, m = sched_mbs(sc);
@@ -414,7 +438,27 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch) {
       if (sc->act[s][k].kind == ACT_PREFETCH && sc->act[s][k].mb >= 0 && sc->act[s][k].mb < m) has_pre[s * m + sc->act[s][k].mb] = 1;
   }
   int rc = 0;
-  while (remaining > 0) {
+  double *core_free = sc->core_of ? calloc((size_t)sc->cores + 1, sizeof(double)) : NULL;
+  while (remaining > 0 && core_free) {
+    double st = 0;
+    int s = pick_pinned(sim, next, has_pre, core_free, &st);
+    if (s < 0) {
+      sim_resolve(sim);
+      if ((s = pick_pinned(sim, next, has_pre, core_free, &st)) < 0) {
+        rc = err_set("schedule: the timing simulation stalls (rank 0 at action %d)", next[0]);
+        break;
+      }
+    }
+    Action *a = &sc->act[s][next[s]];
+    a->start = st, a->end = st + duration(a, &cost[s]);
+    sim->free_at[s] = a->end;
+    if (uses_cpu(a->kind)) core_free[sc->core_of[s]] = a->end;
+    sc->busy[s] += compute_part(a, &cost[s]);
+    sim_run(sim, a, s);
+    next[s]++, remaining--;
+  }
+  free(core_free);
+  while (remaining > 0 && !sc->core_of) {
     int progressed = 0;
     for (int s = 0; s < p; s++) {
       while (next[s] < sc->nact[s]) {
@@ -459,8 +503,6 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch) {
   return rc;
 }
 
-/* Busy CPU: compute, recomputation and the update (a transfer runs beside them). */
-static int uses_cpu(int kind) { return action_is_compute(kind) || kind == ACT_RECOMPUTE || kind == ACT_UPDATE; }
 
 typedef struct Edge {
   double t;
@@ -474,12 +516,14 @@ static int edge_cmp(const void *a, const void *b) {
 
 /* More ranks than cores: ranks computing at once share the cores, while a
  * rank that waits gives its core away (the runtime yields between polls).
- * Each CPU action is stretched by the mean number of ranks computing over
- * its span, divided by the cores, and the lists are simulated again until
- * the stretches settle (a mean-field fixed point; a few passes). */
+ * Pinned (schedule_pin), each core runs its ranks' actions one at a time
+ * (simulate).  Unpinned, each CPU action is stretched by the mean number of
+ * ranks computing over its span, divided by the cores, and the lists are
+ * simulated again until the stretches settle (a mean-field fixed point; a
+ * few passes). */
 int schedule_time(Schedule *sc, const StageCost *cost) {
   int p = sc->nstages;
-  if (sc->cores <= 0 || p <= sc->cores) return simulate(sc, cost, NULL);
+  if (sc->cores <= 0 || p <= sc->cores || sc->core_of) return simulate(sc, cost, NULL);
   int total = 0;
   for (int s = 0; s < p; s++) total += sc->nact[s];
   double **stretch = malloc(sizeof(double *) * (size_t)p), *base = malloc(sizeof(double) * (size_t)(total + 1));
@@ -543,6 +587,65 @@ int schedule_time(Schedule *sc, const StageCost *cost) {
   if (!rc) rc = simulate(sc, cost, stretch);
   free(stretch), free(base), free(level), free(area), free(ev);
   return rc;
+}
+
+/* The step with ranks pinned as `core` says; -1 if the lists stall. */
+static double pinned_step(Schedule *sc, const StageCost *cost, int *core) {
+  sc->core_of = core;
+  return schedule_time(sc, cost) ? -1 : sc->step_time;
+}
+
+/* Which ranks share a core decides what sharing costs: two that compute at
+ * the same moments slow each other, while a rank that waits (polling and
+ * yielding) gives its core to the one beside it.  Left to itself, Linux
+ * balances the ranks by how many are runnable, and a polling rank is
+ * runnable: two computing ranks can sit on one core while two polling ones
+ * hold the other, for as long as the placement lasts.  On the GPT at n = 4
+ * on 2 cores the three ways to pair the ranks measured 1717, 1989 and 2643
+ * samples/s under zb1 (2000, 2726, 2584 under gpipe), and unpinned runs
+ * moved between such figures within one run.  So the plan pins: it tries
+ * the ranks dealt round-robin, in blocks, and mirrored (s beside p-1-s, as
+ * 1F1B's busiest stages are the first), then swaps of two ranks while one
+ * helps, each by the simulation above, and keeps the fastest. */
+int schedule_pin(Schedule *sc, const StageCost *cost, Pool *pool) {
+  int p = sc->nstages, C = sc->cores;
+  sc->core_of = NULL, sc->step_unpinned = 0;
+  if (C <= 0 || p <= C) return 0;
+  if (schedule_time(sc, cost)) return -1;
+  double unpinned = sc->step_time;
+  int *best = pool_alloc(pool, sizeof(int) * (size_t)p), *cand = malloc(sizeof(int) * (size_t)p);
+  if (!cand) abort();
+  double best_t = INFINITY;
+  for (int way = 0; way < 3; way++) {
+    for (int s = 0; s < p; s++) {
+      int pair = s < p - 1 - s ? s : p - 1 - s; /* mirrored: s and p-1-s as one */
+      cand[s] = way == 0 ? s % C : way == 1 ? (int)((int64_t)s * C / p) : pair % C;
+    }
+    double t = pinned_step(sc, cost, cand);
+    if (t < 0) {
+      free(cand), sc->core_of = NULL;
+      return -1;
+    }
+    if (t < best_t * (1 - 1e-9)) best_t = t, memcpy(best, cand, sizeof(int) * (size_t)p);
+  }
+  /* Swaps, first improvement, within a budget of simulations. */
+  int budget = 64, improved = 1;
+  while (improved && budget > 0) {
+    improved = 0;
+    for (int a = 0; a < p && budget > 0 && !improved; a++)
+      for (int b = a + 1; b < p && budget > 0 && !improved; b++) {
+        if (best[a] == best[b]) continue;
+        memcpy(cand, best, sizeof(int) * (size_t)p);
+        cand[a] = best[b], cand[b] = best[a];
+        double t = pinned_step(sc, cost, cand);
+        budget--;
+        if (t >= 0 && t < best_t * (1 - 1e-3)) best_t = t, memcpy(best, cand, sizeof(int) * (size_t)p), improved = 1;
+      }
+  }
+  free(cand);
+  if (pinned_step(sc, cost, best) < 0) return -1;
+  sc->step_unpinned = unpinned;
+  return 0;
 }
 
 /* A reproducible normal deviate (xorshift64*, Box-Muller). */

@@ -67,6 +67,8 @@ typedef struct Schedule {
   double step_time_fixed, bubble_fixed; /* ... and the figures with every action at its median time */
   double *busy;      /* per stage: compute time (F, B, I, W, RECOMPUTE, UPDATE, at unshared speed; not message time) */
   int cores;         /* cores the ranks share (schedule_time); 0: a core per rank */
+  int *core_of;      /* with more ranks than cores: the core each rank is pinned to (schedule_pin); NULL: unpinned */
+  double step_unpinned; /* schedule_pin: the step the lists had unpinned (the mean-field model), 0 if not pinned */
   const FbLinks *fb; /* pipefb: who sends what to whom (NULL for the other schedules) */
   /* Direct sends (plan_route): per rank, the ranks its forward values come
    * from (its F waits for their SENDs; its gradients go back to them) and
@@ -124,6 +126,11 @@ int schedule_validate(const Schedule *sc);
 void schedule_assign_slots(Schedule *sc, int s);
 /* Predicted timing of the lists as they stand; -1 with err_set if they stall. */
 int schedule_time(Schedule *sc, const StageCost *cost);
+/* More ranks than cores on one host: chooses the core each rank is pinned
+ * to (sc->core_of, from pool), the assignment whose simulated step is
+ * shortest, and leaves the lists timed with it.  Does nothing (0) when every
+ * rank has a core.  -1 with err_set if the lists stall. */
+int schedule_pin(Schedule *sc, const StageCost *cost, Pool *pool);
 /* Actions whose times spread (relative standard deviation cv, measured by
  * a profile) make ranks wait for the slower side of every exchange, which
  * a simulation of the medians does not see: the step time and bubble

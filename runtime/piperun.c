@@ -57,6 +57,7 @@ typedef struct Args {
   int shuffle, quiet;
   double lr, momentum, weight_decay, min_lr, timeout;
   int have_lr, have_momentum, have_wd;
+  int no_pin;          /* --no-pin: leave the ranks where Linux puts them (pin_rank) */
 } Args;
 
 typedef struct Run {
@@ -76,6 +77,8 @@ typedef struct Run {
   float *lab_img;
   int64_t step;
   double timeout;      /* seconds a wait may last before the job is stopped (--timeout) */
+  int pinned_cpu;      /* the CPU pin_rank pinned this rank to, -1 none */
+  cpu_set_t cpus;      /* ... and the CPUs it could run on before */
   uint32_t run_id;     /* names this run's checkpoint directories (rank 0's, broadcast) */
   const PrAction *cur; /* the action running, for the trace's wait spans */
   MPI_Request *tie_req; /* tied weights' part exchange: nparts * nstages requests at most */
@@ -262,6 +265,7 @@ static void parse_args(Args *a, int argc, char **argv) {
     else if (!strcmp(f, "--warmup")) a->warmup = (int64_t)num(f, TAKE(), 0);
     else if (!strcmp(f, "--min-lr")) a->min_lr = num(f, TAKE(), 0);
     else if (!strcmp(f, "--quiet")) a->quiet = 1;
+    else if (!strcmp(f, "--no-pin")) a->no_pin = 1;
     else if (!strcmp(f, "--trace")) a->trace = TAKE();
     else if (!strcmp(f, "--timeout")) a->timeout = num(f, TAKE(), 0.001);
     else if (!strcmp(f, "--blas-kernels")) TAKE(); /* pr_main pinned them */
@@ -288,6 +292,35 @@ static void parse_args(Args *a, int argc, char **argv) {
   if (a->checkpoint && !a->ckpt_every) a->ckpt_every = 100;
   /* 0 would never freeze (no change is below it): said, not replaced by the default. */
   if (!(a->freeze_threshold > 0)) usage_error("--freeze-threshold must be above 0 (a layer freezes when its change is below it)%s", "");
+}
+
+/* ---- pinning ---- */
+
+/* More ranks than cores on one host: the plan chose which ranks share a core
+ * (compiler/schedule.c, schedule_pin) and timed the step so; each rank pins
+ * itself to its core, the pin_core-th of the CPUs it may run on (its I/O
+ * thread, started later, may run on any of them: see xfer_open's caller).
+ * Only where the plan's assumption holds: every rank on this host, and as
+ * many CPUs allowed as the plan's cores (a rank mpirun bound with --bind-to,
+ * or a host with more cores, is left alone).  Returns the CPU, or -1. */
+static int pin_rank(const PrStage *st, const Args *a, cpu_set_t *before) {
+  if (st->pin_cores <= 0 || a->no_pin) return -1;
+  MPI_Comm node;
+  int here = 0, world = 0;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &here);
+  MPI_Comm_free(&node);
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
+  cpu_set_t set, one;
+  if (here != world || sched_getaffinity(0, sizeof set, &set) || CPU_COUNT(&set) != st->pin_cores) return -1;
+  for (int cpu = 0, k = 0; cpu < CPU_SETSIZE; cpu++) {
+    if (!CPU_ISSET(cpu, &set) || k++ != st->pin_core) continue;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    *before = set;
+    return sched_setaffinity(0, sizeof one, &one) ? -1 : cpu;
+  }
+  return -1;
 }
 
 /* ---- start-up checks: every rank agrees before the first step ---- */
@@ -1901,6 +1934,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   r.st = st;
   r.rank = g_rank;
   parse_args(&r.a, argc, argv);
+  r.pinned_cpu = pin_rank(st, &r.a, &r.cpus);
   if (r.a.profile && !st->nprof) usage_error("--profile: these stages have no timing marks; compile them with pipecc --profile%s", "");
   if (r.a.profile && r.a.steps < 2) usage_error("--profile needs --steps 2 or more (the first quarter, at least one step, only warms up)%s", "");
   if (st->nprof) prof_init(st->nprof);
@@ -1963,7 +1997,12 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   for (int i = 0; i < 2 * nx + nst; i++) r.oreq[i] = MPI_REQUEST_NULL;
   if (nx && st->offload_to == -1) {
     const char *dir = r.a.offload_dir ? r.a.offload_dir : st->offload_dir;
+    /* The I/O thread may run on any of the CPUs the rank had before pin_rank: its copies fill
+     * whichever core idles (the plan does not charge them to the rank's core). */
+    cpu_set_t mine;
+    int repin = r.pinned_cpu >= 0 && !sched_getaffinity(0, sizeof mine, &mine) && !sched_setaffinity(0, sizeof r.cpus, &r.cpus);
     r.xfer = xfer_open(dir && *dir ? dir : ".", st->stage, nx, msg, sizeof msg);
+    if (repin) sched_setaffinity(0, sizeof mine, &mine);
     agree(r.xfer != NULL, msg);
   } else {
     agree(1, msg);
@@ -2071,9 +2110,9 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   }
   /* The summary: every stage's compute, wait and memory, on the last stage. */
   /* Each rank's own wall time: another rank's would make comm+other negative. */
-  enum { NSUM = 12 };
+  enum { NSUM = 13 };
   double mine[NSUM] = {r.t_compute, r.t_wait, (double)st->arena_bytes, st->predicted_bytes, r.t_total, (double)r.rss_peak,
-                       (double)r.rss_overhead, r.t_xfer_wait, r.sent_bytes, r.t_exposed, r.bub_busy, r.bub_wall}, *all = NULL;
+                       (double)r.rss_overhead, r.t_xfer_wait, r.sent_bytes, r.t_exposed, r.bub_busy, r.bub_wall, r.pinned_cpu}, *all = NULL;
   if (st->loss) all = malloc(sizeof(double) * NSUM * (size_t)st->nstages);
   MPI_Gather(mine, NSUM, MPI_DOUBLE, all, NSUM, MPI_DOUBLE, st->loss_rank, MPI_COMM_WORLD);
   if (st->loss && !r.a.quiet) {
@@ -2085,6 +2124,11 @@ int pr_main(int argc, char **argv, const PrStage *st) {
            steps ? (double)steps * st->batch / r.t_total : 0, first_loss, last_loss);
     printf("step time %.3f ms measured, %.3f ms predicted; bubble %.1f%% measured\n", steps ? 1e3 * r.t_total / (double)steps : 0,
            1e3 * st->predicted_step_s, wall > 0 ? 100 * (1 - busy / wall) : 0);
+    if (all[12] >= 0) { /* pin_rank: every rank or none (they see the same host) */
+      printf("ranks pinned to CPUs");
+      for (int s = 0; s < st->nstages; s++) printf(" %.0f", all[NSUM * s + 12]);
+      printf(" (the plan's sharing of %d cores; run.sh --no-pin leaves them to Linux)\n", st->pin_cores);
+    }
     printf("stage  compute_s  wait_s  comm+other_s  arena_bytes  predicted_bytes  rss_peak_bytes  rss_overhead_bytes  xfer_wait_s"
            "  sent_bytes  exposed_s\n");
     for (int s = 0; s < st->nstages; s++) {

@@ -61,6 +61,7 @@ suite "frozen layers: --frozen and run.sh --freeze-at (a freeze event re-plans a
 suite "tied weights: a GPT with its head tied to its embedding, n = 1, 2, 4, and an export that merged LayerNorm weights, n = 1, 4, against PyTorch" $PY tests/test_tied.py
 suite "model zoo subset: torchvision resnet18 against PyTorch within its float32 spread, n = 1 and 4 (make zoo: the rest)" $PY tests/zoo/run.py --quick
 suite "run traces: one span per executed action, 4 ranks, every schedule" env PIPECC=bin/pipecc $PY tests/test_trace.py
+suite "ranks pinned to cores when they outnumber them: the plan's pairing, PIN_CORE, the run's CPUs, --no-pin and mpirun's binding (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_pin.py
 suite "training runs: demo loss, checkpoint/resume, killed rank, NaN, bad data" $PY tests/test_train.py
 suite "two hosts (network namespaces joined by a veth pair): a 4-stage job gives the bits of one host" bash tests/test_two_hosts.sh
 suite "failures are safe: checkpoint crashes at every point, corrupt/foreign checkpoints, early errors, watchdog, NaN" $PY tests/test_safety.py

@@ -18,7 +18,13 @@
  * an UPDATE moved before a step's last backward, a forward moved ahead of
  * the update it needs, and a staleness lowered below the lists' lookahead
  * are refused by the validator.
- * (d) schedule_jitter (see jitter_case). */
+ * (d) schedule_jitter (see jitter_case).
+ * (e) schedule_pin (see pin_case): with a core per rank nothing is pinned and
+ * the step is the unshared one; with more ranks than cores, every schedule
+ * at n = 3..8 on 1..3 cores pins each rank to a core, no core ever runs two
+ * compute actions at once in the simulation, the step is at least the work
+ * over the cores and the busiest core's work, and no other pairing of n = 4
+ * ranks on 2 cores simulates faster than the one kept. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -305,7 +311,90 @@ static void jitter_case(void) {
   pool_free(&pool);
 }
 
+static int is_cpu(int kind) { return action_is_compute(kind) || kind == ACT_RECOMPUTE || kind == ACT_UPDATE; }
+
+/* Two compute actions on one core at once (the pinned simulation's rule), or 0. */
+static int core_overlap(const Schedule *sc, char *what, size_t len) {
+  for (int a = 0; a < sc->nstages; a++)
+    for (int b = a; b < sc->nstages; b++) {
+      if (sc->core_of[a] != sc->core_of[b]) continue;
+      for (int i = 0; i < sc->nact[a]; i++)
+        for (int j = a == b ? i + 1 : 0; j < sc->nact[b]; j++) {
+          const Action *x = &sc->act[a][i], *y = &sc->act[b][j];
+          if (!is_cpu(x->kind) || !is_cpu(y->kind) || x->end <= x->start || y->end <= y->start) continue;
+          if (x->start < y->end - 1e-9 && y->start < x->end - 1e-9) {
+            snprintf(what, len, "ranks %d and %d on core %d: [%g, %g] and [%g, %g]", a, b, sc->core_of[a], x->start, x->end, y->start,
+                     y->end);
+            return 1;
+          }
+        }
+    }
+  return 0;
+}
+
+static void pin_case(void) {
+  Pool pool = {0};
+  int f0 = failed;
+  StageCost c[8];
+  for (int kind = 0; kind <= SCHED_ZB1; kind++)
+    for (int p = 1; p <= 8; p++) {
+      /* Uneven stages: the middle ones heavier, so the pairing matters. */
+      unit_costs(c, p, 2);
+      for (int s = 0; s < p; s++) c[s].fwd = 1 + 0.5 * (s > 0 && s < p - 1), c[s].bwd = 2 * c[s].fwd, c[s].bwd_w = c[s].fwd;
+      Schedule plain;
+      schedule_build(&plain, kind, p, 8, 0, c, &pool);
+      CHECK(schedule_time(&plain, c) == 0, "pin: kind %d n=%d simulates\n", kind, p);
+      for (int cores = 1; cores <= 3; cores++) {
+        Schedule sc;
+        schedule_build(&sc, kind, p, 8, 0, c, &pool);
+        sc.cores = cores;
+        CHECK(schedule_time(&sc, c) == 0 && schedule_pin(&sc, c, &pool) == 0, "pin: kind %d n=%d cores=%d pins\n", kind, p, cores);
+        if (p <= cores) {
+          CHECK(!sc.core_of && sc.step_time == plain.step_time, "pin: kind %d n=%d cores=%d: a core per rank, not pinned (%g vs %g)\n",
+                kind, p, cores, sc.step_time, plain.step_time);
+          continue;
+        }
+        CHECK(sc.core_of != NULL, "pin: kind %d n=%d cores=%d: pinned\n", kind, p, cores);
+        if (!sc.core_of) continue;
+        double work = 0, per[3] = {0, 0, 0};
+        int bad = 0;
+        for (int s = 0; s < p; s++) {
+          bad |= sc.core_of[s] < 0 || sc.core_of[s] >= cores;
+          if (bad) break;
+          for (int k = 0; k < sc.nact[s]; k++)
+            if (is_cpu(sc.act[s][k].kind)) work += sc.act[s][k].end - sc.act[s][k].start, per[sc.core_of[s]] += sc.act[s][k].end - sc.act[s][k].start;
+        }
+        CHECK(!bad, "pin: kind %d n=%d cores=%d: every rank on one of the cores\n", kind, p, cores);
+        if (bad) continue;
+        char what[256];
+        CHECK(!core_overlap(&sc, what, sizeof what), "pin: kind %d n=%d cores=%d: a core runs one action at a time (%s)\n", kind, p, cores,
+              what);
+        double most = fmax(per[0], fmax(per[1], per[2]));
+        CHECK(sc.step_time >= work / cores - 1e-9 && sc.step_time >= most - 1e-9 && sc.step_time >= plain.step_time - 1e-9,
+              "pin: kind %d n=%d cores=%d: step %g is at least the work over the cores %g, the busiest core's %g and the unshared %g\n",
+              kind, p, cores, sc.step_time, work / cores, most, plain.step_time);
+        if (p == 4 && cores == 2) {
+          /* The three ways to pair 4 ranks: none faster than the one kept. */
+          static const int pairs[3][4] = {{0, 0, 1, 1}, {0, 1, 0, 1}, {0, 1, 1, 0}};
+          double kept = sc.step_time;
+          int *chosen = sc.core_of;
+          for (int w = 0; w < 3; w++) {
+            sc.core_of = (int *)pairs[w];
+            CHECK(schedule_time(&sc, c) == 0 && sc.step_time >= kept - 1e-9, "pin: kind %d n=4: pairing %d%d%d%d simulates %g, the kept one %g\n",
+                  kind, pairs[w][0], pairs[w][1], pairs[w][2], pairs[w][3], sc.step_time, kept);
+          }
+          sc.core_of = chosen;
+        }
+      }
+    }
+  if (failed == f0)
+    printf("ok - schedule_pin: gpipe, 1f1b, zb1 at n = 1..8 on 1..3 cores: a core per rank is not pinned; otherwise one action at a "
+           "time per core, the step at least the work over the cores, the kept pairing the fastest of n = 4's three\n");
+  pool_free(&pool);
+}
+
 int main(void) {
+  pin_case();
   jitter_case();
   fb_case();
   async_case();
