@@ -221,6 +221,21 @@ def main():
         # less does not; the unconstrained plan's fullest arena keeps that plan.
         for name, n, sched in (("lenet", 2, "gpipe"), ("gpt", 4, "zb1"), ("resnet", 4, "1f1b")):
             mem_limit_checks(os.path.join(ROOT, "onnx_models", name + ".onnx"), n, sched, devices, tmp)
+
+    # What the backward reads is what stays: the attention scores q k^T are only multiplied by a
+    # constant, whose gradient reads the constant alone, so they are a temporary, while the softmax's
+    # output, which its gradient reads, is kept per micro-batch in flight.
+    out = os.path.join(tmp, "gpt_stash.pipe")
+    r = subprocess.run([PIPECC, os.path.join(ROOT, "onnx_models", "gpt.onnx"), "-n", "1", "-o", out, "--devices", devices],
+                       capture_output=True, text=True)
+    if check(r.returncode == 0, f"gpt -n 1 compiled ({r.stderr.strip()[-200:]})"):
+        src = open(os.path.join(out, "stage_0.c")).read()
+
+        def kind(v):
+            m = re.search(rf"#define SIZE_v__blocks_0_attn_{v}_output_0 \d+LL /\* \[[\d,]+\], ([^*]*)\*/", src)
+            return m.group(1).strip() if m else None
+        check(kind("MatMul") == "temporary" and kind("Softmax") == "one copy per micro-batch in flight",
+              f"gpt: q k^T before its scale is a temporary ({kind('MatMul')}), the softmax kept ({kind('Softmax')})")
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
 
