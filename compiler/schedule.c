@@ -503,7 +503,6 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch) {
   return rc;
 }
 
-
 typedef struct Edge {
   double t;
   int d;
@@ -601,18 +600,16 @@ static double pinned_step(Schedule *sc, const StageCost *cost, int *core) {
  * balances the ranks by how many are runnable, and a polling rank is
  * runnable: two computing ranks can sit on one core while two polling ones
  * hold the other, for as long as the placement lasts.  On the GPT at n = 4
- * on 2 cores the three ways to pair the ranks measured 1717, 1989 and 2643
- * samples/s under zb1 (2000, 2726, 2584 under gpipe), and unpinned runs
- * moved between such figures within one run.  So the plan pins: it tries
+ * on 2 cores the three ways to pair the ranks measured 16.0, 11.7 and 12.4
+ * ms a step under gpipe (docs/cost.md), and unpinned runs moved between
+ * such figures within one run.  So the plan pins: it tries
  * the ranks dealt round-robin, in blocks, and mirrored (s beside p-1-s, as
  * 1F1B's busiest stages are the first), then swaps of two ranks while one
  * helps, each by the simulation above, and keeps the fastest. */
 int schedule_pin(Schedule *sc, const StageCost *cost, Pool *pool) {
   int p = sc->nstages, C = sc->cores;
-  sc->core_of = NULL, sc->step_unpinned = 0;
+  sc->core_of = NULL, sc->step_unpinned = 0; /* plan_jitter sets it for the final lists */
   if (C <= 0 || p <= C) return 0;
-  if (schedule_time(sc, cost)) return -1;
-  double unpinned = sc->step_time;
   int *best = pool_alloc(pool, sizeof(int) * (size_t)p), *cand = malloc(sizeof(int) * (size_t)p);
   if (!cand) abort();
   double best_t = INFINITY;
@@ -643,9 +640,7 @@ int schedule_pin(Schedule *sc, const StageCost *cost, Pool *pool) {
       }
   }
   free(cand);
-  if (pinned_step(sc, cost, best) < 0) return -1;
-  sc->step_unpinned = unpinned;
-  return 0;
+  return pinned_step(sc, cost, best) < 0 ? -1 : 0;
 }
 
 /* A reproducible normal deviate (xorshift64*, Box-Muller). */

@@ -68,7 +68,7 @@ typedef struct Schedule {
   double *busy;      /* per stage: compute time (F, B, I, W, RECOMPUTE, UPDATE, at unshared speed; not message time) */
   int cores;         /* cores the ranks share (schedule_time); 0: a core per rank */
   int *core_of;      /* with more ranks than cores: the core each rank is pinned to (schedule_pin); NULL: unpinned */
-  double step_unpinned; /* schedule_pin: the step the lists had unpinned (the mean-field model), 0 if not pinned */
+  double step_unpinned; /* pinned lists: their step unpinned (the mean-field model; plan_jitter), else 0 */
   const FbLinks *fb; /* pipefb: who sends what to whom (NULL for the other schedules) */
   /* Direct sends (plan_route): per rank, the ranks its forward values come
    * from (its F waits for their SENDs; its gradients go back to them) and
