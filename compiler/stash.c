@@ -430,20 +430,22 @@ static int fill(Work *w, int s, int strat, int lead, int peer, double lim, const
     int i = step, can_rc = 0;
     double extra = 0;
     if (strat == ST_CHEAPEST) {
-      /* The unused value whose cheaper way out costs least per byte. */
+      /* The unused value whose cheaper way out costs least per byte (its recomputation kept). */
       double best = INFINITY;
       i = -1;
       for (int c = 0; c < nc; c++) {
         if (used[c]) continue;
         double x = 0, t = allow_out ? (double)cand[c].bytes / bw : INFINITY;
-        if (allow_rc && !cand[c].recv && rc_extra(p, sp, s, f, fw, call, cand[c].buf, rc_now, &x)) t = fmin(t, x);
-        if (t / (double)cand[c].bytes < best) best = t / (double)cand[c].bytes, i = c;
+        int rc = allow_rc && !cand[c].recv && rc_extra(p, sp, s, f, fw, call, cand[c].buf, rc_now, &x);
+        if (rc) t = fmin(t, x);
+        if (t / (double)cand[c].bytes < best) best = t / (double)cand[c].bytes, i = c, can_rc = rc, extra = x;
       }
       if (i < 0) break; /* nothing left can leave */
+    } else if (allow_rc && !cand[i].recv) {
+      can_rc = rc_extra(p, sp, s, f, fw, call, cand[i].buf, rc_now, &extra);
     }
     used[i] = 1;
     int b = cand[i].buf, fate = -1;
-    if (allow_rc && !cand[i].recv) can_rc = rc_extra(p, sp, s, f, fw, call, b, rc_now, &extra);
     if (strat == ST_OFFLOAD) fate = allow_out ? FATE_OFFLOAD : can_rc ? FATE_RECOMPUTE : -1;
     else if (strat == ST_RECOMPUTE) fate = can_rc ? FATE_RECOMPUTE : allow_out ? FATE_OFFLOAD : -1;
     else fate = can_rc && (!allow_out || extra <= (double)cand[i].bytes / bw) ? FATE_RECOMPUTE : allow_out ? FATE_OFFLOAD : -1;
