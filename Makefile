@@ -106,9 +106,9 @@ bin/test_units: tests/test_units.c $(ASAN_OBJ)
 # programs use where there is one (templates/Makefile.in).
 MVEC     := $(if $(wildcard /usr/lib/x86_64-linux-gnu/libmvec.so),-DPR_MVEC -march=native -fno-math-errno,)
 MVEC_LIB := $(if $(MVEC),-lmvec,)
-bin/test_kernels: tests/test_kernels.c runtime/kernels.h runtime/broadcast.c
+bin/test_kernels: tests/test_kernels.c runtime/kernels.h runtime/broadcast.c runtime/par.c runtime/par.h runtime/gemm.c
 	@mkdir -p $(@D)
-	clang -O1 -g $(SAN) $(WARN) -D_GNU_SOURCE -Iruntime $(MVEC) $< runtime/broadcast.c -o $@ -lopenblas -lm $(MVEC_LIB)
+	clang -O1 -g $(SAN) $(WARN) -D_GNU_SOURCE -Iruntime $(MVEC) $< runtime/broadcast.c runtime/par.c runtime/gemm.c -o $@ -lopenblas -lm -lpthread $(MVEC_LIB)
 # libFuzzer target for the loader and the passes after it, coverage-instrumented.
 FUZZ_OBJ := $(COMPILER_SRC:compiler/%.c=build/fuzz/%.o) build/fuzz/onnx.pb-c.o
 build/fuzz/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c

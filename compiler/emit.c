@@ -418,9 +418,12 @@ static void stage_source(const Plan *p, const StageProg *sp, int64_t vocab, Buf 
   buf_printf(o, "enum { STAGE = %d, NSTAGES = %d, MICROBATCHES = %d, MB_SIZE = %lld, BATCH = %lld, NSLOTS = %d, NGSLOTS = %d };\n",
              s, n, p->opt.microbatches, (long long)p->mb_size, (long long)p->batch, sp->nslots, sp->ngslots);
   buf_printf(o, "#define ARENA_BYTES %lldLL\n#define WEIGHTS_BYTES %lldLL\n", (long long)sp->arena_bytes, (long long)sp->weights_bytes);
+  buf_printf(o, "enum { THREADS = %d }; /* this rank computes on THREADS threads (pipecc --threads) */\n", p->opt.threads > 1 ? p->opt.threads : 1);
   if (p->sched.core_of)
     buf_printf(o, "/* %d ranks share %d cores: this one runs on core PIN_CORE, beside ranks the plan chose (schedule_pin) */\n"
                   "enum { PIN_CORE = %d, PIN_CORES = %d };\n\n", n, p->sched.cores, p->sched.core_of[s], p->sched.cores);
+  else if (p->opt.threads > 1)
+    buf_printf(o, "enum { PIN_CORE = 0, PIN_CORES = 0 }; /* a rank of several threads: not pinned */\n\n");
   else
     buf_printf(o, "enum { PIN_CORE = 0, PIN_CORES = 0 }; /* a core per rank: not pinned */\n\n");
   if (p->sched.unroll > 0) {
@@ -772,11 +775,13 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
     if (i) buf_printf(&args, " ");
     shell_word(&args, p->opt.args[i]);
   }
-  const char *keys[] = {"NSTAGES", "MODEL", "RUNTIME", "STAGE_LIST", "MPMD", "PIPECC_BIN", "PIPECC_ARGS", "PLAN_CWD"};
-  const char *vals[] = {nst, model.s, rel, stages.s, mpmd.s, bin.s, args.s, cwd.s};
+  const char *keys[] = {"NSTAGES", "MODEL", "RUNTIME", "STAGE_LIST", "MPMD", "PIPECC_BIN", "PIPECC_ARGS", "PLAN_CWD", "THREADS"};
+  char threads[16];
+  snprintf(threads, sizeof threads, "%d", p->opt.threads > 1 ? p->opt.threads : 1);
+  const char *vals[] = {nst, model.s, rel, stages.s, mpmd.s, bin.s, args.s, cwd.s, threads};
   Buf mk = {0}, sh = {0};
-  tmpl_fill(&mk, TMPL_MAKEFILE, keys, vals, 8);
-  tmpl_fill(&sh, TMPL_RUN_SH, keys, vals, 8);
+  tmpl_fill(&mk, TMPL_MAKEFILE, keys, vals, 9);
+  tmpl_fill(&sh, TMPL_RUN_SH, keys, vals, 9);
   int rc = outdir_write(d, "Makefile", mk.s, mk.len) || outdir_write(d, "run.sh", sh.s, sh.len) ? -1 : 0;
   buf_free(&mk), buf_free(&sh), buf_free(&stages), buf_free(&mpmd), buf_free(&model), buf_free(&bin), buf_free(&args), buf_free(&cwd);
   if (rc) return -1;

@@ -379,6 +379,17 @@ static void warn_bad(const Cache *c, const char *path, const char *then) {
 
 /* ---- using it ---- */
 
+/* The cache section of p's plans: the machine's identity, and the threads per rank when more than one
+ * (times at T threads are other times).  *flops: the rate the plan takes for that machine (plan.c
+ * scales the probe's by T).  NULL when there is no cached probe. */
+static const char *section_id(const Plan *p, Pool *pool, double *flops) {
+  const char *id = machine_identity(pool, flops);
+  int t = p->opt.threads;
+  if (!id || t <= 1) return id;
+  *flops *= t;
+  return pool_printf(pool, "%s;threads=%d", id, t);
+}
+
 void kcache_flop_node(const PartProblem *pr, int q, double rate, double mbw, double *fwd, double *bwd_input, double *bwd_weight) {
   double b = pr->bwd_flops[q] / rate + 2 * pr->traffic[q] / mbw;
   *fwd = pr->fwd_flops[q] / rate + pr->traffic[q] / mbw;
@@ -393,7 +404,7 @@ void kcache_apply(Plan *p, PartProblem *pr) {
   if (!path) return;
   Graph *g = &p->g;
   double flops;
-  const char *id = machine_identity(&g->pool, &flops);
+  const char *id = section_id(p, &g->pool, &flops);
   if (!id) return;
   Cache c;
   cache_load(&c, path, id);
@@ -480,12 +491,15 @@ void kcache_merge(Plan *p, Costs *c) {
   char buf[1024];
   const char *path = kcache_path(buf, sizeof buf);
   double flops = 0;
-  const char *id = path ? machine_identity(&g->pool, &flops) : NULL;
+  const char *id = path ? section_id(p, &g->pool, &flops) : NULL;
+  int threads = p->opt.threads > 1 ? p->opt.threads : 1, measured = c->threads > 1 ? c->threads : 1;
   if (!path) c->merge_note = "the kernel cache is off (PIPECC_KERNEL_CACHE=off)";
   else if (p->opt.forward_only) c->merge_note = "a --forward-only plan has no backward to key";
   else if (c->profile_mb != p->mb_size)
     c->merge_note = pool_printf(&g->pool, "measured at micro-batch %lld, not the plan's %lld", (long long)c->profile_mb, (long long)p->mb_size);
   else if (!id) c->merge_note = "this machine has no cached probe (plan once without --devices)";
+  else if (measured != threads)
+    c->merge_note = pool_printf(&g->pool, "measured on %d thread%s per rank, not the plan's %d (--threads)", measured, measured == 1 ? "" : "s", threads);
   else if (c->rate / flops > 2 || c->rate / flops < 0.5) /* re-probes under load here measured 128-168 GFLOP/s within minutes */
     c->merge_note = pool_printf(&g->pool, "planned for %.1f GFLOP/s, not this machine's probed %.1f (taken elsewhere, or with --devices)",
                                 c->rate / 1e9, flops / 1e9);

@@ -332,8 +332,14 @@ void listing_text(const Plan *p, Buf *b) {
         if (p->sched.core_of[s] == c) buf_printf(b, "%s %d", k++ ? "," : "", s);
     }
     buf_printf(b, "\n               (the pairing whose simulated step is shortest: a core runs one action at a time)\n");
+  } else if (m->cores > 0 && p->opt.threads > 1) {
+    int groups = plan_core_groups(p);
+    buf_printf(b, "               each rank computes on %d threads (--threads): %d ranks of %d threads on %d cores%s\n", p->opt.threads, n,
+               p->opt.threads, m->cores, n > groups ? ", which they share (the step's simulation)" : "");
   } else if (m->cores > 0 && n > m->cores) {
     buf_printf(b, "               %d ranks share %d cores: ranks computing at once share them (the step's simulation)\n", n, m->cores);
+  } else if (p->opt.threads > 1) {
+    buf_printf(b, "               each rank computes on %d threads (--threads)\n", p->opt.threads);
   }
   if (p->costs && p->costs->path) {
     const Costs *c = p->costs;
@@ -478,7 +484,8 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, "  \"convolutions\": \"%s\",\n", ir_conv_name(&p->g));
   buf_printf(b, "  \"mem_limit_bytes\": %.0f,\n  \"machine\": {\"source\": ", p->opt.mem_limit);
   json_str(b, p->machine.source);
-  buf_printf(b, ", \"memcpy_bandwidth\": %.6g, \"cores\": %d, \"pinned_core\": ", p->machine.memcpy_bw, p->machine.cores);
+  buf_printf(b, ", \"memcpy_bandwidth\": %.6g, \"cores\": %d, \"threads_per_rank\": %d, \"pinned_core\": ", p->machine.memcpy_bw,
+             p->machine.cores, p->opt.threads > 1 ? p->opt.threads : 1);
   if (p->sched.core_of) {
     buf_printf(b, "[");
     for (int s = 0; s < n; s++) buf_printf(b, "%s%d", s ? ", " : "", p->sched.core_of[s]);

@@ -48,6 +48,8 @@ static void usage(FILE *f) {
         "                        newest weights (default 1, PipeDream-2BW; docs/async.md)\n"
         "  --batch B             samples per optimizer step (default: the model's batch, else 32)\n"
         "  --microbatches M      micro-batches per step; B must divide by M (default 2N)\n"
+        "  --threads T           threads each rank computes on: OpenBLAS, oneDNN and pipecc's own kernels (default\n"
+        "                        1; for clusters that run one rank per node; docs/kernels.md, Threads)\n"
         "  --mem-limit SIZE      memory per rank, e.g. 2G or 512M (default: unlimited)\n"
         "  --offload WHERE       where stashed activations may go to fit --mem-limit: auto (a peer rank with\n"
         "                        room, else recompute; default), none, peer, or file:DIR (a local directory)\n"
@@ -249,6 +251,10 @@ int main(int argc, char **argv) {
       NEEDVAL();
       if (parse_int(val, 1, 1 << 20, &v)) return bad("--microbatches '%s': expected a positive whole number%s", val, "");
       o.microbatches = (int)v;
+    } else if (!strcmp(a, "--threads")) {
+      NEEDVAL();
+      if (parse_int(val, 1, 256, &v)) return bad("--threads '%s': expected a whole number of threads per rank from 1 to 256%s", val, "");
+      o.threads = (int)v;
     } else if (!strcmp(a, "--mem-limit")) {
       NEEDVAL();
       o.mem_limit = parse_size(val);

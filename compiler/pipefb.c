@@ -183,8 +183,8 @@ static int try_split(Plan *p, int nf, FbPlan *fb, StageCost *cost, Schedule *sc,
     cost[r].time = cost[r].fwd + cost[r].bwd + cost[r].comm;
   }
   schedule_build_pipefb(sc, &fb->links, n, p->opt.microbatches, cost, &p->g.pool);
-  sc->cores = p->machine.cores;
-  if (schedule_time(sc, cost) || schedule_pin(sc, cost, &p->g.pool)) return -1;
+  sc->cores = plan_core_groups(p);
+  if (schedule_time(sc, cost) || (p->opt.threads <= 1 && schedule_pin(sc, cost, &p->g.pool))) return -1;
   *step = sc->step_time;
   return 0;
 }

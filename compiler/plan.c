@@ -593,6 +593,11 @@ int plan_from_graph(Plan *p) {
     return err_set("-n %d is larger than the number of compute nodes in %s (%d after constant folding): each stage needs "
                    "at least one", o->nstages, g->path, p->N);
   if (machine_load(&p->machine, o->nstages, o->devices, &g->pool)) return -1;
+  /* --threads T on this machine's probe: GEMM, which most of the FLOPs are, splits over T cores about
+   * evenly, so the FLOP model takes T times the one-core rate (a --devices file gives each rank's own
+   * rate; the kernel cache's times at T threads, pipecc-probe --kernels --threads T, replace it). */
+  if (o->threads > 1 && !o->devices)
+    for (int r = 0; r < p->machine.nranks; r++) p->machine.dev[r].flops *= o->threads;
   /* oneDNN's scratch memory is in each convolution's workspace (conv.c); its code and descriptors are
    * beside the arena, and a memory limit counts them (plan_lib_bytes). */
   {
@@ -662,9 +667,10 @@ int plan_from_graph(Plan *p) {
   } else {
     schedule_build(&p->sched, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, p->part.cost, &g->pool);
   }
-  p->sched.cores = p->machine.cores;
+  p->sched.cores = plan_core_groups(p);
   if (p->direct) route_peers(p, &p->sched);
-  if (!schedule_time(&p->sched, p->part.cost)) schedule_pin(&p->sched, p->part.cost, &g->pool);
+  /* A rank of several threads is not pinned to one core (the runtime pins only single-threaded ranks). */
+  if (!schedule_time(&p->sched, p->part.cost) && o->threads <= 1) schedule_pin(&p->sched, p->part.cost, &g->pool);
   err_clear(); /* a stall is reported by schedule_validate, with names */
   if (schedule_validate(&p->sched)) return -1;
   for (int s = 0; s < o->nstages; s++)
@@ -756,6 +762,11 @@ double plan_lib_bytes(const Plan *p, int i, int j) {
 
 /* What stage s's arena may take: the limit, less what its convolutions' library holds beside the arena
  * once the cut is made (the partitioner's prices add it instead). */
+int plan_core_groups(const Plan *p) {
+  int c = p->machine.cores, t = p->opt.threads > 1 ? p->opt.threads : 1;
+  return c <= 0 ? 0 : c / t > 0 ? c / t : 1;
+}
+
 double plan_stage_limit(const Plan *p, int s) {
   double lim = p->machine.dev[s].mem_bytes;
   if (p->opt.mem_limit > 0 && (lim <= 0 || p->opt.mem_limit < lim)) lim = p->opt.mem_limit;

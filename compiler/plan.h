@@ -32,6 +32,7 @@ typedef struct Options {
   int conv_impl;          /* --conv: CONV_AUTO, CONV_GEMM, CONV_DNNL (ir.h) */
   int conv_fallback;      /* CONV_GEMM because no plan with oneDNN fit the memory limit (main.c) */
   int have_lr;            /* --lr given (0 is a learning rate too: only the running statistics move) */
+  int threads;            /* --threads T: each rank computes on T threads (0 or 1: one) */
 } Options;
 
 /* How stages are cut (plan.c): the downset DP, which may reorder independent
@@ -122,6 +123,9 @@ int plan_programs(Plan *p);
 void plan_free(Plan *p);
 /* Stage s's arena (p->arena[s]) and its breakdown in p->part.cost[s], from its laid-out program. */
 void plan_stage_memory(Plan *p, int s);
+/* The compute resources the schedule's simulation shares among the ranks: the host's cores over the
+ * threads of each rank (--threads), at least 1; 0 when each rank has its own (cluster figures). */
+int plan_core_groups(const Plan *p);
 /* Stage s's memory limit: the smaller of --mem-limit and its rank's mem in --devices; 0 = none. */
 double plan_stage_limit(const Plan *p, int s);
 /* The step's predicted time and bubble under the spread of action times the

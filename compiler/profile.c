@@ -78,6 +78,11 @@ static int parse(Costs *c, const char *path, char *text, const Plan *p, char *se
       } else {
         c->loss += x[0];
       }
+    } else if (!strcmp(what, "threads")) {
+      char *v = token(&q);
+      if (!v || number(v, &x[0]) || x[0] < 1 || x[0] > 256 || x[0] != floor(x[0]) || token(&q))
+        return err_set("--costs %s:%d: 'threads' takes a whole number from 1 to 256", path, lineno);
+      c->threads = (int)x[0];
     } else if (!strcmp(what, "jitter")) {
       char *v = token(&q);
       if (!v || number(v, &x[0]) || x[0] > 10 || token(&q)) return err_set("--costs %s:%d: 'jitter' takes one number from 0 to 10", path, lineno);
@@ -114,7 +119,7 @@ static int parse(Costs *c, const char *path, char *text, const Plan *p, char *se
       seen[k] = 1;
       c->fwd[k] = x[0], c->bwd_input[k] = x[1], c->bwd_weight[k] = x[2];
     } else {
-      return err_set("--costs %s:%d: unknown entry '%s' (expected node, mb, rate, load, loss, update, conv or jitter)", path, lineno, what);
+      return err_set("--costs %s:%d: unknown entry '%s' (expected node, mb, rate, threads, load, loss, update, conv or jitter)", path, lineno, what);
     }
   }
   if (!header) return err_set("--costs %s: not a pipecc profile (it is empty)", path);

@@ -22,6 +22,7 @@ typedef struct Costs {
   double jitter;           /* the actions' relative spread (the ranks' `jitter` lines, their mean); 0: not measured */
   int conv;                /* how its convolutions ran: 0 not said (none, or an older profile), 1 im2col + GEMM, 2 oneDNN */
   int conv_mismatch;       /* the plan runs them the other way: their times are the FLOP model's, and not merged */
+  int threads;             /* the threads each rank computed on (pipecc --threads; 1 when the profile does not say) */
   /* The kernel cache (kcache.c).  Without --costs, path is NULL and these
    * say where the times came from: src[k] = 1 where node k's are the cache's
    * (else the FLOP model's), ncached of them; aux: how many of the loader,

@@ -6,6 +6,7 @@
  * input order), as ONNX's node conformance tests store them; each output is
  * written raw as OUTPUT_DIR/<k>.bin.  No MPI: one process, one stage. */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +57,9 @@ static int tensor_bytes_into(const Onnx__TensorProto *t, unsigned char *dst, int
 
 int pr_eval(int argc, char **argv, const PrStage *st) {
   if (argc != 3) return fail("usage: %s INPUT_DIR OUTPUT_DIR%s", argv[0], "");
+  cpu_set_t set;
+  int cpus = sched_getaffinity(0, sizeof set, &set) ? 1 : CPU_COUNT(&set);
+  if (st->threads > 1 && pr_par_init(st->threads, cpus)) return fail("cannot start the threads of pipecc --threads: %s%s", strerror(errno), "");
   char path[4096];
   snprintf(path, sizeof path, "%s/weights/stage_0.bin", pr_stage_dir());
   FILE *w = fopen(path, "rb");

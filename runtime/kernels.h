@@ -16,10 +16,40 @@
  * are kept out of line instead: inlining them at each of a large model's thousand calls was most of its
  * build (docs/kernels.md, "Build time"). */
 #define PR_OUT_OF_LINE static __attribute__((noinline, unused))
+#include "par.h"
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+/* ---- splitting a kernel over the rank's threads (--threads T, par.h) ----
+ * An elementwise kernel's loop is a range function over its elements, its operands in a PrEw; the
+ * kernel hands it to pr_par_for, which runs it whole on one thread or in parts of whole grains on T.
+ * Each element is computed by the same code either way, so T changes no bits. */
+typedef struct PrEw {
+  const float *x, *y, *dy; /* the inputs a kernel reads (y: the forward's output, for gradients) */
+  float *out;
+  float f0, f1;            /* a kernel's constants (LeakyRelu's alpha, Clip's bounds) */
+  int op, acc;             /* k_unary's op; gradients: add to `out` */
+} PrEw;
+/* The range function `name` over [lo, hi), `body` the work of element i, with the PrEw's fields in scope. */
+#define PR_EW_RANGE(name, body)                                                                             \
+  PR_OUT_OF_LINE void name(const void *arg_, int64_t lo, int64_t hi) {                                      \
+    const PrEw *e_ = (const PrEw *)arg_;                                                                    \
+    const float *x = e_->x, *y = e_->y, *dy = e_->dy;                                                       \
+    float *out = e_->out, f0 = e_->f0, f1 = e_->f1;                                                         \
+    int op = e_->op, acc = e_->acc;                                                                         \
+    (void)x, (void)y, (void)dy, (void)f0, (void)f1, (void)op, (void)acc;                                    \
+    for (int64_t i = lo; i < hi; i++) { body }                                                              \
+  }
+/* Runs range function fn over n elements, `cost` elements' work each, the PrEw's fields given by name. */
+#define PR_EW_FOR(fn, n, cost, ...) pr_par_for((n), PR_PAR_EW_GRAIN, (double)(n) * (cost), fn, &(PrEw){__VA_ARGS__})
+/* A gradient's element: written, or added (acc). */
+#define PR_GRAD_OUT(g) out[i] = acc ? out[i] + (g) : (g);
+
+/* cblas_sgemm(CblasRowMajor, ...) cut into bands over the rank's threads (gemm.c). */
+void pr_sgemm(enum CBLAS_TRANSPOSE ta, enum CBLAS_TRANSPOSE tb, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+              int ldb, float beta, float *C, int ldc);
 
 /* ---- Gemm: Y = alpha * op(A) op(B) + beta * C, C broadcast from [cm, cn] ---- */
 static inline void k_gemm(const float *A, const float *B, const float *C, float *Y, int M, int N, int K, int ta, int tb,
@@ -33,7 +63,7 @@ static inline void k_gemm(const float *A, const float *B, const float *C, float 
       for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) Y[(int64_t)i * N + j] = beta * C[(int64_t)(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)];
   }
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, ta ? M : K, B,
+  pr_sgemm(ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, ta ? M : K, B,
               tb ? K : N, C && beta != 0 ? 1.0f : 0.0f, Y, N);
 }
 
@@ -41,10 +71,10 @@ static inline void k_gemm(const float *A, const float *B, const float *C, float 
 static inline void k_gemm_dA(const float *dY, const float *B, float *dA, int M, int N, int K, int ta, int tb, float alpha,
                              int acc) {
   if (!ta) /* dA[M,K] = dY[M,N] . op(B)^T */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, tb ? CblasNoTrans : CblasTrans, M, K, N, alpha, dY, N, B, tb ? K : N,
+    pr_sgemm(CblasNoTrans, tb ? CblasNoTrans : CblasTrans, M, K, N, alpha, dY, N, B, tb ? K : N,
                 acc ? 1.0f : 0.0f, dA, K);
   else /* dA[K,M] = op(B) . dY^T */
-    cblas_sgemm(CblasRowMajor, tb ? CblasTrans : CblasNoTrans, CblasTrans, K, M, N, alpha, B, tb ? K : N, dY, N,
+    pr_sgemm(tb ? CblasTrans : CblasNoTrans, CblasTrans, K, M, N, alpha, B, tb ? K : N, dY, N,
                 acc ? 1.0f : 0.0f, dA, M);
 }
 
@@ -52,10 +82,10 @@ static inline void k_gemm_dA(const float *dY, const float *B, float *dA, int M, 
 static inline void k_gemm_dB(const float *dY, const float *A, float *dB, int M, int N, int K, int ta, int tb, float alpha,
                              int acc) {
   if (!tb) /* dB[K,N] = op(A)^T . dY */
-    cblas_sgemm(CblasRowMajor, ta ? CblasNoTrans : CblasTrans, CblasNoTrans, K, N, M, alpha, A, ta ? M : K, dY, N,
+    pr_sgemm(ta ? CblasNoTrans : CblasTrans, CblasNoTrans, K, N, M, alpha, A, ta ? M : K, dY, N,
                 acc ? 1.0f : 0.0f, dB, N);
   else /* dB[N,K] = dY^T . op(A) */
-    cblas_sgemm(CblasRowMajor, CblasTrans, ta ? CblasTrans : CblasNoTrans, N, K, M, alpha, dY, N, A, ta ? M : K,
+    pr_sgemm(CblasTrans, ta ? CblasTrans : CblasNoTrans, N, K, M, alpha, dY, N, A, ta ? M : K,
                 acc ? 1.0f : 0.0f, dB, K);
 }
 
@@ -74,41 +104,33 @@ static inline void k_gemm_dC(const float *dY, float *dC, int M, int N, int cm, i
 /* ---- elementwise activations ---- */
 /* NaN stays NaN, as torch.relu keeps it: a NaN made 0 here would hide a
  * broken weight from the loss check and let --save write it. */
-static inline void k_relu(const float *x, float *y, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 || x[i] != x[i] ? x[i] : 0;
-}
+PR_EW_RANGE(relu_r, out[i] = x[i] > 0 || x[i] != x[i] ? x[i] : 0;)
+static inline void k_relu(const float *x, float *y, int64_t n) { PR_EW_FOR(relu_r, n, 2, .x = x, .out = y); }
 /* PyTorch's threshold_backward: zero where y <= 0, so a NaN output passes its gradient. */
+PR_EW_RANGE(relu_grad_r, PR_GRAD_OUT(y[i] <= 0 ? 0 : dy[i]))
 static inline void k_relu_grad(const float *y, const float *dy, float *dx, int64_t n, int acc) {
-  for (int64_t i = 0; i < n; i++) {
-    float g = y[i] <= 0 ? 0 : dy[i];
-    dx[i] = acc ? dx[i] + g : g;
-  }
+  PR_EW_FOR(relu_grad_r, n, 3, .y = y, .dy = dy, .out = dx, .acc = acc);
 }
-static inline void k_tanh(const float *x, float *y, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] = tanhf(x[i]);
-}
+PR_EW_RANGE(tanh_r, out[i] = tanhf(x[i]);)
+static inline void k_tanh(const float *x, float *y, int64_t n) { PR_EW_FOR(tanh_r, n, 20, .x = x, .out = y); }
+PR_EW_RANGE(tanh_grad_r, PR_GRAD_OUT(dy[i] * (1 - y[i] * y[i])))
 static inline void k_tanh_grad(const float *y, const float *dy, float *dx, int64_t n, int acc) {
-  for (int64_t i = 0; i < n; i++) {
-    float g = dy[i] * (1 - y[i] * y[i]);
-    dx[i] = acc ? dx[i] + g : g;
-  }
+  PR_EW_FOR(tanh_grad_r, n, 3, .y = y, .dy = dy, .out = dx, .acc = acc);
 }
-static inline void k_sigmoid(const float *x, float *y, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] = 1 / (1 + expf(-x[i]));
-}
+PR_EW_RANGE(sigmoid_r, out[i] = 1 / (1 + expf(-x[i]));)
+static inline void k_sigmoid(const float *x, float *y, int64_t n) { PR_EW_FOR(sigmoid_r, n, 20, .x = x, .out = y); }
+PR_EW_RANGE(sigmoid_grad_r, PR_GRAD_OUT(dy[i] * y[i] * (1 - y[i])))
 static inline void k_sigmoid_grad(const float *y, const float *dy, float *dx, int64_t n, int acc) {
-  for (int64_t i = 0; i < n; i++) {
-    float g = dy[i] * y[i] * (1 - y[i]);
-    dx[i] = acc ? dx[i] + g : g;
-  }
+  PR_EW_FOR(sigmoid_grad_r, n, 3, .y = y, .dy = dy, .out = dx, .acc = acc);
 }
 /* Reshape, Flatten, Squeeze, Unsqueeze, Identity: the bytes do not change. */
 static inline void k_copy(const float *x, float *y, int64_t n) {
   if (x != y) memcpy(y, x, sizeof(float) * (size_t)n);
 }
+PR_EW_RANGE(add_into_r, out[i] += dy[i];)
 static inline void k_copy_grad(const float *dy, float *dx, int64_t n, int acc) {
   if (acc)
-    for (int64_t i = 0; i < n; i++) dx[i] += dy[i];
+    PR_EW_FOR(add_into_r, n, 3, .dy = dy, .out = dx);
   else
     memcpy(dx, dy, sizeof(float) * (size_t)n);
 }
@@ -275,7 +297,7 @@ PR_OUT_OF_LINE void k_conv_point(const float *x, const float *w, const float *b,
   int cg = s->c / s->group, mg = s->m / s->group, tap = conv_point_tap(s);
   for (int g = 0; g < s->group && tap >= 0; g++) {
     conv_point_pack(w, wt, s, g, tap);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, s->n, mg, cg, 1.0f, x + (int64_t)g * cg, s->c, wt, cg, 0.0f, y + (int64_t)g * mg, s->m);
+    pr_sgemm(CblasNoTrans, CblasTrans, s->n, mg, cg, 1.0f, x + (int64_t)g * cg, s->c, wt, cg, 0.0f, y + (int64_t)g * mg, s->m);
   }
   if (tap >= 0 && !b) return;
   for (int n = 0; n < s->n; n++)
@@ -298,13 +320,13 @@ PR_OUT_OF_LINE void k_conv_point_grad(const float *x, const float *w, const floa
   for (int g = 0; g < s->group && tap >= 0; g++) {
     const float *dyg = dy + (int64_t)g * mg;
     if (dw) { /* the tap's gradient, then added at the tap */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, mg, cg, s->n, 1.0f, dyg, s->m, x + (int64_t)g * cg, s->c, 0.0f, wt, cg);
+      pr_sgemm(CblasTrans, CblasNoTrans, mg, cg, s->n, 1.0f, dyg, s->m, x + (int64_t)g * cg, s->c, 0.0f, wt, cg);
       for (int mi = 0; mi < mg; mi++)
         for (int ci = 0; ci < cg; ci++) dw[((int64_t)(g * mg + mi) * cg + ci) * kk + tap] += wt[(int64_t)mi * cg + ci];
     }
     if (dx) {
       conv_point_pack(w, wt, s, g, tap);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, s->n, cg, mg, 1.0f, dyg, s->m, wt, cg, 1.0f, dx + (int64_t)g * cg, s->c);
+      pr_sgemm(CblasNoTrans, CblasNoTrans, s->n, cg, mg, 1.0f, dyg, s->m, wt, cg, 1.0f, dx + (int64_t)g * cg, s->c);
     }
   }
 }
@@ -325,7 +347,7 @@ PR_OUT_OF_LINE void k_conv(const float *x, const float *w, const float *b, float
       const float *xg = x + ((int64_t)n * s->c + (int64_t)g * cg) * conv_in_sp(s);
       float *yg = y + ((int64_t)n * s->m + (int64_t)g * mg) * sp;
       k_im2col(xg, col, s);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, mg, sp, kk, 1.0f, w + (int64_t)g * mg * kk, kk, col, sp, 0.0f, yg, sp);
+      pr_sgemm(CblasNoTrans, CblasNoTrans, mg, sp, kk, 1.0f, w + (int64_t)g * mg * kk, kk, col, sp, 0.0f, yg, sp);
       if (b)
         for (int mi = 0; mi < mg; mi++)
           for (int p = 0; p < sp; p++) yg[(int64_t)mi * sp + p] += b[g * mg + mi];
@@ -357,7 +379,7 @@ PR_OUT_OF_LINE void k_conv_grad(const float *x, const float *w, const float *dy,
       const float *dyg = dy + ((int64_t)n * s->m + (int64_t)g * mg) * sp;
       if (dw) {
         k_im2col(xg, col, s);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, mg, kk, sp, 1.0f, dyg, sp, col, sp, 1.0f, dw + (int64_t)g * mg * kk, kk);
+        pr_sgemm(CblasNoTrans, CblasTrans, mg, kk, sp, 1.0f, dyg, sp, col, sp, 1.0f, dw + (int64_t)g * mg * kk, kk);
       }
       if (db)
         for (int mi = 0; mi < mg; mi++) {
@@ -366,7 +388,7 @@ PR_OUT_OF_LINE void k_conv_grad(const float *x, const float *w, const float *dy,
           db[g * mg + mi] += sum;
         }
       if (dx) {
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, kk, sp, mg, 1.0f, w + (int64_t)g * mg * kk, kk, dyg, sp, 0.0f, col, sp);
+        pr_sgemm(CblasTrans, CblasNoTrans, kk, sp, mg, 1.0f, w + (int64_t)g * mg * kk, kk, dyg, sp, 0.0f, col, sp);
         k_col2im_add(col, dx + ((int64_t)n * s->c + (int64_t)g * cg) * conv_in_sp(s), s);
       }
     }
@@ -715,27 +737,26 @@ typedef float pr_v8sf_a __attribute__((vector_size(32)));
 pr_v8sf_a _ZGVdN8v_erff(pr_v8sf_a);
 pr_v8sf_a _ZGVdN8v_expf(pr_v8sf_a);
 #endif
-static inline void k_erf(const float *x, float *y, int64_t n) {
-  int64_t i = 0;
+/* Elements [lo, hi): lo is a multiple of the grain, so the eight-at-a-time loop takes the same elements
+ * as on one thread. */
+PR_OUT_OF_LINE void erf_r(const void *arg, int64_t lo, int64_t hi) {
+  const PrEw *e = (const PrEw *)arg;
+  int64_t i = lo;
 #if defined(PR_MVEC) && defined(__AVX2__)
-  for (; i + 8 <= n; i += 8) *(pr_v8sf *)(y + i) = _ZGVdN8v_erff(*(const pr_v8sf *)(x + i));
+  for (; i + 8 <= hi; i += 8) *(pr_v8sf *)(e->out + i) = _ZGVdN8v_erff(*(const pr_v8sf *)(e->x + i));
 #endif
-  for (; i < n; i++) y[i] = erff(x[i]);
+  for (; i < hi; i++) e->out[i] = erff(e->x[i]);
 }
+static inline void k_erf(const float *x, float *y, int64_t n) { PR_EW_FOR(erf_r, n, 10, .x = x, .out = y); }
+PR_EW_RANGE(erf_grad_r, PR_GRAD_OUT(dy[i] * 1.12837916709551257f * expf(-x[i] * x[i])))
 static inline void k_erf_grad(const float *x, const float *dy, float *dx, int64_t n, int acc) {
-  for (int64_t i = 0; i < n; i++) {
-    float g = dy[i] * 1.12837916709551257f * expf(-x[i] * x[i]);
-    dx[i] = acc ? dx[i] + g : g;
-  }
+  PR_EW_FOR(erf_grad_r, n, 10, .x = x, .dy = dy, .out = dx, .acc = acc);
 }
-static inline void k_sqrt(const float *x, float *y, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] = sqrtf(x[i]);
-}
+PR_EW_RANGE(sqrt_r, out[i] = sqrtf(x[i]);)
+static inline void k_sqrt(const float *x, float *y, int64_t n) { PR_EW_FOR(sqrt_r, n, 4, .x = x, .out = y); }
+PR_EW_RANGE(sqrt_grad_r, PR_GRAD_OUT(dy[i] * 0.5f / y[i]))
 static inline void k_sqrt_grad(const float *y, const float *dy, float *dx, int64_t n, int acc) {
-  for (int64_t i = 0; i < n; i++) {
-    float g = dy[i] * 0.5f / y[i];
-    dx[i] = acc ? dx[i] + g : g;
-  }
+  PR_EW_FOR(sqrt_grad_r, n, 4, .y = y, .dy = dy, .out = dx, .acc = acc);
 }
 
 /* ---- Where(cond, x, y) with broadcasting; cond is bool (uint8) ---- */
@@ -813,14 +834,14 @@ static inline void mm_offsets(const MatMulShape *s, int64_t b, int64_t *oa, int6
 
 static inline void k_matmul(const float *A, const float *B, float *Y, const MatMulShape *s) {
   if (s->b_shared) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)(s->batch * s->M), (int)s->N, (int)s->K, 1.0f, A, (int)s->K, B,
+    pr_sgemm(CblasNoTrans, CblasNoTrans, (int)(s->batch * s->M), (int)s->N, (int)s->K, 1.0f, A, (int)s->K, B,
                 (int)s->N, 0.0f, Y, (int)s->N);
     return;
   }
   for (int64_t b = 0; b < s->batch; b++) {
     int64_t oa, ob;
     mm_offsets(s, b, &oa, &ob);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)s->M, (int)s->N, (int)s->K, 1.0f, A + oa * s->M * s->K, (int)s->K,
+    pr_sgemm(CblasNoTrans, CblasNoTrans, (int)s->M, (int)s->N, (int)s->K, 1.0f, A + oa * s->M * s->K, (int)s->K,
                 B + ob * s->K * s->N, (int)s->N, 0.0f, Y + b * s->M * s->N, (int)s->N);
   }
 }
@@ -828,7 +849,7 @@ static inline void k_matmul(const float *A, const float *B, float *Y, const MatM
 /* dA = dY B^T (summed over batches that share an A), acc as usual. */
 static inline void k_matmul_dA(const float *dY, const float *B, float *dA, int64_t na, const MatMulShape *s, int acc) {
   if (s->b_shared) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)(s->batch * s->M), (int)s->K, (int)s->N, 1.0f, dY, (int)s->N, B,
+    pr_sgemm(CblasNoTrans, CblasTrans, (int)(s->batch * s->M), (int)s->K, (int)s->N, 1.0f, dY, (int)s->N, B,
                 (int)s->N, acc ? 1.0f : 0.0f, dA, (int)s->K);
     return;
   }
@@ -836,7 +857,7 @@ static inline void k_matmul_dA(const float *dY, const float *B, float *dA, int64
   for (int64_t b = 0; b < s->batch; b++) {
     int64_t oa, ob;
     mm_offsets(s, b, &oa, &ob);
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)s->M, (int)s->K, (int)s->N, 1.0f, dY + b * s->M * s->N, (int)s->N,
+    pr_sgemm(CblasNoTrans, CblasTrans, (int)s->M, (int)s->K, (int)s->N, 1.0f, dY + b * s->M * s->N, (int)s->N,
                 B + ob * s->K * s->N, (int)s->N, 1.0f, dA + oa * s->M * s->K, (int)s->K);
   }
 }
@@ -844,7 +865,7 @@ static inline void k_matmul_dA(const float *dY, const float *B, float *dA, int64
 /* dB = A^T dY, summed over the batches that share a B. */
 static inline void k_matmul_dB(const float *dY, const float *A, float *dB, int64_t nbel, const MatMulShape *s, int acc) {
   if (s->b_shared) {
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)s->K, (int)s->N, (int)(s->batch * s->M), 1.0f, A, (int)s->K, dY,
+    pr_sgemm(CblasTrans, CblasNoTrans, (int)s->K, (int)s->N, (int)(s->batch * s->M), 1.0f, A, (int)s->K, dY,
                 (int)s->N, acc ? 1.0f : 0.0f, dB, (int)s->N);
     return;
   }
@@ -852,7 +873,7 @@ static inline void k_matmul_dB(const float *dY, const float *A, float *dB, int64
   for (int64_t b = 0; b < s->batch; b++) {
     int64_t oa, ob;
     mm_offsets(s, b, &oa, &ob);
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)s->K, (int)s->N, (int)s->M, 1.0f, A + oa * s->M * s->K, (int)s->K,
+    pr_sgemm(CblasTrans, CblasNoTrans, (int)s->K, (int)s->N, (int)s->M, 1.0f, A + oa * s->M * s->K, (int)s->K,
                 dY + b * s->M * s->N, (int)s->N, 1.0f, dB + ob * s->K * s->N, (int)s->N);
   }
 }
@@ -883,16 +904,20 @@ static inline void perm_row(float *yo, float *xi, int64_t la, int64_t lb, int64_
     else for (int64_t l = la; l < lb; l++) xi[l * sl] = yo[l];
   }
 }
-static inline void perm_walk(const PermShape *s, float *x, float *y, int grad, int acc) {
+/* Output indices [lo, hi) of the first output axis (all of them when the first axis is the tiled one,
+ * or the last): each output element, and each input element it reads, belongs to one index of it. */
+static inline void perm_walk(const PermShape *s, float *x, float *y, int grad, int acc, int64_t lo, int64_t hi) {
   int r = s->rank, last = r - 1, q = -1;
   int64_t ost[8], idx[8] = {0};
-  if (r == 0 || s->n == 0) return;
+  if (r == 0 || s->n == 0 || lo >= hi) return;
   ost[last] = 1;
   for (int d = last - 1; d >= 0; d--) ost[d] = ost[d + 1] * s->out[d + 1];
   if (s->st[last] != 1)
     for (int d = 0; d < last; d++)
       if (s->st[d] == 1 && s->out[d] > 1) q = d;
   int64_t nl = s->out[last], sl = s->st[last];
+  int split = last > 0 && q != 0; /* the range is over axis 0 */
+  if (split) idx[0] = lo;
   for (;;) {
     int64_t ib = 0, ob = 0;
     for (int d = 0; d < last; d++) ib += idx[d] * s->st[d], ob += idx[d] * ost[d];
@@ -908,25 +933,55 @@ static inline void perm_walk(const PermShape *s, float *x, float *y, int grad, i
     int d = last - 1;
     for (; d >= 0; d--) {
       if (d == q) continue;
-      if (++idx[d] < s->out[d]) break;
+      if (++idx[d] < (split && d == 0 ? hi : s->out[d])) break;
       idx[d] = 0;
     }
     if (d < 0) return;
   }
 }
-static inline void k_transpose(const float *x, float *y, const PermShape *s) { perm_walk(s, (float *)x, y, 0, 0); }
+typedef struct PrPerm {
+  const PermShape *s;
+  float *x, *y;
+  int grad, acc;
+} PrPerm;
+PR_OUT_OF_LINE void perm_r(const void *arg, int64_t lo, int64_t hi) {
+  const PrPerm *p = (const PrPerm *)arg;
+  perm_walk(p->s, p->x, p->y, p->grad, p->acc, lo, hi);
+}
+/* Split over the first output axis where it is not the tiled one (par.h). */
+static inline void perm_run(const PermShape *s, float *x, float *y, int grad, int acc) {
+  int parts = s->rank > 1 && !(s->st[s->rank - 1] != 1 && s->st[0] == 1 && s->out[0] > 1);
+  if (!parts) perm_walk(s, x, y, grad, acc, 0, 1);
+  else pr_par_for(s->out[0], 1, (double)s->n * 2, perm_r, &(PrPerm){s, x, y, grad, acc});
+}
+static inline void k_transpose(const float *x, float *y, const PermShape *s) { perm_run(s, (float *)x, y, 0, 0); }
 static inline void k_transpose_grad(const float *dy, float *dx, const PermShape *s, int acc) {
-  perm_walk(s, dx, (float *)dy, 1, acc);
+  perm_run(s, dx, (float *)dy, 1, acc);
 }
 
 /* ---- Split / slices along one axis: [outer, axis, inner] ---- */
+typedef struct PrTake {
+  const float *x;
+  float *y;
+  int64_t axis, inner, start, len;
+  int grad;
+} PrTake;
+/* Outer indices [lo, hi): a copy of each slice, or (grad) dy added into its place in x. */
+PR_OUT_OF_LINE void take_r(const void *arg, int64_t lo, int64_t hi) {
+  const PrTake *t = (const PrTake *)arg;
+  int64_t n = t->len * t->inner;
+  for (int64_t o = lo; o < hi; o++) {
+    float *in = (float *)t->x + (o * t->axis + t->start) * t->inner, *sl = t->y + o * n;
+    if (!t->grad) memcpy(sl, in, sizeof(float) * (size_t)n);
+    else for (int64_t k = 0; k < n; k++) in[k] += sl[k];
+  }
+}
 static inline void k_take(const float *x, float *y, int64_t outer, int64_t axis, int64_t inner, int64_t start, int64_t len) {
-  for (int64_t o = 0; o < outer; o++) memcpy(y + o * len * inner, x + (o * axis + start) * inner, sizeof(float) * (size_t)(len * inner));
+  pr_par_for(outer, 1, (double)outer * (double)len * (double)inner * 2, take_r, &(PrTake){x, y, axis, inner, start, len, 0});
 }
 /* Adds dy into its place in dx (dx zeroed by the caller's first call when needed). */
 static inline void k_take_grad(const float *dy, float *dx, int64_t outer, int64_t axis, int64_t inner, int64_t start, int64_t len) {
-  for (int64_t o = 0; o < outer; o++)
-    for (int64_t k = 0; k < len * inner; k++) dx[(o * axis + start) * inner + k] += dy[o * len * inner + k];
+  pr_par_for(outer, 1, (double)outer * (double)len * (double)inner * 3, take_r, &(PrTake){dx, (float *)dy, axis, inner, start, len, 1});
 }
 static inline void k_zero(float *x, int64_t n) { memset(x, 0, sizeof(float) * (size_t)n); }
 
@@ -1048,8 +1103,23 @@ static inline void k_reduce_grad(const float *dy, float *dx, const ReduceShape *
 #define PR_EXP_LOW (-80.0f)
 /* One scalar expf the vectoriser leaves alone (a NaN argument comes back NaN, as from the vector one). */
 PR_OUT_OF_LINE float pr_expf_one(float t) { return expf(t); }
-static inline void k_softmax(const float *x, float *y, int64_t rows, int64_t cols, int log) {
-  for (int64_t r = 0; r < rows; r++) {
+/* Row kernels' operands (softmax, layernorm): rows are independent, so they split by rows. */
+typedef struct PrRows {
+  const float *x, *dy, *scale, *bias;
+  float *y, *dx, *dscale, *dbias; /* dscale, dbias: layernorm_dw_r */
+  int64_t rows, cols;
+  float eps;
+  int log, acc;
+} PrRows;
+#define PR_ROWS_FOR(fn, rows, cols, cost, ...) \
+  pr_par_for((rows), 1, (double)(rows) * (double)(cols) * (cost), fn, &(PrRows){.cols = (cols), __VA_ARGS__})
+PR_OUT_OF_LINE void softmax_r(const void *arg, int64_t lo, int64_t hi) {
+  const PrRows *q = (const PrRows *)arg;
+  const float *x = q->x;
+  float *y = q->y;
+  int64_t cols = q->cols;
+  int log = q->log;
+  for (int64_t r = lo; r < hi; r++) {
     const float *a = x + r * cols;
     float *b = y + r * cols, mx = a[0], sum = 0;
     /* The maximum in eight lanes too: exact in any order (a NaN in the row makes the loss NaN anyway). */
@@ -1081,8 +1151,16 @@ static inline void k_softmax(const float *x, float *y, int64_t rows, int64_t col
     for (int64_t k = 0; k < cols; k++) b[k] /= sum;
   }
 }
-static inline void k_softmax_grad(const float *y, const float *dy, float *dx, int64_t rows, int64_t cols, int log, int acc) {
-  for (int64_t r = 0; r < rows; r++) {
+static inline void k_softmax(const float *x, float *y, int64_t rows, int64_t cols, int log) {
+  PR_ROWS_FOR(softmax_r, rows, cols, 12, .x = x, .y = y, .log = log);
+}
+PR_OUT_OF_LINE void softmax_grad_r(const void *arg, int64_t lo, int64_t hi) {
+  const PrRows *q = (const PrRows *)arg;
+  const float *y = q->x, *dy = q->dy;
+  float *dx = q->dx;
+  int64_t cols = q->cols;
+  int log = q->log, acc = q->acc;
+  for (int64_t r = lo; r < hi; r++) {
     const float *p = y + r * cols, *g = dy + r * cols;
     float *d = dx + r * cols, dot = log ? pr_sum8(g, cols) : pr_dot8(g, p, cols);
     for (int64_t k = 0; k < cols; k++) {
@@ -1090,6 +1168,9 @@ static inline void k_softmax_grad(const float *y, const float *dy, float *dx, in
       d[k] = acc ? d[k] + v : v;
     }
   }
+}
+static inline void k_softmax_grad(const float *y, const float *dy, float *dx, int64_t rows, int64_t cols, int log, int acc) {
+  PR_ROWS_FOR(softmax_grad_r, rows, cols, 4, .x = y, .dy = dy, .dx = dx, .log = log, .acc = acc);
 }
 
 /* ---- LayerNormalization over the trailing `cols` elements ---- */
@@ -1104,14 +1185,20 @@ static inline void ln_row_stats(const float *a, int64_t cols, float *mean, float
   for (; k < cols; k++) v += (a[k] - m) * (a[k] - m);
   *mean = m, *var = v / (float)cols;
 }
-static inline void k_layernorm(const float *x, const float *scale, const float *bias, float *y, int64_t rows, int64_t cols, float eps) {
-  for (int64_t r = 0; r < rows; r++) {
+PR_OUT_OF_LINE void layernorm_r(const void *arg, int64_t lo, int64_t hi) {
+  const PrRows *q = (const PrRows *)arg;
+  const float *x = q->x, *scale = q->scale, *bias = q->bias;
+  int64_t cols = q->cols;
+  for (int64_t r = lo; r < hi; r++) {
     const float *a = x + r * cols;
-    float *b = y + r * cols, mean, var;
+    float *b = q->y + r * cols, mean, var;
     ln_row_stats(a, cols, &mean, &var);
-    float inv = 1.0f / sqrtf(var + eps);
+    float inv = 1.0f / sqrtf(var + q->eps);
     for (int64_t k = 0; k < cols; k++) b[k] = (a[k] - mean) * inv * scale[k] + (bias ? bias[k] : 0);
   }
+}
+static inline void k_layernorm(const float *x, const float *scale, const float *bias, float *y, int64_t rows, int64_t cols, float eps) {
+  PR_ROWS_FOR(layernorm_r, rows, cols, 5, .x = x, .scale = scale, .bias = bias, .y = y, .eps = eps);
 }
 /* LayerNormalization's optional outputs: per-row mean and 1/sqrt(var + eps). */
 static inline void k_layernorm_stats(const float *x, float *mean_out, float *inv_out, int64_t rows, int64_t cols, float eps) {
@@ -1124,9 +1211,11 @@ static inline void k_layernorm_stats(const float *x, float *mean_out, float *inv
   }
 }
 
-static inline void k_layernorm_grad(const float *x, const float *scale, const float *dy, float *dx, float *dscale, float *dbias,
-                                    int64_t rows, int64_t cols, float eps, int acc) {
-  for (int64_t r = 0; r < rows; r++) {
+/* Rows [lo, hi) of the gradient: dx, and where dscale or dbias is given (one thread) their sums over
+ * the rows in order. */
+static inline void layernorm_grad_rows(const float *x, const float *scale, const float *dy, float *dx, float *dscale, float *dbias,
+                                       int64_t lo, int64_t hi, int64_t cols, float eps, int acc) {
+  for (int64_t r = lo; r < hi; r++) {
     const float *a = x + r * cols, *g = dy + r * cols;
     float mean, var;
     ln_row_stats(a, cols, &mean, &var);
@@ -1155,6 +1244,36 @@ static inline void k_layernorm_grad(const float *x, const float *scale, const fl
     else
       for (int64_t q = 0; q < cols; q++) d[q] = inv * (g[q] * scale[q] - mg - (a[q] - mean) * inv * mgx);
   }
+}
+PR_OUT_OF_LINE void layernorm_dx_r(const void *arg, int64_t lo, int64_t hi) {
+  const PrRows *q = (const PrRows *)arg;
+  layernorm_grad_rows(q->x, q->scale, q->dy, q->dx, NULL, NULL, lo, hi, q->cols, q->eps, q->acc);
+}
+/* Columns [lo, hi) of dscale and dbias: each still summed over the rows in order, as on one thread. */
+PR_OUT_OF_LINE void layernorm_dw_r(const void *arg, int64_t lo, int64_t hi) {
+  const PrRows *q = (const PrRows *)arg;
+  int64_t cols = q->cols, rows = q->rows;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *a = q->x + r * cols, *g = q->dy + r * cols;
+    float mean, var;
+    ln_row_stats(a, cols, &mean, &var);
+    float inv = 1.0f / sqrtf(var + q->eps);
+    if (q->dscale)
+      for (int64_t k = lo; k < hi; k++) q->dscale[k] += g[k] * ((a[k] - mean) * inv);
+    if (q->dbias)
+      for (int64_t k = lo; k < hi; k++) q->dbias[k] += g[k];
+  }
+}
+static inline void k_layernorm_grad(const float *x, const float *scale, const float *dy, float *dx, float *dscale, float *dbias,
+                                    int64_t rows, int64_t cols, float eps, int acc) {
+  if (pr_par_threads() == 1) { /* one pass over the rows, the weights' sums beside dx */
+    layernorm_grad_rows(x, scale, dy, dx, dscale, dbias, 0, rows, cols, eps, acc);
+    return;
+  }
+  if (dx) PR_ROWS_FOR(layernorm_dx_r, rows, cols, 8, .x = x, .scale = scale, .dy = dy, .dx = dx, .eps = eps, .acc = acc);
+  if (dscale || dbias)
+    pr_par_for(cols, 64, (double)rows * (double)cols * 4, layernorm_dw_r,
+               &(PrRows){.x = x, .dy = dy, .dscale = dscale, .dbias = dbias, .rows = rows, .cols = cols, .eps = eps});
 }
 
 /* ---- Gather on axis 0: embedding lookup; its gradient is a scatter-add ---- */
@@ -1211,12 +1330,17 @@ static inline double k_mse_onehot(const float *logits, const int64_t *labels, fl
 /* ---- Gelu (ONNX opset 20), computed as PyTorch's CPU kernels do, in float ---- */
 /* approximate="none": 0.5 x (1 + erf(x / sqrt 2)); "tanh" (tanh_approx = 1):
  * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
-static inline void k_gelu(const float *x, float *y, int64_t n, int tanh_approx) {
+/* Elements [lo, hi) (lo a multiple of the grain: the eight-at-a-time loop takes the same elements as on
+ * one thread). */
+PR_OUT_OF_LINE void gelu_r(const void *arg, int64_t lo, int64_t n) {
+  const PrEw *e = (const PrEw *)arg;
+  const float *x = e->x;
+  float *y = e->out;
   const float kAlpha = 0.70710678118654752440f; /* 1/sqrt(2) */
   const float kBeta = 0.79788456080286535588f;  /* sqrt(2/pi) */
   const float kKappa = 0.044715f;
-  int64_t i = 0;
-  if (tanh_approx) {
+  int64_t i = lo;
+  if (e->op) { /* the tanh form */
     for (; i < n; i++) {
       float v = x[i], inner = kBeta * (v + kKappa * (v * v * v));
       y[i] = 0.5f * v * (1.0f + tanhf(inner));
@@ -1234,6 +1358,9 @@ static inline void k_gelu(const float *x, float *y, int64_t n, int tanh_approx) 
   }
 #endif
   for (; i < n; i++) y[i] = x[i] * 0.5f * (1.0f + erff(x[i] * kAlpha));
+}
+static inline void k_gelu(const float *x, float *y, int64_t n, int tanh_approx) {
+  PR_EW_FOR(gelu_r, n, 12, .x = x, .out = y, .op = tanh_approx);
 }
 /* d gelu / dx from the forward's input x:
  * none: Phi(x) + x phi(x); tanh: 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2). */
@@ -1254,8 +1381,12 @@ static inline float gelu_slope(float v, int tanh_approx) {
   float pdf = kPdf * expf(v * v * -0.5f);
   return cdf + v * pdf;
 }
-static inline void k_gelu_grad(const float *x, const float *dy, float *dx, int64_t n, int tanh_approx, int acc) {
-  int64_t i = 0;
+PR_OUT_OF_LINE void gelu_grad_r(const void *arg, int64_t lo, int64_t n) {
+  const PrEw *e = (const PrEw *)arg;
+  const float *x = e->x, *dy = e->dy;
+  float *dx = e->out;
+  int tanh_approx = e->op, acc = e->acc;
+  int64_t i = lo;
 #if defined(PR_MVEC) && defined(__AVX2__)
   /* the exact form eight at a time: erf and exp through libmvec, as k_erf */
   for (; !tanh_approx && i + 8 <= n; i += 8) {
@@ -1274,16 +1405,18 @@ static inline void k_gelu_grad(const float *x, const float *dy, float *dx, int64
     dx[i] = acc ? dx[i] + g : g;
   }
 }
+static inline void k_gelu_grad(const float *x, const float *dy, float *dx, int64_t n, int tanh_approx, int acc) {
+  PR_EW_FOR(gelu_grad_r, n, 16, .x = x, .dy = dy, .out = dx, .op = tanh_approx, .acc = acc);
+}
 
 /* ---- LeakyRelu: y = x > 0 ? x : alpha x; its gradient uses x > 0, as PyTorch's does ---- */
+PR_EW_RANGE(leakyrelu_r, out[i] = x[i] > 0 ? x[i] : x[i] * f0;)
 static inline void k_leakyrelu(const float *x, float *y, int64_t n, float alpha) {
-  for (int64_t i = 0; i < n; i++) y[i] = x[i] > 0 ? x[i] : x[i] * alpha;
+  PR_EW_FOR(leakyrelu_r, n, 2, .x = x, .out = y, .f0 = alpha);
 }
+PR_EW_RANGE(leakyrelu_grad_r, PR_GRAD_OUT(x[i] > 0 ? dy[i] : dy[i] * f0))
 static inline void k_leakyrelu_grad(const float *x, const float *dy, float *dx, int64_t n, float alpha, int acc) {
-  for (int64_t i = 0; i < n; i++) {
-    float g = x[i] > 0 ? dy[i] : dy[i] * alpha;
-    dx[i] = acc ? dx[i] + g : g;
-  }
+  PR_EW_FOR(leakyrelu_grad_r, n, 3, .x = x, .dy = dy, .out = dx, .f0 = alpha, .acc = acc);
 }
 
 /* ---- Concat at run time: each input is put into its slice of the output ---- */
@@ -1413,8 +1546,24 @@ static inline float un_apply(int op, float x, float a, float b) {
   }
   }
 }
+/* The op chosen once per part, each its own loop (a constant op, as the inlined kernel had). */
+#define UN_LOOP(OP) for (int64_t i = lo; i < hi; i++) e->out[i] = un_apply(OP, e->x[i], e->f0, e->f1);
+PR_OUT_OF_LINE void unary_r(const void *arg, int64_t lo, int64_t hi) {
+  const PrEw *e = (const PrEw *)arg;
+  switch (e->op) {
+  case UN_NEG: UN_LOOP(UN_NEG) break;
+  case UN_EXP: UN_LOOP(UN_EXP) break;
+  case UN_LOG: UN_LOOP(UN_LOG) break;
+  case UN_ABS: UN_LOOP(UN_ABS) break;
+  case UN_RECIPROCAL: UN_LOOP(UN_RECIPROCAL) break;
+  case UN_CLIP: UN_LOOP(UN_CLIP) break;
+  case UN_HARDSIGMOID: UN_LOOP(UN_HARDSIGMOID) break;
+  default: UN_LOOP(UN_HARDSWISH)
+  }
+}
+#undef UN_LOOP
 static inline void k_unary(int op, const float *x, float *y, int64_t n, float a, float b) {
-  for (int64_t i = 0; i < n; i++) y[i] = un_apply(op, x[i], a, b);
+  PR_EW_FOR(unary_r, n, 10, .x = x, .out = y, .op = op, .f0 = a, .f1 = b);
 }
 /* d/dx times dy, as PyTorch's backward formulas: Exp and Reciprocal from the
  * output y, the rest from the input x (the other may be NULL).  At the kinks:
@@ -1436,12 +1585,10 @@ static inline float un_grad(int op, float x, float y, float dy, float a, float b
   default: return x < -3.0f ? 0 : x <= 3.0f ? dy * (x / 3.0f + 0.5f) : dy;
   }
 }
+PR_EW_RANGE(unary_grad_r, PR_GRAD_OUT(un_grad(op, x ? x[i] : 0, y ? y[i] : 0, dy[i], f0, f1)))
 static inline void k_unary_grad(int op, const float *x, const float *y, const float *dy, float *dx, int64_t n, float a, float b,
                                 int acc) {
-  for (int64_t i = 0; i < n; i++) {
-    float g = un_grad(op, x ? x[i] : 0, y ? y[i] : 0, dy[i], a, b);
-    dx[i] = acc ? dx[i] + g : g;
-  }
+  PR_EW_FOR(unary_grad_r, n, 4, .x = x, .y = y, .dy = dy, .out = dx, .op = op, .f0 = a, .f1 = b, .acc = acc);
 }
 
 /* ---- Equal, Less, Greater (float inputs, broadcast) and Not: bool (uint8) results ---- */
@@ -1545,7 +1692,7 @@ static inline RnnShape rnn_dir(const RnnShape *s, int d) {
 static inline void rnn_input_gates(const float *x, const float *w, const float *b, float *g, const RnnShape *s, int ng,
                                    int with_rb) {
   int rows = (int)(s->T * s->B), n = ng * (int)s->H;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, rows, n, (int)s->in, 1.0f, x, (int)s->in, w, (int)s->in, 0.0f, g, n);
+  pr_sgemm(CblasNoTrans, CblasTrans, rows, n, (int)s->in, 1.0f, x, (int)s->in, w, (int)s->in, 0.0f, g, n);
   if (!b) return;
   for (int64_t r = 0; r < rows; r++)
     for (int k = 0; k < n; k++) g[r * n + k] += with_rb ? b[k] + b[n + k] : b[k];
@@ -1577,7 +1724,7 @@ static inline void rnn_lstm_run(const float *x, const float *w, const float *r, 
     int ld, ldc;
     const float *hp = rnn_prev(HS, h0, s, t, &ld), *cpt = rnn_prev(CS, c0, s, t, &ldc);
     float *gt = G + rnn_row(s, t) * 4 * H;
-    if (hp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)s->B, 4 * H, H, 1.0f, hp, ld, r, H, 1.0f, gt, rs * 4 * H);
+    if (hp) pr_sgemm(CblasNoTrans, CblasTrans, (int)s->B, 4 * H, H, 1.0f, hp, ld, r, H, 1.0f, gt, rs * 4 * H);
     for (int64_t bb = 0; bb < s->B; bb++) {
       int64_t row = rnn_row(s, t) + bb * rs;
       float *g = G + row * 4 * H, *c = CS + row * H, *h = HS + row * H;
@@ -1653,16 +1800,16 @@ static inline void rnn_weight_grads(const float *x, const float *w, const float 
                                     const float *dGx, const float *dGh, float *dx, float *dw, float *dr, float *db, const RnnShape *s,
                                     int ng, int acc) {
   int H = (int)s->H, ni = (int)s->in, n = ng * H, rows = (int)(s->T * s->B), rs = rnn_rs(s);
-  if (dx) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, ni, n, 1.0f, dGx, n, w, ni, acc ? 1.0f : 0.0f, dx, ni);
-  if (dw) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, ni, rows, 1.0f, dGx, n, x, ni, 1.0f, dw, ni);
+  if (dx) pr_sgemm(CblasNoTrans, CblasNoTrans, rows, ni, n, 1.0f, dGx, n, w, ni, acc ? 1.0f : 0.0f, dx, ni);
+  if (dw) pr_sgemm(CblasTrans, CblasNoTrans, n, ni, rows, 1.0f, dGx, n, x, ni, 1.0f, dw, ni);
   if (dr)
     for (int64_t t = 0; t < s->T; t++) {
       int ld;
       const float *hp = rnn_prev(HS, h0, s, t, &ld), *dg = dGh + rnn_row(s, t) * n;
       int m = hr ? n - H : n; /* rows of R that multiply h_{t-1} */
-      if (hp) cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, m, H, (int)s->B, 1.0f, dg, rs * n, hp, ld, 1.0f, dr, H);
+      if (hp) pr_sgemm(CblasTrans, CblasNoTrans, m, H, (int)s->B, 1.0f, dg, rs * n, hp, ld, 1.0f, dr, H);
       if (hr)
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, H, H, (int)s->B, 1.0f, dg + m, rs * n, hr + rnn_row(s, t) * hrw, rs * hrw,
+        pr_sgemm(CblasTrans, CblasNoTrans, H, H, (int)s->B, 1.0f, dg + m, rs * n, hr + rnn_row(s, t) * hrw, rs * hrw,
                     1.0f, dr + (int64_t)m * H, H);
     }
   if (db) {
@@ -1706,7 +1853,7 @@ static inline void rnn_lstm_grad(const float *x, const float *w, const float *r,
       }
     }
     /* dh of the step before = dG_t R: replaces dh (its own part is spent). */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)s->B, (int)H, 4 * (int)H, 1.0f, dG + rnn_row(s, t) * 4 * H,
+    pr_sgemm(CblasNoTrans, CblasNoTrans, (int)s->B, (int)H, 4 * (int)H, 1.0f, dG + rnn_row(s, t) * 4 * H,
                 rs * 4 * (int)H, r, (int)H, 0.0f, dh, (int)H);
   }
   rnn_weight_grads(x, w, h0, HS, NULL, 0, dG, dG, dx, dw, dr, db, s, 4, acc);
@@ -1742,11 +1889,11 @@ static inline void rnn_gru_run(const float *x, const float *w, const float *r, c
     int ld;
     const float *hp = rnn_prev(HS, h0, s, t, &ld);
     float *at = A + rnn_row(s, t) * 4 * H;
-    if (hp) cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)s->B, (lbr ? 3 : 2) * H, H, 1.0f, hp, ld, r, H, 0.0f, at, rs * 4 * H);
+    if (hp) pr_sgemm(CblasNoTrans, CblasTrans, (int)s->B, (lbr ? 3 : 2) * H, H, 1.0f, hp, ld, r, H, 0.0f, at, rs * 4 * H);
     for (int pass = 0; pass < 2; pass++) {
       /* Without linear_before_reset, h~ needs (r * h_{t-1}) Rh^T: one more product between the passes. */
       if (pass == 1 && !lbr && hp)
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)s->B, H, H, 1.0f, at + 3 * H, rs * 4 * H, r + 2 * H * H, H, 0.0f,
+        pr_sgemm(CblasNoTrans, CblasTrans, (int)s->B, H, H, 1.0f, at + 3 * H, rs * 4 * H, r + 2 * H * H, H, 0.0f,
                     at + 2 * H, rs * 4 * H);
       for (int64_t bb = 0; bb < s->B; bb++) {
         int64_t row = rnn_row(s, t) + bb * rs;
@@ -1792,7 +1939,7 @@ static inline void rnn_gru_step_grad(const float *r, const float *A, const float
   for (int pass = 0; pass < 2; pass++) {
     /* Without linear_before_reset, dr needs d(r * h_{t-1}) = dah Rh, kept in dGx's z columns until pass 1 fills them. */
     if (pass == 1 && !lbr)
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)s->B, H, H, 1.0f, dGx + r0 * 3 * H + 2 * H, rs * 3 * H, r + 2 * H * H,
+      pr_sgemm(CblasNoTrans, CblasNoTrans, (int)s->B, H, H, 1.0f, dGx + r0 * 3 * H + 2 * H, rs * 3 * H, r + 2 * H * H,
                   H, 0.0f, dGx + r0 * 3 * H, rs * 3 * H);
     for (int64_t bb = 0; bb < s->B; bb++) {
       int64_t row = r0 + bb * rs;
@@ -1817,7 +1964,7 @@ static inline void rnn_gru_step_grad(const float *r, const float *A, const float
     }
   }
   /* The state before's gradient = tmp + dGh_t R (over z, r and, with linear_before_reset, h). */
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)s->B, H, (lbr ? 3 : 2) * H, 1.0f, dGh + r0 * 3 * H, rs * 3 * H, r, H,
+  pr_sgemm(CblasNoTrans, CblasNoTrans, (int)s->B, H, (lbr ? 3 : 2) * H, 1.0f, dGh + r0 * 3 * H, rs * 3 * H, r, H,
               1.0f, tmp, H);
   memcpy(dh, tmp, sizeof(float) * (size_t)(s->B * H));
 }

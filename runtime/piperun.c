@@ -323,6 +323,22 @@ static int pin_rank(const PrStage *st, const Args *a, cpu_set_t *before) {
   return -1;
 }
 
+/* The CPUs this rank's threads (pipecc --threads) can count on: those it may run on, shared with the
+ * other ranks of its host when they may all run on every CPU (mpirun --bind-to none). */
+static int rank_cpus(int threads) {
+  if (threads <= 1) return 1;
+  MPI_Comm node;
+  int here = 1;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &here);
+  MPI_Comm_free(&node);
+  cpu_set_t set;
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  int cpus = sched_getaffinity(0, sizeof set, &set) ? 1 : CPU_COUNT(&set);
+  if (online > 0 && cpus >= online && here > 1) cpus /= here;
+  return cpus > 0 ? cpus : 1;
+}
+
 /* ---- start-up checks: every rank agrees before the first step ---- */
 
 /* All ranks learn whether any failed, and print the first failure's message. */
@@ -1897,10 +1913,14 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   const char *kernels = NULL;
   for (int i = 1; i + 1 < argc; i++)
     if (!strcmp(argv[i], "--blas-kernels")) kernels = argv[i + 1];
+  int threads = st->threads > 0 ? st->threads : 1;
 #ifdef PR_DNNL
   /* oneDNN runs on OpenMP, which fixes its thread count when it loads, from OMP_NUM_THREADS (else one
-   * thread per core: ranks sharing cores would then fight over them).  A rank computes on one thread,
-   * so that is set and, when it changes, the program runs itself again, as blas_core_pin does. */
+   * thread per core: ranks sharing cores would then fight over them).  It runs on one thread, so that
+   * is set and, when it changes, the program runs itself again, as blas_core_pin does.  Under
+   * pipecc --threads too: OpenMP's threads and par.c's, each spinning while it waits, took the cores
+   * from each other (LeNet on 2 threads ran 8 times slower than on one), and a convolution split by
+   * oneDNN gave other bits than on one thread (docs/kernels.md, "Threads"). */
   const char *omp = getenv("OMP_NUM_THREADS");
   if ((!omp || strcmp(omp, "1")) && !setenv("OMP_NUM_THREADS", "1", 1)) execv("/proc/self/exe", argv);
 #endif
@@ -1919,7 +1939,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     MPI_Finalize();
     return 2;
   }
-  openblas_set_num_threads(1);
+  openblas_set_num_threads(1); /* --threads: gemm.c cuts the products over par.c's threads instead */
   check_blas_core(size);
 #ifdef PR_DNNL
   pr_conv_lib_init(openblas_get_corename(), 1);
@@ -1935,6 +1955,8 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   r.rank = g_rank;
   parse_args(&r.a, argc, argv);
   r.pinned_cpu = pin_rank(st, &r.a, &r.cpus);
+  /* The kernels' own threads (par.h), after pinning: a pinned rank has one thread (the plan pins only then). */
+  if (pr_par_init(threads, rank_cpus(threads))) die(2, "cannot start %d threads for this rank's kernels (pipecc --threads): %s", threads, strerror(errno));
   if (r.a.profile && !st->nprof) usage_error("--profile: these stages have no timing marks; compile them with pipecc --profile%s", "");
   if (r.a.profile && r.a.steps < 2) usage_error("--profile needs --steps 2 or more (the first quarter, at least one step, only warms up)%s", "");
   if (st->nprof) prof_init(st->nprof);
@@ -2100,7 +2122,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     int64_t params = 0;
     for (int i = 0; i < st->nparams; i++) params += st->params[i].count;
     int rc = prof_write(r.a.profile, st->model, st->prof_nodes, st->nprof, params, r.prof_warm, st->mb_size, st->microbatches,
-                        st->prof_rate, st->prof_conv, g_rank, st->nstages, msg, sizeof msg);
+                        st->prof_rate, st->prof_conv, threads, g_rank, st->nstages, msg, sizeof msg);
     if (rc) die(2, "%s", msg);
   }
   if (r.freeze_to) freeze_write(&r); /* and no --save: the run goes on in the re-planned program */
@@ -2124,6 +2146,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
            steps ? (double)steps * st->batch / r.t_total : 0, first_loss, last_loss);
     printf("step time %.3f ms measured, %.3f ms predicted; bubble %.1f%% measured\n", steps ? 1e3 * r.t_total / (double)steps : 0,
            1e3 * st->predicted_step_s, wall > 0 ? 100 * (1 - busy / wall) : 0);
+    if (st->threads > 1) printf("each rank computes on %d threads (pipecc --threads)\n", st->threads);
     if (all[12] >= 0) { /* pin_rank: every rank or none (they see the same host) */
       printf("ranks pinned to CPUs");
       for (int s = 0; s < st->nstages; s++) printf(" %.0f", all[NSUM * s + 12]);

@@ -128,6 +128,7 @@ typedef struct PrStage {
   double predicted_bytes;      /* the planner's memory estimate for this stage */
   double predicted_step_s;     /* the planner's predicted step time */
   int pin_core, pin_cores;     /* more ranks than cores: pin to the pin_core-th of pin_cores CPUs (pin_cores 0: unpinned) */
+  int threads;                 /* pipecc --threads: the threads this rank computes on (OpenBLAS, oneDNN, par.h); 0 is 1 */
   int forward_only;            /* an inference program: pr_main runs pr_eval */
   /* The memory plan (compiler/stash.c); all 0 when nothing leaves. */
   int nxslots;                 /* copies of the leaving values' block */

@@ -135,7 +135,7 @@ static void text_printf(Text *t, const char *fmt, ...) {
 }
 
 int prof_write(const char *path, const char *model, const char *const *names, int nnodes, int64_t params, int64_t warmup, int mb_size,
-               int microbatches, double rate, int conv, int rank, int nranks, char *msg, int len) {
+               int microbatches, double rate, int conv, int threads, int rank, int nranks, char *msg, int len) {
   Text t = {0};
   double per = 1.0 / (double)(microbatches > 0 ? microbatches : 1), *tmp = prof_calloc(PROF_KEEP, sizeof(double));
   if (rank == 0) {
@@ -144,6 +144,7 @@ int prof_write(const char *path, const char *model, const char *const *names, in
     text_printf(&t, "# after %lld warm-up step%s, on %d rank%s.  node K OP FORWARD BACKWARD_INPUT BACKWARD_WEIGHT NAME\n", (long long)warmup,
                 warmup == 1 ? "" : "s", nranks, nranks == 1 ? "" : "s");
     text_printf(&t, "pipecc-profile 1\nmb %d\nrate %.6g\n", mb_size, rate);
+    if (threads > 1) text_printf(&t, "threads %d\n", threads); /* pipecc --threads: the times are of that many */
   }
   for (int i = 0; i < nnodes; i++) {
     /* names[i] is "K OP NAME": the times go between the op and the name. */

@@ -55,5 +55,5 @@ void prof_action(int kind, double seconds);
  * "index op name" key; the medians over the measured steps, per
  * micro-batch.  0, or -1 on rank 0 with a message in msg. */
 int prof_write(const char *path, const char *model, const char *const *names, int nnodes, int64_t params, int64_t warmup, int mb_size,
-               int microbatches, double rate, int conv, int rank, int nranks, char *msg, int len);
+               int microbatches, double rate, int conv, int threads, int rank, int nranks, char *msg, int len);
 #endif

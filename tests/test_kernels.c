@@ -24,6 +24,7 @@
  *     central differences of them.
  * Built under ASan + UBSan (make bin/test_kernels); ends with "N passed, M failed". */
 #include <float.h>
+#include <stddef.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1106,8 +1107,122 @@ static void test_where(void) {
   OK_IF_NONE_FAILED(f0, "k_where and k_where_grad (both operands, acc 0 and 1) on 300 random broadcasts match the definition\n");
 }
 
+/* ---- --threads: every kernel that splits (par.h) gives the same bits on 1 thread and on 3 ----
+ * Run once before pr_par_init (one thread) and once after it; the shapes are odd sizes large enough to
+ * split.  test_par_split checks that pr_par_for really splits, so that the comparison can fail. */
+enum { TN = 100003, TR = 301, TC = 257 };
+typedef struct ThreadOut {
+  float ew[24][TN];
+  float rows[8][TR * TC];
+  float ln_w[4][TC];
+  float perm[4][4 * 6 * 33 * 17];
+  float take[2][8 * 5 * 900];
+  float bin[8][37 * 29 * 61];
+  float bin_b[2][61];
+} ThreadOut;
+
+static void fill(float *x, int64_t n, double lo, double hi) {
+  for (int64_t i = 0; i < n; i++) x[i] = (float)(lo + (hi - lo) * urand());
+}
+
+static void thread_kernels(ThreadOut *o) {
+  static float x[TN], y[TN], dy[TN], a[TR * TC], g[TR * TC], sc[TC], bi[TC], b61[61], b37[37 * 61];
+  rng_state = 12345;
+  fill(x, TN, -6, 6), fill(y, TN, 0.01, 0.99), fill(dy, TN, -1, 1);
+  fill(a, TR * TC, -3, 3), fill(g, TR * TC, -1, 1), fill(sc, TC, 0.5, 1.5), fill(bi, TC, -1, 1);
+  fill(b61, 61, 0.5, 2), fill(b37, 37 * 61, 0.5, 2);
+  int e = 0;
+  k_relu(x, o->ew[e++], TN);
+  memcpy(o->ew[e], dy, sizeof dy), k_relu_grad(x, dy, o->ew[e++], TN, 1);
+  k_tanh(x, o->ew[e++], TN);
+  k_tanh_grad(y, dy, o->ew[e++], TN, 0);
+  k_sigmoid(x, o->ew[e++], TN);
+  k_sigmoid_grad(y, dy, o->ew[e++], TN, 0);
+  k_erf(x, o->ew[e++], TN);
+  k_erf_grad(x, dy, o->ew[e++], TN, 0);
+  k_sqrt(y, o->ew[e++], TN);
+  k_sqrt_grad(y, dy, o->ew[e++], TN, 0);
+  k_gelu(x, o->ew[e++], TN, 0);
+  k_gelu(x, o->ew[e++], TN, 1);
+  k_gelu_grad(x, dy, o->ew[e++], TN, 0, 0);
+  memcpy(o->ew[e], y, sizeof y), k_gelu_grad(x, dy, o->ew[e++], TN, 1, 1);
+  k_leakyrelu(x, o->ew[e++], TN, 0.1f);
+  k_leakyrelu_grad(x, dy, o->ew[e++], TN, 0.1f, 0);
+  k_unary(UN_EXP, x, o->ew[e++], TN, 0, 0);
+  k_unary(UN_CLIP, x, o->ew[e++], TN, -0.5f, 0.4f);
+  k_unary(UN_HARDSWISH, x, o->ew[e++], TN, 0, 0);
+  k_unary_grad(UN_LOG, y, NULL, dy, o->ew[e++], TN, 0, 0, 0);
+  k_unary_grad(UN_HARDSIGMOID, x, NULL, dy, o->ew[e++], TN, 0.2f, 0.5f, 0);
+  memcpy(o->ew[e], x, sizeof x), k_copy_grad(dy, o->ew[e++], TN, 1);
+  int r = 0;
+  k_softmax(a, o->rows[r++], TR, TC, 0);
+  k_softmax(a, o->rows[r++], TR, TC, 1);
+  k_softmax_grad(o->rows[0], g, o->rows[r++], TR, TC, 0, 0);
+  memcpy(o->rows[r], a, sizeof a), k_softmax_grad(o->rows[1], g, o->rows[r++], TR, TC, 1, 1);
+  k_layernorm(a, sc, bi, o->rows[r++], TR, TC, 1e-5f);
+  k_layernorm_grad(a, sc, g, o->rows[r++], o->ln_w[0], o->ln_w[1], TR, TC, 1e-5f, 0);
+  memcpy(o->rows[r], g, sizeof g), memcpy(o->ln_w[2], sc, sizeof sc), memcpy(o->ln_w[3], bi, sizeof bi);
+  k_layernorm_grad(a, sc, g, o->rows[r++], o->ln_w[2], o->ln_w[3], TR, TC, 1e-5f, 1);
+  /* attention's K^T: [4,6,33,17] -> [4,6,17,33]; and [4,6,33,17] -> [33,4,17,6] */
+  PermShape p1 = {4, {4, 6, 17, 33}, {6 * 33 * 17, 33 * 17, 1, 17}, 4 * 6 * 33 * 17};
+  PermShape p2 = {4, {33, 4, 17, 6}, {17, 6 * 33 * 17, 1, 33 * 17}, 4 * 6 * 33 * 17};
+  k_transpose(a, o->perm[0], &p1);
+  k_transpose(a, o->perm[1], &p2);
+  memcpy(o->perm[2], g, sizeof o->perm[2]), k_transpose_grad(a, o->perm[2], &p1, 1);
+  k_transpose_grad(a, o->perm[3], &p2, 0);
+  /* a slice [8, 5 of 11, 900] and its gradient */
+  k_take(x, o->take[0], 8, 11, 900, 3, 5);
+  memcpy(o->take[1], x, sizeof o->take[1]), k_take_grad(o->take[0], o->take[1], 8, 5, 900, 1, 2);
+  /* binary: same shapes (one row), a bias over rows, [37,1,61] over the middle axis */
+  BcastShape same = {.rank = 3, .out = {37, 29, 61}, .sa = {29 * 61, 61, 1}, .sb = {29 * 61, 61, 1}, .na = 37 * 29 * 61, .nb = 37 * 29 * 61, .ny = 37 * 29 * 61};
+  BcastShape bias = same, mid = same;
+  bias.sb[0] = bias.sb[1] = 0, bias.nb = 61;
+  mid.sb[0] = 61, mid.sb[1] = 0, mid.nb = 37 * 61;
+  int k = 0;
+  k_binary(BIN_ADD, x, y, o->bin[k++], &same);
+  k_binary(BIN_DIV, x, b61, o->bin[k++], &bias);
+  k_binary(BIN_MUL, x, b37, o->bin[k++], &mid);
+  k_binary(BIN_POW, y, b61, o->bin[k++], &bias);
+  k_binary_grad(BIN_MUL, 0, x, y, dy, o->bin[k++], &same, 0);
+  memcpy(o->bin[k], y, sizeof o->bin[k]), k_binary_grad(BIN_DIV, 0, x, b61, dy, o->bin[k++], &bias, 1);
+  k_binary_grad(BIN_DIV, 1, x, b61, dy, o->bin_b[0], &bias, 0); /* summed over rows: one thread */
+  k_binary_grad(BIN_SUB, 1, x, b61, dy, o->bin_b[1], &bias, 0);
+}
+
+static int parts_seen[64];
+static void count_part(const void *arg, int64_t lo, int64_t hi) {
+  (void)arg;
+  parts_seen[lo / 1000 % 64] = (int)(hi - lo);
+}
+
+static void test_threads(void) {
+  static ThreadOut one, three;
+  thread_kernels(&one);
+  CHECK(pr_par_init(3, 3) == 0, "pr_par_init(3) failed\n");
+  /* splitting at all: three parts of whole grains, the last to the end */
+  memset(parts_seen, 0, sizeof parts_seen);
+  pr_par_for(3000, 1000, 1e9, count_part, NULL);
+  CHECK(parts_seen[0] == 1000 && parts_seen[1] == 1000 && parts_seen[2] == 1000, "pr_par_for(3000, grain 1000) on 3 threads: parts %d %d %d\n",
+        parts_seen[0], parts_seen[1], parts_seen[2]);
+  memset(parts_seen, 0, sizeof parts_seen);
+  pr_par_for(2500, 1000, 1e9, count_part, NULL);
+  CHECK(parts_seen[0] == 1000 && parts_seen[1] == 1000 && parts_seen[2] == 500, "pr_par_for(2500, grain 1000): parts %d %d %d\n", parts_seen[0],
+        parts_seen[1], parts_seen[2]);
+  memset(parts_seen, 0, sizeof parts_seen);
+  pr_par_for(3000, 1000, 10, count_part, NULL);
+  CHECK(parts_seen[0] == 3000, "pr_par_for below PR_PAR_MIN_WORK did not run serially (%d)\n", parts_seen[0]);
+  thread_kernels(&three);
+  const char *what[] = {"elementwise", "rows", "layernorm weights", "transpose", "take", "binary", "binary summed"};
+  size_t off[] = {offsetof(ThreadOut, ew), offsetof(ThreadOut, rows), offsetof(ThreadOut, ln_w), offsetof(ThreadOut, perm),
+                  offsetof(ThreadOut, take), offsetof(ThreadOut, bin), offsetof(ThreadOut, bin_b), sizeof(ThreadOut)};
+  for (int i = 0; i < 7; i++)
+    CHECK(!memcmp((char *)&one + off[i], (char *)&three + off[i], off[i + 1] - off[i]), "%s kernels: 3 threads differ from 1\n", what[i]);
+  pr_par_stop();
+}
+
 int main(void) {
   make_inputs();
+  test_threads();
   test_where();
   test_transpose();
 #if defined(PR_MVEC) && defined(__AVX2__)

@@ -12,6 +12,7 @@
 enum { STAGE = 1, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS = 4, NGSLOTS = 2 };
 #define ARENA_BYTES 2032128LL
 #define WEIGHTS_BYTES 0LL
+enum { THREADS = 1 }; /* this rank computes on THREADS threads (pipecc --threads) */
 enum { PIN_CORE = 0, PIN_CORES = 0 }; /* a core per rank: not pinned */
 
 /* Buffers: arena offset and size of one copy. */
@@ -98,7 +99,7 @@ static const PrStage THIS_STAGE = {
     .loss = NULL, .forward_only = 0,
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,
-    .predicted_bytes = 2032128, .predicted_step_s = 0.00265512768, .pin_core = PIN_CORE, .pin_cores = PIN_CORES,
+    .predicted_bytes = 2032128, .predicted_step_s = 0.00265512768, .pin_core = PIN_CORE, .pin_cores = PIN_CORES, .threads = THREADS,
     .role = PR_ROLE_BOTH, .prev_rank = 0, .next_rank = 2, .loss_rank = 3, .nfrozen = 0, .nlayers = 5,
 };
 

@@ -31,6 +31,11 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ "$(id -u)" = 0 ]; then export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1; fi
+# pipecc --threads: each rank computes on 1 threads.  mpirun binds a rank to one core when it
+# starts two or fewer, which would put all of a rank's threads on that core: unbound unless told.
+if [ 1 -gt 1 ] && ! printf '%s\n' ${mpi[@]+"${mpi[@]}"} | grep -qxE -- '--bind-to|--map-by|--rankfile'; then
+  mpi+=(--bind-to none)
+fi
 
 # A freeze event's re-plan: DIR holds FREEZE (written last: the checkpoint is complete).
 replan() {

@@ -12,6 +12,7 @@
 enum { STAGE = 3, NSTAGES = 4, MICROBATCHES = 8, MB_SIZE = 8, BATCH = 64, NSLOTS = 2, NGSLOTS = 1 };
 #define ARENA_BYTES 1108160LL
 #define WEIGHTS_BYTES 236536LL
+enum { THREADS = 1 }; /* this rank computes on THREADS threads (pipecc --threads) */
 enum { PIN_CORE = 0, PIN_CORES = 0 }; /* a core per rank: not pinned */
 
 /* async: step t computes on the weights of step t - STALENESS (the first STALENESS steps on the
@@ -226,7 +227,7 @@ static const PrStage THIS_STAGE = {
     .loss_rows = 8, .loss_classes = 10, .labels_offset = OFF_L_logits, .logits_offset = OFF_v_logits, .logits_bytes = SIZE_v_logits, .forward_only = 0,
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,
-    .predicted_bytes = 1108160, .predicted_step_s = 0.0022005056, .pin_core = PIN_CORE, .pin_cores = PIN_CORES,
+    .predicted_bytes = 1108160, .predicted_step_s = 0.0022005056, .pin_core = PIN_CORE, .pin_cores = PIN_CORES, .threads = THREADS,
     .role = PR_ROLE_BOTH, .prev_rank = 2, .next_rank = -1, .loss_rank = 3, .nfrozen = 0, .nlayers = 5,
     .staleness = STALENESS, .lookahead = LOOKAHEAD, .nwversions = NWVERSIONS, .wversion_base = WVERSION_BASE, .wversion_bytes = WVERSION_BYTES,
 };
