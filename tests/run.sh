@@ -41,7 +41,7 @@ suite "partitioner: DP vs brute force" bin/test_partition
 suite "partitioner: downset DP vs brute force, and against the fixed order on the sample models" bin/test_dagpart
 suite "schedules: action lists, validator, planted mistakes" bin/test_schedule
 suite "units" bin/test_units
-suite "run-time kernels (Gelu, LeakyRelu, Concat, views, Cast, unary maths, Max/Min, comparisons, ReduceMax, ArgMax, Philox and Dropout) against double references (ASan build)" bin/test_kernels
+suite "run-time kernels (Gelu, LeakyRelu, Concat, views, Cast, unary maths, Max/Min, comparisons, ReduceMax, ArgMax, Philox and Dropout) against double references, and the same bits on 3 threads (ASan build)" bin/test_kernels
 suite "shapes vs onnx.shape_inference (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_shapes.py
 suite "bad input (ASan build)" env PIPECC=bin/pipecc-asan bash tests/test_cli.sh
 suite "every sample model through code generation (ASan/UBSan build), n = 1..8, every schedule" bash tests/test_asan_models.sh
@@ -61,6 +61,7 @@ suite "frozen layers: --frozen and run.sh --freeze-at (a freeze event re-plans a
 suite "tied weights: a GPT with its head tied to its embedding, n = 1, 2, 4, and an export that merged LayerNorm weights, n = 1, 4, against PyTorch" $PY tests/test_tied.py
 suite "model zoo subset: torchvision resnet18 against PyTorch within its float32 spread, n = 1 and 4 (make zoo: the rest)" $PY tests/zoo/run.py --quick
 suite "run traces: one span per executed action, 4 ranks, every schedule" env PIPECC=bin/pipecc $PY tests/test_trace.py
+suite "--threads: a rank on 2 threads (par.c, gemm.c): bits equal to 1 thread and across n, plan, listing, run.sh, profiles, refusals (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_threads.py
 suite "ranks pinned to cores when they outnumber them: the plan's pairing, PIN_CORE, the run's CPUs, --no-pin and mpirun's binding (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_pin.py
 suite "training runs: demo loss, checkpoint/resume, killed rank, NaN, bad data" $PY tests/test_train.py
 suite "two hosts (network namespaces joined by a veth pair): a 4-stage job gives the bits of one host" bash tests/test_two_hosts.sh

@@ -1212,6 +1212,22 @@ static void test_threads(void) {
   pr_par_for(3000, 1000, 10, count_part, NULL);
   CHECK(parts_seen[0] == 3000, "pr_par_for below PR_PAR_MIN_WORK did not run serially (%d)\n", parts_seen[0]);
   thread_kernels(&three);
+  /* gemm.c's bands against one OpenBLAS call: C's rows cut (M = 320), its columns cut (M = 64, N = 640),
+   * each transposition, beta 0 and 1: the same bits */
+  static float ga[320 * 640], gb[640 * 640], gc1[320 * 640], gc2[320 * 640];
+  fill(ga, 320 * 640, -1, 1), fill(gb, 640 * 640, -1, 1);
+  const int gs[][3] = {{320, 96, 512}, {64, 640, 256}};
+  for (int c = 0; c < 2; c++)
+    for (int t = 0; t < 8; t++) {
+      int M = gs[c][0], N = gs[c][1], K = gs[c][2], ta = t & 1, tb = t >> 1 & 1;
+      float beta = (float)(t >> 2);
+      enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
+      fill(gc1, (int64_t)M * N, -1, 1), memcpy(gc2, gc1, sizeof(float) * (size_t)(M * N));
+      cblas_sgemm(CblasRowMajor, TA, TB, M, N, K, 0.5f, ga, ta ? M : K, gb, tb ? K : N, beta, gc1, N);
+      pr_sgemm(TA, TB, M, N, K, 0.5f, ga, ta ? M : K, gb, tb ? K : N, beta, gc2, N);
+      CHECK(!memcmp(gc1, gc2, sizeof(float) * (size_t)(M * N)), "pr_sgemm %dx%dx%d ta=%d tb=%d beta=%g on 3 threads differs from one cblas_sgemm\n",
+            M, N, K, ta, tb, (double)beta);
+    }
   const char *what[] = {"elementwise", "rows", "layernorm weights", "transpose", "take", "binary", "binary summed"};
   size_t off[] = {offsetof(ThreadOut, ew), offsetof(ThreadOut, rows), offsetof(ThreadOut, ln_w), offsetof(ThreadOut, perm),
                   offsetof(ThreadOut, take), offsetof(ThreadOut, bin), offsetof(ThreadOut, bin_b), sizeof(ThreadOut)};
