@@ -23,9 +23,19 @@
 #include <string.h>
 
 /* ---- splitting a kernel over the rank's threads (--threads T, par.h) ----
- * An elementwise kernel's loop is a range function over its elements, its operands in a PrEw; the
- * kernel hands it to pr_par_for, which runs it whole on one thread or in parts of whole grains on T.
- * Each element is computed by the same code either way, so T changes no bits. */
+ * A kernel's loop is a range function over its items (elements, rows, batches), its operands in a
+ * struct; the kernel hands it to PR_PAR_RUN, which runs it whole on one thread or in parts of whole
+ * grains on T (pr_par_for).  Each item is computed by the same code either way, so T changes no bits.
+ * A range function is inline: on one thread the kernel calls it directly, and clang specialises it on
+ * the call's constant shape as it did the loop it replaced; on T threads par.c calls its out-of-line
+ * copy.  The last argument: a pointer to the operands (a compound literal may hold commas). */
+#define PR_RANGE static inline __attribute__((always_inline, unused))
+#define PR_PAR_RUN(n, grain, work, fn, ...)                                                                 \
+  do {                                                                                                      \
+    const void *par_arg_ = (__VA_ARGS__);                                                                   \
+    if (pr_par_nthreads == 1) fn(par_arg_, 0, (n));                                                         \
+    else pr_par_for((n), (grain), (work), fn, par_arg_);                                                    \
+  } while (0)
 typedef struct PrEw {
   const float *x, *y, *dy; /* the inputs a kernel reads (y: the forward's output, for gradients) */
   float *out;
@@ -34,7 +44,7 @@ typedef struct PrEw {
 } PrEw;
 /* The range function `name` over [lo, hi), `body` the work of element i, with the PrEw's fields in scope. */
 #define PR_EW_RANGE(name, body)                                                                             \
-  PR_OUT_OF_LINE void name(const void *arg_, int64_t lo, int64_t hi) {                                      \
+  PR_RANGE void name(const void *arg_, int64_t lo, int64_t hi) {                                            \
     const PrEw *e_ = (const PrEw *)arg_;                                                                    \
     const float *x = e_->x, *y = e_->y, *dy = e_->dy;                                                       \
     float *out = e_->out, f0 = e_->f0, f1 = e_->f1;                                                         \
@@ -43,7 +53,7 @@ typedef struct PrEw {
     for (int64_t i = lo; i < hi; i++) { body }                                                              \
   }
 /* Runs range function fn over n elements, `cost` elements' work each, the PrEw's fields given by name. */
-#define PR_EW_FOR(fn, n, cost, ...) pr_par_for((n), PR_PAR_EW_GRAIN, (double)(n) * (cost), fn, &(PrEw){__VA_ARGS__})
+#define PR_EW_FOR(fn, n, cost, ...) PR_PAR_RUN((n), PR_PAR_EW_GRAIN, (double)(n) * (cost), fn, &(PrEw){__VA_ARGS__})
 /* A gradient's element: written, or added (acc). */
 #define PR_GRAD_OUT(g) out[i] = acc ? out[i] + (g) : (g);
 
@@ -739,7 +749,7 @@ pr_v8sf_a _ZGVdN8v_expf(pr_v8sf_a);
 #endif
 /* Elements [lo, hi): lo is a multiple of the grain, so the eight-at-a-time loop takes the same elements
  * as on one thread. */
-PR_OUT_OF_LINE void erf_r(const void *arg, int64_t lo, int64_t hi) {
+PR_RANGE void erf_r(const void *arg, int64_t lo, int64_t hi) {
   const PrEw *e = (const PrEw *)arg;
   int64_t i = lo;
 #if defined(PR_MVEC) && defined(__AVX2__)
@@ -832,18 +842,49 @@ static inline void mm_offsets(const MatMulShape *s, int64_t b, int64_t *oa, int6
   }
 }
 
+/* Whether each batch has a matrix of its own in the operand with strides st (none broadcast): then the
+ * batches' gradients for it go to separate places and may be computed on separate threads. */
+static inline int mm_own(const MatMulShape *s, const int64_t *st) {
+  for (int d = 0; d < s->nb; d++)
+    if (st[d] == 0 && s->bdims[d] > 1) return 0;
+  return 1;
+}
+/* Batches [lo, hi) of a batched product: the forward (which 0), dA (1) or dB (2), one GEMM each. */
+typedef struct PrMatMul {
+  const MatMulShape *s;
+  const float *x, *w; /* forward: A, B; dA: dY, B; dB: dY, A */
+  float *out;
+  int which;
+} PrMatMul;
+PR_RANGE void matmul_r(const void *arg, int64_t lo, int64_t hi) {
+  const PrMatMul *m = (const PrMatMul *)arg;
+  const MatMulShape *s = m->s;
+  int M = (int)s->M, N = (int)s->N, K = (int)s->K;
+  for (int64_t b = lo; b < hi; b++) {
+    int64_t oa, ob;
+    mm_offsets(s, b, &oa, &ob);
+    if (m->which == 0)
+      pr_sgemm(CblasNoTrans, CblasNoTrans, M, N, K, 1.0f, m->x + oa * M * K, K, m->w + ob * K * N, N, 0.0f, m->out + b * M * N, N);
+    else if (m->which == 1)
+      pr_sgemm(CblasNoTrans, CblasTrans, M, K, N, 1.0f, m->x + b * M * N, N, m->w + ob * K * N, N, 1.0f, m->out + oa * M * K, K);
+    else
+      pr_sgemm(CblasTrans, CblasNoTrans, K, N, M, 1.0f, m->w + oa * M * K, K, m->x + b * M * N, N, 1.0f, m->out + ob * K * N, N);
+  }
+}
+/* The batches over the rank's threads where each writes its own matrix (par.h); else in order, one
+ * thread, each GEMM still cut by gemm.c. */
+static inline void matmul_run(const MatMulShape *s, const float *x, const float *w, float *out, int which, int split) {
+  PrMatMul m = {s, x, w, out, which};
+  if (split) PR_PAR_RUN(s->batch, 1, 2.0 * (double)s->batch * (double)s->M * (double)s->N * (double)s->K, matmul_r, &m);
+  else matmul_r(&m, 0, s->batch);
+}
 static inline void k_matmul(const float *A, const float *B, float *Y, const MatMulShape *s) {
   if (s->b_shared) {
     pr_sgemm(CblasNoTrans, CblasNoTrans, (int)(s->batch * s->M), (int)s->N, (int)s->K, 1.0f, A, (int)s->K, B,
                 (int)s->N, 0.0f, Y, (int)s->N);
     return;
   }
-  for (int64_t b = 0; b < s->batch; b++) {
-    int64_t oa, ob;
-    mm_offsets(s, b, &oa, &ob);
-    pr_sgemm(CblasNoTrans, CblasNoTrans, (int)s->M, (int)s->N, (int)s->K, 1.0f, A + oa * s->M * s->K, (int)s->K,
-                B + ob * s->K * s->N, (int)s->N, 0.0f, Y + b * s->M * s->N, (int)s->N);
-  }
+  matmul_run(s, A, B, Y, 0, 1);
 }
 
 /* dA = dY B^T (summed over batches that share an A), acc as usual. */
@@ -854,12 +895,7 @@ static inline void k_matmul_dA(const float *dY, const float *B, float *dA, int64
     return;
   }
   if (!acc) memset(dA, 0, sizeof(float) * (size_t)na);
-  for (int64_t b = 0; b < s->batch; b++) {
-    int64_t oa, ob;
-    mm_offsets(s, b, &oa, &ob);
-    pr_sgemm(CblasNoTrans, CblasTrans, (int)s->M, (int)s->K, (int)s->N, 1.0f, dY + b * s->M * s->N, (int)s->N,
-                B + ob * s->K * s->N, (int)s->N, 1.0f, dA + oa * s->M * s->K, (int)s->K);
-  }
+  matmul_run(s, dY, B, dA, 1, mm_own(s, s->sa));
 }
 
 /* dB = A^T dY, summed over the batches that share a B. */
@@ -870,12 +906,7 @@ static inline void k_matmul_dB(const float *dY, const float *A, float *dB, int64
     return;
   }
   if (!acc) memset(dB, 0, sizeof(float) * (size_t)nbel);
-  for (int64_t b = 0; b < s->batch; b++) {
-    int64_t oa, ob;
-    mm_offsets(s, b, &oa, &ob);
-    pr_sgemm(CblasTrans, CblasNoTrans, (int)s->K, (int)s->N, (int)s->M, 1.0f, A + oa * s->M * s->K, (int)s->K,
-                dY + b * s->M * s->N, (int)s->N, 1.0f, dB + ob * s->K * s->N, (int)s->N);
-  }
+  matmul_run(s, dY, A, dB, 2, mm_own(s, s->sb));
 }
 
 /* ---- Transpose (any rank) ---- */
@@ -944,7 +975,7 @@ typedef struct PrPerm {
   float *x, *y;
   int grad, acc;
 } PrPerm;
-PR_OUT_OF_LINE void perm_r(const void *arg, int64_t lo, int64_t hi) {
+PR_RANGE void perm_r(const void *arg, int64_t lo, int64_t hi) {
   const PrPerm *p = (const PrPerm *)arg;
   perm_walk(p->s, p->x, p->y, p->grad, p->acc, lo, hi);
 }
@@ -952,7 +983,7 @@ PR_OUT_OF_LINE void perm_r(const void *arg, int64_t lo, int64_t hi) {
 static inline void perm_run(const PermShape *s, float *x, float *y, int grad, int acc) {
   int parts = s->rank > 1 && !(s->st[s->rank - 1] != 1 && s->st[0] == 1 && s->out[0] > 1);
   if (!parts) perm_walk(s, x, y, grad, acc, 0, 1);
-  else pr_par_for(s->out[0], 1, (double)s->n * 2, perm_r, &(PrPerm){s, x, y, grad, acc});
+  else PR_PAR_RUN(s->out[0], 1, (double)s->n * 2, perm_r, &(PrPerm){s, x, y, grad, acc});
 }
 static inline void k_transpose(const float *x, float *y, const PermShape *s) { perm_run(s, (float *)x, y, 0, 0); }
 static inline void k_transpose_grad(const float *dy, float *dx, const PermShape *s, int acc) {
@@ -967,7 +998,7 @@ typedef struct PrTake {
   int grad;
 } PrTake;
 /* Outer indices [lo, hi): a copy of each slice, or (grad) dy added into its place in x. */
-PR_OUT_OF_LINE void take_r(const void *arg, int64_t lo, int64_t hi) {
+PR_RANGE void take_r(const void *arg, int64_t lo, int64_t hi) {
   const PrTake *t = (const PrTake *)arg;
   int64_t n = t->len * t->inner;
   for (int64_t o = lo; o < hi; o++) {
@@ -977,11 +1008,11 @@ PR_OUT_OF_LINE void take_r(const void *arg, int64_t lo, int64_t hi) {
   }
 }
 static inline void k_take(const float *x, float *y, int64_t outer, int64_t axis, int64_t inner, int64_t start, int64_t len) {
-  pr_par_for(outer, 1, (double)outer * (double)len * (double)inner * 2, take_r, &(PrTake){x, y, axis, inner, start, len, 0});
+  PR_PAR_RUN(outer, 1, (double)outer * (double)len * (double)inner * 2, take_r, &(PrTake){x, y, axis, inner, start, len, 0});
 }
 /* Adds dy into its place in dx (dx zeroed by the caller's first call when needed). */
 static inline void k_take_grad(const float *dy, float *dx, int64_t outer, int64_t axis, int64_t inner, int64_t start, int64_t len) {
-  pr_par_for(outer, 1, (double)outer * (double)len * (double)inner * 3, take_r, &(PrTake){dx, (float *)dy, axis, inner, start, len, 1});
+  PR_PAR_RUN(outer, 1, (double)outer * (double)len * (double)inner * 3, take_r, &(PrTake){dx, (float *)dy, axis, inner, start, len, 1});
 }
 static inline void k_zero(float *x, int64_t n) { memset(x, 0, sizeof(float) * (size_t)n); }
 
@@ -1112,8 +1143,8 @@ typedef struct PrRows {
   int log, acc;
 } PrRows;
 #define PR_ROWS_FOR(fn, rows, cols, cost, ...) \
-  pr_par_for((rows), 1, (double)(rows) * (double)(cols) * (cost), fn, &(PrRows){.cols = (cols), __VA_ARGS__})
-PR_OUT_OF_LINE void softmax_r(const void *arg, int64_t lo, int64_t hi) {
+  PR_PAR_RUN((rows), 1, (double)(rows) * (double)(cols) * (cost), fn, &(PrRows){.cols = (cols), __VA_ARGS__})
+PR_RANGE void softmax_r(const void *arg, int64_t lo, int64_t hi) {
   const PrRows *q = (const PrRows *)arg;
   const float *x = q->x;
   float *y = q->y;
@@ -1154,7 +1185,7 @@ PR_OUT_OF_LINE void softmax_r(const void *arg, int64_t lo, int64_t hi) {
 static inline void k_softmax(const float *x, float *y, int64_t rows, int64_t cols, int log) {
   PR_ROWS_FOR(softmax_r, rows, cols, 12, .x = x, .y = y, .log = log);
 }
-PR_OUT_OF_LINE void softmax_grad_r(const void *arg, int64_t lo, int64_t hi) {
+PR_RANGE void softmax_grad_r(const void *arg, int64_t lo, int64_t hi) {
   const PrRows *q = (const PrRows *)arg;
   const float *y = q->x, *dy = q->dy;
   float *dx = q->dx;
@@ -1185,7 +1216,7 @@ static inline void ln_row_stats(const float *a, int64_t cols, float *mean, float
   for (; k < cols; k++) v += (a[k] - m) * (a[k] - m);
   *mean = m, *var = v / (float)cols;
 }
-PR_OUT_OF_LINE void layernorm_r(const void *arg, int64_t lo, int64_t hi) {
+PR_RANGE void layernorm_r(const void *arg, int64_t lo, int64_t hi) {
   const PrRows *q = (const PrRows *)arg;
   const float *x = q->x, *scale = q->scale, *bias = q->bias;
   int64_t cols = q->cols;
@@ -1245,12 +1276,12 @@ static inline void layernorm_grad_rows(const float *x, const float *scale, const
       for (int64_t q = 0; q < cols; q++) d[q] = inv * (g[q] * scale[q] - mg - (a[q] - mean) * inv * mgx);
   }
 }
-PR_OUT_OF_LINE void layernorm_dx_r(const void *arg, int64_t lo, int64_t hi) {
+PR_RANGE void layernorm_dx_r(const void *arg, int64_t lo, int64_t hi) {
   const PrRows *q = (const PrRows *)arg;
   layernorm_grad_rows(q->x, q->scale, q->dy, q->dx, NULL, NULL, lo, hi, q->cols, q->eps, q->acc);
 }
 /* Columns [lo, hi) of dscale and dbias: each still summed over the rows in order, as on one thread. */
-PR_OUT_OF_LINE void layernorm_dw_r(const void *arg, int64_t lo, int64_t hi) {
+PR_RANGE void layernorm_dw_r(const void *arg, int64_t lo, int64_t hi) {
   const PrRows *q = (const PrRows *)arg;
   int64_t cols = q->cols, rows = q->rows;
   for (int64_t r = 0; r < rows; r++) {
@@ -1272,7 +1303,7 @@ static inline void k_layernorm_grad(const float *x, const float *scale, const fl
   }
   if (dx) PR_ROWS_FOR(layernorm_dx_r, rows, cols, 8, .x = x, .scale = scale, .dy = dy, .dx = dx, .eps = eps, .acc = acc);
   if (dscale || dbias)
-    pr_par_for(cols, 64, (double)rows * (double)cols * 4, layernorm_dw_r,
+    PR_PAR_RUN(cols, 64, (double)rows * (double)cols * 4, layernorm_dw_r,
                &(PrRows){.x = x, .dy = dy, .dscale = dscale, .dbias = dbias, .rows = rows, .cols = cols, .eps = eps});
 }
 
@@ -1332,7 +1363,7 @@ static inline double k_mse_onehot(const float *logits, const int64_t *labels, fl
  * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
 /* Elements [lo, hi) (lo a multiple of the grain: the eight-at-a-time loop takes the same elements as on
  * one thread). */
-PR_OUT_OF_LINE void gelu_r(const void *arg, int64_t lo, int64_t n) {
+PR_RANGE void gelu_r(const void *arg, int64_t lo, int64_t n) {
   const PrEw *e = (const PrEw *)arg;
   const float *x = e->x;
   float *y = e->out;
@@ -1381,7 +1412,7 @@ static inline float gelu_slope(float v, int tanh_approx) {
   float pdf = kPdf * expf(v * v * -0.5f);
   return cdf + v * pdf;
 }
-PR_OUT_OF_LINE void gelu_grad_r(const void *arg, int64_t lo, int64_t n) {
+PR_RANGE void gelu_grad_r(const void *arg, int64_t lo, int64_t n) {
   const PrEw *e = (const PrEw *)arg;
   const float *x = e->x, *dy = e->dy;
   float *dx = e->out;
@@ -1548,7 +1579,7 @@ static inline float un_apply(int op, float x, float a, float b) {
 }
 /* The op chosen once per part, each its own loop (a constant op, as the inlined kernel had). */
 #define UN_LOOP(OP) for (int64_t i = lo; i < hi; i++) e->out[i] = un_apply(OP, e->x[i], e->f0, e->f1);
-PR_OUT_OF_LINE void unary_r(const void *arg, int64_t lo, int64_t hi) {
+PR_RANGE void unary_r(const void *arg, int64_t lo, int64_t hi) {
   const PrEw *e = (const PrEw *)arg;
   switch (e->op) {
   case UN_NEG: UN_LOOP(UN_NEG) break;

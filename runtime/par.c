@@ -24,7 +24,7 @@
  * them made every kernel after a GEMM slower than on one thread. */
 #define PR_PAR_SPIN 200000
 
-static int nthreads = 1;
+int pr_par_nthreads = 1;
 static int spin_limit = PR_PAR_SPIN; /* fewer CPUs than threads (pr_par_init): a waiting thread yields at once */
 static pthread_t tids[PR_PAR_MAX];
 static _Atomic uint32_t gen;     /* the job's number: a worker runs a job when it changes */
@@ -53,7 +53,7 @@ static void futex_wake(_Atomic uint32_t *addr) { syscall(SYS_futex, (uint32_t *)
 /* Part t of the job: a contiguous run of whole grains (the last part ends at n). */
 static void run_part(int t) {
   int64_t units = (job.n + job.grain - 1) / job.grain;
-  int64_t lo = units * t / nthreads * job.grain, hi = units * (t + 1) / nthreads * job.grain;
+  int64_t lo = units * t / pr_par_nthreads * job.grain, hi = units * (t + 1) / pr_par_nthreads * job.grain;
   if (hi > job.n) hi = job.n;
   if (lo < hi) job.fn(job.arg, lo, hi);
 }
@@ -88,7 +88,7 @@ int pr_par_init(int threads, int cpus) {
     errno = EINVAL;
     return -1;
   }
-  if (nthreads > 1) return threads == nthreads ? 0 : (errno = EBUSY, -1);
+  if (pr_par_nthreads > 1) return threads == pr_par_nthreads ? 0 : (errno = EBUSY, -1);
   gen0 = atomic_load(&gen);
   /* Spinning pays only while each thread has a CPU of its own; otherwise a waiting thread would hold
    * the CPU the thread it waits for needs. */
@@ -96,26 +96,26 @@ int pr_par_init(int threads, int cpus) {
   for (int t = 1; t < threads; t++) {
     int rc = pthread_create(&tids[t], NULL, worker, (void *)(intptr_t)t);
     if (rc) {
-      nthreads = t;
+      pr_par_nthreads = t;
       pr_par_stop();
       errno = rc;
       return -1;
     }
-    nthreads = t + 1;
+    pr_par_nthreads = t + 1;
   }
   return 0;
 }
 
-int pr_par_threads(void) { return nthreads; }
+int pr_par_threads(void) { return pr_par_nthreads; }
 
 void pr_par_for(int64_t n, int64_t grain, double work, PrRange fn, const void *arg) {
   if (grain < 1) grain = 1;
-  if (nthreads <= 1 || in_job || n <= grain || work < PR_PAR_MIN_WORK) {
+  if (pr_par_nthreads <= 1 || in_job || n <= grain || work < PR_PAR_MIN_WORK) {
     if (n > 0) fn(arg, 0, n);
     return;
   }
   job.fn = fn, job.arg = arg, job.n = n, job.grain = grain;
-  atomic_store_explicit(&pending, nthreads - 1, memory_order_relaxed);
+  atomic_store_explicit(&pending, pr_par_nthreads - 1, memory_order_relaxed);
   atomic_fetch_add(&gen, 1); /* publishes the job (sequentially consistent, as `sleepers` below) */
   if (atomic_load(&sleepers)) futex_wake(&gen);
   in_job = 1;
@@ -127,11 +127,11 @@ void pr_par_for(int64_t n, int64_t grain, double work, PrRange fn, const void *a
 }
 
 void pr_par_stop(void) {
-  if (nthreads <= 1) return;
+  if (pr_par_nthreads <= 1) return;
   atomic_store(&stopping, 1);
   atomic_fetch_add(&gen, 1);
   futex_wake(&gen);
-  for (int t = 1; t < nthreads; t++) pthread_join(tids[t], NULL);
-  nthreads = 1;
+  for (int t = 1; t < pr_par_nthreads; t++) pthread_join(tids[t], NULL);
+  pr_par_nthreads = 1;
   atomic_store(&stopping, 0);
 }

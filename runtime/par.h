@@ -26,6 +26,7 @@ typedef void (*PrRange)(const void *arg, int64_t lo, int64_t hi);
 int pr_par_init(int threads, int cpus);
 /* The threads kernels split over (1 before pr_par_init). */
 int pr_par_threads(void);
+extern int pr_par_nthreads; /* the same, read inline by the kernels (kernels.h, PR_PAR_RUN) */
 /* fn(arg, lo, hi) over [0, n) in parts of `grain` items; `work` estimates the whole call's cost in
  * elements touched, below PR_PAR_MIN_WORK it runs on this thread alone.  Returns when every part is done. */
 void pr_par_for(int64_t n, int64_t grain, double work, PrRange fn, const void *arg);
