@@ -26,10 +26,12 @@
  * A kernel's loop is a range function over its items (elements, rows, batches), its operands in a
  * struct; the kernel hands it to PR_PAR_RUN, which runs it whole on one thread or in parts of whole
  * grains on T (pr_par_for).  Each item is computed by the same code either way, so T changes no bits.
- * A range function is inline: on one thread the kernel calls it directly, and clang specialises it on
- * the call's constant shape as it did the loop it replaced; on T threads par.c calls its out-of-line
- * copy.  The last argument: a pointer to the operands (a compound literal may hold commas). */
-#define PR_RANGE static inline __attribute__((always_inline, unused))
+ * A range function is never inlined: one thread and T run the same machine code.  Inlined with a call's
+ * constant shape, clang vectorised some loops differently from the function's own copy (softmax's exp:
+ * libmvec in one, libm's expf in the other), and the bits moved with T.  Loops that call libm where
+ * speed matters say how they vectorise themselves (softmax_r).  The last argument: a pointer to the
+ * operands (a compound literal may hold commas). */
+#define PR_RANGE static __attribute__((noinline, unused))
 #define PR_PAR_RUN(n, grain, work, fn, ...)                                                                 \
   do {                                                                                                      \
     const void *par_arg_ = (__VA_ARGS__);                                                                   \
@@ -1172,7 +1174,23 @@ PR_RANGE void softmax_r(const void *arg, int64_t lo, int64_t hi) {
      * summed in lanes, then divided.  A vector expf takes a slow path, a lane at a time, for arguments
      * near or below its underflow, and a causal mask makes half of every row -inf: those lanes get an
      * argument of 0 and are set afterwards, -inf to 0 and the rest (a denormal or 0) by the scalar expf. */
-    for (int64_t k = 0; k < cols; k++) {
+    int64_t k = 0;
+#if defined(PR_MVEC) && defined(__AVX2__)
+    /* Eight at a time through libmvec, as the vectoriser did when the shape was a constant (the
+     * out-of-line copy left most of a row of 32 to the scalar expf), the tail one at a time. */
+    for (; k + 8 <= cols; k += 8) {
+      pr_v8sf_a v;
+      float t[8];
+      for (int j = 0; j < 8; j++) t[j] = a[k + j] - mx > PR_EXP_LOW ? a[k + j] - mx : 0.0f;
+      memcpy(&v, t, sizeof v);
+      v = _ZGVdN8v_expf(v);
+      memcpy(b + k, &v, sizeof v);
+    }
+#endif
+#ifdef __clang__
+#pragma clang loop vectorize(disable)
+#endif
+    for (; k < cols; k++) {
       float t = a[k] - mx;
       b[k] = expf(t > PR_EXP_LOW ? t : 0.0f);
     }
