@@ -24,7 +24,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: test-parity bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-pipefb test-async test-freeze
+.PHONY: test-parity bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-pipefb test-async test-freeze
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
@@ -161,6 +161,11 @@ bench-predict: all
 # accuracy with --freeze auto, without freezing and with torch's GPipe Pipe; about 7 minutes.
 bench-freeze: all
 	/usr/bin/python3 bench/freezebench.py
+
+# --threads (bench/threads.md): one rank on 2 threads against PyTorch on 2 threads, and against one thread
+# and two stages; about 8 minutes.
+bench-threads: all
+	/usr/bin/python3 bench/threadsbench.py
 
 # Building what pipecc generates (bench/buildtime.md): make -j2 of each torchvision model's stages, and the
 # generated directory against the ONNX file; about 5 minutes.
