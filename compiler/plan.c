@@ -760,13 +760,13 @@ double plan_lib_bytes(const Plan *p, int i, int j) {
   return b;
 }
 
-/* What stage s's arena may take: the limit, less what its convolutions' library holds beside the arena
- * once the cut is made (the partitioner's prices add it instead). */
 int plan_core_groups(const Plan *p) {
   int c = p->machine.cores, t = p->opt.threads > 1 ? p->opt.threads : 1;
   return c <= 0 ? 0 : c / t > 0 ? c / t : 1;
 }
 
+/* What stage s's arena may take: the limit, less what its convolutions' library holds beside the arena
+ * once the cut is made (the partitioner's prices add it instead). */
 double plan_stage_limit(const Plan *p, int s) {
   double lim = p->machine.dev[s].mem_bytes;
   if (p->opt.mem_limit > 0 && (lim <= 0 || p->opt.mem_limit < lim)) lim = p->opt.mem_limit;
