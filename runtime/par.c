@@ -3,9 +3,10 @@
  * One job at a time, posted by the thread that runs the stage's kernels: the
  * job's generation number goes up, the workers see it, each runs its part and
  * counts itself done, and the poster runs part 0 and waits for the count.
- * A worker waiting for the next job spins briefly (kernels come back to back
- * inside a forward) and then sleeps on a futex, so that it leaves its core to
- * OpenBLAS's threads during a GEMM and to the other ranks between actions. */
+ * A worker waiting for the next job spins (kernels come back to back inside a
+ * forward, and waking a sleeping thread costs more than most parts take) and
+ * then sleeps on a futex, so that a rank waiting for a message, or done with
+ * its step, leaves the core to the other ranks. */
 #include "par.h"
 #include <errno.h>
 #include <limits.h>
