@@ -51,7 +51,7 @@ static void rows_next(Rows *w) {
   else { PR_BIN_ROW(OP, ta, tb) }
 /* A call's walk, and the part of it one thread takes: rows [r0, r1), elements [k0, k1) of each. */
 typedef struct Walk {
-  int op, which, acc;
+  int op, which;
   const float *a, *b, *dy;
   float *y;
   const BcastShape *s;
