@@ -16,7 +16,7 @@ LDLIBS  := -lprotobuf-c -lopenblas -lm
 PY      := /usr/bin/python3
 
 DEB_PKGS := protobuf-c-compiler libprotobuf-c-dev libonnx-dev openmpi-bin libopenmpi-dev \
-            libopenblas-dev libdnnl-dev clang libclang-rt-14-dev python3-onnx python3-torch \
+            libopenblas-dev libdnnl-dev liburing-dev clang libclang-rt-14-dev python3-onnx python3-torch \
             python3-torchvision python3-numpy chromium iproute2
 
 COMPILER_SRC := $(filter-out compiler/main.c,$(wildcard compiler/*.c compiler/ops/*.c))

@@ -2096,6 +2096,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   MPI_Comm_free(&r.fcomm);
   wait_all(&r, r.oreq, 2 * nx + nst, -1, "to finish moving offloaded activations");
   for (int x = 0; r.xfer && x < nx; x++) wait_file(&r, x, "the last offloaded activations");
+  double xfer_how = !r.xfer ? 0 : !strcmp(xfer_kind(r.xfer), "io_uring") ? 1 : 2;
   xfer_close(r.xfer);
   MPI_Comm_free(&r.ocomm);
   /* The arena is static and the step loop allocates nothing: the end is the
@@ -2132,9 +2133,10 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   }
   /* The summary: every stage's compute, wait and memory, on the last stage. */
   /* Each rank's own wall time: another rank's would make comm+other negative. */
-  enum { NSUM = 13 };
+  enum { NSUM = 14 };
   double mine[NSUM] = {r.t_compute, r.t_wait, (double)st->arena_bytes, st->predicted_bytes, r.t_total, (double)r.rss_peak,
-                       (double)r.rss_overhead, r.t_xfer_wait, r.sent_bytes, r.t_exposed, r.bub_busy, r.bub_wall, r.pinned_cpu}, *all = NULL;
+                       (double)r.rss_overhead, r.t_xfer_wait, r.sent_bytes, r.t_exposed, r.bub_busy, r.bub_wall, r.pinned_cpu,
+                       xfer_how}, *all = NULL;
   if (st->loss) all = malloc(sizeof(double) * NSUM * (size_t)st->nstages);
   MPI_Gather(mine, NSUM, MPI_DOUBLE, all, NSUM, MPI_DOUBLE, st->loss_rank, MPI_COMM_WORLD);
   if (st->loss && !r.a.quiet) {
@@ -2152,6 +2154,12 @@ int pr_main(int argc, char **argv, const PrStage *st) {
       for (int s = 0; s < st->nstages; s++) printf(" %.0f", all[NSUM * s + 12]);
       printf(" (the plan's sharing of %d cores; run.sh --no-pin leaves them to Linux)\n", st->pin_cores);
     }
+    int nfile = 0; /* runtime/xfer.c: io_uring, or a thread where none can be had */
+    for (int s = 0; s < st->nstages; s++) nfile += all[NSUM * s + 13] > 0;
+    for (int s = 0, k = 0; s < st->nstages; s++)
+      if (all[NSUM * s + 13] > 0)
+        k++, printf("%s stage %d by %s%s", k > 1 ? "," : "offload file copies:", s, all[NSUM * s + 13] == 1 ? "io_uring" : "an I/O thread",
+                    k == nfile ? "\n" : "");
     printf("stage  compute_s  wait_s  comm+other_s  arena_bytes  predicted_bytes  rss_peak_bytes  rss_overhead_bytes  xfer_wait_s"
            "  sent_bytes  exposed_s\n");
     for (int s = 0; s < st->nstages; s++) {

@@ -1,6 +1,6 @@
-/* xfer.h - the file side of the memory plan: an I/O thread that writes a
- * micro-batch's offloaded activations to a file and reads them back, so that
- * compute goes on while the copies run (compiler/stash.c plans when). */
+/* xfer.h - the file side of the memory plan: copies a micro-batch's offloaded
+ * activations to a file and back while compute goes on (compiler/stash.c plans
+ * when), as io_uring requests or on an I/O thread (xfer.c says which, and why). */
 #ifndef PIPERUN_XFER_H
 #define PIPERUN_XFER_H
 #include <stddef.h>
@@ -9,9 +9,11 @@
 typedef struct PrXfer PrXfer;
 
 /* Opens DIR/pipecc-offload-<stage>-<pid>.bin (removed from the directory at
- * once: nothing is left behind, even by a crash) and starts the thread.
+ * once: nothing is left behind, even by a crash) and sets up the copies.
  * NULL with msg set on failure. */
 PrXfer *xfer_open(const char *dir, int stage, int nxslots, char *msg, size_t len);
+/* "io_uring" or "an I/O thread": what runs the copies. */
+const char *xfer_kind(const PrXfer *x);
 /* Queues a copy of bytes from buf to the file at off (write) or back (read);
  * xslot names the block it belongs to. */
 void xfer_submit(PrXfer *x, int write, int xslot, void *buf, int64_t bytes, int64_t off);

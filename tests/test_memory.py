@@ -106,14 +106,14 @@ def memory_actions(out):
     return len(re.findall(r"\{PR_(OFFLOAD|RECOMPUTE),", text))
 
 
-def train(out, data, tmp, tag):
-    """Trains 3 steps; (losses, saved model bytes, per-stage summary rows) or None."""
+def train(out, data, tmp, tag, env=None, extra=()):
+    """Trains 3 steps; (losses, saved model bytes, per-stage summary rows, stdout) or None."""
     b = run(["make", "-s", "-C", out, "-j2"])
     if not check(b.returncode == 0, f"{tag}: the stages build" + ("" if b.returncode == 0 else f" ({b.stderr.strip()[-300:]})")):
         return None
     log, saved = os.path.join(tmp, tag + ".csv"), os.path.join(tmp, tag + ".onnx")
-    x = run([os.path.join(out, "run.sh"), "--data", data, "--steps", str(STEPS), "--log", log, "--save", saved, "--timeout", "120"],
-            timeout=600)
+    x = run([os.path.join(out, "run.sh"), "--data", data, "--steps", str(STEPS), "--log", log, "--save", saved, "--timeout", "120",
+             *extra], timeout=600, env=dict(os.environ, **(env or {})))
     if not check(x.returncode == 0, f"{tag}: trains" + ("" if x.returncode == 0 else f" ({(x.stderr or x.stdout).strip()[-400:]})")):
         return None
     losses = [row["loss"] for row in csv.DictReader(open(log))]
@@ -121,7 +121,51 @@ def train(out, data, tmp, tag):
     head = next(i for i, l in enumerate(lines) if l.startswith("stage  compute_s"))
     cols = lines[head].split()
     rows = [dict(zip(cols, map(float, l.split()))) for l in lines[head + 1:] if l.split() and l.split()[0].isdigit()]
-    return losses, open(saved, "rb").read(), rows
+    return losses, open(saved, "rb").read(), rows, x.stdout
+
+
+def io_uring_usable():
+    """Whether this kernel lets a process make an io_uring (io_uring_setup, syscall 425 on x86-64):
+    a container may forbid it, and the runtime then copies on a thread of its own."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    params = ctypes.create_string_buffer(120)
+    fd = libc.syscall(425, 4, params)
+    if fd >= 0:
+        os.close(fd)
+    return fd >= 0
+
+
+def file_copies(tag, out, data, tmp, odir, p_losses, p_model, stdout):
+    """A file offload's copies run as io_uring requests where liburing was built in and the kernel allows
+    it, else on the runtime's I/O thread (runtime/xfer.c); both give the plain plan's bits, and a file
+    that cannot take the copies (a full disk) stops the job naming it, with either."""
+    line = next((l for l in stdout.splitlines() if l.startswith("offload file copies:")), "")
+    want = "io_uring" if os.path.exists("/usr/include/liburing.h") and io_uring_usable() else "an I/O thread"
+    check(line and "by " + want in line and ("by an I/O thread" in line) == (want == "an I/O thread"),
+          f"{tag}: the summary says every offloading stage's copies run by {want} ({line!r})")
+    res = train(out, data, tmp, tag.replace(" ", ".") + ".thread", env={"PIPERUN_XFER": "thread"})
+    if res:
+        losses, saved, _, so = res
+        check(losses == p_losses and saved == p_model and "by an I/O thread" in so and "by io_uring" not in so,
+              f"{tag}, PIPERUN_XFER=thread: the I/O thread's copies give the plain plan's bits too ({losses[-1:]} vs {p_losses[-1:]})")
+    # A directory that fills up: a 64 KiB tmpfs (mounting needs root, as the suite runs in CI).
+    tiny = os.path.join(tmp, "tiny")
+    os.makedirs(tiny, exist_ok=True)
+    if not check(run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", tiny]).returncode == 0,
+                 f"{tag}: a 64 KiB tmpfs mounts for the full-disk case (as root)"):
+        return
+    try:
+        for how, env in (("io_uring" if want == "io_uring" else "the I/O thread", {}), ("the I/O thread", {"PIPERUN_XFER": "thread"})):
+            x = run([os.path.join(out, "run.sh"), "--data", data, "--steps", str(STEPS), "--offload-dir", tiny, "--timeout", "60"],
+                    timeout=300, env=dict(os.environ, **env))
+            msg = (x.stderr + x.stdout).strip()
+            check(x.returncode != 0 and "offloading activations failed: writing " + tiny + "/pipecc-offload-" in msg
+                  and "No space left on device" in msg and not os.listdir(tiny),
+                  f"{tag}: a full offload directory stops the job naming the file, by {how}, nothing left behind "
+                  f"(rc {x.returncode}: {msg[-300:]!r})")
+    finally:
+        run(["umount", tiny])
 
 
 def case(model, n, sched, target, fracs, tmp, data, plain_cache):
@@ -196,7 +240,7 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache):
     ref = plain(conv)
     if not check(ref is not None, f"{tag}: the plain plan on the limited plan's convolutions ({conv}) trains"):
         return
-    _, (p_losses, p_model, p_rows) = ref
+    _, (p_losses, p_model, p_rows, _) = ref
     got = arenas(out)
     bound = [limit if target != "peer" or r < (n + 1) // 2 else float("inf") for r in range(n)]
     check(all(a <= b for a, b in zip(got, bound)), f"{tag} limit {limit}: every limited rank's arena fits ({got})")
@@ -206,13 +250,15 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache):
     res = train(out, data, tmp, f"{model}.{n}.{sched}.{target}")
     if not res:
         return
-    losses, saved, rows = res
+    losses, saved, rows, stdout = res
     check(losses == p_losses and len(losses) == STEPS, f"{tag}: the losses are bit-identical to the plain plan's ({losses[-1:]} vs {p_losses[-1:]})")
     check(saved == p_model, f"{tag}: the trained weights are bit-identical to the plain plan's")
     over = [(r["stage"], r["rss_peak_bytes"], b + p["rss_overhead_bytes"] + SLACK) for r, p, b in zip(rows, p_rows, bound)
             if r["rss_peak_bytes"] > b + p["rss_overhead_bytes"] + SLACK]
     check(not over and len(rows) == n, f"{tag}: every stage's peak RSS is at most the limit plus the plain run's overhead "
                                        f"(stage, peak, allowed: {over})")
+    if target == "file":
+        file_copies(tag, out, data, tmp, odir, p_losses, p_model, stdout)
 
 
 def infeasible(tmp):

@@ -198,13 +198,16 @@ def prepare(case_dir, work):
 
 
 def lib_cflags():
-    """What the generated Makefile adds when the machine has oneDNN (convolutions through it)."""
-    return ["-DPR_DNNL"] if os.path.exists("/usr/include/dnnl.h") else []
+    """What the generated Makefile adds when the machine has oneDNN (convolutions through it) and liburing
+    (a file offload's copies)."""
+    return (["-DPR_DNNL"] if os.path.exists("/usr/include/dnnl.h") else []) + \
+        (["-DPR_URING"] if os.path.exists("/usr/include/liburing.h") else [])
 
 
 def lib_ldlibs():
     """The libraries build_runtime's objects need beyond OpenBLAS and protobuf-c (as the generated Makefile)."""
-    return ["-ldnnl", "-lgomp"] if os.path.exists("/usr/include/dnnl.h") else []
+    return (["-ldnnl", "-lgomp"] if os.path.exists("/usr/include/dnnl.h") else []) + \
+        (["-luring"] if os.path.exists("/usr/include/liburing.h") else [])
 
 
 def build_runtime(work):
