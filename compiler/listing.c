@@ -75,7 +75,7 @@ static const char *target_text(const Plan *p, int s, char *buf, size_t len) {
 }
 
 /* What a stage of nodes [a, e) holds beside its arena that a memory limit counts: oneDNN's code and
- * descriptors (docs/memory.md: a file offload's I/O thread is not counted). */
+ * descriptors (docs/memory.md: a file offload's io_uring ring, 16-24 KiB measured, is not counted). */
 static double beside_arena(const Plan *p, int a, int e) { return plan_lib_bytes(p, a, e); }
 
 static void memory_plan_text(const Plan *p, int s, Buf *b) {

@@ -226,7 +226,7 @@ static double compute_part(const Action *a, const StageCost *c) {
 }
 
 /* The timing simulation's state.  Transfers of the memory plan run beside
- * compute: each rank has one channel (its I/O thread, or its link to the
+ * compute: each rank has one channel (its file copies, or its link to the
  * peer) that carries its OFFLOADs and PREFETCHes in the order they are
  * posted; a peer's copy leaves once the peer has posted its HOLD and comes
  * back once it has posted its RETURN (which waits for the data to be there).
@@ -391,7 +391,7 @@ static int uses_cpu(int kind) { return action_is_compute(kind) || kind == ACT_RE
  * runs one action at a time at its own speed (Linux's time slices are longer
  * than most actions; a rank that waits yields its core).  A file transfer
  * of the memory plan runs on its rank's channel beside compute, as unpinned:
- * the I/O thread is not pinned (runtime/piperun.c).  -1: none can start yet. */
+ * the kernel's io-wq workers (or the I/O thread) that copy are not pinned (runtime/xfer.c).  -1: none can start yet. */
 static int pick_pinned(Sim *sim, const int *next, const int *has_pre, const double *core_free, double *start) {
   const Schedule *sc = sim->sc;
   int best = -1;
@@ -537,8 +537,8 @@ int schedule_time(Schedule *sc, const StageCost *cost) {
   for (int pass = 0; pass < 12; pass++) {
     if ((rc = simulate(sc, cost, stretch))) break;
     /* The number of ranks computing, as a step function of time.  A rank's
-     * I/O thread copying to or from its file (the memory plan) takes a core
-     * too while the copy runs. */
+     * copy to or from its file (the memory plan: an io-wq worker of the kernel,
+     * or the I/O thread) takes a core too while it runs. */
     int ne = 0;
     for (int s = 0; s < p; s++)
       for (int k = 0; k < sc->nact[s]; k++) {

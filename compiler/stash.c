@@ -4,7 +4,7 @@
  * values its backward reads (kept: a ring copy per slot, as before) and lets
  * the others leave between a micro-batch's forward and its backward:
  *   offloaded  copied out after the forward (to a peer rank's memory, or to a
- *              file through the runtime's I/O thread) and prefetched back
+ *              file, as the runtime's io_uring requests) and prefetched back
  *              before the backward;
  *   recomputed dropped, and made again before the backward by re-running the
  *              forward calls that made them, from what stayed (the same
