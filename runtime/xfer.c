@@ -117,8 +117,9 @@ static void thread_submit(PrXfer *x, const Job *j) {
 static void uring_send(PrXfer *x, int i) {
   Job *j = &x->q[i];
   struct io_uring_sqe *s = io_uring_get_sqe(&x->ring); /* never NULL: no more requests than entries */
-  if (j->write) io_uring_prep_write(s, x->fd, j->buf, (unsigned)j->bytes, (uint64_t)j->off);
-  else io_uring_prep_read(s, x->fd, j->buf, (unsigned)j->bytes, (uint64_t)j->off);
+  unsigned n = j->bytes > (1 << 30) ? 1u << 30 : (unsigned)j->bytes; /* a larger block goes in parts, as a short copy */
+  if (j->write) io_uring_prep_write(s, x->fd, j->buf, n, (uint64_t)j->off);
+  else io_uring_prep_read(s, x->fd, j->buf, n, (uint64_t)j->off);
   io_uring_sqe_set_flags(s, IOSQE_ASYNC);
   io_uring_sqe_set_data64(s, (uint64_t)i);
   int r;
@@ -130,8 +131,9 @@ static void uring_send(PrXfer *x, int i) {
 static void uring_done(PrXfer *x, struct io_uring_cqe *c) {
   int i = (int)io_uring_cqe_get_data64(c), res = c->res;
   io_uring_cqe_seen(&x->ring, c);
+  if (i < 0 || i >= x->cap || !x->q[i].busy) return; /* not ours (a request whose submission failed) */
   Job *j = &x->q[i];
-  if (res == -EINTR || res == -EAGAIN) return uring_send(x, i);
+  if ((res == -EINTR || res == -EAGAIN) && !x->err[0]) return uring_send(x, i);
   if (res > 0 && res < j->bytes && !x->err[0]) {
     j->buf += res, j->bytes -= res, j->off += res;
     return uring_send(x, i);
