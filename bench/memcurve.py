@@ -182,15 +182,16 @@ def run_stages(b, d, plan, data, steps):
     if len(dts) != steps:
         raise b.CmdError(f"log has {len(dts)} steps, expected {steps}")
     warm = max(3, steps // 5)
+    copies = next((ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("offload file copies:")), "")
     return {"median_s": statistics.median(dts[warm:]), "wall_s": secs, "hwm": dict(poll.hwm),
-            "stages": parse_summary(out, n)}
+            "stages": parse_summary(out, n), "copies": copies}
 
 
 def measured_peak(r, base=None):
     """The busiest stage's measured memory: the largest over the stages of the runtime's
     rss_peak_bytes (peak anonymous RSS) less the runtime's overhead (rss_overhead_bytes: what is not
     the arena, MPI's, BLAS's, the loader's) of the same stage in the plain run `base`; so what a
-    plan adds outside its arena (an I/O thread, copy buffers) counts.  None where the runtime does
+    plan adds outside its arena (a file offload's io_uring ring or I/O thread, copy buffers) counts.  None where the runtime does
     not print these columns."""
     base = base or r
     vals = []
@@ -395,6 +396,8 @@ def report(b, res, svg_dir):
             continue
         mp = measured_peak(pt["run"], p0)
         note = f"same program as {pt['same_as']}" if pt.get("same_as") else ""
+        if not note and pt["run"].get("copies"):   # a file offload: what ran its copies (runtime/xfer.c)
+            note = "file copies: " + pt["run"]["copies"]
         b.add_row(sec, case, "predicted_busiest_arena", pt["pred_arena"], "bytes", note=f"stage {pt['pred_stage']}")
         b.add_row(sec, case, "predicted_pct_of_plain", pt["pred_pct"], "%")
         b.add_row(sec, case, "measured_busiest_peak", mp, "bytes",
@@ -525,7 +528,7 @@ def section_memcurve(b, data, models=None, svg_dir=HERE):
              "that target (its error line is the note). Predicted = the largest arena in plan.json; measured = the "
              "largest, over the stages, of the runtime summary's rss_peak_bytes (the stage's peak anonymous RSS) "
              "less the plain run's rss_overhead_bytes for that stage (what is not the arena: MPI, BLAS, the loader), "
-             "so what a plan adds outside its arena (the file offload's I/O thread, copy buffers) counts and the "
+             "so what a plan adds outside its arena (the file offload's io_uring ring, or its I/O thread where no ring can be had; copy buffers) counts and the "
              "measured share can sit above the predicted one; VmHWM = the largest peak RSS of a stage process "
              "polled from /proc (Open MPI and OpenBLAS included). Step = median step after warm-up, best of "
              f"{repeats} round(s); in each the plain program runs before the first variant and after every one (P V1 P V2 "
