@@ -149,11 +149,12 @@ def file_copies(tag, out, data, tmp, odir, p_losses, p_model, stdout):
         losses, saved, _, so = res
         check(losses == p_losses and saved == p_model and "by an I/O thread" in so and "by io_uring" not in so,
               f"{tag}, PIPERUN_XFER=thread: the I/O thread's copies give the plain plan's bits too ({losses[-1:]} vs {p_losses[-1:]})")
-    # A directory that fills up: a 64 KiB tmpfs (mounting needs root, as the suite runs in CI).
+    # A directory that fills up: a tmpfs of one page, smaller than any sample model's offload file (the
+    # MLP's is 33 KiB; mounting needs root, as the suite runs in CI).
     tiny = os.path.join(tmp, "tiny")
     os.makedirs(tiny, exist_ok=True)
-    if not check(run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", tiny]).returncode == 0,
-                 f"{tag}: a 64 KiB tmpfs mounts for the full-disk case (as root)"):
+    if not check(run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", tiny]).returncode == 0,
+                 f"{tag}: a one-page tmpfs mounts for the full-disk case (as root)"):
         return
     try:
         for how, env in (("io_uring" if want == "io_uring" else "the I/O thread", {}), ("the I/O thread", {"PIPERUN_XFER": "thread"})):
