@@ -814,14 +814,17 @@ static int otag(int64_t step, int mb, int back) { return ((int)(step % 64) * 409
 
 /* Waits for the file's copies of xslot (the I/O thread), under the watchdog. */
 static void wait_file(Run *r, int xslot, const char *what) {
-  if (!r->xfer || !xfer_pending(r->xfer, xslot)) return;
+  if (!r->xfer) return;
   double t0 = now();
+  int waited = 0;
   while (xfer_pending(r->xfer, xslot)) {
     if (now() - t0 > r->timeout) die(4, "step %lld: the offload file's I/O took more than %.1f s (%s); stopping", (long long)r->step + 1, r->timeout, what);
-    xfer_nap(r->xfer);
+    xfer_nap(r->xfer), waited = 1;
   }
+  /* Whether or not this xslot waited: a copy that failed is not retried, and what it left must not be read. */
   const char *e = xfer_error(r->xfer);
   if (e) die(5, "step %lld: offloading activations failed: %s", (long long)r->step + 1, e);
+  if (!waited) return;
   double t1 = now();
   r->t_wait += t1 - t0, r->t_xfer_wait += t1 - t0;
   trace_add(&r->trace, -1, r->cur->mb, r->cur->slot, r->step, t0, t1);

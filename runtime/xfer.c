@@ -123,7 +123,9 @@ static void uring_send(PrXfer *x, int i) {
   io_uring_sqe_set_flags(s, IOSQE_ASYNC);
   io_uring_sqe_set_data64(s, (uint64_t)i);
   int r;
-  while ((r = io_uring_submit(&x->ring)) == -EINTR || r == -EAGAIN) {}
+  while ((r = io_uring_submit(&x->ring)) == -EINTR || r == -EAGAIN) nanosleep(&(struct timespec){0, 100000}, NULL);
+  /* Failed: the run stops at its next wait (xfer_error); a completion the kernel may still send for
+   * this request finds its slot free and is ignored. */
   if (r < 0) fail(x, j, -r), j->busy = 0, x->n--, x->pending[j->xslot]--;
 }
 
@@ -133,10 +135,14 @@ static void uring_done(PrXfer *x, struct io_uring_cqe *c) {
   io_uring_cqe_seen(&x->ring, c);
   if (i < 0 || i >= x->cap || !x->q[i].busy) return; /* not ours (a request whose submission failed) */
   Job *j = &x->q[i];
-  if ((res == -EINTR || res == -EAGAIN) && !x->err[0]) return uring_send(x, i);
+  if ((res == -EINTR || res == -EAGAIN) && !x->err[0]) {
+    uring_send(x, i);
+    return;
+  }
   if (res > 0 && res < j->bytes && !x->err[0]) {
     j->buf += res, j->bytes -= res, j->off += res;
-    return uring_send(x, i);
+    uring_send(x, i);
+    return;
   }
   if (res <= 0) fail(x, j, res < 0 ? -res : 0);
   j->busy = 0, x->n--, x->pending[j->xslot]--;
@@ -167,6 +173,7 @@ static int conflict(const PrXfer *x, const Job *j) {
 }
 
 static void uring_submit(PrXfer *x, const Job *j) {
+  if (j->bytes <= 0) return; /* nothing to copy (the thread's loop does nothing either) */
   uring_reap(x, 0, 0);
   while (x->n == x->cap || conflict(x, j)) uring_reap(x, 1, 0);
   if (x->err[0]) return;
@@ -185,6 +192,14 @@ static int uring_start(PrXfer *x) {
   unsigned entries = 1;
   while (entries < (unsigned)x->cap) entries *= 2;
   if (io_uring_queue_init(entries, &x->ring, 0) < 0) return -1;
+  /* A sandbox may let a ring be made and still refuse its requests: one no-op must come back. */
+  struct io_uring_sqe *s = io_uring_get_sqe(&x->ring);
+  struct io_uring_cqe *c = NULL;
+  io_uring_prep_nop(s);
+  io_uring_sqe_set_data64(s, (uint64_t)-1);
+  int ok = io_uring_submit(&x->ring) == 1 && io_uring_wait_cqe(&x->ring, &c) == 0 && c->res == 0;
+  if (c) io_uring_cqe_seen(&x->ring, c);
+  if (!ok) return io_uring_queue_exit(&x->ring), -1;
   cpu_set_t cpus;
   if (!sched_getaffinity(0, sizeof cpus, &cpus)) io_uring_register_iowq_aff(&x->ring, sizeof cpus, &cpus);
   return 0;
@@ -226,14 +241,20 @@ const char *xfer_kind(const PrXfer *x) { return x->uring ? "io_uring" : "an I/O 
 void xfer_submit(PrXfer *x, int write, int xslot, void *buf, int64_t bytes, int64_t off) {
   Job j = {write, xslot, 0, buf, bytes, off};
 #ifdef PR_URING
-  if (x->uring) return uring_submit(x, &j);
+  if (x->uring) {
+    uring_submit(x, &j);
+    return;
+  }
 #endif
   thread_submit(x, &j);
 }
 
 int xfer_pending(PrXfer *x, int xslot) {
 #ifdef PR_URING
-  if (x->uring) return uring_reap(x, 0, 0), x->pending[xslot];
+  if (x->uring) {
+    uring_reap(x, 0, 0);
+    return x->pending[xslot];
+  }
 #endif
   pthread_mutex_lock(&x->mu);
   int n = x->pending[xslot];
@@ -243,7 +264,10 @@ int xfer_pending(PrXfer *x, int xslot) {
 
 void xfer_nap(PrXfer *x) {
 #ifdef PR_URING
-  if (x->uring) return uring_reap(x, 1, 1000000);
+  if (x->uring) {
+    uring_reap(x, 1, 1000000);
+    return;
+  }
 #endif
   struct timespec t;
   clock_gettime(CLOCK_REALTIME, &t);
