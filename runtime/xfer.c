@@ -42,6 +42,7 @@ typedef struct Job {
 
 struct PrXfer {
   int fd, uring;
+  double timeout; /* seconds a copy may wait for room or for an earlier copy (the run's --timeout) */
   char path[4096];
   int *pending; /* per xslot: copies queued or running */
   char err[512];
@@ -60,6 +61,19 @@ static void fail(PrXfer *x, const Job *j, int errnum) {
   if (x->err[0]) return;
   snprintf(x->err, sizeof x->err, "%s %s: %s", j->write ? "writing" : "reading", x->path,
            errnum ? strerror(errnum) : "the file ended early");
+}
+
+static double mono(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Queuing waited past the run's timeout for the copies before it: the next wait stops the job. */
+static void stuck(PrXfer *x, const Job *j) {
+  if (!x->err[0])
+    snprintf(x->err, sizeof x->err, "%s %s: the copies queued before it did not finish in %.1f s", j->write ? "writing" : "reading",
+             x->path, x->timeout);
 }
 
 /* ---- the I/O thread ---- */
@@ -103,7 +117,19 @@ static int thread_start(PrXfer *x) {
 
 static void thread_submit(PrXfer *x, const Job *j) {
   pthread_mutex_lock(&x->mu);
-  while (x->n == x->cap) pthread_cond_wait(&x->done, &x->mu);
+  double t0 = mono();
+  while (x->n == x->cap) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_nsec += 1000000;
+    if (t.tv_nsec >= 1000000000) t.tv_sec++, t.tv_nsec -= 1000000000;
+    pthread_cond_timedwait(&x->done, &x->mu, &t);
+    if (x->n == x->cap && mono() - t0 > x->timeout) {
+      stuck(x, j);
+      pthread_mutex_unlock(&x->mu);
+      return;
+    }
+  }
   x->q[(x->head + x->n) % x->cap] = *j;
   x->n++;
   x->pending[j->xslot]++;
@@ -175,7 +201,11 @@ static int conflict(const PrXfer *x, const Job *j) {
 static void uring_submit(PrXfer *x, const Job *j) {
   if (j->bytes <= 0) return; /* nothing to copy (the thread's loop does nothing either) */
   uring_reap(x, 0, 0);
-  while (x->n == x->cap || conflict(x, j)) uring_reap(x, 1, 0);
+  double t0 = mono();
+  while (!x->err[0] && (x->n == x->cap || conflict(x, j))) {
+    uring_reap(x, 1, 1000000);
+    if (mono() - t0 > x->timeout) stuck(x, j);
+  }
   if (x->err[0]) return;
   int i = 0;
   while (x->q[i].busy) i++;
@@ -208,9 +238,10 @@ static int uring_start(PrXfer *x) {
 
 /* ---- the interface ---- */
 
-PrXfer *xfer_open(const char *dir, int stage, int nxslots, char *msg, size_t len) {
+PrXfer *xfer_open(const char *dir, int stage, int nxslots, double timeout_s, char *msg, size_t len) {
   PrXfer *x = calloc(1, sizeof *x);
   if (!x) return snprintf(msg, len, "out of memory"), NULL;
+  x->timeout = timeout_s;
   snprintf(x->path, sizeof x->path, "%s/pipecc-offload-%d-%ld.bin", dir, stage, (long)getpid());
   x->fd = open(x->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (x->fd < 0) {

@@ -9,9 +9,10 @@
 typedef struct PrXfer PrXfer;
 
 /* Opens DIR/pipecc-offload-<stage>-<pid>.bin (removed from the directory at
- * once: nothing is left behind, even by a crash) and sets up the copies.
+ * once: nothing is left behind, even by a crash) and sets up the copies; a
+ * copy that waits timeout_s for the ones before it fails (xfer_error).
  * NULL with msg set on failure. */
-PrXfer *xfer_open(const char *dir, int stage, int nxslots, char *msg, size_t len);
+PrXfer *xfer_open(const char *dir, int stage, int nxslots, double timeout_s, char *msg, size_t len);
 /* "io_uring" or "an I/O thread": what runs the copies. */
 const char *xfer_kind(const PrXfer *x);
 /* Queues a copy of bytes from buf to the file at off (write) or back (read);
