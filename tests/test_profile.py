@@ -333,7 +333,10 @@ def kc_entries(path):
 def kernel_cache_cases(tmp, good, data):
     """A profile merged into the cache plans as --costs does; shapes shared with another model and another n are reused;
     hostile and foreign caches are warned about and ignored line by line (ASan build)."""
-    kc = os.environ["PIPECC_KERNEL_CACHE"]
+    # A cache of its own: the sections before may have merged their --costs plans into the suite's (pipecc merges a
+    # profile within 2x of this machine's probed rate, and the test profile's 50 GFLOP/s is that whenever the probe
+    # measures under 100, as this VM's did under load).
+    kc = os.environ["PIPECC_KERNEL_CACHE"] = os.path.join(tmp, "kc-main.txt")
     flop_dir = os.path.join(tmp, "kc-flop")
     r = kc_plan(flop_dir, cache="off")
     if not check(r.returncode == 0 and sanitizer_clean(r), "PIPECC_KERNEL_CACHE=off: lenet -n 2 plans from FLOPs", tail(r)):
@@ -344,8 +347,9 @@ def kernel_cache_cases(tmp, good, data):
           "without cache entries the plan and the listing are the FLOP model's, with no word of the cache")
     # The test profile was planned for tests/devices_equal.txt; with this machine's probed rate it is a profile of this machine.
     here = write(os.path.join(tmp, "here.profile"), re.sub(r"^rate .*$", f"rate {rate!r}", good, flags=re.M))
-    r = pipecc(os.path.join(tmp, "kc-devices"), "--costs", prof_for_devices(tmp, good), "--plan-only", "--listing")
-    check(r.returncode == 0 and "not merged into the kernel cache: planned for 50.0 GFLOP/s" in r.stdout and not os.path.exists(kc),
+    r = pipecc(os.path.join(tmp, "kc-devices"), "--costs", prof_for_devices(tmp, good, rate), "--plan-only", "--listing")
+    check(r.returncode == 0 and f"not merged into the kernel cache: planned for {rate / 10 / 1e9:.1f} GFLOP/s" in r.stdout
+          and not os.path.exists(kc),
           "a profile planned for --devices figures is not merged (the listing says why)", tail(r))
     costs_dir = os.path.join(tmp, "kc-costs")
     r = kc_plan(costs_dir, "--costs", here)
@@ -502,8 +506,11 @@ def kernel_cache_cases(tmp, good, data):
     check(r.returncode == 2 and "--devices is not for --kernels" in r.stderr, "pipecc-probe --kernels refuses --devices", tail(r))
 
 
-def prof_for_devices(tmp, good):
-    return write(os.path.join(tmp, "devices.profile"), good)
+def prof_for_devices(tmp, good, rate):
+    """The profile as planned for another machine's figures: a tenth of this machine's probed rate.  (The devices
+    file's own 50 GFLOP/s is not foreign enough: the merge takes profiles within 2x of the probe, and under load
+    this 2-core VM's probe measured 98-100 GFLOP/s, which made the check flaky.)"""
+    return write(os.path.join(tmp, "devices.profile"), re.sub(r"^rate .*$", f"rate {rate / 10!r}", good, flags=re.M))
 
 
 def main():
