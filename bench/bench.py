@@ -619,7 +619,7 @@ def section_pipeline(data, mem_rows, pred_rows, bubble_rows):
                 r_1 = sps2 / sps1 if sps1 else None
                 r_t = sps2 / spst if spst else None
                 okt = None if r_t is None else r_t >= 3.0
-                bound = n2_bound(plan, sched, m, sps1, sps1m)
+                bound = n2_bound(plan, sched, sps1, sps1m)
                 add_row(sec, case, "pipecc_n2_samples_per_s", sps2, "samples/s")
                 if r_1 is not None:
                     add_row(sec, case, "speedup_n2_over_n1", r_1, "x", note=f"bound {fmt(bound)}")
@@ -685,13 +685,13 @@ def section_pipeline(data, mem_rows, pred_rows, bubble_rows):
                         + "".join(f"\n\n![{t}]({os.path.basename(f)})" for f, t in plots)))
 
 
-def n2_bound(plan, sched, m, sps1, sps1m):
-    """The most -n 2 / -n 1 (M=1) schedule `sched` can reach at m micro-batches: two ranks busy all but
-    its ideal bubble, each at the -n 1 (M=m) rate.  GPipe and 1F1B: (p-1)/(m+p-1); ZB-H1: the plan's own
+def n2_bound(plan, sched, sps1, sps1m):
+    """The most -n 2 / -n 1 (M=1) schedule `sched` can reach: two ranks busy all but its ideal bubble, each
+    at the -n 1 (M=m) rate.  GPipe and 1F1B: plan.json ideal_bubble, (p-1)/(m+p-1); ZB-H1: the plan's own
     simulated bubble at the median stage times (it has no closed form once W fills the drain)."""
     if not sps1 or not sps1m:
         return None
-    bub = plan.get("bubble_at_medians", plan.get("bubble")) if sched == "zb1" else 1 / (m + 1)
+    bub = plan.get("bubble_at_medians") if sched == "zb1" else plan.get("ideal_bubble")
     return None if bub is None else 2 * (1 - bub) * sps1m / sps1
 
 

@@ -53,6 +53,7 @@ TARGETS = {
     "recompute": ["--offload", "none", "--recompute", "auto"],
     "auto": [],
 }
+# Every sample model and the data it trains on; the full matrix (make test-memory) runs each.
 DATA = {"mlp": "mnist", "lenet": "mnist", "resnet": "cifar", "gpt": "tokens", "gpt_opset17": "tokens", "densenet": "cifar",
         "inception": "cifar"}
 
@@ -309,8 +310,7 @@ def main():
             cases = [("lenet", 4, "1f1b", t, (0.9, 0.8, 0.7)) for t in ("peer", "file", "recompute", "peer-all")]
             cases += [("gpt", 2, "zb1", "recompute", (0.9, 0.8)), ("resnet", 4, "1f1b", "auto", (0.5,))]
         else:
-            cases = [(m, n, s, t, (0.9, 0.8, 0.7, 0.6)) for m in ("mlp", "lenet", "resnet", "gpt", "gpt_opset17", "densenet", "inception")
-                     for n in (2, 4)
+            cases = [(m, n, s, t, (0.9, 0.8, 0.7, 0.6)) for m in DATA for n in (2, 4)
                      for s in ("1f1b", "zb1") for t in ("peer", "file", "recompute")]
             cases += [(m, 4, "1f1b", "auto", (0.5,)) for m in ("gpt", "resnet")]
         only = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")]  # --only=gpt: one model's cases

@@ -346,7 +346,7 @@ def kernel_cache_cases(tmp, good, data):
     check("kernel_cache" not in flop["machine"] and "node costs   FLOPs" in r.stdout and "kernel cache" not in r.stdout,
           "without cache entries the plan and the listing are the FLOP model's, with no word of the cache")
     # The test profile was planned for tests/devices_equal.txt; with this machine's probed rate it is a profile of this machine.
-    here = write(os.path.join(tmp, "here.profile"), re.sub(r"^rate .*$", f"rate {rate!r}", good, flags=re.M))
+    here = write(os.path.join(tmp, "here.profile"), with_rate(good, rate))
     r = pipecc(os.path.join(tmp, "kc-devices"), "--costs", prof_for_devices(tmp, good, rate), "--plan-only", "--listing")
     check(r.returncode == 0 and f"not merged into the kernel cache: planned for {rate / 10 / 1e9:.1f} GFLOP/s" in r.stdout
           and not os.path.exists(kc),
@@ -510,7 +510,12 @@ def prof_for_devices(tmp, good, rate):
     """The profile as planned for another machine's figures: a tenth of this machine's probed rate.  (The devices
     file's own 50 GFLOP/s is not foreign enough: the merge takes profiles within 2x of the probe, and under load
     this 2-core VM's probe measured 98-100 GFLOP/s, which made the check flaky.)"""
-    return write(os.path.join(tmp, "devices.profile"), re.sub(r"^rate .*$", f"rate {rate / 10!r}", good, flags=re.M))
+    return write(os.path.join(tmp, "devices.profile"), with_rate(good, rate / 10))
+
+
+def with_rate(profile, rate):
+    """The profile text with its `rate` line (the FLOP rate it was planned for) set to rate."""
+    return re.sub(r"^rate .*$", f"rate {rate!r}", profile, flags=re.M)
 
 
 def main():
