@@ -6,11 +6,19 @@
  * OPENBLAS_CORETYPE to this CPU's newest, as pipecc's probe and every stage do; Debian's OpenBLAS alone falls
  * back to "Prescott" on this Xeon, 4x slower), openblas_set_num_threads(1), C = A B with
  * N x N row-major float matrices (default N = 2048, past the caches), one untimed call, then REPS timed calls
- * (default 5).  Prints one line: "sgemm N=<N> kernels=<core> best_gflops=<x> median_gflops=<y>" (2 N^3 FLOPs
- * per call). */
+ * (default 5).  Prints one line: "sgemm N=<N> kernels=<core> best_gflops=<x> median_gflops=<y> fma_peak_gflops=<z>"
+ * (2 N^3 FLOPs per call).
+ *
+ * fma_peak_gflops is the core's floating-point ceiling, which no kernel passes: independent fused multiply-adds on
+ * registers only (no loads), 12 chains (past the FMA latency times the FMA ports of current x86 cores), in the
+ * widest vectors the CPU has (AVX-512, else AVX2, else 0: not measured), best of 5 runs of about 0.1 s. */
 #include <cblas.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "../runtime/blas_core.h"
@@ -28,6 +36,48 @@ static int cmp(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
   return (x > y) - (x < y);
 }
+
+#define FMA_CHAINS 12
+
+/* FLOPs done by `iters` rounds of FMA_CHAINS independent vector FMAs; the result is summed into *sink so the
+ * compiler keeps the chains. */
+#define FMA_LOOP(VEC, SET1, FMADD, LANES)                                         \
+  VEC acc[FMA_CHAINS], x = SET1(0.999999f), y = SET1(1e-7f);                      \
+  for (int i = 0; i < FMA_CHAINS; i++) acc[i] = SET1((float)i);                   \
+  for (long n = 0; n < iters; n++)                                                \
+    for (int i = 0; i < FMA_CHAINS; i++) acc[i] = FMADD(acc[i], x, y);           \
+  float out[LANES];                                                               \
+  for (int i = 0; i < FMA_CHAINS; i++) {                                          \
+    memcpy(out, &acc[i], sizeof out);                                             \
+    *sink += out[0];                                                              \
+  }                                                                               \
+  return 2.0 * LANES * FMA_CHAINS * (double)iters
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx512f"))) static double fma_avx512(long iters, float *sink) {
+  FMA_LOOP(__m512, _mm512_set1_ps, _mm512_fmadd_ps, 16);
+}
+
+__attribute__((target("avx2,fma"))) static double fma_avx2(long iters, float *sink) {
+  FMA_LOOP(__m256, _mm256_set1_ps, _mm256_fmadd_ps, 8);
+}
+
+/* The best GFLOP/s of 5 runs of the widest FMA loop this CPU has; 0 where it has neither. */
+static double fma_peak(void) {
+  __builtin_cpu_init();
+  int w512 = __builtin_cpu_supports("avx512f"), w256 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  if (!w512 && !w256) return 0;
+  double best = 0;
+  float sink = 0;
+  for (int r = 0; r < 5; r++) {
+    double t0 = now(), flops = w512 ? fma_avx512(30000000, &sink) : fma_avx2(30000000, &sink), t = now() - t0;
+    if (flops / t > best) best = flops / t;
+  }
+  return sink == 12345.0f ? 0 : best / 1e9; /* (never equal: reads the sink) */
+}
+#else
+static double fma_peak(void) { return 0; }
+#endif
 
 int main(int argc, char **argv) {
   blas_core_pin(argv, NULL);
@@ -53,8 +103,8 @@ int main(int argc, char **argv) {
   }
   qsort(t, reps, sizeof(double), cmp);
   double flops = 2.0 * n * (double)n * n;
-  printf("sgemm N=%d kernels=%s best_gflops=%.3f median_gflops=%.3f check=%g\n", n, openblas_get_corename(), flops / t[0] / 1e9, flops / t[reps / 2] / 1e9,
-         (double)c[nn - 1]);
+  printf("sgemm N=%d kernels=%s best_gflops=%.3f median_gflops=%.3f fma_peak_gflops=%.3f check=%g\n", n, openblas_get_corename(),
+         flops / t[0] / 1e9, flops / t[reps / 2] / 1e9, fma_peak(), (double)c[nn - 1]);
   free(a), free(b), free(c), free(t);
   return 0;
 }
