@@ -194,7 +194,13 @@ static void die(int code, const char *fmt, ...) {
   exit(code);
 }
 
-static double now(void) { return MPI_Wtime(); }
+/* CLOCK_MONOTONIC, not MPI_Wtime: Open MPI's MPI_Wtime counts from each process's own start, and
+ * the ranks of one host then read clocks 0.1-2 ms apart (measure_clocks). */
+static double now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
 
 /* ---- arguments ---- */
 
@@ -560,13 +566,21 @@ static void wait_message(Run *r, MPI_Request *req, int n, MPI_Request *treq, con
 
 /* Every rank's clock against this one's: rank 0 runs 8 round trips with
  * each rank and keeps the least delayed (its clock offset), then tells
- * everyone.  On one host every rank reads the same clock and this is ~0. */
+ * everyone.  Ranks on one host read one clock (now): their offsets are 0
+ * and are not measured, because round trips between ranks that share a
+ * core take a time slice or more, and the estimate would be off by as
+ * much (ms). */
 static void measure_clocks(Run *r) {
-  int n = r->st->nstages, me = r->rank, tag = 7;
+  int n = r->st->nstages, me = r->rank, tag = 7, here, one_host;
+  MPI_Comm node;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &here);
+  MPI_Comm_free(&node);
+  one_host = here == n;
   double *off0 = calloc((size_t)n, sizeof(double)); /* rank r's clock minus rank 0's */
   r->clock = calloc((size_t)n, sizeof(double));
   if (!off0 || !r->clock) die(2, "out of memory for the clock offsets");
-  for (int q = 1; q < n; q++) {
+  for (int q = 1; q < n && !one_host; q++) {
     if (me == 0) {
       double best = INFINITY;
       for (int i = 0; i < 8; i++) {
@@ -2056,8 +2070,11 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     }
   }
   MPI_Barrier(MPI_COMM_WORLD);
-  double t_start = now();
-  r.trace.start = t_start;
+  double t_start = now(), start0 = t_start + r.clock[0];
+  /* The trace counts from the earliest rank's start (on rank 0's clock), on every rank, so that the ranks'
+   * spans line up and none is before 0. */
+  MPI_Allreduce(MPI_IN_PLACE, &start0, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  r.trace.start = start0 - r.clock[0];
   int64_t first_step = r.step;
   r.prof_warm = (r.a.steps - first_step) / 4 > 1 ? (r.a.steps - first_step) / 4 : 1;
   StepLog sl = {log, t_start, first_step, NAN, NAN};

@@ -2,7 +2,8 @@
 trace event JSON with exactly one span per executed action (steps x the sum
 of the ranks' list lengths in plan.json), each action's span on its rank's
 track with its step, micro-batch, kind and slot, "wait" spans inside the run,
-and a thread_name per rank; for gpipe, 1f1b and zb1.  The run's summary
+and a thread_name per rank; the ranks' spans on one clock (a forward ends after
+its sender's, a backward after its sender's); for gpipe, 1f1b and zb1.  The run's summary
 never shows a negative comm+other column.  Run with /usr/bin/python3."""
 import json
 import os
@@ -55,6 +56,17 @@ def check_trace(tag, path, plan):
     check(names == {k: f"rank {k} (stage {k})" for k in lists}, f"{tag}: thread names {names}")
     waits = [e for e in ev if e.get("cat") == "wait"]
     check(all(e["ph"] == "X" and e["dur"] >= 0 for e in waits), f"{tag}: {len(waits)} wait spans are well formed")
+    # The ranks' spans are on one clock: a forward ends after the forward of the rank before, which sent it its
+    # input (same step and micro-batch), and a backward (B, or I of zb1) after the one of the rank after.  Each
+    # rank once counted from its own start, and with MPI_Wtime (which Open MPI counts from each process's start):
+    # a receiving forward then ended up to 2.8 ms before the one it received from.
+    end = {(e["tid"], e["args"]["step"], e["args"]["mb"], "F" if e["cat"] == "F" else "B"): e["ts"] + e["dur"]
+           for e in spans if e["cat"] in ("F", "B", "I")}
+    bad = [(k, round(end[(k[0] + d, k[1], k[2], k[3])] - t)) for k, t in end.items() for d in ((-1,) if k[3] == "F" else (1,))
+           if (k[0] + d, k[1], k[2], k[3]) in end and end[(k[0] + d, k[1], k[2], k[3])] > t]
+    check(not bad and len(end) == STEPS * 2 * len(lists) * plan["microbatches"],
+          f"{tag}: every forward ends after its sender's, every backward after its sender's (one clock; {len(end)} spans; "
+          f"out of order (rank, step, mb, kind), us: {bad[:4]})")
 
 
 def main():
