@@ -504,7 +504,7 @@ def section_single(data, mem_rows, pred_rows):
     if rate:
         add_row(sec, f"sgemm N={SGEMM_N}", "sgemm_gflops", rate, "GFLOP/s",
                 note=f"bench/sgemm_rate.c: cblas_sgemm {SGEMM_N}x{SGEMM_N}x{SGEMM_N}, 1 thread, OpenBLAS {kernels} kernels, "
-                     f"best of 5 calls; the larger of {len(sgemm)} measurements ({', '.join(f'{r:.1f}' for r, _ in sgemm)})")
+                     f"best of 5 calls; the larger of {len(sgemm)} measurements ({', '.join(f'{r:.1f}' for r, *_ in sgemm)})")
     else:
         add_row(sec, f"sgemm N={SGEMM_N}", "sgemm_gflops", "ERROR", note="bench/sgemm_rate.c failed (see the log)")
     for model, B, gf, li in cases:

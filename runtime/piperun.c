@@ -302,6 +302,16 @@ static void parse_args(Args *a, int argc, char **argv) {
 
 /* ---- pinning ---- */
 
+/* How many ranks run on this host (collective over every rank). */
+static int host_ranks(void) {
+  MPI_Comm node;
+  int here = 1;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_size(node, &here);
+  MPI_Comm_free(&node);
+  return here;
+}
+
 /* More ranks than cores on one host: the plan chose which ranks share a core
  * (compiler/schedule.c, schedule_pin) and timed the step so; each rank pins
  * itself to its core, the pin_core-th of the CPUs it may run on (its I/O
@@ -311,11 +321,7 @@ static void parse_args(Args *a, int argc, char **argv) {
  * or a host with more cores, is left alone).  Returns the CPU, or -1. */
 static int pin_rank(const PrStage *st, const Args *a, cpu_set_t *before) {
   if (st->pin_cores <= 0 || a->no_pin) return -1;
-  MPI_Comm node;
-  int here = 0, world = 0;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  MPI_Comm_size(node, &here);
-  MPI_Comm_free(&node);
+  int here = host_ranks(), world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   cpu_set_t set, one;
   if (here != world || sched_getaffinity(0, sizeof set, &set) || CPU_COUNT(&set) != st->pin_cores) return -1;
@@ -333,11 +339,7 @@ static int pin_rank(const PrStage *st, const Args *a, cpu_set_t *before) {
  * other ranks of its host when they may all run on every CPU (mpirun --bind-to none). */
 static int rank_cpus(int threads) {
   if (threads <= 1) return 1;
-  MPI_Comm node;
-  int here = 1;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  MPI_Comm_size(node, &here);
-  MPI_Comm_free(&node);
+  int here = host_ranks();
   cpu_set_t set;
   long online = sysconf(_SC_NPROCESSORS_ONLN);
   int cpus = sched_getaffinity(0, sizeof set, &set) ? 1 : CPU_COUNT(&set);
@@ -571,12 +573,7 @@ static void wait_message(Run *r, MPI_Request *req, int n, MPI_Request *treq, con
  * core take a time slice or more, and the estimate would be off by as
  * much (ms). */
 static void measure_clocks(Run *r) {
-  int n = r->st->nstages, me = r->rank, tag = 7, here, one_host;
-  MPI_Comm node;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  MPI_Comm_size(node, &here);
-  MPI_Comm_free(&node);
-  one_host = here == n;
+  int n = r->st->nstages, me = r->rank, tag = 7, one_host = host_ranks() == n;
   double *off0 = calloc((size_t)n, sizeof(double)); /* rank r's clock minus rank 0's */
   r->clock = calloc((size_t)n, sizeof(double));
   if (!off0 || !r->clock) die(2, "out of memory for the clock offsets");

@@ -62,8 +62,11 @@ def check_trace(tag, path, plan):
     # a receiving forward then ended up to 2.8 ms before the one it received from.
     end = {(e["tid"], e["args"]["step"], e["args"]["mb"], "F" if e["cat"] == "F" else "B"): e["ts"] + e["dur"]
            for e in spans if e["cat"] in ("F", "B", "I")}
-    bad = [(k, round(end[(k[0] + d, k[1], k[2], k[3])] - t)) for k, t in end.items() for d in ((-1,) if k[3] == "F" else (1,))
-           if (k[0] + d, k[1], k[2], k[3]) in end and end[(k[0] + d, k[1], k[2], k[3])] > t]
+    bad = []
+    for (rank, step, mb, kind), t in end.items():
+        sender = (rank - 1 if kind == "F" else rank + 1, step, mb, kind)
+        if sender in end and end[sender] > t:
+            bad.append(((rank, step, mb, kind), round(end[sender] - t)))
     check(not bad and len(end) == STEPS * 2 * len(lists) * plan["microbatches"],
           f"{tag}: every forward ends after its sender's, every backward after its sender's (one clock; {len(end)} spans; "
           f"out of order (rank, step, mb, kind), us: {bad[:4]})")
