@@ -407,8 +407,10 @@ static int pick_pinned(Sim *sim, const int *next, const int *has_pre, const doub
   return best;
 }
 
-/* One pass of the simulation; stretch[s][k] (NULL: 1) slows rank s's k-th action. */
-static int simulate(Schedule *sc, const StageCost *cost, double **stretch) {
+/* One pass of the simulation; stretch[s][k] (NULL: 1) slows rank s's k-th action.  busy_too: the
+ * stretch is the action's own time (schedule_jitter's draws), so its busy time stretches with it;
+ * otherwise (sharing cores) the rank waits its turn, which is not busy. */
+static int simulate(Schedule *sc, const StageCost *cost, double **stretch, int busy_too) {
   int p = sc->nstages, m = sched_mbs(sc);
   Sim sv, *sim = &sv;
   memset(&sv, 0, sizeof sv);
@@ -469,11 +471,12 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch) {
         a->start = fmax(ready, sim->free_at[s]);
         a->end = a->start + dur;
         sim->free_at[s] = a->end;
-        /* At its own speed, stretched or not: ranks that share cores take
-         * turns in whole time slices, so an action runs unshared once it
-         * runs (docs/cost.md, "Ranks that share cores"), and the runtime's
-         * bubble, which counts wall time inside actions, sees it so. */
-        sc->busy[s] += compute_part(a, &cost[s]);
+        /* At its own speed when stretched for sharing: ranks that share
+         * cores take turns in whole time slices, so an action runs unshared
+         * once it runs (docs/cost.md, "Ranks that share cores"), and the
+         * runtime's bubble, which counts wall time inside actions, sees it
+         * so.  A jitter draw is the action's own time: busy, all of it. */
+        sc->busy[s] += compute_part(a, &cost[s]) * (busy_too ? k : 1);
         sim_run(sim, a, s);
         next[s]++, remaining--, progressed = 1;
       }
@@ -522,7 +525,7 @@ static int edge_cmp(const void *a, const void *b) {
  * few passes). */
 int schedule_time(Schedule *sc, const StageCost *cost) {
   int p = sc->nstages;
-  if (sc->cores <= 0 || p <= sc->cores || sc->core_of) return simulate(sc, cost, NULL);
+  if (sc->cores <= 0 || p <= sc->cores || sc->core_of) return simulate(sc, cost, NULL, 0);
   int total = 0;
   for (int s = 0; s < p; s++) total += sc->nact[s];
   double **stretch = malloc(sizeof(double *) * (size_t)p), *base = malloc(sizeof(double) * (size_t)(total + 1));
@@ -535,7 +538,7 @@ int schedule_time(Schedule *sc, const StageCost *cost) {
   }
   int rc = 0;
   for (int pass = 0; pass < 12; pass++) {
-    if ((rc = simulate(sc, cost, stretch))) break;
+    if ((rc = simulate(sc, cost, stretch, 0))) break;
     /* The number of ranks computing, as a step function of time.  A rank's
      * copy to or from its file (the memory plan: an io-wq worker of the kernel,
      * or the I/O thread) takes a core too while it runs. */
@@ -583,7 +586,7 @@ int schedule_time(Schedule *sc, const StageCost *cost) {
       }
     if (moved < 1e-3) break;
   }
-  if (!rc) rc = simulate(sc, cost, stretch);
+  if (!rc) rc = simulate(sc, cost, stretch, 0);
   free(stretch), free(base), free(level), free(area), free(ev);
   return rc;
 }
@@ -656,7 +659,7 @@ static double draw_normal(uint64_t *x) {
 int schedule_jitter(Schedule *sc, const StageCost *cost, double cv, int draws) {
   int p = sc->nstages, applies = cv > 0 && draws >= 1 && sc->unroll <= 0 && !(sc->cores > 0 && p > sc->cores);
   sc->jitter = 0, sc->jitter_draws = 0;
-  int rc = applies ? simulate(sc, cost, NULL) : schedule_time(sc, cost); /* the figures at the medians */
+  int rc = applies ? simulate(sc, cost, NULL, 0) : schedule_time(sc, cost); /* the figures at the medians */
   sc->step_time_fixed = sc->step_time, sc->bubble_fixed = sc->bubble;
   if (rc || !applies) return rc;
   int total = 0;
@@ -670,9 +673,9 @@ int schedule_jitter(Schedule *sc, const StageCost *cost, double cv, int draws) {
     for (int s = 0; s < p; s++)
       for (int k = 0; k < sc->nact[s]; k++)
         mult[s][k] = uses_cpu(sc->act[s][k].kind) ? fmin(3, fmax(0.3, 1 + cv * draw_normal(&x))) : 1;
-    if (!(rc = simulate(sc, cost, mult))) t += sc->step_time, b += sc->bubble;
+    if (!(rc = simulate(sc, cost, mult, 1))) t += sc->step_time, b += sc->bubble;
   }
-  if (!rc) rc = simulate(sc, cost, NULL); /* the actions' timing: their medians' */
+  if (!rc) rc = simulate(sc, cost, NULL, 0); /* the actions' timing: their medians' */
   if (!rc) sc->step_time = t / draws, sc->bubble = b / draws, sc->jitter = cv, sc->jitter_draws = draws;
   free(mult), free(base);
   return rc;

@@ -308,6 +308,14 @@ static void jitter_case(void) {
     prev = t, prevb = b;
   }
   printf("ok - schedule_jitter: 1f1b n=2 m=8, spread 0.05..0.30: mean step %.2f units (%.2f at the medians)\n", prev, t0);
+  /* One stage: nothing waits, so the bubble is 0 whatever the draws (a draw's busy time is its own,
+   * drawn time; counted at the medians, a draw shorter than them made the bubble negative). */
+  Schedule one;
+  schedule_build(&one, SCHED_1F1B, 1, 8, 0, c, &pool);
+  for (double cv = 0.05; cv < 0.31; cv += 0.125) {
+    CHECK(schedule_jitter(&one, c, cv, 64) == 0 && fabs(one.bubble) < 1e-9,
+          "jitter %g: one stage's bubble is %g, not 0\n", cv, one.bubble);
+  }
   pool_free(&pool);
 }
 
