@@ -14,6 +14,7 @@ default 2), BENCH_SINGLE_MODELS (comma list: only these
 single-stage models).
 See bench/README.md for what each row means.
 """
+import collections
 import csv
 import datetime
 import json
@@ -393,10 +394,13 @@ def make_data():
     return paths
 
 
+Sgemm = collections.namedtuple("Sgemm", "rate kernels peak")
+
+
 def sgemm_rate():
     """The single-core SGEMM rate (GFLOP/s): bench/sgemm_rate.c, built here against the OpenBLAS the stages link,
     with their kernels (runtime/blas_core.h), an N = SGEMM_N square product, best of 5 calls; and the core's FMA
-    peak (GFLOP/s, 0 if not measured): (rate, kernels, peak)."""
+    peak (GFLOP/s, 0 if not measured).  An Sgemm."""
     exe = os.path.join(WORK, "sgemm_rate")
     src = os.path.join(HERE, "sgemm_rate.c")
     if not os.path.exists(exe) or os.path.getmtime(exe) < os.path.getmtime(src):
@@ -405,7 +409,7 @@ def sgemm_rate():
     mt = re.search(r"kernels=(\S+) best_gflops=([\d.]+) .*fma_peak_gflops=([\d.]+)", out)
     if not mt:
         raise CmdError(f"sgemm_rate printed {out.strip()[:200]!r}")
-    return float(mt.group(2)), mt.group(1), float(mt.group(3))
+    return Sgemm(float(mt.group(2)), mt.group(1), float(mt.group(3)))
 
 
 def section_single(data, mem_rows, pred_rows):
@@ -489,9 +493,9 @@ def section_single(data, mem_rows, pred_rows):
             add_row(sec, case, "case", "ERROR", note=str(e))
             lines.append(f"| {model} | {B} | ERROR: {str(e)[:200]} |||||||||||")
     measure_sgemm()
-    rate = max(sgemm)[0] if sgemm else None
-    kernels = sgemm[0][1] if sgemm else "?"
-    peak = max(r[2] for r in sgemm) if sgemm else 0
+    rate = max(r.rate for r in sgemm) if sgemm else None
+    kernels = sgemm[0].kernels if sgemm else "?"
+    peak = max(r.peak for r in sgemm) if sgemm else 0
     if peak:
         add_row(sec, "fma peak", "fma_peak_gflops", peak, "GFLOP/s",
                 note="bench/sgemm_rate.c: register-only FMA chains in the widest vectors, 1 core, the larger of "
@@ -504,7 +508,7 @@ def section_single(data, mem_rows, pred_rows):
     if rate:
         add_row(sec, f"sgemm N={SGEMM_N}", "sgemm_gflops", rate, "GFLOP/s",
                 note=f"bench/sgemm_rate.c: cblas_sgemm {SGEMM_N}x{SGEMM_N}x{SGEMM_N}, 1 thread, OpenBLAS {kernels} kernels, "
-                     f"best of 5 calls; the larger of {len(sgemm)} measurements ({', '.join(f'{r:.1f}' for r, *_ in sgemm)})")
+                     f"best of 5 calls; the larger of {len(sgemm)} measurements ({', '.join(f'{r.rate:.1f}' for r in sgemm)})")
     else:
         add_row(sec, f"sgemm N={SGEMM_N}", "sgemm_gflops", "ERROR", note="bench/sgemm_rate.c failed (see the log)")
     for model, B, gf, li in cases:
