@@ -171,6 +171,10 @@ void em_call(Emit *e, int phase, int kernel, const Node *n, const Arg *args, int
     if (b->is_grad && b->kind != BUF_PGRAD) k->phase = PH_IGRAD;
   }
 }
+void em_variant(Emit *e, int which, int kernel, const Arg *args, int nargs) {
+  if (!e->sp->nfwd) abort();
+  call_variant(e->sp, e->pool, &e->sp->fwd[e->sp->nfwd - 1], which, kernel, args, nargs);
+}
 const char *em_name(Emit *e, const char *fmt, int j) { return pool_printf(e->pool, fmt, j); }
 
 /* Tensors on a path from a parameter: they need gradients. */

@@ -32,16 +32,11 @@ static void add_unique(int *list, int *n, int id) {
 
 static int is_buffer_code(char c) { return strchr("rRwWaAuMU", c) != NULL; }
 
-Call *call_add(StageProg *sp, Pool *pool, int phase, int kernel, int node, const char *comment, const Arg *args, int nargs) {
+/* Fills k with a call checked against its kernel's signature, deriving its accesses. */
+static void call_fill(StageProg *sp, Pool *pool, Call *k, int phase, int kernel, int node, const char *comment, const Arg *args,
+                      int nargs) {
   const char *sig = KERNELS[kernel].sig;
   if ((int)strlen(sig) != nargs) bad_call(kernel, "wrong number of arguments", nargs);
-  Call **list = phase == PH_FWD ? &sp->fwd : &sp->bwd;
-  int *n = phase == PH_FWD ? &sp->nfwd : &sp->nbwd, *cap = phase == PH_FWD ? &sp->capfwd : &sp->capbwd;
-  if (*n == *cap) {
-    *cap = *cap ? 2 * *cap : 64;
-    *list = pool_realloc(pool, *list, sizeof(Call) * (size_t)*cap);
-  }
-  Call *k = &(*list)[(*n)++];
   memset(k, 0, sizeof *k);
   k->kernel = kernel, k->phase = phase, k->node = node, k->comment = comment, k->nargs = nargs;
   k->args = pool_alloc(pool, sizeof(Arg) * (size_t)(nargs ? nargs : 1));
@@ -67,7 +62,37 @@ Call *call_add(StageProg *sp, Pool *pool, int phase, int kernel, int node, const
     }
     k->args[a] = x;
   }
+}
+
+Call *call_add(StageProg *sp, Pool *pool, int phase, int kernel, int node, const char *comment, const Arg *args, int nargs) {
+  Call **list = phase == PH_FWD ? &sp->fwd : &sp->bwd;
+  int *n = phase == PH_FWD ? &sp->nfwd : &sp->nbwd, *cap = phase == PH_FWD ? &sp->capfwd : &sp->capbwd;
+  if (*n == *cap) {
+    *cap = *cap ? 2 * *cap : 64;
+    *list = pool_realloc(pool, *list, sizeof(Call) * (size_t)*cap);
+  }
+  Call *k = &(*list)[(*n)++];
+  call_fill(sp, pool, k, phase, kernel, node, comment, args, nargs);
   return k;
+}
+
+/* The memory plan lays buffers out by the call's accesses, so a variant may touch only what the call does. */
+void call_variant(StageProg *sp, Pool *pool, Call *of, int which, int kernel, const Arg *args, int nargs) {
+  Call *v = pool_alloc(pool, sizeof *v);
+  call_fill(sp, pool, v, of->phase, kernel, of->node, of->comment, args, nargs);
+  for (int i = 0; i < v->nreads; i++) {
+    int found = 0;
+    for (int j = 0; j < of->nreads && !found; j++) found = of->reads[j] == v->reads[i];
+    for (int j = 0; j < of->nwrites && !found; j++) found = of->writes[j] == v->reads[i];
+    if (!found) bad_call(kernel, "a variant reads a buffer its call does not", i);
+  }
+  for (int i = 0; i < v->nwrites; i++) {
+    int found = 0;
+    for (int j = 0; j < of->nwrites && !found; j++) found = of->writes[j] == v->writes[i];
+    if (!found) bad_call(kernel, "a variant writes a buffer its call does not", i);
+  }
+  if (which == VAR_EVAL) of->eval = v;
+  else of->recompute = v;
 }
 
 int shape_add(StageProg *sp, Pool *pool, const char *type, const char *name, const Arg *fields, int nfields) {

@@ -86,6 +86,10 @@ typedef struct Call {
   const char *comment;
   int *reads, nreads;   /* buffer ids, each once */
   int *writes, nwrites;
+  /* A forward call's variants, made by its op rule (NULL: the call itself): in the eval forward
+   * (run.sh --val: a training BatchNorm on its running statistics, a Dropout that keeps everything) and
+   * in a RECOMPUTE (a training BatchNorm leaving its running statistics, which the forward moved). */
+  struct Call *eval, *recompute;
 } Call;
 
 /* A constant struct a kernel takes by address (ConvShape CONV_12 = {...}),
@@ -155,6 +159,9 @@ typedef struct StageProg {
 /* Appends a call to the forward (PH_FWD) or backward list, checking the
  * arguments against the kernel's signature and deriving its accesses. */
 Call *call_add(StageProg *sp, Pool *pool, int phase, int kernel, int node, const char *comment, const Arg *args, int nargs);
+/* Attaches a variant (VAR_*) to forward call `of`, checked like call_add; its accesses must be among the call's. */
+enum { VAR_EVAL, VAR_RECOMPUTE };
+void call_variant(StageProg *sp, Pool *pool, Call *of, int which, int kernel, const Arg *args, int nargs);
 /* Adds a shape constant; returns its id. */
 int shape_add(StageProg *sp, Pool *pool, const char *type, const char *name, const Arg *fields, int nfields);
 /* Id of the shape constant called `name`, or -1. */

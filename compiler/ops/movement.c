@@ -758,6 +758,10 @@ static int dropout_fwd(Emit *e, const Node *n, int j) {
   if (ratio == 0 && mask < 0) return copy_fwd(e, n, j); /* the identity: an eval-mode Dropout, or p = 0 */
   CALL(e, PH_FWD, K_DROPOUT, n, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)), A_BUF(mask), A_INT(count), A_FLT(ratio),
        A_INT(j), A_SYM("&pr_rand"));
+  /* The eval forward keeps every element, unscaled: ratio 0. */
+  if (ratio != 0)
+    VARIANT(e, VAR_EVAL, K_DROPOUT, A_BUF(em_in(e, n, 0)), A_BUF(em_out(e, n, 0)), A_BUF(mask), A_INT(count), A_FLT(0), A_INT(j),
+            A_SYM("&pr_rand"));
   return 0;
 }
 static int dropout_bwd(Emit *e, const Node *n, int j) {

@@ -49,11 +49,21 @@ static int bn_fwd(Emit *e, const Node *n, int j) {
   Tensor *X = em_t(e, n->in[0]);
   int64_t sp = X->rank > 2 ? ir_numel(X) / (X->dims[0] * X->dims[1]) : 1;
   int rm = em_in(e, n, 3), rv = em_in(e, n, 4);
-  int bs = SHAPE(e, "BnShape", em_name(e, "BN_%d", j), A_INT(X->dims[0]), A_INT(X->dims[1]), A_INT(sp),
-                 A_FLT(attr_float(n, "epsilon", 1e-5f)), A_DBL(decimal_of(attr_float(n, "momentum", 0.9f))),
-                 A_INT(n->def->code == BN_RELU), A_INT(bn_training(e, n)));
-  CALL(e, PH_FWD, K_BATCHNORM, n, A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_in(e, n, 2)), A_BUF(rm), A_BUF(rv),
-       A_BUF(em_out(e, n, 0)), A_CONST(bs));
+  int training = bn_training(e, n);
+#define BN_SHAPE(name, train)                                                                                                    \
+  SHAPE(e, "BnShape", name, A_INT(X->dims[0]), A_INT(X->dims[1]), A_INT(sp), A_FLT(attr_float(n, "epsilon", 1e-5f)),             \
+        A_DBL(decimal_of(attr_float(n, "momentum", 0.9f))), A_INT(n->def->code == BN_RELU), A_INT(train))
+  int bs = BN_SHAPE(em_name(e, "BN_%d", j), training);
+  int x = em_in(e, n, 0), scale = em_in(e, n, 1), bias = em_in(e, n, 2), y = em_out(e, n, 0);
+  CALL(e, PH_FWD, K_BATCHNORM, n, A_BUF(x), A_BUF(scale), A_BUF(bias), A_BUF(rm), A_BUF(rv), A_BUF(y), A_CONST(bs));
+  if (training) {
+    /* The eval forward normalises with the running statistics and leaves them; a recomputation
+     * normalises with the batch's and leaves them too: the forward already moved them. */
+    int eval = BN_SHAPE(em_name(e, "BN_%d_EVAL", j), 0);
+    VARIANT(e, VAR_EVAL, K_BATCHNORM, A_BUF(x), A_BUF(scale), A_BUF(bias), A_BUF(rm), A_BUF(rv), A_BUF(y), A_CONST(eval));
+    VARIANT(e, VAR_RECOMPUTE, K_BATCHNORM, A_BUF(x), A_BUF(scale), A_BUF(bias), A_BUF(-1), A_BUF(-1), A_BUF(y), A_CONST(bs));
+  }
+#undef BN_SHAPE
   /* Training mode's other outputs are the updated running statistics. */
   for (int q = 1; q < 3 && q < n->nout; q++)
     if (em_used(e, n, q)) CALL(e, PH_FWD, K_COPY, n, A_BUF(q == 1 ? rm : rv), A_BUF(em_out(e, n, q)), A_INT(X->dims[1]));

@@ -49,11 +49,15 @@ int em_split_wgrad(Emit *e);
  * ONNX meaning depends on it (Dropout before opset 12) ask. */
 int em_training(Emit *e);
 void em_call(Emit *e, int phase, int kernel, const Node *n, const Arg *args, int nargs);
+/* A variant (VAR_EVAL, VAR_RECOMPUTE) of the forward call just made, where the eval forward or a
+ * recomputation runs the op otherwise; it may touch only buffers the call touches. */
+void em_variant(Emit *e, int which, int kernel, const Arg *args, int nargs);
 const char *em_name(Emit *e, const char *fmt, int j); /* "CONV_%d" -> pooled string */
 
 #define NARGS(...) ((int)(sizeof((Arg[]){__VA_ARGS__}) / sizeof(Arg)))
 /* CALL(e, PH_FWD, K_RELU, n, A_BUF(x), A_BUF(y), A_INT(count)) */
 #define CALL(e, phase, kernel, n, ...) em_call(e, phase, kernel, n, (Arg[]){__VA_ARGS__}, NARGS(__VA_ARGS__))
+#define VARIANT(e, which, kernel, ...) em_variant(e, which, kernel, (Arg[]){__VA_ARGS__}, NARGS(__VA_ARGS__))
 #define SHAPE(e, type, name, ...) em_shape(e, type, name, (Arg[]){__VA_ARGS__}, NARGS(__VA_ARGS__))
 
 /* [outer, inner] sizes of t around axis a. */

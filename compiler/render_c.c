@@ -1,0 +1,407 @@
+/* render_c.c - the C renderer: a StageSpec as stage_<k>.c for the CPU.
+ *
+ * The file is meant to be read: a header comment says what the stage holds,
+ * buffers are named constants (offset, size), each op is one call, and the
+ * schedule is a table.  Everything printed comes from the spec. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ctext.h"
+#include "render.h"
+#include "templates.h"
+
+/* The C expression for buffer id inside a function: its macro, with the copy it uses. */
+static void buf_expr(Buf *o, const StageSpec *s, int id) {
+  const SpecBuffer *b = &s->bufs[id];
+  static const char *const copy[] = {[VIEW_SLOT] = "(slot)", [VIEW_GSLOT] = "(gslot)", [VIEW_XSLOT] = "(xslot)"};
+  buf_printf(o, "%s%s", b->name, b->view == VIEW_PLAIN || b->view == VIEW_WEIGHTS ? "" : copy[b->view]);
+}
+
+static void int_list(Buf *o, const int64_t *v, int64_t n) {
+  buf_printf(o, "{");
+  for (int64_t i = 0; i < n; i++) buf_printf(o, "%s%lld", i ? ", " : "", (long long)v[i]);
+  buf_printf(o, "}");
+}
+
+/* One argument of a call (or field of a shape constant) as C. */
+static void render_arg(Buf *o, const StageSpec *s, const Arg *a, char code) {
+  switch (a->kind) {
+  case ARG_BUF:
+    if (code == 'u') buf_printf(o, "(const uint8_t *)");
+    if (code == 'M' || code == 'U') buf_printf(o, "(uint8_t *)");
+    buf_expr(o, s, a->buf);
+    break;
+  case ARG_NULL: buf_printf(o, "NULL"); break;
+  case ARG_INT: buf_printf(o, "%lld", (long long)a->i); break;
+  case ARG_FLOAT: put_float(o, a->f); break;
+  case ARG_DOUBLE: buf_printf(o, "%.17g", a->d); break;
+  case ARG_CONST: buf_printf(o, "&%s", s->prog->shapes[a->i].name); break;
+  case ARG_SYM: buf_printf(o, "%s", a->sym); break;
+  case ARG_INTS: int_list(o, a->ints, a->i); break;
+  }
+}
+
+/* A call: one statement. */
+static void render_call(Buf *o, const StageSpec *s, const Call *k) {
+  const KernelSig *sig = &KERNELS[k->kernel];
+  buf_printf(o, "%s(", sig->name);
+  for (int a = 0; a < k->nargs; a++) {
+    if (a) buf_printf(o, ", ");
+    render_arg(o, s, &k->args[a], sig->sig[a]);
+  }
+  buf_printf(o, ");");
+}
+
+static void render_shapes(Buf *o, const StageSpec *s) {
+  for (int i = 0; i < s->prog->nshapes; i++) {
+    const ShapeConst *c = &s->prog->shapes[i];
+    if (!s->shape_used[i]) continue;
+    buf_printf(o, "static const %s %s = {", c->type, c->name);
+    for (int f = 0; f < c->nfields; f++) {
+      if (f) buf_printf(o, ", ");
+      render_arg(o, s, &c->fields[f], 0);
+    }
+    buf_printf(o, "};\n");
+  }
+}
+
+static void render_calls(Buf *o, const StageSpec *s, const SpecCall *calls, int lo, int hi) {
+  static const char *const dirs[] = {"PR_PROF_FWD", "PR_PROF_BWD_INPUT", "PR_PROF_BWD_WEIGHT"};
+  for (int i = lo; i < hi; i++) {
+    const SpecCall *c = &calls[i];
+    buf_printf(o, "  /* ");
+    put_comment(o, c->call->comment ? c->call->comment : "");
+    buf_printf(o, " */\n  ");
+    render_call(o, s, c->call);
+    buf_printf(o, "\n");
+    if (c->mark >= 0) buf_printf(o, "  PR_PROF(%d, %s);\n", c->mark, dirs[c->mark_dir]);
+    if (c->poll) buf_printf(o, "  pr_poll();\n");
+  }
+}
+
+/* A long function is cut into parts of at most PART_CALLS calls, each its own function that clang may
+ * not inline back: its optimiser's time grows faster than linearly with a function's size, and one
+ * function of a thousand calls (densenet121's forward) was most of a 170 s build.  The parts run in
+ * order, so the arithmetic is the same. */
+enum { PART_CALLS = 96 };
+
+static void render_fn(Buf *o, const StageSpec *s, const SpecFn *f) {
+  const char *params = f->backward_shaped ? "int slot, int xslot, int gslot" : "int slot, int xslot";
+  const char *args = f->backward_shaped ? "slot, xslot, gslot" : "slot, xslot";
+  const char *voids = f->backward_shaped ? "(void)slot, (void)xslot, (void)gslot" : "(void)slot, (void)xslot";
+  const char *start = f->profiled ? "  PR_PROF_START();\n" : "";
+  if (*f->doc) buf_printf(o, "\n/* %s */", f->doc);
+  if (f->ncalls <= PART_CALLS) {
+    buf_printf(o, "\nstatic void %s(%s) {\n  %s;\n%s", f->name, params, voids, start);
+    render_calls(o, s, f->calls, 0, f->ncalls);
+    buf_printf(o, "}\n");
+    return;
+  }
+  int parts = (f->ncalls + PART_CALLS - 1) / PART_CALLS;
+  for (int part = 0; part < parts; part++) {
+    int lo = part * PART_CALLS, hi = part == parts - 1 ? f->ncalls : lo + PART_CALLS;
+    buf_printf(o, "\n/* %s, part %d of %d. */\nstatic __attribute__((noinline)) void %s_part%d(%s) {\n  %s;\n", f->name, part + 1,
+               parts, f->name, part + 1, params, voids);
+    render_calls(o, s, f->calls, lo, hi);
+    buf_printf(o, "}\n");
+  }
+  buf_printf(o, "\nstatic void %s(%s) {\n%s", f->name, params, start);
+  for (int part = 0; part < parts; part++) buf_printf(o, "  %s_part%d(%s);\n", f->name, part + 1, args);
+  buf_printf(o, "}\n");
+}
+
+/* A buffer's arena offset in a table: its macro, or -1 for none (or one this rank does not hold). */
+static void put_off(Buf *o, const StageSpec *s, int id) {
+  if (id < 0 || !s->bufs[id].name) buf_printf(o, "-1");
+  else buf_printf(o, "OFF_%s", s->bufs[id].name);
+}
+
+static void render_header(Buf *o, const StageSpec *s) {
+  static const char *const role[] = {"", ", pipefb forward rank: only their forwards", ", pipefb backward rank: only their backwards"};
+  buf_printf(o, "/* Generated by pipecc %s from ", s->version);
+  put_comment(o, s->model);
+  buf_printf(o, " - do not edit; regenerate instead.\n *\n * Stage %d of %d (MPI rank %d)%s: nodes %d..%d, ", s->stage, s->nstages,
+             s->stage, role[s->role], s->node_lo, s->node_hi);
+  put_comment(o, s->first_node);
+  buf_printf(o, " .. ");
+  put_comment(o, s->last_node);
+  buf_printf(o, "\n * Ops:");
+  for (int i = 0; i < s->nops; i++) buf_printf(o, "%s %s", i ? "," : "", s->ops[i]);
+  buf_printf(o, "\n * Receives:");
+  if (!s->nrecv) buf_printf(o, " nothing");
+  for (int i = 0; i < s->nrecv; i++) {
+    buf_printf(o, "%s ", i ? "," : "");
+    put_comment(o, s->recv[i].name);
+    buf_printf(o, " %s%s", s->recv[i].shape, s->recv[i].source != SRC_PREV ? " (data loader)" : "");
+  }
+  buf_printf(o, "\n * Sends:");
+  if (!s->nsend) buf_printf(o, " %s", s->last_stage ? "its logits to the loss" : "nothing");
+  for (int i = 0; i < s->nsend; i++) {
+    buf_printf(o, "%s ", i ? "," : "");
+    put_comment(o, s->send[i].name);
+    buf_printf(o, " %s", s->send[i].shape);
+  }
+  buf_printf(o, "\n * Schedule %s, %d micro-batches of %lld; predicted %s forward + %s backward per micro-batch.\n", s->schedule_name,
+             s->microbatches, (long long)s->mb_size, s->fwd_time, s->bwd_time);
+  buf_printf(o, " * Arena: %lld bytes (weights %lld), %d copies of each value in flight, %d of each gradient.\n */\n",
+             (long long)s->arena_bytes, (long long)s->weights_bytes, s->nslots, s->ngslots);
+}
+
+static void render_constants(Buf *o, const StageSpec *s) {
+  buf_printf(o, "#include \"piperun.h\"\n\n");
+  buf_printf(o, "enum { STAGE = %d, NSTAGES = %d, MICROBATCHES = %d, MB_SIZE = %lld, BATCH = %lld, NSLOTS = %d, NGSLOTS = %d };\n",
+             s->stage, s->nstages, s->microbatches, (long long)s->mb_size, (long long)s->batch, s->nslots, s->ngslots);
+  buf_printf(o, "#define ARENA_BYTES %lldLL\n#define WEIGHTS_BYTES %lldLL\n", (long long)s->arena_bytes, (long long)s->weights_bytes);
+  buf_printf(o, "enum { THREADS = %d }; /* this rank computes on THREADS threads (pipecc --threads) */\n", s->threads);
+  if (s->shared_cores)
+    buf_printf(o, "/* %d ranks share %d cores: this one runs on core PIN_CORE, beside ranks the plan chose (schedule_pin) */\n"
+                  "enum { PIN_CORE = %d, PIN_CORES = %d };\n\n", s->nstages, s->shared_cores, s->pin_core, s->pin_cores);
+  else if (s->threads > 1)
+    buf_printf(o, "enum { PIN_CORE = 0, PIN_CORES = 0 }; /* a rank of several threads: not pinned */\n\n");
+  else
+    buf_printf(o, "enum { PIN_CORE = 0, PIN_CORES = 0 }; /* a core per rank: not pinned */\n\n");
+  if (s->async) {
+    buf_printf(o, "/* async: step t computes on the weights of step t - STALENESS (the first STALENESS steps on the\n"
+                  " * initial ones) and updates the newest.  The weights region holds the newest; NWVERSIONS older\n"
+                  " * copies of it follow (WVERSION_BYTES each, from WVERSION_BASE): version v is copy v %% NWVERSIONS.\n"
+                  " * The runtime points pr_weights at the version of each F and B. */\n");
+    buf_printf(o, "enum { STALENESS = %d, LOOKAHEAD = %d, NWVERSIONS = %d };\n#define WVERSION_BASE %lldLL\n#define WVERSION_BYTES %lldLL\n\n",
+               s->staleness, s->lookahead, s->nwversions, (long long)s->wversion_base, (long long)s->wversion_stride);
+  }
+  if (s->memory_plan) {
+    buf_printf(o, "/* The memory plan: values that leave between a micro-batch's forward and its backward live in\n"
+                  " * NXSLOTS copies of one block (XSLOT_BYTES each, from XSLOT_BASE); an OFFLOAD copies out its first\n"
+                  " * XOUT_BYTES.  A peer's offloaded values are held in NSTORE store slots of STORE_BYTES. */\n");
+    buf_printf(o, "enum { NXSLOTS = %d, NSTORE = %d };\n#define XSLOT_BASE %lldLL\n#define XSLOT_BYTES %lldLL\n#define XOUT_BYTES %lldLL\n"
+                  "#define STORE_BASE %lldLL\n#define STORE_BYTES %lldLL\n\n", s->nxslots, s->nstore, (long long)s->xbase,
+               (long long)s->xstride, (long long)s->xout, (long long)s->store_base, (long long)s->store_stride);
+  }
+}
+
+static void render_buffers(Buf *o, const StageSpec *s) {
+  buf_printf(o, "/* Buffers: arena offset and size of one copy. */\n");
+  for (int i = 0; i < s->nbufs; i++) {
+    const SpecBuffer *b = &s->bufs[i];
+    const char *ct = b->is_int64 ? "int64_t" : "float";
+    if (!b->name) continue;
+    buf_printf(o, "#define OFF_%s %lldLL\n#define SIZE_%s %lldLL /* %s */\n", b->name, (long long)b->offset, b->name, (long long)b->bytes,
+               b->what);
+    if (b->view == VIEW_XSLOT)
+      buf_printf(o, "#define %s(k) ((%s *)(arena + OFF_%s + (int64_t)(k) * XSLOT_BYTES)) /* %s */\n", b->name, ct, b->name, b->leaves);
+    else if (b->view == VIEW_SLOT || b->view == VIEW_GSLOT)
+      buf_printf(o, "#define %s(k) ((%s *)(arena + OFF_%s + (int64_t)(k) * SIZE_%s))\n", b->name, ct, b->name, b->name);
+    else if (b->view == VIEW_WEIGHTS)
+      buf_printf(o, "#define %s ((%s *)(pr_weights + OFF_%s)) /* the version this micro-batch's step computes on */\n", b->name, ct, b->name);
+    else
+      buf_printf(o, "#define %s ((%s *)(arena + OFF_%s))\n", b->name, ct, b->name);
+  }
+  buf_printf(o, "\nstatic unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));\n\n");
+}
+
+static void render_profile_nodes(Buf *o, const StageSpec *s) {
+  buf_printf(o, "\n/* pipecc --profile: the nodes PR_PROF marks, as \"index op name\" (run.sh --profile FILE). */\n"
+                "static const char *const PROFILE_NODES[] = {\n");
+  for (int i = 0; i < s->nprof; i++) {
+    buf_printf(o, "    \"");
+    put_cstring(o, s->prof_nodes[i]);
+    buf_printf(o, "\",\n");
+  }
+  buf_printf(o, "};\n");
+}
+
+static void render_loss(Buf *o, const StageSpec *s) {
+  if (s->loss == LOSS_MSE)
+    buf_printf(o, "/* Mean squared error against one-hot labels, mean over the %lld x %lld outputs of the whole batch\n"
+                  " * (the runtime divides the returned sum by rows x classes). */\n", (long long)s->loss_total_rows, (long long)s->loss_classes);
+  else
+    buf_printf(o, "/* Softmax cross-entropy, mean over the %lld rows of the whole batch. */\n", (long long)s->loss_total_rows);
+  buf_printf(o, "static double loss(int slot, const int64_t *labels) {\n  return %s(", s->loss == LOSS_MSE ? "k_mse_onehot" : "k_softmax_xent");
+  buf_expr(o, s, s->loss_buf);
+  buf_printf(o, ", labels, ");
+  buf_expr(o, s, s->dloss_buf);
+  if (s->loss == LOSS_MSE)
+    buf_printf(o, ", %lld, %lld, 1.0f / %lld) / %lld;\n}\n\n", (long long)s->loss_rows, (long long)s->loss_classes,
+               (long long)(s->loss_total_rows * s->loss_classes), (long long)s->loss_classes);
+  else
+    buf_printf(o, ", %lld, %lld, 1.0f / %lld);\n}\n\n", (long long)s->loss_rows, (long long)s->loss_classes, (long long)s->loss_total_rows);
+}
+
+static void render_schedule(Buf *o, const StageSpec *s) {
+  if (s->async)
+    buf_printf(o, "/* The schedule: this stage's actions for step t, run for t = -LOOKAHEAD .. steps-1: {kind, micro-batch,\n"
+                  " * slot, gslot, xslot, peer}.  Micro-batch k is the run's micro-batch t * MICROBATCHES + k (k >= MICROBATCHES:\n"
+                  " * a later step's), skipped when outside the run: the first steps fill the pipeline, the last drain it.\n"
+                  " * Rings are indexed by the run's micro-batch modulo NSLOTS / NGSLOTS (the slots shown are step 0's). */\n"
+                  "static const PrAction SCHEDULE[] = {");
+  else
+    buf_printf(o, "/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,\n"
+                  " * xslot, peer} (xslot and peer: the memory plan's, -1 when unused). */\n"
+                  "static const PrAction SCHEDULE[] = {");
+  for (int k = 0; k < s->nactions; k++) {
+    const Action *ac = &s->actions[k];
+    buf_printf(o, "%s{PR_%s, %d, %d, %d, %d, %d}", !k ? "\n    " : k % 4 ? ", " : ",\n    ", action_kind_name(ac->kind), ac->mb, ac->slot,
+               ac->gslot, ac->xslot, ac->peer);
+  }
+  buf_printf(o, "\n};\n\n");
+}
+
+static void value_table(Buf *o, const StageSpec *s, const SpecValue *v, int n, const char *name) {
+  static const char *const src[] = {"PR_FROM_PREV", "PR_FROM_IMAGES", "PR_FROM_TOKENS"};
+  if (!n) return;
+  buf_printf(o, "/* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, %s rank, tag: its number among the\n"
+                " * values between the two ranks} */\n", v == s->recv ? "from" : "to");
+  buf_printf(o, "static const PrValue %s[] = {\n", name);
+  for (int i = 0; i < n; i++) {
+    buf_printf(o, "    {\"");
+    put_cstring(o, v[i].name);
+    buf_printf(o, "\", %lld, ", (long long)v[i].bytes);
+    put_off(o, s, v[i].buf);
+    buf_printf(o, ", ");
+    put_off(o, s, v[i].gbuf);
+    buf_printf(o, ", %s, %d, %d, {", src[v[i].source], v[i].dtype, v[i].rank);
+    for (int d = 0; d < v[i].rank; d++) buf_printf(o, "%s%lld", d ? ", " : "", (long long)v[i].dims[d]);
+    buf_printf(o, "}, %d, %d, %d},\n", v[i].xring, v[i].peer, v[i].tag);
+  }
+  buf_printf(o, "};\n");
+}
+
+/* PipeFB's tables: the stashed values this rank sends or receives each micro-batch, and the weights it
+ * sends after the update or receives. */
+static void fb_table(Buf *o, const StageSpec *s, const SpecFbMsg *m, int n, int weight, int sent, const char *name) {
+  if (!n) return;
+  if (weight)
+    buf_printf(o, "/* Weights %s (pipefb): {offset, floats, rank, id}. */\nstatic const PrWeight %s[] = {\n",
+               sent ? "sent after the update to the forward ranks that read them" : "received from the backward ranks that update them", name);
+  else
+    buf_printf(o, "/* Stashed values, per micro-batch, %s (pipefb): {name, bytes, offset of ring copy 0, rank, id}. */\n"
+                  "static const PrStash %s[] = {\n", sent ? "sent to the backward ranks that read them" : "received from the forward ranks", name);
+  for (int i = 0; i < n; i++) {
+    buf_printf(o, "    {");
+    if (weight) {
+      put_off(o, s, m[i].buf);
+      buf_printf(o, ", %lld, %d, %d},\n", (long long)(m[i].bytes / 4), m[i].peer, m[i].id);
+    } else {
+      buf_printf(o, "\"");
+      put_cstring(o, m[i].name);
+      buf_printf(o, "\", %lld, ", (long long)m[i].bytes);
+      put_off(o, s, m[i].buf);
+      buf_printf(o, ", %d, %d},\n", m[i].peer, m[i].id);
+    }
+  }
+  buf_printf(o, "};\n");
+}
+
+static void render_params(Buf *o, const StageSpec *s) {
+  for (int i = 0; i < s->nparams; i++) {
+    const SpecParam *q = &s->params[i];
+    if (!q->nparts) continue;
+    buf_printf(o, "/* '");
+    put_comment(o, q->name);
+    buf_printf(o, "' is tied: its gradient is the sum of each reading node's part, in graph order, on every stage\n"
+                  " * that holds it; parts computed elsewhere arrive at the update.  {offset, stage that computes it} */\n"
+                  "static const PrPart PARTS_%s[] = {", s->bufs[q->buf].name);
+    for (int j = 0; j < q->nparts; j++) buf_printf(o, "%s{OFF_%s, %d}", j ? ", " : "", s->bufs[q->parts[j].buf].name, q->parts[j].stage);
+    buf_printf(o, "};\n\n");
+  }
+  if (!s->nparams) return;
+  buf_printf(o, "/* {name, floats, offset, gradient, optimizer slots, tied parts, layer: its parameterised layer from 0} */\n"
+                "static const PrParam PARAMS[] = {\n");
+  for (int i = 0; i < s->nparams; i++) {
+    const SpecParam *q = &s->params[i];
+    buf_printf(o, "    {\"");
+    put_cstring(o, q->name);
+    buf_printf(o, "\", %lld, OFF_%s, ", (long long)q->floats, s->bufs[q->buf].name);
+    put_off(o, s, q->gbuf);
+    buf_printf(o, ", ");
+    put_off(o, s, q->m1);
+    buf_printf(o, ", ");
+    put_off(o, s, q->m2);
+    if (q->nparts) buf_printf(o, ", PARTS_%s, %d", s->bufs[q->buf].name, q->nparts);
+    else buf_printf(o, ", NULL, 0");
+    buf_printf(o, ", %d},\n", q->layer);
+  }
+  buf_printf(o, "};\n\n");
+}
+
+/* The descriptor's optional fields, each group a string of ".field = value," for the template. */
+static const char *memory_fields(const StageSpec *s, Pool *tp) {
+  if (!s->memory_plan) return "";
+  Buf dir = {0};
+  buf_printf(&dir, "%s", "");
+  put_cstring(&dir, s->offload_dir);
+  const char *f = pool_printf(tp, "\n    .nxslots = NXSLOTS, .xslot_base = XSLOT_BASE, .xslot_bytes = XSLOT_BYTES, .xout_bytes = XOUT_BYTES,"
+                                  "\n    .offload_to = %d, .offload_dir = \"%s\", .nstore = NSTORE, .store_base = STORE_BASE, .store_bytes = STORE_BYTES,"
+                                  " .store_owner = %d, .recompute = %s,",
+                              s->offload_to, dir.s, s->store_owner, s->recomputes ? "recompute" : "NULL");
+  buf_free(&dir);
+  return f;
+}
+
+static const char *chain_fields(const StageSpec *s, Pool *tp) {
+  static const char *const role[] = {"PR_ROLE_BOTH", "PR_ROLE_FWD", "PR_ROLE_BWD"};
+  const char *fb = !s->pipefb ? ""
+      : pool_printf(tp, "\n    .stash_send = %s, .nstash_send = %d, .stash_recv = %s, .nstash_recv = %d,"
+                        " .wsend = %s, .nwsend = %d, .wrecv = %s, .nwrecv = %d,",
+                    s->nstash_send ? "STASH_SEND" : "NULL", s->nstash_send, s->nstash_recv ? "STASH_RECV" : "NULL", s->nstash_recv,
+                    s->nwsend ? "WSEND" : "NULL", s->nwsend, s->nwrecv ? "WRECV" : "NULL", s->nwrecv);
+  return pool_printf(tp, "\n    .role = %s, .prev_rank = %d, .next_rank = %d, .loss_rank = %d, .nfrozen = %d, .nlayers = %d,%s", role[s->role],
+                     s->prev_rank, s->next_rank, s->loss_rank, s->nfrozen, s->nlayers, fb);
+}
+
+static const char *fn_or_null(const StageSpec *s, int fn) { return s->fn[fn].present ? s->fn[fn].name : "NULL"; }
+
+static void render_descriptor(Buf *o, const StageSpec *s) {
+  static const char *const opt[] = {"PR_SGD", "PR_ADAM", "PR_ADAMW"};
+  static const char *const conv[] = {"PR_CONV_NONE", "PR_CONV_IM2COL", "PR_CONV_ONEDNN"};
+  Pool tp = {0};
+  const char *loss_fields = s->loss == LOSS_NONE ? ""
+      : pool_printf(&tp, "\n    .loss_rows = %lld, .loss_classes = %lld, .labels_offset = OFF_%s, .logits_offset = OFF_%s, .logits_bytes = SIZE_%s,",
+                    (long long)s->loss_rows, (long long)s->loss_classes, s->bufs[s->labels_buf].name, s->bufs[s->loss_buf].name,
+                    s->bufs[s->loss_buf].name);
+  Buf model = {0}; /* the path, as the body of a C string */
+  buf_printf(&model, "%s", ""); /* not NULL for an empty path */
+  put_cstring(&model, s->model);
+  const char *keys[] = {"MODEL", "NACTIONS", "RECV", "NRECV", "SEND", "NSEND", "PARAMS", "NPARAMS", "LOSS", "LOSS_FIELDS",
+                        "OPTIMIZER", "LR", "MOMENTUM", "WEIGHT_DECAY", "VOCAB", "PREDICTED_BYTES", "PREDICTED_STEP",
+                        "FORWARD_ONLY", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "MEMORY_FIELDS", "PROFILE_FIELDS", "FORWARD",
+                        "BACKWARD", "CHAIN_FIELDS", "ASYNC_FIELDS", "FORWARD_EVAL"};
+  const char *vals[] = {
+      model.s, pool_printf(&tp, "%d", s->nactions), s->nrecv ? "RECV" : "NULL", pool_printf(&tp, "%d", s->nrecv),
+      s->nsend ? "SEND" : "NULL", pool_printf(&tp, "%d", s->nsend), s->nparams ? "PARAMS" : "NULL", pool_printf(&tp, "%d", s->nparams),
+      s->loss == LOSS_NONE ? "NULL" : "loss", loss_fields, opt[s->optimizer], pool_printf(&tp, "%.9g", s->lr),
+      pool_printf(&tp, "%.9g", s->momentum), pool_printf(&tp, "%.9g", s->weight_decay), pool_printf(&tp, "%lld", (long long)s->vocab),
+      pool_printf(&tp, "%.0f", s->predicted_bytes), pool_printf(&tp, "%.9g", s->predicted_step), s->forward_only ? "1" : "0",
+      fn_or_null(s, FN_BACKWARD_INPUT), fn_or_null(s, FN_BACKWARD_WEIGHT), memory_fields(s, &tp),
+      !s->prof_nodes ? "" : pool_printf(&tp, "\n    .prof_nodes = PROFILE_NODES, .nprof = %d, .prof_rate = %.6g, .prof_conv = %s,", s->nprof,
+                                        s->prof_rate, conv[s->prof_conv]),
+      fn_or_null(s, FN_FORWARD), fn_or_null(s, FN_BACKWARD), chain_fields(s, &tp),
+      !s->async ? "" : pool_printf(&tp, "\n    .staleness = STALENESS, .lookahead = LOOKAHEAD, .nwversions = %s, .wversion_base = %s, .wversion_bytes = %s,",
+                                   s->nwversions ? "NWVERSIONS" : "0", s->nwversions ? "WVERSION_BASE" : "0", s->nwversions ? "WVERSION_BYTES" : "0"),
+      fn_or_null(s, FN_FORWARD_EVAL)};
+  tmpl_fill(o, TMPL_STAGE_MAIN, keys, vals, (int)(sizeof keys / sizeof keys[0]));
+  pool_free(&tp);
+  buf_free(&model);
+}
+
+static void render_stage(const StageSpec *s, Buf *o) {
+  render_header(o, s);
+  render_constants(o, s);
+  render_buffers(o, s);
+  render_shapes(o, s);
+  if (s->prof_nodes) render_profile_nodes(o, s);
+  for (int fn = 0; fn < FN_COUNT; fn++)
+    if (s->fn[fn].present) render_fn(o, s, &s->fn[fn]);
+  buf_printf(o, "\n");
+  if (s->loss != LOSS_NONE) render_loss(o, s);
+  render_schedule(o, s);
+  value_table(o, s, s->recv, s->nrecv, "RECV");
+  value_table(o, s, s->send, s->nsend, "SEND");
+  fb_table(o, s, s->stash_send, s->nstash_send, 0, 1, "STASH_SEND");
+  fb_table(o, s, s->stash_recv, s->nstash_recv, 0, 0, "STASH_RECV");
+  fb_table(o, s, s->wsend, s->nwsend, 1, 1, "WSEND");
+  fb_table(o, s, s->wrecv, s->nwrecv, 1, 0, "WRECV");
+  render_params(o, s);
+  render_descriptor(o, s);
+}
+
+const Renderer RENDER_C = {.target = "cpu", .stage_file = "stage_%d.c", .stage = render_stage};
