@@ -61,6 +61,10 @@ static const char *runtime_dir(char *buf, size_t len) {
 }
 
 void emit_stage(const Plan *p, const StageProg *progs, int s, Buf *o) {
+  if (p->specs && progs == p->progs) {
+    RENDER_C.stage(&p->specs[s], o);
+    return;
+  }
   Pool pool = {0};
   StageSpec spec;
   spec_build(p, progs, s, &spec, &pool);

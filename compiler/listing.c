@@ -10,6 +10,7 @@
 
 #include "profile.h"
 #include "stageprog.h"
+#include "spec.h"
 #include "stash.h"
 #include "timeline.h"
 
@@ -187,6 +188,23 @@ static void stage_text(const Plan *p, int s, Buf *b) {
     }
     if (!any) buf_printf(b, "  %-12s nothing\n", pass ? "sends" : "receives");
   }
+}
+
+/* The messages stage s's program posts for one micro-batch, as its spec has them: each value with the
+ * rank it comes from or goes to and its tag (its number among the values between the two ranks). */
+static void spec_messages_json(const StageSpec *sp, Buf *b) {
+  for (int dir = 0; dir < 2; dir++) {
+    const SpecValue *v = dir ? sp->send : sp->recv;
+    int n = dir ? sp->nsend : sp->nrecv;
+    buf_printf(b, dir ? ", \"send\": [" : ",\n     \"messages\": {\"recv\": [");
+    for (int i = 0; i < n; i++) {
+      buf_printf(b, "%s{\"value\": ", i ? ", " : "");
+      json_str(b, v[i].name);
+      buf_printf(b, ", \"%s\": %d, \"tag\": %d, \"bytes\": %lld}", dir ? "to" : "from", v[i].peer, v[i].tag, (long long)v[i].bytes);
+    }
+    buf_printf(b, "]");
+  }
+  buf_printf(b, "}");
 }
 
 static void schedule_table(const Plan *p, Buf *b) {
@@ -568,6 +586,7 @@ void listing_json(const Plan *p, Buf *b) {
     json_edges(p, b, a);
     buf_printf(b, ",\n     \"send\": ");
     json_edges(p, b, e);
+    if (p->specs) spec_messages_json(&p->specs[s], b);
     buf_printf(b, ",\n     \"nslots\": %d, \"ngslots\": %d,\n     \"actions\": [", p->sched.nslots[s], p->sched.ngslots[s]);
     for (int k = 0; k < p->sched.nact[s]; k++) {
       const Action *ac = &p->sched.act[s][k];

@@ -19,6 +19,7 @@
 #include "outdir.h"
 #include "plan.h"
 #include "stageprog.h"
+#include "spec.h"
 #include "stash.h"
 #include "../runtime/blas_core.h"
 
@@ -422,6 +423,8 @@ again:
         ok = 0, rc = 2;
       }
     }
+    /* What each stage's program states, decided once: the renderers print it, plan.json states its messages. */
+    if (ok) spec_all(&p);
     StageProg *progs = o.plan_only ? NULL : p.progs;
     Buf text = {0}, json = {0}, svg = {0};
     if (ok) listing_text(&p, &text), listing_json(&p, &json), listing_timeline(&p, &svg);

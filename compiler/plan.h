@@ -96,6 +96,7 @@ typedef struct Plan {
   int *nreaders;                /* per tensor: how many compute nodes read it (a weight read by several is tied) */
   char *needs;       /* per tensor: it needs a gradient (autodiff.c, built on first use) */
   struct StageProg *progs; /* per stage, laid out by plan_programs (NULL before, or if they cannot be built) */
+  struct StageSpec *specs; /* per stage, what the renderers print and plan.json's messages state (spec_all; NULL before) */
   const char *mem_note;    /* NULL: each stage's memory is its arena; else why it is only the estimate */
   struct PriceMemo *memo;  /* exact prices of candidate stages (plan.c) */
   int floor_pricing;       /* no plain plan fits --mem-limit: candidates are priced as if every stashed value that may leave does */

@@ -314,3 +314,9 @@ void spec_build(const Plan *p, const StageProg *progs, int s, StageSpec *o, Pool
   spec_params(p, sp, o, pool);
   spec_memory(p, sp, o);
 }
+
+void spec_all(Plan *p) {
+  if (!p->progs) return;
+  p->specs = pool_alloc(&p->g.pool, sizeof(StageSpec) * (size_t)p->opt.nstages);
+  for (int s = 0; s < p->opt.nstages; s++) spec_build(p, p->progs, s, &p->specs[s], &p->g.pool);
+}

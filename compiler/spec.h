@@ -134,4 +134,6 @@ typedef struct StageSpec {
 
 /* Builds stage s's spec (allocations in pool). */
 void spec_build(const Plan *p, const StageProg *progs, int s, StageSpec *out, Pool *pool);
+/* Every stage's spec into p->specs, once the memory plan has settled the programs (nothing without them). */
+void spec_all(Plan *p);
 #endif
