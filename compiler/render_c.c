@@ -86,13 +86,14 @@ static void render_calls(Buf *o, const StageSpec *s, const SpecCall *calls, int 
 enum { PART_CALLS = 96 };
 
 static void render_fn(Buf *o, const StageSpec *s, const SpecFn *f) {
-  const char *params = f->backward_shaped ? "int slot, int xslot, int gslot" : "int slot, int xslot";
-  const char *args = f->backward_shaped ? "slot, xslot, gslot" : "slot, xslot";
-  const char *voids = f->backward_shaped ? "(void)slot, (void)xslot, (void)gslot" : "(void)slot, (void)xslot";
+  static const char *const params_of[] = {"int slot, int xslot", "int slot, int xslot, int gslot", "void"};
+  static const char *const args_of[] = {"slot, xslot", "slot, xslot, gslot", ""};
+  static const char *const voids_of[] = {"  (void)slot, (void)xslot;\n", "  (void)slot, (void)xslot, (void)gslot;\n", ""};
+  const char *params = params_of[f->args], *args = args_of[f->args], *voids = voids_of[f->args];
   const char *start = f->profiled ? "  PR_PROF_START();\n" : "";
   if (*f->doc) buf_printf(o, "\n/* %s */", f->doc);
   if (f->ncalls <= PART_CALLS) {
-    buf_printf(o, "\nstatic void %s(%s) {\n  %s;\n%s", f->name, params, voids, start);
+    buf_printf(o, "\nstatic void %s(%s) {\n%s%s", f->name, params, voids, start);
     render_calls(o, s, f->calls, 0, f->ncalls);
     buf_printf(o, "}\n");
     return;
@@ -100,7 +101,7 @@ static void render_fn(Buf *o, const StageSpec *s, const SpecFn *f) {
   int parts = (f->ncalls + PART_CALLS - 1) / PART_CALLS;
   for (int part = 0; part < parts; part++) {
     int lo = part * PART_CALLS, hi = part == parts - 1 ? f->ncalls : lo + PART_CALLS;
-    buf_printf(o, "\n/* %s, part %d of %d. */\nstatic __attribute__((noinline)) void %s_part%d(%s) {\n  %s;\n", f->name, part + 1,
+    buf_printf(o, "\n/* %s, part %d of %d. */\nstatic __attribute__((noinline)) void %s_part%d(%s) {\n%s", f->name, part + 1,
                parts, f->name, part + 1, params, voids);
     render_calls(o, s, f->calls, lo, hi);
     buf_printf(o, "}\n");
@@ -364,7 +365,7 @@ static void render_descriptor(Buf *o, const StageSpec *s) {
   const char *keys[] = {"MODEL", "NACTIONS", "RECV", "NRECV", "SEND", "NSEND", "PARAMS", "NPARAMS", "LOSS", "LOSS_FIELDS",
                         "OPTIMIZER", "LR", "MOMENTUM", "WEIGHT_DECAY", "VOCAB", "PREDICTED_BYTES", "PREDICTED_STEP",
                         "FORWARD_ONLY", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "MEMORY_FIELDS", "PROFILE_FIELDS", "FORWARD",
-                        "BACKWARD", "CHAIN_FIELDS", "ASYNC_FIELDS", "FORWARD_EVAL"};
+                        "BACKWARD", "CHAIN_FIELDS", "ASYNC_FIELDS", "FORWARD_EVAL", "ZERO_GRADS", "SUM_TIES", "UPDATE"};
   const char *vals[] = {
       model.s, pool_printf(&tp, "%d", s->nactions), s->nrecv ? "RECV" : "NULL", pool_printf(&tp, "%d", s->nrecv),
       s->nsend ? "SEND" : "NULL", pool_printf(&tp, "%d", s->nsend), s->nparams ? "PARAMS" : "NULL", pool_printf(&tp, "%d", s->nparams),
@@ -377,7 +378,7 @@ static void render_descriptor(Buf *o, const StageSpec *s) {
       fn_or_null(s, FN_FORWARD), fn_or_null(s, FN_BACKWARD), chain_fields(s, &tp),
       !s->async ? "" : pool_printf(&tp, "\n    .staleness = STALENESS, .lookahead = LOOKAHEAD, .nwversions = %s, .wversion_base = %s, .wversion_bytes = %s,",
                                    s->nwversions ? "NWVERSIONS" : "0", s->nwversions ? "WVERSION_BASE" : "0", s->nwversions ? "WVERSION_BYTES" : "0"),
-      fn_or_null(s, FN_FORWARD_EVAL)};
+      fn_or_null(s, FN_FORWARD_EVAL), fn_or_null(s, FN_ZERO_GRADS), fn_or_null(s, FN_SUM_TIES), fn_or_null(s, FN_UPDATE)};
   tmpl_fill(o, TMPL_STAGE_MAIN, keys, vals, (int)(sizeof keys / sizeof keys[0]));
   pool_free(&tp);
   buf_free(&model);

@@ -72,6 +72,9 @@ static const Call *selected(const StageProg *sp, const Call *k, int i, int fn) {
   case FN_FORWARD_EVAL: return k->eval ? k->eval : k;
   case FN_BACKWARD_INPUT: return call_is_weight(sp, k) ? NULL : k;
   case FN_BACKWARD_WEIGHT: return call_is_weight(sp, k) ? k : NULL;
+  case FN_ZERO_GRADS: return k->phase == PH_ZERO ? k : NULL;
+  case FN_SUM_TIES: return k->phase == PH_TIES ? k : NULL;
+  case FN_UPDATE: return k->phase == PH_UPDATE ? k : NULL;
   default: return k;
   }
 }
@@ -94,7 +97,8 @@ static void spec_fn(const StageProg *sp, SpecFn *f, const Call *calls, int n, in
     orig[f->ncalls] = &calls[i];
     f->calls[f->ncalls++] = (SpecCall){.call = k, .mark = -1};
   }
-  int marks = local && fn != FN_RECOMPUTE && fn != FN_FORWARD_EVAL, polls = sp->poll && fn != FN_RECOMPUTE && fn != FN_FORWARD_EVAL;
+  int timed = fn == FN_FORWARD || fn == FN_BACKWARD || fn == FN_BACKWARD_INPUT || fn == FN_BACKWARD_WEIGHT;
+  int marks = local && timed, polls = sp->poll && timed;
   f->profiled = marks;
   for (int i = 0; i < f->ncalls; i++) {
     const Call *k = orig[i], *next = i + 1 < f->ncalls ? orig[i + 1] : NULL;
@@ -113,7 +117,8 @@ static int has_eval_variant(const StageProg *sp) {
 }
 
 static void spec_functions(const Plan *p, const StageProg *sp, StageSpec *o, const int *local, Pool *pool) {
-  static const char *const names[FN_COUNT] = {"forward", "forward_eval", "recompute", "backward", "backward_input", "backward_weight"};
+  static const char *const names[FN_COUNT] = {"forward",         "forward_eval", "recompute", "backward", "backward_input",
+                                              "backward_weight", "zero_grads",   "sum_ties",  "update"};
   static const char *const docs[FN_COUNT] = {
       "The forward of the micro-batch in ring slot `slot` (unused by a stage that reads only weights and constants).",
       "The eval forward (run.sh --val): training-mode BatchNorm normalises with its running statistics and\n"
@@ -121,16 +126,23 @@ static void spec_functions(const Plan *p, const StageProg *sp, StageSpec *o, con
       "RECOMPUTE: the forward calls that make the recomputed values again, from what stayed.",
       "",
       "The input-gradient half (zb1's I): everything but the weight gradients.",
-      "The weight-gradient half (zb1's W), run later for the same slots."};
-  int role = o->role, split = p->opt.schedule == SCHED_ZB1;
+      "The weight-gradient half (zb1's W), run later for the same slots.",
+      "The optimizer step, before the step's first backward: its weight gradients start from zero.",
+      "The optimizer step, at UPDATE once every part is here: a tied weight's gradient is the sum of its\n"
+      " * readers' parts in graph order, the same sums on every stage that holds a copy.",
+      "The optimizer step, at UPDATE: one update per weight with the run's hyper-parameters (pr_opt)."};
+  int role = o->role, split = p->opt.schedule == SCHED_ZB1, train = role != ROLE_FWD;
   int want[FN_COUNT] = {role != ROLE_BWD, role != ROLE_BWD && has_eval_variant(sp), sp->recompute != NULL, role != ROLE_FWD,
-                        role != ROLE_FWD && split, role != ROLE_FWD && split};
+                        role != ROLE_FWD && split, role != ROLE_FWD && split, train, train, train};
   for (int fn = 0; fn < FN_COUNT; fn++) {
     SpecFn *f = &o->fn[fn];
-    f->name = names[fn], f->doc = docs[fn], f->backward_shaped = fn >= FN_BACKWARD;
+    f->name = names[fn], f->doc = docs[fn];
+    f->args = fn >= FN_ZERO_GRADS ? FN_ARGS_NONE : fn >= FN_BACKWARD ? FN_ARGS_BACKWARD : FN_ARGS_FORWARD;
     if (!want[fn]) continue;
-    if (f->backward_shaped) spec_fn(sp, f, sp->bwd, sp->nbwd, fn, local, pool);
+    if (fn >= FN_ZERO_GRADS) spec_fn(sp, f, sp->step, sp->nstep, fn, NULL, pool);
+    else if (f->args == FN_ARGS_BACKWARD) spec_fn(sp, f, sp->bwd, sp->nbwd, fn, local, pool);
     else spec_fn(sp, f, sp->fwd, sp->nfwd, fn, local, pool);
+    if (fn >= FN_ZERO_GRADS && !f->ncalls) f->present = 0; /* nothing to do: the runtime skips it */
   }
   /* A shape constant is printed where a printed call names it (an unused static constant is a warning). */
   o->shape_used = pool_alloc(pool, (size_t)sp->nshapes + 1);

@@ -36,12 +36,14 @@ typedef struct SpecCall {
 enum { MARK_FWD, MARK_BWD_INPUT, MARK_BWD_WEIGHT };
 
 /* The functions a stage may have.  Forward-shaped ones take (slot, xslot),
- * backward-shaped ones (slot, xslot, gslot). */
-enum { FN_FORWARD, FN_FORWARD_EVAL, FN_RECOMPUTE, FN_BACKWARD, FN_BACKWARD_INPUT, FN_BACKWARD_WEIGHT, FN_COUNT };
+ * backward-shaped ones (slot, xslot, gslot), the optimizer step's none. */
+enum { FN_FORWARD, FN_FORWARD_EVAL, FN_RECOMPUTE, FN_BACKWARD, FN_BACKWARD_INPUT, FN_BACKWARD_WEIGHT, FN_ZERO_GRADS, FN_SUM_TIES,
+       FN_UPDATE, FN_COUNT };
+enum { FN_ARGS_FORWARD, FN_ARGS_BACKWARD, FN_ARGS_NONE };
 typedef struct SpecFn {
   int present;
   const char *name, *doc; /* doc: the comment above it ("" for none) */
-  int backward_shaped;
+  int args;               /* FN_ARGS_* */
   int profiled;           /* starts the profile's clock */
   SpecCall *calls;
   int ncalls;

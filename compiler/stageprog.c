@@ -65,8 +65,10 @@ static void call_fill(StageProg *sp, Pool *pool, Call *k, int phase, int kernel,
 }
 
 Call *call_add(StageProg *sp, Pool *pool, int phase, int kernel, int node, const char *comment, const Arg *args, int nargs) {
-  Call **list = phase == PH_FWD ? &sp->fwd : &sp->bwd;
-  int *n = phase == PH_FWD ? &sp->nfwd : &sp->nbwd, *cap = phase == PH_FWD ? &sp->capfwd : &sp->capbwd;
+  int step = phase >= PH_ZERO;
+  Call **list = step ? &sp->step : phase == PH_FWD ? &sp->fwd : &sp->bwd;
+  int *n = step ? &sp->nstep : phase == PH_FWD ? &sp->nfwd : &sp->nbwd;
+  int *cap = step ? &sp->capstep : phase == PH_FWD ? &sp->capfwd : &sp->capbwd;
   if (*n == *cap) {
     *cap = *cap ? 2 * *cap : 64;
     *list = pool_realloc(pool, *list, sizeof(Call) * (size_t)*cap);

@@ -73,7 +73,10 @@ typedef struct Arg {
 /* What part of a step a call belongs to.  The backward is split so that
  * schedules can run the input gradient (I) and the weight gradient (W) of a
  * micro-batch at different times. */
-enum { PH_FWD, PH_IGRAD, PH_WGRAD };
+enum { PH_FWD, PH_IGRAD, PH_WGRAD,
+       /* The optimizer step's calls (update.c): a step's weight gradients zeroed before its first
+        * backward, a tied weight's parts summed once they are all here, one update per weight. */
+       PH_ZERO, PH_TIES, PH_UPDATE };
 
 /* One kernel call: data, not text.  reads/writes are derived from the
  * kernel's signature (call_add), never kept by hand. */
@@ -114,6 +117,8 @@ typedef struct StageProg {
   int nbufs, capbufs;
   Call *fwd, *bwd;
   int nfwd, nbwd, capfwd, capbwd;
+  Call *step;           /* the optimizer step's calls (PH_ZERO, PH_TIES, PH_UPDATE, in that order) */
+  int nstep, capstep;
   ShapeConst *shapes;
   int nshapes, capshapes;
   Crossing *recv, *send;

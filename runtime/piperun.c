@@ -156,6 +156,7 @@ static int64_t rss_anon(void) {
   return (int64_t)kb * 1024;
 }
 RandCtx pr_rand = {1, 0, 0}; /* piperun.h; seed 1 is --seed's default */
+OptCtx pr_opt; /* piperun.h; set at each UPDATE */
 unsigned char *pr_weights;   /* piperun.h: the arena's weights region, or an older version's (async) */
 
 static void die(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
@@ -1031,7 +1032,9 @@ static int tie_tag(const PrParam *p, int part) {
   return TAG_SPAN + (int)(h % 4096) * 1024 + part % 1024; /* the same on every stage; messages of one pair keep their order */
 }
 
-static void reduce_ties(Run *r) {
+/* Moves each tied weight's parts computed here to the other stages holding it, and theirs here; the
+ * stage program's sum_ties() then adds them up in graph order. */
+static void exchange_ties(Run *r) {
   const PrStage *st = r->st;
   for (int i = 0; i < st->nparams; i++) {
     const PrParam *p = &st->params[i];
@@ -1052,34 +1055,28 @@ static void reduce_ties(Run *r) {
       }
     }
     wait_all(r, req, n, -1, "to exchange a tied weight's gradient parts");
-    float *g = (float *)(st->arena + p->goffset);
-    memcpy(g, st->arena + p->parts[0].offset, (size_t)bytes);
-    for (int j = 1; j < p->nparts; j++) {
-      const float *x = (const float *)(st->arena + p->parts[j].offset);
-      for (int64_t e = 0; e < p->count; e++) g[e] += x[e];
-    }
   }
 }
 
+/* UPDATE: the tied sums, a check that every gradient is finite (naming the first weight that is not),
+ * then the stage program's update() with this step's hyper-parameters. */
 static void optimizer_step(Run *r) {
   const PrStage *st = r->st;
-  reduce_ties(r);
-  float lr = (float)lr_at(r, r->step);
+  exchange_ties(r);
+  if (st->sum_ties) st->sum_ties();
   float mom = r->a.have_momentum ? (float)r->a.momentum : st->momentum;
-  float wd = r->a.have_wd ? (float)r->a.weight_decay : st->weight_decay;
   for (int i = 0; i < st->nparams; i++) {
     const PrParam *p = &st->params[i];
-    float *w = (float *)(st->arena + p->offset), *g = (float *)(st->arena + p->goffset);
-    check_finite(r, "the gradient", p->name, g, p->count);
-    float *m1 = p->m1offset >= 0 ? (float *)(st->arena + p->m1offset) : NULL;
-    float *m2 = p->m2offset >= 0 ? (float *)(st->arena + p->m2offset) : NULL;
-    if (st->optimizer == PR_SGD) {
-      if (mom != 0 && !m1) die(2, "--momentum needs the optimizer state: compile with pipecc --momentum X");
-      k_sgd(w, g, m1, p->count, lr, mom, wd, r->step == 0);
-    } else {
-      k_adam(w, g, m1, m2, p->count, lr, st->beta1, st->beta2, st->eps, wd, st->optimizer == PR_ADAMW, r->step + 1);
-    }
+    check_finite(r, "the gradient", p->name, (const float *)(st->arena + p->goffset), p->count);
+    if (st->optimizer == PR_SGD && mom != 0 && p->m1offset < 0) die(2, "--momentum needs the optimizer state: compile with pipecc --momentum X");
   }
+  pr_opt = (OptCtx){.lr = (float)lr_at(r, r->step), .momentum = mom,
+                    .weight_decay = r->a.have_wd ? (float)r->a.weight_decay : st->weight_decay, .beta1 = st->beta1,
+                    .beta2 = st->beta2, .eps = st->eps, .step = r->step};
+  unsigned char *was = pr_weights;
+  pr_weights = st->arena; /* async: the update writes the newest weights */
+  if (st->update) st->update();
+  pr_weights = was;
 }
 
 /* ---- checkpoints ----
@@ -1749,14 +1746,10 @@ typedef struct StepLog {
 } StepLog;
 
 /* Weight gradients (and this stage's parts of tied ones) start each step at zero. */
+/* A step's gradients start from zero (the stage program's zero_grads(): its weight gradients and the
+ * tied parts it computes). */
 static void zero_grads(Run *r) {
-  const PrStage *st = r->st;
-  for (int i = 0; i < st->nparams; i++) {
-    const PrParam *p = &st->params[i];
-    if (p->goffset >= 0) memset(st->arena + p->goffset, 0, (size_t)p->count * 4); /* a pipefb forward rank has none */
-    for (int j = 0; j < p->nparts; j++)
-      if (p->parts[j].stage == st->stage) memset(st->arena + p->parts[j].offset, 0, (size_t)p->count * 4);
-  }
+  if (r->st->zero_grads) r->st->zero_grads();
 }
 
 /* After step r->step (its loss summed over its micro-batches on the loss

@@ -116,6 +116,12 @@ typedef struct PrStage {
   void (*backward)(int slot, int xslot, int gslot);
   void (*backward_input)(int slot, int xslot, int gslot);  /* zb1: the I and W halves of backward; NULL otherwise */
   void (*backward_weight)(int slot, int xslot, int gslot);
+  /* The optimizer step (compiler/update.c): zero the weight gradients before a step's first backward;
+   * sum each tied weight's parts once the runtime has exchanged them; update every weight with
+   * pr_opt's hyper-parameters.  NULL where the program has none (a pipefb forward rank, inference). */
+  void (*zero_grads)(void);
+  void (*sum_ties)(void);
+  void (*update)(void);
   /* last stage: loss over the logits of one micro-batch; returns the sum over rows */
   double (*loss)(int slot, const int64_t *labels);
   int64_t loss_rows, loss_classes; /* per micro-batch */
@@ -183,6 +189,8 @@ void pr_poll(void);
  * kernel reads it at run time while the call stays data in the compiler.
  * An inference program (pr_eval) runs step 0, micro-batch 0, seed 1. */
 extern RandCtx pr_rand;
+/* The optimizer's hyper-parameters and step for the update() being run (set at each UPDATE). */
+extern OptCtx pr_opt;
 
 /* Inference: reads each input from DIR/input_<k>.pb (ONNX TensorProto, in
  * graph-input order), runs forward once, writes each output raw to
