@@ -61,6 +61,22 @@ static void backward(int slot, int xslot, int gslot) {
   k_conv_grad(v_input(slot), W_conv1_weight, d__conv1_Conv_output_0(gslot), NULL, dW_conv1_weight, dW_conv1_bias, dcol__conv1_Conv_output_0, &CONV_0, 0, 1);
 }
 
+/* The optimizer step, before the step's first backward: its weight gradients start from zero. */
+static void zero_grads(void) {
+  /* zero the gradient of 'conv1.weight' */
+  k_zero(dW_conv1_weight, 150);
+  /* zero the gradient of 'conv1.bias' */
+  k_zero(dW_conv1_bias, 6);
+}
+
+/* The optimizer step, at UPDATE: one update per weight with the run's hyper-parameters (pr_opt). */
+static void update(void) {
+  /* SGD on 'conv1.weight' */
+  k_sgd_step(W_conv1_weight, dW_conv1_weight, NULL, 150, &pr_opt);
+  /* SGD on 'conv1.bias' */
+  k_sgd_step(W_conv1_bias, dW_conv1_bias, NULL, 6, &pr_opt);
+}
+
 /* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,
  * xslot, peer} (xslot and peer: the memory plan's, -1 when unused). */
 static const PrAction SCHEDULE[] = {
@@ -98,6 +114,7 @@ static const PrStage THIS_STAGE = {
     .recv = RECV, .nrecv = 1, .send = SEND, .nsend = 1,
     .params = PARAMS, .nparams = 2,
     .forward = forward, .forward_eval = NULL, .backward = backward, .backward_input = NULL, .backward_weight = NULL,
+    .zero_grads = zero_grads, .sum_ties = NULL, .update = update,
     .loss = NULL, .forward_only = 0,
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,

@@ -96,6 +96,7 @@ static const PrStage THIS_STAGE = {
     .recv = RECV, .nrecv = 1, .send = SEND, .nsend = 1,
     .params = NULL, .nparams = 0,
     .forward = forward, .forward_eval = NULL, .backward = backward, .backward_input = NULL, .backward_weight = NULL,
+    .zero_grads = NULL, .sum_ties = NULL, .update = NULL,
     .loss = NULL, .forward_only = 0,
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,

@@ -79,6 +79,22 @@ static void backward(int slot, int xslot, int gslot) {
   k_copy_grad(d__MaxPool_output_0_10, d__MaxPool_output_0(gslot), 9408, 0);
 }
 
+/* The optimizer step, before the step's first backward: its weight gradients start from zero. */
+static void zero_grads(void) {
+  /* zero the gradient of 'conv2.weight' */
+  k_zero(dW_conv2_weight, 2400);
+  /* zero the gradient of 'conv2.bias' */
+  k_zero(dW_conv2_bias, 16);
+}
+
+/* The optimizer step, at UPDATE: one update per weight with the run's hyper-parameters (pr_opt). */
+static void update(void) {
+  /* SGD on 'conv2.weight' */
+  k_sgd_step(W_conv2_weight, dW_conv2_weight, NULL, 2400, &pr_opt);
+  /* SGD on 'conv2.bias' */
+  k_sgd_step(W_conv2_bias, dW_conv2_bias, NULL, 16, &pr_opt);
+}
+
 /* The schedule: this stage's actions for step t, run for t = -LOOKAHEAD .. steps-1: {kind, micro-batch,
  * slot, gslot, xslot, peer}.  Micro-batch k is the run's micro-batch t * MICROBATCHES + k (k >= MICROBATCHES:
  * a later step's), skipped when outside the run: the first steps fill the pipeline, the last drain it.
@@ -122,6 +138,7 @@ static const PrStage THIS_STAGE = {
     .recv = RECV, .nrecv = 1, .send = SEND, .nsend = 1,
     .params = PARAMS, .nparams = 2,
     .forward = forward, .forward_eval = NULL, .backward = backward, .backward_input = NULL, .backward_weight = NULL,
+    .zero_grads = zero_grads, .sum_ties = NULL, .update = update,
     .loss = NULL, .forward_only = 0,
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
     .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .vocab = 10,

@@ -180,6 +180,38 @@ static void backward(int slot, int xslot, int gslot) {
   k_copy_grad(d__conv2_Conv_output_0_31, d__conv2_Conv_output_0(gslot), 12800, 0);
 }
 
+/* The optimizer step, before the step's first backward: its weight gradients start from zero. */
+static void zero_grads(void) {
+  /* zero the gradient of 'fc1.weight' */
+  k_zero(dW_fc1_weight, 48000);
+  /* zero the gradient of 'fc1.bias' */
+  k_zero(dW_fc1_bias, 120);
+  /* zero the gradient of 'fc2.weight' */
+  k_zero(dW_fc2_weight, 10080);
+  /* zero the gradient of 'fc2.bias' */
+  k_zero(dW_fc2_bias, 84);
+  /* zero the gradient of 'fc3.weight' */
+  k_zero(dW_fc3_weight, 840);
+  /* zero the gradient of 'fc3.bias' */
+  k_zero(dW_fc3_bias, 10);
+}
+
+/* The optimizer step, at UPDATE: one update per weight with the run's hyper-parameters (pr_opt). */
+static void update(void) {
+  /* SGD on 'fc1.weight' */
+  k_sgd_step(W_fc1_weight, dW_fc1_weight, NULL, 48000, &pr_opt);
+  /* SGD on 'fc1.bias' */
+  k_sgd_step(W_fc1_bias, dW_fc1_bias, NULL, 120, &pr_opt);
+  /* SGD on 'fc2.weight' */
+  k_sgd_step(W_fc2_weight, dW_fc2_weight, NULL, 10080, &pr_opt);
+  /* SGD on 'fc2.bias' */
+  k_sgd_step(W_fc2_bias, dW_fc2_bias, NULL, 84, &pr_opt);
+  /* SGD on 'fc3.weight' */
+  k_sgd_step(W_fc3_weight, dW_fc3_weight, NULL, 840, &pr_opt);
+  /* SGD on 'fc3.bias' */
+  k_sgd_step(W_fc3_bias, dW_fc3_bias, NULL, 10, &pr_opt);
+}
+
 /* Softmax cross-entropy, mean over the 64 rows of the whole batch. */
 static double loss(int slot, const int64_t *labels) {
   return k_softmax_xent(v_logits(slot), labels, d_logits(slot), 8, 10, 1.0f / 64);
@@ -223,6 +255,7 @@ static const PrStage THIS_STAGE = {
     .recv = RECV, .nrecv = 1, .send = NULL, .nsend = 0,
     .params = PARAMS, .nparams = 6,
     .forward = forward, .forward_eval = NULL, .backward = backward, .backward_input = NULL, .backward_weight = NULL,
+    .zero_grads = zero_grads, .sum_ties = NULL, .update = update,
     .loss = loss,
     .loss_rows = 8, .loss_classes = 10, .labels_offset = OFF_L_logits, .logits_offset = OFF_v_logits, .logits_bytes = SIZE_v_logits, .forward_only = 0,
     .optimizer = PR_SGD, .lr = (float)0.1, .momentum = (float)0, .weight_decay = (float)0,
