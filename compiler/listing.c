@@ -306,37 +306,26 @@ static int fusion_kinds(const Plan *p, const char **kind, int *count) {
   return nk;
 }
 
-void listing_text(const Plan *p, Buf *b) {
+/* --frozen: which layers, and where the backward starts. */
+static void frozen_text(const Plan *p, Buf *b) {
   const Graph *g = &p->g;
+  const char *need = plan_needs((Plan *)p);
+  int first = -1; /* the first compute node with a backward */
+  for (int k = 0; k < p->N && first < 0; k++)
+    for (int q = 0; q < g->n[p->node[k]].nout; q++)
+      if (g->n[p->node[k]].out[q] >= 0 && need[g->n[p->node[k]].out[q]]) first = k;
+  buf_printf(b, "  frozen       %d of %d parameterised layers (--frozen %s)", p->nfrozen, p->nlayers, p->opt.frozen);
+  if (p->nfrozen)
+    buf_printf(b, ": %s .. %s; their %d weight%s are constants (no gradient, no optimizer state)", g->n[p->frozen_layers[0]].name,
+               g->n[p->frozen_layers[p->nfrozen - 1]].name, p->frozen_params, p->frozen_params == 1 ? "" : "s");
+  buf_printf(b, "\n");
+  if (first > 0) buf_printf(b, "               no backward (nor its stash) before node %d (%s)\n", first, node_name(p, first));
+}
+
+/* The machine the plan is for: rates, link, and how ranks share its cores. */
+static void machine_text(const Plan *p, Buf *b) {
   const Machine *m = &p->machine;
   int n = p->opt.nstages;
-  buf_printf(b, "pipecc plan: %s\n", g->path);
-  buf_printf(b, "  model        opset %lld, %d nodes (%d folded at compile time, %d fused into another, %d compute), %s parameters\n",
-             (long long)g->opset, g->nn, p->nfolded, p->nfused, p->N, fmt_count(p->params));
-  {
-    const char *kind[MAX_FUSION_KINDS];
-    int count[MAX_FUSION_KINDS], nk = fusion_kinds(p, kind, count);
-    for (int i = 0; i < nk; i++)
-      buf_printf(b, "%s%d x %s%s", i ? "; " : "  fused        ", count[i], kind[i], i == nk - 1 ? " (--no-fuse: apart)\n" : "");
-  }
-  buf_printf(b, "  batch        %lld samples per step = %d micro-batches x %lld\n", (long long)p->batch, p->opt.microbatches,
-             (long long)p->mb_size);
-  buf_printf(b, "  schedule     %s over %d stage%s, optimizer %s (%.0f state slot%s per parameter)\n",
-             schedule_name(p->opt.schedule), n, n == 1 ? "" : "s", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots,
-             p->opt_slots == 1 ? "" : "s");
-  if (p->opt.frozen) {
-    const char *need = plan_needs((Plan *)p);
-    int first = -1; /* the first compute node with a backward */
-    for (int k = 0; k < p->N && first < 0; k++)
-      for (int q = 0; q < g->n[p->node[k]].nout; q++)
-        if (g->n[p->node[k]].out[q] >= 0 && need[g->n[p->node[k]].out[q]]) first = k;
-    buf_printf(b, "  frozen       %d of %d parameterised layers (--frozen %s)", p->nfrozen, p->nlayers, p->opt.frozen);
-    if (p->nfrozen)
-      buf_printf(b, ": %s .. %s; their %d weight%s are constants (no gradient, no optimizer state)", g->n[p->frozen_layers[0]].name,
-                 g->n[p->frozen_layers[p->nfrozen - 1]].name, p->frozen_params, p->frozen_params == 1 ? "" : "s");
-    buf_printf(b, "\n");
-    if (first > 0) buf_printf(b, "               no backward (nor its stash) before node %d (%s)\n", first, node_name(p, first));
-  }
   buf_printf(b, "  machine      %s\n", m->source);
   buf_printf(b, "               rank 0: %.1f GFLOP/s%s; link 0: %.2f GB/s, %.1f us; memory copies %.1f GB/s\n", m->dev[0].flops / 1e9,
              m->dev[0].mem_bytes > 0 ? "" : ", memory unlimited", n > 1 ? m->link[0].bandwidth / 1e9 : 0,
@@ -359,6 +348,10 @@ void listing_text(const Plan *p, Buf *b) {
   } else if (p->opt.threads > 1) {
     buf_printf(b, "               each rank computes on %d threads (--threads)\n", p->opt.threads);
   }
+}
+
+/* Where the node costs come from: a profile, the kernel cache, or the FLOP model. */
+static void costs_text(const Plan *p, Buf *b) {
   if (p->costs && p->costs->path) {
     const Costs *c = p->costs;
     buf_printf(b, "  node costs   measured: --costs %s (at micro-batch %lld%s, on %.1f GFLOP/s)\n", c->path, (long long)c->profile_mb,
@@ -375,19 +368,11 @@ void listing_text(const Plan *p, Buf *b) {
                c->ncached, p->N, c->cache_path, p->N - c->ncached, c->aux);
   } else
     buf_printf(b, "  node costs   FLOPs over the rate above and memory traffic over memory copies (measure them: --profile, --costs)\n");
-  if (p->opt.mem_limit > 0) buf_printf(b, "  mem limit    %s per rank\n", fmt_bytes(p->opt.mem_limit));
-  if (p->conv_note) buf_printf(b, "  convolution  %s\n", p->conv_note);
-  if (p->part_note) buf_printf(b, "  partition    %s\n", p->part_note);
-  buf_printf(b, "\n");
-  for (int s = 0; s < n; s++) stage_text(p, s, b);
-  tie_text(p, b);
-  if (p->mem_note)
-    buf_printf(b, "\nmemory: %s; the partitioner's upper bound, not the arena\n", p->mem_note);
-  else
-    buf_printf(b, "\nmemory: each stage's arena, exactly: its static buffer ARENA_BYTES in stage_<k>.c, which holds everything\n"
-                  "        the stage keeps (weights, constants, gradients, optimizer state, rings, temporaries); the runtime adds\n"
-                  "        only its per-rank bookkeeping (MPI requests, one micro-batch of loader input) and the data set.  The\n"
-                  "        partitioner priced each candidate stage by the same arena, and --mem-limit is decided against it.\n");
+}
+
+/* The step: predicted time, bubble, imbalance, and why the cuts are where they are. */
+static void step_text(const Plan *p, Buf *b) {
+  int n = p->opt.nstages;
   double mx = 0, mn = INFINITY;
   int slow = 0;
   for (int s = 0; s < n; s++) {
@@ -430,6 +415,42 @@ void listing_text(const Plan *p, Buf *b) {
     buf_printf(b, "  why          the cut points minimise the slowest stage's time (compute on its rank + sending and receiving\n"
                   "               every value that crosses its cuts), within each rank's memory under %s; among equally fast\n"
                   "               plans the most even one is kept\n", schedule_name(p->opt.schedule));
+}
+
+void listing_text(const Plan *p, Buf *b) {
+  const Graph *g = &p->g;
+  int n = p->opt.nstages;
+  buf_printf(b, "pipecc plan: %s\n", g->path);
+  buf_printf(b, "  model        opset %lld, %d nodes (%d folded at compile time, %d fused into another, %d compute), %s parameters\n",
+             (long long)g->opset, g->nn, p->nfolded, p->nfused, p->N, fmt_count(p->params));
+  {
+    const char *kind[MAX_FUSION_KINDS];
+    int count[MAX_FUSION_KINDS], nk = fusion_kinds(p, kind, count);
+    for (int i = 0; i < nk; i++)
+      buf_printf(b, "%s%d x %s%s", i ? "; " : "  fused        ", count[i], kind[i], i == nk - 1 ? " (--no-fuse: apart)\n" : "");
+  }
+  buf_printf(b, "  batch        %lld samples per step = %d micro-batches x %lld\n", (long long)p->batch, p->opt.microbatches,
+             (long long)p->mb_size);
+  buf_printf(b, "  schedule     %s over %d stage%s, optimizer %s (%.0f state slot%s per parameter)\n",
+             schedule_name(p->opt.schedule), n, n == 1 ? "" : "s", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots,
+             p->opt_slots == 1 ? "" : "s");
+  if (p->opt.frozen) frozen_text(p, b);
+  machine_text(p, b);
+  costs_text(p, b);
+  if (p->opt.mem_limit > 0) buf_printf(b, "  mem limit    %s per rank\n", fmt_bytes(p->opt.mem_limit));
+  if (p->conv_note) buf_printf(b, "  convolution  %s\n", p->conv_note);
+  if (p->part_note) buf_printf(b, "  partition    %s\n", p->part_note);
+  buf_printf(b, "\n");
+  for (int s = 0; s < n; s++) stage_text(p, s, b);
+  tie_text(p, b);
+  if (p->mem_note)
+    buf_printf(b, "\nmemory: %s; the partitioner's upper bound, not the arena\n", p->mem_note);
+  else
+    buf_printf(b, "\nmemory: each stage's arena, exactly: its static buffer ARENA_BYTES in stage_<k>.c, which holds everything\n"
+                  "        the stage keeps (weights, constants, gradients, optimizer state, rings, temporaries); the runtime adds\n"
+                  "        only its per-rank bookkeeping (MPI requests, one micro-batch of loader input) and the data set.  The\n"
+                  "        partitioner priced each candidate stage by the same arena, and --mem-limit is decided against it.\n");
+  step_text(p, b);
   schedule_table(p, b);
   action_lists(p, b);
 }
@@ -470,36 +491,9 @@ static void json_edges(const Plan *p, Buf *b, int cut) {
   buf_printf(b, "]");
 }
 
-void listing_json(const Plan *p, Buf *b) {
+/* plan.json's machine: where its figures come from, the cores and pinning, the costs' source, each rank and link. */
+static void machine_json(const Plan *p, Buf *b) {
   int n = p->opt.nstages;
-  buf_printf(b, "{\n  \"model\": ");
-  json_str(b, p->g.path);
-  buf_printf(b, ",\n  \"opset\": %lld,\n  \"nodes\": %d,\n  \"folded_nodes\": %d,\n  \"fused_nodes\": %d,\n  \"compute_nodes\": %d,\n  \"parameters\": %.0f,\n",
-             (long long)p->g.opset, p->g.nn, p->nfolded, p->nfused, p->N, p->params);
-  {
-    const char *kind[MAX_FUSION_KINDS];
-    int count[MAX_FUSION_KINDS], nk = fusion_kinds(p, kind, count);
-    buf_printf(b, "  \"fusions\": [");
-    for (int i = 0; i < nk; i++) {
-      buf_printf(b, "%s{\"runs\": ", i ? ", " : "");
-      json_str(b, kind[i]);
-      buf_printf(b, ", \"nodes\": %d}", count[i]);
-    }
-    buf_printf(b, "],\n");
-  }
-  if (p->fb) buf_printf(b, "  \"fb_split\": %d,\n", p->fb->links.nf);
-  if (p->opt.frozen) buf_printf(b, "  \"frozen_layers\": %d,\n  \"layers\": %d,\n", p->nfrozen, p->nlayers);
-  if (p->sched.unroll > 0)
-    buf_printf(b, "  \"staleness\": %d,\n  \"lookahead\": %d,\n  \"fill_drain_s\": %.9g,\n", p->sched.staleness, p->sched.lookahead,
-               p->sched.fill_drain);
-  buf_printf(b, "  \"partition\": \"%s\",\n  \"partition_note\": ", p->opt.partition == PARTITION_CHAIN ? "chain" : "dag");
-  if (p->part_note) json_str(b, p->part_note);
-  else buf_printf(b, "null");
-  buf_printf(b, ",\n  \"chain_max_stage_time_s\": %.9g,\n", p->chain_time);
-  buf_printf(b, "  \"batch\": %lld,\n  \"microbatches\": %d,\n  \"microbatch_size\": %lld,\n  \"schedule\": \"%s\",\n  \"stages\": %d,\n",
-             (long long)p->batch, p->opt.microbatches, (long long)p->mb_size, schedule_name(p->opt.schedule), n);
-  buf_printf(b, "  \"optimizer\": \"%s\",\n  \"optimizer_slots_per_param\": %.0f,\n", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots);
-  buf_printf(b, "  \"convolutions\": \"%s\",\n", ir_conv_name(&p->g));
   buf_printf(b, "  \"mem_limit_bytes\": %.0f,\n  \"machine\": {\"source\": ", p->opt.mem_limit);
   json_str(b, p->machine.source);
   buf_printf(b, ", \"memcpy_bandwidth\": %.6g, \"cores\": %d, \"threads_per_rank\": %d, \"pinned_core\": ", p->machine.memcpy_bw,
@@ -530,11 +524,10 @@ void listing_json(const Plan *p, Buf *b) {
   for (int s = 0; s + 1 < n; s++)
     buf_printf(b, "%s{\"bandwidth\": %.6g, \"latency\": %.6g}", s ? ", " : "", p->machine.link[s].bandwidth, p->machine.link[s].latency);
   buf_printf(b, "]},\n");
-  buf_printf(b, "  \"predicted_step_time_s\": %.9g,\n  \"bubble\": %.6f,\n  \"ideal_bubble\": %.6f,\n  \"max_stage_time_s\": %.9g,\n",
-             p->sched.step_time, p->sched.bubble, schedule_ideal_bubble(n, p->opt.microbatches), p->part.max_time);
-  buf_printf(b, "  \"jitter\": %.6f,\n  \"step_time_at_medians_s\": %.9g,\n  \"bubble_at_medians\": %.6f,\n", p->sched.jitter,
-             at_medians(p), p->sched.jitter > 0 ? p->sched.bubble_fixed : p->sched.bubble);
-  buf_printf(b, "  \"imbalance\": %.6f,\n  \"ties\": [", p->part.max_time / mean_time(p));
+}
+
+/* plan.json's tied weights: each with its readers and their stages; returns how many. */
+static int ties_json(const Plan *p, Buf *b) {
   int *ks = malloc(sizeof(int) * (size_t)(p->N + 1)), nties = 0;
   for (int t = 0; t < p->g.nt; t++) {
     if (!p->g.t[t].is_param || p->nreaders[t] < 2) continue;
@@ -552,51 +545,96 @@ void listing_json(const Plan *p, Buf *b) {
     buf_printf(b, "]}");
   }
   free(ks);
+  return nties;
+}
+
+/* plan.json's stage s: its nodes, costs, memory, messages and actions. */
+static void stage_json(const Plan *p, int s, Buf *b) {
+  const StageCost *c = &p->part.cost[s];
+  int a = p->rbegin[s], e = p->rend[s];
+  double params = 0, ff = 0, bf = 0;
+  for (int k = a; k < e; k++) params += p->cost[k].param_count, ff += p->cost[k].fwd_flops, bf += p->cost[k].bwd_flops;
+  buf_printf(b, "    {\"stage\": %d, \"role\": \"%s\", \"node_begin\": %d, \"node_end\": %d, \"first_node\": ", s,
+             p->role[s] == ROLE_FWD ? "forward" : p->role[s] == ROLE_BWD ? "backward" : "both", a, e);
+  json_str(b, node_name(p, a));
+  buf_printf(b, ", \"last_node\": ");
+  json_str(b, node_name(p, e - 1));
+  buf_printf(b, ",\n     \"nodes\": [");
+  for (int k = a; k < e; k++) {
+    if (k > a) buf_printf(b, ", ");
+    json_str(b, node_name(p, k));
+  }
+  buf_printf(b, "],\n     \"parameters\": %.0f, \"fwd_flops\": %.0f, \"bwd_flops\": %.0f,\n", params, ff, bf);
+  buf_printf(b, "     \"fwd_time_s\": %.9g, \"bwd_time_s\": %.9g, \"comm_time_s\": %.9g, \"time_s\": %.9g,\n", c->fwd, c->bwd, c->comm, c->time);
+  if (p->costs && p->costs->src) {
+    int hit = 0;
+    for (int k = a; k < e; k++) hit += p->costs->src[k];
+    buf_printf(b, "     \"costs_from_cache\": %d, \"costs_from_flops\": %d,\n", hit, e - a - hit);
+  }
+  buf_printf(b, "     \"memory\": {\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"stash\": %.0f, \"received\": %.0f, "
+                "\"workspace\": %.0f, \"total\": %.0f, \"inflight\": %d, \"copies\": %d, \"estimate\": %.0f, \"exact\": %s},\n",
+             c->mem_params, c->mem_grads, c->mem_opt, c->mem_stash, c->mem_recv, c->mem_work, c->mem_total, c->inflight, c->copies,
+             c->mem_estimate, p->mem_note ? "false" : "true");
+  if (p->arena) buf_printf(b, "     \"arena_bytes\": %lld, \"beside_arena_bytes\": %.0f,\n", (long long)p->arena[s], beside_arena(p, a, e));
+  if (c->mem_versions > 0) buf_printf(b, "     \"weight_versions_bytes\": %.0f,\n", c->mem_versions);
+  if (p->progs && p->plain_arena) memory_plan_json(p, s, b);
+  buf_printf(b, "     \"recv\": ");
+  json_edges(p, b, a);
+  buf_printf(b, ",\n     \"send\": ");
+  json_edges(p, b, e);
+  if (p->specs) spec_messages_json(&p->specs[s], b);
+  buf_printf(b, ",\n     \"nslots\": %d, \"ngslots\": %d,\n     \"actions\": [", p->sched.nslots[s], p->sched.ngslots[s]);
+  for (int k = 0; k < p->sched.nact[s]; k++) {
+    const Action *ac = &p->sched.act[s][k];
+    char name[32];
+    buf_printf(b, "%s{\"op\": \"%s\", \"kind\": \"%s\", \"mb\": %d, \"start_s\": %.9g, \"end_s\": %.9g, \"slot\": %ld, "
+                  "\"ring_slot\": %d, \"grad_slot\": %d}", k ? ",\n       " : "", action_str(ac, name, sizeof name),
+               action_kind_name(ac->kind), ac->mb, ac->start, ac->end,
+               p->slots.nact[s] == p->sched.nact[s] ? lround(p->slots.act[s][k].start) : -1L, ac->slot, ac->gslot);
+    if (ac->xslot >= 0) b->len--, buf_printf(b, ", \"xslot\": %d, \"peer\": %d}", ac->xslot, ac->peer);
+  }
+}
+
+void listing_json(const Plan *p, Buf *b) {
+  int n = p->opt.nstages;
+  buf_printf(b, "{\n  \"model\": ");
+  json_str(b, p->g.path);
+  buf_printf(b, ",\n  \"opset\": %lld,\n  \"nodes\": %d,\n  \"folded_nodes\": %d,\n  \"fused_nodes\": %d,\n  \"compute_nodes\": %d,\n  \"parameters\": %.0f,\n",
+             (long long)p->g.opset, p->g.nn, p->nfolded, p->nfused, p->N, p->params);
+  {
+    const char *kind[MAX_FUSION_KINDS];
+    int count[MAX_FUSION_KINDS], nk = fusion_kinds(p, kind, count);
+    buf_printf(b, "  \"fusions\": [");
+    for (int i = 0; i < nk; i++) {
+      buf_printf(b, "%s{\"runs\": ", i ? ", " : "");
+      json_str(b, kind[i]);
+      buf_printf(b, ", \"nodes\": %d}", count[i]);
+    }
+    buf_printf(b, "],\n");
+  }
+  if (p->fb) buf_printf(b, "  \"fb_split\": %d,\n", p->fb->links.nf);
+  if (p->opt.frozen) buf_printf(b, "  \"frozen_layers\": %d,\n  \"layers\": %d,\n", p->nfrozen, p->nlayers);
+  if (p->sched.unroll > 0)
+    buf_printf(b, "  \"staleness\": %d,\n  \"lookahead\": %d,\n  \"fill_drain_s\": %.9g,\n", p->sched.staleness, p->sched.lookahead,
+               p->sched.fill_drain);
+  buf_printf(b, "  \"partition\": \"%s\",\n  \"partition_note\": ", p->opt.partition == PARTITION_CHAIN ? "chain" : "dag");
+  if (p->part_note) json_str(b, p->part_note);
+  else buf_printf(b, "null");
+  buf_printf(b, ",\n  \"chain_max_stage_time_s\": %.9g,\n", p->chain_time);
+  buf_printf(b, "  \"batch\": %lld,\n  \"microbatches\": %d,\n  \"microbatch_size\": %lld,\n  \"schedule\": \"%s\",\n  \"stages\": %d,\n",
+             (long long)p->batch, p->opt.microbatches, (long long)p->mb_size, schedule_name(p->opt.schedule), n);
+  buf_printf(b, "  \"optimizer\": \"%s\",\n  \"optimizer_slots_per_param\": %.0f,\n", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots);
+  buf_printf(b, "  \"convolutions\": \"%s\",\n", ir_conv_name(&p->g));
+  machine_json(p, b);
+  buf_printf(b, "  \"predicted_step_time_s\": %.9g,\n  \"bubble\": %.6f,\n  \"ideal_bubble\": %.6f,\n  \"max_stage_time_s\": %.9g,\n",
+             p->sched.step_time, p->sched.bubble, schedule_ideal_bubble(n, p->opt.microbatches), p->part.max_time);
+  buf_printf(b, "  \"jitter\": %.6f,\n  \"step_time_at_medians_s\": %.9g,\n  \"bubble_at_medians\": %.6f,\n", p->sched.jitter,
+             at_medians(p), p->sched.jitter > 0 ? p->sched.bubble_fixed : p->sched.bubble);
+  buf_printf(b, "  \"imbalance\": %.6f,\n  \"ties\": [", p->part.max_time / mean_time(p));
+  int nties = ties_json(p, b);
   buf_printf(b, "%s],\n  \"stage_plans\": [\n", nties ? "\n  " : "");
   for (int s = 0; s < n; s++) {
-    const StageCost *c = &p->part.cost[s];
-    int a = p->rbegin[s], e = p->rend[s];
-    double params = 0, ff = 0, bf = 0;
-    for (int k = a; k < e; k++) params += p->cost[k].param_count, ff += p->cost[k].fwd_flops, bf += p->cost[k].bwd_flops;
-    buf_printf(b, "    {\"stage\": %d, \"role\": \"%s\", \"node_begin\": %d, \"node_end\": %d, \"first_node\": ", s,
-               p->role[s] == ROLE_FWD ? "forward" : p->role[s] == ROLE_BWD ? "backward" : "both", a, e);
-    json_str(b, node_name(p, a));
-    buf_printf(b, ", \"last_node\": ");
-    json_str(b, node_name(p, e - 1));
-    buf_printf(b, ",\n     \"nodes\": [");
-    for (int k = a; k < e; k++) {
-      if (k > a) buf_printf(b, ", ");
-      json_str(b, node_name(p, k));
-    }
-    buf_printf(b, "],\n     \"parameters\": %.0f, \"fwd_flops\": %.0f, \"bwd_flops\": %.0f,\n", params, ff, bf);
-    buf_printf(b, "     \"fwd_time_s\": %.9g, \"bwd_time_s\": %.9g, \"comm_time_s\": %.9g, \"time_s\": %.9g,\n", c->fwd, c->bwd, c->comm, c->time);
-    if (p->costs && p->costs->src) {
-      int hit = 0;
-      for (int k = a; k < e; k++) hit += p->costs->src[k];
-      buf_printf(b, "     \"costs_from_cache\": %d, \"costs_from_flops\": %d,\n", hit, e - a - hit);
-    }
-    buf_printf(b, "     \"memory\": {\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"stash\": %.0f, \"received\": %.0f, "
-                  "\"workspace\": %.0f, \"total\": %.0f, \"inflight\": %d, \"copies\": %d, \"estimate\": %.0f, \"exact\": %s},\n",
-               c->mem_params, c->mem_grads, c->mem_opt, c->mem_stash, c->mem_recv, c->mem_work, c->mem_total, c->inflight, c->copies,
-               c->mem_estimate, p->mem_note ? "false" : "true");
-    if (p->arena) buf_printf(b, "     \"arena_bytes\": %lld, \"beside_arena_bytes\": %.0f,\n", (long long)p->arena[s], beside_arena(p, a, e));
-    if (c->mem_versions > 0) buf_printf(b, "     \"weight_versions_bytes\": %.0f,\n", c->mem_versions);
-    if (p->progs && p->plain_arena) memory_plan_json(p, s, b);
-    buf_printf(b, "     \"recv\": ");
-    json_edges(p, b, a);
-    buf_printf(b, ",\n     \"send\": ");
-    json_edges(p, b, e);
-    if (p->specs) spec_messages_json(&p->specs[s], b);
-    buf_printf(b, ",\n     \"nslots\": %d, \"ngslots\": %d,\n     \"actions\": [", p->sched.nslots[s], p->sched.ngslots[s]);
-    for (int k = 0; k < p->sched.nact[s]; k++) {
-      const Action *ac = &p->sched.act[s][k];
-      char name[32];
-      buf_printf(b, "%s{\"op\": \"%s\", \"kind\": \"%s\", \"mb\": %d, \"start_s\": %.9g, \"end_s\": %.9g, \"slot\": %ld, "
-                    "\"ring_slot\": %d, \"grad_slot\": %d}", k ? ",\n       " : "", action_str(ac, name, sizeof name),
-                 action_kind_name(ac->kind), ac->mb, ac->start, ac->end,
-                 p->slots.nact[s] == p->sched.nact[s] ? lround(p->slots.act[s][k].start) : -1L, ac->slot, ac->gslot);
-      if (ac->xslot >= 0) b->len--, buf_printf(b, ", \"xslot\": %d, \"peer\": %d}", ac->xslot, ac->peer);
-    }
+    stage_json(p, s, b);
     buf_printf(b, "]}%s\n", s + 1 < n ? "," : "");
   }
   buf_printf(b, "  ]\n}\n");
