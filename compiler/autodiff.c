@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "ops/rule.h"
+#include "ops/loss.h"
 #include "update.h"
 
 struct Emit {
@@ -389,6 +390,7 @@ int stage_build(Plan *p, StageProg *sp, int s, int a, int e, int named, Pool *po
 int autodiff_build(Plan *p, StageProg *progs, Pool *pool) {
   for (int s = 0; s < p->opt.nstages; s++) {
     if (stage_build(p, &progs[s], s, p->rbegin[s], p->rend[s], 1, pool)) return -1;
+    loss_call(p, &progs[s], pool);
     update_calls(p, &progs[s], pool);
   }
   return 0;

@@ -211,20 +211,10 @@ static void render_profile_nodes(Buf *o, const StageSpec *s) {
 }
 
 static void render_loss(Buf *o, const StageSpec *s) {
-  if (s->loss == LOSS_MSE)
-    buf_printf(o, "/* Mean squared error against one-hot labels, mean over the %lld x %lld outputs of the whole batch\n"
-                  " * (the runtime divides the returned sum by rows x classes). */\n", (long long)s->loss_total_rows, (long long)s->loss_classes);
-  else
-    buf_printf(o, "/* Softmax cross-entropy, mean over the %lld rows of the whole batch. */\n", (long long)s->loss_total_rows);
-  buf_printf(o, "static double loss(int slot, const int64_t *labels) {\n  return %s(", s->loss == LOSS_MSE ? "k_mse_onehot" : "k_softmax_xent");
-  buf_expr(o, s, s->loss_buf);
-  buf_printf(o, ", labels, ");
-  buf_expr(o, s, s->dloss_buf);
-  if (s->loss == LOSS_MSE)
-    buf_printf(o, ", %lld, %lld, 1.0f / %lld) / %lld;\n}\n\n", (long long)s->loss_rows, (long long)s->loss_classes,
-               (long long)(s->loss_total_rows * s->loss_classes), (long long)s->loss_classes);
-  else
-    buf_printf(o, ", %lld, %lld, 1.0f / %lld);\n}\n\n", (long long)s->loss_rows, (long long)s->loss_classes, (long long)s->loss_total_rows);
+  /* The loss's comment is pipecc's own text (numbers, no model names), several lines as it wrote them. */
+  buf_printf(o, "/* %s */\nstatic double loss(int slot, const int64_t *labels) {\n  return ", s->loss->comment);
+  render_call(o, s, s->loss);
+  buf_printf(o, "\n}\n\n");
 }
 
 static void render_schedule(Buf *o, const StageSpec *s) {
@@ -355,7 +345,7 @@ static void render_descriptor(Buf *o, const StageSpec *s) {
   static const char *const opt[] = {"PR_SGD", "PR_ADAM", "PR_ADAMW"};
   static const char *const conv[] = {"PR_CONV_NONE", "PR_CONV_IM2COL", "PR_CONV_ONEDNN"};
   Pool tp = {0};
-  const char *loss_fields = s->loss == LOSS_NONE ? ""
+  const char *loss_fields = !s->loss ? ""
       : pool_printf(&tp, "\n    .loss_rows = %lld, .loss_classes = %lld, .labels_offset = OFF_%s, .logits_offset = OFF_%s, .logits_bytes = SIZE_%s,",
                     (long long)s->loss_rows, (long long)s->loss_classes, s->bufs[s->labels_buf].name, s->bufs[s->loss_buf].name,
                     s->bufs[s->loss_buf].name);
@@ -369,7 +359,7 @@ static void render_descriptor(Buf *o, const StageSpec *s) {
   const char *vals[] = {
       model.s, pool_printf(&tp, "%d", s->nactions), s->nrecv ? "RECV" : "NULL", pool_printf(&tp, "%d", s->nrecv),
       s->nsend ? "SEND" : "NULL", pool_printf(&tp, "%d", s->nsend), s->nparams ? "PARAMS" : "NULL", pool_printf(&tp, "%d", s->nparams),
-      s->loss == LOSS_NONE ? "NULL" : "loss", loss_fields, opt[s->optimizer], pool_printf(&tp, "%.9g", s->lr),
+      !s->loss ? "NULL" : "loss", loss_fields, opt[s->optimizer], pool_printf(&tp, "%.9g", s->lr),
       pool_printf(&tp, "%.9g", s->momentum), pool_printf(&tp, "%.9g", s->weight_decay), pool_printf(&tp, "%lld", (long long)s->vocab),
       pool_printf(&tp, "%.0f", s->predicted_bytes), pool_printf(&tp, "%.9g", s->predicted_step), s->forward_only ? "1" : "0",
       fn_or_null(s, FN_BACKWARD_INPUT), fn_or_null(s, FN_BACKWARD_WEIGHT), memory_fields(s, &tp),
@@ -393,7 +383,7 @@ static void render_stage(const StageSpec *s, Buf *o) {
   for (int fn = 0; fn < FN_COUNT; fn++)
     if (s->fn[fn].present) render_fn(o, s, &s->fn[fn]);
   buf_printf(o, "\n");
-  if (s->loss != LOSS_NONE) render_loss(o, s);
+  if (s->loss) render_loss(o, s);
   render_schedule(o, s);
   value_table(o, s, s->recv, s->nrecv, "RECV");
   value_table(o, s, s->send, s->nsend, "SEND");

@@ -267,13 +267,12 @@ static void spec_memory(const Plan *p, const StageProg *sp, StageSpec *o) {
   o->offload_dir = p->opt.offload_dir ? p->opt.offload_dir : "";
 }
 
-static void spec_loss(const Plan *p, const StageProg *sp, StageSpec *o) {
-  o->loss = LOSS_NONE, o->loss_buf = o->dloss_buf = o->labels_buf = -1;
-  if (sp->loss_buf < 0 || o->role == ROLE_BWD) return;
-  o->loss = p->opt.loss_mse ? LOSS_MSE : LOSS_XENT;
-  o->loss_buf = sp->loss_buf, o->dloss_buf = sp->dloss_buf, o->labels_buf = sp->labels_buf;
+static void spec_loss(const StageProg *sp, StageSpec *o) {
+  o->loss = NULL, o->loss_buf = o->labels_buf = -1;
+  if (!sp->loss || o->role == ROLE_BWD) return;
+  o->loss = sp->loss;
+  o->loss_buf = sp->loss_buf, o->labels_buf = sp->labels_buf;
   o->loss_rows = sp->loss_rows, o->loss_classes = sp->loss_classes;
-  o->loss_total_rows = sp->loss_rows * p->opt.microbatches;
 }
 
 /* The header's facts, the constants and the descriptor's fields. */
@@ -320,7 +319,7 @@ void spec_build(const Plan *p, const StageProg *progs, int s, StageSpec *o, Pool
   spec_buffers(p, sp, o, pool);
   const int *local = p->opt.profile ? spec_profile(p, o, pool) : NULL;
   spec_functions(p, sp, o, local, pool);
-  spec_loss(p, sp, o);
+  spec_loss(sp, o);
   spec_messages(p, sp, o, pool);
   if (p->fb) spec_pipefb(p, sp, o, pool);
   spec_params(p, sp, o, pool);

@@ -78,7 +78,6 @@ typedef struct SpecParam {
   int layer;
 } SpecParam;
 
-enum { LOSS_NONE, LOSS_XENT, LOSS_MSE };
 enum { OPT_SGD, OPT_ADAM, OPT_ADAMW };
 enum { SPEC_CONV_NONE, SPEC_CONV_IM2COL, SPEC_CONV_ONEDNN };
 
@@ -110,10 +109,11 @@ typedef struct StageSpec {
   int nbufs;
   char *shape_used;       /* per shape constant: some printed call names it */
   SpecFn fn[FN_COUNT];
-  /* The loss on the last stage (LOSS_NONE elsewhere and on pipefb's backward ranks). */
-  int loss, loss_buf, dloss_buf;
-  int64_t loss_rows, loss_classes, loss_total_rows;
-  int labels_buf;
+  /* The loss on the last stage (NULL elsewhere and on pipefb's backward ranks): its call, whose comment
+   * says what it computes; and for the descriptor its buffers and sizes. */
+  const Call *loss;
+  int loss_buf, labels_buf;
+  int64_t loss_rows, loss_classes;
   /* The schedule: one step's actions, or under async step t's body. */
   const Action *actions;
   int nactions;

@@ -78,6 +78,12 @@ Call *call_add(StageProg *sp, Pool *pool, int phase, int kernel, int node, const
   return k;
 }
 
+Call *call_new(StageProg *sp, Pool *pool, int phase, int kernel, int node, const char *comment, const Arg *args, int nargs) {
+  Call *k = pool_alloc(pool, sizeof *k);
+  call_fill(sp, pool, k, phase, kernel, node, comment, args, nargs);
+  return k;
+}
+
 /* The memory plan lays buffers out by the call's accesses, so a variant may touch only what the call does. */
 void call_variant(StageProg *sp, Pool *pool, Call *of, int which, int kernel, const Arg *args, int nargs) {
   Call *v = pool_alloc(pool, sizeof *v);

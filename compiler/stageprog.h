@@ -118,6 +118,7 @@ typedef struct StageProg {
   Call *fwd, *bwd;
   int nfwd, nbwd, capfwd, capbwd;
   Call *step;           /* the optimizer step's calls (PH_ZERO, PH_TIES, PH_UPDATE, in that order) */
+  Call *loss;           /* the last stage: the loss over a micro-batch's logits (ops/loss.c), NULL elsewhere */
   int nstep, capstep;
   ShapeConst *shapes;
   int nshapes, capshapes;
@@ -164,6 +165,8 @@ typedef struct StageProg {
 /* Appends a call to the forward (PH_FWD) or backward list, checking the
  * arguments against the kernel's signature and deriving its accesses. */
 Call *call_add(StageProg *sp, Pool *pool, int phase, int kernel, int node, const char *comment, const Arg *args, int nargs);
+/* A call of no list (the loss), checked like call_add. */
+Call *call_new(StageProg *sp, Pool *pool, int phase, int kernel, int node, const char *comment, const Arg *args, int nargs);
 /* Attaches a variant (VAR_*) to forward call `of`, checked like call_add; its accesses must be among the call's. */
 enum { VAR_EVAL, VAR_RECOMPUTE };
 void call_variant(StageProg *sp, Pool *pool, Call *of, int which, int kernel, const Arg *args, int nargs);

@@ -1376,6 +1376,11 @@ static inline double k_mse_onehot(const float *logits, const int64_t *labels, fl
   return total;
 }
 
+/* The stage program's MSE loss: k_mse_onehot's sum over the classes' mean (the runtime divides by the rows). */
+static inline double k_mse_loss(const float *logits, const int64_t *labels, float *dlogits, int64_t rows, int classes, float scale) {
+  return k_mse_onehot(logits, labels, dlogits, rows, classes, scale) / classes;
+}
+
 /* ---- Gelu (ONNX opset 20), computed as PyTorch's CPU kernels do, in float ---- */
 /* approximate="none": 0.5 x (1 + erf(x / sqrt 2)); "tanh" (tanh_approx = 1):
  * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
