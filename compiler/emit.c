@@ -11,8 +11,16 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "emit.h"
+
+#include "freeze.h"
+#include "memplan.h"
 #include "onnx_load.h"
+#include "ops/conv.h"
+#include "ops/norm.h"
 #include "outdir.h"
+#include "pipefb.h"
+#include "planq.h"
 #include "profile.h"
 #include "stageprog.h"
 #include "stash.h"

@@ -12,8 +12,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "untie.h"
+
 #include "ops.h"
-#include "plan.h"
 
 /* Distinct compute nodes reading tensor t, in graph order, into js. */
 static int readers(const Graph *g, int t, int *js) {
