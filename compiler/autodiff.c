@@ -50,11 +50,11 @@ static void tie_parts(Emit *c, int i, int t) {
   }
 }
 
-static int build_stage(Emit *c) {
+/* The weights this stage reads (in ONNX initializer order), and what it receives across its left cut. */
+static void add_inputs(Emit *c) {
   Plan *p = c->p;
   Graph *g = &p->g;
   StageProg *sp = c->sp;
-  int last = c->e == p->N; /* it ends with the graph's outputs: the loss reads them */
   /* Parameters this stage reads, in ONNX initializer (tensor) order. */
   sp->params = pool_alloc(c->pool, sizeof(int) * (size_t)g->nt);
   sp->consts = pool_alloc(c->pool, sizeof(int) * (size_t)g->nt);
@@ -87,12 +87,14 @@ static int build_stage(Emit *c) {
       }
     }
   }
-  for (int k = c->a; k < c->e; k++) {
-    Node *nd = &g->n[p->node[k]];
-    if (!nd->def->fwd)
-      return err_set("node '%s' uses %s, which has no run-time kernel yet (run time: %s)", nd->name, nd->op, op_supported_list());
-    if (nd->def->fwd(c, nd, p->node[k])) return -1;
-  }
+}
+
+/* What it sends across its right cut (or, on the last stage, the loss's logits or the outputs of an
+ * inference program).  0, or -1 with err_set. */
+static int add_sends(Emit *c, int last) {
+  Plan *p = c->p;
+  Graph *g = &p->g;
+  StageProg *sp = c->sp;
   for (int q = 0; q < p->nedges; q++) {
     PartEdge *ed = &p->edges[q];
     int t = p->edge_tensor[q];
@@ -137,6 +139,47 @@ static int build_stage(Emit *c) {
       c->gcount[t] = 1;
     }
   }
+  return 0;
+}
+
+/* Gradient and optimizer buffers for every weight. */
+static void add_weight_state(Emit *c) {
+  Plan *p = c->p;
+  Graph *g = &p->g;
+  StageProg *sp = c->sp;
+  const char *optname = p->opt.optimizer ? p->opt.optimizer : "sgd";
+  int slots = !strcmp(optname, "sgd") ? (p->opt.momentum > 0) : 2;
+  sp->pgrad = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
+  sp->opt1 = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
+  sp->opt2 = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
+  sp->parts = pool_alloc(c->pool, sizeof(*sp->parts) * (size_t)(sp->nparams + 1));
+  sp->nparts = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
+  for (int i = 0; i < sp->nparams; i++) {
+    int t = sp->bufs[sp->params[i]].tensor;
+    if (c->gbuf[t] < 0) {
+      int acc;
+      build_grad_target(c, t, &acc, -1);
+    }
+    sp->pgrad[i] = c->gbuf[t];
+    if (build_is_tied(c, t)) tie_parts(c, i, t);
+    sp->opt1[i] = slots >= 1 ? build_buf(c, "M1_", t, BUF_OPT, tensor_bytes(&g->t[t]), DT_FLOAT) : -1;
+    sp->opt2[i] = slots >= 2 ? build_buf(c, "M2_", t, BUF_OPT, tensor_bytes(&g->t[t]), DT_FLOAT) : -1;
+  }
+}
+
+static int build_stage(Emit *c) {
+  Plan *p = c->p;
+  Graph *g = &p->g;
+  StageProg *sp = c->sp;
+  int last = c->e == p->N; /* it ends with the graph's outputs: the loss reads them */
+  add_inputs(c);
+  for (int k = c->a; k < c->e; k++) {
+    Node *nd = &g->n[p->node[k]];
+    if (!nd->def->fwd)
+      return err_set("node '%s' uses %s, which has no run-time kernel yet (run time: %s)", nd->name, nd->op, op_supported_list());
+    if (nd->def->fwd(c, nd, p->node[k])) return -1;
+  }
+  if (add_sends(c, last)) return -1;
   if (c->p->opt.forward_only) {
     /* No training: the weights are read-only constants of the program. */
     sp->pgrad = sp->opt1 = sp->opt2 = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
@@ -172,25 +215,7 @@ static int build_stage(Emit *c) {
       Buffer *b = &sp->bufs[sp->bwd[k].reads[r]];
       if (b->kind == BUF_TEMP && !b->is_grad && b->tensor >= 0 && c->fbuf[b->tensor] == sp->bwd[k].reads[r]) b->kind = BUF_RING;
     }
-  /* Gradient and optimizer buffers for every weight. */
-  const char *optname = p->opt.optimizer ? p->opt.optimizer : "sgd";
-  int slots = !strcmp(optname, "sgd") ? (p->opt.momentum > 0) : 2;
-  sp->pgrad = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
-  sp->opt1 = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
-  sp->opt2 = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
-  sp->parts = pool_alloc(c->pool, sizeof(*sp->parts) * (size_t)(sp->nparams + 1));
-  sp->nparts = pool_alloc(c->pool, sizeof(int) * (size_t)(sp->nparams + 1));
-  for (int i = 0; i < sp->nparams; i++) {
-    int t = sp->bufs[sp->params[i]].tensor;
-    if (c->gbuf[t] < 0) {
-      int acc;
-      build_grad_target(c, t, &acc, -1);
-    }
-    sp->pgrad[i] = c->gbuf[t];
-    if (build_is_tied(c, t)) tie_parts(c, i, t);
-    sp->opt1[i] = slots >= 1 ? build_buf(c, "M1_", t, BUF_OPT, tensor_bytes(&g->t[t]), DT_FLOAT) : -1;
-    sp->opt2[i] = slots >= 2 ? build_buf(c, "M2_", t, BUF_OPT, tensor_bytes(&g->t[t]), DT_FLOAT) : -1;
-  }
+  add_weight_state(c);
   return 0;
 }
 
