@@ -383,7 +383,7 @@ static void warn_bad(const Cache *c, const char *path, const char *then) {
 /* ---- using it ---- */
 
 /* The cache section of p's plans: the machine's identity, and the threads per rank when more than one
- * (times at T threads are other times).  *flops: the rate the plan takes for that machine (plan.c
+ * (times at T threads are other times).  *flops: the rate the plan takes for that machine (driver.c
  * scales the probe's by T).  NULL when there is no cached probe. */
 static const char *section_id(const Plan *p, Pool *pool, double *flops) {
   const char *id = machine_identity(pool, flops);

@@ -95,7 +95,7 @@ typedef struct Plan {
   int64_t *arena;    /* per stage, once the stage programs are laid out (NULL before) */
   int *first_read, *last_read; /* per tensor: first and last compute node (k) reading it, -1 if none */
   int *nreaders;                /* per tensor: how many compute nodes read it (a weight read by several is tied) */
-  char *needs;       /* per tensor: it needs a gradient (autodiff.c, built on first use) */
+  char *needs;       /* per tensor: it needs a gradient (plan_needs, planq.c, built on first use) */
   struct StageProg *progs; /* per stage, laid out by plan_programs (driver.c) (NULL before, or if they cannot be built) */
   const char *mem_note;    /* NULL: each stage's memory is its arena; else why it is only the estimate */
   struct PriceMemo *memo;  /* exact prices of candidate stages (price.c) */
