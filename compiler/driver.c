@@ -249,7 +249,6 @@ int plan_programs(Plan *p) {
   return 0;
 }
 
-
 /* Draws of the step simulation under the measured spread of action times (schedule_jitter): 64 put
  * the mean step within ~0.3% of a 4096-draw mean on the sample GPT at n = 2. */
 enum { PLAN_JITTER_DRAWS = 64 };
