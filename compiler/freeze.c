@@ -22,7 +22,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "plan.h"
+#include "freeze.h"
+
+#include "planq.h"
 
 /* The layers in order: compute nodes reading a trained weight. */
 int freeze_layers(const Plan *p, int *layers) {

@@ -220,23 +220,3 @@ Tensor *node_in(Graph *g, const Node *n, int k) {
 Tensor *node_out(Graph *g, const Node *n, int k) {
   return k < n->nout && n->out[k] >= 0 ? &g->t[n->out[k]] : NULL;
 }
-
-
-int ir_is_conv(const Node *n) { return !strcmp(n->op, "Conv"); }
-
-const char *ir_conv_name(const Graph *g) { return g->conv_impl == CONV_GEMM ? "im2col" : "onednn"; }
-
-int ir_conv_point(const Graph *g, const Node *n) {
-  if (!ir_is_conv(n) || n->nin < 1 || n->nout < 1 || n->in[0] < 0 || n->out[0] < 0) return 0;
-  const Tensor *x = &g->t[n->in[0]], *y = &g->t[n->out[0]];
-  if (x->rank < 3 || y->rank != x->rank) return 0;
-  for (int i = 2; i < x->rank; i++)
-    if (x->dims[i] != 1 || y->dims[i] != 1) return 0;
-  return 1;
-}
-
-const char *ir_conv_key(const Graph *g, const Node *n) { return ir_conv_point(g, n) ? "point" : ir_conv_name(g); }
-
-int ir_conv_by_impl(const Graph *g, const Node *n) { return ir_is_conv(n) && !ir_conv_point(g, n); }
-
-int ir_conv_lib(const Graph *g, const Node *n) { return ir_conv_by_impl(g, n) && g->conv_impl != CONV_GEMM; }

@@ -93,20 +93,6 @@ typedef struct Graph {
 /* How convolutions run (--conv): the rule in ops/conv.c, im2col + GEMM everywhere, or oneDNN everywhere
  * it can (in a build of the stages with oneDNN; without it every convolution is im2col + GEMM). */
 enum { CONV_AUTO = 0, CONV_GEMM = 1, CONV_DNNL = 2 };
-/* A convolution: its time and the memory beside the arena depend on the implementation running it. */
-int ir_is_conv(const Node *n);
-/* How g's convolutions run, as plan.json and profiles name it: "im2col" or "onednn". */
-const char *ir_conv_name(const Graph *g);
-/* A convolution of one point (input and output spatial sizes all 1): it runs as a GEMM over the one
- * kernel tap that lands on the point, whatever --conv says (runtime/kernels.h, k_conv_point). */
-int ir_conv_point(const Graph *g, const Node *n);
-/* How convolution n runs, as its kernel-cache key names it: "point", else ir_conv_name. */
-const char *ir_conv_key(const Graph *g, const Node *n);
-/* A convolution whose implementation follows --conv (every one but those of one point): its time and
- * its memory beside the arena depend on which runs it. */
-int ir_conv_by_impl(const Graph *g, const Node *n);
-/* Whether convolution n runs through oneDNN (and so holds its memory beside the arena). */
-int ir_conv_lib(const Graph *g, const Node *n);
 
 /* Construction. */
 int ir_add_tensor(Graph *g, const char *name);   /* new tensor (names need not be unique here) */

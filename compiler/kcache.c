@@ -13,7 +13,9 @@
 #include <unistd.h>
 
 #include "partition.h"
+#include "ops/conv.h"
 #include "plan.h"
+#include "planq.h"
 
 enum { KC_MAX_FILE = 64 << 20, KC_MAX_LINE = 8192, KC_MAX_KEY = 4096 };
 
@@ -81,7 +83,8 @@ static int node_key(const Plan *p, const char *need, int node, KB *k) {
   const Node *n = &g->n[node];
   k->w = 0, k->over = 0, k->s[0] = 0;
   kb_str(k, n->op);
-  if (ir_is_conv(n)) kb_add(k, "@%s", ir_conv_key(g, n));
+  const char *impl = conv_cache_key(g, n);
+  if (impl) kb_add(k, "@%s", impl);
   const Attr **as = malloc(sizeof(Attr *) * (size_t)(n->nattrs + 1));
   if (!as) abort();
   for (int i = 0; i < n->nattrs; i++) as[i] = &n->attrs[i];
@@ -380,7 +383,7 @@ static void warn_bad(const Cache *c, const char *path, const char *then) {
 /* ---- using it ---- */
 
 /* The cache section of p's plans: the machine's identity, and the threads per rank when more than one
- * (times at T threads are other times).  *flops: the rate the plan takes for that machine (plan.c
+ * (times at T threads are other times).  *flops: the rate the plan takes for that machine (driver.c
  * scales the probe's by T).  NULL when there is no cached probe. */
 static const char *section_id(const Plan *p, Pool *pool, double *flops) {
   const char *id = machine_identity(pool, flops);
@@ -524,7 +527,7 @@ void kcache_merge(Plan *p, Costs *c) {
     Cache add;
     memset(&add, 0, sizeof add);
     for (int q = 0; q < p->N; q++)
-      if (!(c->conv_mismatch && ir_conv_by_impl(g, &g->n[p->node[q]])) && !node_key(p, need, p->node[q], key))
+      if (!(c->conv_mismatch && conv_by_impl(g, &g->n[p->node[q]])) && !node_key(p, need, p->node[q], key))
         cache_put(&add, key->s, (double[3]){c->fwd[q] * k, c->bwd_input[q] * k, c->bwd_weight[q] * k}), c->merged++;
     double aux[NAUX] = {c->load * k, c->loss * k, c->update_per_param * k};
     for (int a = 0; a < NAUX; a++)

@@ -8,6 +8,8 @@
 
 #include <stdlib.h>
 
+#include "ops/conv.h"
+#include "planq.h"
 #include "profile.h"
 #include "stageprog.h"
 #include "spec.h"

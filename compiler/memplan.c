@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "stageprog.h"
+#include "memplan.h"
 
 #define ALIGN 64
 static int64_t up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }

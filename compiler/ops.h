@@ -13,7 +13,7 @@
 
 typedef int (*InferFn)(Graph *g, Node *n);
 typedef int (*FoldFn)(Graph *g, Node *n);
-typedef struct Emit Emit; /* a stage program being built (autodiff.c) */
+typedef struct Emit Emit; /* a stage program being built (build.h) */
 typedef int (*RuleFn)(Emit *e, const Node *n, int j); /* j: the node's graph index */
 typedef double (*FlopsFn)(Graph *g, const Node *n);
 

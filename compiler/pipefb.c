@@ -18,7 +18,12 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "stageprog.h"
+#include "pipefb.h"
+
+#include "autodiff.h"
+#include "memplan.h"
+#include "planq.h"
+#include "price.h"
 
 static int rank_of(const Plan *p, int role, int k) {
   for (int r = 0; r < p->opt.nstages; r++)

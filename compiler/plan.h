@@ -1,6 +1,7 @@
 /* plan.h - everything the compiler decides for one model: shapes, costs,
- * the partition and the schedule.  Built by plan_build, read by the
- * listing writer and (later) the emitters. */
+ * the partition and the schedule, as types only.  The passes that fill a
+ * Plan are run in order by driver.c; planq.h answers questions about one,
+ * price.h prices candidate stages. */
 #ifndef PIPECC_PLAN_H
 #define PIPECC_PLAN_H
 #include "schedule.h"
@@ -30,12 +31,12 @@ typedef struct Options {
   int64_t batch;
   double mem_limit, lr, momentum, weight_decay;
   int conv_impl;          /* --conv: CONV_AUTO, CONV_GEMM, CONV_DNNL (ir.h) */
-  int conv_fallback;      /* CONV_GEMM because no plan with oneDNN fit the memory limit (main.c) */
+  int conv_fallback;      /* CONV_GEMM because no plan with oneDNN fit the memory limit (driver.c) */
   int have_lr;            /* --lr given (0 is a learning rate too: only the running statistics move) */
   int threads;            /* --threads T: each rank computes on T threads (0 or 1: one) */
 } Options;
 
-/* How stages are cut (plan.c): the downset DP, which may reorder independent
+/* How stages are cut (cut.c): the downset DP, which may reorder independent
  * nodes (dagpart.c), or ranges of the loaded node order alone. */
 enum { PARTITION_DAG = 0, PARTITION_CHAIN = 1 };
 
@@ -94,11 +95,11 @@ typedef struct Plan {
   int64_t *arena;    /* per stage, once the stage programs are laid out (NULL before) */
   int *first_read, *last_read; /* per tensor: first and last compute node (k) reading it, -1 if none */
   int *nreaders;                /* per tensor: how many compute nodes read it (a weight read by several is tied) */
-  char *needs;       /* per tensor: it needs a gradient (autodiff.c, built on first use) */
-  struct StageProg *progs; /* per stage, laid out by plan_programs (NULL before, or if they cannot be built) */
+  char *needs;       /* per tensor: it needs a gradient (plan_needs, planq.c, built on first use) */
+  struct StageProg *progs; /* per stage, laid out by plan_programs (driver.c) (NULL before, or if they cannot be built) */
   struct StageSpec *specs; /* per stage, what the renderers print and plan.json's messages state (spec_all; NULL before) */
   const char *mem_note;    /* NULL: each stage's memory is its arena; else why it is only the estimate */
-  struct PriceMemo *memo;  /* exact prices of candidate stages (plan.c) */
+  struct PriceMemo *memo;  /* exact prices of candidate stages (price.c) */
   int floor_pricing;       /* no plain plan fits --mem-limit: candidates are priced as if every stashed value that may leave does */
   int *floor_nslots, *floor_nx; /* per stage, under floor pricing: ring slots and xslots of the leanest list */
   /* The memory plan (stash.c): each stage's arena and the step before it, the
@@ -112,58 +113,4 @@ typedef struct Plan {
   FbPlan *fb;              /* pipefb's links and messages (NULL for the other schedules) */
 } Plan;
 
-/* Loads, infers, costs, partitions and schedules.  -1 with err_set on failure. */
-int plan_build(Plan *p, const Options *o);
-/* The same from a graph already in p->g (loaded from memory: the fuzzer), with p->opt set. */
-int plan_from_graph(Plan *p);
-/* Builds and lays out every stage's program and makes each stage's memory
- * in p->part.cost the arena's (the estimate is kept in mem_estimate).  -1
- * with err_set when a stage cannot be built; with --plan-only that is not an
- * error: the memory stays the estimate and p->mem_note says why. */
-int plan_programs(Plan *p);
-void plan_free(Plan *p);
-/* Stage s's arena (p->arena[s]) and its breakdown in p->part.cost[s], from its laid-out program. */
-void plan_stage_memory(Plan *p, int s);
-/* The compute resources the schedule's simulation shares among the ranks: the host's cores over the
- * threads of each rank (--threads), at least 1; 0 when each rank has its own (cluster figures). */
-int plan_core_groups(const Plan *p);
-/* Stage s's memory limit: the smaller of --mem-limit and its rank's mem in --devices; 0 = none. */
-double plan_stage_limit(const Plan *p, int s);
-/* The step's predicted time and bubble under the spread of action times the
- * node costs measured (schedule_jitter; nothing without one).  After the
- * memory plan, which settles the lists.  0, or -1 with err_set. */
-int plan_jitter(Plan *p);
-/* Bytes the convolution library holds beside the arena for compute nodes [i, j) (0 under --conv gemm). */
-double plan_lib_bytes(const Plan *p, int i, int j);
-/* PipeFB (pipefb.c): chooses the forward ranks (or takes --fb-split), cuts
- * the forward and the backward chains, and schedules them; 0 or -1 with err_set. */
-int pipefb_plan(Plan *p);
-/* PipeFB's price of a rank holding compute nodes [i, j) in role ROLE_FWD or ROLE_BWD: its arena (memoised). */
-double plan_price_role(Plan *p, int role, int i, int j);
-/* The stash and weight messages between the programs of a pipefb plan. */
-int pipefb_links(Plan *p, struct StageProg *progs, FbPlan *fb, Pool *pool);
-/* Tied weights (a parameter several compute nodes read): the reading nodes'
- * positions k in compute order into ks (room for p->nreaders[t]); returns
- * how many.  *same_kind: two of them are the same op (two LayerNorms, two
- * Convs), the mark of an exporter that merged equal initializers. */
-int plan_tie_readers(const Plan *p, int t, int *ks, int *same_kind);
-/* freeze.c: the first N layers' weights become constants (-1 with err_set on a bad FILE); the
- * parameterised layers' positions into layers (room for N), their count; the backward's costs as
- * frozen weights leave them (bwdi / bwdw: measured seconds, or NULL). */
-int freeze_apply(Plan *p);
-int freeze_layers(const Plan *p, int *layers);
-int freeze_layer_of(const Plan *p, int t);
-void freeze_costs(Plan *p, double *bwd_flops, double *bwdi, double *bwdw);
-/* Per tensor: whether its gradient is needed (a trained weight, or computed from one); cached. */
-const char *plan_needs(Plan *p);
-/* Whether compute nodes [a, e) read edge q's value (the loss counts on the last stage's range). */
-int plan_reads_range(const Plan *p, int q, int a, int e);
-/* Edge q's route through the ranks (rbegin/rend): its maker's rank (rank 0
- * for the loader's), then, with direct sends, each rank that reads it, else
- * every rank up to the last reader's.  Rank s's neighbours on it: the rank
- * it receives the value from and the rank it sends it on to (-1: none, or s
- * not on the route); gradients go the other way. */
-void plan_route(const Plan *p, int q, int s, int *from, int *to);
-/* --untie (untie.c): a weight read by nodes of one kind gets a copy per reader after the first. */
-int untie_merged(Graph *g);
 #endif

@@ -9,6 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "freeze.h"
+#include "memplan.h"
+#include "ops/conv.h"
+#include "pipefb.h"
+#include "planq.h"
 #include "profile.h"
 #include "spec.h"
 #include "stash.h"

@@ -175,26 +175,4 @@ int shape_add(StageProg *sp, Pool *pool, const char *type, const char *name, con
 /* Id of the shape constant called `name`, or -1. */
 int shape_find(const StageProg *sp, const char *name);
 
-/* Builds every stage's program; -1 with err_set (an op without a gradient rule, a weight shared across stages). */
-int autodiff_build(Plan *p, StageProg *progs, Pool *pool);
-/* Builds the program of stage s holding compute nodes [a, e), whatever the
- * partition says: the partitioner prices candidate stages with it (named = 0:
- * buffers get no C names, which only the emitted code needs). */
-int stage_build(Plan *p, StageProg *sp, int s, int a, int e, int named, Pool *pool);
-/* Lays out a stage's arena for its ring sizes (under zb1, first keeps what I
- * passes to W in rings). */
-void memplan(Plan *p, StageProg *sp, int nslots, int ngslots);
-/* The same for a program that runs only its forwards or only its backwards (pipefb's ROLE_*). */
-void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role);
-/* A backward call that only adds into weight gradients (besides its own
- * scratch workspace): zb1 runs it in W, after the input-gradient calls. */
-int call_is_weight(const StageProg *sp, const Call *k);
-/* PipeFB: the buffer of program sp that message m leaves from or arrives in
- * (a stashed value's ring, the logits' gradient, a weight), -1 if none. */
-int pipefb_buf(const StageProg *sp, const FbMsg *m, int weight);
-/* Writes DIR's sources; -1 with err_set. */
-struct OutDir;
-int emit_all(Plan *p, StageProg *progs, struct OutDir *d);
-/* Stage s's C source alone, into o (the fuzzer renders without writing files). */
-void emit_stage(const Plan *p, const StageProg *progs, int s, Buf *o);
 #endif

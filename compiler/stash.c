@@ -30,6 +30,11 @@
 
 #include "stash.h"
 
+#include "autodiff.h"
+#include "memplan.h"
+#include "ops/norm.h"
+#include "planq.h"
+
 /* ---- which values can leave ---- */
 
 static int is_sent(const StageProg *sp, int id) {
@@ -42,14 +47,6 @@ static int is_received(const StageProg *sp, int id) {
   for (int i = 0; i < sp->nrecv; i++)
     if (sp->recv[i].buf == id) return 1;
   return 0;
-}
-
-/* A training-mode BatchNorm updates its running statistics as it runs; a
- * recomputation passes NULL for them (the kernel then leaves them alone). */
-int stash_bn_training(const StageProg *sp, const Call *k) {
-  if (k->kernel != K_BATCHNORM) return 0;
-  const ShapeConst *c = &sp->shapes[k->args[6].i];
-  return c->fields[c->nfields - 1].i != 0;
 }
 
 /* Buffers written by forward calls (per buffer): 1 by an ordinary write, 2

@@ -15,10 +15,7 @@ int stash_plan(Plan *p);
 double stash_floor(Plan *p, int s, int a, int e);
 /* Per stage, the ring slots and xslots of the leanest lists (for stash_floor). */
 void stash_floor_slots(Plan *p);
-/* The call is a BatchNorm in training mode (a recomputation skips its running statistics). */
-int stash_bn_training(const StageProg *sp, const Call *k);
 const char *offload_name(int o);
 /* OFFLOAD actions in stage s's list (0: its leaving values never leave: each micro-batch goes straight to its backward). */
 int stash_offloads(const Plan *p, int s);
-Action action_make(int kind, int mb);
 #endif

@@ -4,7 +4,7 @@
  * values are equal: every LayerNorm's weight (all ones) becomes one
  * initializer, read through Identity nodes by all of them.  Trained as the
  * file says, that is one tied weight, which the model never had.  Where
- * nodes of one kind share a weight (the mark of such merging: plan.c's
+ * nodes of one kind share a weight (the mark of such merging: planq.c's
  * plan_tie_readers), --untie keeps the first reader on it and gives every
  * later reader a copy of its own, named "<name>.untied<k>".  The generated
  * model.onnx carries the copies (onnx_pack_untied), so --save writes each
@@ -12,8 +12,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "untie.h"
+
 #include "ops.h"
-#include "plan.h"
 
 /* Distinct compute nodes reading tensor t, in graph order, into js. */
 static int readers(const Graph *g, int t, int *js) {

@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "onnx_load.h"
-#include "plan.h"
-#include "stageprog.h"
+#include "driver.h"
+#include "emit.h"
 
 static char devices[4096];
 

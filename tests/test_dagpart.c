@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "dagpart.h"
-#include "plan.h"
+#include "driver.h"
 
 #include "check.h"
 

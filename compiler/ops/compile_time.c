@@ -3,6 +3,7 @@
  * x.size() views, arange positions and causal masks end up here. */
 #include <math.h>
 
+#include "ops/elementwise.h"
 #include "ops/rule.h"
 
 /* ---- Constant and ConstantOfShape ---- */

@@ -1,5 +1,7 @@
 /* conv.c - 1-D, 2-D and 3-D convolution (strides, pads or auto_pad, dilations, groups) by im2col + GEMM,
  * or by oneDNN's convolutions where the rule below picks them (runtime/conv_dnnl.c). */
+#include "ops/conv.h"
+
 #include "ops/rule.h"
 
 static int64_t conv_workspace(Graph *g, const Node *n);
@@ -8,9 +10,56 @@ static int64_t conv_workspace(Graph *g, const Node *n);
  * convolutions, reorders in and out included, take 0.4-0.7x the time of im2col + SGEMM per sample on
  * the sample ResNet's shapes (3x3 and 1x1, 16-64 channels), and LeNet's 5x5 convolutions of 1-16
  * channels still gain (its step's CPU time 5.4 -> 4.2 ms); no sample shape measured slower, so auto
- * takes oneDNN for every convolution but those of one point (ir_conv_point: a GEMM over the one tap that
+ * takes oneDNN for every convolution but those of one point (conv_is_point: a GEMM over the one tap that
  * does any work, runtime/kernels.h). */
-static int conv_lib(Graph *g, const Node *n) { return ir_conv_lib(g, n); }
+static int conv_lib(Graph *g, const Node *n) { return conv_uses_lib(g, n); }
+
+int ir_is_conv(const Node *n) { return !strcmp(n->op, "Conv"); }
+
+const char *ir_conv_name(const Graph *g) { return g->conv_impl == CONV_GEMM ? "im2col" : "onednn"; }
+
+int conv_is_point(const Graph *g, const Node *n) {
+  if (!ir_is_conv(n) || n->nin < 1 || n->nout < 1 || n->in[0] < 0 || n->out[0] < 0) return 0;
+  const Tensor *x = &g->t[n->in[0]], *y = &g->t[n->out[0]];
+  if (x->rank < 3 || y->rank != x->rank) return 0;
+  for (int i = 2; i < x->rank; i++)
+    if (x->dims[i] != 1 || y->dims[i] != 1) return 0;
+  return 1;
+}
+
+const char *conv_cache_key(const Graph *g, const Node *n) {
+  return !ir_is_conv(n) ? NULL : conv_is_point(g, n) ? "point" : ir_conv_name(g);
+}
+
+int conv_by_impl(const Graph *g, const Node *n) { return ir_is_conv(n) && !conv_is_point(g, n); }
+
+int conv_uses_lib(const Graph *g, const Node *n) { return conv_by_impl(g, n) && g->conv_impl != CONV_GEMM; }
+
+/* oneDNN's convolutions hold their code and descriptors outside the arena (conv_dnnl.c; their scratch
+ * memory is in the arena): 70 KiB a convolution measured on the sample ResNet (its -n 1 run's overhead
+ * against --conv gemm), allowed 96 KiB. */
+enum { DNNL_CONV_BYTES = 96 << 10 };
+
+double conv_beside_bytes(const Graph *g, const Node *n) { return conv_uses_lib(g, n) ? DNNL_CONV_BYTES : 0; }
+
+const char *conv_note(const Graph *g, const int *node, int N, int fallback) {
+  int lib = 0;
+  for (int k = 0; k < N; k++) lib += conv_by_impl(g, &g->n[node[k]]);
+  if (lib && g->conv_impl != CONV_GEMM)
+    return "oneDNN: scratch memory in the arena; code and descriptors beside it, 96 KiB a convolution, "
+           "counted against a memory limit";
+  if (lib && fallback) return "im2col + GEMM: no plan fits the memory limit with oneDNN's 96 KiB a convolution beside the arena";
+  return NULL;
+}
+
+int conv_costs_mismatch(int profiled, const Graph *g) { return profiled && profiled != (g->conv_impl == CONV_GEMM ? 1 : 2); }
+
+int conv_impl_choices(int conv_impl, int *out) {
+  out[0] = conv_impl;
+  if (conv_impl != CONV_AUTO) return 1;
+  out[1] = CONV_GEMM;
+  return 2;
+}
 
 /* How many kernel taps land on the one input point (0 or 1; runtime/kernels.h conv_point_tap). */
 static int conv_point_taps(Graph *g, const Node *n) {
@@ -104,7 +153,7 @@ static double conv_flops(Graph *g, const Node *n) {
   Tensor *w = node_in(g, n, 1);
   double out = rule_numel(node_out(g, n, 0)), k = 1;
   for (int i = 1; i < w->rank; i++) k *= (double)w->dims[i];
-  if (ir_conv_point(g, n)) k = conv_point_taps(g, n) * (double)w->dims[1];
+  if (conv_is_point(g, n)) k = conv_point_taps(g, n) * (double)w->dims[1];
   return 2.0 * out * k + (node_in(g, n, 2) ? out : 0);
 }
 
@@ -114,7 +163,7 @@ static double conv_flops(Graph *g, const Node *n) {
 static int64_t conv_workspace(Graph *g, const Node *n) {
   Tensor *W = node_in(g, n, 1), *Y = node_out(g, n, 0);
   int64_t bytes = 4 * W->dims[1];
-  if (ir_conv_point(g, n)) return 4 * W->dims[1] * (W->dims[0] / attr_int(n, "group", 1));
+  if (conv_is_point(g, n)) return 4 * W->dims[1] * (W->dims[0] / attr_int(n, "group", 1));
   for (int i = 2; i < W->rank; i++) bytes *= W->dims[i] * Y->dims[i];
   if (conv_lib(g, n) && conv_lib_bytes(g, n) > bytes) bytes = conv_lib_bytes(g, n);
   return bytes;

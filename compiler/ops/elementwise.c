@@ -7,6 +7,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "ops/elementwise.h"
+
 #include "ops/rule.h"
 
 static int64_t out_numel(Emit *e, const Node *n) { return ir_numel(em_t(e, n->out[0])); }

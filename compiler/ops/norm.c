@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "ops/norm.h"
+
 #include "ops/rule.h"
 
 enum { SOFTMAX = 1, LOG_SOFTMAX, BN_RELU }; /* OpDef.code */
@@ -199,3 +201,11 @@ const OpDef OPS_NORM[] = {
     {"LogSoftmax", "norm", infer_same, NULL, 1, STASH_OUTPUT, softmax_flops, 0, softmax_fwd, softmax_bwd, NULL, LOG_SOFTMAX, 0},
     {0},
 };
+
+/* A training-mode BatchNorm updates its running statistics as it runs; a
+ * recomputation passes NULL for them (the kernel then leaves them alone). */
+int stash_bn_training(const StageProg *sp, const Call *k) {
+  if (k->kernel != K_BATCHNORM) return 0;
+  const ShapeConst *c = &sp->shapes[k->args[6].i];
+  return c->fields[c->nfields - 1].i != 0;
+}

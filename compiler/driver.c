@@ -1,0 +1,403 @@
+/* driver.c - the compiler's pipeline, in order.  Each pass is a file of its
+ * own; this one only runs them one after another and stops at the first
+ * error:
+ *
+ *   load (onnx_load.c)  bind the inputs (bind.c)  infer + fold (shape.c, fold.c)
+ *   untie (untie.c)  fuse (fuse.c)  freeze (freeze.c)  costs (cost.c, profile.c, kcache.c)
+ *   partition (cut.c, price.c; pipefb.c)  schedule (schedule.c)
+ *   stage programs (autodiff.c, memplan.c)  memory plan (stash.c)  jitter
+ *   the arena guard  listing (listing.c)  emit (emit.c)  commit (outdir.c)
+ *
+ * A plan that does not fit with one convolution implementation is made
+ * again with the next (ops/conv.c, conv_impl_choices). */
+#include "driver.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "args.h"
+#include "autodiff.h"
+#include "bind.h"
+#include "cut.h"
+#include "edges.h"
+#include "emit.h"
+#include "freeze.h"
+#include "fuse.h"
+#include "kcache.h"
+#include "listing.h"
+#include "memplan.h"
+#include "onnx_load.h"
+#include "ops.h"
+#include "ops/conv.h"
+#include "outdir.h"
+#include "pipefb.h"
+#include "planq.h"
+#include "price.h"
+#include "profile.h"
+#include "spec.h"
+#include "stash.h"
+#include "untie.h"
+
+/* ---- the plan: load to schedule ---- */
+
+int plan_build(Plan *p, const Options *o) {
+  memset(p, 0, sizeof *p);
+  p->opt = *o;
+  if (onnx_load_file(o->model, &p->g)) return -1;
+  p->g.conv_impl = o->conv_impl;
+  return plan_from_graph(p);
+}
+
+/* Bind, infer + fold, untie, fuse: the graph as it will run, and its compute nodes. */
+static int pass_graph(Plan *p) {
+  Graph *g = &p->g;
+  if (bind_inputs(p)) return -1;
+  if (infer_and_fold(g)) {
+    /* Name the file too: the node alone may not say which model. */
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", err_msg());
+    err_clear();
+    return err_set("%s: %s", g->path, msg);
+  }
+  if (check_nonempty(g)) return -1;
+  if (p->opt.untie && untie_merged(g)) return -1;
+  if (!p->opt.no_fuse) p->nfused = fuse_graph(g);
+  p->node = pool_alloc(&g->pool, sizeof(int) * (size_t)g->nn);
+  for (int j = 0; j < g->nn; j++)
+    if (!g->n[j].folded) p->node[p->N++] = j;
+    else if (!g->n[j].fused) p->nfolded++;
+  if (!p->N) return err_set("%s: every node is a constant; there is nothing to train", g->path);
+  return 0;
+}
+
+/* Each compute node's cost (p->cost), and the partitioner's per-node arrays (arr[0..5]). */
+static void node_costs(Plan *p, double *arr[6]) {
+  Graph *g = &p->g;
+  NodeCost *all = pool_alloc(&g->pool, sizeof(NodeCost) * (size_t)g->nn);
+  cost_nodes(g, all);
+  p->cost = pool_alloc(&g->pool, sizeof(NodeCost) * (size_t)p->N);
+  for (int k = 0; k < 6; k++) arr[k] = pool_alloc(&g->pool, sizeof(double) * (size_t)p->N);
+  for (int k = 0; k < p->N; k++) {
+    NodeCost *c = &p->cost[k];
+    *c = all[p->node[k]];
+    arr[0][k] = c->fwd_flops, arr[1][k] = c->bwd_flops, arr[2][k] = c->traffic_bytes;
+    arr[3][k] = c->param_bytes, arr[4][k] = c->stash_bytes, arr[5][k] = c->work_bytes;
+    p->params += c->param_count;
+  }
+}
+
+/* The partitioner's problem: the per-node arrays, the values between nodes, the machine. */
+static void set_problem(Plan *p, double *arr[6]) {
+  const Options *o = &p->opt;
+  const char *opt = o->optimizer ? o->optimizer : "sgd";
+  p->opt_slots = !strcmp(opt, "sgd") ? (o->momentum > 0 ? 1 : 0) : 2;
+  PartProblem *pr = &p->prob;
+  pr->N = p->N;
+  pr->fwd_flops = arr[0], pr->bwd_flops = arr[1], pr->traffic = arr[2];
+  pr->param_bytes = arr[3], pr->stash_bytes = arr[4], pr->work_bytes = arr[5];
+  pr->edges = p->edges, pr->nedges = p->nedges;
+  /* Direct sends: a value goes only to the ranks that read it (pipefb's chains relay). */
+  p->direct = !o->relay && o->schedule != SCHED_PIPEFB;
+  if (p->direct) pr->gaps = p->gaps, pr->ngaps = p->ngaps;
+  pr->nstages = o->nstages, pr->microbatches = p->opt.microbatches, pr->schedule = o->schedule;
+  pr->opt_state_per_param = p->opt_slots;
+  pr->machine = &p->machine;
+  pr->mem_limit = o->mem_limit;
+}
+
+/* --costs FILE: the measured node times replace the FLOP model's, and join the kernel cache. */
+static int measured_costs(Plan *p) {
+  Graph *g = &p->g;
+  PartProblem *pr = &p->prob;
+  Costs *c = p->costs = pool_alloc(&g->pool, sizeof *c);
+  if (costs_load(c, p->opt.costs, p, &g->pool)) return -1;
+  /* Convolutions timed through oneDNN say nothing of im2col + GEMM (a plan under a memory limit
+   * may fall back to it), nor the other way: theirs come from the FLOP model. */
+  c->conv_mismatch = conv_costs_mismatch(c->conv, g);
+  for (int q = 0; q < p->N && c->conv_mismatch; q++)
+    if (conv_by_impl(g, &g->n[p->node[q]]))
+      kcache_flop_node(pr, q, c->rate, p->machine.memcpy_bw, &c->fwd[q], &c->bwd_input[q], &c->bwd_weight[q]);
+  pr->fwd_s = c->fwd, pr->bwdi_s = c->bwd_input, pr->bwdw_s = c->bwd_weight;
+  pr->time_rate = c->rate, pr->load_s = c->load, pr->loss_s = c->loss, pr->update_per_byte = c->update_per_param / 4;
+  kcache_merge(p, c); /* the profile's times, under each node's shape key, for later plans */
+  return 0;
+}
+
+/* Freeze, costs: the frozen layers, each node's cost, the values between nodes, the machine and
+ * the times (measured, cached or from FLOPs). */
+static int pass_costs(Plan *p) {
+  const Options *o = &p->opt;
+  Graph *g = &p->g;
+  if (freeze_apply(p)) return -1; /* the layers; with --frozen, the first N frozen */
+  double *arr[6];
+  node_costs(p, arr);
+  plan_edges(p);
+  if (o->nstages > p->N)
+    return err_set("-n %d is larger than the number of compute nodes in %s (%d after constant folding): each stage needs "
+                   "at least one", o->nstages, g->path, p->N);
+  if (machine_load(&p->machine, o->nstages, o->devices, &g->pool)) return -1;
+  /* --threads T on this machine's probe: GEMM, which most of the FLOPs are, splits over T cores about
+   * evenly, so the FLOP model takes T times the one-core rate (a --devices file gives each rank's own
+   * rate; the kernel cache's times at T threads, pipecc-probe --kernels --threads T, replace it). */
+  if (o->threads > 1 && !o->devices)
+    for (int r = 0; r < p->machine.nranks; r++) p->machine.dev[r].flops *= o->threads;
+  /* oneDNN's scratch memory is in each convolution's workspace (conv.c); its code and descriptors are
+   * beside the arena, and a memory limit counts them (plan_lib_bytes). */
+  p->conv_note = conv_note(g, p->node, p->N, o->conv_fallback);
+  set_problem(p, arr);
+  if (o->costs) {
+    if (measured_costs(p)) return -1;
+  } else {
+    kcache_apply(p, &p->prob); /* nodes the kernel cache has times for (kcache.c); nothing changes when it has none */
+  }
+  /* Frozen layers: backwards that no longer run, weight gradients no longer made. */
+  if (o->frozen) freeze_costs(p, arr[1], p->costs ? p->costs->bwd_input : NULL, p->costs ? p->costs->bwd_weight : NULL);
+  return 0;
+}
+
+/* The schedule of kind o->schedule for the stages' costs c (unit times or the cut's). */
+static int build_schedule(Plan *p, Schedule *sc, const StageCost *c) {
+  const Options *o = &p->opt;
+  if (o->schedule == SCHED_ASYNC) return schedule_build_async(sc, o->nstages, p->opt.microbatches, o->staleness, c, &p->g.pool);
+  schedule_build(sc, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, c, &p->g.pool);
+  return 0;
+}
+
+/* Partition: the cuts, priced with the ring sizes of the unit-time lists, and each rank's nodes. */
+static int pass_partition(Plan *p) {
+  const Options *o = &p->opt;
+  Graph *g = &p->g;
+  if (o->schedule == SCHED_ASYNC)
+    for (int t = 0; t < g->nt; t++)
+      if (g->t[t].is_param && p->nreaders[t] > 1)
+        return err_set("--schedule async: weight '%s' is read by %d nodes (tied); async does not version tied weights yet "
+                       "(use 1f1b, or --untie if an exporter merged them)", g->t[t].name, p->nreaders[t]);
+  /* Ring sizes come from the order of each rank's actions, not from times:
+   * the unit-time lists (the listing's table) give them before the cuts. */
+  StageCost *unit = pool_alloc(&g->pool, sizeof(StageCost) * (size_t)o->nstages);
+  for (int s = 0; s < o->nstages; s++) {
+    unit[s].fwd = 1, unit[s].bwd = o->schedule == SCHED_ZB1 ? 2 : 1, unit[s].bwd_w = unit[s].bwd / 2;
+  }
+  if (build_schedule(p, &p->slots, unit)) return -1;
+  if (cut_plan(p, &p->prob)) return -1;
+  p->rbegin = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
+  p->rend = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
+  p->role = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
+  for (int s = 0; s < o->nstages; s++) p->rbegin[s] = p->part.start[s], p->rend[s] = p->part.start[s + 1], p->role[s] = ROLE_BOTH;
+  return 0;
+}
+
+/* Schedule: the step's lists for the cut's times, timed (and pinned to cores), then checked. */
+static int pass_schedule(Plan *p) {
+  const Options *o = &p->opt;
+  if (build_schedule(p, &p->sched, p->part.cost)) return -1;
+  p->sched.cores = plan_core_groups(p);
+  if (p->direct) plan_route_peers(p, &p->sched);
+  /* A rank of several threads is not pinned to one core (the runtime pins only single-threaded ranks). */
+  if (!schedule_time(&p->sched, p->part.cost) && o->threads <= 1) schedule_pin(&p->sched, p->part.cost, &p->g.pool);
+  err_clear(); /* a stall is reported by schedule_validate, with names */
+  if (schedule_validate(&p->sched)) return -1;
+  for (int s = 0; s < o->nstages; s++)
+    if (p->sched.nslots[s] != p->slots.nslots[s] || p->sched.ngslots[s] != p->slots.ngslots[s])
+      return err_set("internal error: stage %d's ring sizes depend on its times (%d/%d slots, %d/%d with unit times)", s,
+                     p->sched.nslots[s], p->sched.ngslots[s], p->slots.nslots[s], p->slots.ngslots[s]);
+  return 0;
+}
+
+int plan_from_graph(Plan *p) {
+  if (pass_graph(p) || pass_costs(p)) return -1;
+  if (p->opt.schedule == SCHED_PIPEFB) return pipefb_plan(p); /* its own cuts and lists (pipefb.c) */
+  if (pass_partition(p) || pass_schedule(p)) return -1;
+  return 0;
+}
+
+/* ---- the stage programs and their memory ---- */
+
+/* Async keeps older copies of the weights region for the steps that
+ * compute on them; state a forward updates there (BatchNorm's running
+ * statistics) would be updated in a copy and lost.  Refused. */
+static int forward_writes_state(Plan *p, const StageProg *sp) {
+  for (int i = 0; i < sp->nfwd; i++)
+    for (int w = 0; w < sp->fwd[i].nwrites; w++) {
+      const Buffer *b = &sp->bufs[sp->fwd[i].writes[w]];
+      if (b->kind == BUF_RING || b->kind == BUF_GRING || b->kind == BUF_TEMP || b->kind == BUF_LABELS || b->offset >= sp->weights_bytes) continue;
+      int node = sp->fwd[i].node;
+      return err_set("--schedule async: node '%s' (%s) updates state in its forward ('%s', such as BatchNorm's running statistics); "
+                     "async does not version such state yet (use 1f1b, or export the model in eval mode)",
+                     node >= 0 ? p->g.n[node].name : "?", node >= 0 ? p->g.n[node].op : "?", b->tensor >= 0 ? p->g.t[b->tensor].name : b->name);
+    }
+  return 0;
+}
+
+int plan_programs(Plan *p) {
+  int n = p->opt.nstages;
+  StageProg *progs = pool_alloc(&p->g.pool, sizeof(StageProg) * (size_t)n);
+  if (autodiff_build(p, progs, &p->g.pool)) {
+    if (!p->opt.plan_only) return -1;
+    if (!p->mem_note) p->mem_note = pool_printf(&p->g.pool, "estimate: no stage program (%s)", err_msg());
+    err_clear();
+    return 0;
+  }
+  p->progs = progs;
+  if (p->fb && pipefb_links(p, progs, p->fb, &p->g.pool)) return -1;
+  p->arena = pool_alloc(&p->g.pool, sizeof(int64_t) * (size_t)n);
+  for (int s = 0; s < n; s++) {
+    memplan(p, &progs[s], p->sched.nslots[s], p->sched.ngslots[s]);
+    plan_stage_memory(p, s);
+    if (p->opt.schedule == SCHED_ASYNC && forward_writes_state(p, &progs[s])) return -1;
+  }
+  p->mem_note = NULL;
+  return 0;
+}
+
+/* Draws of the step simulation under the measured spread of action times (schedule_jitter): 64 put
+ * the mean step within ~0.3% of a 4096-draw mean on the sample GPT at n = 2. */
+enum { PLAN_JITTER_DRAWS = 64 };
+
+int plan_jitter(Plan *p) {
+  double cv = p->costs ? p->costs->jitter : 0;
+  /* Pinned ranks: the listing gives the unpinned estimate beside, for the lists as they now are. */
+  if (p->sched.core_of) {
+    int *pin = p->sched.core_of;
+    p->sched.core_of = NULL;
+    int rc = schedule_time(&p->sched, p->part.cost);
+    p->sched.step_unpinned = rc ? 0 : p->sched.step_time;
+    p->sched.core_of = pin;
+    if (rc || schedule_time(&p->sched, p->part.cost)) return -1;
+  }
+  /* Nothing measured: the figures stand.  pipefb's lists are simulated with costs of their own (pipefb.c). */
+  if (cv <= 0 || p->sched.fb) return 0;
+  return schedule_jitter(&p->sched, p->part.cost, cv, PLAN_JITTER_DRAWS);
+}
+
+void plan_free(Plan *p) {
+  price_memo_free(p->memo);
+  ir_free(&p->g);
+}
+
+/* ---- the command: plan, lay out, write ---- */
+
+/* Returned by the steps below when the plan is to be made again with the next convolution
+ * implementation (the plan freed). */
+enum { RETRY = -1 };
+
+/* A plan that failed under a memory limit with oneDNN's convolutions, whose code and descriptors
+ * count against the limit (plan_lib_bytes), is made again with the next implementation (im2col +
+ * GEMM, which holds nothing beside the arena): slower, but it may fit.  1 when that retry is due
+ * (more: there is a next one) and p is freed. */
+static int retry_due(Plan *p, int more) {
+  if (!more || !p->N || plan_lib_bytes(p, 0, p->N) <= 0 || !plan_limited(p)) return 0;
+  err_clear();
+  plan_free(p);
+  return 1;
+}
+
+/* A weight nodes of one kind share (several LayerNorms, Convs) is what an
+ * exporter's merging of equal initializers looks like: pipecc trains it as
+ * one tied weight, which is what the file says but rarely what was meant. */
+static void warn_ties(const Plan *p) {
+  const Graph *g = &p->g;
+  int *ks = malloc(sizeof(int) * (size_t)(p->N + 1));
+  for (int t = 0; ks && t < g->nt; t++) {
+    int same;
+    if (!g->t[t].is_param || p->nreaders[t] < 2 || (plan_tie_readers(p, t, ks, &same), !same)) continue;
+    err_clear();
+    err_set("%s: weight '%s' is read by %d nodes, some of the same kind ('%s' %s, '%s' %s): they share one weight and "
+            "train it as one (an exporter merging equal initializers does this); if they should not, re-export with "
+            "training=torch.onnx.TrainingMode.TRAINING or do_constant_folding=False, or compile with --untie",
+            g->path, g->t[t].name, p->nreaders[t], g->n[p->node[ks[0]]].name, g->n[p->node[ks[0]]].op,
+            g->n[p->node[ks[1]]].name, g->n[p->node[ks[1]]].op);
+    fprintf(stderr, "pipecc: warning: %s\n", err_msg());
+    err_clear();
+  }
+  free(ks);
+}
+
+static void dump_shapes(const Plan *p) {
+  const Graph *g = &p->g;
+  for (int i = 0; i < g->nt; i++) {
+    const Tensor *t = &g->t[i];
+    if (t->rank < 0 || strstr(t->name, "::")) continue; /* attribute-internal tensors */
+    printf("%s\t%s\t", t->name, dtype_name(t->dtype));
+    for (int d = 0; d < t->rank; d++) printf("%s%lld", d ? "," : "", (long long)t->dims[d]);
+    printf("\t%s\n", t->data ? "const" : "run");
+  }
+}
+
+/* The partitioner priced every stage by this arena; this only guards that promise.  0, or 2. */
+static int arena_guard(const Plan *p) {
+  for (int s = 0; p->arena && s < p->opt.nstages; s++) {
+    double lim = plan_stage_limit(p, s);
+    if (lim > 0 && (double)p->arena[s] > lim)
+      return report_error("%s: internal error: stage %d's arena needs %lld bytes (%s), over the memory limit of %s",
+                          p->opt.model, s, (long long)p->arena[s], fmt_bytes((double)p->arena[s]), fmt_bytes(lim));
+  }
+  return 0;
+}
+
+/* Stage programs (first: the listing states their arenas), the memory plan (stages over the limit
+ * keep, offload or recompute their stash), the jitter, the arena guard and the stage specs.  0, 2 or RETRY. */
+static int pass_programs(Plan *p, int more) {
+  const char *model = p->opt.model;
+  if (plan_programs(p)) {
+    if (retry_due(p, more)) return RETRY;
+    return report_error("%s: %s (--plan-only writes the plan and listing alone)", model, err_msg());
+  }
+  if (p->progs && stash_plan(p)) {
+    if (retry_due(p, more)) return RETRY;
+    return report_error("%s: %s", model, err_msg());
+  }
+  if (plan_jitter(p)) return report_error("%s: %s", model, err_msg());
+  int rc = arena_guard(p);
+  /* What each stage's program states, decided once: the renderers print it, plan.json states its messages. */
+  if (!rc) spec_all(p);
+  return rc;
+}
+
+/* Listing, emit, commit: DIR written as a whole or not at all.  0, or 2. */
+static int pass_write(Plan *p) {
+  StageProg *progs = p->opt.plan_only ? NULL : p->progs;
+  Buf text = {0}, json = {0}, svg = {0};
+  listing_text(p, &text), listing_json(p, &json), listing_timeline(p, &svg);
+  OutDir d = {0};
+  int rc = 0;
+  if (outdir_begin(&d, p->opt.outdir) || outdir_write(&d, "schedule.txt", text.s, text.len) ||
+      outdir_write(&d, "plan.json", json.s, json.len) || outdir_write(&d, "timeline.svg", svg.s, svg.len) ||
+      (progs && emit_all(p, progs, &d)) || outdir_commit(&d)) {
+    report_error("%s", err_msg());
+    outdir_abort(&d);
+    rc = 2;
+  } else if (p->opt.listing) {
+    fwrite(text.s, 1, text.len, stdout);
+  }
+  buf_free(&text);
+  buf_free(&json);
+  buf_free(&svg);
+  return rc;
+}
+
+/* One compile with o's convolution implementation: 0, 2, or RETRY when the next one is due. */
+static int compile(const Options *o, int more) {
+  Plan p;
+  if (plan_build(&p, o)) {
+    if (retry_due(&p, more)) return RETRY;
+    report_error("%s", err_msg());
+    plan_free(&p);
+    return 2;
+  }
+  warn_ties(&p);
+  int rc = 0;
+  if (o->dump_shapes) dump_shapes(&p);
+  else if ((rc = pass_programs(&p, more)) == 0) rc = pass_write(&p);
+  if (rc != RETRY) plan_free(&p);
+  return rc;
+}
+
+int driver_run(Options *o) {
+  int choice[2], n = conv_impl_choices(o->conv_impl, choice), rc = RETRY;
+  for (int i = 0; i < n && rc == RETRY; i++) {
+    o->conv_impl = choice[i], o->conv_fallback = i > 0;
+    rc = compile(o, i + 1 < n);
+  }
+  return rc;
+}
