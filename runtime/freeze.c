@@ -82,6 +82,7 @@ void freeze_write(Run *r) {
   agree(ok, msg);
   agree(weights_finite(r, "a freeze checkpoint", msg, sizeof msg) == 0, msg);
   snprintf(path, sizeof path, "%s/model.onnx", sub);
+  weights_to_host(r);
   pr_save_onnx(st, path, pr_stage_dir());
   agree(write_opt_file(r, sub, msg, sizeof msg) == 0, msg);
   if (r->rank == 0) {

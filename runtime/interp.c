@@ -61,7 +61,7 @@ static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int, int)) {
   if (a->xslot >= 0) wait_xslot_in(r, a->xslot);
   double t0 = now();
   fn(a->slot, a->xslot, a->gslot);
-  if (a->kind != PR_W) pr_dev_record(&r->gslot_done[a->gslot]); /* SEND_GRAD posts the gradients after it */
+  if (a->kind != PR_W && a->gslot >= 0) pr_dev_record(&r->gslot_done[a->gslot]); /* SEND_GRAD posts the gradients after it */
   double dt = now() - t0;
   r->t_compute += dt;
   if (st->nprof) prof_action(a->kind, dt);

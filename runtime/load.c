@@ -163,3 +163,7 @@ void load_weights(Run *r) {
   pr_dev_release(w, at(r, 0), st->weights_bytes, PR_VIEW_WRITE);
   agree(ok, msg);
 }
+
+/* The weights region back into the program's own arena, which pr_save_onnx reads (the CPU's device
+ * arena is that arena: nothing is copied). */
+void weights_to_host(Run *r) { pr_dev_to_host(r->st->arena, at(r, 0), r->st->weights_bytes); }

@@ -253,9 +253,9 @@ void msg_open(Run *r) {
   int ns = st->nslots, ngs = st->ngslots;
   r->rreq = requests(ns * st->nrecv), r->sreq = requests(ns * st->nsend);
   r->greq = requests(ngs * st->nsend), r->gsreq = requests(ngs * st->nrecv);
-  r->slot_done = calloc((size_t)(ns + ngs + 2), sizeof(PrDevEvent));
+  r->slot_done = calloc((size_t)(ns + ngs + 1), sizeof(PrDevEvent));
   if (!r->slot_done) die(2, "out of memory for the message bookkeeping%s", "");
-  r->gslot_done = r->slot_done + ns + 1;
+  r->gslot_done = r->slot_done + ns;
   times_open(r);
   measure_clocks(r);
   MPI_Comm_dup(MPI_COMM_WORLD, &r->fcomm);

@@ -184,6 +184,7 @@ static void finish_run(Run *r, StepLog *sl, int threads) {
   if (r->freeze_to) freeze_write(r); /* and no --save: the run goes on in the re-planned program */
   else if (r->a.save) {
     agree(weights_finite(r, "the model (--save)", msg, sizeof msg) == 0, msg);
+    weights_to_host(r);
     pr_save_onnx(st, r->a.save, pr_stage_dir());
   }
   report_summary(r, sl);

@@ -169,6 +169,7 @@ uint32_t make_run_id(void);
 
 /* load.c */
 void load_weights(Run *r);
+void weights_to_host(Run *r);
 int needs_data(const PrStage *st);
 void open_data(Run *r);
 void guard_data_reads(void);
