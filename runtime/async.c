@@ -14,7 +14,7 @@ static unsigned char *weights_for(Run *r, int64_t step) {
   if (v > r->nupdates || v < r->nupdates - st->nwversions)
     die(2, "internal error: step %lld needs the weights of step %lld; the newest are step %lld's and %d older are kept", (long long)step + 1,
         (long long)v, (long long)r->nupdates, st->nwversions);
-  return at(r, st->wversion_base + (v % st->nwversions) * st->wversion_bytes);
+  return dev_at(r, st->wversion_base + (v % st->nwversions) * st->wversion_bytes);
 }
 
 /* The sample indices of step `step`'s batch (computed once per step). */

@@ -166,9 +166,9 @@ static CkptInfo write_stage_file(const Run *r, const char *dir, const char *sub)
   if (w.fd < 0) die(2, "cannot write checkpoint file %s: %s", tmp, strerror(errno));
   ck_write(&w, &h, sizeof h);
   for (int i = 0; i < n; i++) { /* through host views: a device's bytes are copied out */
-    void *v = pr_dev_view(at(r, off[i]), len[i], PR_VIEW_READ);
+    void *v = pr_dev_view(dev_at(r, off[i]), len[i], PR_VIEW_READ);
     ck_write(&w, v, len[i]);
-    pr_dev_release(v, at(r, off[i]), len[i], PR_VIEW_READ);
+    pr_dev_release(v, dev_at(r, off[i]), len[i], PR_VIEW_READ);
   }
   free(off), free(len);
   ck_finish(&w, tmp, path, d);
@@ -334,10 +334,10 @@ static int read_stage_file(Run *r, const char *dir, const Manifest *m, char *msg
   uint64_t fnv = fnv1a(FNV_INIT, &h, sizeof h);
   ckpt_regions(st, off, ln, &n);
   for (int i = 0; i < n && ok; i++) {
-    void *v = pr_dev_view(at(r, off[i]), ln[i], PR_VIEW_WRITE);
+    void *v = pr_dev_view(dev_at(r, off[i]), ln[i], PR_VIEW_WRITE);
     ok = fread(v, 1, (size_t)ln[i], f) == (size_t)ln[i];
     fnv = fnv1a(fnv, v, (size_t)ln[i]);
-    pr_dev_release(v, at(r, off[i]), ln[i], PR_VIEW_WRITE);
+    pr_dev_release(v, dev_at(r, off[i]), ln[i], PR_VIEW_WRITE);
   }
   fclose(f);
   free(off), free(ln);

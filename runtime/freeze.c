@@ -55,8 +55,8 @@ static int write_opt_file(const Run *r, const char *sub, char *msg, size_t len) 
     const PrParam *p = &st->params[i];
     snprintf(head, sizeof head, "%zu %lld %d %d\n", strlen(p->name), (long long)p->count, p->m1offset >= 0, p->m2offset >= 0);
     ok = !write_all(fd, head, strlen(head)) && !write_all(fd, p->name, strlen(p->name));
-    if (ok && p->m1offset >= 0) ok = !write_dev(fd, at(r, p->m1offset), p->count * 4);
-    if (ok && p->m2offset >= 0) ok = !write_dev(fd, at(r, p->m2offset), p->count * 4);
+    if (ok && p->m1offset >= 0) ok = !write_dev(fd, dev_at(r, p->m1offset), p->count * 4);
+    if (ok && p->m2offset >= 0) ok = !write_dev(fd, dev_at(r, p->m2offset), p->count * 4);
   }
   ok = ok && fsync(fd) == 0;
   if (fd >= 0) close(fd);
@@ -152,8 +152,8 @@ static int read_opt_state(const Run *r, const char *sub, char *msg, size_t len) 
           return snprintf(msg, len, "--resume-freeze %s: weight '%s' has %lld elements and %d optimizer slots there, this plan "
                                     "%lld and %d", sub, p->name, count, h1 + h2, (long long)p->count, (p->m1offset >= 0) + (p->m2offset >= 0)), -1;
         }
-        if (h1) pr_dev_from_host(at(r, p->m1offset), b + pos, count * 4);
-        if (h2) pr_dev_from_host(at(r, p->m2offset), b + pos + (size_t)h1 * (size_t)count * 4, count * 4);
+        if (h1) pr_dev_from_host(dev_at(r, p->m1offset), b + pos, count * 4);
+        if (h2) pr_dev_from_host(dev_at(r, p->m2offset), b + pos + (size_t)h1 * (size_t)count * 4, count * 4);
         found[i] = 1;
       }
       pos += (size_t)(h1 + h2) * (size_t)count * 4;
@@ -223,7 +223,7 @@ void auto_freeze(Run *r) {
   for (int i = 0; i < st->nparams; i++) {
     const PrParam *p = &st->params[i];
     if (p->goffset < 0 || p->layer < 0 || p->layer >= L) continue;
-    sq[p->layer] += pr_dev_kernels.sumsq((const float *)at(r, p->goffset), p->count);
+    sq[p->layer] += pr_dev_kernels.sumsq((const float *)dev_at(r, p->goffset), p->count);
   }
   for (int l = 0; l < L; l++) r->gnorm[l] += sqrt(sq[l]);
   if ((r->step + 1) % r->a.freeze_every) return;

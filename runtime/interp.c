@@ -25,7 +25,7 @@ double do_forward(Run *r, const PrAction *a) {
   (r->in_val && st->forward_eval ? st->forward_eval : st->forward)(a->slot, a->xslot);
   if (st->loss) {
     /* The labels are loaded through a host view and the loss reads them where they are on the device. */
-    unsigned char *dev = at(r, st->labels_offset);
+    unsigned char *dev = dev_at(r, st->labels_offset);
     int64_t bytes = (int64_t)sizeof(int64_t) * st->loss_rows;
     double t1 = now();
     int64_t *labels = pr_dev_view(dev, bytes, PR_VIEW_WRITE);

@@ -73,7 +73,7 @@ static void load_input(Run *r, const PrValue *pv, int mb, int slot) {
   const PrStage *st = r->st;
   const int64_t *idx = r->idx + (int64_t)mb * st->mb_size;
   /* An input that leaves between forward and backward lives in the xslot block. */
-  unsigned char *dev = pv->xring ? at(r, pv->offset + (int64_t)r->cur->xslot * st->xslot_bytes) : ring(r, pv->offset, pv->bytes, slot);
+  unsigned char *dev = pv->xring ? dev_at(r, pv->offset + (int64_t)r->cur->xslot * st->xslot_bytes) : ring(r, pv->offset, pv->bytes, slot);
   void *to = pr_dev_view(dev, pv->bytes, PR_VIEW_WRITE);
   if (pv->source == PR_FROM_IMAGES)
     data_images(&r->data, idx, st->mb_size, (float *)to, r->in_labels);
@@ -158,12 +158,12 @@ void load_weights(Run *r) {
   const PrStage *st = r->st;
   char path[4096], msg[1024] = "";
   snprintf(path, sizeof path, "%s/weights/stage_%d.bin", pr_stage_dir(), st->stage);
-  void *w = pr_dev_view(at(r, 0), st->weights_bytes, PR_VIEW_WRITE);
+  void *w = pr_dev_view(dev_at(r, 0), st->weights_bytes, PR_VIEW_WRITE);
   int ok = load_file(path, w, st->weights_bytes, msg, sizeof msg) == 0;
-  pr_dev_release(w, at(r, 0), st->weights_bytes, PR_VIEW_WRITE);
+  pr_dev_release(w, dev_at(r, 0), st->weights_bytes, PR_VIEW_WRITE);
   agree(ok, msg);
 }
 
 /* The weights region back into the program's own arena, which pr_save_onnx reads (the CPU's device
  * arena is that arena: nothing is copied). */
-void weights_to_host(Run *r) { pr_dev_to_host(r->st->arena, at(r, 0), r->st->weights_bytes); }
+void weights_to_host(Run *r) { pr_dev_to_host(r->st->arena, dev_at(r, 0), r->st->weights_bytes); }

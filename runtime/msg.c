@@ -13,7 +13,7 @@
 /* A message's tag names its step (mod 64), micro-batch, value and direction. */
 static int tag_of(int64_t step, int mb, int v, int grad) { return ((int)(step % 64) * 256 * 64 + (mb % 256) * 64 + v % 64) * 2 + grad; }
 
-unsigned char *ring(const Run *r, int64_t off, int64_t bytes, int slot) { return at(r, off + (int64_t)slot * bytes); }
+unsigned char *ring(const Run *r, int64_t off, int64_t bytes, int slot) { return dev_at(r, off + (int64_t)slot * bytes); }
 
 /* Completes requests, or stops the job when they take longer than --timeout:
  * a peer that stopped (kill -STOP, a hung node, a lost link) would otherwise
@@ -60,7 +60,7 @@ void wait_grad_sends(Run *r, int gslot) {
 /* Where value pv of the action's micro-batch lives: its ring slot, or its
  * xslot's block when it is one of the values that leave. */
 static unsigned char *value_at(const Run *r, const PrValue *pv, const PrAction *a) {
-  if (pv->xring) return at(r, pv->offset + (int64_t)a->xslot * r->st->xslot_bytes);
+  if (pv->xring) return dev_at(r, pv->offset + (int64_t)a->xslot * r->st->xslot_bytes);
   return ring(r, pv->offset, pv->bytes, a->slot);
 }
 
@@ -206,7 +206,7 @@ void do_send_weights(Run *r) {
   for (int v = 0; v < st->nwsend; v++) {
     const PrWeight *w = &st->wsend[v];
     r->sent_bytes += 4.0 * (double)w->count;
-    MPI_Isend(pr_dev_msg(at(r, w->offset)), (int)w->count, MPI_FLOAT, w->peer, FB_WTAG + w->id % 4096, r->fcomm, &r->wreq[v]);
+    MPI_Isend(pr_dev_msg(dev_at(r, w->offset)), (int)w->count, MPI_FLOAT, w->peer, FB_WTAG + w->id % 4096, r->fcomm, &r->wreq[v]);
   }
 }
 
@@ -215,7 +215,7 @@ void do_recv_weights(Run *r) {
   const PrStage *st = r->st;
   for (int v = 0; v < st->nwrecv; v++) {
     const PrWeight *w = &st->wrecv[v];
-    MPI_Irecv(pr_dev_msg(at(r, w->offset)), (int)w->count, MPI_FLOAT, w->peer, FB_WTAG + w->id % 4096, r->fcomm, &r->wreq[v]);
+    MPI_Irecv(pr_dev_msg(dev_at(r, w->offset)), (int)w->count, MPI_FLOAT, w->peer, FB_WTAG + w->id % 4096, r->fcomm, &r->wreq[v]);
   }
   wait_all(r, r->wreq, st->nwrecv, -1, "the weights the backward ranks updated");
 }

@@ -11,7 +11,7 @@
  * micro-batch and the direction (0: to the peer, 1: back to the owner). */
 static int otag(int64_t step, int mb, int back) { return ((int)(step % 64) * 4096 + mb % 4096) * 2 + back; }
 
-static unsigned char *xblock(const Run *r, int xslot) { return at(r, r->st->xslot_base + (int64_t)xslot * r->st->xslot_bytes); }
+static unsigned char *xblock(const Run *r, int xslot) { return dev_at(r, r->st->xslot_base + (int64_t)xslot * r->st->xslot_bytes); }
 
 /* The file's I/O reads and writes host memory: a view of the xslot's block (device.h), held until
  * its copy is done (the CPU: the block itself). */
@@ -94,7 +94,7 @@ void do_prefetch(Run *r, const PrAction *a) {
     xfer_submit(r->xfer, 0, a->xslot, file_view(r, a->xslot, PR_VIEW_WRITE), st->xout_bytes, (int64_t)a->mb * st->xout_bytes);
 }
 
-static unsigned char *store(const Run *r, int y) { return at(r, r->st->store_base + (int64_t)y * r->st->store_bytes); }
+static unsigned char *store(const Run *r, int y) { return dev_at(r, r->st->store_base + (int64_t)y * r->st->store_bytes); }
 
 void do_hold(Run *r, const PrAction *a) {
   const PrStage *st = r->st;

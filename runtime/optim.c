@@ -47,7 +47,7 @@ static void reduce_ties(Run *r) {
     int bytes = (int)(p->count * 4), n = 0;
     MPI_Request *req = r->tie_req;
     for (int j = 0; j < p->nparts; j++) {
-      unsigned char *buf = pr_dev_msg(at(r, p->parts[j].offset));
+      unsigned char *buf = pr_dev_msg(dev_at(r, p->parts[j].offset));
       if (p->parts[j].stage != st->stage) {
         MPI_Irecv(buf, bytes, MPI_BYTE, p->parts[j].stage, tie_tag(p, j), MPI_COMM_WORLD, &req[n++]);
         continue;
@@ -60,8 +60,8 @@ static void reduce_ties(Run *r) {
       }
     }
     wait_all(r, req, n, -1, "to exchange a tied weight's gradient parts");
-    pr_dev_copy(at(r, p->goffset), at(r, p->parts[0].offset), bytes);
-    for (int j = 1; j < p->nparts; j++) pr_dev_kernels.add((float *)at(r, p->goffset), (const float *)at(r, p->parts[j].offset), p->count);
+    pr_dev_copy(dev_at(r, p->goffset), dev_at(r, p->parts[0].offset), bytes);
+    for (int j = 1; j < p->nparts; j++) pr_dev_kernels.add((float *)dev_at(r, p->goffset), (const float *)dev_at(r, p->parts[j].offset), p->count);
   }
 }
 
@@ -74,10 +74,10 @@ static void optimizer_step(Run *r) {
   float wd = r->a.have_wd ? (float)r->a.weight_decay : st->weight_decay;
   for (int i = 0; i < st->nparams; i++) {
     const PrParam *p = &st->params[i];
-    float *w = (float *)at(r, p->offset), *g = (float *)at(r, p->goffset);
+    float *w = (float *)dev_at(r, p->offset), *g = (float *)dev_at(r, p->goffset);
     check_finite(r, "the gradient", p->name, g, p->count);
-    float *m1 = p->m1offset >= 0 ? (float *)at(r, p->m1offset) : NULL;
-    float *m2 = p->m2offset >= 0 ? (float *)at(r, p->m2offset) : NULL;
+    float *m1 = p->m1offset >= 0 ? (float *)dev_at(r, p->m1offset) : NULL;
+    float *m2 = p->m2offset >= 0 ? (float *)dev_at(r, p->m2offset) : NULL;
     if (st->optimizer == PR_SGD) {
       if (mom != 0 && !m1) die(2, "--momentum needs the optimizer state: compile with pipecc --momentum X");
       pr_dev_kernels.sgd(w, g, m1, p->count, lr, mom, wd, r->step == 0);
@@ -92,7 +92,7 @@ static void optimizer_step(Run *r) {
 int weights_finite(const Run *r, const char *what, char *msg, size_t len) {
   const PrStage *st = r->st;
   for (int i = 0; i < st->nparams; i++) {
-    const float *w = (const float *)at(r, st->params[i].offset);
+    const float *w = (const float *)dev_at(r, st->params[i].offset);
     int64_t k = pr_dev_kernels.nonfinite(w, st->params[i].count);
     if (k < 0) continue;
     float bad;
@@ -108,9 +108,9 @@ void zero_grads(Run *r) {
   const PrStage *st = r->st;
   for (int i = 0; i < st->nparams; i++) {
     const PrParam *p = &st->params[i];
-    if (p->goffset >= 0) pr_dev_memset(at(r, p->goffset), 0, p->count * 4); /* a pipefb forward rank has none */
+    if (p->goffset >= 0) pr_dev_memset(dev_at(r, p->goffset), 0, p->count * 4); /* a pipefb forward rank has none */
     for (int j = 0; j < p->nparts; j++)
-      if (p->parts[j].stage == st->stage) pr_dev_memset(at(r, p->parts[j].offset), 0, p->count * 4);
+      if (p->parts[j].stage == st->stage) pr_dev_memset(dev_at(r, p->parts[j].offset), 0, p->count * 4);
   }
 }
 
@@ -120,7 +120,7 @@ void do_update(Run *r) {
   wait_all(r, r->wreq, st->nwsend, -1, "to take the last step's weights"); /* pipefb: the update rewrites what they send */
   double t0 = now();
   /* async: the weights before this update stay, for the steps that compute on them; the update writes the newest. */
-  if (st->nwversions) pr_dev_copy(at(r, st->wversion_base + (r->step % st->nwversions) * st->wversion_bytes), at(r, 0), st->weights_bytes);
+  if (st->nwversions) pr_dev_copy(dev_at(r, st->wversion_base + (r->step % st->nwversions) * st->wversion_bytes), dev_at(r, 0), st->weights_bytes);
   optimizer_step(r);
   r->nupdates = r->step + 1;
   r->prof.update += now() - t0;

@@ -141,7 +141,7 @@ typedef struct StepLog {
 } StepLog;
 
 /* Byte off of the device arena. */
-static inline unsigned char *at(const Run *r, int64_t off) { return r->dev + off; }
+static inline unsigned char *dev_at(const Run *r, int64_t off) { return r->dev + off; }
 
 extern int g_rank; /* this process's rank, for messages (-1 before MPI starts) */
 

@@ -35,8 +35,8 @@ void val_open(Run *r) {
 static double val_hits(Run *r) {
   const PrStage *st = r->st;
   int64_t zb = (int64_t)sizeof(float) * st->loss_rows * st->loss_classes, yb = (int64_t)sizeof(int64_t) * st->loss_rows;
-  const float *z = pr_dev_view(at(r, st->logits_offset), zb, PR_VIEW_READ);
-  const int64_t *y = pr_dev_view(at(r, st->labels_offset), yb, PR_VIEW_READ);
+  const float *z = pr_dev_view(dev_at(r, st->logits_offset), zb, PR_VIEW_READ);
+  const int64_t *y = pr_dev_view(dev_at(r, st->labels_offset), yb, PR_VIEW_READ);
   double hits = 0;
   for (int64_t row = 0; row < st->loss_rows; row++) {
     int64_t best = 0;
@@ -44,8 +44,8 @@ static double val_hits(Run *r) {
       if (z[row * st->loss_classes + c] > z[row * st->loss_classes + best]) best = c;
     hits += best == y[row];
   }
-  pr_dev_release((void *)z, at(r, st->logits_offset), zb, PR_VIEW_READ);
-  pr_dev_release((void *)y, at(r, st->labels_offset), yb, PR_VIEW_READ);
+  pr_dev_release((void *)z, dev_at(r, st->logits_offset), zb, PR_VIEW_READ);
+  pr_dev_release((void *)y, dev_at(r, st->labels_offset), yb, PR_VIEW_READ);
   return hits;
 }
 
