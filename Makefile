@@ -28,14 +28,14 @@ SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-saniti
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
-bin/piperun-data: runtime/datagen.c runtime/data.c runtime/data.h
+bin/piperun-data: tools/datagen.c runtime/data.c runtime/data.h
 	@mkdir -p $(@D)
-	clang $(CFLAGS) $(WARN) -D_GNU_SOURCE runtime/datagen.c runtime/data.c -o $@ -lm
+	clang $(CFLAGS) $(WARN) -D_GNU_SOURCE tools/datagen.c runtime/data.c -o $@ -lm
 
 # Measures the MPI link; pipecc runs it when it first probes the machine.
-bin/pipecc-probe: runtime/probe_mpi.c runtime/probe_kernels.c
+bin/pipecc-probe: tools/probe_mpi.c tools/probe_kernels.c
 	@mkdir -p $(@D)
-	mpicc $(CFLAGS) $(WARN) runtime/probe_mpi.c runtime/probe_kernels.c -o $@
+	mpicc $(CFLAGS) $(WARN) tools/probe_mpi.c tools/probe_kernels.c -o $@
 probe: bin/pipecc-probe bin/pipecc
 	rm -f $${PIPECC_CACHE:-$$HOME/.cache/pipecc/machine.txt}
 	bin/pipecc onnx_models/mlp.onnx -n 2 -o build/probe.pipe >/dev/null
@@ -64,7 +64,7 @@ $(PB_DIR)/templates.inc: templates/Makefile.in templates/run.sh.in templates/sta
 build/obj/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
-build/obj/%.o: compiler/%.c compiler/*.h runtime/blas_core.h compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
+build/obj/%.o: compiler/%.c compiler/*.h runtime/blas_core.h runtime/actions.h runtime/actions.def compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(WARN) $(CPPFLAGS) -c $< -o $@
 bin/pipecc: build/obj/main.o $(COMPILER_OBJ)
@@ -75,7 +75,7 @@ bin/pipecc: build/obj/main.o $(COMPILER_OBJ)
 build/asan/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
 	@mkdir -p $(@D)
 	clang -O1 -g $(SAN) $(CPPFLAGS) -c $< -o $@
-build/asan/%.o: compiler/%.c compiler/*.h runtime/blas_core.h compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
+build/asan/%.o: compiler/%.c compiler/*.h runtime/blas_core.h runtime/actions.h runtime/actions.def compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
 	@mkdir -p $(@D)
 	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) -c $< -o $@
 bin/pipecc-asan: build/asan/main.o $(ASAN_OBJ)
@@ -114,7 +114,7 @@ FUZZ_OBJ := $(COMPILER_SRC:compiler/%.c=build/fuzz/%.o) build/fuzz/onnx.pb-c.o
 build/fuzz/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
 	@mkdir -p $(@D)
 	clang -O1 -g -fsanitize=fuzzer-no-link,address,undefined $(CPPFLAGS) -c $< -o $@
-build/fuzz/%.o: compiler/%.c compiler/*.h runtime/blas_core.h compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
+build/fuzz/%.o: compiler/%.c compiler/*.h runtime/blas_core.h runtime/actions.h runtime/actions.def compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
 	@mkdir -p $(@D)
 	clang -O1 -g -fsanitize=fuzzer-no-link,address,undefined $(WARN) $(CPPFLAGS) -c $< -o $@
 bin/fuzz_loader: tests/fuzz_loader.c $(FUZZ_OBJ)

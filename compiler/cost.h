@@ -3,7 +3,7 @@
  * Node costs are per micro-batch: FLOPs forward and backward, parameter
  * bytes, output bytes and the bytes backward keeps (the stash).  Machine
  * figures come from a probe of this machine (machine_probe in cost.c, the
- * MPI link by bin/pipecc-probe from runtime/probe_mpi.c; cached in
+ * MPI link by bin/pipecc-probe from tools/probe_mpi.c; cached in
  * ~/.cache/pipecc/machine.txt or $PIPECC_CACHE) or from a --devices file
  * that describes each rank and link. */
 #ifndef PIPECC_COST_H

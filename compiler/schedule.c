@@ -24,6 +24,8 @@
  * Slots are then assigned by running the list: lowest free slot first. */
 #include "schedule.h"
 
+#include "../runtime/actions.h" /* the one table of the action kinds' names */
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,12 +37,7 @@ const char *schedule_name(int kind) {
 
 double schedule_ideal_bubble(int p, int m) { return (double)(p - 1) / (double)(m + p - 1); }
 
-const char *action_kind_name(int kind) {
-  static const char *names[ACT_NKINDS] = {"F", "B", "I", "W", "SEND", "RECV", "SEND_GRAD", "RECV_GRAD", "UPDATE",
-                                          "OFFLOAD", "PREFETCH", "RECOMPUTE", "HOLD", "RETURN",
-                                          "SEND_STASH", "RECV_STASH", "SEND_WEIGHTS", "RECV_WEIGHTS"};
-  return kind >= 0 && kind < ACT_NKINDS ? names[kind] : "?";
-}
+const char *action_kind_name(int kind) { return pr_action_name(kind); }
 
 const char *action_str(const Action *a, char *buf, size_t len) {
   if (a->kind == ACT_UPDATE || a->kind == ACT_SEND_WEIGHTS || a->kind == ACT_RECV_WEIGHTS)

@@ -6,28 +6,12 @@
 #define PIPECC_SCHEDULE_H
 #include "partition.h"
 
+/* The action kinds, ACT_F, ACT_SEND, ...: runtime/actions.def, shared with the runtime (PR_*) and the
+ * timelines (TL_*), which says what each does. */
 enum {
-  ACT_F,         /* forward of mb (stage 0 loads its inputs; the last stage runs the loss) */
-  ACT_B,         /* full backward of mb */
-  ACT_I,         /* input-gradient part of the backward (zb1) */
-  ACT_W,         /* weight-gradient part of the backward (zb1) */
-  ACT_SEND,      /* post the send of mb's forward values to the next rank */
-  ACT_RECV,      /* post the receive of mb's forward values from the previous rank */
-  ACT_SEND_GRAD, /* post the send of the gradients of mb's received values back to the previous rank */
-  ACT_RECV_GRAD, /* post the receive of the gradients of mb's sent values from the next rank */
-  ACT_UPDATE,    /* the optimizer step, once, last */
-  /* The memory plan (stash.c): stashed activations that leave between a
-   * micro-batch's forward and its backward. */
-  ACT_OFFLOAD,   /* post the copy-out of mb's offloaded values from xslot (to the peer or the file) */
-  ACT_PREFETCH,  /* post the copy-in of mb's offloaded values into xslot */
-  ACT_RECOMPUTE, /* re-run the forward calls that make mb's recomputed values, into xslot */
-  ACT_HOLD,      /* on a peer: post the receive of rank `peer`'s OFFLOAD of mb into store slot xslot */
-  ACT_RETURN,    /* on a peer: wait for that data, post its send back to rank `peer` (its PREFETCH) */
-  /* PipeFB (pipefb.c): forward ranks and backward ranks. */
-  ACT_SEND_STASH,   /* forward rank: post the sends of mb's stashed values to the backward ranks that need them */
-  ACT_RECV_STASH,   /* backward rank: post the receives of mb's stashed values from the forward ranks */
-  ACT_SEND_WEIGHTS, /* backward rank, after UPDATE: post the sends of the new weights to the forward ranks */
-  ACT_RECV_WEIGHTS, /* forward rank, last: receive the new weights (the next step's forwards use them) */
+#define ACTION(name, legend, meaning) ACT_##name,
+#include "../runtime/actions.def"
+#undef ACTION
   ACT_NKINDS
 };
 

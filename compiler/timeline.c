@@ -11,40 +11,46 @@
  * the input. */
 #include "timeline.h"
 
+#include "../runtime/actions.h" /* the kinds' names and legends */
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* Each kind's colours; its name and legend are runtime/actions.def's (a wait's are here). */
 static const struct {
-  const char *name, *what, *fill, *ink; /* ink: text on the fill, and the tick colour */
+  const char *fill, *ink; /* ink: text on the fill, and the tick colour */
 } KIND[TL_NKINDS] = {
-    [TL_F] = {"F", "forward", "#4e79a7", "#ffffff"},
-    [TL_B] = {"B", "backward", "#59a14f", "#ffffff"},
-    [TL_I] = {"I", "backward, input gradient", "#f28e2b", "#1a1a1a"},
-    [TL_W] = {"W", "backward, weight gradient", "#edc948", "#1a1a1a"},
-    [TL_SEND] = {"SEND", "send activation", "#6b6b6b", "#ffffff"},
-    [TL_RECV] = {"RECV", "receive activation", "#a9a9a9", "#1a1a1a"},
-    [TL_SEND_GRAD] = {"SEND_GRAD", "send gradient", "#4f5d73", "#ffffff"},
-    [TL_RECV_GRAD] = {"RECV_GRAD", "receive gradient", "#9aa8bd", "#1a1a1a"},
-    [TL_UPDATE] = {"UPDATE", "optimizer update", "#8e6bb0", "#ffffff"},
-    [TL_OFFLOAD] = {"OFFLOAD", "copy stashed activations out", "#b07aa1", "#ffffff"},
-    [TL_PREFETCH] = {"PREFETCH", "copy stashed activations back", "#ff9da7", "#1a1a1a"},
-    [TL_RECOMPUTE] = {"RECOMPUTE", "recompute stashed activations", "#76b7b2", "#1a1a1a"},
-    [TL_HOLD] = {"HOLD", "receive a peer's offloaded activations", "#d4a6c8", "#1a1a1a"},
-    [TL_RETURN] = {"RETURN", "send a peer's activations back", "#9c755f", "#ffffff"},
-    [TL_SEND_STASH] = {"SEND_STASH", "send stashed activations to a backward rank", "#e15759", "#ffffff"},
-    [TL_RECV_STASH] = {"RECV_STASH", "receive stashed activations from a forward rank", "#f1a3a4", "#1a1a1a"},
-    [TL_SEND_WEIGHTS] = {"SEND_WEIGHTS", "send the new weights to the forward ranks", "#3d7a6e", "#ffffff"},
-    [TL_RECV_WEIGHTS] = {"RECV_WEIGHTS", "receive the new weights", "#a0cbc2", "#1a1a1a"},
-    [TL_WAIT] = {"wait", "waiting", "#f6c1c1", "#b03030"},
+    [TL_F] = {"#4e79a7", "#ffffff"},
+    [TL_B] = {"#59a14f", "#ffffff"},
+    [TL_I] = {"#f28e2b", "#1a1a1a"},
+    [TL_W] = {"#edc948", "#1a1a1a"},
+    [TL_SEND] = {"#6b6b6b", "#ffffff"},
+    [TL_RECV] = {"#a9a9a9", "#1a1a1a"},
+    [TL_SEND_GRAD] = {"#4f5d73", "#ffffff"},
+    [TL_RECV_GRAD] = {"#9aa8bd", "#1a1a1a"},
+    [TL_UPDATE] = {"#8e6bb0", "#ffffff"},
+    [TL_OFFLOAD] = {"#b07aa1", "#ffffff"},
+    [TL_PREFETCH] = {"#ff9da7", "#1a1a1a"},
+    [TL_RECOMPUTE] = {"#76b7b2", "#1a1a1a"},
+    [TL_HOLD] = {"#d4a6c8", "#1a1a1a"},
+    [TL_RETURN] = {"#9c755f", "#ffffff"},
+    [TL_SEND_STASH] = {"#e15759", "#ffffff"},
+    [TL_RECV_STASH] = {"#f1a3a4", "#1a1a1a"},
+    [TL_SEND_WEIGHTS] = {"#3d7a6e", "#ffffff"},
+    [TL_RECV_WEIGHTS] = {"#a0cbc2", "#1a1a1a"},
+    [TL_WAIT] = {"#f6c1c1", "#b03030"},
 };
 
-const char *tl_kind_name(int kind) { return kind >= 0 && kind < TL_NKINDS ? KIND[kind].name : "?"; }
+const char *tl_kind_name(int kind) { return kind == TL_WAIT ? "wait" : pr_action_name(kind); }
+
+/* The legend's words for a kind. */
+static const char *kind_what(int kind) { return kind == TL_WAIT ? "waiting" : pr_action_legend(kind); }
 
 int tl_kind_from_name(const char *s) {
   if (!s) return -1;
   for (int k = 0; k < TL_NKINDS; k++)
-    if (!strcmp(s, KIND[k].name)) return k;
+    if (!strcmp(s, tl_kind_name(k))) return k;
   return -1;
 }
 
@@ -183,7 +189,7 @@ void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *ti
   double legend_x[TL_NKINDS], legend_row_y[TL_NKINDS];
   for (int k = 0; k < TL_NKINDS; k++) {
     if (!present[k]) continue;
-    double w = 22 + 6.6 * (double)(strlen(KIND[k].name) + 3 + strlen(KIND[k].what)) + 22;
+    double w = 22 + 6.6 * (double)(strlen(tl_kind_name(k)) + 3 + strlen(kind_what(k))) + 22;
     if (lx > LEFT && lx + w > W_PX - RIGHT) lx = LEFT, ly += 22;
     legend_x[k] = lx;
     legend_row_y[k] = ly;
@@ -296,15 +302,15 @@ void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *ti
       char mbtxt[32] = "";
       if (s->mb >= 0) snprintf(mbtxt, sizeof mbtxt, " mb %d,", s->mb);
       char tip[192];
-      snprintf(tip, sizeof tip, "%s (%s),%s step %d, rank %d: %.3f to %.3f %s (%.3f %s)", KIND[s->kind].name,
-               KIND[s->kind].what, mbtxt, s->step, s->rank, (s->start - t0) / unit, (end - t0) / unit, uname,
+      snprintf(tip, sizeof tip, "%s (%s),%s step %d, rank %d: %.3f to %.3f %s (%.3f %s)", tl_kind_name(s->kind),
+               kind_what(s->kind), mbtxt, s->step, s->rank, (s->start - t0) / unit, (end - t0) / unit, uname,
                (end - s->start) / unit, uname);
       if (tick) {
         buf_printf(o,
                    "<line class=\"tick\" data-kind=\"%s\" data-rank=\"%d\" data-mb=\"%d\" data-step=\"%d\" "
                    "x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" stroke-width=\"1.5\">"
                    "<title>%s</title></line>\n",
-                   KIND[s->kind].name, s->rank, s->mb, s->step, x, ytop - 3, x, ytop + ROW_H + 3,
+                   tl_kind_name(s->kind), s->rank, s->mb, s->step, x, ytop - 3, x, ytop + ROW_H + 3,
                    s->kind == TL_WAIT ? KIND[s->kind].ink : KIND[s->kind].fill, tip);
         continue;
       }
@@ -313,7 +319,7 @@ void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *ti
       buf_printf(o,
                  "<rect class=\"span\" data-kind=\"%s\" data-rank=\"%d\" data-mb=\"%d\" data-step=\"%d\" "
                  "x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"%s><title>%s</title></rect>\n",
-                 KIND[s->kind].name, s->rank, s->mb, s->step, x, y, w, h, KIND[s->kind].fill,
+                 tl_kind_name(s->kind), s->rank, s->mb, s->step, x, y, w, h, KIND[s->kind].fill,
                  w >= 4 ? " stroke=\"#ffffff\" stroke-width=\"0.75\"" : "", tip);
       double font = comm ? FONT_COMM : FONT_BOX;
       if (s->mb >= 0 && w >= ndigits(s->mb) * 0.62 * font + 4)
@@ -332,9 +338,9 @@ void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *ti
     buf_printf(o,
                "<rect class=\"legend\" data-kind=\"%s\" x=\"%.2f\" y=\"%.2f\" width=\"16\" height=\"12\" "
                "fill=\"%s\"/>\n",
-               KIND[k].name, legend_x[k], legend_row_y[k] - 10, KIND[k].fill);
+               tl_kind_name(k), legend_x[k], legend_row_y[k] - 10, KIND[k].fill);
     buf_printf(o, "<text x=\"%.2f\" y=\"%.2f\"><tspan font-weight=\"bold\">%s</tspan> %s</text>\n",
-               legend_x[k] + 22, legend_row_y[k], KIND[k].name, KIND[k].what);
+               legend_x[k] + 22, legend_row_y[k], tl_kind_name(k), kind_what(k));
   }
   if (!nvalid)
     buf_printf(o, "<text x=\"%.0f\" y=\"%.2f\" fill=\"#777777\">no actions</text>\n", LEFT, legend_y);

@@ -17,9 +17,14 @@ typedef struct TlSpan {
 
 #define TL_MAX_RANKS 65536
 
-enum { TL_F, TL_B, TL_I, TL_W, TL_SEND, TL_RECV, TL_SEND_GRAD, TL_RECV_GRAD, TL_UPDATE,
-       TL_OFFLOAD, TL_PREFETCH, TL_RECOMPUTE, TL_HOLD, TL_RETURN, TL_SEND_STASH, TL_RECV_STASH, TL_SEND_WEIGHTS,
-       TL_RECV_WEIGHTS, TL_WAIT, TL_NKINDS };
+/* A span's kind: an action's (runtime/actions.def, numbered as the runtime's trace writes them), or a wait. */
+enum {
+#define ACTION(name, legend, meaning) TL_##name,
+#include "../runtime/actions.def"
+#undef ACTION
+  TL_WAIT,
+  TL_NKINDS
+};
 
 /* "F","B","I","W","SEND","RECV","SEND_GRAD","RECV_GRAD","UPDATE","wait";
  * "?" for a kind out of range. */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "onnx.pb-c.h"
+#include "device.h"
 #include "piperun.h"
 
 static int fail(const char *fmt, const char *a, const char *b) {
@@ -67,6 +68,11 @@ int pr_eval(int argc, char **argv, const PrStage *st) {
   size_t got = st->weights_bytes ? fread(st->arena, 1, (size_t)st->weights_bytes, w) : 0;
   fclose(w);
   if ((int64_t)got != st->weights_bytes) return fail("%s is shorter than the stage's weights%s", path, "");
+  /* The host arena stages what goes to the device and what comes back (device.h; the CPU's device arena
+   * is the host's: nothing is copied). */
+  unsigned char *dev = pr_dev_arena_alloc(st->arena, st->arena_bytes);
+  if (!dev) return fail("no room on the device for the arena%s%s", "", "");
+  pr_dev_from_host(dev, st->arena, st->weights_bytes);
   for (int v = 0; v < st->nrecv; v++) {
     snprintf(path, sizeof path, "%s/input_%d.pb", argv[1], v);
     FILE *f = fopen(path, "rb");
@@ -83,13 +89,17 @@ int pr_eval(int argc, char **argv, const PrStage *st) {
     int rc = tensor_bytes_into(t, st->arena + st->recv[v].offset, st->recv[v].bytes, st->recv[v].name);
     onnx__tensor_proto__free_unpacked(t, NULL);
     if (rc) return rc;
+    pr_dev_from_host(dev + st->recv[v].offset, st->arena + st->recv[v].offset, st->recv[v].bytes);
   }
   st->forward(0, -1);
+  pr_dev_sync();
   for (int v = 0; v < st->nsend; v++) {
+    pr_dev_to_host(st->arena + st->send[v].offset, dev + st->send[v].offset, st->send[v].bytes);
     snprintf(path, sizeof path, "%s/%d.bin", argv[2], v);
     FILE *f = fopen(path, "wb");
     if (!f || fwrite(st->arena + st->send[v].offset, 1, (size_t)st->send[v].bytes, f) != (size_t)st->send[v].bytes || fclose(f))
       return fail("cannot write %s: %s", path, strerror(errno));
   }
+  pr_dev_arena_free(dev, st->arena);
   return 0;
 }

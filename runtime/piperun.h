@@ -12,31 +12,11 @@
 #include "kernels.h"
 #include "profile.h"
 
-/* What an action does (the compiler's ACT_* in compiler/schedule.h, in the same order). */
-enum {
-  PR_F,         /* forward: loader inputs, wait the slot's receives, forward(slot), the loss on the last stage */
-  PR_B,         /* backward(slot, gslot), after the gradient received into gslot */
-  PR_I,         /* backward_input(slot, gslot): the input-gradient half (zb1) */
-  PR_W,         /* backward_weight(slot, gslot): the weight-gradient half (zb1) */
-  PR_SEND,      /* Isend the slot's forward values to the next stage */
-  PR_RECV,      /* Irecv mb's forward values from the previous stage into the slot */
-  PR_SEND_GRAD, /* Isend the gradients in gslot to the previous stage */
-  PR_RECV_GRAD, /* Irecv mb's gradients from the next stage into gslot */
-  PR_UPDATE,    /* the optimizer step */
-  PR_OFFLOAD,   /* post the copy-out of xslot's leaving values (XOUT bytes) to the peer or the file */
-  PR_PREFETCH,  /* post their copy-in into xslot (after the offload out of xslot, if any, is done) */
-  PR_RECOMPUTE, /* recompute(slot, xslot), after the prefetch into xslot */
-  PR_HOLD,      /* on a peer: Irecv rank `peer`'s OFFLOAD of mb into store slot xslot */
-  PR_RETURN,    /* on a peer: wait for it, Isend it back to rank `peer` */
-  PR_SEND_STASH,   /* pipefb forward rank: Isend the slot's stashed values to the backward ranks (STASH_SEND) */
-  PR_RECV_STASH,   /* pipefb backward rank: Irecv mb's stashed values into the slot (STASH_RECV) */
-  PR_SEND_WEIGHTS, /* pipefb backward rank, after UPDATE: Isend the new weights to the forward ranks (WSEND) */
-  PR_RECV_WEIGHTS, /* pipefb forward rank, last in its step: receive the new weights (WRECV) and wait for them */
-  PR_NKINDS
-};
+/* What an action does: PR_F, PR_SEND, ... (actions.def, where each kind's meaning is written). */
+#include "actions.h"
 
 typedef struct PrAction {
-  int kind;  /* PR_* */
+  int kind;  /* PR_* (actions.def) */
   int mb;    /* micro-batch, -1 for UPDATE */
   int slot;  /* ring copy of the forward values, -1 if unused */
   int gslot; /* gradient ring copy, -1 if unused */

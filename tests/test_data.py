@@ -1,5 +1,5 @@
 """libpiperun's data loading (runtime/data.c) and the synthetic data generator
-(runtime/datagen.c, piperun-data).  Builds both with ASan/UBSan into a temp dir
+(tools/datagen.c, piperun-data).  Builds both with ASan/UBSan into a temp dir
 (independent of the Makefile), drives data.c through tests/data_probe.c, and
 checks everything against numpy reading the same files: IDX, CIFAR-10 and both
 token formats, the sample order (identity, and a shuffle reproduced here from
@@ -20,6 +20,7 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RT = os.path.join(ROOT, "runtime")
+TOOLS = os.path.join(ROOT, "tools")
 SAN = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
 WARN = ["-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
 ENV = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0", UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
@@ -96,11 +97,11 @@ def body(T):
     probe, gen = os.path.join(T, "data_probe"), os.path.join(T, "piperun-data")
     # ---- build ----
     rc, _, err = run("clang", "-O2", "-g", *WARN, "-c", os.path.join(RT, "data.c"), "-o", os.path.join(T, "data.o"))
-    rc2, _, err2 = run("clang", "-O2", "-g", *WARN, os.path.join(RT, "datagen.c"), os.path.join(RT, "data.c"), "-lm", "-o",
+    rc2, _, err2 = run("clang", "-O2", "-g", *WARN, os.path.join(TOOLS, "datagen.c"), os.path.join(RT, "data.c"), "-lm", "-o",
                        os.path.join(T, "piperun-data-O2"))
     check(rc == 0 and rc2 == 0 and not err and not err2, "data.c and datagen.c build warning-free with -O2 -Wall -Wextra -Werror", err + err2)
     rc, _, err = run("clang", "-O1", "-g", *SAN, *WARN, "-I" + RT, os.path.join(RT, "data.c"), os.path.join(ROOT, "tests", "data_probe.c"), "-o", probe)
-    rc2, _, err2 = run("clang", "-O1", "-g", *SAN, *WARN, os.path.join(RT, "datagen.c"), os.path.join(RT, "data.c"), "-lm", "-o", gen)
+    rc2, _, err2 = run("clang", "-O1", "-g", *SAN, *WARN, os.path.join(TOOLS, "datagen.c"), os.path.join(RT, "data.c"), "-lm", "-o", gen)
     if not check(rc == 0 and rc2 == 0, "data_probe and piperun-data build with ASan/UBSan", err + err2):
         return
 

@@ -1,5 +1,5 @@
 """Ranks pinned to cores when there are more ranks than cores (compiler/schedule.c, schedule_pin;
-runtime/piperun.c, pin_rank; docs/cost.md, "Ranks that share cores").
+runtime/host.c, pin_rank; docs/cost.md, "Ranks that share cores").
 
 LeNet at n = 2 x this machine's CPUs (at most 4 of them; otherwise n = 4 on 2 cores, plan only), with
 --devices naming those cores (`host cores=C`):

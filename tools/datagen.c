@@ -35,7 +35,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "data.h"
+#include "../runtime/data.h" /* the loader the stage programs use: the files it writes are the ones they read */
 
 static const char *USAGE =
     "usage: piperun-data mnist  DIR  [--n N] [--seed S] [--noise SD] [--test]   (default n 6000, noise 0.1)\n"

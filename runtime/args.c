@@ -1,0 +1,144 @@
+/* args.c - run.sh's flags (parse_args) and, before step 1, that everything
+ * the run will write can be written. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "run.h"
+
+void usage_error(const char *fmt, const char *arg) {
+  if (g_rank == 0) {
+    fprintf(stderr, "piperun: error: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\nusage: run.sh --data PATH --steps N [--lr X] [--momentum X] [--weight-decay X] [--seed S]\n"
+                    "       [--shuffle|--no-shuffle] [--log FILE] [--save FILE.onnx] [--checkpoint DIR]\n"
+                    "       [--checkpoint-every K] [--resume DIR] [--lr-schedule constant|cosine] [--warmup K] [--quiet]\n"
+                    "       [--trace FILE.json] [--timeout SECONDS] [--profile FILE]\n"
+                    "       [--freeze-at S:N[,S:N...] | --freeze auto [--freeze-every S] [--freeze-threshold X]] [--val PATH [--val-every K]]\n");
+  }
+  MPI_Finalize();
+  exit(2);
+}
+
+static double num(const char *flag, const char *v, double lo) {
+  char *end;
+  double x = v ? strtod(v, &end) : 0;
+  if (!v || end == v || *end || x != x || x < lo) usage_error("bad value for %s", flag);
+  return x;
+}
+
+/* --freeze-at S:N[,S:N...]: steps from 1, ascending; layers at least 1. */
+static void parse_freeze(Args *a, const char *v) {
+  const char *p = v ? v : "";
+  while (*p) {
+    char *end;
+    long long step = strtoll(p, &end, 10), layers;
+    if (end == p || *end != ':' || step < 1) usage_error("--freeze-at '%s': expected S:N[,S:N...] (after step S, from 1, freeze the "
+                                                           "first N parameterised layers)", v);
+    p = end + 1;
+    layers = strtoll(p, &end, 10);
+    if (end == p || (*end && *end != ',') || layers < 1 || layers > 1 << 24 || a->nfreeze == 16 ||
+        (a->nfreeze && step <= a->freeze_step[a->nfreeze - 1]))
+      usage_error("--freeze-at '%s': expected S:N[,S:N...] with ascending steps S >= 1 and N >= 1 (at most 16 events)", v);
+    a->freeze_step[a->nfreeze] = step, a->freeze_layers[a->nfreeze++] = (int)layers;
+    p = *end ? end + 1 : end;
+  }
+  if (!a->nfreeze) usage_error("--freeze-at '%s': expected S:N[,S:N...]", v ? v : "");
+}
+
+void parse_args(Args *a, int argc, char **argv) {
+  memset(a, 0, sizeof *a);
+  a->steps = -1, a->seed = 1, a->lr_schedule = "constant";
+  /* --freeze auto's defaults (docs/freeze.md, measured in bench section 9): an interval long enough
+   * that a norm summed over it is not one batch's noise, and a change small enough that the layer
+   * has stopped moving. */
+  a->freeze_every = 50, a->freeze_threshold = 0.05;
+  for (int i = 1; i < argc; i++) {
+    const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define TAKE() (i++, v)
+    if (!strcmp(f, "--data")) a->data = TAKE();
+    else if (!strcmp(f, "--steps")) a->steps = (int64_t)num(f, TAKE(), 1);
+    else if (!strcmp(f, "--lr")) a->lr = num(f, TAKE(), 0), a->have_lr = 1;
+    else if (!strcmp(f, "--momentum")) a->momentum = num(f, TAKE(), 0), a->have_momentum = 1;
+    else if (!strcmp(f, "--weight-decay")) a->weight_decay = num(f, TAKE(), 0), a->have_wd = 1;
+    else if (!strcmp(f, "--seed")) a->seed = (uint64_t)num(f, TAKE(), 0);
+    else if (!strcmp(f, "--shuffle")) a->shuffle = 1;
+    else if (!strcmp(f, "--no-shuffle")) a->shuffle = 0;
+    else if (!strcmp(f, "--log")) a->log = TAKE();
+    else if (!strcmp(f, "--save")) a->save = TAKE();
+    else if (!strcmp(f, "--checkpoint")) a->checkpoint = TAKE();
+    else if (!strcmp(f, "--checkpoint-every")) a->ckpt_every = (int64_t)num(f, TAKE(), 1);
+    else if (!strcmp(f, "--resume")) a->resume = TAKE();
+    else if (!strcmp(f, "--lr-schedule")) a->lr_schedule = TAKE();
+    else if (!strcmp(f, "--warmup")) a->warmup = (int64_t)num(f, TAKE(), 0);
+    else if (!strcmp(f, "--min-lr")) a->min_lr = num(f, TAKE(), 0);
+    else if (!strcmp(f, "--quiet")) a->quiet = 1;
+    else if (!strcmp(f, "--no-pin")) a->no_pin = 1;
+    else if (!strcmp(f, "--trace")) a->trace = TAKE();
+    else if (!strcmp(f, "--timeout")) a->timeout = num(f, TAKE(), 0.001);
+    else if (!strcmp(f, "--blas-kernels")) TAKE(); /* pr_main pinned them */
+    else if (!strcmp(f, "--offload-dir")) a->offload_dir = TAKE();
+    else if (!strcmp(f, "--profile")) a->profile = TAKE();
+    else if (!strcmp(f, "--freeze-at")) parse_freeze(a, TAKE());
+    else if (!strcmp(f, "--freeze-dir")) a->freeze_dir = TAKE();
+    else if (!strcmp(f, "--val")) a->val = TAKE();
+    else if (!strcmp(f, "--val-every")) a->val_every = (int64_t)num(f, TAKE(), 1);
+    else if (!strcmp(f, "--freeze")) {
+      const char *w = TAKE();
+      if (!w || strcmp(w, "auto")) usage_error("--freeze '%s': expected auto (or --freeze-at S:N for given steps)", w ? w : "");
+      a->freeze_auto = 1;
+    } else if (!strcmp(f, "--freeze-every")) a->freeze_every = (int64_t)num(f, TAKE(), 1);
+    else if (!strcmp(f, "--freeze-threshold")) a->freeze_threshold = num(f, TAKE(), 0);
+    else if (!strcmp(f, "--resume-freeze")) a->resume_freeze = TAKE();
+    else usage_error("unknown flag '%s'", f);
+    if (i >= argc) usage_error("flag '%s' needs a value", f);
+  }
+  if (!a->data) usage_error("--data PATH is required%s", "");
+  if (a->steps < 0) usage_error("--steps N is required%s", "");
+  if (!a->lr_schedule || (strcmp(a->lr_schedule, "constant") && strcmp(a->lr_schedule, "cosine")))
+    usage_error("--lr-schedule '%s': expected constant or cosine", a->lr_schedule ? a->lr_schedule : "");
+  if (a->checkpoint && !a->ckpt_every) a->ckpt_every = 100;
+  /* 0 would never freeze (no change is below it): said, not replaced by the default. */
+  if (!(a->freeze_threshold > 0)) usage_error("--freeze-threshold must be above 0 (a layer freezes when its change is below it)%s", "");
+}
+
+/* The directory a file will be written into must exist and be writable:
+ * found out after the training, the trained weights would be lost. */
+static int writable_dir_of(const char *flag, const char *file, char *msg, size_t len) {
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", file);
+  char *slash = strrchr(dir, '/');
+  if (!slash) snprintf(dir, sizeof dir, ".");
+  else if (slash == dir) slash[1] = 0;
+  else *slash = 0;
+  struct stat sb;
+  if (stat(dir, &sb) || !S_ISDIR(sb.st_mode))
+    return snprintf(msg, len, "%s %s: directory %s does not exist", flag, file, dir), -1;
+  if (access(dir, W_OK)) return snprintf(msg, len, "%s %s: cannot write in %s: %s", flag, file, dir, strerror(errno)), -1;
+  if (stat(file, &sb) == 0 && S_ISDIR(sb.st_mode)) return snprintf(msg, len, "%s %s: is a directory", flag, file), -1;
+  return 0;
+}
+
+/* --checkpoint DIR is created now (its parent must exist), on every rank. */
+static int checkpoint_dir_ok(const char *dir, char *msg, size_t len) {
+  struct stat sb;
+  if (mkdir(dir, 0755) && errno != EEXIST) return snprintf(msg, len, "--checkpoint %s: cannot create it: %s", dir, strerror(errno)), -1;
+  if (stat(dir, &sb) || !S_ISDIR(sb.st_mode)) return snprintf(msg, len, "--checkpoint %s: not a directory", dir), -1;
+  if (access(dir, W_OK)) return snprintf(msg, len, "--checkpoint %s: cannot write in it: %s", dir, strerror(errno)), -1;
+  return 0;
+}
+
+/* Before step 1: everything the run will write can be written. */
+void check_outputs(Run *r) {
+  char msg[1024] = "";
+  int ok = 1;
+  if (r->rank == 0 && r->a.save) ok = writable_dir_of("--save", r->a.save, msg, sizeof msg) == 0;
+  if (ok && r->rank == 0 && r->a.trace) ok = writable_dir_of("--trace", r->a.trace, msg, sizeof msg) == 0;
+  if (ok && r->rank == 0 && r->a.profile) ok = writable_dir_of("--profile", r->a.profile, msg, sizeof msg) == 0;
+  if (ok && r->st->loss && r->a.log) ok = writable_dir_of("--log", r->a.log, msg, sizeof msg) == 0;
+  if (ok && r->a.checkpoint) ok = checkpoint_dir_ok(r->a.checkpoint, msg, sizeof msg) == 0;
+  agree(ok, msg);
+}

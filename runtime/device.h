@@ -1,0 +1,64 @@
+/* device.h - what the runtime needs from the device a stage computes on.
+ *
+ * The arena (every buffer the compiler laid out: weights, gradients,
+ * optimizer state, the rings of values that cross the cuts) lives in the
+ * device's memory.  The runtime never dereferences it itself: it reads and
+ * writes it through host views (the loader, checkpoints, the checks), copies
+ * within it, sends and receives it through MPI, and runs its own few kernels
+ * on it (the optimizer, tied weights' sums), all declared here.  One
+ * implementation per device, in a folder of its own: cpu/device.c, where the
+ * device's memory is the host's, a view is the bytes themselves and a copy
+ * is memcpy, so the CPU pays nothing for the layer.  A GPU's (cuda/) copies
+ * views in and out, orders its copies and kernels on a stream and sends
+ * from device memory through a CUDA-aware MPI, without a change to the
+ * common files. */
+#ifndef PIPERUN_DEVICE_H
+#define PIPERUN_DEVICE_H
+#include <stdint.h>
+
+/* The device, named in the end-of-run summary ("cpu"). */
+const char *pr_dev_name(void);
+
+/* The arena on the device, for a program whose arena the compiler laid out in host memory (host, bytes
+ * long; the CPU: host itself, nothing allocated).  NULL when the device has no room. */
+unsigned char *pr_dev_arena_alloc(unsigned char *host, int64_t bytes);
+void pr_dev_arena_free(unsigned char *dev, unsigned char *host);
+
+/* Copies: host to device, device to host, within the device; memset on the device.  Ordered after the
+ * device work enqueued before them, done when they return. */
+void pr_dev_from_host(unsigned char *dst, const void *src, int64_t bytes);
+void pr_dev_to_host(void *dst, const unsigned char *src, int64_t bytes);
+void pr_dev_copy(unsigned char *dst, const unsigned char *src, int64_t bytes);
+void pr_dev_memset(unsigned char *dst, int byte, int64_t bytes);
+
+/* A host view of bytes bytes of device memory, for the runtime's own reads (PR_VIEW_READ: filled from
+ * the device) and writes (PR_VIEW_WRITE: copied to the device when released).  The CPU: the bytes
+ * themselves.  Every view is released, with the same arguments. */
+enum { PR_VIEW_READ = 1, PR_VIEW_WRITE = 2, PR_VIEW_RW = 3 };
+void *pr_dev_view(unsigned char *dev, int64_t bytes, int mode);
+void pr_dev_release(void *view, unsigned char *dev, int64_t bytes, int mode);
+
+/* The address MPI sends from or receives into for bytes of device memory (the CPU: dev; CUDA: dev,
+ * under a CUDA-aware MPI).  A send is posted only after the work that wrote its bytes (an event). */
+void *pr_dev_msg(unsigned char *dev);
+
+/* Events order the device's work against the host: recorded after the work that fills a buffer,
+ * awaited before the buffer is sent or read.  The CPU's work is done when its call returns: an event
+ * is always complete. */
+typedef struct PrDevEvent {
+  void *impl; /* the device's own event; NULL on the CPU */
+} PrDevEvent;
+void pr_dev_record(PrDevEvent *e);
+void pr_dev_await(PrDevEvent *e);
+/* Awaits all the device's work (the end of a step's update, before weights are sent or written). */
+void pr_dev_sync(void);
+
+/* The runtime's own kernels on device memory (floats): the first element that is not finite (-1:
+ * none), the sum of squares (in double, in order: --freeze auto's gradient norms, the same on every
+ * device).  The optimizer step, zeroing and tied sums are the stage program's own calls. */
+typedef struct PrDevKernels {
+  int64_t (*nonfinite)(const float *x, int64_t n);
+  double (*sumsq)(const float *x, int64_t n);
+} PrDevKernels;
+extern const PrDevKernels pr_dev_kernels;
+#endif

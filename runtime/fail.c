@@ -1,0 +1,68 @@
+/* fail.c - stopping the job: one message line per failure, every rank agreeing
+ * before the first step, and a rank killed from outside saying so. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "run.h"
+
+int g_rank = -1;
+
+/* Writes one message line: tensor names come from the model, so a newline or
+ * a terminal escape in one is printed as \n or \xNN, never raw. */
+void put_line(const char *prefix, const char *msg) {
+  /* One write() per line: stderr is unbuffered and the stages share one
+     terminal or pipe, so a line written piecewise interleaves with another
+     stage's.  Lines under PIPE_BUF (4096 bytes) are written atomically. */
+  char line[4096];
+  size_t n = 0, cap = sizeof line - 2;
+  for (const char *c = prefix; *c && n < cap; c++) line[n++] = *c;
+  for (const unsigned char *c = (const unsigned char *)msg; *c && n + 4 < cap; c++) {
+    if (*c == '\n') { line[n++] = '\\'; line[n++] = 'n'; }
+    else if (*c < 0x20 || *c == 0x7f) n += (size_t)snprintf(line + n, 5, "\\x%02x", *c);
+    else line[n++] = (char)*c;
+  }
+  line[n++] = '\n';
+  fflush(stderr);
+  for (size_t off = 0; off < n;) {
+    ssize_t w = write(2, line + off, n - off);
+    if (w <= 0) break;
+    off += (size_t)w;
+  }
+}
+
+void die(int code, const char *fmt, ...) {
+  char msg[2048], prefix[64];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  snprintf(prefix, sizeof prefix, "piperun: stage %d: error: ", g_rank);
+  put_line(prefix, msg);
+  MPI_Abort(MPI_COMM_WORLD, code);
+  exit(code);
+}
+
+/* All ranks learn whether any failed, and print the first failure's message. */
+void agree(int ok, const char *msg) {
+  int bad = ok ? INT32_MAX : g_rank, first;
+  MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  if (first == INT32_MAX) return;
+  char buf[1024];
+  snprintf(buf, sizeof buf, "%s", msg ? msg : "");
+  MPI_Bcast(buf, sizeof buf, MPI_CHAR, first, MPI_COMM_WORLD);
+  char prefix[96];
+  snprintf(prefix, sizeof prefix, "piperun: stage %d: error: %s", g_rank, first == g_rank ? "" : "(reported by another stage) ");
+  put_line(prefix, buf);
+  MPI_Finalize();
+  exit(2);
+}
+
+void on_signal(int sig) {
+  char msg[96];
+  int n = snprintf(msg, sizeof msg, "piperun: stage %d: stopped by signal %d (another stage failed?)\n", g_rank, sig);
+  if (write(2, msg, (size_t)n) < 0) _exit(1);
+  _exit(1);
+}

@@ -1,0 +1,114 @@
+/* report.c - what a run tells: the progress line and --log row of each step
+ * (end_step, which also runs what comes after a step: the profile's
+ * warm-up, checkpoints, --val, freezing), and the end-of-run summary of
+ * every stage's compute, waits, memory and traffic, on the loss rank. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "run.h"
+
+/* --log FILE (the loss rank): the step rows, and with --val LOG.val.csv; a resumed run appends. */
+void report_open(Run *r, StepLog *sl) {
+  const PrStage *st = r->st;
+  sl->log = NULL;
+  if (!st->loss || !r->a.log) return;
+  int cont = r->a.resume || r->a.resume_freeze;
+  sl->log = fopen(r->a.log, cont ? "a" : "w");
+  if (!sl->log) die(2, "cannot write --log %s: %s", r->a.log, strerror(errno));
+  if (!cont) fprintf(sl->log, "step,loss,samples_per_s,time_s\n");
+  if (r->a.val) { /* LOG.val.csv: the held-out set's loss and accuracy */
+    char vpath[4200];
+    snprintf(vpath, sizeof vpath, "%s.val.csv", r->a.log);
+    r->val_log = fopen(vpath, cont ? "a" : "w");
+    if (!r->val_log) die(2, "cannot write %s: %s", vpath, strerror(errno));
+    if (!cont) fprintf(r->val_log, "step,val_loss,val_accuracy\n");
+  }
+}
+
+void report_close(Run *r, StepLog *sl) {
+  if (sl->log) fclose(sl->log);
+  if (r->val_log) fclose(r->val_log);
+}
+
+/* After step r->step (its loss summed over its micro-batches on the loss
+ * rank, dt its seconds): the log line, the profile's warm-up, the checkpoint. */
+void end_step(Run *r, StepLog *sl, double loss, double dt) {
+  const PrStage *st = r->st;
+  if (st->loss) {
+    loss /= (double)(st->loss_rows * st->microbatches);
+    if (!isfinite(loss)) die(3, "step %lld: the loss is %s; stopping (lower --lr?)", (long long)r->step + 1, isnan(loss) ? "NaN" : "Inf");
+    if (r->step == sl->first_step) sl->first_loss = loss;
+    sl->last_loss = loss;
+    double elapsed = now() - sl->t_start, sps = st->batch / dt;
+    double eta = elapsed / (double)(r->step + 1 - sl->first_step) * (double)(r->a.steps - r->step - 1);
+    if (sl->log) fprintf(sl->log, "%lld,%.9g,%.1f,%.6f\n", (long long)r->step + 1, loss, sps, r->elapsed0 + elapsed); /* the run's time */
+    if (!r->a.quiet)
+      printf("step %lld/%lld  loss %.6f  %.1f samples/s  eta %.1f s\n", (long long)r->step + 1, (long long)r->a.steps, loss, sps, eta);
+    fflush(stdout);
+  }
+  /* The first steps warm caches and pages (a quarter of the run, at least one): not profiled. */
+  if (st->nprof) prof_end_step(&r->prof, r->step >= sl->first_step + r->prof_warm);
+  if (r->a.checkpoint && (r->step + 1) % r->a.ckpt_every == 0) {
+    r->step++;
+    save_checkpoint(r, r->a.checkpoint);
+    r->step--;
+  }
+  if (r->a.val && r->a.val_every && (r->step + 1) % r->a.val_every == 0) val_pass(r, r->step + 1);
+  if (r->a.freeze_auto) auto_freeze(r);
+  /* A freeze event that freezes more than this program has frozen ends the run after this step. */
+  for (int k = 0; k < r->a.nfreeze; k++)
+    if (r->a.freeze_step[k] == r->step + 1 && r->a.freeze_layers[k] > st->nfrozen && r->step + 1 < r->a.steps)
+      r->freeze_to = r->a.freeze_layers[k], r->a.steps = r->step + 1;
+}
+
+/* What each rank sends the summary: its own wall time (another rank's would make comm+other negative). */
+enum { NSUM = 14 };
+
+/* The summary's lines before the table: the run, the bubble, threads, pinning, the offload file's copies. */
+static void summary_head(const Run *r, const StepLog *sl, const double *all) {
+  const PrStage *st = r->st;
+  int64_t steps = r->a.steps - sl->first_step;
+  /* The bubble (docs/cost.md): 1 - the ranks' busy time / the ranks' wall time, over the steps after the first. */
+  double busy = 0, wall = 0;
+  for (int s = 0; s < st->nstages; s++) busy += all[NSUM * s + 10], wall += all[NSUM * s + 11];
+  printf("done: %lld steps in %.2f s, %.1f samples/s, loss %.6f -> %.6f\n", (long long)steps, r->t_total,
+         steps ? (double)steps * st->batch / r->t_total : 0, sl->first_loss, sl->last_loss);
+  printf("step time %.3f ms measured, %.3f ms predicted; bubble %.1f%% measured\n", steps ? 1e3 * r->t_total / (double)steps : 0,
+         1e3 * st->predicted_step_s, wall > 0 ? 100 * (1 - busy / wall) : 0);
+  if (st->threads > 1) printf("each rank computes on %d threads (pipecc --threads)\n", st->threads);
+  if (all[12] >= 0) { /* pin_rank: every rank or none (they see the same host) */
+    printf("ranks pinned to CPUs");
+    for (int s = 0; s < st->nstages; s++) printf(" %.0f", all[NSUM * s + 12]);
+    printf(" (the plan's sharing of %d cores; run.sh --no-pin leaves them to Linux)\n", st->pin_cores);
+  }
+  int nfile = 0; /* runtime/xfer.c: io_uring, or a thread where none can be had */
+  for (int s = 0; s < st->nstages; s++) nfile += all[NSUM * s + 13] > 0;
+  for (int s = 0, k = 0; s < st->nstages; s++)
+    if (all[NSUM * s + 13] > 0)
+      k++, printf("%s stage %d by %s%s", k > 1 ? "," : "offload file copies:", s, all[NSUM * s + 13] == 1 ? "io_uring" : "an I/O thread",
+                  k == nfile ? "\n" : "");
+}
+
+/* The summary: every stage's compute, wait and memory, on the loss rank (collective). */
+void report_summary(Run *r, const StepLog *sl) {
+  const PrStage *st = r->st;
+  double mine[NSUM] = {r->t_compute, r->t_wait, (double)st->arena_bytes, st->predicted_bytes, r->t_total, (double)r->rss_peak,
+                       (double)r->rss_overhead, r->t_xfer_wait, r->sent_bytes, r->t_exposed, r->bub_busy, r->bub_wall, r->pinned_cpu,
+                       r->xfer_how}, *all = NULL;
+  if (st->loss) all = malloc(sizeof(double) * NSUM * (size_t)st->nstages);
+  MPI_Gather(mine, NSUM, MPI_DOUBLE, all, NSUM, MPI_DOUBLE, st->loss_rank, MPI_COMM_WORLD);
+  if (st->loss && !r->a.quiet) {
+    summary_head(r, sl, all);
+    printf("stage  compute_s  wait_s  comm+other_s  arena_bytes  predicted_bytes  rss_peak_bytes  rss_overhead_bytes  xfer_wait_s"
+           "  sent_bytes  exposed_s\n");
+    for (int s = 0; s < st->nstages; s++) {
+      const double *x = &all[NSUM * s];
+      printf("%5d  %9.3f  %6.3f  %12.3f  %11.0f  %15.0f  %14.0f  %18.0f  %11.3f  %10.0f  %9.3f\n", s, x[0], x[1], fmax(0, x[4] - x[0] - x[1]),
+             x[2], x[3], x[5], x[6], x[7], x[8], x[9]);
+    }
+  }
+  free(all);
+}

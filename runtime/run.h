@@ -1,0 +1,243 @@
+/* run.h - libpiperun's private header: the state of one rank's run, which
+ * every file of the runtime works on, and what each file offers the others.
+ * Generated programs never include it (they see piperun.h only).
+ *
+ * The files, by job (runtime/README.md):
+ *   piperun.c  pr_main, the driver: start-up, the run, the end
+ *   fail.c     stopping the job with a message, every rank agreeing first
+ *   args.c     run.sh's flags, and that the outputs can be written
+ *   host.c     clocks, pinning, threads, the BLAS kernels every rank runs, memory use
+ *   load.c     the weights file, the data set, the loader into the slots (under the SIGBUS guard)
+ *   msg.c      messages between the stages, waits under the watchdog, exposed communication
+ *   offload.c  the memory plan's transfers (to a peer rank or the offload file)
+ *   interp.c   the action interpreter and the synchronous step loop
+ *   async.c    the async schedule's step loop
+ *   optim.c    the optimizer step, tied weights' sums, NaN checks, zeroing the gradients
+ *   ckpt.c     checkpoints: write, commit, resume
+ *   freeze.c   freezing layers: the freeze checkpoint, resuming it, --freeze auto
+ *   val.c      run.sh --val: the held-out set
+ *   report.c   the progress lines, --log, the end-of-run summary
+ * and device.h with cpu/device.c: the memory the arena lives in. */
+#ifndef PIPERUN_RUN_H
+#define PIPERUN_RUN_H
+#include <mpi.h>
+#include <sched.h>
+#include <stdio.h>
+
+#include "data.h"
+#include "device.h"
+#include "piperun.h"
+#include "trace.h"
+#include "xfer.h"
+
+typedef struct Args {
+  const char *data, *log, *save, *checkpoint, *resume, *lr_schedule, *trace, *offload_dir, *profile;
+  /* Freezing (FreezePipe): after step freeze_step[k] the first freeze_layers[k] layers freeze; the
+   * freeze checkpoint goes to freeze_dir (run.sh: --checkpoint DIR, else freeze/ beside it);
+   * resume_freeze: continue from one (run.sh's re-planned run). */
+  int64_t freeze_step[16];
+  int freeze_layers[16], nfreeze;
+  const char *freeze_dir, *resume_freeze;
+  /* --freeze auto: every freeze_every steps, each layer's gradient norms summed over the interval
+   * against the previous interval's; the longest prefix whose relative change is below the threshold freezes. */
+  int freeze_auto;
+  int64_t freeze_every;
+  double freeze_threshold;
+  const char *val;     /* --val PATH: a held-out set evaluated every val_every steps (0: at the end) */
+  int64_t val_every;
+  int64_t steps, ckpt_every, warmup;
+  uint64_t seed;
+  int shuffle, quiet;
+  double lr, momentum, weight_decay, min_lr, timeout;
+  int have_lr, have_momentum, have_wd;
+  int no_pin;          /* --no-pin: leave the ranks where Linux puts them (pin_rank) */
+} Args;
+
+typedef struct Run {
+  const PrStage *st;
+  Args a;
+  int rank;
+  /* The arena on the device (device.h): every offset of the stage table is into it.  The CPU's is
+   * the program's own arena, st->arena. */
+  unsigned char *dev;
+  /* The device's work that fills a slot (F) or a gradient slot (B, I), recorded when the action ends and
+   * awaited before the slot's bytes are sent; the CPU's work is done when the call returns. */
+  PrDevEvent *slot_done, *gslot_done;
+  DataSet data;
+  int have_data;
+  /* message state, per slot */
+  MPI_Request *rreq;  /* [nslots][nrecv] forward receives */
+  MPI_Request *sreq;  /* [nslots][nsend] forward sends */
+  MPI_Request *greq;  /* [ngslots][nsend] gradient receives */
+  MPI_Request *gsreq; /* [ngslots][nrecv] gradient sends */
+  int64_t *idx;       /* sample indices of the step's batch */
+  /* scratch for the loader, allocated once: labels/targets it also returns, images/tokens the labels come with */
+  int64_t *in_labels, *in_y, *lab_x;
+  float *lab_img;
+  int64_t step;
+  double timeout;      /* seconds a wait may last before the job is stopped (--timeout) */
+  int pinned_cpu;      /* the CPU pin_rank pinned this rank to, -1 none */
+  cpu_set_t cpus;      /* ... and the CPUs it could run on before */
+  uint32_t run_id;     /* names this run's checkpoint directories (rank 0's, broadcast) */
+  const PrAction *cur; /* the action running, for the trace's wait spans */
+  MPI_Request *tie_req; /* tied weights' part exchange: nparts * nstages requests at most */
+  PrTrace trace;
+  double t_compute, t_wait, t_total;
+  /* The bubble (docs/cost.md, "The bubble"): t_busy is the wall time inside F, B, I, W, RECOMPUTE and
+   * UPDATE less the waits inside them; bub_busy and bub_wall sum t_busy and the step's wall time over
+   * the steps after the first (the warm-up), or over the only one. */
+  double t_busy, bub_busy, bub_wall;
+  double sent_bytes;   /* every byte this rank sent: messages, offloaded activations (to a peer or its file), weights */
+  PrProfExtra prof;    /* --profile: the loader, the loss and the update, beside the nodes' marks */
+  int64_t prof_warm;   /* --profile: the first steps not measured, a quarter of the run (at least one) */
+  /* The memory plan: the messages to and from the peer (on their own
+   * communicator), per xslot the copy out and the copy in, per store slot the
+   * peer's data coming or going; the file's I/O thread. */
+  MPI_Comm ocomm;
+  MPI_Request *oreq, *ireq, *hreq;
+  /* PipeFB: stashed values to and from the other chain, per slot, and the weights; their own communicator. */
+  MPI_Comm fcomm;
+  MPI_Request *ssreq, *srreq, *wreq; /* [nslots][nstash_send], [nslots][nstash_recv], [max(nwsend, nwrecv)] */
+  PrXfer *xfer;
+  void **xview;        /* per xslot: the host view the file's copy reads or writes (device.h), NULL when none */
+  int *xview_mode;     /* ... and its PR_VIEW_* */
+  double t_xfer_wait;
+  int64_t rss_overhead, rss_peak;
+  /* async: updates applied so far (the newest weights' version), and per
+   * step in flight (lookahead + 1 of them, by step modulo that) its batch's
+   * sample indices and its loss so far. */
+  int64_t nupdates;
+  int64_t *idx_ring, *idx_of;
+  double *aloss;
+  /* Exposed communication: the forward values or gradients a rank sends a
+   * peer in one action are followed by the time it posted them (on tcomm);
+   * a wait for such messages counts the part of it after the last of those
+   * times.  The peers: where forward values come from (fsrc) and go (fdst),
+   * where gradients come from (gsrc) and go (gdst).  Per slot (or gslot)
+   * and peer: the time sent or received, and its request.  clock[r]: rank
+   * r's clock minus this rank's (measured at start). */
+  MPI_Comm tcomm;
+  int *fsrc, nfsrc, *fdst, nfdst, *gsrc, ngsrc, *gdst, ngdst; /* at most one per value */
+  double *tsent_f, *tgot_f, *tsent_g, *tgot_g;
+  MPI_Request *tsreq_f, *trreq_f, *tsreq_g, *trreq_g;
+  double *clock, t_exposed;
+  int freeze_to;       /* a freeze event after this step: the layers frozen from now on (0: none) */
+  int in_val;          /* inside val_pass: forwards are the eval forward */
+  double elapsed0;     /* wall seconds of the run before this program (a re-planned run goes on counting) */
+  double *gnorm, *gprev; /* --freeze auto: per layer, this interval's summed gradient norms and the last interval's */
+  DataSet val;         /* --val: the held-out set (on the ranks that read data) */
+  FILE *val_log;       /* --val with --log: LOG.val.csv */
+  int have_prev;
+  int npoll_req; /* --progress poll: outstanding requests tested between nodes */
+  int xfer_how;        /* how the offload file's copies ran: 0 no file, 1 io_uring, 2 an I/O thread (the summary) */
+} Run;
+
+/* The log and the losses of the steps (report.c). */
+typedef struct StepLog {
+  FILE *log;
+  double t_start;
+  int64_t first_step;
+  double first_loss, last_loss;
+} StepLog;
+
+/* Byte off of the device arena. */
+static inline unsigned char *dev_at(const Run *r, int64_t off) { return r->dev + off; }
+
+extern int g_rank; /* this process's rank, for messages (-1 before MPI starts) */
+
+/* fail.c */
+void put_line(const char *prefix, const char *msg);
+void die(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
+void agree(int ok, const char *msg);
+void on_signal(int sig);
+
+/* args.c */
+void usage_error(const char *fmt, const char *arg) __attribute__((noreturn));
+void parse_args(Args *a, int argc, char **argv);
+void check_outputs(Run *r);
+
+/* host.c */
+double now(void);
+int host_ranks(void);
+int pin_rank(const PrStage *st, const Args *a, cpu_set_t *before);
+int rank_cpus(int threads);
+void check_blas_core(int nranks);
+void measure_clocks(Run *r);
+int64_t resident_bytes(const void *p, int64_t n);
+int64_t rss_anon(void);
+uint32_t make_run_id(void);
+
+/* load.c */
+void load_weights(Run *r);
+void weights_to_host(Run *r);
+int needs_data(const PrStage *st);
+void open_data(Run *r);
+void guard_data_reads(void);
+void load_guarded(Run *r, const PrValue *pv, int mb, int slot, int64_t *labels);
+void alloc_scratch(Run *r);
+
+/* msg.c */
+#define TAG_SPAN (64 * 256 * 64 * 2) /* tag_of's tags are below it */
+unsigned char *ring(const Run *r, int64_t off, int64_t bytes, int slot);
+void wait_watched(const Run *r, MPI_Request *req, int n, int peer, const char *what);
+void wait_all(Run *r, MPI_Request *req, int n, int peer, const char *what);
+void wait_sends(Run *r, int slot);
+void wait_grad_sends(Run *r, int gslot);
+void wait_message(Run *r, MPI_Request *req, int n, MPI_Request *treq, const double *sent, const int *peers, int np, const char *what);
+void msg_open(Run *r);
+void msg_poll_start(Run *r);
+void msg_drain(Run *r);
+void msg_close(Run *r);
+void do_recv(Run *r, const PrAction *a);
+void do_send(Run *r, const PrAction *a);
+void do_recv_grad(Run *r, const PrAction *a);
+void do_send_grad(Run *r, const PrAction *a);
+void do_send_stash(Run *r, const PrAction *a);
+void do_recv_stash(Run *r, const PrAction *a);
+void do_send_weights(Run *r);
+void do_recv_weights(Run *r);
+
+/* offload.c */
+void offload_open(Run *r);
+void offload_close(Run *r);
+void wait_xslot_free(Run *r, int xslot);
+void wait_xslot_in(Run *r, int xslot);
+void do_offload(Run *r, const PrAction *a);
+void do_prefetch(Run *r, const PrAction *a);
+void do_hold(Run *r, const PrAction *a);
+void do_return(Run *r, const PrAction *a);
+
+/* interp.c */
+double do_forward(Run *r, const PrAction *a);
+double timed_action(Run *r, const PrAction *a, int64_t step);
+void bubble_step(Run *r, int64_t step, int64_t first, double busy0, double wall);
+void run_sync(Run *r, StepLog *sl);
+
+/* async.c */
+void run_async(Run *r, StepLog *sl);
+
+/* optim.c */
+void do_update(Run *r);
+void zero_grads(Run *r);
+void optim_open(Run *r);
+int weights_finite(const Run *r, const char *what, char *msg, size_t len);
+
+/* ckpt.c */
+void save_checkpoint(Run *r, const char *dir);
+void load_checkpoint(Run *r, const char *dir);
+
+/* freeze.c */
+void freeze_start(Run *r);
+void freeze_write(Run *r);
+void auto_freeze(Run *r);
+
+/* val.c */
+void val_open(Run *r);
+void val_pass(Run *r, int64_t after);
+
+/* report.c */
+void report_open(Run *r, StepLog *sl);
+void end_step(Run *r, StepLog *sl, double loss, double dt);
+void report_close(Run *r, StepLog *sl);
+void report_summary(Run *r, const StepLog *sl);
+#endif
