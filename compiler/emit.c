@@ -10,8 +10,6 @@
 
 #include "ctext.h"
 #include "onnx_load.h"
-#include "ops/conv.h"
-#include "ops/norm.h"
 #include "outdir.h"
 #include "render.h"
 #include "templates.h"

@@ -626,7 +626,7 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, "  \"batch\": %lld,\n  \"microbatches\": %d,\n  \"microbatch_size\": %lld,\n  \"schedule\": \"%s\",\n  \"stages\": %d,\n",
              (long long)p->batch, p->opt.microbatches, (long long)p->mb_size, schedule_name(p->opt.schedule), n);
   buf_printf(b, "  \"optimizer\": \"%s\",\n  \"optimizer_slots_per_param\": %.0f,\n", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots);
-  buf_printf(b, "  \"convolutions\": \"%s\",\n", ir_conv_name(&p->g));
+  buf_printf(b, "  \"convolutions\": \"%s\",\n", conv_impl_name(&p->g));
   machine_json(p, b);
   buf_printf(b, "  \"predicted_step_time_s\": %.9g,\n  \"bubble\": %.6f,\n  \"ideal_bubble\": %.6f,\n  \"max_stage_time_s\": %.9g,\n",
              p->sched.step_time, p->sched.bubble, schedule_ideal_bubble(n, p->opt.microbatches), p->part.max_time);

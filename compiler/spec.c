@@ -175,12 +175,7 @@ static int *spec_profile(const Plan *p, StageSpec *o, Pool *pool) {
     o->prof_nodes[k - a] = pool_strdup(pool, key);
   }
   o->prof_rate = p->machine.dev[o->stage].flops;
-  o->prof_conv = SPEC_CONV_NONE;
-  for (int k = a; k < e; k++)
-    if (ir_is_conv(&g->n[p->node[k]])) {
-      o->prof_conv = g->conv_impl == CONV_GEMM ? SPEC_CONV_IM2COL : SPEC_CONV_ONEDNN;
-      break;
-    }
+  o->prof_conv = conv_profile_kind(g, p->node + a, e - a);
   return local;
 }
 

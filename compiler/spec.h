@@ -79,7 +79,6 @@ typedef struct SpecParam {
 } SpecParam;
 
 enum { OPT_SGD, OPT_ADAM, OPT_ADAMW };
-enum { SPEC_CONV_NONE, SPEC_CONV_IM2COL, SPEC_CONV_ONEDNN };
 
 typedef struct StageSpec {
   const StageProg *prog;  /* its shape constants and calls (the buffers are below) */
@@ -130,7 +129,7 @@ typedef struct StageSpec {
   int forward_only, prev_rank, next_rank, loss_rank, nfrozen, nlayers, pipefb;
   /* --profile: each node's key ("index op name"), the planned rate and how convolutions run. */
   const char **prof_nodes;
-  int nprof, prof_conv;
+  int nprof, prof_conv; /* prof_conv: conv_profile_kind's 0 none, 1 im2col, 2 oneDNN */
   double prof_rate;
 } StageSpec;
 

@@ -32,7 +32,6 @@
 
 #include "autodiff.h"
 #include "memplan.h"
-#include "ops/norm.h"
 #include "planq.h"
 
 /* ---- which values can leave ---- */
@@ -75,22 +74,23 @@ static int closure(const StageProg *sp, const char *fates, const char *fw, char 
   for (int b = 0; b < sp->nbufs; b++) need[b] = fates[b] == FATE_RECOMPUTE;
   int rc = 0;
   for (int i = sp->nfwd - 1; i >= 0 && !rc; i--) {
-    const Call *k = &sp->fwd[i];
+    /* A recomputation runs the call's recompute variant where its op rule made one (a training
+     * BatchNorm's leaves the running statistics alone): its accesses are what must hold. */
+    const Call *k = sp->fwd[i].recompute ? sp->fwd[i].recompute : &sp->fwd[i];
     int hit = 0;
     for (int q = 0; q < k->nwrites; q++) hit |= need[k->writes[q]];
     if (!hit) continue;
     call[i] = 1;
     for (int q = 0; q < k->nwrites; q++) {
       const Buffer *b = &sp->bufs[k->writes[q]];
-      /* Only a training BatchNorm's running statistics may be skipped (NULL). */
-      if (b->kind == BUF_PARAM && !stash_bn_training(sp, k)) rc = -1;
+      if (b->kind == BUF_PARAM) rc = -1; /* state the forward already moved would move twice */
       if (b->kind == BUF_GRING || b->kind == BUF_LABELS || b->kind == BUF_PGRAD || b->kind == BUF_OPT) rc = -1;
     }
     for (int q = 0; q < k->nreads; q++) {
       int id = k->reads[q];
       const Buffer *b = &sp->bufs[id];
       if (b->kind == BUF_PARAM) {
-        if (fw[id] == 2 && !stash_bn_training(sp, k)) rc = -1; /* reads state that changes per micro-batch */
+        if (fw[id] == 2) rc = -1; /* reads state that changes per micro-batch */
       } else if (b->kind == BUF_TEMP) {
         need[id] = 1;
       } else if (b->kind == BUF_RING) {

@@ -14,12 +14,18 @@ static int64_t conv_workspace(Graph *g, const Node *n);
  * does any work, runtime/kernels.h). */
 static int conv_lib(Graph *g, const Node *n) { return conv_uses_lib(g, n); }
 
-int ir_is_conv(const Node *n) { return !strcmp(n->op, "Conv"); }
+int conv_node(const Node *n) { return !strcmp(n->op, "Conv"); }
 
-const char *ir_conv_name(const Graph *g) { return g->conv_impl == CONV_GEMM ? "im2col" : "onednn"; }
+const char *conv_impl_name(const Graph *g) { return g->conv_impl == CONV_GEMM ? "im2col" : "onednn"; }
+
+int conv_profile_kind(const Graph *g, const int *node, int n) {
+  for (int k = 0; k < n; k++)
+    if (conv_node(&g->n[node[k]])) return g->conv_impl == CONV_GEMM ? 1 : 2;
+  return 0;
+}
 
 int conv_is_point(const Graph *g, const Node *n) {
-  if (!ir_is_conv(n) || n->nin < 1 || n->nout < 1 || n->in[0] < 0 || n->out[0] < 0) return 0;
+  if (!conv_node(n) || n->nin < 1 || n->nout < 1 || n->in[0] < 0 || n->out[0] < 0) return 0;
   const Tensor *x = &g->t[n->in[0]], *y = &g->t[n->out[0]];
   if (x->rank < 3 || y->rank != x->rank) return 0;
   for (int i = 2; i < x->rank; i++)
@@ -28,10 +34,10 @@ int conv_is_point(const Graph *g, const Node *n) {
 }
 
 const char *conv_cache_key(const Graph *g, const Node *n) {
-  return !ir_is_conv(n) ? NULL : conv_is_point(g, n) ? "point" : ir_conv_name(g);
+  return !conv_node(n) ? NULL : conv_is_point(g, n) ? "point" : conv_impl_name(g);
 }
 
-int conv_by_impl(const Graph *g, const Node *n) { return ir_is_conv(n) && !conv_is_point(g, n); }
+int conv_by_impl(const Graph *g, const Node *n) { return conv_node(n) && !conv_is_point(g, n); }
 
 int conv_uses_lib(const Graph *g, const Node *n) { return conv_by_impl(g, n) && g->conv_impl != CONV_GEMM; }
 

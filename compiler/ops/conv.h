@@ -5,15 +5,17 @@
 #define PIPECC_OPS_CONV_H
 #include "ir.h"
 
-/* A convolution: its time and the memory beside the arena depend on the implementation running it.
- * (Named ir_ as emit.c calls it; it lives with the op.) */
-int ir_is_conv(const Node *n);
-/* How g's convolutions run, as plan.json and profiles name it: "im2col" or "onednn" (listing.c calls it). */
-const char *ir_conv_name(const Graph *g);
+/* A convolution: its time and the memory beside the arena depend on the implementation running it. */
+int conv_node(const Node *n);
+/* How g's convolutions run, as plan.json and profiles name it: "im2col" or "onednn". */
+const char *conv_impl_name(const Graph *g);
+/* How the convolutions among graph nodes node[0 .. n) run, as a profile records it (runtime/profile.h's
+ * PR_CONV_*): 0 none among them, 1 im2col + GEMM, 2 oneDNN. */
+int conv_profile_kind(const Graph *g, const int *node, int n);
 /* A convolution of one point (input and output spatial sizes all 1): it runs as a GEMM over the one
  * kernel tap that lands on the point, whatever --conv says (runtime/kernels.h, k_conv_point). */
 int conv_is_point(const Graph *g, const Node *n);
-/* How node n runs, as its kernel-cache key names it after the op ("point", else ir_conv_name); NULL
+/* How node n runs, as its kernel-cache key names it after the op ("point", else conv_impl_name); NULL
  * for a node that is not a convolution (its key names no implementation). */
 const char *conv_cache_key(const Graph *g, const Node *n);
 /* A convolution whose implementation follows --conv (every one but those of one point): its time and

@@ -3,7 +3,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "ops/norm.h"
 
 #include "ops/rule.h"
 
@@ -202,10 +201,3 @@ const OpDef OPS_NORM[] = {
     {0},
 };
 
-/* A training-mode BatchNorm updates its running statistics as it runs; a
- * recomputation passes NULL for them (the kernel then leaves them alone). */
-int stash_bn_training(const StageProg *sp, const Call *k) {
-  if (k->kernel != K_BATCHNORM) return 0;
-  const ShapeConst *c = &sp->shapes[k->args[6].i];
-  return c->fields[c->nfields - 1].i != 0;
-}
