@@ -155,48 +155,51 @@ static int span_ok(const TlSpan *s, int nranks) {
          isfinite(s->end);
 }
 
-void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *title) {
-  if (n < 0 || !spans) n = 0;
-  if (nranks < 0) nranks = 0;
-  if (nranks > TL_MAX_RANKS) nranks = TL_MAX_RANKS;
-
-  /* The time range and what is present. */
-  double t0 = 0, t1 = 0;
-  int nvalid = 0, present[TL_NKINDS] = {0};
-  for (int i = 0; i < n; i++) {
-    const TlSpan *s = &spans[i];
-    if (!span_ok(s, nranks)) continue;
-    double e = s->end > s->start ? s->end : s->start;
-    if (!nvalid || s->start < t0) t0 = s->start;
-    if (!nvalid || e > t1) t1 = e;
-    nvalid++;
-    present[s->kind] = 1;
-  }
-  double range = t1 - t0;
-  if (!(range > 0)) range = 1e-3;
-  double unit;
+/* What the drawing is laid out by: the time range and its unit, the rows, and where each part goes. */
+typedef struct Frame {
+  const TlSpan *spans;
+  int n, nranks, nvalid, present[TL_NKINDS];
+  double t0, t1, range, unit, pw, pitch, rows_end, axis_y, legend_y, height;
   const char *uname;
-  pick_unit(range, &unit, &uname);
-  double pw = W_PX - LEFT - RIGHT;
-  double pitch = ROW_H + ROW_GAP;
-#define X(t) (LEFT + ((t) - t0) / range * pw)
-  double rows_end = TOP + nranks * pitch - ROW_GAP;
-  double axis_y = rows_end + 6;
-  double legend_y = axis_y + 52;
-
-  /* The legend's entries, wrapped to the width. */
-  double lx = LEFT, ly = legend_y;
   double legend_x[TL_NKINDS], legend_row_y[TL_NKINDS];
+} Frame;
+
+static double fx(const Frame *f, double t) { return LEFT + (t - f->t0) / f->range * f->pw; }
+
+/* The time range, the kinds present, the rows' and the legend's places (the legend wrapped to the width). */
+static void frame_measure(Frame *f) {
+  for (int i = 0; i < f->n; i++) {
+    const TlSpan *s = &f->spans[i];
+    if (!span_ok(s, f->nranks)) continue;
+    double e = s->end > s->start ? s->end : s->start;
+    if (!f->nvalid || s->start < f->t0) f->t0 = s->start;
+    if (!f->nvalid || e > f->t1) f->t1 = e;
+    f->nvalid++;
+    f->present[s->kind] = 1;
+  }
+  f->range = f->t1 - f->t0;
+  if (!(f->range > 0)) f->range = 1e-3;
+  pick_unit(f->range, &f->unit, &f->uname);
+  f->pw = W_PX - LEFT - RIGHT;
+  f->pitch = ROW_H + ROW_GAP;
+  f->rows_end = TOP + f->nranks * f->pitch - ROW_GAP;
+  f->axis_y = f->rows_end + 6;
+  f->legend_y = f->axis_y + 52;
+  double lx = LEFT, ly = f->legend_y;
   for (int k = 0; k < TL_NKINDS; k++) {
-    if (!present[k]) continue;
+    if (!f->present[k]) continue;
     double w = 22 + 6.6 * (double)(strlen(tl_kind_name(k)) + 3 + strlen(kind_what(k))) + 22;
     if (lx > LEFT && lx + w > W_PX - RIGHT) lx = LEFT, ly += 22;
-    legend_x[k] = lx;
-    legend_row_y[k] = ly;
+    f->legend_x[k] = lx;
+    f->legend_row_y[k] = ly;
     lx += w;
   }
-  double height = ly + 28;
+  f->height = ly + 28;
+}
 
+/* The document's head, the title line and the summary. */
+static void svg_head(Buf *o, const Frame *f, const char *title) {
+  double height = f->height;
   buf_printf(o, "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n");
   buf_printf(o,
              "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" viewBox=\"0 0 %.0f %.0f\" "
@@ -206,8 +209,6 @@ void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *ti
   put_text(o, title ? title : "pipeline schedule");
   buf_printf(o, "</title>\n");
   buf_printf(o, "<rect x=\"0\" y=\"0\" width=\"%.0f\" height=\"%.0f\" fill=\"#ffffff\"/>\n", W_PX, height);
-
-  /* Title line and summary. */
   buf_printf(o, "<text id=\"title\" x=\"%.0f\" y=\"26\" font-size=\"16\" font-weight=\"bold\" fill=\"#1a1a1a\">",
              LEFT - 70);
   put_text(o, title ? title : "pipeline schedule");
@@ -215,14 +216,16 @@ void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *ti
   buf_printf(o,
              "<text id=\"summary\" x=\"%.0f\" y=\"26\" font-size=\"12\" fill=\"#555555\" text-anchor=\"end\">"
              "%d action%s on %d rank%s, %.3f %s</text>\n",
-             W_PX - RIGHT, nvalid, nvalid == 1 ? "" : "s", nranks, nranks == 1 ? "" : "s",
-             nvalid ? (t1 - t0) / unit : 0.0, uname);
+             W_PX - RIGHT, f->nvalid, f->nvalid == 1 ? "" : "s", f->nranks, f->nranks == 1 ? "" : "s",
+             f->nvalid ? (f->t1 - f->t0) / f->unit : 0.0, f->uname);
+}
 
-  /* Row backgrounds and labels. */
+/* Row backgrounds and labels. */
+static void svg_rows(Buf *o, const Frame *f) {
   buf_printf(o, "<g id=\"rows\">\n");
-  for (int r = 0; r < nranks; r++) {
-    double y = TOP + r * pitch;
-    buf_printf(o, "<rect x=\"%.0f\" y=\"%.2f\" width=\"%.0f\" height=\"%.0f\" fill=\"%s\"/>\n", LEFT, y, pw, ROW_H,
+  for (int r = 0; r < f->nranks; r++) {
+    double y = TOP + r * f->pitch;
+    buf_printf(o, "<rect x=\"%.0f\" y=\"%.2f\" width=\"%.0f\" height=\"%.0f\" fill=\"%s\"/>\n", LEFT, y, f->pw, ROW_H,
                r % 2 ? "#f1f3f6" : "#f7f8fa");
     buf_printf(o,
                "<text class=\"rank\" x=\"%.0f\" y=\"%.2f\" font-size=\"13\" fill=\"#1a1a1a\" "
@@ -230,120 +233,139 @@ void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *ti
                LEFT - 10, y + ROW_H / 2 + 4.5, r);
   }
   buf_printf(o, "</g>\n");
+}
 
-  /* Axis: grid lines through the rows, ticks and labels below. */
+/* Axis: grid lines through the rows, ticks and labels below. */
+static void svg_axis(Buf *o, const Frame *f) {
   int dec;
-  double step = nice_step(range / unit, 8, &dec);
+  double step = nice_step(f->range / f->unit, 8, &dec), axis_y = f->axis_y;
   buf_printf(o, "<g id=\"axis\" font-size=\"11\" fill=\"#333333\">\n");
   buf_printf(o, "<line x1=\"%.0f\" y1=\"%.2f\" x2=\"%.0f\" y2=\"%.2f\" stroke=\"#333333\" stroke-width=\"1\"/>\n",
              LEFT, axis_y, W_PX - RIGHT, axis_y);
   for (int k = 0; k <= 1000; k++) {
     double v = k * step;
-    if (v > range / unit * (1 + 1e-9)) break;
-    double x = LEFT + v * unit / range * pw;
-    if (nranks)
+    if (v > f->range / f->unit * (1 + 1e-9)) break;
+    double x = LEFT + v * f->unit / f->range * f->pw;
+    if (f->nranks)
       buf_printf(o,
                  "<line x1=\"%.2f\" y1=\"%.0f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#dddddd\" stroke-width=\"1\"/>\n", x,
-                 TOP - 2, x, rows_end);
+                 TOP - 2, x, f->rows_end);
     buf_printf(o, "<line x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#333333\" stroke-width=\"1\"/>\n", x,
                axis_y, x, axis_y + 5);
     buf_printf(o, "<text class=\"tick-label\" x=\"%.2f\" y=\"%.2f\" text-anchor=\"middle\">%.*f</text>\n", x,
                axis_y + 18, dec, v);
   }
   buf_printf(o, "<text id=\"axis-label\" x=\"%.0f\" y=\"%.2f\" font-size=\"12\" text-anchor=\"middle\">time (%s) from the first action</text>\n",
-             LEFT + pw / 2, axis_y + 36, uname);
+             LEFT + f->pw / 2, axis_y + 36, f->uname);
   buf_printf(o, "</g>\n");
+}
 
-  /* Step boundaries when several steps are drawn: a dashed line where each
-   * step's first action starts, labelled when there is room. */
-  if (nvalid) {
-    StepStart *ss = malloc((size_t)nvalid * sizeof *ss);
-    if (!ss) abort();
-    int m = 0;
-    for (int i = 0; i < n; i++)
-      if (span_ok(&spans[i], nranks)) ss[m++] = (StepStart){spans[i].step, spans[i].start};
-    qsort(ss, (size_t)m, sizeof *ss, cmp_step);
-    int nsteps = 0;
-    for (int i = 0; i < m; i++)
-      if (!i || ss[i].step != ss[i - 1].step) ss[nsteps++] = ss[i];
-    if (nsteps > 1 && nsteps <= 500) {
-      buf_printf(o, "<g id=\"steps\" font-size=\"11\" fill=\"#555555\">\n");
-      double last_label = -1e9;
-      for (int i = 0; i < nsteps; i++) {
-        double x = X(ss[i].start);
-        /* Only a labelled line reaches up to its label. */
-        int label = x - last_label >= 60 && x < W_PX - RIGHT - 40;
-        buf_printf(o,
-                   "<line class=\"step\" x1=\"%.2f\" y1=\"%.0f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#777777\" "
-                   "stroke-width=\"1\" stroke-dasharray=\"4 3\"/>\n",
-                   x, label ? TOP - 14 : TOP - 2, x, rows_end + 2);
-        if (label) {
-          buf_printf(o, "<text x=\"%.2f\" y=\"%.0f\">step %d</text>\n", x + 3, TOP - 5, ss[i].step);
-          last_label = x;
-        }
-      }
-      buf_printf(o, "</g>\n");
-    }
-    free(ss);
-  }
-
-  /* The actions, layer by layer, each layer in input order. */
-  buf_printf(o, "<g id=\"actions\">\n");
-  for (int layer = LAYER_WAIT; layer <= LAYER_TICK; layer++) {
-    for (int i = 0; i < n; i++) {
-      const TlSpan *s = &spans[i];
-      if (!span_ok(s, nranks)) continue;
-      double end = s->end > s->start ? s->end : s->start;
-      double x = X(s->start), w = X(end) - x;
-      int tick = w < 1.0;
-      int l = tick ? LAYER_TICK : s->kind == TL_WAIT ? LAYER_WAIT : is_comm(s->kind) ? LAYER_COMM : LAYER_COMPUTE;
-      if (l != layer) continue;
-      double ytop = TOP + s->rank * pitch;
-      char mbtxt[32] = "";
-      if (s->mb >= 0) snprintf(mbtxt, sizeof mbtxt, " mb %d,", s->mb);
-      char tip[192];
-      snprintf(tip, sizeof tip, "%s (%s),%s step %d, rank %d: %.3f to %.3f %s (%.3f %s)", tl_kind_name(s->kind),
-               kind_what(s->kind), mbtxt, s->step, s->rank, (s->start - t0) / unit, (end - t0) / unit, uname,
-               (end - s->start) / unit, uname);
-      if (tick) {
-        buf_printf(o,
-                   "<line class=\"tick\" data-kind=\"%s\" data-rank=\"%d\" data-mb=\"%d\" data-step=\"%d\" "
-                   "x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" stroke-width=\"1.5\">"
-                   "<title>%s</title></line>\n",
-                   tl_kind_name(s->kind), s->rank, s->mb, s->step, x, ytop - 3, x, ytop + ROW_H + 3,
-                   s->kind == TL_WAIT ? KIND[s->kind].ink : KIND[s->kind].fill, tip);
-        continue;
-      }
-      int comm = layer == LAYER_COMM;
-      double y = comm ? ytop + ROW_H - COMM_H : ytop + 1, h = comm ? COMM_H : ROW_H - 2;
+/* Step boundaries when several steps are drawn: a dashed line where each step's first action starts,
+ * labelled when there is room. */
+static void svg_steps(Buf *o, const Frame *f) {
+  if (!f->nvalid) return;
+  StepStart *ss = malloc((size_t)f->nvalid * sizeof *ss);
+  if (!ss) abort();
+  int m = 0;
+  for (int i = 0; i < f->n; i++)
+    if (span_ok(&f->spans[i], f->nranks)) ss[m++] = (StepStart){f->spans[i].step, f->spans[i].start};
+  qsort(ss, (size_t)m, sizeof *ss, cmp_step);
+  int nsteps = 0;
+  for (int i = 0; i < m; i++)
+    if (!i || ss[i].step != ss[i - 1].step) ss[nsteps++] = ss[i];
+  if (nsteps > 1 && nsteps <= 500) {
+    buf_printf(o, "<g id=\"steps\" font-size=\"11\" fill=\"#555555\">\n");
+    double last_label = -1e9;
+    for (int i = 0; i < nsteps; i++) {
+      double x = fx(f, ss[i].start);
+      /* Only a labelled line reaches up to its label. */
+      int label = x - last_label >= 60 && x < W_PX - RIGHT - 40;
       buf_printf(o,
-                 "<rect class=\"span\" data-kind=\"%s\" data-rank=\"%d\" data-mb=\"%d\" data-step=\"%d\" "
-                 "x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"%s><title>%s</title></rect>\n",
-                 tl_kind_name(s->kind), s->rank, s->mb, s->step, x, y, w, h, KIND[s->kind].fill,
-                 w >= 4 ? " stroke=\"#ffffff\" stroke-width=\"0.75\"" : "", tip);
-      double font = comm ? FONT_COMM : FONT_BOX;
-      if (s->mb >= 0 && w >= ndigits(s->mb) * 0.62 * font + 4)
-        buf_printf(o,
-                   "<text class=\"mb\" x=\"%.2f\" y=\"%.2f\" font-size=\"%.0f\" fill=\"%s\" "
-                   "text-anchor=\"middle\">%d</text>\n",
-                   x + w / 2, y + h / 2 + font * 0.36, font, KIND[s->kind].ink, s->mb);
+                 "<line class=\"step\" x1=\"%.2f\" y1=\"%.0f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"#777777\" "
+                 "stroke-width=\"1\" stroke-dasharray=\"4 3\"/>\n",
+                 x, label ? TOP - 14 : TOP - 2, x, f->rows_end + 2);
+      if (label) {
+        buf_printf(o, "<text x=\"%.2f\" y=\"%.0f\">step %d</text>\n", x + 3, TOP - 5, ss[i].step);
+        last_label = x;
+      }
     }
+    buf_printf(o, "</g>\n");
   }
-  buf_printf(o, "</g>\n");
+  free(ss);
+}
 
-  /* Legend. */
+/* One action of the given layer: a tick when narrower than a pixel, else a box with its tooltip and,
+ * where it fits, its micro-batch. */
+static void svg_span(Buf *o, const Frame *f, const TlSpan *s, int layer) {
+  double end = s->end > s->start ? s->end : s->start;
+  double x = fx(f, s->start), w = fx(f, end) - x;
+  int tick = w < 1.0;
+  int l = tick ? LAYER_TICK : s->kind == TL_WAIT ? LAYER_WAIT : is_comm(s->kind) ? LAYER_COMM : LAYER_COMPUTE;
+  if (l != layer) return;
+  double ytop = TOP + s->rank * f->pitch;
+  char mbtxt[32] = "";
+  if (s->mb >= 0) snprintf(mbtxt, sizeof mbtxt, " mb %d,", s->mb);
+  char tip[192];
+  snprintf(tip, sizeof tip, "%s (%s),%s step %d, rank %d: %.3f to %.3f %s (%.3f %s)", tl_kind_name(s->kind), kind_what(s->kind), mbtxt,
+           s->step, s->rank, (s->start - f->t0) / f->unit, (end - f->t0) / f->unit, f->uname, (end - s->start) / f->unit, f->uname);
+  if (tick) {
+    buf_printf(o,
+               "<line class=\"tick\" data-kind=\"%s\" data-rank=\"%d\" data-mb=\"%d\" data-step=\"%d\" "
+               "x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" stroke-width=\"1.5\">"
+               "<title>%s</title></line>\n",
+               tl_kind_name(s->kind), s->rank, s->mb, s->step, x, ytop - 3, x, ytop + ROW_H + 3,
+               s->kind == TL_WAIT ? KIND[s->kind].ink : KIND[s->kind].fill, tip);
+    return;
+  }
+  int comm = layer == LAYER_COMM;
+  double y = comm ? ytop + ROW_H - COMM_H : ytop + 1, h = comm ? COMM_H : ROW_H - 2;
+  buf_printf(o,
+             "<rect class=\"span\" data-kind=\"%s\" data-rank=\"%d\" data-mb=\"%d\" data-step=\"%d\" "
+             "x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"%s><title>%s</title></rect>\n",
+             tl_kind_name(s->kind), s->rank, s->mb, s->step, x, y, w, h, KIND[s->kind].fill,
+             w >= 4 ? " stroke=\"#ffffff\" stroke-width=\"0.75\"" : "", tip);
+  double font = comm ? FONT_COMM : FONT_BOX;
+  if (s->mb >= 0 && w >= ndigits(s->mb) * 0.62 * font + 4)
+    buf_printf(o,
+               "<text class=\"mb\" x=\"%.2f\" y=\"%.2f\" font-size=\"%.0f\" fill=\"%s\" "
+               "text-anchor=\"middle\">%d</text>\n",
+               x + w / 2, y + h / 2 + font * 0.36, font, KIND[s->kind].ink, s->mb);
+}
+
+/* The actions, layer by layer, each layer in input order. */
+static void svg_actions(Buf *o, const Frame *f) {
+  buf_printf(o, "<g id=\"actions\">\n");
+  for (int layer = LAYER_WAIT; layer <= LAYER_TICK; layer++)
+    for (int i = 0; i < f->n; i++)
+      if (span_ok(&f->spans[i], f->nranks)) svg_span(o, f, &f->spans[i], layer);
+  buf_printf(o, "</g>\n");
+}
+
+static void svg_legend(Buf *o, const Frame *f) {
   buf_printf(o, "<g id=\"legend\" font-size=\"12\" fill=\"#1a1a1a\">\n");
   for (int k = 0; k < TL_NKINDS; k++) {
-    if (!present[k]) continue;
+    if (!f->present[k]) continue;
     buf_printf(o,
                "<rect class=\"legend\" data-kind=\"%s\" x=\"%.2f\" y=\"%.2f\" width=\"16\" height=\"12\" "
                "fill=\"%s\"/>\n",
-               tl_kind_name(k), legend_x[k], legend_row_y[k] - 10, KIND[k].fill);
+               tl_kind_name(k), f->legend_x[k], f->legend_row_y[k] - 10, KIND[k].fill);
     buf_printf(o, "<text x=\"%.2f\" y=\"%.2f\"><tspan font-weight=\"bold\">%s</tspan> %s</text>\n",
-               legend_x[k] + 22, legend_row_y[k], tl_kind_name(k), kind_what(k));
+               f->legend_x[k] + 22, f->legend_row_y[k], tl_kind_name(k), kind_what(k));
   }
-  if (!nvalid)
-    buf_printf(o, "<text x=\"%.0f\" y=\"%.2f\" fill=\"#777777\">no actions</text>\n", LEFT, legend_y);
+  if (!f->nvalid)
+    buf_printf(o, "<text x=\"%.0f\" y=\"%.2f\" fill=\"#777777\">no actions</text>\n", LEFT, f->legend_y);
   buf_printf(o, "</g>\n</svg>\n");
-#undef X
+}
+
+void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *title) {
+  Frame f = {0};
+  f.spans = spans, f.n = n < 0 || !spans ? 0 : n;
+  f.nranks = nranks < 0 ? 0 : nranks > TL_MAX_RANKS ? TL_MAX_RANKS : nranks;
+  frame_measure(&f);
+  svg_head(o, &f, title);
+  svg_rows(o, &f);
+  svg_axis(o, &f);
+  svg_steps(o, &f);
+  svg_actions(o, &f);
+  svg_legend(o, &f);
 }
