@@ -7,7 +7,8 @@
    removed, so that the list only shrinks (to empty: issue 32).  The strongly connected components are
    printed with their sizes, and a layer order of the modules: the condensed graph's topological order,
    each component's own modules in the order that leaves the fewest include edges pointing up (the
-   "upward arrows", printed).
+   "upward arrows", printed).  Also printed, for information: the .c files with no header of their own
+   (leaves of the include graph) and the module whose header declares their functions.
 2. Long functions.  A brace-matching scan of the C sources of compiler/, runtime/ and tools/ prints the
    15 longest functions; any over 120 lines fails, except those in tests/long_functions.txt, each pinned
    at its length today: one that grows fails, and one that is no longer over 120 lines fails until its
@@ -397,6 +398,36 @@ def planted():
               "planted tree: braces unbalanced across #if branches are reported, not measured wrong")
 
 
+def headerless(root):
+    """{x.c: (header module, [functions])} for each x.c with no x.h beside it whose external functions are
+    declared in another module's header: by its include lines such a file is a leaf, but it is that
+    module's code (autodiff.c, pipefb.c, freeze.c implement plan.h and stageprog.h)."""
+    headers = {}
+    for rel in source_files(root, (".h",)):
+        with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as fh:
+            headers[rel] = blank_c(fh.read())
+    out = {}
+    for rel in source_files(root, (".c",)):
+        if os.path.isfile(os.path.join(root, os.path.splitext(rel)[0] + ".h")):
+            continue
+        with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as fh:
+            text = blank_c(fh.read())
+        names = {f[0] for f in functions(root, rel)[0]}
+        ext = []
+        for mo in re.finditer(r"(?:^|(?<=[;}]))([^;{}]*?)\b(\w+)\s*\(", text):
+            if mo.group(2) in names and "static" not in mo.group(1).split() and mo.group(2) != "main":
+                ext.append(mo.group(2))
+        votes = {}
+        for h, ht in headers.items():
+            got = [n for n in sorted(set(ext)) if re.search(r"\b%s\s*\(" % n, ht)]
+            if got:
+                votes[h] = got
+        if votes:
+            h = max(sorted(votes), key=lambda k: len(votes[k]))
+            out[rel] = (module_of(h), votes[h])
+    return out
+
+
 def cycles_check():
     raw = read_list(KNOWN_CYCLES)
     known = set()
@@ -428,6 +459,11 @@ def cycles_check():
         order += o
         up += ups
     print("upward arrows (include edges against the layer order above): %d of %d" % (len(up), nedges))
+    # For information (nothing fails on it): files with no header of their own are leaves of the include
+    # graph, though they are the code of the module whose header declares their functions.
+    hl = headerless(ROOT)
+    for rel, (mod, fns) in sorted(hl.items()):
+        print("header-less (a leaf of the include graph): %s implements %s (%s)" % (rel, mod, ", ".join(fns[:4]) + (", ..." if len(fns) > 4 else "")))
     for c in cycles:
         if c in known:
             print("refused (pinned) - include cycle %s (tests/include_cycles_known.txt)" % cycle_text(c))
