@@ -64,22 +64,31 @@ $(PB_DIR)/templates.inc: templates/Makefile.in templates/run.sh.in templates/sta
 build/obj/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(CPPFLAGS) -c $< -o $@
-build/obj/%.o: compiler/%.c compiler/*.h runtime/blas_core.h runtime/actions.h runtime/actions.def compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
+build/obj/%.o: compiler/%.c compiler/*.h runtime/blas_core.h runtime/actions.h runtime/actions.def runtime/opcodes.def compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(WARN) $(CPPFLAGS) -c $< -o $@
-bin/pipecc: build/obj/main.o $(COMPILER_OBJ)
+bin/pipecc: build/kernelsig.ok build/obj/main.o $(COMPILER_OBJ)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $^ -o $@ $(LDLIBS)
+	$(CC) $(CFLAGS) $(filter %.o,$^) -o $@ $(LDLIBS)
+
+# compiler/kernels.def against the kernels' prototypes (tools/kernelsig.c): each kernel's argument count
+# and kinds; a mismatch fails the build, naming the kernel, the argument and both sides.
+build/tools/kernelsig: tools/kernelsig.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(WARN) $< -o $@
+build/kernelsig.ok: build/tools/kernelsig compiler/kernels.def runtime/kernels.h $(wildcard runtime/cpu/*.h runtime/*.def)
+	build/tools/kernelsig compiler/kernels.def runtime/kernels.h
+	@touch $@
 
 # The same compiler under AddressSanitizer + UBSan, for the tests.
 build/asan/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
 	@mkdir -p $(@D)
 	clang -O1 -g $(SAN) $(CPPFLAGS) -c $< -o $@
-build/asan/%.o: compiler/%.c compiler/*.h runtime/blas_core.h runtime/actions.h runtime/actions.def compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
+build/asan/%.o: compiler/%.c compiler/*.h runtime/blas_core.h runtime/actions.h runtime/actions.def runtime/opcodes.def compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
 	@mkdir -p $(@D)
 	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) -c $< -o $@
-bin/pipecc-asan: build/asan/main.o $(ASAN_OBJ)
-	clang $(SAN) $^ -o $@ $(LDLIBS)
+bin/pipecc-asan: build/kernelsig.ok build/asan/main.o $(ASAN_OBJ)
+	clang $(SAN) $(filter %.o,$^) -o $@ $(LDLIBS)
 asan: bin/pipecc-asan bin/pipecc-trace-asan
 
 # Draws a run's trace (the runtime's trace-event JSON) as an SVG Gantt chart.
@@ -106,7 +115,7 @@ bin/test_units: tests/test_units.c $(ASAN_OBJ)
 # programs use where there is one (templates/Makefile.in).
 MVEC     := $(if $(wildcard /usr/lib/x86_64-linux-gnu/libmvec.so),-DPR_MVEC -march=native -fno-math-errno,)
 MVEC_LIB := $(if $(MVEC),-lmvec,)
-bin/test_kernels: tests/test_kernels.c runtime/kernels.h runtime/broadcast.c runtime/par.c runtime/par.h runtime/gemm.c
+bin/test_kernels: tests/test_kernels.c runtime/kernels.h $(wildcard runtime/cpu/*.h runtime/*.def) runtime/broadcast.c runtime/par.c runtime/par.h runtime/gemm.c
 	@mkdir -p $(@D)
 	clang -O1 -g $(SAN) $(WARN) -D_GNU_SOURCE -Iruntime $(MVEC) $< runtime/broadcast.c runtime/par.c runtime/gemm.c -o $@ -lopenblas -lm -lpthread $(MVEC_LIB)
 # libFuzzer target for the loader and the passes after it, coverage-instrumented.
@@ -114,7 +123,7 @@ FUZZ_OBJ := $(COMPILER_SRC:compiler/%.c=build/fuzz/%.o) build/fuzz/onnx.pb-c.o
 build/fuzz/onnx.pb-c.o: $(PB_DIR)/onnx.pb-c.c
 	@mkdir -p $(@D)
 	clang -O1 -g -fsanitize=fuzzer-no-link,address,undefined $(CPPFLAGS) -c $< -o $@
-build/fuzz/%.o: compiler/%.c compiler/*.h runtime/blas_core.h runtime/actions.h runtime/actions.def compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
+build/fuzz/%.o: compiler/%.c compiler/*.h runtime/blas_core.h runtime/actions.h runtime/actions.def runtime/opcodes.def compiler/*.def compiler/ops/*.h $(PB_DIR)/onnx.pb-c.h $(PB_DIR)/templates.inc
 	@mkdir -p $(@D)
 	clang -O1 -g -fsanitize=fuzzer-no-link,address,undefined $(WARN) $(CPPFLAGS) -c $< -o $@
 bin/fuzz_loader: tests/fuzz_loader.c $(FUZZ_OBJ)

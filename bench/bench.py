@@ -934,7 +934,7 @@ def section_compiler():
 # ---------------------------------------------------------------- output
 def tree_stamp():
     """mtimes of what the measured programs are built from, to notice a rebuild during the run."""
-    paths = [PIPECC] + [os.path.join(ROOT, "runtime", f) for f in sorted(os.listdir(os.path.join(ROOT, "runtime")))]
+    paths = [PIPECC] + sorted(os.path.join(d, f) for d, _, fs in os.walk(os.path.join(ROOT, "runtime")) for f in fs)
     return {p: os.path.getmtime(p) for p in paths if os.path.isfile(p)}
 
 

@@ -41,6 +41,7 @@ suite "partitioner: DP vs brute force" bin/test_partition
 suite "partitioner: downset DP vs brute force, and against the fixed order on the sample models" bin/test_dagpart
 suite "schedules: action lists, validator, planted mistakes" bin/test_schedule
 suite "units" bin/test_units
+suite "sources: include cycles between modules (pinned ones refused), functions over 120 lines (pinned ones allowed), kernels.def against the kernels' prototypes with planted mismatches" $PY tests/test_includes.py
 suite "run-time kernels (Gelu, LeakyRelu, Concat, views, Cast, unary maths, Max/Min, comparisons, ReduceMax, ArgMax, Philox and Dropout) against double references, and the same bits on 3 threads (ASan build)" bin/test_kernels
 suite "shapes vs onnx.shape_inference (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_shapes.py
 suite "bad input (ASan build)" env PIPECC=bin/pipecc-asan bash tests/test_cli.sh

@@ -11,6 +11,27 @@
 
 #include "ops/rule.h"
 
+/* The runtime's op codes (runtime/opcodes.def, one list for both sides): the enums, as the runtime has
+ * them, and each code's symbol, which the stage programs pass to k_unary, k_binary and k_compare. */
+enum {
+#define BIN_OP(name, value) name = value,
+#define UN_OP(name, value) name = value,
+#define CMP_OP(name, value) name = value,
+#include "../../runtime/opcodes.def"
+};
+static const char *const BIN_NAMES[] = {
+#define BIN_OP(name, value) [value] = #name,
+#include "../../runtime/opcodes.def"
+};
+static const char *const UN_NAMES[] = {
+#define UN_OP(name, value) [value] = #name,
+#include "../../runtime/opcodes.def"
+};
+static const char *const CMP_NAMES[] = {
+#define CMP_OP(name, value) [value] = #name,
+#include "../../runtime/opcodes.def"
+};
+
 static int64_t out_numel(Emit *e, const Node *n) { return ir_numel(em_t(e, n->out[0])); }
 static int64_t binary_i(Node *n, int code, int64_t a, int64_t b, int *err);
 static double binary_f(int code, double a, double b);
@@ -108,14 +129,14 @@ static int leaky_bwd(Emit *e, const Node *n, int j) {
 
 static const char *un_code(const Node *n) {
   switch (n->def->code) {
-  case EW_NEG: return "UN_NEG";
-  case EW_EXP: return "UN_EXP";
-  case EW_LOG: return "UN_LOG";
-  case EW_ABS: return "UN_ABS";
-  case EW_RECIPROCAL: return "UN_RECIPROCAL";
-  case EW_CLIP: return "UN_CLIP";
-  case EW_HARDSIGMOID: return "UN_HARDSIGMOID";
-  default: return "UN_HARDSWISH";
+  case EW_NEG: return UN_NAMES[UN_NEG];
+  case EW_EXP: return UN_NAMES[UN_EXP];
+  case EW_LOG: return UN_NAMES[UN_LOG];
+  case EW_ABS: return UN_NAMES[UN_ABS];
+  case EW_RECIPROCAL: return UN_NAMES[UN_RECIPROCAL];
+  case EW_CLIP: return UN_NAMES[UN_CLIP];
+  case EW_HARDSIGMOID: return UN_NAMES[UN_HARDSIGMOID];
+  default: return UN_NAMES[UN_HARDSWISH];
   }
 }
 
@@ -171,16 +192,16 @@ static int un_bwd(Emit *e, const Node *n, int j) {
 
 /* ---- Add, Sub, Mul, Div, Pow with numpy broadcasting ---- */
 
-/* The runtime's name for the op (runtime/kernels.h's BinOp). */
+/* The runtime's name for the op (runtime/opcodes.def's BIN_OP). */
 static const char *bin_code(const Node *n) {
   switch (n->def->code) {
-  case EW_ADD: return "BIN_ADD";
-  case EW_SUB: return "BIN_SUB";
-  case EW_MUL: return "BIN_MUL";
-  case EW_DIV: return "BIN_DIV";
-  case EW_MAX: return "BIN_MAX";
-  case EW_MIN: return "BIN_MIN";
-  default: return "BIN_POW";
+  case EW_ADD: return BIN_NAMES[BIN_ADD];
+  case EW_SUB: return BIN_NAMES[BIN_SUB];
+  case EW_MUL: return BIN_NAMES[BIN_MUL];
+  case EW_DIV: return BIN_NAMES[BIN_DIV];
+  case EW_MAX: return BIN_NAMES[BIN_MAX];
+  case EW_MIN: return BIN_NAMES[BIN_MIN];
+  default: return BIN_NAMES[BIN_POW];
   }
 }
 
@@ -352,7 +373,7 @@ static int compare_fwd(Emit *e, const Node *n, int j) {
   rule_bcast_strides(Y, A, sa), rule_bcast_strides(Y, B, sb);
   int bs = SHAPE(e, "BcastShape", em_name(e, "CMP_%d", j), A_INT(Y->rank), A_INTS(Y->dims, Y->rank), A_INTS(sa, Y->rank),
                  A_INTS(sb, Y->rank), A_INT(ir_numel(A)), A_INT(ir_numel(B)), A_INT(ir_numel(Y)));
-  const char *op = n->def->code == EW_EQUAL ? "CMP_EQUAL" : n->def->code == EW_LESS ? "CMP_LESS" : "CMP_GREATER";
+  const char *op = CMP_NAMES[n->def->code == EW_EQUAL ? CMP_EQUAL : n->def->code == EW_LESS ? CMP_LESS : CMP_GREATER];
   CALL(e, PH_FWD, K_COMPARE, n, A_SYM(op), A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_out(e, n, 0)), A_CONST(bs));
   return 0;
 }
