@@ -3,7 +3,7 @@
  * Generated programs never include it (they see piperun.h only).
  *
  * The files, by job (runtime/README.md):
- *   piperun.c  pr_main, the driver: start-up, the run, the end
+ *   prmain.c   pr_main, the driver: start-up, the run, the end
  *   fail.c     stopping the job with a message, every rank agreeing first
  *   args.c     run.sh's flags, and that the outputs can be written
  *   host.c     clocks, pinning, threads, the BLAS kernels every rank runs, memory use

@@ -1,4 +1,4 @@
-/* piperun.c - pr_main, the driver of a generated stage program's run: one
+/* prmain.c - pr_main, the driver of a generated stage program's run: one
  * process per stage starts (the BLAS kernels, MPI, the checks every rank
  * agrees on), sets the run up (run.sh's flags, pinning, the arena on the
  * device, the weights, the data, a checkpoint to resume, the message and
