@@ -378,36 +378,36 @@ def run_case(c, base, after, jobs):
     bb, ab = open(b_saved, "rb").read(), open(a_saved, "rb").read()
     if bb != ab:
         first = next((i for i, (x, y) in enumerate(zip(bb, ab)) if x != y), min(len(bb), len(ab)))
-        problems.append(f"the saved models differ ({len(bb)} vs {len(ab)} bytes, first at byte {first}); " + weight_diff(b_saved, a_saved))
+        problems.append(("the saved models differ", f"the saved models differ ({len(bb)} vs {len(ab)} bytes, first at byte {first}); " + weight_diff(b_saved, a_saved)))
     if b_losses != a_losses:
-        problems.append(f"the losses differ: base {b_losses}, after {a_losses}")
+        problems.append(("the losses differ", f"the losses differ: base {b_losses}, after {a_losses}"))
     if c["val"] and (b_val is None or a_val is None):
-        problems.append("--val wrote no LOG.val.csv on " + " and ".join(s for s, v in (("base", b_val), ("after", a_val)) if v is None))
+        problems.append(("--val wrote no held-out losses", "--val wrote no LOG.val.csv on " + " and ".join(s for s, v in (("base", b_val), ("after", a_val)) if v is None)))
     if b_val != a_val:
-        problems.append(f"--val's held-out losses differ: base {b_val!r}, after {a_val!r}")
+        problems.append(("the held-out losses differ", f"--val's held-out losses differ: base {b_val!r}, after {a_val!r}"))
     pb, pa = (read_plan(d) for d in (b_out, a_out))
     differ = [k for k in pb if k in pa and pb[k] != pa[k]]
     only = [f"{k} ({'base' if k in pb else 'after'} only)" for k in list(pb) + list(pa) if (k in pb) != (k in pa)]
     if differ:
-        problems.append(f"plan.json differs in {len(differ)} field(s) (timings aside): " +
-                        "; ".join(f"{k}: {pb[k]!r} vs {pa[k]!r}" for k in differ[:6]))
+        problems.append(("plan.json differs", f"plan.json differs in {len(differ)} field(s) (timings aside): " +
+                        "; ".join(f"{k}: {pb[k]!r} vs {pa[k]!r}" for k in differ[:6])))
     text = stage_text(b_out, a_out) + ("; plan.json fields on one side only: " + ", ".join(only[:6]) if only else "")
     # A freeze event's re-plan (run.sh --freeze-at), by each side's own pipecc: its plan and text too.
     re_b, re_a = (b_out[:-5] + ".frozen2.pipe", a_out[:-5] + ".frozen2.pipe")
     if os.path.isdir(re_b) or os.path.isdir(re_a):
         if not (os.path.isdir(re_b) and os.path.isdir(re_a)):
-            problems.append(f"only the {'base' if os.path.isdir(re_b) else 'after'} side re-planned at the freeze event")
+            problems.append(("one side did not re-plan", f"only the {'base' if os.path.isdir(re_b) else 'after'} side re-planned at the freeze event"))
         else:
             qb, qa = (read_plan(d) for d in (re_b, re_a))
             if qb != qa:
-                problems.append("the freeze event's re-plan differs in plan.json (timings aside): " +
-                                "; ".join(f"{k}: {qb.get(k)!r} vs {qa.get(k)!r}" for k in sorted(set(qb) | set(qa)) if qb.get(k) != qa.get(k))[:600])
+                problems.append(("the re-plan differs", "the freeze event's re-plan differs in plan.json (timings aside): " +
+                                "; ".join(f"{k}: {qb.get(k)!r} vs {qa.get(k)!r}" for k in sorted(set(qb) | set(qa)) if qb.get(k) != qa.get(k))[:600]))
             text += "; the re-plan's " + stage_text(re_b, re_a)
     if not KEEP:  # the disk: a case's builds are done with (the full matrix would leave some 600 MB)
         for d in (b_out, a_out, re_b, re_a):
             shutil.rmtree(d, ignore_errors=True)
     if problems:
-        say("failed", f"{c['name']}: {text}{note}", "\n".join(problems))
+        say("failed", f"{c['name']}: {', '.join(h for h, _ in problems)}; {text}{note}", "\n".join(d for _, d in problems))
     else:
         vals = " and held-out losses" if c["val"] else ""
         say("passed", f"{c['name']}: saved models byte-identical ({len(bb)} bytes), losses{vals} the same "
