@@ -207,7 +207,7 @@ test-freeze: bin/pipecc bin/piperun-data
 # The before/after bit test (not part of make test): BASE (default HEAD~1, any git revision) is built in a
 # worktree at build/same-bits/base, and every sample model at n = 1, 2, 4 under gpipe, 1f1b and zb1 (and
 # offload, recompute, --frozen, --freeze-at, async, pipefb, --val on a few) trains 3 steps on both sides to
-# byte-identical saved models; stage text changes are printed.  About 26 minutes on 2 cores shared with
+# byte-identical saved models; stage text changes are printed.  17 to 26 minutes on 2 cores shared with
 # other builds (9 CPU-minutes); SAME_BITS_FLAGS=--quick for 5 cases (about 3 minutes).
 BASE ?= HEAD~1
 SAME_BITS_FLAGS ?=

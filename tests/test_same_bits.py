@@ -3,9 +3,10 @@
 that nothing numeric changes, checked against an earlier commit's outputs.
 
 BASE (--base REV, default HEAD~1; any git revision) is checked out in a git worktree at
-build/same-bits/base (reused where it is already at that commit, checked out afresh where it is not, and
-re-made where a stale one was left behind), and its bin/pipecc and bin/piperun-data are built there with
-make -j2.  "After" is this checkout's bin/pipecc.  Each side's stage programs build against that side's
+build/same-bits/base (reused where it is already at that commit; at another commit, that commit is
+checked out in it and make redoes what changed; a stale registration whose directory is gone, as after
+make clean, is added again with git worktree add --force, touching no other worktree), and its bin/pipecc
+and bin/piperun-data are built there with make -j2.  "After" is this checkout's bin/pipecc.  Each side's stage programs build against that side's
 own runtime/ (PIPECC_RUNTIME names it, and each side has its own PIPERUN_OBJ_CACHE, so libpiperun's
 objects are built once per side).  Both sides plan the same ONNX files (this checkout's onnx_models/)
 with the same flags and the same --devices figures (tests/devices_equal.txt), from working directories of
