@@ -51,6 +51,9 @@ import tempfile
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_memory as TM  # noqa: E402  (its devices file for the peer target)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BASE_WT = os.path.join(ROOT, "build", "same-bits", "base")
 DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
@@ -215,15 +218,6 @@ def pipecc_cmd(side, c, out, extra=(), devices=DEVICES):
             "--batch", str(c["size"][0]), "--microbatches", str(c["size"][1]), "--devices", devices, *flags, *extra, "-o", out]
 
 
-def half_limited(n, lim):
-    """tests/test_memory.py's devices file for the peer target: the first half of the ranks have lim bytes."""
-    path = os.path.join(WORK, f"devices.{n}.{lim}")
-    with open(path, "w") as f:
-        f.write("rank * flops=50G\n" + "".join(f"rank {r} flops=50G mem={lim}\n" for r in range((n + 1) // 2)) +
-                "link * bandwidth=5G latency=2us\nmemcpy bandwidth=10G\n")
-    return path
-
-
 def moves_something(out):
     text = "".join(open(os.path.join(out, f)).read() for f in os.listdir(out) if f.startswith("stage_") and f.endswith(".c"))
     return len(re.findall(r"\{PR_(OFFLOAD|RECOMPUTE),", text)) > 0
@@ -243,7 +237,7 @@ def find_limit(side, c):
     P, F = need["plain"], need["floor"]
     for lim in sorted({x for x in (F, (3 * F + P) // 4, (F + P) // 2, P - 4096) if F <= x < P}):
         if c["mem"] == "peer":
-            extra, dev = flags, half_limited(c["n"], lim)
+            extra, dev = flags, TM.half_limited(WORK, c["n"], lim)
         else:
             extra, dev = ["--mem-limit", str(lim), *flags], DEVICES
         shutil.rmtree(scratch, ignore_errors=True)
