@@ -44,7 +44,8 @@ DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
 DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
 STEPS = 3
 SLACK = 256 * 1024  # run-to-run noise of what MPI and OpenBLAS allocate outside the arena
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 TARGETS = {
     "peer": ["--offload", "peer", "--recompute", "none"],
@@ -67,9 +68,7 @@ EXPECTED = {
 
 
 def check(cond, what):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "not ok - ") + what, flush=True)
     return cond
 
@@ -318,8 +317,7 @@ def main():
             if only and model not in only:
                 continue
             case(model, n, sched, target, fracs, tmp, data[DATA[model]], plain)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

@@ -60,7 +60,8 @@ if os.sep in PIPECC:
 DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
 DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")  # fixed machine figures: the planner's choice does not depend on this machine
 STEPS = 3
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 DATA = {"mlp": "mnist", "lenet": "mnist", "resnet": "cifar", "gpt": "tokens", "gpt_opset17": "tokens"}
 # (batch, micro-batches) per model for n <= 4 and for n = 6: small, B % m == 0, m >= 2.
@@ -79,9 +80,7 @@ EXPECTED = {}
 
 
 def check(cond, what):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "FAIL - ") + what, flush=True)
     return cond
 
@@ -360,8 +359,7 @@ def main():
                     check(saved == ref[1], f"{tag}: the trained weights (--save) are bit-identical to -n 1's")
                 if (model, n) in arena_cases:
                     limit_case(model, n, data[DATA[model]], tmp, ref)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

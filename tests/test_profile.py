@@ -68,14 +68,13 @@ DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
 MODEL = {m: os.path.join(ROOT, "onnx_models", m + ".onnx") for m in ("lenet", "mlp")}
 BATCH, MICRO = 64, 4
 MB = BATCH // MICRO
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def check(cond, what, detail=""):
     """detail: said only when the check fails."""
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "not ok - ") + what + ("" if cond or not detail else f" ({detail})"), flush=True)
     return cond
 
@@ -749,8 +748,7 @@ def main():
                   r.stderr.strip()[:160] + " ... " + r.stderr.strip()[-60:])
 
     print(f"# {time.time() - t_start:.1f} s")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

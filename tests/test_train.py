@@ -19,13 +19,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPECC = os.path.join(ROOT, "bin", "pipecc")
 DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
 DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def check(cond, what):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "not ok - ") + what)
     return cond
 
@@ -149,8 +148,7 @@ def main():
         check(r.returncode != 0 and stages == {0, 1, 2, 3} and all(w in " ".join(lines) for w in words)
               and "step 1/" not in r.stdout,
               f"{label}: every rank stops before the first step: {lines[0] if lines else r.stderr.strip()[-200:]}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":
