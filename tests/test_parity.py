@@ -448,7 +448,7 @@ def run_case(tag, onnx_path, n, sched, opt_cfg, datadir, casedir, env, ref):
             run_cmd("pipecc", cmd, env)
         except StepFailed as e:
             if "larger than the number of compute nodes" in e.args[1]:
-                print(f"skip - {tag}: {e.args[1].strip().splitlines()[-1]}")
+                tally.skip(tag, e.args[1].strip().splitlines()[-1])   # counted, with its reason
                 return "skip"
             raise
         jobs = str(max(1, os.cpu_count() or 1))
