@@ -43,7 +43,7 @@ def main():
     os.environ["PIPECC_CACHE"] = os.path.join(tmp, "machine.txt")
     data = os.path.join(tmp, "mnist")
     if not check(sh([DATAGEN, "mnist", data, "--n", "640", "--seed", "1"]).returncode == 0, "synthetic MNIST written"):
-        return 1
+        return tally.finish()
     for n in (1, 2):
         tag = f"lenet -n {n} gpipe m=2"
         out = os.path.join(tmp, f"n{n}.pipe")

@@ -201,7 +201,7 @@ def main():
     state = model.state_dict()
     missing = [k for k in state if k not in init and not k.endswith("num_batches_tracked")]
     if not check(not missing, f"resnet: every torch parameter/buffer has an ONNX initializer ({missing[:3]})"):
-        return 1
+        return tally.finish()
     model.load_state_dict({k: torch.from_numpy(init[k].copy()) if k in init else v for k, v in state.items()})
     want_losses, want_state = torch_reference(model, x, y)
     print(f"# resnet: torch losses {want_losses[0]:.4f} -> {want_losses[-1]:.4f}")

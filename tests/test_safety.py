@@ -319,17 +319,17 @@ def main():
         data = os.path.join(tmp, "mnist")
         r = sh([DATAGEN, "mnist", data, "--n", "1280", "--seed", "1"])
         if not check(r.returncode == 0, f"synthetic MNIST written ({r.stderr.strip()})"):
-            return 1
+            return tally.finish()
         mlp = os.path.join(ROOT, "onnx_models", "mlp.onnx")
         pipe, other = os.path.join(tmp, "mlp.pipe"), os.path.join(tmp, "mlp-b32.pipe")
         err = build(mlp, pipe) or build(mlp, other, batch=32, mb=2)
         if not check(not err, f"the MLP compiled for 2 stages, batch 64 / 4 and batch 32 / 2 micro-batches ({err.strip()[-300:]})"):
-            return 1
+            return tally.finish()
         run = os.path.join(pipe, "run.sh")
         full = os.path.join(tmp, "full.onnx")
         r = sh([run, "--data", data, "--steps", "6", "--quiet", "--save", full])
         if not check(r.returncode == 0, f"6 steps straight ({errors(r)})"):
-            return 1
+            return tally.finish()
         for name, fn, args in (("crash points", test_crash_points, (run, data, tmp, full)),
                                ("refusals", test_refusals, (run, data, tmp, other)),
                                ("fail early", test_fail_early, (run, data, tmp)),

@@ -76,7 +76,7 @@ def main():
     os.environ["PIPECC_CACHE"] = os.path.join(tmp, "machine.txt")
     data = os.path.join(tmp, "mnist")
     if not check(sh([DATAGEN, "mnist", data, "--n", "640", "--seed", "1"]).returncode == 0, "synthetic MNIST written"):
-        return 1
+        return tally.finish()
     for sched in ("gpipe", "1f1b", "zb1"):
         tag = f"lenet -n 4 {sched}"
         out = os.path.join(tmp, sched + ".pipe")

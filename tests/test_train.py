@@ -65,11 +65,11 @@ def main():
     data = os.path.join(tmp, "mnist")
     r = sh([DATAGEN, "mnist", data, "--n", "12800", "--seed", "1"])
     if not check(r.returncode == 0, f"synthetic MNIST written ({r.stderr.strip()})"):
-        return 1
+        return tally.finish()
     pipe = os.path.join(tmp, "lenet.pipe")
     err = build("lenet.onnx", 4, pipe, "--lr", "0.1")
     if not check(not err, f"lenet compiled for 4 stages and built ({err.strip()})"):
-        return 1
+        return tally.finish()
     run = os.path.join(pipe, "run.sh")
 
     # The demo: 200 steps, loss from ~2.3 to well under 0.5.
