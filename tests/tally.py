@@ -113,7 +113,8 @@ def finish():
 
 
 def _self_test():
-    """python3 tests/tally.py --self-test: the tally's own behaviour, each case in a fresh process."""
+    """python3 tests/tally.py --self-test: the tally's own behaviour (and tests/check.h's and tests/tally.sh's),
+    each case in a fresh process, planted failures, skips, refusals and empty suites among them."""
     import subprocess
     import os
     here = os.path.dirname(os.path.abspath(__file__))
@@ -152,7 +153,44 @@ def _self_test():
         ok = r.returncode != 0 and "needs" in r.stderr
         bad += not ok
         print(("ok - " if ok else "not ok - ") + what + " raises")
-    print(f"{len(cases) + 2 - bad} passed, {bad} failed, 0 skipped, 0 refused")
+    # tests/check.h, the C tests' copy: the same line and exit status.
+    import tempfile
+    c_cases = [
+        ("CHECK(1, \"a\\n\"); CHECK(2 > 1, \"b\\n\");", "2 passed, 0 failed, 0 skipped, 0 refused", 0),
+        ("CHECK(1, \"a\\n\"); CHECK(0, \"planted %d\\n\", 7);", "1 passed, 1 failed, 0 skipped, 0 refused", 1),
+        ("CHECK(1, \"a\\n\"); SKIP(\"b\", \"no %s\", \"netns\"); PINNED(\"r\", \"no plan\");",
+         "1 passed, 0 failed, 1 skipped, 1 refused", 0),
+        ("SKIP(\"b\", \"why\");", "0 passed, 1 failed, 1 skipped, 0 refused", 1),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        for body, want, rc in c_cases:
+            src, exe = os.path.join(tmp, "t.c"), os.path.join(tmp, "t")
+            with open(src, "w") as f:
+                f.write(f'#include "check.h"\nint main(void) {{ {body} return check_finish(); }}\n')
+            b = subprocess.run(["cc", "-Wall", "-Wextra", "-Werror", "-I" + here, src, "-o", exe], capture_output=True, text=True)
+            r = subprocess.run([exe], capture_output=True, text=True) if b.returncode == 0 else None
+            last = r.stdout.strip().splitlines()[-1] if r and r.stdout.strip() else ""
+            ok = r is not None and last == want and r.returncode == rc
+            bad += not ok
+            print(("ok - " if ok else "not ok - ") + f"check.h: {body}: last line {last!r}, exit {r.returncode if r else None}"
+                  + ("" if ok else f" (want {want!r}, exit {rc}; {b.stderr.strip()[-300:]})"))
+    # tests/tally.sh, the shell suites' copy.
+    sh_cases = [
+        ("t_ok a; t_pass", "2 passed, 0 failed, 0 skipped, 0 refused", 0),
+        ("t_ok a; t_notok planted why", "1 passed, 1 failed, 0 skipped, 0 refused", 1),
+        ("t_ok a; t_skip b 'no netns'; t_refused r 'no plan'", "1 passed, 0 failed, 1 skipped, 1 refused", 0),
+        ("t_skip b 'no netns'", "0 passed, 1 failed, 1 skipped, 0 refused", 1),
+        ("t_ok a; t_skip b ''", "1 passed, 1 failed, 0 skipped, 0 refused", 1),
+    ]
+    for script, want, rc in sh_cases:
+        r = subprocess.run(["bash", "-c", f". {os.path.join(here, 'tally.sh')!r}; {script}; t_finish"], capture_output=True, text=True)
+        last = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else ""
+        ok = last == want and r.returncode == rc
+        bad += not ok
+        print(("ok - " if ok else "not ok - ") + f"tally.sh: {script}: last line {last!r}, exit {r.returncode}"
+              + ("" if ok else f" (want {want!r}, exit {rc}; stderr {r.stderr.strip()[-300:]!r})"))
+    total = len(cases) + 2 + len(c_cases) + len(sh_cases)
+    print(f"{total - bad} passed, {bad} failed, 0 skipped, 0 refused")
     return 1 if bad else 0
 
 
