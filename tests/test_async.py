@@ -62,7 +62,7 @@ which usually tells an off-by-one from a wrong rule.
   --keep         keep the temp dir (its path is printed)
   --model NAME   only this model (mlp, lenet, gpt; repeatable)
 
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"; exit 1 on
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py); exit 1 on
 any failure.
 """
 import argparse

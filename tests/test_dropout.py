@@ -30,7 +30,7 @@ Reuses tests/test_parity.py (data, weight mapping, compile-build-train-compare).
 
   /usr/bin/python3 tests/test_dropout.py [--keep]
 
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"."""
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py)."""
 import argparse
 import glob
 import io

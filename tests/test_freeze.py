@@ -37,7 +37,7 @@ in training mode (its eval forward: BatchNorm on running statistics, Dropout off
 --quick (what make test runs): LeNet (--freeze-at at n = 2 and 4, so --frozen re-plans too; a
 re-plan killed and resumed; --freeze auto against a PyTorch simulation of its rule), --val on LeNet
 and the BatchNorm-Dropout net at n = 2, the refusals.  The whole suite: `make test-freeze`.
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed".
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py).
 """
 import argparse
 import csv

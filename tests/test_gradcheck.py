@@ -32,14 +32,14 @@ unchanged; BatchNorm running statistics must hold PyTorch's update.
 
 A case pipecc refuses with a 'pipecc: error:' message FAILS, unless it is
 pinned in EXPECTED_REFUSALS (case -> a text the error message must contain,
-which says why): a pinned refusal with that text is printed as 'refused - ...'
+which says why): a pinned refusal with that text is printed as 'refused (pinned) - ...'
 and counted on its own line, not as passed; a pinned case refused for another
 reason, or one that now compiles ("expected refusal no longer refused: unpin
 it"), fails.
 
   /usr/bin/python3 tests/test_gradcheck.py [--case SUBSTR]... [--keep] [--list]
 
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"; exit 1
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py); exit 1
 on any failure.
 """
 import argparse

@@ -30,7 +30,7 @@ equal numpy's astype bit for bit.
 
   /usr/bin/python3 tests/test_movement.py [--keep]
 
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"."""
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py)."""
 import argparse
 import glob
 import importlib.util

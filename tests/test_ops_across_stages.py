@@ -13,7 +13,7 @@ covering it).
 
   /usr/bin/python3 tests/test_ops_across_stages.py
 
-Ends with "N passed, M failed"; exit 1 on any failure.
+Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py); exit 1 on any failure.
 """
 import glob
 import json

@@ -25,7 +25,7 @@ One more run per model (n = 2, 1f1b) uses momentum 0.9 and weight decay 1e-4.
   --keep    keep the temp dir (its path is printed)
   --model NAME   only this model (repeatable)
 
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"; exit 1 on
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py); exit 1 on
 any failure.
 """
 import argparse

@@ -23,7 +23,7 @@ weights that nodes of one kind share.
 
   /usr/bin/python3 tests/test_rnn.py [--keep]
 
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"."""
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py)."""
 import argparse
 import glob
 import importlib.util

@@ -14,7 +14,7 @@
 
 The crash points come from the runtime's testing hook PIPERUN_CRASH_AT=R:K
 (rank R kills itself with SIGKILL at its K-th checkpoint point).  Run with
-/usr/bin/python3; prints ok / not ok lines and "N passed, M failed"."""
+/usr/bin/python3; prints ok / not ok lines and "N passed, M failed, K skipped, R refused" (tests/tally.py)."""
 import glob
 import os
 import shutil

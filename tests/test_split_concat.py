@@ -22,7 +22,7 @@ weights are bit-identical (at least two successful runs needed).  A
 
   /usr/bin/python3 tests/test_split_concat.py [--only SUBSTR]... [--keep]
 
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"."""
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py)."""
 import argparse
 import csv
 import glob

@@ -31,7 +31,7 @@ refusal's reason; a pinned model that compiles is a failure that says
   /usr/bin/python3 tests/zoo/run.py --quick             # resnet18, n = 1 and 4, 3 steps (make test)
   --docs docs/zoo.md    write the table;  --keep   keep the temp dir
 
-Ends with "N passed, M failed"; exit 1 on any failure.  Run with /usr/bin/python3.
+Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py); exit 1 on any failure.  Run with /usr/bin/python3.
 """
 import os
 import subprocess
