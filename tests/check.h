@@ -40,7 +40,7 @@ static int passed, failed, skipped, refused_pinned;
   } while (0)
 
 static inline int check_finish(void) {
-  if (passed == 0) {
+  if (passed == 0 && failed == 0) { /* with failures already counted, the status is 1 anyway */
     failed++;
     printf("not ok - the test passed nothing\n");
   }

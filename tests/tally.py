@@ -106,7 +106,7 @@ def line():
 def finish():
     """Print the last line and return the exit status (0 only if nothing failed and something passed)."""
     with _lock:
-        if passed == 0:
+        if passed == 0 and failed == 0:   # (with failures already counted, the status is 1 anyway)
             fail("the suite passed nothing", f"{failed} failed, {skipped} skipped, {refused_pinned} refused")
         _say(line())
         return 1 if failed else 0
@@ -134,6 +134,7 @@ def _self_test():
         ("tally.check(True, 'a'); tally.nonempty([], 'xs') and tally.check(all(x for x in []), 'all xs')",
          "1 passed, 1 failed, 0 skipped, 0 refused", 1),
         ("tally.check(True, 'a'); tally.count(False)", "1 passed, 1 failed, 0 skipped, 0 refused", 1),
+        ("tally.check(False, 'planted')", "0 passed, 1 failed, 0 skipped, 0 refused", 1),
         # a second module importing tally shares the counts
         ("import importlib; t2 = importlib.import_module('tally'); t2.check(True, 'x'); tally.check(True, 'y')",
          "2 passed, 0 failed, 0 skipped, 0 refused", 0),

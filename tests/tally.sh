@@ -19,7 +19,7 @@ t_refused() {
   echo "refused (pinned) - $1: $2"; T_REFUSED=$((T_REFUSED + 1))
 }
 t_finish() {
-  [ "$T_PASS" = 0 ] && t_notok "the suite passed nothing" "$T_FAIL failed, $T_SKIP skipped, $T_REFUSED refused"
+  [ "$T_PASS" = 0 ] && [ "$T_FAIL" = 0 ] && t_notok "the suite passed nothing" "$T_FAIL failed, $T_SKIP skipped, $T_REFUSED refused"
   echo "$T_PASS passed, $T_FAIL failed, $T_SKIP skipped, $T_REFUSED refused"
   [ "$T_FAIL" = 0 ]
 }
