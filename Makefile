@@ -98,24 +98,24 @@ bin/pipecc-trace: tools/pipecc_trace.c build/obj/timeline.o build/obj/util.o
 bin/pipecc-trace-asan: tools/pipecc_trace.c build/asan/timeline.o build/asan/util.o
 	@mkdir -p $(@D)
 	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ -lm
-bin/test_timeline: tests/test_timeline_c.c build/asan/timeline.o build/asan/util.o
+bin/test_timeline: tests/test_timeline_c.c tests/check.h build/asan/timeline.o build/asan/util.o
 	@mkdir -p $(@D)
-	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ -lm
+	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $(filter-out %.h,$^) -o $@ -lm
 
 # Unit tests in C link the compiler's passes directly.
-bin/test_partition: tests/test_partition.c $(ASAN_OBJ)
-	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
-bin/test_dagpart: tests/test_dagpart.c $(ASAN_OBJ)
-	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
-bin/test_schedule: tests/test_schedule.c $(ASAN_OBJ)
-	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
-bin/test_units: tests/test_units.c $(ASAN_OBJ)
-	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $^ -o $@ $(LDLIBS)
+bin/test_partition: tests/test_partition.c tests/check.h $(ASAN_OBJ)
+	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $(filter-out %.h,$^) -o $@ $(LDLIBS)
+bin/test_dagpart: tests/test_dagpart.c tests/check.h $(ASAN_OBJ)
+	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $(filter-out %.h,$^) -o $@ $(LDLIBS)
+bin/test_schedule: tests/test_schedule.c tests/check.h $(ASAN_OBJ)
+	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $(filter-out %.h,$^) -o $@ $(LDLIBS)
+bin/test_units: tests/test_units.c tests/check.h $(ASAN_OBJ)
+	clang -O1 -g $(SAN) $(WARN) $(CPPFLAGS) $(filter-out %.h,$^) -o $@ $(LDLIBS)
 # The run-time kernels (runtime/kernels.h) against double references, with the vector libm the stage
 # programs use where there is one (templates/Makefile.in).
 MVEC     := $(if $(wildcard /usr/lib/x86_64-linux-gnu/libmvec.so),-DPR_MVEC -march=native -fno-math-errno,)
 MVEC_LIB := $(if $(MVEC),-lmvec,)
-bin/test_kernels: tests/test_kernels.c runtime/kernels.h $(wildcard runtime/cpu/*.h runtime/*.def) runtime/broadcast.c runtime/par.c runtime/par.h runtime/gemm.c
+bin/test_kernels: tests/test_kernels.c tests/check.h runtime/kernels.h $(wildcard runtime/cpu/*.h runtime/*.def) runtime/broadcast.c runtime/par.c runtime/par.h runtime/gemm.c
 	@mkdir -p $(@D)
 	clang -O1 -g $(SAN) $(WARN) -D_GNU_SOURCE -Iruntime $(MVEC) $< runtime/broadcast.c runtime/par.c runtime/gemm.c -o $@ -lopenblas -lm -lpthread $(MVEC_LIB)
 # libFuzzer target for the loader and the passes after it, coverage-instrumented.

@@ -1,12 +1,18 @@
-/* check.h - the TAP-style counting the C tests share: CHECK(cond, fmt, ...)
- * counts a pass, or prints "not ok - <message>  (file:line)" and counts a
- * failure.  Each test prints "N passed, M failed" and exits non-zero on any
- * failure. */
+/* check.h - the tally the C tests share, the same one tests/tally.py keeps for
+ * the Python suites:
+ *   CHECK(cond, fmt, ...)        counts a pass, or prints "not ok - <message>  (file:line)"
+ *                                and counts a failure;
+ *   SKIP(what, fmt, ...)         a check not run: prints "skip - <what>: <why>" and counts it;
+ *   PINNED(what, fmt, ...)       a refusal the test expects: prints
+ *                                "refused (pinned) - <what>: <reason>" and counts it (never a pass);
+ *   check_finish()               prints "N passed, M failed, K skipped, R refused" and returns
+ *                                the exit status: 1 on any failure, and 1 when nothing passed.
+ * Messages passed to CHECK end with "\n"; SKIP's and PINNED's add their own. */
 #ifndef PIPECC_TEST_CHECK_H
 #define PIPECC_TEST_CHECK_H
 #include <stdio.h>
 
-static int passed, failed;
+static int passed, failed, skipped, refused_pinned;
 #define CHECK(cond, ...)                         \
   do {                                           \
     if (cond) passed++;                          \
@@ -16,5 +22,31 @@ static int passed, failed;
       printf("  (%s:%d)\n", __FILE__, __LINE__); \
     }                                            \
   } while (0)
+
+#define SKIP(what, ...)                  \
+  do {                                   \
+    skipped++;                           \
+    printf("skip - %s: ", (what));       \
+    printf(__VA_ARGS__);                 \
+    printf("\n");                        \
+  } while (0)
+
+#define PINNED(what, ...)                          \
+  do {                                             \
+    refused_pinned++;                              \
+    printf("refused (pinned) - %s: ", (what));     \
+    printf(__VA_ARGS__);                           \
+    printf("\n");                                  \
+  } while (0)
+
+static inline int check_finish(void) {
+  if (passed == 0 && failed == 0) { /* with failures already counted, the status is 1 anyway */
+    failed++;
+    printf("not ok - the test passed nothing\n");
+  }
+  printf("%d passed, %d failed, %d skipped, %d refused\n", passed, failed, skipped, refused_pinned);
+  fflush(stdout);
+  return failed != 0;
+}
 
 #endif

@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 keep=$1 max=${2:-6}
 T=$(mktemp -d "${TMPDIR:-/tmp}/pipecc-fuzzbuild.XXXXXX")
 trap 'rm -rf "$T"' EXIT
-pass=0 fail=0 refused=0 tried=0
+. tests/tally.sh   # the one tally's shell copy
+tried=0
 # find, not a glob: a long fuzz run keeps tens of thousands of inputs, past the argument limit
 for f in $(find "$keep" -maxdepth 1 -name 'accepted-*.onnx' 2>/dev/null | sort | head -n "$max"); do
   tried=$((tried + 1))
@@ -17,19 +18,18 @@ for f in $(find "$keep" -maxdepth 1 -name 'accepted-*.onnx' 2>/dev/null | sort |
     out=$T/$(basename "$f" .onnx).$s.pipe
     if ! bin/pipecc "$f" -n 2 --batch 4 --microbatches 2 --schedule $s --devices tests/devices_equal.txt -o "$out" \
          >/dev/null 2>"$T/err"; then
-      refused=$((refused + 1))  # the CLI keeps symbolic dims the fuzzer sized; a refusal is allowed here
+      # the CLI keeps symbolic dims the fuzzer sized: a refusal is allowed here (counted as one, never a pass)
+      t_refused "$(basename "$f") ($s)" "$(head -1 "$T/err" | cut -c1-200)"
       continue
     fi
-    if make -s -C "$out" >"$T/build.log" 2>&1; then pass=$((pass + 1)); else
-      echo "not ok - $f ($s): pipecc accepted it but the stage programs do not build"
+    if make -s -C "$out" >"$T/build.log" 2>&1; then t_pass; else
+      t_notok "$f ($s)" "pipecc accepted it but the stage programs do not build"
       tail -15 "$T/build.log" | sed 's/^/#   /'
       cp "$f" "${TMPDIR:-/tmp}/" 2>/dev/null
-      fail=$((fail + 1))
     fi
   done
 done
-echo "# $tried accepted fuzz inputs: $pass builds, $refused refusals by the command line"
-[ $fail = 0 ] && [ $pass -gt 0 ] && echo "ok - every accepted fuzz input that pipecc compiles also builds ($pass builds)"
-[ $pass = 0 ] && [ $fail = 0 ] && { echo "not ok - no accepted fuzz input compiled: nothing was built"; fail=1; }
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+echo "# $tried accepted fuzz inputs: $T_PASS builds, $T_REFUSED refusals by the command line"
+[ $T_FAIL = 0 ] && [ $T_PASS -gt 0 ] && echo "ok - every accepted fuzz input that pipecc compiles also builds ($T_PASS builds)"
+[ $T_PASS = 0 ] && echo "# no accepted fuzz input compiled: nothing was built (t_finish fails a suite that passed nothing)"
+t_finish

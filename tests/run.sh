@@ -1,6 +1,9 @@
 #!/bin/bash
-# The whole test suite (make test).  Each suite prints its own "N passed, M
-# failed" line; this script adds them up and prints the total last.
+# The whole test suite (make test).  Each suite ends with the tally's line
+# (tests/tally.py, tests/tally.sh, tests/check.h): "N passed, M failed, K
+# skipped, R refused" (the old "N passed, M failed" reads as 0 skipped, 0
+# refused); this script adds them up and prints the total last.  A suite that
+# exits non-zero, prints no tally, or passes nothing counts as a failure.
 #   FUZZ_SECONDS=15   how long the loader fuzzer runs (default 15; make fuzz runs the long one)
 set -u
 cd "$(dirname "$0")/.."
@@ -13,8 +16,13 @@ export PIPECC_KERNEL_CACHE=$T/kernels.txt  # the kernel-time cache (docs/cost.md
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
-total_pass=0 total_fail=0
+total_pass=0 total_fail=0 total_skip=0 total_refused=0
 timings=()
+# tally_line OUTPUT-FILE: "P F K R" from the last tally line, or nothing when there is none.
+tally_line() {
+  sed -n -E -e 's/^([0-9]+) passed, ([0-9]+) failed, ([0-9]+) skipped, ([0-9]+) refused$/\1 \2 \3 \4/p' \
+            -e 's/^([0-9]+) passed, ([0-9]+) failed$/\1 \2 0 0/p' "$1" | tail -1
+}
 suite() {
   local name=$1
   shift
@@ -23,25 +31,28 @@ suite() {
   "$@" 2>&1 | tee "$T/out.txt"
   local rc=${PIPESTATUS[0]}
   timings+=("$((SECONDS - t0)) s  $name")
-  local line
-  line=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$T/out.txt" | tail -1)
-  local p=0 f=0
-  if [ -n "$line" ]; then
-    p=$(echo "$line" | awk '{print $1}')
-    f=$(echo "$line" | awk '{print $3}')
+  local p=0 f=0 k=0 r=0 counts
+  counts=$(tally_line "$T/out.txt")
+  [ -n "$counts" ] && read -r p f k r <<<"$counts"
+  # A suite that crashed, printed no tally or passed nothing counts as a failure.
+  if [ -z "$counts" ]; then echo "not ok - $name: printed no tally (rc $rc)"; f=$((f + 1))
+  elif [ "$p" = 0 ]; then echo "not ok - $name: passed nothing"; [ "$f" = 0 ] && f=1
   fi
-  # A suite that crashed or printed no tally counts as a failure.
-  if [ "$rc" != 0 ] && [ "$f" = 0 ]; then f=1; fi
-  if [ -z "$line" ] && [ "$rc" = 0 ]; then echo "$name printed no tally"; f=$((f + 1)); fi
+  if [ "$rc" != 0 ] && [ "$f" = 0 ]; then echo "not ok - $name: exited $rc with no failure counted"; f=1; fi
   total_pass=$((total_pass + p))
   total_fail=$((total_fail + f))
+  total_skip=$((total_skip + k))
+  total_refused=$((total_refused + r))
 }
+
+suite "the tally itself (tests/tally.py): planted failures, skips, refusals and empty suites" $PY tests/tally.py --self-test
 
 suite "partitioner: DP vs brute force" bin/test_partition
 suite "partitioner: downset DP vs brute force, and against the fixed order on the sample models" bin/test_dagpart
 suite "schedules: action lists, validator, planted mistakes" bin/test_schedule
 suite "units" bin/test_units
-suite "sources: include cycles between modules (pinned ones refused), functions over 120 lines (pinned ones allowed), kernels.def against the kernels' prototypes with planted mismatches" $PY tests/test_includes.py
+suite "sources: no include cycle between modules, no function over 120 lines (planted trees fail), kernels.def against the kernels' prototypes with planted mismatches" $PY tests/test_includes.py
+suite "stage specs: plan.json's messages are the stage programs' RECV and SEND tables, and every send pairs with its receive (peer, tag, bytes) on every sample model, n = 2 and 4, direct and relayed" env PIPECC=bin/pipecc $PY tests/test_spec.py
 suite "run-time kernels (Gelu, LeakyRelu, Concat, views, Cast, unary maths, Max/Min, comparisons, ReduceMax, ArgMax, Philox and Dropout) against double references, and the same bits on 3 threads (ASan build)" bin/test_kernels
 suite "shapes vs onnx.shape_inference (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_shapes.py
 suite "bad input (ASan build)" env PIPECC=bin/pipecc-asan bash tests/test_cli.sh
@@ -78,19 +89,18 @@ suite "Dropout: Philox masks, keep rate and scaling, training against PyTorch fe
 suite "element-wise, comparison and reduction ops train bit-identically across -n 1, 3, 4 and schedules (bool and int64 tensors across cuts)" $PY tests/test_ops_across_stages.py
 
 fuzz() {
+  . tests/tally.sh   # a fresh tally: suite runs fuzz in a subshell (its pipe), so nothing leaks into run.sh
   local secs=${FUZZ_SECONDS:-15}
   mkdir -p "$T/corpus" "$T/accepted"
   if FUZZ_KEEP_DIR=$T/accepted bin/fuzz_loader -max_total_time="$secs" -rss_limit_mb=4096 -artifact_prefix="$T/" "$T/corpus" \
        tests/fuzz_seeds > "$T/fuzz.log" 2>&1; then
-    echo "ok - the fuzzer ran $secs s through loading, planning and code generation without a crash, leak or sanitizer report"
+    t_ok "the fuzzer ran $secs s through loading, planning and code generation without a crash, leak or sanitizer report"
     grep -E "DONE" "$T/fuzz.log" | tail -1
-    echo "1 passed, 0 failed"
   else
     tail -30 "$T/fuzz.log"
-    echo "not ok - the loader fuzzer found a problem (reproduce: bin/fuzz_loader $T/crash-*)"
-    echo "0 passed, 1 failed"
-    return 1
+    t_notok "the loader fuzzer found a problem (reproduce: bin/fuzz_loader $T/crash-*)"
   fi
+  t_finish
 }
 suite "fuzzing the loader through code generation" fuzz
 suite "what the fuzzer got through code generation builds" bash tests/fuzz_build.sh "$T/accepted" 6
@@ -98,5 +108,5 @@ suite "what the fuzzer got through code generation builds" bash tests/fuzz_build
 echo
 echo "time per suite (the whole run: $SECONDS s):"
 printf '  %s\n' "${timings[@]}" | cut -c1-110
-echo "total: $total_pass passed, $total_fail failed"
+echo "total: $total_pass passed, $total_fail failed, $total_skip skipped, $total_refused refused (pinned)"
 [ "$total_fail" = 0 ]

@@ -8,21 +8,19 @@ PIPECC=${PIPECC:-bin/pipecc-asan}
 T=$(mktemp -d "${TMPDIR:-/tmp}/pipecc-asan.XXXXXX")
 trap 'rm -rf "$T"' EXIT
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_leaks=1
-pass=0 fail=0
+. tests/tally.sh   # t_ok, t_notok, t_finish: the one tally's shell copy
 for model in onnx_models/*.onnx; do
   name=$(basename "$model" .onnx)
   for n in 1 2 4 8; do
     for s in gpipe 1f1b zb1; do
       if "$PIPECC" "$model" -n $n --schedule $s -o "$T/$name.pipe" >/dev/null 2>"$T/err"; then
-        pass=$((pass + 1))
+        t_pass
       else
-        echo "not ok - $name -n $n --schedule $s under ASan/UBSan:"
+        t_notok "$name -n $n --schedule $s under ASan/UBSan"
         head -8 "$T/err" | sed 's/^/#   /'
-        fail=$((fail + 1))
       fi
     done
   done
 done
-[ $fail = 0 ] && echo "ok - every sample model compiles clean under ASan/UBSan for n = 1, 2, 4, 8 and every schedule ($pass runs)"
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+[ $T_FAIL = 0 ] && echo "ok - every sample model compiles clean under ASan/UBSan for n = 1, 2, 4, 8 and every schedule ($T_PASS runs)"
+t_finish

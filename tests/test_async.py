@@ -62,7 +62,7 @@ which usually tells an off-by-one from a wrong rule.
   --keep         keep the temp dir (its path is printed)
   --model NAME   only this model (mlp, lenet, gpt; repeatable)
 
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"; exit 1 on
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py); exit 1 on
 any failure.
 """
 import argparse
@@ -111,15 +111,12 @@ NOISE_ATOL_STEPS = 4.0
 
 warnings.filterwarnings("ignore", category=UserWarning)
 
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def result(ok, what, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
+    tally.count(ok)
     print(("ok - " if ok else "not ok - ") + what + (": " + detail if detail else ""))
     sys.stdout.flush()
     return ok
@@ -648,8 +645,7 @@ def main():
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"# {time.time() - t_start:.0f} s")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

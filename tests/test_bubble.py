@@ -11,6 +11,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 import test_trace as tt  # noqa: E402  (its paths, check() with the tally, and sh(): the same runs)
 
 ROOT, PIPECC, DATAGEN, DEVICES = tt.ROOT, tt.PIPECC, tt.DATAGEN, tt.DEVICES
@@ -42,7 +43,7 @@ def main():
     os.environ["PIPECC_CACHE"] = os.path.join(tmp, "machine.txt")
     data = os.path.join(tmp, "mnist")
     if not check(sh([DATAGEN, "mnist", data, "--n", "640", "--seed", "1"]).returncode == 0, "synthetic MNIST written"):
-        return 1
+        return tally.finish()
     for n in (1, 2):
         tag = f"lenet -n {n} gpipe m=2"
         out = os.path.join(tmp, f"n{n}.pipe")
@@ -70,8 +71,7 @@ def main():
             check(meas > 0.2, f"{tag}: measured bubble {meas:.3f} is clearly positive (ideal (p-1)/(m+p-1) = 0.333)")
             check(plan["bubble"] > 0.2, f"{tag}: the plan's bubble {plan['bubble']:.3f} too")
         check(abs(meas - from_trace) <= 0.03, f"{tag}: measured bubble {meas:.3f} matches the trace's spans ({from_trace:.3f})")
-    print(f"{tt.passed} passed, {tt.failed} failed")
-    return 1 if tt.failed else 0
+    return tally.finish()   # the one tally: what the imported suite's helpers counted is in it
 
 
 if __name__ == "__main__":

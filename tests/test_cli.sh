@@ -8,7 +8,8 @@
 #
 #   PIPECC=bin/pipecc-asan bash tests/test_cli.sh      (the default binary is bin/pipecc-asan)
 #
-# Prints "ok - CASE" / "not ok - CASE: WHY" and ends with "N passed, M failed"; exit 1 on failure.
+# Prints "ok - CASE" / "not ok - CASE: WHY" and ends with "N passed, M failed, K skipped, R refused"
+# (tests/tally.sh); exit 1 on failure.
 set -u
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -18,10 +19,11 @@ PY=/usr/bin/python3
 MODELS=$ROOT/onnx_models
 export ASAN_OPTIONS=detect_leaks=1
 export UBSAN_OPTIONS=print_stacktrace=1
+. "$ROOT/tests/tally.sh"   # the one tally's shell copy
 
 if [ ! -x "$PIPECC" ]; then
-  echo "not ok - setup: $PIPECC is not built (make asan)"
-  echo "0 passed, 1 failed"
+  t_notok "setup" "$PIPECC is not built (make asan)"
+  t_finish
   exit 1
 fi
 
@@ -31,10 +33,8 @@ mkdir -p "$T/models" "$T/out" "$T/run"
 # The machine probe cache stays inside the temp dir.
 export PIPECC_CACHE=$T/machine.txt
 
-PASS=0
-FAIL=0
-ok() { echo "ok - $1"; PASS=$((PASS + 1)); }
-notok() { echo "not ok - $1: $2"; FAIL=$((FAIL + 1)); }
+ok() { t_ok "$1"; }
+notok() { t_notok "$1" "$2"; }
 
 # Shows pipecc's stderr indented under a failing case.
 show() { sed 's/^/    | /' "$1"; }
@@ -201,7 +201,7 @@ save("pool_autopad_same", [helper.make_node("MaxPool", ["x"], ["y"], name="pool_
      [vi("x", ["batch", 2, 6])], [vi("y", ["batch", 2, 6])], [])
 EOF
   notok "setup" "could not write the broken models with $PY"
-  echo "$PASS passed, $FAIL failed"
+  t_finish
   exit 1
 fi
 echo "this is not an ONNX model" >"$M/notonnx.onnx"
@@ -410,5 +410,4 @@ else
   show "$T/stdout"
 fi
 
-echo "$PASS passed, $FAIL failed"
-[ "$FAIL" -eq 0 ]
+t_finish

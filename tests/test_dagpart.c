@@ -360,6 +360,5 @@ int main(void) {
   test_chains(200);
   test_bound();
   test_models();
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return check_finish();
 }

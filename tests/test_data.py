@@ -24,13 +24,12 @@ TOOLS = os.path.join(ROOT, "tools")
 SAN = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-fno-sanitize-recover=undefined"]
 WARN = ["-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE"]
 ENV = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0", UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def check(cond, what, detail=""):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "not ok - ") + what)
     if not cond and detail:
         print("   " + str(detail).strip().replace("\n", "\n   ")[:2000])
@@ -89,8 +88,7 @@ def main():
     finally:
         shutil.rmtree(T, ignore_errors=True)
     print("# %.1f s" % (time.time() - t0))
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return tally.finish()
 
 
 def body(T):

@@ -30,7 +30,7 @@ Reuses tests/test_parity.py (data, weight mapping, compile-build-train-compare).
 
   /usr/bin/python3 tests/test_dropout.py [--keep]
 
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"."""
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py)."""
 import argparse
 import glob
 import io
@@ -50,6 +50,7 @@ import torch.nn as nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 import test_parity as tp  # noqa: E402
 
 PIPECC = tp.PIPECC
@@ -60,13 +61,9 @@ tp.LOSS_RTOL = 1e-5
 tp.WEIGHT_ATOL = 1e-5
 SEED = 1                       # run.sh's default --seed
 
-passed = failed = 0
-
 
 def result(ok, what, detail=""):
-    global passed, failed
-    passed += bool(ok)
-    failed += not ok
+    tally.count(ok)
     print(("ok - " if ok else "not ok - ") + what + (": " + detail if detail else ""))
     sys.stdout.flush()
     return ok
@@ -413,9 +410,7 @@ def main():
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"# {time.time() - t0:.0f} s")
-    total_pass, total_fail = passed + tp.passed, failed + tp.failed   # test_parity's run_case counts its own
-    print(f"{total_pass} passed, {total_fail} failed")
-    return 1 if total_fail else 0
+    return tally.finish()   # test_parity's run_case counts into the same tally
 
 
 if __name__ == "__main__":

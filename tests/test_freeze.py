@@ -37,7 +37,7 @@ in training mode (its eval forward: BatchNorm on running statistics, Dropout off
 --quick (what make test runs): LeNet (--freeze-at at n = 2 and 4, so --frozen re-plans too; a
 re-plan killed and resumed; --freeze auto against a PyTorch simulation of its rule), --val on LeNet
 and the BatchNorm-Dropout net at n = 2, the refusals.  The whole suite: `make test-freeze`.
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed".
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py).
 """
 import argparse
 import csv
@@ -62,6 +62,8 @@ PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
 DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
 DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
 STEPS = 8
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def load_module(name, rel):
@@ -597,8 +599,7 @@ def main():
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"# {time.time() - t0:.0f} s")
-    print(f"{ta.passed} passed, {ta.failed} failed")
-    return 1 if ta.failed else 0
+    return tally.finish()   # the one tally: what the imported suite's helpers counted is in it
 
 
 if __name__ == "__main__":

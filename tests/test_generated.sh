@@ -5,33 +5,30 @@
 # commit the result.
 set -u
 cd "$(dirname "$0")/.."
-pass=0 fail=0
+. tests/tally.sh   # t_pass, t_notok, t_finish: the one tally's shell copy
 flags=(-n 4 --batch 64 --microbatches 8 --lr 0.1 --devices tests/devices_equal.txt)
 check() { # NAME SCHEDULE-FLAGS...
   local name=$1 dir=generated/$1 out=generated/$1.check
   shift
   rm -rf "$out"
   if ! bin/pipecc onnx_models/lenet.onnx "${flags[@]}" "$@" -o "$out" >/dev/null; then
-    echo "not ok - pipecc failed to regenerate $dir"
-    fail=$((fail + 1))
+    t_notok "pipecc failed to regenerate $dir"
     return
   fi
-  local n0=$pass f0=$fail
+  local n0=$T_PASS f0=$T_FAIL
   for f in $(cd "$dir" && git ls-files . 2>/dev/null || find . -type f); do
-    if cmp -s "$dir/$f" "$out/$f"; then pass=$((pass + 1)); else
-      echo "not ok - $dir/$f differs from what pipecc writes now (run 'make generated')"
+    if cmp -s "$dir/$f" "$out/$f"; then t_pass; else
+      t_notok "$dir/$f differs from what pipecc writes now (run 'make generated')"
       diff -u "$dir/$f" "$out/$f" 2>/dev/null | head -20
-      fail=$((fail + 1))
     fi
   done
   # Nothing the compiler writes may be missing from generated/.
   for f in $(cd "$out" && find . -type f | sed 's|^\./||'); do
-    if [ ! -f "$dir/$f" ]; then echo "not ok - $dir/$f is missing"; fail=$((fail + 1)); fi
+    if [ ! -f "$dir/$f" ]; then t_notok "$dir/$f is missing"; fi
   done
   rm -rf "$out"
-  [ $fail = $f0 ] && echo "ok - $dir matches the compiler's output ($((pass - n0)) files)"
+  [ $T_FAIL = $f0 ] && echo "ok - $dir matches the compiler's output ($((T_PASS - n0)) files)"
 }
 check lenet.pipe --schedule 1f1b
 check lenet_async.pipe --schedule async --staleness 1
-echo "$pass passed, $fail failed"
-[ $fail = 0 ]
+t_finish

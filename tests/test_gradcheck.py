@@ -32,14 +32,14 @@ unchanged; BatchNorm running statistics must hold PyTorch's update.
 
 A case pipecc refuses with a 'pipecc: error:' message FAILS, unless it is
 pinned in EXPECTED_REFUSALS (case -> a text the error message must contain,
-which says why): a pinned refusal with that text is printed as 'refused - ...'
+which says why): a pinned refusal with that text is printed as 'refused (pinned) - ...'
 and counted on its own line, not as passed; a pinned case refused for another
 reason, or one that now compiles ("expected refusal no longer refused: unpin
 it"), fails.
 
   /usr/bin/python3 tests/test_gradcheck.py [--case SUBSTR]... [--keep] [--list]
 
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"; exit 1
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py); exit 1
 on any failure.
 """
 import argparse
@@ -90,7 +90,8 @@ CHECKED_ELSEWHERE = {
     "Concat": "tests/test_split_concat.py (Concat of K = 2..16 inputs trained against PyTorch)",
 }
 
-passed = failed = refused = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 # Cases run two at a time (main): their counters and lines go through this lock.
@@ -98,16 +99,12 @@ LOCK = threading.Lock()
 
 
 def result(status, what, detail=""):
-    global passed, failed, refused
+    """status: "ok", "not ok", or "refused" (a pinned refusal, detail its reason: counted as refused, never passed)."""
     with LOCK:
-        if status == "ok":
-            passed += 1
-        elif status == "refused":
-            refused += 1
+        if status == "refused":
+            tally.refused(what, detail)
         else:
-            failed += 1
-        print(f"{status} - {what}" + (f": {detail}" if detail else ""))
-        sys.stdout.flush()
+            tally.check(status == "ok", what, detail)
 
 
 def note(text):
@@ -1918,9 +1915,8 @@ def main():
         return 0
     for path in (PIPECC, DEVICES):
         if not os.path.exists(path):
-            print(f"not ok - setup: {path} is missing (make first)")
-            print("0 passed, 1 failed")
-            return 1
+            tally.fail("setup", f"{path} is missing (make first)")
+            return tally.finish()
     t0 = time.time()
     work = tempfile.mkdtemp(prefix="pipecc_gradcheck_")
     runs = os.path.join(work, "cases")
@@ -1948,7 +1944,7 @@ def main():
         with concurrent.futures.ThreadPoolExecutor(max_workers=2) as pool:
             list(pool.map(one, range(1, len(cases))))
     finally:
-        if args.keep or failed:
+        if args.keep or tally.failed:
             print(f"# work dir kept: {work}")
         else:
             shutil.rmtree(work, ignore_errors=True)
@@ -1958,9 +1954,8 @@ def main():
     for k in stale:
         result("not ok", k, "pinned in EXPECTED_REFUSALS but no such case: unpin it")
     print(f"# {len(cases)} cases in {time.time() - t0:.0f} s")
-    print(f"# pinned refusals: {refused} of {len(EXPECTED_REFUSALS)} pinned cases refused as expected (not counted as passed)")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    print(f"# pinned refusals: {tally.refused_pinned} of {len(EXPECTED_REFUSALS)} pinned cases refused as expected (not counted as passed)")
+    return tally.finish()
 
 
 if __name__ == "__main__":

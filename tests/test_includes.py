@@ -17,7 +17,7 @@
    runs before linking bin/pipecc) passes on compiler/kernels.def and fails, naming the kernel, on
    copies with one letter changed, with an extra argument, and with a kernel that has no prototype.
 Each checker also runs on a small planted tree, where it must find what was planted.
-Run with /usr/bin/python3 from anywhere; prints "N passed, M failed"."""
+Run with /usr/bin/python3 from anywhere; ends with the tally's line (tests/tally.py)."""
 import itertools
 import os
 import re
@@ -30,19 +30,10 @@ MAX_LINES = 120
 KNOWN_CYCLES = os.path.join(ROOT, "tests", "include_cycles_known.txt")
 LONG_ALLOWED = os.path.join(ROOT, "tests", "long_functions.txt")
 KERNELSIG = os.path.join(ROOT, "build", "tools", "kernelsig")
-passed = failed = 0
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import tally  # noqa: E402
 
-
-def check(cond, what, detail=""):
-    global passed, failed
-    if cond:
-        passed += 1
-        print("ok - " + what)
-    else:
-        failed += 1
-        print("not ok - " + what)
-        if detail:
-            print("  " + detail.replace("\n", "\n  "))
+check = tally.check
 
 
 # ---- the sources ----
@@ -466,7 +457,7 @@ def cycles_check():
         print("header-less (a leaf of the include graph): %s implements %s (%s)" % (rel, mod, ", ".join(fns[:4]) + (", ..." if len(fns) > 4 else "")))
     for c in cycles:
         if c in known:
-            print("refused (pinned) - include cycle %s (tests/include_cycles_known.txt)" % cycle_text(c))
+            tally.refused("include cycle %s" % cycle_text(c), "pinned in tests/include_cycles_known.txt")
     detail = "\n".join("include cycle %s: %s" % (cycle_text(c), "; ".join(
         "%s (%s:%d)" % (c[(k + 1) % len(c)], *edges[c[k]][c[(k + 1) % len(c)]][0]) for k in range(len(c))))
         for c in new)
@@ -576,8 +567,7 @@ def main():
     cycles_check()
     functions_check()
     kernelsig_check()
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

@@ -25,15 +25,13 @@ import onnx
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
 MODELS = ["mlp", "lenet", "resnet", "gpt", "gpt_opset17"]
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def check(cond, what):
-    global passed, failed
-    if cond:
-        passed += 1
-    else:
-        failed += 1
+    tally.count(cond)
+    if not cond:
         print("not ok -", what)
     return cond
 
@@ -125,7 +123,7 @@ def main():
     for name in MODELS:
         path = os.path.join(ROOT, "onnx_models", name + ".onnx")
         want_params = trainable_params(path)
-        failed_before = failed
+        failed_before = tally.failed
         for n in (1, 2, 4, 8):
             for sched in ("gpipe", "1f1b", "zb1"):
                 out = os.path.join(tmp, f"{name}-{n}-{sched}.pipe")
@@ -164,12 +162,12 @@ def main():
                 check(0 <= plan["bubble"] < 1 and plan["predicted_step_time_s"] > 0, f"{tag}: bubble/step time out of range")
                 check("schedule (" in text and "| stage 0" in text, f"{tag}: no schedule table in the listing")
         # A summary, not a check: printed only when every check above held.
-        if failed == failed_before:
+        if tally.failed == failed_before:
             print(f"# {name}: all listing checks held for n = 1, 2, 4, 8 under gpipe, 1f1b and zb1")
 
     # The memory the listing states is the arena the generated code allocates, for every model, n and schedule;
     # the estimate the partitioner screens with is measured against it (a summary, not a check).
-    failed_before = failed
+    failed_before = tally.failed
     ratios = []
     for name in MODELS:
         for n in (1, 2, 4, 8):
@@ -188,7 +186,7 @@ def main():
                 stated = [int(x) for x in re.findall(r"^  memory +\S+ \S+ \((\d+) bytes\)", text, re.M)]
                 check(stated == code, f"{tag}: the listing states {stated}, the stage programs allocate {code}")
                 ratios += [s["memory"]["estimate"] / s["memory"]["total"] for s in st]
-    if failed == failed_before:
+    if tally.failed == failed_before:
         print(f"# every stage's memory (listing, plan.json) is its ARENA_BYTES (5 models, n = 1, 2, 4, 8, 3 schedules); "
               f"the estimate is {min(ratios):.2f}x to {max(ratios):.2f}x the arena")
 
@@ -236,8 +234,7 @@ def main():
             return m.group(1).strip() if m else None
         check(kind("MatMul") == "temporary" and kind("Softmax") == "one copy per micro-batch in flight",
               f"gpt: q k^T before its scale is a temporary ({kind('MatMul')}), the softmax kept ({kind('Softmax')})")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

@@ -16,13 +16,12 @@ from onnx import numpy_helper
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
 DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def check(cond, what):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "not ok - ") + what)
     return cond
 
@@ -154,8 +153,7 @@ def main():
     check(r.returncode == 2 and "'sl' is empty" in r.stderr and "pipecc: error:" in r.stderr
           and not os.path.exists(os.path.join(tmp, "empty.pipe")),
           f"an empty run-time tensor is refused naming it ({r.stderr.strip()})")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

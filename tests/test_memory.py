@@ -27,7 +27,9 @@ busiest plain arena.  The case then checks that:
     limit that fits, and writes nothing; that limit itself compiles.
 
 A case that cannot be planned is a failure unless it is pinned in EXPECTED
-with its reason.  --quick (make test) runs a few cases; with no flag (make
+with its reason: then it is counted as a pinned refusal ("refused (pinned) -
+CASE: REASON", tests/tally.py), never as passed, and a pinned case that plans
+fails ("unpin it").  --quick (make test) runs a few cases; with no flag (make
 test-memory) every sample model at n = 2 and 4 under 1f1b and zb1 with each
 target.  Run with /usr/bin/python3."""
 import csv
@@ -44,7 +46,8 @@ DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
 DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
 STEPS = 3
 SLACK = 256 * 1024  # run-to-run noise of what MPI and OpenBLAS allocate outside the arena
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 TARGETS = {
     "peer": ["--offload", "peer", "--recompute", "none"],
@@ -67,9 +70,7 @@ EXPECTED = {
 
 
 def check(cond, what):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "not ok - ") + what, flush=True)
     return cond
 
@@ -146,7 +147,7 @@ def file_copies(tag, out, data, tmp, odir, p_losses, p_model, stdout):
     to_file = [k for k, sp in enumerate(plans) if (sp.get("memory_plan") or {}).get("offload_to") == "file"
                and sp["memory_plan"].get("offloaded_bytes", 0) > 0]
     if not to_file:  # the limit was met by xslots alone (values kept in one copy), nothing goes to the file
-        print(f"# {tag}: the plan offloads nothing to its file; its copies are not checked")
+        tally.skip(f"{tag}: the file offload's copies", "the plan offloads nothing to its file (the limit was met by xslots alone)")
         return
     line = next((l for l in stdout.splitlines() if l.startswith("offload file copies:")), "")
     want = "io_uring" if (os.path.exists("/usr/include/liburing.h") and io_uring_usable()
@@ -163,7 +164,7 @@ def file_copies(tag, out, data, tmp, odir, p_losses, p_model, stdout):
     tiny = os.path.join(tmp, "tiny")
     os.makedirs(tiny, exist_ok=True)
     if os.geteuid() != 0:
-        print(f"# {tag}: the full-disk case needs root to mount a tmpfs; not run")
+        tally.skip(f"{tag}: a full offload directory stops the job", "the full-disk case needs root to mount a tmpfs")
         return
     if not check(run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", tiny]).returncode == 0,
                  f"{tag}: a one-page tmpfs mounts for the full-disk case (as root)"):
@@ -244,8 +245,11 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache):
         r = compile_plan(model, n, sched, out, ["--mem-limit", str(limit), *flags] if target != "peer" else flags,
                          DEVICES if target != "peer" else half_limited(tmp, n, limit))
         print(f"# {tag}: nothing moves at any limit tried; checking the plan at {limit}, which keeps values in xslots")
-    if key + (target,) in EXPECTED:
-        check(limit is None, f"{tag}: no memory plan, as pinned ({EXPECTED[key + (target,)]})")
+    if key + (target,) in EXPECTED:   # pinned: no memory plan (a refusal, counted as one, never as passed)
+        if limit is None:
+            tally.refused(f"{tag}: no memory plan", f"{EXPECTED[key + (target,)]} ({'; '.join(errors) or 'no limit between'})")
+        else:
+            check(False, f"{tag}: pinned as having no memory plan ({EXPECTED[key + (target,)]}), but it plans at {limit}: unpin it")
         return
     if not check(limit is not None, f"{tag}: plans under one of {base} and moves something ({'; '.join(errors) or 'no limit between'})"):
         return
@@ -318,8 +322,7 @@ def main():
             if only and model not in only:
                 continue
             case(model, n, sched, target, fracs, tmp, data[DATA[model]], plain)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

@@ -19,13 +19,12 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
 DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
 DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def check(cond, what):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "not ok - ") + what)
     return cond
 
@@ -131,9 +130,8 @@ def main():
         src = "".join(open(f).read() for f in gen if os.path.exists(f))
         check(bool(src) and "system(" not in code_only(src), "the injected call is only ever inside a comment or a string")
     finally:
-        if not failed: shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+        if not tally.failed: shutil.rmtree(tmp, ignore_errors=True)
+    return tally.finish()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ covering it).
 
   /usr/bin/python3 tests/test_ops_across_stages.py
 
-Ends with "N passed, M failed"; exit 1 on any failure.
+Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py); exit 1 on any failure.
 """
 import glob
 import json
@@ -27,16 +27,15 @@ import onnx
 from onnx import numpy_helper
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares)
 import test_gradcheck as tg  # noqa: E402  (the model builder, IDX writer and process runner)
 
 CONFIGS = ((1, "1f1b"), (3, "gpipe"), (4, "zb1"))  # -n 4 1f1b left out: make test within 15 min (test_parity runs it)
 BATCH, MICRO, STEPS = 16, 4, 3
-passed = failed = 0
 
 
 def result(ok, what, detail=""):
-    global passed, failed
-    passed, failed = passed + ok, failed + (not ok)
+    tally.count(ok)
     print(f"{'ok' if ok else 'not ok'} - {what}" + (f": {detail}" if detail else ""))
     sys.stdout.flush()
 
@@ -142,8 +141,7 @@ def main():
             check(name, opset, build, cross, models, data, rt_obj)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

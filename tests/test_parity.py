@@ -25,7 +25,7 @@ One more run per model (n = 2, 1f1b) uses momentum 0.9 and weight decay 1e-4.
   --keep    keep the temp dir (its path is printed)
   --model NAME   only this model (repeatable)
 
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"; exit 1 on
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py); exit 1 on
 any failure.
 """
 import argparse
@@ -65,15 +65,12 @@ warnings.filterwarnings("ignore", message="It is recommended that constant foldi
 warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
 warnings.filterwarnings("ignore", category=UserWarning, module="torch.onnx")
 
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def result(ok, what, detail=""):
-    global passed, failed
-    if ok:
-        passed += 1
-    else:
-        failed += 1
+    tally.count(ok)
     print(("ok - " if ok else "not ok - ") + what + (": " + detail if detail else ""))
     sys.stdout.flush()
     return ok
@@ -451,7 +448,7 @@ def run_case(tag, onnx_path, n, sched, opt_cfg, datadir, casedir, env, ref):
             run_cmd("pipecc", cmd, env)
         except StepFailed as e:
             if "larger than the number of compute nodes" in e.args[1]:
-                print(f"skip - {tag}: {e.args[1].strip().splitlines()[-1]}")
+                tally.skip(tag, e.args[1].strip().splitlines()[-1])   # counted, with its reason
                 return "skip"
             raise
         jobs = str(max(1, os.cpu_count() or 1))
@@ -632,8 +629,7 @@ def main():
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"# {time.time() - t_start:.0f} s")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

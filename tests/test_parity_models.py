@@ -31,13 +31,12 @@ DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
 # PyTorch's own float32 and float64 runs part by 5e-3 within 10 steps, so a 1e-4 bound
 # would measure chaos, not correctness.  At lr 0.002 they agree to about 2e-5.
 B, M, STEPS, LR = 32, 4, 10, 0.002
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def check(cond, what):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "not ok - ") + what)
     return cond
 
@@ -202,7 +201,7 @@ def main():
     state = model.state_dict()
     missing = [k for k in state if k not in init and not k.endswith("num_batches_tracked")]
     if not check(not missing, f"resnet: every torch parameter/buffer has an ONNX initializer ({missing[:3]})"):
-        return 1
+        return tally.finish()
     model.load_state_dict({k: torch.from_numpy(init[k].copy()) if k in init else v for k, v in state.items()})
     want_losses, want_state = torch_reference(model, x, y)
     print(f"# resnet: torch losses {want_losses[0]:.4f} -> {want_losses[-1]:.4f}")
@@ -226,8 +225,7 @@ def main():
     bit_identical(runs, "resnet: n=1, n=4 and n=2 --no-fuse give bit-identical weights and statistics")
     for name in ("gpt", "gpt_opset17"):
         gpt_parity(tmp, ex, name)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Ranks pinned to cores when there are more ranks than cores (compiler/schedule.c, schedule_pin;
 runtime/host.c, pin_rank; docs/cost.md, "Ranks that share cores").
 
-LeNet at n = 2 x this machine's CPUs (at most 4 of them; otherwise n = 4 on 2 cores, plan only), with
+LeNet at n = 2 x this machine's CPUs (at most 4 of them; otherwise n = 4 on 2 cores, plan only: the
+run checks are counted as skipped, with that reason), with
 --devices naming those cores (`host cores=C`):
   - plan.json's machine.pinned_core gives each rank a core below C, and every core holds ranks;
   - the listing names the cores and their ranks; each stage program's PIN_CORE is its rank's core;
@@ -17,6 +18,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 import test_trace as tt  # noqa: E402  (its paths, check() with the tally, and sh())
 
 ROOT, PIPECC, DATAGEN, DEVICES = tt.ROOT, tt.PIPECC, tt.DATAGEN, tt.DEVICES
@@ -60,7 +62,8 @@ def main():
         f.write(base + f"host cores={cores}\n")
     data = os.path.join(tmp, "mnist")
     if not check(sh([DATAGEN, "mnist", data, "--n", "640", "--seed", "1"]).returncode == 0, "synthetic MNIST written"):
-        return 1
+        return tally.finish()
+    no_run = f"this machine has {len(cpus)} CPUs: the runs need n = 2 x CPUs ranks, run only on at most 4 CPUs (plan only)"
 
     tag = f"{n} ranks on {cores} cores"
     out, pj = plan(tmp, "shared", n, shared)
@@ -77,6 +80,8 @@ def main():
             for s in range(n):
                 src = open(os.path.join(out, f"stage_{s}.c")).read()
                 check(f"enum {{ PIN_CORE = {pin[s]}, PIN_CORES = {cores} }};" in src, f"{tag}: stage_{s}.c runs on core {pin[s]}")
+        if not runs:
+            tally.skip(f"{tag}: the pinned run, run.sh --no-pin and mpirun's binding", no_run)
         if runs and ok:
             r = sh(["make", "-s", "-C", out], timeout=600)
             if check(r.returncode == 0, f"{tag}: built ({r.stderr.strip()[-300:]})"):
@@ -100,14 +105,15 @@ def main():
     if out:
         check(pj["machine"].get("pinned_core", "missing") is None, f"{tag}: plan.json pins nothing ({pj['machine'].get('pinned_core', 'missing')})")
         check("enum { PIN_CORE = 0, PIN_CORES = 0 };" in open(os.path.join(out, "stage_0.c")).read(), f"{tag}: PIN_CORES 0")
+        if not runs:
+            tally.skip(f"{tag}: the run pins nothing", no_run)
         if runs:
             r = sh(["make", "-s", "-C", out], timeout=600)
             if check(r.returncode == 0, f"{tag}: built"):
                 o, _ = run(tag, out, data)
                 if o is not None:
                     check("ranks pinned" not in o, f"{tag}: the run pins nothing")
-    print(f"{tt.passed} passed, {tt.failed} failed")
-    return 1 if tt.failed else 0
+    return tally.finish()   # the one tally: what the imported suite's helpers counted is in it
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ the next step's first forward, so training is bit-identical to -n 1.
 For each case - a sample model, n, an --fb-split (n/2, or none: the planner's
 choice) - this test checks that:
   - pipecc compiles it (a refusal fails unless pinned in EXPECTED with its
-    reason), and plan.json says "schedule": "pipefb" and "fb_split": NF (the
+    reason: then it is counted as a pinned refusal, never as passed), and plan.json says "schedule": "pipefb" and "fb_split": NF (the
     one asked for, else one in 1..n-1), has n stage plans whose "role" is
     "forward" for ranks < NF and "backward" for the rest, each with
     node_begin, node_end, arena_bytes and memory; the forward ranks' node
@@ -60,7 +60,8 @@ if os.sep in PIPECC:
 DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
 DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")  # fixed machine figures: the planner's choice does not depend on this machine
 STEPS = 3
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 DATA = {"mlp": "mnist", "lenet": "mnist", "resnet": "cifar", "gpt": "tokens", "gpt_opset17": "tokens"}
 # (batch, micro-batches) per model for n <= 4 and for n = 6: small, B % m == 0, m >= 2.
@@ -79,9 +80,7 @@ EXPECTED = {}
 
 
 def check(cond, what):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "FAIL - ") + what, flush=True)
     return cond
 
@@ -339,10 +338,12 @@ def main():
                     tag = f"{model} n={n} pipefb --fb-split {name} B={batch} m={m}"
                     out = os.path.join(tmp, f"{model}.n{n}.fb{name}")
                     r = compile_plan(model, n, out, batch, m, ["--schedule", "pipefb", *(["--fb-split", str(split)] if split is not None else [])])
-                    if (model, n, name) in EXPECTED:
-                        check(r.returncode == 2 and r.stderr.startswith("pipecc: error:"),
-                              f"{tag}: refused, as pinned ({EXPECTED[(model, n, name)]})" +
-                              (f": {tail(r, 200)}" if r.returncode else ": it compiles now, remove it from EXPECTED"))
+                    if (model, n, name) in EXPECTED:   # a pinned refusal: counted as refused, never as passed
+                        if r.returncode == 2 and r.stderr.startswith("pipecc: error:"):
+                            tally.refused(tag, f"{EXPECTED[(model, n, name)]}: {tail(r, 200)}")
+                        else:
+                            check(False, f"{tag}: pinned as refused ({EXPECTED[(model, n, name)]})" +
+                                  (f", exit {r.returncode}: {tail(r, 200)}" if r.returncode else ": it compiles now, remove it from EXPECTED"))
                         continue
                     if not check(r.returncode == 0, f"{tag}: compiles" + ("" if r.returncode == 0 else f" ({tail(r)})")):
                         continue
@@ -360,8 +361,7 @@ def main():
                     check(saved == ref[1], f"{tag}: the trained weights (--save) are bit-identical to -n 1's")
                 if (model, n) in arena_cases:
                     limit_case(model, n, data[DATA[model]], tmp, ref)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

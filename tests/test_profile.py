@@ -68,14 +68,13 @@ DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
 MODEL = {m: os.path.join(ROOT, "onnx_models", m + ".onnx") for m in ("lenet", "mlp")}
 BATCH, MICRO = 64, 4
 MB = BATCH // MICRO
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def check(cond, what, detail=""):
     """detail: said only when the check fails."""
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "not ok - ") + what + ("" if cond or not detail else f" ({detail})"), flush=True)
     return cond
 
@@ -525,8 +524,7 @@ def main():
         data = os.path.join(tmp, "mnist")
         g = run([DATAGEN, "mnist", data, "--n", "2048", "--seed", "1"])
         if not check(g.returncode == 0, "piperun-data mnist --n 2048", tail(g)):
-            print(f"{passed} passed, {failed} failed")
-            return 1
+            return tally.finish()
 
         # ---- 1. a profile run ----
         prof_dir, plain_dir = os.path.join(tmp, "prof"), os.path.join(tmp, "plain")
@@ -667,7 +665,8 @@ def main():
                         check(all(abs(a - 2 * b) <= 1e-6 * 2 * b for a, b in zip(f8, f16)),
                               f"each stage's predicted forward doubles ({f8} vs {f16})")
                     else:  # the cut may move when compute doubles but messages do not: compare the same cut via the sums above
-                        print(f"# the mb-8 plan cut differently ({cuts(plan_8)} vs {cuts(plan_c)}): per-stage comparison skipped")
+                        tally.skip("each stage's predicted forward doubles",
+                                   f"the mb-8 plan cut differently ({cuts(plan_8)} vs {cuts(plan_c)}); the sums are compared above")
 
             # MLP's own profile (another model) for the hostile cases.
             mlp_dir = os.path.join(tmp, "mlp")
@@ -749,8 +748,7 @@ def main():
                   r.stderr.strip()[:160] + " ... " + r.stderr.strip()[-60:])
 
     print(f"# {time.time() - t_start:.1f} s")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ weights that nodes of one kind share.
 
   /usr/bin/python3 tests/test_rnn.py [--keep]
 
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"."""
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py)."""
 import argparse
 import glob
 import importlib.util
@@ -40,6 +40,8 @@ import torch
 import torch.nn as nn
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def load_parity():
@@ -168,8 +170,7 @@ def main():
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"# {time.time() - t0:.0f} s")
-    print(f"{par.passed} passed, {par.failed} failed")
-    return 1 if par.failed else 0
+    return tally.finish()   # the one tally: what the imported suite's helpers counted is in it
 
 
 if __name__ == "__main__":

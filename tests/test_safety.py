@@ -14,7 +14,7 @@
 
 The crash points come from the runtime's testing hook PIPERUN_CRASH_AT=R:K
 (rank R kills itself with SIGKILL at its K-th checkpoint point).  Run with
-/usr/bin/python3; prints ok / not ok lines and "N passed, M failed"."""
+/usr/bin/python3; prints ok / not ok lines and "N passed, M failed, K skipped, R refused" (tests/tally.py)."""
 import glob
 import os
 import shutil
@@ -32,13 +32,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPECC = os.path.join(ROOT, "bin", "pipecc")
 DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
 DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def check(cond, what):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "not ok - ") + what, flush=True)
     return cond
 
@@ -320,17 +319,17 @@ def main():
         data = os.path.join(tmp, "mnist")
         r = sh([DATAGEN, "mnist", data, "--n", "1280", "--seed", "1"])
         if not check(r.returncode == 0, f"synthetic MNIST written ({r.stderr.strip()})"):
-            return 1
+            return tally.finish()
         mlp = os.path.join(ROOT, "onnx_models", "mlp.onnx")
         pipe, other = os.path.join(tmp, "mlp.pipe"), os.path.join(tmp, "mlp-b32.pipe")
         err = build(mlp, pipe) or build(mlp, other, batch=32, mb=2)
         if not check(not err, f"the MLP compiled for 2 stages, batch 64 / 4 and batch 32 / 2 micro-batches ({err.strip()[-300:]})"):
-            return 1
+            return tally.finish()
         run = os.path.join(pipe, "run.sh")
         full = os.path.join(tmp, "full.onnx")
         r = sh([run, "--data", data, "--steps", "6", "--quiet", "--save", full])
         if not check(r.returncode == 0, f"6 steps straight ({errors(r)})"):
-            return 1
+            return tally.finish()
         for name, fn, args in (("crash points", test_crash_points, (run, data, tmp, full)),
                                ("refusals", test_refusals, (run, data, tmp, other)),
                                ("fail early", test_fail_early, (run, data, tmp)),
@@ -346,8 +345,7 @@ def main():
             kill_leftovers(p)
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"# {time.time() - t0:.0f} s")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

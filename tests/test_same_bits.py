@@ -52,6 +52,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402
 import test_memory as TM  # noqa: E402  (its devices file for the peer target)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -83,13 +84,18 @@ counts = {"passed": 0, "failed": 0, "skipped": 0, "refused": 0}
 
 
 def say(kind, what, detail=""):
-    """One result line (and its indented detail), counted; kind is passed, failed, skipped or refused."""
-    head = {"passed": "ok - ", "failed": "not ok - ", "skipped": "skip - ", "refused": "refused - "}[kind]
+    """One result, counted by the one tally (tests/tally.py); kind is passed, failed, skipped or refused."""
     with lock:
         counts[kind] += 1
-        print(head + what, flush=True)
-        for line in detail.rstrip("\n").splitlines():
-            print("#   " + line, flush=True)
+        detail = "\n".join("  " + line for line in detail.rstrip("\n").splitlines())
+        if kind == "passed":
+            tally.check(True, what)
+        elif kind == "failed":
+            tally.fail(what, detail)
+        elif kind == "skipped":
+            tally.skip(what, detail.strip() or "see above")
+        else:
+            tally.refused(what, detail.strip() or "both sides refuse it alike")
 
 
 def tail(text, lines=25):
@@ -492,8 +498,9 @@ def main():
         else:
             shutil.rmtree(WORK, ignore_errors=True)
     print(f"# base {args.base} = {sha[:12]}, after {head[:12]}{dirty}; {time.time() - t0:.0f} s in all")
-    print(f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped, {counts['refused']} refused")
-    return 1 if counts["failed"] or counts["passed"] == data_checks else 0  # a pass beside the data checks is needed
+    if counts["passed"] == data_checks:  # a pass beside the data checks is needed
+        tally.fail("no case passed beside the data checks")
+    return tally.finish()
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ is compared with onnx.shape_inference.infer_shapes(strict_mode=True, data_prop=T
   by the symbolic pass are checked here exactly.
 
 Run with /usr/bin/python3 (needs onnx); PIPECC selects the binary (default bin/pipecc).
-Ends with a line `N passed, M failed` (one check per model x configuration); exit 1 on failure."""
+Ends with a line `N passed, M failed, K skipped, R refused` (tests/tally.py; one check per model x configuration); exit 1 on failure."""
 import copy
 import os
 import subprocess
@@ -24,6 +24,9 @@ import tempfile
 
 import onnx
 from onnx import TensorProto, shape_inference
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
@@ -153,7 +156,6 @@ def main():
     # pipecc caches its machine probe; keep that inside a temp dir.
     cache = tempfile.TemporaryDirectory(prefix="pipecc-shapes.")
     os.environ["PIPECC_CACHE"] = os.path.join(cache.name, "machine.txt")
-    passed = failed = 0
     for model_name in MODELS:
         path = os.path.join(ROOT, "onnx_models", model_name + ".onnx")
         model = onnx.load(path)
@@ -197,20 +199,15 @@ def main():
                       label, tensors, checked, unchecked, resolved, extra, len(fails)))
             for f in fails:
                 print("    FAIL " + f)
-            if fails:
-                failed += 1
-            else:
-                passed += 1
+            tally.count(not fails)
         bad = {s: r for s, r in ratios.items() if len(r) > 1}
         label = "%s unk dims scale with the batch" % model_name
+        tally.count(not bad)
         if bad:
-            failed += 1
             print("%s: FAIL: %s" % (label, "; ".join("'%s' is %s x micro-batch" % (s, sorted(r)) for s, r in sorted(bad.items()))))
         else:
-            passed += 1
             print("%s: ok (%d symbols)" % (label, len(ratios)))
-    print("%d passed, %d failed" % (passed, failed))
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

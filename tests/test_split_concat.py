@@ -22,7 +22,7 @@ weights are bit-identical (at least two successful runs needed).  A
 
   /usr/bin/python3 tests/test_split_concat.py [--only SUBSTR]... [--keep]
 
-PIPECC overrides the pipecc binary.  Ends with "N passed, M failed"."""
+PIPECC overrides the pipecc binary.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py)."""
 import argparse
 import csv
 import glob
@@ -46,13 +46,12 @@ DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
 B, M, STEPS, LR, CLASSES = 16, 4, 5, 0.05, 10
 LOSS_RTOL, WEIGHT_ATOL = 1e-4, 1e-4
 
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def result(ok, what, detail=""):
-    global passed, failed
-    passed += bool(ok)
-    failed += not ok
+    tally.count(ok)
     print(("ok - " if ok else "not ok - ") + what + (": " + detail if detail else ""))
     sys.stdout.flush()
     return ok
@@ -321,8 +320,7 @@ def main():
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     print(f"# {time.time() - t0:.0f} s")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 import test_trace as tt  # noqa: E402  (its paths, check() with the tally, and sh())
 
 ROOT, PIPECC, DATAGEN = tt.ROOT, tt.PIPECC, tt.DATAGEN
@@ -129,8 +130,7 @@ def main():
     plan_says(tmp)
     bits(tmp, data)
     profile(tmp, data)
-    print(f"{tt.passed} passed, {tt.failed} failed")
-    return 1 if tt.failed else 0
+    return tally.finish()   # the one tally: what the imported suite's helpers counted is in it
 
 
 if __name__ == "__main__":

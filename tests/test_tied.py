@@ -36,7 +36,8 @@ PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
 DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
 DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
 B, M, T, V, STEPS, LR = 8, 4, 32, 64, 8, 0.05
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 
@@ -57,9 +58,7 @@ def initial_weights(pipe):
     return out
 
 def check(cond, what):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "not ok - ") + what)
     return cond
 
@@ -358,8 +357,7 @@ def main():
     merged_gpt(tmp, tok)
     forward_without_slot(tmp)
     untied_fused_bn(tmp)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

@@ -29,13 +29,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOL = os.path.join(ROOT, os.environ.get("PIPECC_TRACE", "bin/pipecc-trace-asan"))
 ENV = dict(os.environ, ASAN_OPTIONS="detect_leaks=1:abort_on_error=0", UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
 SVG = "{http://www.w3.org/2000/svg}"
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def check(cond, what, detail=""):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "not ok - ") + what, flush=True)
     if not cond and detail:
         print("   " + str(detail).strip().replace("\n", "\n   ")[:2000])
@@ -119,8 +118,7 @@ def main():
         body(tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 def body(tmp):

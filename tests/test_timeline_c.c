@@ -1,6 +1,6 @@
 /* test_timeline_c.c - timeline_svg called directly (built with ASan/UBSan).
  *
- *   bin/test_timeline            C-level checks; prints "N passed, M failed"
+ *   bin/test_timeline            C-level checks; prints "N passed, M failed, K skipped, R refused"
  *   bin/test_timeline --svg CASE prints one case's SVG (tests/test_timeline.py
  *                                parses it): planned | empty | hostile
  */
@@ -10,7 +10,8 @@
 
 #include "timeline.h"
 
-static int passed, failed;
+#include "check.h"
+
 static void check(int cond, const char *what) {
   passed += !!cond;
   failed += !cond;
@@ -140,6 +141,5 @@ int main(int argc, char **argv) {
   check(count(z.s, "class=\"span\"") == 0 && strstr(z.s, "</svg>"), "nranks 0: nothing drawn, still a document");
   buf_free(&z);
 
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return check_finish();
 }

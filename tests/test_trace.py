@@ -16,13 +16,12 @@ PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
 DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
 DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
 STEPS = 3
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def check(cond, what):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "not ok - ") + what)
     return cond
 
@@ -77,7 +76,7 @@ def main():
     os.environ["PIPECC_CACHE"] = os.path.join(tmp, "machine.txt")
     data = os.path.join(tmp, "mnist")
     if not check(sh([DATAGEN, "mnist", data, "--n", "640", "--seed", "1"]).returncode == 0, "synthetic MNIST written"):
-        return 1
+        return tally.finish()
     for sched in ("gpipe", "1f1b", "zb1"):
         tag = f"lenet -n 4 {sched}"
         out = os.path.join(tmp, sched + ".pipe")
@@ -97,8 +96,7 @@ def main():
         rows = r.stdout.split("comm+other_s")[-1].split("\n")[1:5]
         other = [float(row.split()[3]) for row in rows if row.strip()]
         check(len(other) == 4 and min(other) >= 0, f"{tag}: comm+other column {other} is never negative")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

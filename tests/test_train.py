@@ -19,13 +19,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPECC = os.path.join(ROOT, "bin", "pipecc")
 DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
 DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 
 def check(cond, what):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
+    tally.count(cond)
     print(("ok - " if cond else "not ok - ") + what)
     return cond
 
@@ -66,11 +65,11 @@ def main():
     data = os.path.join(tmp, "mnist")
     r = sh([DATAGEN, "mnist", data, "--n", "12800", "--seed", "1"])
     if not check(r.returncode == 0, f"synthetic MNIST written ({r.stderr.strip()})"):
-        return 1
+        return tally.finish()
     pipe = os.path.join(tmp, "lenet.pipe")
     err = build("lenet.onnx", 4, pipe, "--lr", "0.1")
     if not check(not err, f"lenet compiled for 4 stages and built ({err.strip()})"):
-        return 1
+        return tally.finish()
     run = os.path.join(pipe, "run.sh")
 
     # The demo: 200 steps, loss from ~2.3 to well under 0.5.
@@ -149,8 +148,7 @@ def main():
         check(r.returncode != 0 and stages == {0, 1, 2, 3} and all(w in " ".join(lines) for w in words)
               and "step 1/" not in r.stdout,
               f"{label}: every rank stops before the first step: {lines[0] if lines else r.stderr.strip()[-200:]}")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

@@ -93,6 +93,5 @@ int main(void) {
   test_sizes();
   test_devices();
   test_schedules();
-  printf("%d passed, %d failed\n", passed, failed);
-  return failed != 0;
+  return check_finish();
 }

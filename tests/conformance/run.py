@@ -8,8 +8,8 @@ outputs (rtol = atol = 1e-4 for float32, exact otherwise).
 
 A case pipecc refuses at compile time (one 'pipecc: error:' line, exit 2)
 FAILS unless it is pinned in EXPECTED_REFUSALS, case -> a text the error line
-must contain (the reason).  A pinned case refused with that text is counted on
-its own line ("pinned refusals"), never as passed; a pinned case refused for
+must contain (the reason).  A pinned case refused with that text is counted as
+a pinned refusal ("refused (pinned) - CASE: REASON"), never as passed; a pinned case refused for
 another reason, or one that no longer is refused ("expected refusal no longer
 refused: unpin it"), fails.  Integer,
 bool and scalar inputs are compiled in as constants: pipecc is a static
@@ -18,7 +18,9 @@ that nothing but Casts read stays a run-time input of its own type.
 
   /usr/bin/python3 tests/conformance/run.py [--ops Conv,Gemm] [--write-docs]
 
-Prints per-op counts and ends with "N passed, M failed".  --write-docs
+A documented deviation (DEVIATIONS) is counted as skipped, with its reason.
+Prints per-op counts and ends with "N passed, M failed, K skipped, R refused"
+(tests/tally.py).  --write-docs
 rewrites docs/operators.md from the results."""
 import argparse
 import collections
@@ -46,6 +48,7 @@ os.environ["PIPECC"] = PIPECC  # optable reads the same binary
 
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 import optable  # noqa: E402
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
 # What pipecc claims comes from its operator table (pipecc --list-ops): every op
 # that runs at run time is tested, and "backward" is whether it trains.
@@ -328,7 +331,7 @@ def main():
     node_dir = generate(os.path.join(tmp, "data"))
     rt_obj = build_runtime(tmp)
     results = []
-    seen, refusal_failures, pinned_refused = set(), [], 0
+    seen, refusal_failures = set(), []
     todo = []
     for name in sorted(os.listdir(node_dir)):
         case = os.path.join(node_dir, name)
@@ -348,28 +351,27 @@ def main():
         seen.add(name)
         if status == "fail" and name in DEVIATIONS:
             status, detail = "deviation", f"{DEVIATIONS[name]} ({detail})"
-        if status == "deviation":
-            print(f"deviation - {name} ({op}): {detail}")
         results.append((name, op, status, detail))
         pinned = EXPECTED_REFUSALS.get(name)
         if status == "fail":
-            print(f"not ok - {name} ({op}): {detail}")
-        elif status == "unsupported" and pinned is None:
+            tally.fail(f"{name} ({op})", detail)
+        elif status == "unsupported":   # pinned with its reason: counted as refused; otherwise a failure
+            if not tally.pinned_refusal(f"{name} ({op})", detail, pinned):
+                refusal_failures.append(name)
+        elif pinned is not None:   # a stale pin fails (a pass under it is not counted as passed)
             refusal_failures.append(name)
-            print(f"not ok - {name} ({op}): refused at compile time and not pinned in EXPECTED_REFUSALS: {detail}")
-        elif status == "unsupported" and pinned not in detail:
-            refusal_failures.append(name)
-            print(f"not ok - {name} ({op}): refused for another reason than the pinned one ({pinned!r}): {detail}")
-        elif status == "unsupported":
-            pinned_refused += 1
-        elif pinned is not None:
-            refusal_failures.append(name)
-            print(f"not ok - {name} ({op}): expected refusal no longer refused: unpin it (now: {status}"
-                  + (f", {detail}" if detail else "") + ")")
+            tally.fail(f"{name} ({op})", f"expected refusal no longer refused: unpin it (now: {status}"
+                       + (f", {detail}" if detail else "") + ")")
+        elif status == "pass":
+            tally.count(True)
+        elif status == "deviation":   # a documented deviation: neither passed nor failed, said with its reason
+            tally.skip(f"{name} ({op})", f"documented deviation: {detail}")
+        else:
+            tally.fail(f"{name} ({op})", f"unknown status {status!r}: {detail}")
     if not args.ops:
         for name in sorted(set(EXPECTED_REFUSALS) - seen):
             refusal_failures.append(name)
-            print(f"not ok - {name}: pinned in EXPECTED_REFUSALS but no such case ran: unpin it")
+            tally.fail(name, "pinned in EXPECTED_REFUSALS but no such case ran: unpin it")
     counts = collections.Counter(s for _, _, s, _ in results)
     per_op = collections.defaultdict(collections.Counter)
     for _, op, s, _ in results:
@@ -380,15 +382,13 @@ def main():
     print(f"conformance: {counts['pass']} passed of {counts['pass'] + counts['fail'] + counts['deviation']} cases run for the "
           f"supported ops, {counts['fail']} failures, {counts['deviation']} documented deviations (PyTorch semantics, random masks), "
           f"{counts['unsupported']} refused with a clear compile-time error")
-    print(f"# pinned refusals: {pinned_refused} of {len(EXPECTED_REFUSALS)} pinned cases refused as expected "
+    print(f"# pinned refusals: {tally.refused_pinned} of {len(EXPECTED_REFUSALS)} pinned cases refused as expected "
           f"(not counted as passed); {len(refusal_failures)} refusal failures (unpinned, wrong reason, or stale pins)")
     if args.write_docs:
         write_docs(results)
     if not args.keep:
         shutil.rmtree(tmp, ignore_errors=True)
-    nfail = counts["fail"] + len(refusal_failures)
-    print(f"{counts['pass']} passed, {nfail} failed")
-    return 1 if nfail else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":

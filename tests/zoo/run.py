@@ -31,7 +31,7 @@ refusal's reason; a pinned model that compiles is a failure that says
   /usr/bin/python3 tests/zoo/run.py --quick             # resnet18, n = 1 and 4, 3 steps (make test)
   --docs docs/zoo.md    write the table;  --keep   keep the temp dir
 
-Ends with "N passed, M failed"; exit 1 on any failure.  Run with /usr/bin/python3.
+Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py); exit 1 on any failure.  Run with /usr/bin/python3.
 """
 import os
 import subprocess
@@ -86,15 +86,10 @@ PINNED = {
     # refusal must contain, which says why.  Every model of the list trains.
 }
 
-passed = failed = 0
+sys.path.insert(0, os.path.dirname(HERE))
+import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
 
-
-def check(cond, what):
-    global passed, failed
-    passed += bool(cond)
-    failed += not cond
-    print(("ok - " if cond else "not ok - ") + what, flush=True)
-    return cond
+check = tally.check
 
 
 def _load(name, rel):
@@ -309,7 +304,7 @@ def run_model(name, tmp, env, data_paths, steps, ns):
         reason = first.replace("pipecc: error: ", "").replace(path + ": ", "").split(" (supported")[0]
         pin = PINNED.get(name)
         if pin and pin in first and first.startswith("pipecc: error:"):
-            check(True, f"{name}: refused, as pinned: {first}")
+            tally.refused(name, first)
             row["status"] = f"refused: {reason}"
         elif pin:
             check(False, f"{name}: refused for another reason than the pinned one ({pin!r}), update PINNED: {first}")
@@ -338,7 +333,7 @@ def run_model(name, tmp, env, data_paths, steps, ns):
         except par.StepFailed as e:
             first = ([l for l in e.args[1].splitlines() if l.startswith("pipecc: error:")] or [""])[0]
             if pin and e.args[0].startswith("pipecc exited") and pin in first:
-                check(True, f"{name} n={n}: refused, as pinned: {first}")
+                tally.refused(f"{name} n={n}", first)
                 errs.append(f"n={n} refused: {first.replace('pipecc: error: ', '')}")
                 pinned_n.append(n)
                 continue
@@ -372,7 +367,7 @@ def run_model(name, tmp, env, data_paths, steps, ns):
         errs.append(f"n={n}: loss1 {rel1:.1e}, step-1 weights {ratio:.2f}x spread, losses {lratio:.2f}x bound")
         runs[n] = (got1, gotN, ok)
     if pinned_n and len(runs) + len(pinned_n) == len(ns):
-        print(f"# {name}: bit-identity across n not checked: n={pinned_n} refused as pinned")
+        tally.skip(f"{name}: n={ns[0]} and n={ns[1]} bit-identical", f"not checked: n={pinned_n} refused as pinned")
         same = False
     elif len(runs) < 2:
         check(False, f"{name}: n=1 and n=4 bit-identical: not checked, {len(runs)} run(s) succeeded (2 needed)")
@@ -486,8 +481,7 @@ def main():
         write_docs(args.docs, rows, total, steps)
         print(f"# wrote {args.docs}")
     print(f"# {total:.0f} s")
-    print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return tally.finish()
 
 
 if __name__ == "__main__":
