@@ -4,14 +4,15 @@
  * optimizer state, the rings of values that cross the cuts) lives in the
  * device's memory.  The runtime never dereferences it itself: it reads and
  * writes it through host views (the loader, checkpoints, the checks), copies
- * within it, sends and receives it through MPI, and runs its own few kernels
- * on it (the optimizer, tied weights' sums), all declared here.  One
+ * within it, sends and receives it through MPI, and runs its own two kernels
+ * on it (the NaN scan, sums of squares), all declared here; the optimizer
+ * step and tied weights' sums are the stage program's own calls.  One
  * implementation per device, in a folder of its own: cpu/device.c, where the
  * device's memory is the host's, a view is the bytes themselves and a copy
  * is memcpy, so the CPU pays nothing for the layer.  A GPU's (cuda/) copies
  * views in and out, orders its copies and kernels on a stream and sends
- * from device memory through a CUDA-aware MPI, without a change to the
- * common files. */
+ * from device memory (staging through pinned host buffers where the MPI is
+ * not CUDA-aware, as Debian's is not), without a change to the common files. */
 #ifndef PIPERUN_DEVICE_H
 #define PIPERUN_DEVICE_H
 #include <stdint.h>
