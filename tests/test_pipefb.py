@@ -80,9 +80,7 @@ EXPECTED = {}
 
 
 def check(cond, what):
-    tally.count(cond)
-    print(("ok - " if cond else "FAIL - ") + what, flush=True)
-    return cond
+    return tally.check(cond, what)
 
 
 def run(cmd, **kw):
