@@ -236,11 +236,12 @@ static void render_schedule(Buf *o, const StageSpec *s) {
   buf_printf(o, "\n};\n\n");
 }
 
-static void value_table(Buf *o, const StageSpec *s, const SpecValue *v, int n, const char *name) {
+/* The RECV (recv = 1) or SEND table. */
+static void value_table(Buf *o, const StageSpec *s, const SpecValue *v, int n, int recv, const char *name) {
   static const char *const src[] = {"PR_FROM_PREV", "PR_FROM_IMAGES", "PR_FROM_TOKENS"};
   if (!n) return;
   buf_printf(o, "/* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, %s rank, tag: its number among the\n"
-                " * values between the two ranks} */\n", v == s->recv ? "from" : "to");
+                " * values between the two ranks} */\n", recv ? "from" : "to");
   buf_printf(o, "static const PrValue %s[] = {\n", name);
   for (int i = 0; i < n; i++) {
     buf_printf(o, "    {\"");
@@ -385,8 +386,8 @@ static void render_stage(const StageSpec *s, Buf *o) {
   buf_printf(o, "\n");
   if (s->loss) render_loss(o, s);
   render_schedule(o, s);
-  value_table(o, s, s->recv, s->nrecv, "RECV");
-  value_table(o, s, s->send, s->nsend, "SEND");
+  value_table(o, s, s->recv, s->nrecv, 1, "RECV");
+  value_table(o, s, s->send, s->nsend, 0, "SEND");
   fb_table(o, s, s->stash_send, s->nstash_send, 0, 1, "STASH_SEND");
   fb_table(o, s, s->stash_recv, s->nstash_recv, 0, 0, "STASH_RECV");
   fb_table(o, s, s->wsend, s->nwsend, 1, 1, "WSEND");
