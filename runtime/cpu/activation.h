@@ -148,11 +148,6 @@ static inline void k_leakyrelu_grad(const float *x, const float *dy, float *dx, 
 /* ---- unary maths and bounded activations: Neg, Exp, Log, Abs, Reciprocal,
  * Clip, HardSigmoid, HardSwish.  One kernel, the op a constant argument, so
  * each call specialises; a, b are Clip's bounds or HardSigmoid's alpha, beta. ---- */
-/* UN_NEG = 0, UN_EXP, UN_LOG, UN_ABS, UN_RECIPROCAL, UN_CLIP, UN_HARDSIGMOID, UN_HARDSWISH (runtime/opcodes.def) */
-enum {
-#define UN_OP(name, value) name = value,
-#include "../opcodes.def"
-};
 
 /* Comparisons written so that a NaN input gives NaN, as torch.clamp and
  * torch.nn.Hardsigmoid do (fmaxf would drop it). */

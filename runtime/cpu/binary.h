@@ -5,18 +5,6 @@
 #define PIPERUN_CPU_BINARY_H
 #include "common.h"
 /* ---- elementwise binary ops with numpy broadcasting ---- */
-/* BIN_ADD = 0, BIN_SUB, BIN_MUL, BIN_DIV, BIN_POW, BIN_MAX, BIN_MIN (runtime/opcodes.def, which the compiler reads too) */
-enum {
-#define BIN_OP(name, value) name = value,
-#include "../opcodes.def"
-};
-enum { BIN_MUL_SELF = 100 }; /* kernels.h's own: pow with the exponent 2 */
-typedef struct BcastShape {
-  int rank;
-  int64_t out[8];      /* output dims */
-  int64_t sa[8], sb[8]; /* strides of a and b in output coordinates (0 on broadcast axes) */
-  int64_t na, nb, ny;  /* element counts */
-} BcastShape;
 
 static inline int64_t bcast_at(const BcastShape *s, const int64_t *st, int64_t i) {
   int64_t off = 0;
@@ -47,11 +35,6 @@ void k_binary(int op, const float *a, const float *b, float *y, const BcastShape
 void k_binary_grad(int op, int which, const float *a, const float *b, const float *dy, float *d, const BcastShape *s, int acc);
 
 /* ---- Where(cond, x, y) with broadcasting; cond is bool (uint8) ---- */
-typedef struct WhereShape {
-  int rank;
-  int64_t out[8], sc[8], sx[8], sy[8];
-  int64_t nx, ny, nout;
-} WhereShape;
 
 /* Where walks the output a row (its last axis) at a time: the offsets of c, x and y are found once
  * per row from an odometer over the other axes, and the row runs with the last axis' strides (0 for
@@ -102,11 +85,6 @@ static inline void k_where_grad(const uint8_t *c, const float *dout, float *d, i
 }
 
 /* ---- Equal, Less, Greater (float inputs, broadcast) and Not: bool (uint8) results ---- */
-/* CMP_EQUAL = 0, CMP_LESS, CMP_GREATER (runtime/opcodes.def) */
-enum {
-#define CMP_OP(name, value) name = value,
-#include "../opcodes.def"
-};
 static inline void k_compare(int op, const float *a, const float *b, uint8_t *y, const BcastShape *s) {
   for (int64_t i = 0; i < s->ny; i++) {
     float u = a[bcast_at(s, s->sa, i)], v = b[bcast_at(s, s->sb, i)];

@@ -11,6 +11,7 @@
  * build (docs/kernels.md, "Build time"). */
 #define PR_OUT_OF_LINE static __attribute__((noinline, unused))
 #include "../par.h"
+#include "../shapes.h"
 #include <cblas.h>
 #include <math.h>
 #include <stdint.h>

@@ -8,15 +8,6 @@
  * the last spatial slots (d = kd = od = 1 and, for 1-D, h = kh = oh = 1), so
  * the unit loops fold away in the specialised code and a 2-D convolution
  * performs exactly the arithmetic it did before 3-D existed. */
-typedef struct ConvShape {
-  int n, c, d, h, w;            /* input [n, c, d, h, w] */
-  int m, kd, kh, kw, group;     /* weight [m, c/group, kd, kh, kw] */
-  int od, oh, ow;               /* output */
-  int sd, sh, sw, pd, ph, pw;   /* strides, begin pads */
-  int dd, dh, dw;               /* dilations */
-  int lib;                      /* 1: the compiler chose oneDNN for it (conv_dnnl.c, in a build with PR_DNNL) */
-  int64_t lib_work;             /* bytes of the workspace (col) the compiler gave it */
-} ConvShape;
 
 #ifdef PR_DNNL
 /* conv_dnnl.c: 0 when oneDNN ran the call, -1 when it cannot take the shape (im2col + GEMM then runs it). */

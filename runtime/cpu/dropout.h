@@ -16,11 +16,6 @@
  * batch-major tensor gets the same mask for any --microbatches too).  Where a
  * micro-batch runs (-n, schedule, rank) does not enter: masks are identical.
  * PyTorch's own stream is not reproduced (README.md says why). */
-typedef struct RandCtx {
-  uint64_t seed; /* the run's --seed: Philox's key */
-  int64_t step;  /* the optimizer step being run, from 0 (the counter keeps its low 32 bits) */
-  int64_t mb;    /* the micro-batch of the action being run */
-} RandCtx;
 
 /* Ten rounds of Philox4x32 on ctr, in place (Random123's philox4x32_R(10, ...)). */
 static inline void k_philox4x32_10(uint32_t ctr[4], uint32_t k0, uint32_t k1) {

@@ -53,13 +53,6 @@ static inline void k_gemm_dC(const float *dY, float *dC, int M, int N, int cm, i
     for (int j = 0; j < N; j++) dC[(int64_t)(cm == 1 ? 0 : i) * cn + (cn == 1 ? 0 : j)] += beta * dY[(int64_t)i * N + j];
 }
 /* ---- MatMul with numpy semantics: batch dims broadcast ---- */
-typedef struct MatMulShape {
-  int64_t batch;          /* output batch count */
-  int64_t M, N, K;
-  int nb;                 /* batch rank */
-  int64_t bdims[6], sa[6], sb[6]; /* output batch dims; A/B matrix strides per batch axis (0 = broadcast) */
-  int b_shared;           /* B is one matrix for every batch: fold the batch into M */
-} MatMulShape;
 
 static inline void mm_offsets(const MatMulShape *s, int64_t b, int64_t *oa, int64_t *ob) {
   *oa = *ob = 0;

@@ -17,11 +17,6 @@ static inline void k_copy_grad(const float *dy, float *dx, int64_t n, int acc) {
 }
 
 /* ---- constant padding of any rank ---- */
-typedef struct PadShape {
-  int rank;
-  int64_t in[8], out[8], begin[8];
-  float value;
-} PadShape;
 
 /* Offset in y of the element of x at linear index i. */
 static inline int64_t pad_offset(const PadShape *s, int64_t i) {
@@ -48,12 +43,6 @@ static inline void k_pad_grad(const float *dy, float *dx, const PadShape *s, int
 }
 
 /* ---- Transpose (any rank) ---- */
-typedef struct PermShape {
-  int rank;
-  int64_t out[8];   /* output dims */
-  int64_t st[8];    /* input stride along each output axis */
-  int64_t n;
-} PermShape;
 
 /* One pass over a permutation, both directions: y[i] = x[at(i)] (fwd), or dx[at(i)] (+)= dy[i] (grad).
  * The output is walked in order, its last axis innermost.  Where that axis reads the input with a
@@ -159,13 +148,6 @@ static inline void k_zero(float *x, int64_t n) { memset(x, 0, sizeof(float) * (s
  * its steps (negative when it walks backwards) times x's strides; Expand has
  * stride 0 on broadcast axes; Tile reads x as [r0, d0, r1, d1, ...] with stride
  * 0 on each repeat axis (16 axes: two per axis of a rank-8 input). */
-typedef struct ViewShape {
-  int rank;
-  int64_t out[16]; /* output dims */
-  int64_t st[16];  /* input stride along each output axis */
-  int64_t base;    /* input offset of output element 0 */
-  int64_t n, nx;   /* output and input element counts */
-} ViewShape;
 
 /* Input offset of the first element of output row r (a row: the last axis). */
 static inline int64_t view_row(const ViewShape *s, int64_t r) {

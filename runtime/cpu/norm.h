@@ -4,13 +4,6 @@
 #define PIPERUN_CPU_NORM_H
 #include "common.h"
 /* ---- batch normalization over N and the spatial axes, per channel ---- */
-typedef struct BnShape {
-  int64_t n, c, sp;   /* [n, c, sp] */
-  float eps;
-  double momentum;    /* ONNX momentum: running = running * momentum + batch * (1 - momentum), in double as PyTorch */
-  int relu;           /* a Relu fused after it (compiler/fuse.c): y = relu(bn(x)), and dy is masked by y */
-  int training;       /* last: stash.c's stash_bn_training reads it there */
-} BnShape;
 
 /* The per-channel sums below run in 8 double lanes, each plane's elements dealt round-robin, and the
  * lanes add up in a fixed order at the end: the compiler vectorises them (a single running sum is a

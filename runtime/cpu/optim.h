@@ -43,13 +43,6 @@ static inline void k_adam(float *p, const float *g, float *m, float *v, int64_t 
     p[i] = p[i] + (-step_size) * (m[i] / denom);
   }
 }
-/* The run's optimizer hyper-parameters at the step being taken (the runtime's pr_opt, set before each
- * UPDATE): the generated update calls read them, since run.sh may change them and the learning rate
- * follows its schedule.  step counts from 0. */
-typedef struct OptCtx {
-  float lr, momentum, weight_decay, beta1, beta2, eps;
-  int64_t step;
-} OptCtx;
 
 /* One weight's update, as the stage program's update() calls it. */
 static inline void k_sgd_step(float *p, const float *g, float *buf, int64_t n, const OptCtx *o) {

@@ -6,12 +6,6 @@
 /* ---- pooling (1-D, 2-D, 3-D) ----
  * As for ConvShape, 1-D and 2-D windows sit in the last spatial slots with
  * unit sizes before them. */
-typedef struct PoolShape {
-  int n, c, d, h, w, od, oh, ow;
-  int kd, kh, kw, sd, sh, sw, pd, ph, pw, dd, dh, dw;
-  int ed, eh, ew;        /* end pads: count_include_pad counts a window only up to them */
-  int count_include_pad; /* AveragePool */
-} PoolShape;
 
 /* Runs the statement given last with iz, iy, ix and k (the input's offset) for each input element
  * of output (oz, oy, ox)'s window in channel plane nc, skipping the padding. */

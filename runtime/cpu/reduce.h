@@ -4,13 +4,6 @@
 #define PIPERUN_CPU_REDUCE_H
 #include "common.h"
 /* ---- ReduceMean / ReduceSum over a set of axes ---- */
-typedef struct ReduceShape {
-  int rank;
-  int64_t in[8];
-  int mask;        /* reduced axes */
-  int64_t n, nout;
-  float scale;     /* 1/count for the mean, 1 for the sum */
-} ReduceShape;
 
 static inline int64_t reduce_at(const ReduceShape *s, int64_t i) {
   int64_t out = 0, mul = 1;

@@ -16,13 +16,6 @@
  * workspace, so backward recomputes the gates instead of keeping them per
  * micro-batch in flight; the gradients of W, R and B add up in one fixed
  * order, whatever the partition. */
-typedef struct RnnShape {
-  int64_t T, B, in, H; /* steps, batch, input size, hidden size */
-  int layout;         /* 0: X [T,B,in], Y [T,D,B,H], Y_h [D,B,H]; 1: X [B,T,in], Y [B,T,D,H], Y_h [B,D,H] */
-  int lbr;            /* GRU's linear_before_reset */
-  int D;              /* directions: 1, or 2 (bidirectional: forward, then reverse) */
-  int rev;            /* the direction being run visits the steps in reverse */
-} RnnShape;
 
 static inline int64_t rnn_row(const RnnShape *s, int64_t t) { return s->layout ? t : t * s->B; }
 static inline int rnn_rs(const RnnShape *s) { return s->layout ? (int)s->T : 1; }
