@@ -27,6 +27,8 @@ SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-saniti
 .PHONY: test-parity bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-pipefb test-async test-freeze test-same-bits
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
+include runtime/cuda/build.mk
+
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
 bin/piperun-data: tools/datagen.c runtime/data.c runtime/data.h
 	@mkdir -p $(@D)

@@ -1,0 +1,1 @@
+/* cuda/activation.h - (being written) */

@@ -1,0 +1,1 @@
+/* cuda/binary.h - (being written) */

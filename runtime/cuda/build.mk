@@ -1,0 +1,27 @@
+# runtime/cuda/build.mk - the CUDA side of the build (the Makefile includes it): the GPU kernels
+# and the checks of them (tests/gpu/).  Everything here compiles and links wherever nvcc is (on PATH or
+# at /usr/local/cuda); running it needs a GPU (tests/gpu/check.sh).  Without nvcc the targets say so.
+NVCC      ?= $(firstword $(shell command -v nvcc 2>/dev/null) $(wildcard /usr/local/cuda/bin/nvcc))
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# Hopper (H100, H200): its own machine code, and PTX for a newer GPU's driver to compile.
+CUDA_ARCH ?= -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90
+NVFLAGS   := -O3 -std=c++17 $(CUDA_ARCH) -Xcompiler -Wall,-Wextra,-Werror -Werror all-warnings -Iruntime
+CUDA_SRC  := $(wildcard runtime/cuda/*.cu)
+CUDA_OBJ  := $(CUDA_SRC:runtime/cuda/%.cu=build/cuda/%.o)
+CUDA_LIBS := -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+# The CPU kernels the checks compare with: no -march=native, the GPU machine's CPU may be another.
+GPU_CHECK_CPU := runtime/broadcast.c runtime/par.c runtime/gemm.c
+
+build/cuda/%.o: runtime/cuda/%.cu $(wildcard runtime/cuda/*.cuh runtime/cuda/*.h) runtime/shapes.h runtime/opcodes.def
+	@test -n "$(NVCC)" || { echo "make: no nvcc on PATH or at /usr/local/cuda: the CUDA kernels need the CUDA toolkit" >&2; exit 1; }
+	@mkdir -p $(@D)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+# Every GPU kernel against its CPU kernel (tests/gpu/kernels.c).
+bin/gpu-kernels: $(wildcard tests/gpu/*.c tests/gpu/*.h) $(CUDA_OBJ) $(GPU_CHECK_CPU) runtime/kernels.h $(wildcard runtime/cpu/*.h)
+	@mkdir -p $(@D)
+	clang -O2 -g $(WARN) -D_GNU_SOURCE -Iruntime -Itests/gpu -I$(CUDA_HOME)/include $(filter %.c,$^) $(CUDA_OBJ) \
+	  -o $@ $(CUDA_LIBS) -l:libopenblas.a -lm -lpthread
+
+cuda: $(CUDA_OBJ) bin/gpu-kernels
+.PHONY: cuda

@@ -1,0 +1,1 @@
+/* cuda/conv.h - (being written) */

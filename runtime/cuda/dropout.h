@@ -1,0 +1,1 @@
+/* cuda/dropout.h - (being written) */

@@ -1,0 +1,1 @@
+/* cuda/gemm.h - (being written) */

@@ -1,0 +1,1 @@
+/* cuda/loss.h - (being written) */

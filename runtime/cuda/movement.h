@@ -1,0 +1,1 @@
+/* cuda/movement.h - (being written) */

@@ -1,0 +1,1 @@
+/* cuda/norm.h - (being written) */

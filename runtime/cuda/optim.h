@@ -1,0 +1,1 @@
+/* cuda/optim.h - (being written) */

@@ -1,0 +1,1 @@
+/* cuda/pool.h - (being written) */

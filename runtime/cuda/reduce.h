@@ -1,0 +1,1 @@
+/* cuda/reduce.h - (being written) */

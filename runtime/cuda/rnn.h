@@ -1,0 +1,1 @@
+/* cuda/rnn.h - (being written) */
