@@ -45,7 +45,11 @@ static void usage(FILE *f) {
         "  --threads T           threads each rank computes on (default 1; for clusters that run one rank per\n"
         "                        node): GEMMs and pipecc's own kernels split over them, oneDNN's convolutions\n"
         "                        stay on one (docs/kernels.md, Threads)\n"
-        "  --mem-limit SIZE      memory per rank, e.g. 2G or 512M (default: unlimited)\n"
+        "  --target cpu|cuda     the device the stages run on: the host's cores (default), or an NVIDIA GPU per\n"
+        "                        rank (ranks on one host share its GPUs; docs/cuda.md)\n"
+        "  --precision fp32|tf32|bf16  cuda: the matrix products in fp32 with TF32 off (default: the same\n"
+        "                        numbers as the CPU within rounding), TF32, or bf16 inputs with fp32 sums\n"
+        "  --mem-limit SIZE      memory per rank, e.g. 2G or 512M (default: unlimited; the GPU's with cuda)\n"
         "  --offload WHERE       where stashed activations may go to fit --mem-limit: auto (a peer rank with\n"
         "                        room, else recompute; default), none, peer, or file:DIR (a local directory)\n"
         "  --recompute auto|none whether stashed activations may be recomputed to fit --mem-limit (default auto)\n"
@@ -235,6 +239,16 @@ static int flag_run(Options *o, const char *a, const char *val, int *i) {
     else if (!strcmp(val, "gemm")) o->conv_impl = CONV_GEMM;
     else if (!strcmp(val, "dnnl")) o->conv_impl = CONV_DNNL;
     else return bad("--conv '%s': expected auto, gemm (im2col + GEMM) or dnnl (oneDNN)%s", val, "");
+  } else if (!strcmp(a, "--target")) {
+    NEEDVAL();
+    if (strcmp(val, "cpu") && strcmp(val, "cuda")) return bad("--target '%s': expected cpu or cuda%s", val, "");
+    o->target = val;
+  } else if (!strcmp(a, "--precision")) {
+    NEEDVAL();
+    if (!strcmp(val, "fp32")) o->precision = PREC_FP32;
+    else if (!strcmp(val, "tf32")) o->precision = PREC_TF32;
+    else if (!strcmp(val, "bf16")) o->precision = PREC_BF16;
+    else return bad("--precision '%s': expected fp32, tf32 or bf16%s", val, "");
   } else if (!strcmp(a, "--progress")) {
     NEEDVAL();
     if (!strcmp(val, "poll")) o->poll = 1;
@@ -318,6 +332,17 @@ static int check_flags(Options *o, const char *moves_given) {
       return bad("%s with --schedule pipefb: pipefb does not offload or recompute stashed activations yet (a rank keeps two "
                  "micro-batches of them at most; a memory limit is met by its cuts alone)%s", moves_given, "");
   }
+  if (strcmp(o->target, "cuda")) {
+    if (o->precision != PREC_FP32) return bad("--precision %s: only --target cuda has another precision (the CPU computes in fp32)%s",
+                                              o->precision == PREC_TF32 ? "tf32" : "bf16", "");
+  } else {
+    /* The GPU runs every convolution as im2col + cuBLAS, in the workspace the plan gives it. */
+    if (o->conv_impl == CONV_DNNL) return bad("--conv dnnl with --target cuda: oneDNN is the CPU's; the GPU runs im2col + cuBLAS%s%s", "", "");
+    o->conv_impl = CONV_GEMM;
+    if (o->profile)
+      return bad("--profile with --target cuda: the profile's marks time the host's calls, which on a GPU only queue "
+                 "the kernels; not supported yet%s%s", "", "");
+  }
   if (o->offload == OFFLOAD_FILE) {
     struct stat st;
     if (stat(o->offload_dir, &st) || !S_ISDIR(st.st_mode) || access(o->offload_dir, W_OK | X_OK))
@@ -346,6 +371,7 @@ int args_parse(int argc, char **argv, Options *o) {
   o->nstages = 1;
   o->schedule = SCHED_1F1B;
   o->recompute = 1;
+  o->target = "cpu";
   int last_flag = -1;
   const char *moves_given = NULL; /* --offload or --recompute, if given */
   for (int i = 1; i < argc; i++) {

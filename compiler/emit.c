@@ -60,15 +60,22 @@ static const char *runtime_dir(char *buf, size_t len) {
   return buf;
 }
 
+/* The renderer of the plan's target (args.c accepts only targets render.c has). */
+static const Renderer *target_renderer(const Plan *p) {
+  const Renderer *r = renderer_for(p->opt.target ? p->opt.target : "cpu");
+  return r ? r : &RENDER_C;
+}
+
 void emit_stage(const Plan *p, const StageProg *progs, int s, Buf *o) {
+  const Renderer *r = target_renderer(p);
   if (p->specs && progs == p->progs) {
-    RENDER_C.stage(&p->specs[s], o);
+    r->stage(&p->specs[s], o);
     return;
   }
   Pool pool = {0};
   StageSpec spec;
   spec_build(p, progs, s, &spec, &pool);
-  RENDER_C.stage(&spec, o);
+  r->stage(&spec, o);
   pool_free(&pool);
 }
 
@@ -78,7 +85,7 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
     Buf src = {0};
     emit_stage(p, progs, s, &src);
     char name[64];
-    snprintf(name, sizeof name, "stage_%d.c", s);
+    snprintf(name, sizeof name, target_renderer(p)->stage_file, s);
     int rc = outdir_write(d, name, src.s, src.len);
     buf_free(&src);
     if (rc) return -1;
@@ -167,13 +174,13 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
     if (i) buf_printf(&args, " ");
     shell_word(&args, p->opt.args[i]);
   }
-  const char *keys[] = {"NSTAGES", "MODEL", "RUNTIME", "STAGE_LIST", "MPMD", "PIPECC_BIN", "PIPECC_ARGS", "PLAN_CWD", "THREADS"};
+  const char *keys[] = {"NSTAGES", "MODEL", "RUNTIME", "STAGE_LIST", "MPMD", "PIPECC_BIN", "PIPECC_ARGS", "PLAN_CWD", "THREADS", "DEVICE"};
   char threads[16];
   snprintf(threads, sizeof threads, "%d", p->opt.threads > 1 ? p->opt.threads : 1);
-  const char *vals[] = {nst, model.s, rel, stages.s, mpmd.s, bin.s, args.s, cwd.s, threads};
+  const char *vals[] = {nst, model.s, rel, stages.s, mpmd.s, bin.s, args.s, cwd.s, threads, target_renderer(p)->target};
   Buf mk = {0}, sh = {0};
-  tmpl_fill(&mk, TMPL_MAKEFILE, keys, vals, 9);
-  tmpl_fill(&sh, TMPL_RUN_SH, keys, vals, 9);
+  tmpl_fill(&mk, TMPL_MAKEFILE, keys, vals, 10);
+  tmpl_fill(&sh, TMPL_RUN_SH, keys, vals, 10);
   int rc = outdir_write(d, "Makefile", mk.s, mk.len) || outdir_write(d, "run.sh", sh.s, sh.len) ? -1 : 0;
   buf_free(&mk), buf_free(&sh), buf_free(&stages), buf_free(&mpmd), buf_free(&model), buf_free(&bin), buf_free(&args), buf_free(&cwd);
   if (rc) return -1;

@@ -34,7 +34,12 @@ typedef struct Options {
   int conv_fallback;      /* CONV_GEMM because no plan with oneDNN fit the memory limit (driver.c) */
   int have_lr;            /* --lr given (0 is a learning rate too: only the running statistics move) */
   int threads;            /* --threads T: each rank computes on T threads (0 or 1: one) */
+  const char *target;     /* --target: the device the stages are rendered for ("cpu", "cuda"; render.c) */
+  int precision;          /* --precision: PREC_FP32, PREC_TF32, PREC_BF16 (the GPU's matrix products) */
 } Options;
+
+/* --precision, numbered as the runtime's PR_PREC_* (runtime/cuda/precision.h). */
+enum { PREC_FP32 = 0, PREC_TF32 = 1, PREC_BF16 = 2 };
 
 /* How stages are cut (cut.c): the downset DP, which may reorder independent
  * nodes (dagpart.c), or ranges of the loaded node order alone. */

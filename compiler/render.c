@@ -3,7 +3,7 @@
 
 #include "render.h"
 
-static const Renderer *const RENDERERS[] = {&RENDER_C};
+static const Renderer *const RENDERERS[] = {&RENDER_C, &RENDER_CUDA};
 
 const Renderer *renderer_for(const char *target) {
   for (size_t i = 0; i < sizeof RENDERERS / sizeof RENDERERS[0]; i++)

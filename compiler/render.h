@@ -13,7 +13,17 @@ typedef struct Renderer {
   void (*stage)(const StageSpec *spec, Buf *out);
 } Renderer;
 
-extern const Renderer RENDER_C;
+extern const Renderer RENDER_C, RENDER_CUDA;
+
+/* What the C renderer (render_c.c) prints differently for a device whose calls are made from C: the
+ * CPU's, and the GPU's (render_cuda.c), whose stage program is host C launching the GPU's kernels. */
+typedef struct CDialect {
+  const char *kernel_prefix; /* a call's name: kernels.def's with its "k_" replaced by this ("k_", "kc_") */
+  const char *includes;      /* printed after #include "piperun.h" */
+  const char *arena;         /* the arena's declaration(s) */
+  const char *arena_fields;  /* the descriptor's arena fields; %s: the precision's PR_PREC_ name */
+} CDialect;
+void render_c_stage(const StageSpec *spec, Buf *out, const CDialect *d);
 /* The renderer for a target, or NULL. */
 const Renderer *renderer_for(const char *target);
 #endif

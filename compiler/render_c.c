@@ -41,10 +41,13 @@ static void render_arg(Buf *o, const StageSpec *s, const Arg *a, char code) {
   }
 }
 
+/* The dialect being printed (render_c_stage sets it for the stage's whole rendering). */
+static const CDialect *D;
+
 /* A call: one statement. */
 static void render_call(Buf *o, const StageSpec *s, const Call *k) {
   const KernelSig *sig = &KERNELS[k->kernel];
-  buf_printf(o, "%s(", sig->name);
+  buf_printf(o, "%s%s(", D->kernel_prefix, sig->name + 2);
   for (int a = 0; a < k->nargs; a++) {
     if (a) buf_printf(o, ", ");
     render_arg(o, s, &k->args[a], sig->sig[a]);
@@ -149,7 +152,7 @@ static void render_header(Buf *o, const StageSpec *s) {
 }
 
 static void render_constants(Buf *o, const StageSpec *s) {
-  buf_printf(o, "#include \"piperun.h\"\n\n");
+  buf_printf(o, "#include \"piperun.h\"\n%s\n", D->includes);
   buf_printf(o, "enum { STAGE = %d, NSTAGES = %d, MICROBATCHES = %d, MB_SIZE = %lld, BATCH = %lld, NSLOTS = %d, NGSLOTS = %d };\n",
              s->stage, s->nstages, s->microbatches, (long long)s->mb_size, (long long)s->batch, s->nslots, s->ngslots);
   buf_printf(o, "#define ARENA_BYTES %lldLL\n#define WEIGHTS_BYTES %lldLL\n", (long long)s->arena_bytes, (long long)s->weights_bytes);
@@ -196,7 +199,7 @@ static void render_buffers(Buf *o, const StageSpec *s) {
     else
       buf_printf(o, "#define %s ((%s *)(arena + OFF_%s))\n", b->name, ct, b->name);
   }
-  buf_printf(o, "\nstatic unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));\n\n");
+  buf_printf(o, "\n%s\n", D->arena);
 }
 
 static void render_profile_nodes(Buf *o, const StageSpec *s) {
@@ -353,12 +356,13 @@ static void render_descriptor(Buf *o, const StageSpec *s) {
   Buf model = {0}; /* the path, as the body of a C string */
   buf_printf(&model, "%s", ""); /* not NULL for an empty path */
   put_cstring(&model, s->model);
-  const char *keys[] = {"MODEL", "NACTIONS", "RECV", "NRECV", "SEND", "NSEND", "PARAMS", "NPARAMS", "LOSS", "LOSS_FIELDS",
+  static const char *const prec[] = {"PR_PREC_FP32", "PR_PREC_TF32", "PR_PREC_BF16"};
+  const char *keys[] = {"ARENA_FIELDS", "MODEL", "NACTIONS", "RECV", "NRECV", "SEND", "NSEND", "PARAMS", "NPARAMS", "LOSS", "LOSS_FIELDS",
                         "OPTIMIZER", "LR", "MOMENTUM", "WEIGHT_DECAY", "VOCAB", "PREDICTED_BYTES", "PREDICTED_STEP",
                         "FORWARD_ONLY", "BACKWARD_INPUT", "BACKWARD_WEIGHT", "MEMORY_FIELDS", "PROFILE_FIELDS", "FORWARD",
                         "BACKWARD", "CHAIN_FIELDS", "ASYNC_FIELDS", "FORWARD_EVAL", "ZERO_GRADS", "SUM_TIES", "UPDATE"};
   const char *vals[] = {
-      model.s, pool_printf(&tp, "%d", s->nactions), s->nrecv ? "RECV" : "NULL", pool_printf(&tp, "%d", s->nrecv),
+      pool_printf(&tp, D->arena_fields, prec[s->precision]), model.s, pool_printf(&tp, "%d", s->nactions), s->nrecv ? "RECV" : "NULL", pool_printf(&tp, "%d", s->nrecv),
       s->nsend ? "SEND" : "NULL", pool_printf(&tp, "%d", s->nsend), s->nparams ? "PARAMS" : "NULL", pool_printf(&tp, "%d", s->nparams),
       !s->loss ? "NULL" : "loss", loss_fields, opt[s->optimizer], pool_printf(&tp, "%.9g", s->lr),
       pool_printf(&tp, "%.9g", s->momentum), pool_printf(&tp, "%.9g", s->weight_decay), pool_printf(&tp, "%lld", (long long)s->vocab),
@@ -375,7 +379,8 @@ static void render_descriptor(Buf *o, const StageSpec *s) {
   buf_free(&model);
 }
 
-static void render_stage(const StageSpec *s, Buf *o) {
+void render_c_stage(const StageSpec *s, Buf *o, const CDialect *d) {
+  D = d;
   render_header(o, s);
   render_constants(o, s);
   render_buffers(o, s);
@@ -395,5 +400,14 @@ static void render_stage(const StageSpec *s, Buf *o) {
   render_params(o, s);
   render_descriptor(o, s);
 }
+
+/* The CPU: the arena is the program's own memory, the calls are runtime/kernels.h's. */
+static const CDialect C_CPU = {
+    .kernel_prefix = "k_",
+    .includes = "",
+    .arena = "static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));\n",
+    .arena_fields = ".arena = arena",
+};
+static void render_stage(const StageSpec *s, Buf *o) { render_c_stage(s, o, &C_CPU); }
 
 const Renderer RENDER_C = {.target = "cpu", .stage_file = "stage_%d.c", .stage = render_stage};

@@ -285,6 +285,7 @@ static void spec_facts(const Plan *p, const StageProg *sp, StageSpec *o, int64_t
   o->threads = p->opt.threads > 1 ? p->opt.threads : 1;
   o->arena_bytes = sp->arena_bytes, o->weights_bytes = sp->weights_bytes;
   o->model = g->path, o->version = PIPECC_VERSION;
+  o->target = p->opt.target ? p->opt.target : "cpu", o->precision = p->opt.precision;
   o->node_lo = a, o->node_hi = e - 1, o->first_node = g->n[p->node[a]].name, o->last_node = g->n[p->node[e - 1]].name;
   o->nops = e - a;
   o->ops = pool_alloc(pool, sizeof(char *) * (size_t)(e - a + 1));

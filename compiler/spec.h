@@ -87,6 +87,8 @@ typedef struct StageSpec {
   int nslots, ngslots, threads;
   int64_t arena_bytes, weights_bytes;
   const char *model;      /* the model's path */
+  const char *target;     /* the device it is rendered for (pipecc --target) */
+  int precision;          /* PREC_* (pipecc --precision) */
   const char *version;    /* pipecc's */
   /* The header comment: one line each, model text unescaped (renderers escape). */
   const char *first_node, *last_node, *schedule_name;

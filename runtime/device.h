@@ -20,6 +20,11 @@
 /* The device, named in the end-of-run summary ("cpu"). */
 const char *pr_dev_name(void);
 
+/* Opens the device for this rank before anything else touches it: the GPU of its local rank (modulo
+ * the GPUs there are; ranks may share one) and the precision its matrix products run in (PR_PREC_*,
+ * cuda/precision.h; the CPU has one).  0, or -1 when there is no such device. */
+int pr_dev_open(int local_rank, int precision);
+
 /* The arena on the device, for a program whose arena the compiler laid out in host memory (host, bytes
  * long; the CPU: host itself, nothing allocated).  NULL when the device has no room. */
 unsigned char *pr_dev_arena_alloc(unsigned char *host, int64_t bytes);
@@ -39,9 +44,15 @@ enum { PR_VIEW_READ = 1, PR_VIEW_WRITE = 2, PR_VIEW_RW = 3 };
 void *pr_dev_view(unsigned char *dev, int64_t bytes, int mode);
 void pr_dev_release(void *view, unsigned char *dev, int64_t bytes, int mode);
 
-/* The address MPI sends from or receives into for bytes of device memory (the CPU: dev; CUDA: dev,
- * under a CUDA-aware MPI).  A send is posted only after the work that wrote its bytes (an event). */
-void *pr_dev_msg(unsigned char *dev);
+/* Messages.  MPI sends from and receives into host memory where it is not CUDA-aware (Debian's): a
+ * send's bytes are staged out of the device (pr_dev_msg_out, after the work that wrote them: await its
+ * event first), a receive's land in host memory (pr_dev_msg_in) and go to the device once it has
+ * completed (pr_dev_msg_landed, before the call that reads them).  The CPU: dev itself, no copy.
+ * pr_dev_pin: a range that carries messages every step, page-locked once where that speeds the copies. */
+void *pr_dev_msg_out(unsigned char *dev, int64_t bytes);
+void *pr_dev_msg_in(unsigned char *dev, int64_t bytes);
+void pr_dev_msg_landed(unsigned char *dev, int64_t bytes);
+void pr_dev_pin(unsigned char *dev, int64_t bytes);
 
 /* Events order the device's work against the host: recorded after the work that fills a buffer,
  * awaited before the buffer is sent or read.  The CPU's work is done when its call returns: an event

@@ -70,8 +70,10 @@ int pr_eval(int argc, char **argv, const PrStage *st) {
   if ((int64_t)got != st->weights_bytes) return fail("%s is shorter than the stage's weights%s", path, "");
   /* The host arena stages what goes to the device and what comes back (device.h; the CPU's device arena
    * is the host's: nothing is copied). */
+  if (pr_dev_open(0, st->precision)) return fail("no device of the kind this program was compiled for%s%s", "", "");
   unsigned char *dev = pr_dev_arena_alloc(st->arena, st->arena_bytes);
   if (!dev) return fail("no room on the device for the arena%s%s", "", "");
+  if (st->dev_arena) *st->dev_arena = dev;
   pr_dev_from_host(dev, st->arena, st->weights_bytes);
   for (int v = 0; v < st->nrecv; v++) {
     snprintf(path, sizeof path, "%s/input_%d.pb", argv[1], v);

@@ -94,6 +94,7 @@ int rank_cpus(int threads) {
 /* Every rank must run the same BLAS kernels (blas_core.h), on a CPU that has
  * their instructions: other kernels round other ways, and the run would not
  * be the one the same job gives on one host. */
+#ifndef PR_NO_HOST_BLAS
 void check_blas_core(int nranks) {
   char me[128] = "", msg[1024] = "";
   snprintf(me, 64, "%s", openblas_get_corename());
@@ -115,6 +116,7 @@ void check_blas_core(int nranks) {
   free(all);
   agree(odd < 0, msg);
 }
+#endif
 
 /* Every rank's clock against this one's: rank 0 runs 8 round trips with
  * each rank and keeps the least delayed (its clock offset), then tells

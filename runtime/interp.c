@@ -21,6 +21,7 @@ double do_forward(Run *r, const PrAction *a) {
   r->prof.load += now() - l0;
   wait_message(r, r->rreq + (size_t)a->slot * st->nrecv, st->nrecv, r->trreq_f + a->slot * r->nfsrc, r->tgot_f + a->slot * r->nfsrc, r->fsrc,
                r->nfsrc, "the forward values of a micro-batch");
+  landed_values(r, a);
   double t0 = now(), loss = 0;
   (r->in_val && st->forward_eval ? st->forward_eval : st->forward)(a->slot, a->xslot);
   if (st->loss) {
@@ -55,7 +56,9 @@ static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int, int)) {
     if (!st->loss)
       wait_message(r, r->greq + (size_t)a->gslot * st->nsend, st->nsend, r->trreq_g + a->gslot * r->ngsrc, r->tgot_g + a->gslot * r->ngsrc,
                    r->gsrc, r->ngsrc, "the gradients of a micro-batch");
+    if (!st->loss) landed_grads(r, a);
     wait_all(r, r->srreq + (size_t)a->slot * st->nstash_recv, st->nstash_recv, -1, "the stashed values of a micro-batch");
+    landed_stash(r, a);
     wait_grad_sends(r, a->gslot); /* it writes the gradients sent back from gslot */
   }
   if (a->xslot >= 0) wait_xslot_in(r, a->xslot);

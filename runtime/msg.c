@@ -133,7 +133,7 @@ void do_recv(Run *r, const PrAction *a) {
   for (int v = 0; v < st->nrecv; v++) {
     const PrValue *pv = &st->recv[v];
     if (pv->source != PR_FROM_PREV) continue;
-    MPI_Irecv(pr_dev_msg(value_at(r, pv, a)), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 0),
+    MPI_Irecv(pr_dev_msg_in(value_at(r, pv, a), pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 0),
               MPI_COMM_WORLD, &r->rreq[(size_t)a->slot * st->nrecv + v]);
   }
   recv_times(r, r->tgot_f + a->slot * r->nfsrc, r->trreq_f + a->slot * r->nfsrc, r->fsrc, r->nfsrc, tag_of(r->step, a->mb, 0, 0));
@@ -145,7 +145,7 @@ void do_send(Run *r, const PrAction *a) {
   for (int v = 0; v < st->nsend; v++) {
     const PrValue *pv = &st->send[v];
     r->sent_bytes += (double)pv->bytes;
-    MPI_Isend(pr_dev_msg(ring(r, pv->offset, pv->bytes, a->slot)), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 0),
+    MPI_Isend(pr_dev_msg_out(ring(r, pv->offset, pv->bytes, a->slot), pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 0),
               MPI_COMM_WORLD, &r->sreq[(size_t)a->slot * st->nsend + v]);
   }
   send_times(r, r->tsent_f + a->slot * r->nfdst, r->tsreq_f + a->slot * r->nfdst, r->fdst, r->nfdst, tag_of(r->step, a->mb, 0, 0));
@@ -157,7 +157,7 @@ void do_recv_grad(Run *r, const PrAction *a) {
   for (int v = 0; v < st->nsend; v++) {
     const PrValue *pv = &st->send[v];
     if (pv->goffset < 0) continue;
-    MPI_Irecv(pr_dev_msg(ring(r, pv->goffset, pv->bytes, a->gslot)), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 1),
+    MPI_Irecv(pr_dev_msg_in(ring(r, pv->goffset, pv->bytes, a->gslot), pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 1),
               MPI_COMM_WORLD, &r->greq[(size_t)a->gslot * st->nsend + v]);
   }
   recv_times(r, r->tgot_g + a->gslot * r->ngsrc, r->trreq_g + a->gslot * r->ngsrc, r->gsrc, r->ngsrc, tag_of(r->step, a->mb, 0, 1));
@@ -170,7 +170,7 @@ void do_send_grad(Run *r, const PrAction *a) {
     const PrValue *pv = &st->recv[v];
     if (pv->goffset < 0 || pv->source != PR_FROM_PREV) continue;
     r->sent_bytes += (double)pv->bytes;
-    MPI_Isend(pr_dev_msg(ring(r, pv->goffset, pv->bytes, a->gslot)), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 1),
+    MPI_Isend(pr_dev_msg_out(ring(r, pv->goffset, pv->bytes, a->gslot), pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 1),
               MPI_COMM_WORLD, &r->gsreq[(size_t)a->gslot * st->nrecv + v]);
   }
   send_times(r, r->tsent_g + a->gslot * r->ngdst, r->tsreq_g + a->gslot * r->ngdst, r->gdst, r->ngdst, tag_of(r->step, a->mb, 0, 1));
@@ -186,7 +186,7 @@ void do_send_stash(Run *r, const PrAction *a) {
   for (int v = 0; v < st->nstash_send; v++) {
     const PrStash *x = &st->stash_send[v];
     r->sent_bytes += (double)x->bytes;
-    MPI_Isend(pr_dev_msg(ring(r, x->offset, x->bytes, a->slot)), (int)x->bytes, MPI_BYTE, x->peer, fb_tag(r->step, a->mb, x->id), r->fcomm,
+    MPI_Isend(pr_dev_msg_out(ring(r, x->offset, x->bytes, a->slot), x->bytes), (int)x->bytes, MPI_BYTE, x->peer, fb_tag(r->step, a->mb, x->id), r->fcomm,
               &r->ssreq[(size_t)a->slot * st->nstash_send + v]);
   }
 }
@@ -195,7 +195,7 @@ void do_recv_stash(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
   for (int v = 0; v < st->nstash_recv; v++) {
     const PrStash *x = &st->stash_recv[v];
-    MPI_Irecv(pr_dev_msg(ring(r, x->offset, x->bytes, a->slot)), (int)x->bytes, MPI_BYTE, x->peer, fb_tag(r->step, a->mb, x->id), r->fcomm,
+    MPI_Irecv(pr_dev_msg_in(ring(r, x->offset, x->bytes, a->slot), x->bytes), (int)x->bytes, MPI_BYTE, x->peer, fb_tag(r->step, a->mb, x->id), r->fcomm,
               &r->srreq[(size_t)a->slot * st->nstash_recv + v]);
   }
 }
@@ -206,7 +206,7 @@ void do_send_weights(Run *r) {
   for (int v = 0; v < st->nwsend; v++) {
     const PrWeight *w = &st->wsend[v];
     r->sent_bytes += 4.0 * (double)w->count;
-    MPI_Isend(pr_dev_msg(dev_at(r, w->offset)), (int)w->count, MPI_FLOAT, w->peer, FB_WTAG + w->id % 4096, r->fcomm, &r->wreq[v]);
+    MPI_Isend(pr_dev_msg_out(dev_at(r, w->offset), 4 * w->count), (int)w->count, MPI_FLOAT, w->peer, FB_WTAG + w->id % 4096, r->fcomm, &r->wreq[v]);
   }
 }
 
@@ -215,9 +215,27 @@ void do_recv_weights(Run *r) {
   const PrStage *st = r->st;
   for (int v = 0; v < st->nwrecv; v++) {
     const PrWeight *w = &st->wrecv[v];
-    MPI_Irecv(pr_dev_msg(dev_at(r, w->offset)), (int)w->count, MPI_FLOAT, w->peer, FB_WTAG + w->id % 4096, r->fcomm, &r->wreq[v]);
+    MPI_Irecv(pr_dev_msg_in(dev_at(r, w->offset), 4 * w->count), (int)w->count, MPI_FLOAT, w->peer, FB_WTAG + w->id % 4096, r->fcomm, &r->wreq[v]);
   }
   wait_all(r, r->wreq, st->nwrecv, -1, "the weights the backward ranks updated");
+  for (int v = 0; v < st->nwrecv; v++) pr_dev_msg_landed(dev_at(r, st->wrecv[v].offset), 4 * st->wrecv[v].count);
+}
+
+/* The device's copies of what an action's receives brought (device.h: the CPU's are in place). */
+void landed_values(Run *r, const PrAction *a) {
+  const PrStage *st = r->st;
+  for (int v = 0; v < st->nrecv; v++)
+    if (st->recv[v].source == PR_FROM_PREV) pr_dev_msg_landed(value_at(r, &st->recv[v], a), st->recv[v].bytes);
+}
+void landed_grads(Run *r, const PrAction *a) {
+  const PrStage *st = r->st;
+  for (int v = 0; v < st->nsend; v++)
+    if (st->send[v].goffset >= 0) pr_dev_msg_landed(ring(r, st->send[v].goffset, st->send[v].bytes, a->gslot), st->send[v].bytes);
+}
+void landed_stash(Run *r, const PrAction *a) {
+  const PrStage *st = r->st;
+  for (int v = 0; v < st->nstash_recv; v++)
+    pr_dev_msg_landed(ring(r, st->stash_recv[v].offset, st->stash_recv[v].bytes, a->slot), st->stash_recv[v].bytes);
 }
 
 /* Requests, all MPI_REQUEST_NULL: n of them, and one more so that none is malloc(0). */
@@ -262,6 +280,14 @@ void msg_open(Run *r) {
   int nw = st->nwsend > st->nwrecv ? st->nwsend : st->nwrecv;
   r->ssreq = requests(ns * st->nstash_send + ns * st->nstash_recv + nw);
   r->srreq = r->ssreq + ns * st->nstash_send, r->wreq = r->srreq + ns * st->nstash_recv;
+  /* The rings that carry messages every step (device.h: page-locked once where that speeds the copies). */
+  for (int v = 0; v < st->nrecv; v++)
+    if (st->recv[v].source == PR_FROM_PREV && !st->recv[v].xring) pr_dev_pin(dev_at(r, st->recv[v].offset), st->recv[v].bytes * ns);
+  for (int v = 0; v < st->nsend; v++) pr_dev_pin(dev_at(r, st->send[v].offset), st->send[v].bytes * ns);
+  for (int v = 0; v < st->nsend; v++)
+    if (st->send[v].goffset >= 0) pr_dev_pin(dev_at(r, st->send[v].goffset), st->send[v].bytes * ngs);
+  for (int v = 0; v < st->nrecv; v++)
+    if (st->recv[v].goffset >= 0 && st->recv[v].source == PR_FROM_PREV) pr_dev_pin(dev_at(r, st->recv[v].goffset), st->recv[v].bytes * ngs);
 }
 
 void msg_poll_start(Run *r) { g_poll_run = r; }

@@ -65,7 +65,9 @@ void wait_xslot_in(Run *r, int xslot) {
   const PrStage *st = r->st;
   if (st->offload_to >= 0) {
     double t0 = now();
+    int arriving = r->ireq[xslot] != MPI_REQUEST_NULL;
     wait_all(r, &r->ireq[xslot], 1, st->offload_to, "to send back offloaded activations");
+    if (arriving) pr_dev_msg_landed(xblock(r, xslot), st->xout_bytes);
     r->t_xfer_wait += now() - t0;
   } else {
     wait_file(r, xslot, "reading offloaded activations back");
@@ -78,7 +80,7 @@ void do_offload(Run *r, const PrAction *a) {
   if (st->offload_to >= 0) {
     wait_all(r, &r->oreq[a->xslot], 1, st->offload_to, "to take offloaded activations");
     r->sent_bytes += (double)st->xout_bytes;
-    MPI_Isend(pr_dev_msg(xblock(r, a->xslot)), (int)st->xout_bytes, MPI_BYTE, st->offload_to, otag(r->step, a->mb, 0), r->ocomm, &r->oreq[a->xslot]);
+    MPI_Isend(pr_dev_msg_out(xblock(r, a->xslot), st->xout_bytes), (int)st->xout_bytes, MPI_BYTE, st->offload_to, otag(r->step, a->mb, 0), r->ocomm, &r->oreq[a->xslot]);
   } else {
     r->sent_bytes += (double)st->xout_bytes;
     xfer_submit(r->xfer, 1, a->xslot, file_view(r, a->xslot, PR_VIEW_READ), st->xout_bytes, (int64_t)a->mb * st->xout_bytes);
@@ -89,7 +91,7 @@ void do_prefetch(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
   wait_xslot_free(r, a->xslot);
   if (st->offload_to >= 0)
-    MPI_Irecv(pr_dev_msg(xblock(r, a->xslot)), (int)st->xout_bytes, MPI_BYTE, st->offload_to, otag(r->step, a->mb, 1), r->ocomm, &r->ireq[a->xslot]);
+    MPI_Irecv(pr_dev_msg_in(xblock(r, a->xslot), st->xout_bytes), (int)st->xout_bytes, MPI_BYTE, st->offload_to, otag(r->step, a->mb, 1), r->ocomm, &r->ireq[a->xslot]);
   else
     xfer_submit(r->xfer, 0, a->xslot, file_view(r, a->xslot, PR_VIEW_WRITE), st->xout_bytes, (int64_t)a->mb * st->xout_bytes);
 }
@@ -99,14 +101,15 @@ static unsigned char *store(const Run *r, int y) { return dev_at(r, r->st->store
 void do_hold(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
   wait_all(r, &r->hreq[a->xslot], 1, a->peer, "to take back the activations it offloaded here");
-  MPI_Irecv(pr_dev_msg(store(r, a->xslot)), (int)st->store_bytes, MPI_BYTE, a->peer, otag(r->step, a->mb, 0), r->ocomm, &r->hreq[a->xslot]);
+  MPI_Irecv(pr_dev_msg_in(store(r, a->xslot), st->store_bytes), (int)st->store_bytes, MPI_BYTE, a->peer, otag(r->step, a->mb, 0), r->ocomm, &r->hreq[a->xslot]);
 }
 
 void do_return(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
   wait_all(r, &r->hreq[a->xslot], 1, a->peer, "the activations it offloads here");
   r->sent_bytes += (double)st->store_bytes;
-  MPI_Isend(pr_dev_msg(store(r, a->xslot)), (int)st->store_bytes, MPI_BYTE, a->peer, otag(r->step, a->mb, 1), r->ocomm, &r->hreq[a->xslot]);
+  /* The store is a pass-through: what HOLD received goes back from where it landed, never via the device. */
+  MPI_Isend(pr_dev_msg_in(store(r, a->xslot), st->store_bytes), (int)st->store_bytes, MPI_BYTE, a->peer, otag(r->step, a->mb, 1), r->ocomm, &r->hreq[a->xslot]);
 }
 
 /* The memory plan's state: requests per xslot and store slot on a communicator of their own, and

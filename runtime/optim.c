@@ -50,12 +50,14 @@ static void exchange_ties(Run *r) {
     int bytes = (int)(p->count * 4), n = 0;
     MPI_Request *req = r->tie_req;
     for (int j = 0; j < p->nparts; j++) {
-      unsigned char *buf = pr_dev_msg(dev_at(r, p->parts[j].offset));
+      unsigned char *dev = dev_at(r, p->parts[j].offset);
       if (p->parts[j].stage != st->stage) {
+        unsigned char *buf = pr_dev_msg_in(dev, bytes);
         MPI_Irecv(buf, bytes, MPI_BYTE, p->parts[j].stage, tie_tag(p, j), MPI_COMM_WORLD, &req[n++]);
         continue;
       }
       /* To every other holder, once each. */
+      unsigned char *buf = pr_dev_msg_out(dev, bytes);
       for (int h = 0; h < p->nparts; h++) {
         int to = p->parts[h].stage, seen = to == st->stage;
         for (int e = 0; e < h && !seen; e++) seen = p->parts[e].stage == to;
@@ -63,6 +65,8 @@ static void exchange_ties(Run *r) {
       }
     }
     wait_all(r, req, n, -1, "to exchange a tied weight's gradient parts");
+    for (int j = 0; j < p->nparts; j++)
+      if (p->parts[j].stage != st->stage) pr_dev_msg_landed(dev_at(r, p->parts[j].offset), bytes);
   }
 }
 
@@ -83,7 +87,7 @@ static void optimizer_step(Run *r) {
                     .weight_decay = r->a.have_wd ? (float)r->a.weight_decay : st->weight_decay, .beta1 = st->beta1,
                     .beta2 = st->beta2, .eps = st->eps, .step = r->step};
   unsigned char *was = pr_weights;
-  pr_weights = st->arena; /* async: the update writes the newest weights */
+  pr_weights = r->dev; /* async: the update writes the newest weights (the device's arena) */
   if (st->update) st->update();
   pr_weights = was;
 }

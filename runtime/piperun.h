@@ -153,6 +153,11 @@ typedef struct PrStage {
   int nfrozen;                 /* pipecc --frozen: the parameterised layers frozen in this program (run.sh --freeze-at) */
   int nlayers;                 /* the model's parameterised layers, frozen ones counted (--freeze auto's gradient norms) */
   int64_t wversion_base, wversion_bytes;
+  /* pipecc --target cuda: where the program's calls find the arena (its `arena` pointer, which the
+   * runtime points at the device's copy before the first call; `arena` above is then the host image)
+   * and the precision its products run in (PR_PREC_*, cuda/precision.h).  NULL and 0 on the CPU. */
+  unsigned char **dev_arena;
+  int precision;
 } PrStage;
 
 /* The weights region the running F or B computes on: the arena's own, or

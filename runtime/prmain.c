@@ -77,8 +77,10 @@ static int start_mpi(int *argc, char ***argv, const PrStage *st) {
     MPI_Finalize();
     return 2;
   }
+#ifndef PR_NO_HOST_BLAS /* a GPU build computes nothing with the host's BLAS (templates/Makefile.in) */
   openblas_set_num_threads(1); /* --threads: gemm.c cuts the products over par.c's threads instead */
   check_blas_core(size);
+#endif
 #ifdef PR_DNNL
   pr_conv_lib_init(openblas_get_corename(), 1);
 #endif
@@ -88,6 +90,16 @@ static int start_mpi(int *argc, char ***argv, const PrStage *st) {
   if (flag && *tag_ub < TAG_SPAN + 4096 * 1024)
     die(2, "this MPI allows tags up to %d; piperun needs %d", *tag_ub, TAG_SPAN + 4096 * 1024);
   return 0;
+}
+
+/* This rank's number among the ranks on its host (the GPU it takes). */
+static int local_rank(void) {
+  MPI_Comm node;
+  int k = 0;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &k);
+  MPI_Comm_free(&node);
+  return k;
 }
 
 /* The rank itself: flags, pinning, its threads, the profile, the arena on the device and its weights. */
@@ -101,8 +113,10 @@ static void setup_rank(Run *r, int argc, char **argv, int threads) {
   if (r->a.profile && r->a.steps < 2) usage_error("--profile needs --steps 2 or more (the first quarter, at least one step, only warms up)%s", "");
   if (st->nprof) prof_init(st->nprof);
   pr_rand.seed = r->a.seed;
+  agree(pr_dev_open(local_rank(), st->precision) == 0, "no device of the kind these stages were compiled for");
   r->dev = pr_dev_arena_alloc(st->arena, st->arena_bytes);
   agree(r->dev != NULL, "no room on the device for the arena");
+  if (st->dev_arena) *st->dev_arena = r->dev;
   load_weights(r);
 }
 

@@ -196,6 +196,10 @@ void do_send_stash(Run *r, const PrAction *a);
 void do_recv_stash(Run *r, const PrAction *a);
 void do_send_weights(Run *r);
 void do_recv_weights(Run *r);
+/* After an action's receives completed: their bytes to the device (device.h), before the call reading them. */
+void landed_values(Run *r, const PrAction *a);
+void landed_grads(Run *r, const PrAction *a);
+void landed_stash(Run *r, const PrAction *a);
 
 /* offload.c */
 void offload_open(Run *r);

@@ -12,6 +12,12 @@
 
 const char *pr_dev_name(void) { return "cpu"; }
 
+/* One device, the host's cores; its products run in fp32 (the precision is the GPU's choice). */
+int pr_dev_open(int local_rank, int precision) {
+  (void)local_rank, (void)precision;
+  return 0;
+}
+
 /* The compiler laid the arena out in the program's own memory: nothing to allocate, nothing to copy. */
 unsigned char *pr_dev_arena_alloc(unsigned char *host, int64_t bytes) {
   (void)bytes;
@@ -38,7 +44,16 @@ void *pr_dev_view(unsigned char *dev, int64_t bytes, int mode) {
 }
 void pr_dev_release(void *view, unsigned char *dev, int64_t bytes, int mode) { (void)view, (void)dev, (void)bytes, (void)mode; }
 
-void *pr_dev_msg(unsigned char *dev) { return dev; }
+void *pr_dev_msg_out(unsigned char *dev, int64_t bytes) {
+  (void)bytes;
+  return dev;
+}
+void *pr_dev_msg_in(unsigned char *dev, int64_t bytes) {
+  (void)bytes;
+  return dev;
+}
+void pr_dev_msg_landed(unsigned char *dev, int64_t bytes) { (void)dev, (void)bytes; }
+void pr_dev_pin(unsigned char *dev, int64_t bytes) { (void)dev, (void)bytes; }
 
 /* The CPU runs each call to its end before returning: there is nothing to wait for. */
 void pr_dev_record(PrDevEvent *e) { e->impl = NULL; }

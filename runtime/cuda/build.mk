@@ -24,4 +24,8 @@ bin/gpu-kernels: $(wildcard tests/gpu/*.c tests/gpu/*.h) $(CUDA_OBJ) $(GPU_CHECK
 	  -o $@ $(CUDA_LIBS) -l:libopenblas.a -lm -lpthread
 
 cuda: $(CUDA_OBJ) bin/gpu-kernels
-.PHONY: cuda
+
+# Everything tests/gpu/check.sh runs on a GPU machine, built here into .gpu/ (tests/gpu/prepare.py).
+gpu-prepare: bin/pipecc bin/piperun-data bin/gpu-kernels
+	$(PY) tests/gpu/prepare.py
+.PHONY: cuda gpu-prepare

@@ -1,0 +1,53 @@
+#!/bin/bash
+# tests/gpu/check.sh - every GPU check, in one run on a machine with an NVIDIA GPU (docs/cuda.md).
+#
+#   make gpu-prepare              # here, without a GPU: builds .gpu/ (tests/gpu/prepare.py)
+#   tests/gpu/check.sh OUT_DIR    # there, from the repository root, with .gpu/ carried along
+#
+# That machine has the CUDA libraries and Python with PyTorch and onnx, but no Open MPI: Debian's
+# packages (.gpu/debs) are unpacked into a folder of their own, never into /.  Results, all in OUT_DIR:
+#   env.txt       the GPU, driver, CUDA and PyTorch versions
+#   kernels.txt   every GPU kernel against its CPU kernel (bin/gpu-kernels)
+#   parity.txt    training parity, bit-identity across n, the memory plan (tests/gpu/parity.py)
+#   check.log     everything printed
+# Exit status: 0 when every part passed.  Each part runs under its own time limit (8 minutes in all).
+set -u
+OUTDIR=${1:?usage: tests/gpu/check.sh OUT_DIR}
+mkdir -p "$OUTDIR"
+exec > >(tee "$OUTDIR/check.log") 2>&1
+cd "$(dirname "$0")/../.."
+G=.gpu
+[ -x $G/bin/gpu-kernels ] || { echo "check.sh: $G/bin/gpu-kernels is missing: run make gpu-prepare first (on any machine with nvcc)"; exit 2; }
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  nvidia-smi | sed -n 3p
+  python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'
+  uname -r; nproc
+} >"$OUTDIR/env.txt" 2>&1
+cat "$OUTDIR/env.txt"
+
+# Open MPI from Debian's packages, relocated (OPAL_PREFIX), on shared memory only.
+M=/tmp/pipecc-ompi
+if [ ! -x $M/usr/bin/mpirun ]; then
+  mkdir -p $M
+  for f in $G/debs/*.deb; do dpkg -x "$f" $M; done
+fi
+export OPAL_PREFIX=$M/usr PATH=$M/usr/bin:$PATH
+export LD_LIBRARY_PATH=$M/usr/lib/x86_64-linux-gnu:$M/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+# cuBLAS where the toolkit is, else PyTorch's own copy.
+for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; p = nvidia.__path__[0]; print(" ".join(os.path.join(p, x, "lib") for x in os.listdir(p)))' 2>/dev/null); do
+  [ -d "$d" ] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
+done
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_mtl=^ofi,psm,psm2 OMPI_MCA_osc=^ucx OMPI_MCA_plm_rsh_agent=false
+mpirun --version | head -1 || echo "check.sh: mpirun does not start"
+
+rc=0
+echo "== kernels"
+timeout 150 $G/bin/gpu-kernels "$OUTDIR/kernels.txt" >"$OUTDIR/kernels_cases.txt" 2>&1 || rc=1
+tail -n 100 "$OUTDIR/kernels.txt" 2>/dev/null || tail -n 30 "$OUTDIR/kernels_cases.txt"
+grep -E "over 1e-5|DIFFER" "$OUTDIR/kernels_cases.txt" | head -40
+echo "== training parity"
+PYTHONUNBUFFERED=1 timeout 330 python3 tests/gpu/parity.py $G/plans $G/data $G/meta.json "$OUTDIR" || rc=1
+exit $rc
