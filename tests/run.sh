@@ -52,6 +52,7 @@ suite "partitioner: downset DP vs brute force, and against the fixed order on th
 suite "schedules: action lists, validator, planted mistakes" bin/test_schedule
 suite "units" bin/test_units
 suite "sources: no include cycle between modules, no function over 120 lines (planted trees fail), kernels.def against the kernels' prototypes with planted mismatches" $PY tests/test_includes.py
+suite "the GPU path builds without a GPU: every sample model's CUDA stage programs at n = 2 compile and link with nvcc, and bin/gpu-kernels links" env PIPECC=bin/pipecc $PY tests/test_cuda_build.py
 suite "stage specs: plan.json's messages are the stage programs' RECV and SEND tables, and every send pairs with its receive (peer, tag, bytes) on every sample model, n = 2 and 4, direct and relayed" env PIPECC=bin/pipecc $PY tests/test_spec.py
 suite "run-time kernels (Gelu, LeakyRelu, Concat, views, Cast, unary maths, Max/Min, comparisons, ReduceMax, ArgMax, Philox and Dropout) against double references, and the same bits on 3 threads (ASan build)" bin/test_kernels
 suite "shapes vs onnx.shape_inference (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_shapes.py

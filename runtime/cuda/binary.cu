@@ -75,6 +75,9 @@ __device__ __forceinline__ void geo_at(const Geo &g, I i, int64_t o[NOP]) {
     for (int p = 0; p < NOP; p++) o[p] += (int64_t)i * g.st[p][0];
 }
 
+/* 32-bit index arithmetic where the walk's elements fit. */
+inline bool fits32(int64_t n) { return n <= 0x7fffffff; }
+
 /* ---- sums over broadcast axes ---- */
 
 /* The walk split for a sum into operand `dsel`: k, the axes it is not broadcast on (one thread per
@@ -157,12 +160,12 @@ __device__ float red_run(const T &t, const Red &R, const int64_t ko[NOP], int64_
   return s;
 }
 
-/* One pass: a thread per element of the gradient, the whole sum. */
-template <typename T>
+/* One pass: a thread per element of the gradient, the whole sum (I: the kept axes' index type). */
+template <typename I, typename T>
 __global__ void red_one(T t, float *d, const __grid_constant__ Red R, int acc) {
   PR_CU_FOR(j, R.nK) {
     int64_t ko[NOP];
-    geo_at<int64_t>(R.k, j, ko);
+    geo_at<I>(R.k, (I)j, ko);
     float *dp = d + ko[R.dsel];
     *dp = red_run(t, R, ko, 0, R.nR, acc ? *dp : 0.0f);
   }
@@ -173,14 +176,14 @@ __global__ void red_part(T t, float *part, const __grid_constant__ Red R) {
   PR_CU_FOR(e, R.nK * R.nchunks) {
     int64_t j = e % R.nK, c = e / R.nK, r0 = c * R.chunk, r1 = r0 + R.chunk < R.nR ? r0 + R.chunk : R.nR;
     int64_t ko[NOP];
-    geo_at<int64_t>(R.k, j, ko);
+    geo_at<uint32_t>(R.k, (uint32_t)j, ko); /* nK < RED_WIDE here */
     part[e] = red_run(t, R, ko, r0, r1, 0.0f);
   }
 }
 __global__ void red_fin(const float *part, float *d, const __grid_constant__ Red R, int acc) {
   PR_CU_FOR(j, R.nK) {
     int64_t ko[NOP];
-    geo_at<int64_t>(R.k, j, ko);
+    geo_at<uint32_t>(R.k, (uint32_t)j, ko);
     float *dp = d + ko[R.dsel], s = acc ? *dp : 0.0f;
     for (int64_t c = 0; c < R.nchunks; c++) s = __fadd_rn(s, part[c * R.nK + j]);
     *dp = s;
@@ -217,7 +220,9 @@ void red_launch(const T &t, float *d, const Geo &g, int dsel, int64_t nd, int64_
     acc = 1;
   }
   if (R.nchunks <= 1) {
-    red_one<<<pr_cu_blocks(R.nK, PR_CU_THREADS), PR_CU_THREADS, 0, pr_cu_stream>>>(t, d, R, acc);
+    unsigned blocks = pr_cu_blocks(R.nK, PR_CU_THREADS);
+    if (fits32(R.nK)) red_one<uint32_t><<<blocks, PR_CU_THREADS, 0, pr_cu_stream>>>(t, d, R, acc);
+    else red_one<int64_t><<<blocks, PR_CU_THREADS, 0, pr_cu_stream>>>(t, d, R, acc);
     PR_CU_LAUNCHED();
     return;
   }
@@ -313,9 +318,6 @@ __global__ void compare_kernel(int op, const float *a, const float *b, uint8_t *
 __global__ void not_kernel(const uint8_t *x, uint8_t *y, int64_t n) {
   PR_CU_FOR(i, n) y[i] = !x[i];
 }
-
-/* 32-bit index arithmetic where the walk's elements fit. */
-inline bool fits32(int64_t n) { return n <= 0x7fffffff; }
 
 } // namespace
 

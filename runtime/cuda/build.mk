@@ -28,4 +28,8 @@ cuda: $(CUDA_OBJ) bin/gpu-kernels
 # Everything tests/gpu/check.sh runs on a GPU machine, built here into .gpu/ (tests/gpu/prepare.py).
 gpu-prepare: bin/pipecc bin/piperun-data bin/gpu-kernels
 	$(PY) tests/gpu/prepare.py
-.PHONY: cuda gpu-prepare
+# The GPU path's whole build matrix (make test builds every sample model at n = 2): every training
+# schedule at n = 1, 2, 4 and the other precisions, compiled and linked.
+test-cuda-build: bin/pipecc
+	PIPECC=bin/pipecc $(PY) tests/test_cuda_build.py --all
+.PHONY: cuda gpu-prepare test-cuda-build

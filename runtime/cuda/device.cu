@@ -25,7 +25,7 @@ extern "C" {
 }
 
 static unsigned char *dev_base, *host_base;
-static int64_t arena_bytes;
+
 
 /* The host image's address of device bytes dev. */
 static unsigned char *host_of(const unsigned char *dev) { return host_base + (dev - dev_base); }
@@ -46,7 +46,7 @@ extern "C" unsigned char *pr_dev_arena_alloc(unsigned char *host, int64_t bytes)
   /* Zeroed, as the C target's static arena is: gradients and optimizer slots start at 0. */
   PR_CU(cudaMemsetAsync(d, 0, (size_t)(bytes > 0 ? bytes : 256), pr_cu_stream));
   PR_CU(cudaStreamSynchronize(pr_cu_stream));
-  dev_base = (unsigned char *)d, host_base = host, arena_bytes = bytes;
+  dev_base = (unsigned char *)d, host_base = host;
   return dev_base;
 }
 
@@ -55,7 +55,7 @@ extern "C" void pr_dev_arena_free(unsigned char *dev, unsigned char *host) {
   if (!dev) return;
   PR_CU(cudaStreamSynchronize(pr_cu_stream));
   PR_CU(cudaFree(dev));
-  if (dev == dev_base) dev_base = NULL, host_base = NULL, arena_bytes = 0;
+  if (dev == dev_base) dev_base = NULL, host_base = NULL;
 }
 
 extern "C" void pr_dev_from_host(unsigned char *dst, const void *src, int64_t bytes) {

@@ -173,10 +173,11 @@ __device__ float red_run(const float *dy, const Red &R, const int64_t ko[NOP], i
   }
   return s;
 }
+template <typename I>
 __global__ void red_one(const float *dy, float *dx, const __grid_constant__ Red R) {
   PR_CU_FOR(j, R.nK) {
     int64_t ko[NOP];
-    geo_at<int64_t>(R.k, j, ko);
+    geo_at<I>(R.k, (I)j, ko);
     dx[ko[1]] = red_run(dy, R, ko, 0, R.nR, dx[ko[1]]);
   }
 }
@@ -184,14 +185,14 @@ __global__ void red_part(const float *dy, float *part, const __grid_constant__ R
   PR_CU_FOR(e, R.nK * R.nchunks) {
     int64_t j = e % R.nK, c = e / R.nK, r0 = c * R.chunk, r1 = r0 + R.chunk < R.nR ? r0 + R.chunk : R.nR;
     int64_t ko[NOP];
-    geo_at<int64_t>(R.k, j, ko);
+    geo_at<uint32_t>(R.k, (uint32_t)j, ko); /* nK < RED_WIDE here */
     part[e] = red_run(dy, R, ko, r0, r1, 0.0f);
   }
 }
 __global__ void red_fin(const float *part, float *dx, const __grid_constant__ Red R) {
   PR_CU_FOR(j, R.nK) {
     int64_t ko[NOP];
-    geo_at<int64_t>(R.k, j, ko);
+    geo_at<uint32_t>(R.k, (uint32_t)j, ko);
     float s = dx[ko[1]];
     for (int64_t c = 0; c < R.nchunks; c++) s = __fadd_rn(s, part[c * R.nK + j]);
     dx[ko[1]] = s;
@@ -476,8 +477,10 @@ extern "C" void kc_view_grad(const float *dy, float *dx, const ViewShape *s, int
   Red R = red_make(g);
   if (!red_distinct(R)) {
     red_serial<<<1, 1, 0, pr_cu_stream>>>(dy, dx, g, s->n);
+  } else if (R.nchunks <= 1 && fits32(R.nK)) {
+    LAUNCH(red_one<uint32_t>, R.nK)(dy, dx, R);
   } else if (R.nchunks <= 1) {
-    LAUNCH(red_one, R.nK)(dy, dx, R);
+    LAUNCH(red_one<int64_t>, R.nK)(dy, dx, R);
   } else {
     float *part = (float *)pr_cu_scratch((int64_t)sizeof(float) * R.nK * R.nchunks);
     LAUNCH(red_part, R.nK * R.nchunks)(dy, part, R);

@@ -7,9 +7,10 @@
  * memory), so every sum's order is fixed by the shape.  A row is read again for each pass (max, sum,
  * write) instead of being held, and each element is written by the thread that read it after the row's
  * sums are complete, so the output may be the input (in place).
- * LayerNorm's dscale and dbias, sums over the rows: the rows cut into fixed chunks, a thread per
- * (chunk, column) summing its chunk's rows in order, then a thread per column adding the chunks in
- * order (and to what dscale / dbias held).
+ * LayerNorm's dscale and dbias, sums over the rows: a thread per column adding the rows in order onto
+ * what dscale / dbias hold (the CPU's order); past 64 rows the rows cut into fixed chunks, a thread per
+ * (chunk, column) summing its chunk's rows in order, then a thread per column adding the chunks' sums
+ * in order onto what dscale / dbias hold.
  * BatchNorm: each channel's n * sp elements cut into P chunks (P fixed by the shape), a block per
  * (channel, chunk) summing in double as the CPU does (x and x^2; for the gradient also dy and dy x, dy
  * masked by a fused Relu's output), then a thread per channel adding its P partial sums in order into the
@@ -190,21 +191,22 @@ template <int TPR> __global__ void layernorm_dx_k(const float *x, const float *s
   }
 }
 /* dscale / dbias over the rows (stats: the rows' means, then their 1/sqrt(var + eps)): thread (chunk p,
- * column k) sums rows [p rch, p rch + rch) in order, into
- * part (2 P cols: dscale's partials, then dbias's), or with P = 1 straight onto dscale / dbias. */
+ * column k) sums rows [p rch, p rch + rch) in order into part (2 P cols: dscale's partials, then
+ * dbias's), or with P = 1 onto what dscale / dbias hold. */
 __global__ void layernorm_dw_k(const float *x, const float *dy, const float *stats, float *dscale, float *dbias, float *part, int64_t rows,
                                int64_t cols, int64_t rch, int64_t P) {
   PR_CU_FOR(t, P * cols) {
     const int64_t p = t / cols, k = t % cols, hi = (p + 1) * rch < rows ? (p + 1) * rch : rows;
-    float ss = 0, sb = 0;
+    /* one chunk: onto what dscale / dbias hold, row by row, as the CPU adds */
+    float ss = P == 1 && dscale ? dscale[k] : 0.0f, sb = P == 1 && dbias ? dbias[k] : 0.0f;
     for (int64_t r = p * rch; r < hi; r++) {
       const float g = dy[r * cols + k];
       if (dscale) ss = N_ADD(ss, N_MUL(g, N_MUL(x[r * cols + k] - stats[r], stats[rows + r])));
       sb += g;
     }
     if (P == 1) {
-      if (dscale) dscale[k] += ss;
-      if (dbias) dbias[k] += sb;
+      if (dscale) dscale[k] = ss;
+      if (dbias) dbias[k] = sb;
     } else {
       part[t] = ss, part[P * cols + t] = sb;
     }
@@ -212,10 +214,10 @@ __global__ void layernorm_dw_k(const float *x, const float *dy, const float *sta
 }
 __global__ void layernorm_dw_finish_k(const float *part, float *dscale, float *dbias, int64_t cols, int64_t P) {
   PR_CU_FOR(k, cols) {
-    float ss = 0, sb = 0;
+    float ss = dscale ? dscale[k] : 0.0f, sb = dbias ? dbias[k] : 0.0f;
     for (int64_t p = 0; p < P; p++) ss += part[p * cols + k], sb += part[P * cols + p * cols + k];
-    if (dscale) dscale[k] += ss;
-    if (dbias) dbias[k] += sb;
+    if (dscale) dscale[k] = ss;
+    if (dbias) dbias[k] = sb;
   }
 }
 

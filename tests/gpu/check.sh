@@ -9,6 +9,7 @@
 #   env.txt       the GPU, driver, CUDA and PyTorch versions
 #   kernels.txt   every GPU kernel against its CPU kernel (bin/gpu-kernels)
 #   parity.txt    training parity, bit-identity across n, the memory plan (tests/gpu/parity.py)
+#   bench.txt     one stage's step against PyTorch eager, fp32 / tf32 / bf16 (tests/gpu/bench.py)
 #   check.log     everything printed
 # Exit status: 0 when every part passed.  Each part runs under its own time limit (8 minutes in all).
 set -u
@@ -17,6 +18,7 @@ mkdir -p "$OUTDIR"
 exec > >(tee "$OUTDIR/check.log") 2>&1
 cd "$(dirname "$0")/../.."
 G=.gpu
+[ -d $G ] || [ ! -f .gpucarry/gpu.tar.xz ] || tar -xJf .gpucarry/gpu.tar.xz
 [ -x $G/bin/gpu-kernels ] || { echo "check.sh: $G/bin/gpu-kernels is missing: run make gpu-prepare first (on any machine with nvcc)"; exit 2; }
 
 {
@@ -34,7 +36,7 @@ if [ ! -x $M/usr/bin/mpirun ]; then
   for f in $G/debs/*.deb; do dpkg -x "$f" $M; done
 fi
 export OPAL_PREFIX=$M/usr PATH=$M/usr/bin:$PATH
-export LD_LIBRARY_PATH=$M/usr/lib/x86_64-linux-gnu:$M/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$PWD/$G/lib:$M/usr/lib/x86_64-linux-gnu:$M/usr/lib/x86_64-linux-gnu/openmpi/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 # cuBLAS where the toolkit is, else PyTorch's own copy.
 for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; p = nvidia.__path__[0]; print(" ".join(os.path.join(p, x, "lib") for x in os.listdir(p)))' 2>/dev/null); do
   [ -d "$d" ] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
@@ -49,5 +51,11 @@ timeout 150 $G/bin/gpu-kernels "$OUTDIR/kernels.txt" >"$OUTDIR/kernels_cases.txt
 tail -n 100 "$OUTDIR/kernels.txt" 2>/dev/null || tail -n 30 "$OUTDIR/kernels_cases.txt"
 grep -E "over 1e-5|DIFFER" "$OUTDIR/kernels_cases.txt" | head -40
 echo "== training parity"
-PYTHONUNBUFFERED=1 timeout 330 python3 tests/gpu/parity.py $G/plans $G/data $G/meta.json "$OUTDIR" || rc=1
+PYTHONUNBUFFERED=1 timeout 300 python3 tests/gpu/parity.py $G/plans $G/data $G/meta.json "$OUTDIR" || rc=1
+echo "== bench"
+if [ -d $G/bench ]; then
+  PYTHONUNBUFFERED=1 timeout 150 python3 tests/gpu/bench.py $G/bench $G/data "$OUTDIR" || rc=1
+else
+  echo "check.sh: no $G/bench (make gpu-prepare builds it)"; rc=1
+fi
 exit $rc

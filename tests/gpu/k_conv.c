@@ -9,8 +9,10 @@
 #include "kcheck.h"
 #include "kernels.h"
 
-/* conv.cu: the scratch floats for one chunk of images (0: the default). */
+/* conv.cu: the scratch floats for one chunk of images (0: the default); the 64-bit index kernels always
+ * (wide), one GEMM into scratch and a copy for one group too (big). */
 void pr_cu_conv_chunk(int64_t floats);
+void pr_cu_conv_paths(int wide, int big);
 
 typedef struct Case {
   const char *name;
@@ -101,6 +103,13 @@ static void run_case(const Case *k, const char *tag) {
 
 void check_conv(void) {
   for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++) run_case(&CASES[i], "");
+  /* the other paths: 64-bit indices; one group as the groups are run */
+  pr_cu_conv_paths(1, 0);
+  for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++) run_case(&CASES[i], " wide");
+  pr_cu_conv_paths(0, 1);
+  for (int i = 0; i < (int)(sizeof CASES / sizeof CASES[0]); i++)
+    if (CASES[i].group == 1) run_case(&CASES[i], " big");
+  pr_cu_conv_paths(0, 0);
   /* several chunks of images, the last one a single image: 5 images, 2 a chunk */
   static const Case CHUNKED[] = {
       {"2d 3x3 p1 n5", 5, 3, 1, 7, 7, 4, 1, 3, 3, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1},
@@ -111,6 +120,9 @@ void check_conv(void) {
     int64_t sp = (int64_t)s.od * s.oh * s.ow, per_image = (int64_t)s.c * s.kd * s.kh * s.kw * sp + (int64_t)s.m * sp;
     pr_cu_conv_chunk(2 * per_image + 1);
     run_case(&CHUNKED[i], " chunks of 2");
+    pr_cu_conv_paths(1, 1);
+    run_case(&CHUNKED[i], " chunks of 2 wide big");
+    pr_cu_conv_paths(0, 0);
   }
   pr_cu_conv_chunk(0);
 }

@@ -189,7 +189,7 @@ def main():
         base = dict(weights.get(m, []))[f"{m}_1f1b_n2"]
         same = all(np.array_equal(got[1][k].view(np.uint32), base[k].view(np.uint32)) for k in base)
         plan = json.load(open(os.path.join(PLANS, tag, "plan.json")))
-        check(same, f"{tag}: limited to {o['limit']} bytes (half of {max(o['arenas_unlimited'])}): the same bits as the unlimited plan; "
+        check(same, f"{tag}: limited to {o['limit']} bytes ({o['limit_is']}; busiest unlimited arena {max(o['arenas_unlimited'])}): the same bits as the unlimited plan; "
               f"wall {results['cases'][tag]['wall_s']:.2f} s vs {free['wall_s']:.2f} s unlimited; predicted step "
               f"{plan['predicted_step_time_s']:.4g} s; memory plans {[s.get('memory_plan') for s in plan['stage_plans']]}")
     say(f"total: {passed} passed, {failed} failed")

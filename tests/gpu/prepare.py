@@ -7,7 +7,9 @@
   .gpu/data/                 the data sets (MNIST IDX, CIFAR-10 batches, a token file)
   .gpu/cpu_losses.json       each model's per-step losses from the CPU target (n = 1), the reference the
                              GPU's must match
-  .gpu/debs/                 Debian's Open MPI, unpacked on the GPU machine (it has none)
+  .gpu/lib/libpiperun-cuda.so  the CUDA runtime the plans' stage programs link
+  .gpucarry/gpu.tar.xz       all of .gpu/, compressed: what travels to the GPU machine
+  .gpu/debs/                 Debian's Open MPI and protobuf-c, unpacked on the GPU machine (it has none)
 
 The plans' builds share one object cache (PIPERUN_OBJ_CACHE), so the runtime compiles once."""
 import csv
@@ -52,6 +54,7 @@ def compile_plan(dst, model, n, sched, flags, target="cuda"):
     path, _, batch, mb, lr, _ = cases.MODELS[model]
     if os.path.exists(dst):
         shutil.rmtree(dst)
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
     run([PIPECC, os.path.join(ROOT, path), "-n", str(n), "--schedule", sched, "--batch", str(batch), "--microbatches", str(mb),
          "--lr", str(lr), "--devices", DEVICES, "--target", target, *flags, "-o", dst])
     run(["make", "-s", "-j2", "-C", dst])
@@ -72,32 +75,40 @@ def cpu_losses(data):
 
 
 def offload_plans():
-    """gpt and resnet at n = 2: the unlimited plan's busiest arena, then a plan limited to half of it."""
+    """gpt and resnet at n = 2: the unlimited plan's busiest arena, then a plan limited to half of it, or,
+    where no plan fits half (weights, gradients and optimizer state alone may not), to the leanest plan
+    pipecc says there is (every stashed value it can move, moved)."""
+    import re
     made = []
     for m in cases.OFFLOAD_MODELS:
         free = os.path.join(OUT, "plans", f"{m}_1f1b_n2")
         with open(os.path.join(free, "plan.json")) as f:
             arenas = [s["arena_bytes"] for s in json.load(f)["stage_plans"]]
-        limit = max(arenas) // 2
         tag = f"{m}_offload_n2"
         dst = os.path.join(OUT, "plans", tag)
-        r = subprocess.run([PIPECC, os.path.join(ROOT, cases.MODELS[m][0]), "-n", "2", "--schedule", "1f1b", "--batch",
-                            str(cases.MODELS[m][2]), "--microbatches", str(cases.MODELS[m][3]), "--lr", str(cases.MODELS[m][4]),
-                            "--devices", DEVICES, "--target", "cuda", "--mem-limit", str(limit), "-o", dst],
-                           capture_output=True, text=True, env=ENV)
+        limit, note = max(arenas) // 2, "half the busiest arena"
+        for _ in range(2):
+            r = subprocess.run([PIPECC, os.path.join(ROOT, cases.MODELS[m][0]), "-n", "2", "--schedule", "1f1b", "--batch",
+                                str(cases.MODELS[m][2]), "--microbatches", str(cases.MODELS[m][3]), "--lr", str(cases.MODELS[m][4]),
+                                "--devices", DEVICES, "--target", "cuda", "--mem-limit", str(limit), "-o", dst],
+                               capture_output=True, text=True, env=ENV)
+            lean = re.search(r"the leanest plan needs (\d+) bytes", r.stderr)
+            if r.returncode == 0 or not lean:
+                break
+            print(f"prepare: {tag}: half the arena ({limit} bytes) does not fit: {r.stderr.strip()}")
+            limit, note = int(lean.group(1)), "the leanest plan (half does not fit)"
         if r.returncode:
             print(f"prepare: {tag}: pipecc refused --mem-limit {limit}: {r.stderr.strip()}")
             continue
         run(["make", "-s", "-j2", "-C", dst])
-        shutil.rmtree(os.path.join(dst, "build"), ignore_errors=True)
-        made.append({"tag": tag, "model": m, "limit": limit, "arenas_unlimited": arenas})
+        made.append({"tag": tag, "model": m, "limit": limit, "limit_is": note, "arenas_unlimited": arenas})
     return made
 
 
-# Open MPI and what it loads, as Debian packages (the GPU machine has no Open MPI and no registry).
+# Open MPI and what it loads, and protobuf-c, as Debian packages (the GPU machine has neither, nor a registry).
 OMPI_DEBS = ("openmpi-bin openmpi-common libopenmpi3 libpmix2 libhwloc15 libevent-core-2.1-7 libevent-pthreads-2.1-7 "
              "libfabric1 libucx0 libibverbs1 librdmacm1 libnl-3-200 libnl-route-3-200 libnuma1 libpsm2-2 libpsm-infinipath1 "
-             "libmunge2 libatomic1 libudev1 ibverbs-providers").split()
+             "libmunge2 libatomic1 libudev1 ibverbs-providers libprotobuf-c1").split()
 
 
 def fetch_debs():
@@ -107,6 +118,43 @@ def fetch_debs():
     want = [p for p in OMPI_DEBS if p not in have]
     if want:
         run(["apt-get", "download", *want], cwd=d)
+
+
+# The bench (bench.py): one stage, one micro-batch per step, in each precision.
+BENCH = {
+    # tag: (onnx, batch, seq, vocab, data)
+    "gpt": ("onnx_models/gpt.onnx", 64, 32, 64, "tokens.bin"),
+    "resnet": ("onnx_models/resnet.onnx", 64, 1, 10, "cifar"),
+    "gpt2_small": ("onnx_models/large/gpt2_small.onnx", 4, 1024, 50257, "tokens_gpt2.bin"),
+}
+
+
+def bench_plans():
+    """.gpu/bench/<model>_<precision>/ with bench.json; GPT-2 small's weights (500 MB) stay behind, bench.py
+    makes random ones there.  Needs onnx_models/large/ (make models) for GPT-2 small, else it is skipped."""
+    run([os.path.join(ROOT, "bin", "piperun-data"), "tokens", os.path.join(OUT, "data", "tokens_gpt2.bin"), "--n", "60000", "--vocab",
+         "50257", "--seed", "7"])
+    for name, (path, batch, seq, vocab, data) in BENCH.items():
+        if not os.path.exists(os.path.join(ROOT, path)):
+            print(f"prepare: bench {name}: {path} is missing (make models): skipped")
+            continue
+        for prec in ("fp32", "tf32", "bf16"):
+            dst = os.path.join(OUT, "bench", f"{name}_{prec}")
+            if os.path.exists(dst):
+                shutil.rmtree(dst)
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            run([PIPECC, os.path.join(ROOT, path), "-n", "1", "--batch", str(batch), "--microbatches", "1", "--lr", "1e-4",
+                 "--target", "cuda", "--precision", prec, "-o", dst])
+            run(["make", "-s", "-j2", "-C", dst])
+            plan = json.load(open(os.path.join(dst, "plan.json")))
+            sp = plan["stage_plans"][0]
+            wbytes = os.path.getsize(os.path.join(dst, "weights", "stage_0.bin"))
+            if wbytes > (8 << 20):
+                os.remove(os.path.join(dst, "weights", "stage_0.bin"))
+            json.dump({"model": name, "precision": prec, "batch": batch, "seq": seq, "vocab": vocab, "data": data,
+                       "flops_per_step": float(sp["fwd_flops"] + sp["bwd_flops"]), "weights_bytes": wbytes},
+                      open(os.path.join(dst, "bench.json"), "w"))
+            print(f"prepare: bench {name} {prec}")
 
 
 def main():
@@ -122,10 +170,19 @@ def main():
             continue
         compile_plan(os.path.join(OUT, "plans", tag), m, n, s, flags)
         print(f"prepare: built {tag}")
+    # The CUDA runtime the plans link (one shared library in the object cache), beside them.
+    os.makedirs(os.path.join(OUT, "lib"), exist_ok=True)
+    libs = [os.path.join(dp, f) for dp, _, fs in os.walk(ENV["PIPERUN_OBJ_CACHE"]) for f in fs if f == "libpiperun-cuda.so"]
+    shutil.copy(max(libs, key=os.path.getmtime), os.path.join(OUT, "lib", "libpiperun-cuda.so"))
+    bench_plans()
     meta = {"offload": offload_plans(), "cpu_losses": cpu_losses(data)}
     with open(os.path.join(OUT, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
-    print("prepare: done")
+    # One compressed file to carry (the device tool's working tree is limited to 64 MiB).
+    carry = os.path.join(ROOT, ".gpucarry")
+    os.makedirs(carry, exist_ok=True)
+    run(["sh", "-c", f"tar -C {ROOT} -cf - .gpu | xz -T2 -3 > {carry}/gpu.tar.xz.tmp && mv {carry}/gpu.tar.xz.tmp {carry}/gpu.tar.xz"])
+    print(f"prepare: done; {os.path.getsize(os.path.join(carry, 'gpu.tar.xz')) >> 20} MiB in .gpucarry/gpu.tar.xz")
 
 
 if __name__ == "__main__":
