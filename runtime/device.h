@@ -48,7 +48,7 @@ void pr_dev_release(void *view, unsigned char *dev, int64_t bytes, int mode);
  * send's bytes are staged out of the device (pr_dev_msg_out, after the work that wrote them: await its
  * event first), a receive's land in host memory (pr_dev_msg_in) and go to the device once it has
  * completed (pr_dev_msg_landed, before the call that reads them).  The CPU: dev itself, no copy.
- * pr_dev_pin: a range that carries messages every step, page-locked once where that speeds the copies. */
+ * pr_dev_pin: the arena's host image, page-locked once where that speeds the copies (a stage with messages). */
 void *pr_dev_msg_out(unsigned char *dev, int64_t bytes);
 void *pr_dev_msg_in(unsigned char *dev, int64_t bytes);
 void pr_dev_msg_landed(unsigned char *dev, int64_t bytes);

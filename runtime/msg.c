@@ -280,14 +280,11 @@ void msg_open(Run *r) {
   int nw = st->nwsend > st->nwrecv ? st->nwsend : st->nwrecv;
   r->ssreq = requests(ns * st->nstash_send + ns * st->nstash_recv + nw);
   r->srreq = r->ssreq + ns * st->nstash_send, r->wreq = r->srreq + ns * st->nstash_recv;
-  /* The rings that carry messages every step (device.h: page-locked once where that speeds the copies). */
-  for (int v = 0; v < st->nrecv; v++)
-    if (st->recv[v].source == PR_FROM_PREV && !st->recv[v].xring) pr_dev_pin(dev_at(r, st->recv[v].offset), st->recv[v].bytes * ns);
-  for (int v = 0; v < st->nsend; v++) pr_dev_pin(dev_at(r, st->send[v].offset), st->send[v].bytes * ns);
-  for (int v = 0; v < st->nsend; v++)
-    if (st->send[v].goffset >= 0) pr_dev_pin(dev_at(r, st->send[v].goffset), st->send[v].bytes * ngs);
-  for (int v = 0; v < st->nrecv; v++)
-    if (st->recv[v].goffset >= 0 && st->recv[v].source == PR_FROM_PREV) pr_dev_pin(dev_at(r, st->recv[v].goffset), st->recv[v].bytes * ngs);
+  /* A stage that sends or receives pages its host image in once (device.h; the CPU: nothing).  The
+   * whole image, not each ring: a copy may not straddle a page-locked range and one that is not. */
+  int msgs = st->nsend > 0 || st->nstash_send || st->nstash_recv || st->nwsend || st->nwrecv || st->offload_to >= 0 || st->nstore;
+  for (int v = 0; v < st->nrecv; v++) msgs |= st->recv[v].source == PR_FROM_PREV;
+  if (msgs) pr_dev_pin(dev_at(r, 0), st->arena_bytes);
 }
 
 void msg_poll_start(Run *r) { g_poll_run = r; }

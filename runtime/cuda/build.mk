@@ -25,6 +25,11 @@ bin/gpu-kernels: $(wildcard tests/gpu/*.c tests/gpu/*.h) $(CUDA_OBJ) $(GPU_CHECK
 
 cuda: $(CUDA_OBJ) bin/gpu-kernels
 
+# `make` builds the CUDA kernels too where there is an nvcc (a stage build compiles its own copy).
+ifneq ($(NVCC),)
+all: $(CUDA_OBJ)
+endif
+
 # Everything tests/gpu/check.sh runs on a GPU machine, built here into .gpu/ (tests/gpu/prepare.py).
 gpu-prepare: bin/pipecc bin/piperun-data bin/gpu-kernels
 	$(PY) tests/gpu/prepare.py

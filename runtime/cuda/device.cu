@@ -91,18 +91,49 @@ extern "C" void *pr_dev_msg_out(unsigned char *dev, int64_t bytes) {
   pr_dev_to_host(h, dev, bytes);
   return h;
 }
+/* A landed message's copy to the device is queued on the stream, behind the work before it: the next
+ * receive into the same host bytes must wait for that copy, not for the whole stream.  One event per
+ * message address (a stage has a few: its rings' slots), found by open addressing. */
+enum { NLANDING = 4096 };
+static struct Landing {
+  const unsigned char *dev;
+  cudaEvent_t copied;
+} landing[NLANDING];
+static int landing_full; /* an address found no entry: its receives wait for the whole stream */
+static struct Landing *landing_of(const unsigned char *dev, int add) {
+  uint64_t h = (uint64_t)(uintptr_t)dev * 0x9E3779B97F4A7C15ull;
+  for (int k = 0; k < NLANDING; k++) {
+    struct Landing *l = &landing[((h >> 52) + (uint64_t)k) & (NLANDING - 1)];
+    if (l->dev == dev) return l;
+    if (!l->dev) {
+      if (!add) return NULL;
+      l->dev = dev;
+      PR_CU(cudaEventCreateWithFlags(&l->copied, cudaEventDisableTiming));
+      return l;
+    }
+  }
+  if (add) landing_full = 1;
+  return NULL; /* full: the callers fall back to the stream */
+}
+
 extern "C" void *pr_dev_msg_in(unsigned char *dev, int64_t bytes) {
   (void)bytes;
+  struct Landing *l = landing_of(dev, 0);
+  if (l) PR_CU(cudaEventSynchronize(l->copied));
+  else if (landing_full) PR_CU(cudaStreamSynchronize(pr_cu_stream));
   return host_of(dev);
 }
 extern "C" void pr_dev_msg_landed(unsigned char *dev, int64_t bytes) {
-  if (bytes > 0) PR_CU(cudaMemcpyAsync(dev, host_of(dev), (size_t)bytes, cudaMemcpyHostToDevice, pr_cu_stream));
-  /* Ordered before the calls that read it; the host bytes stay until the next message into this
-   * range, which the schedule posts only after the call that consumed this one. */
+  if (bytes <= 0) return;
+  PR_CU(cudaMemcpyAsync(dev, host_of(dev), (size_t)bytes, cudaMemcpyHostToDevice, pr_cu_stream));
+  struct Landing *l = landing_of(dev, 1);
+  if (l) PR_CU(cudaEventRecord(l->copied, pr_cu_stream));
+  else PR_CU(cudaStreamSynchronize(pr_cu_stream)); /* no event to wait on later: wait now */
 }
 extern "C" void pr_dev_pin(unsigned char *dev, int64_t bytes) {
   if (bytes <= 0) return;
-  /* Page-locks whole pages only: registering a range twice is an error CUDA reports and we ignore. */
+  /* Whole pages.  Where CUDA cannot lock them (a limit on locked memory), the copies still run, from
+   * pageable memory, more slowly: not an error. */
   uintptr_t lo = (uintptr_t)host_of(dev) & ~(uintptr_t)4095, hi = ((uintptr_t)host_of(dev) + (uintptr_t)bytes + 4095) & ~(uintptr_t)4095;
   if (cudaHostRegister((void *)lo, hi - lo, cudaHostRegisterDefault) != cudaSuccess) (void)cudaGetLastError();
 }

@@ -42,6 +42,8 @@ for d in /usr/local/cuda/lib64 $(python3 -c 'import nvidia, os; p = nvidia.__pat
   [ -d "$d" ] && LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$d
 done
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+# PMIx finds its own plugins there, not another PMIx's the machine may have.
+export PMIX_INSTALL_PREFIX=$M/usr PMIX_MCA_mca_base_component_show_load_errors=0 OMPI_MCA_mca_base_component_show_load_errors=0
 export OMPI_MCA_pml=ob1 OMPI_MCA_btl=self,vader OMPI_MCA_mtl=^ofi,psm,psm2 OMPI_MCA_osc=^ucx OMPI_MCA_plm_rsh_agent=false
 mpirun --version | head -1 || echo "check.sh: mpirun does not start"
 
@@ -52,6 +54,21 @@ tail -n 100 "$OUTDIR/kernels.txt" 2>/dev/null || tail -n 30 "$OUTDIR/kernels_cas
 grep -E "over 1e-5|DIFFER" "$OUTDIR/kernels_cases.txt" | head -40
 echo "== training parity"
 PYTHONUNBUFFERED=1 timeout 300 python3 tests/gpu/parity.py $G/plans $G/data $G/meta.json "$OUTDIR" || rc=1
+echo "== compute-sanitizer (memcheck and synccheck) on two stage programs, 2 steps each"
+for p in gpt_n1 lenet_n1; do
+  d=$G/plans/$p
+  data=$G/data/$(case $p in gpt*) echo tokens.bin ;; *) echo mnist ;; esac)
+  for tool in memcheck synccheck; do
+    if timeout 120 mpirun --oversubscribe -n 1 compute-sanitizer --tool $tool --error-exitcode 9 --print-limit 20 \
+         "$d/stage_0" --data "$data" --steps 2 --quiet --blas-kernels "$("$d/stage_0" --blas-core)" --freeze-dir /tmp/fz-$p \
+         >"$OUTDIR/sanitizer_${p}_$tool.txt" 2>&1; then
+      echo "ok - compute-sanitizer --tool $tool: $p, 2 steps: $(grep -o 'ERROR SUMMARY: [0-9]* errors' "$OUTDIR/sanitizer_${p}_$tool.txt" | tail -1)"
+    else
+      echo "not ok - compute-sanitizer --tool $tool: $p"; tail -n 25 "$OUTDIR/sanitizer_${p}_$tool.txt"; rc=1
+    fi
+  done
+done
+cat "$OUTDIR"/sanitizer_*.txt >"$OUTDIR/sanitizer.txt" 2>/dev/null
 echo "== bench"
 if [ -d $G/bench ]; then
   PYTHONUNBUFFERED=1 timeout 150 python3 tests/gpu/bench.py $G/bench $G/data "$OUTDIR" || rc=1

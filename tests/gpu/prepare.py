@@ -84,24 +84,26 @@ def offload_plans():
         free = os.path.join(OUT, "plans", f"{m}_1f1b_n2")
         with open(os.path.join(free, "plan.json")) as f:
             arenas = [s["arena_bytes"] for s in json.load(f)["stage_plans"]]
-        tag = f"{m}_offload_n2"
-        dst = os.path.join(OUT, "plans", tag)
-        limit, note = max(arenas) // 2, "half the busiest arena"
-        for _ in range(2):
-            r = subprocess.run([PIPECC, os.path.join(ROOT, cases.MODELS[m][0]), "-n", "2", "--schedule", "1f1b", "--batch",
-                                str(cases.MODELS[m][2]), "--microbatches", str(cases.MODELS[m][3]), "--lr", str(cases.MODELS[m][4]),
-                                "--devices", DEVICES, "--target", "cuda", "--mem-limit", str(limit), "-o", dst],
-                               capture_output=True, text=True, env=ENV)
-            lean = re.search(r"the leanest plan needs (\d+) bytes", r.stderr)
-            if r.returncode == 0 or not lean:
-                break
-            print(f"prepare: {tag}: half the arena ({limit} bytes) does not fit: {r.stderr.strip()}")
-            limit, note = int(lean.group(1)), "the leanest plan (half does not fit)"
-        if r.returncode:
-            print(f"prepare: {tag}: pipecc refused --mem-limit {limit}: {r.stderr.strip()}")
-            continue
-        run(["make", "-s", "-j2", "-C", dst])
-        made.append({"tag": tag, "model": m, "limit": limit, "limit_is": note, "arenas_unlimited": arenas})
+        # pipecc's choice (recompute where no peer has room), and the values through host memory to a file.
+        for suffix, flags in (("", ()), ("_file", ("--offload", "file:/tmp"))):
+            tag = f"{m}_offload{suffix}_n2"
+            dst = os.path.join(OUT, "plans", tag)
+            limit, note = max(arenas) // 2, "half the busiest arena"
+            for _ in range(2):
+                r = subprocess.run([PIPECC, os.path.join(ROOT, cases.MODELS[m][0]), "-n", "2", "--schedule", "1f1b", "--batch",
+                                    str(cases.MODELS[m][2]), "--microbatches", str(cases.MODELS[m][3]), "--lr", str(cases.MODELS[m][4]),
+                                    "--devices", DEVICES, "--target", "cuda", "--mem-limit", str(limit), *flags, "-o", dst],
+                                   capture_output=True, text=True, env=ENV)
+                lean = re.search(r"the leanest plan needs (\d+) bytes", r.stderr)
+                if r.returncode == 0 or not lean:
+                    break
+                print(f"prepare: {tag}: half the arena ({limit} bytes) does not fit: {r.stderr.strip()}")
+                limit, note = int(lean.group(1)), "the leanest plan (half does not fit)"
+            if r.returncode:
+                print(f"prepare: {tag}: pipecc refused --mem-limit {limit}: {r.stderr.strip()}")
+                continue
+            run(["make", "-s", "-j2", "-C", dst])
+            made.append({"tag": tag, "model": m, "limit": limit, "limit_is": note, "arenas_unlimited": arenas})
     return made
 
 
