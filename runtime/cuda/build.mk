@@ -27,7 +27,7 @@ cuda: $(CUDA_OBJ) bin/gpu-kernels
 
 # `make` builds the CUDA kernels too where there is an nvcc (a stage build compiles its own copy).
 ifneq ($(NVCC),)
-all: $(CUDA_OBJ)
+all: $(CUDA_OBJ) bin/gpu-kernels
 endif
 
 # Everything tests/gpu/check.sh runs on a GPU machine, built here into .gpu/ (tests/gpu/prepare.py).
