@@ -159,6 +159,25 @@ def bench_plans():
             print(f"prepare: bench {name} {prec}")
 
 
+def feature_plans(data):
+    """features.py's plans (.gpu/features/) and its CPU references: lenet's async run and its --val."""
+    feat = os.path.join(OUT, "features")
+    compile_plan(os.path.join(feat, "gpt_pipefb_n2"), "gpt", 2, "pipefb", ())
+    compile_plan(os.path.join(feat, "lenet_async_n2"), "lenet", 2, "async", ("--staleness", "1"))
+    ref = os.path.join(ROOT, "build", "gpu-cpu-ref")
+    compile_plan(os.path.join(ref, "lenet_async"), "lenet", 2, "async", ("--staleness", "1"), target="cpu")
+    log = os.path.join(ref, "lenet_async.csv")
+    run([os.path.join(ref, "lenet_async", "run.sh"), "--data", data["mnist"], "--steps", "10", "--quiet", "--log", log])
+    out = {"lenet_async_cpu": [float(r["loss"]) for r in csv.DictReader(open(log))]}
+    log = os.path.join(ref, "lenet_val.csv")
+    run([os.path.join(ref, "lenet", "run.sh"), "--data", data["mnist"], "--steps", "10", "--quiet", "--log", log, "--val", data["mnist"],
+         "--val-every", "5"])
+    rows = list(csv.DictReader(open(log + ".val.csv")))
+    out["lenet_val_cpu"] = [float(r["val_loss"]) for r in rows]
+    out["lenet_val_acc_cpu"] = [float(r["val_accuracy"]) for r in rows]
+    return out
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     fetch_debs()
@@ -178,6 +197,7 @@ def main():
     shutil.copy(max(libs, key=os.path.getmtime), os.path.join(OUT, "lib", "libpiperun-cuda.so"))
     bench_plans()
     meta = {"offload": offload_plans(), "cpu_losses": cpu_losses(data)}
+    meta["features"] = feature_plans(data)
     with open(os.path.join(OUT, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1)
     # One compressed file to carry (the device tool's working tree is limited to 64 MiB).
