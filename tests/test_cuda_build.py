@@ -25,6 +25,8 @@ import tally  # noqa: E402
 PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
 DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
 MODELS = sorted(glob.glob(os.path.join(ROOT, "onnx_models", "*.onnx")))
+# Plans pipecc refuses for every target, with the reason (the CPU suites pin the same refusals).
+PINNED = {("resnet", "async"): "async does not version such state yet"}
 
 
 def nvcc():
@@ -37,8 +39,10 @@ def build(tmp, env, model, n, sched, flags=()):
     out = os.path.join(tmp, re.sub(r"[^A-Za-z0-9_.-]", "_", tag) + ".pipe")
     r = subprocess.run([PIPECC, model, "-n", str(n), "--schedule", sched, "--devices", DEVICES, "--target", "cuda", *flags, "-o", out],
                        capture_output=True, text=True, env=env)
-    if not tally.check(r.returncode == 0, f"{tag}: pipecc --target cuda", r.stderr.strip()[-400:]):
+    if r.returncode:
+        tally.pinned_refusal(f"{tag}: pipecc --target cuda", r.stderr.strip()[-400:], PINNED.get((name, sched)))
         return
+    tally.check(True, f"{tag}: pipecc --target cuda")
     r = subprocess.run(["make", "-s", "-j2", "-C", out], capture_output=True, text=True, env=env)
     if not tally.check(r.returncode == 0, f"{tag}: the CUDA stage programs build", (r.stdout + r.stderr).strip()[-1500:]):
         return
