@@ -66,6 +66,7 @@ void val_pass(Run *r, int64_t after) {
     r->step = v; /* the tags and the token loader's batch; nothing of training is in flight between steps */
     for (int i = 0; i < st->batch; i++) r->idx[i] = v * st->batch + i;
     for (int k = 0; k < st->microbatches; k++) {
+      g_val_at = (ValAt){after, v, k};
       PrAction a = {PR_RECV, k, 0, 0, st->nxslots ? 0 : -1, -1}; /* between steps no transfer holds copy 0 of the leaving block */
       r->cur = &a; /* the loader and the trace read the running action */
       do_recv(r, &a);
@@ -80,6 +81,7 @@ void val_pass(Run *r, int64_t after) {
     }
   }
   r->data = train, r->step = step, r->idx = idx, r->in_val = 0;
+  g_val_at.after = -1;
   if (!st->loss || !nb) return;
   double rows = (double)nb * st->microbatches * st->loss_rows;
   loss /= rows;
