@@ -37,6 +37,11 @@ static void render_arg(Buf *o, const StageSpec *s, const Arg *a, char code) {
   case ARG_DOUBLE: buf_printf(o, "%.17g", a->d); break;
   case ARG_CONST: buf_printf(o, "&%s", s->prog->shapes[a->i].name); break;
   case ARG_SYM: buf_printf(o, "%s", a->sym); break;
+  case ARG_STR:
+    buf_printf(o, "\"");
+    put_cstring(o, a->sym);
+    buf_printf(o, "\"");
+    break;
   case ARG_INTS: int_list(o, a->ints, a->i); break;
   }
 }

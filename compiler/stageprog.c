@@ -57,7 +57,8 @@ static void call_fill(StageProg *sp, Pool *pool, Call *k, int phase, int kernel,
         if (strchr("wWaAMU", code)) add_unique(k->writes, &k->nwrites, x.buf);
       }
     } else if ((code == 'i' && x.kind != ARG_INT) || (code == 'f' && x.kind != ARG_FLOAT) ||
-               (code == 'c' && (x.kind != ARG_CONST || x.i < 0 || x.i >= sp->nshapes)) || ((code == 's' || code == 'L') && x.kind != ARG_SYM)) {
+               (code == 'c' && (x.kind != ARG_CONST || x.i < 0 || x.i >= sp->nshapes)) || ((code == 's' || code == 'L') && x.kind != ARG_SYM) ||
+               (code == 'n' && (x.kind != ARG_STR || !x.sym))) {
       bad_call(kernel, "argument of the wrong kind", a);
     }
     k->args[a] = x;

@@ -52,14 +52,14 @@ typedef struct KernelSig {
 extern const KernelSig KERNELS[K_NKERNELS];
 
 /* A typed argument of a call. */
-enum { ARG_BUF, ARG_NULL, ARG_INT, ARG_FLOAT, ARG_CONST, ARG_SYM, ARG_INTS, ARG_DOUBLE };
+enum { ARG_BUF, ARG_NULL, ARG_INT, ARG_FLOAT, ARG_CONST, ARG_SYM, ARG_INTS, ARG_DOUBLE, ARG_STR };
 typedef struct Arg {
   int kind;
   int buf;              /* ARG_BUF: buffer id (a negative id becomes ARG_NULL where the signature allows it) */
   int64_t i;            /* ARG_INT; ARG_CONST: shape constant id */
   float f;              /* ARG_FLOAT */
   double d;             /* ARG_DOUBLE (shape constant fields only) */
-  const char *sym;      /* ARG_SYM */
+  const char *sym;      /* ARG_SYM; ARG_STR: the text, printed as an escaped string literal (a node's name) */
   const int64_t *ints;  /* ARG_INTS (shape constant fields only): i values */
 } Arg;
 #define A_BUF(b) ((Arg){.kind = ARG_BUF, .buf = (b)})
@@ -68,6 +68,7 @@ typedef struct Arg {
 #define A_DBL(v) ((Arg){.kind = ARG_DOUBLE, .d = (double)(v)})
 #define A_CONST(id) ((Arg){.kind = ARG_CONST, .i = (id)})
 #define A_SYM(s) ((Arg){.kind = ARG_SYM, .sym = (s)})
+#define A_STR(s) ((Arg){.kind = ARG_STR, .sym = (s)})
 #define A_INTS(p, n) ((Arg){.kind = ARG_INTS, .ints = (p), .i = (n)})
 
 /* What part of a step a call belongs to.  The backward is split so that

@@ -34,6 +34,11 @@ struct DataPriv {
   int nbatch;
   int64_t batch_first[CIFAR_MAX_BATCHES + 1];
   int batch_no[CIFAR_MAX_BATCHES];
+  /* What the checks before the first step passed (0: not checked): every token id below id_limit, every
+   * label below label_limit.  A mapped file rewritten in place shows its new bytes through the mapping,
+   * so the loaders check each id and label they hand out against these (one compare each). */
+  int64_t id_limit;
+  int label_limit;
   /* the permutation of the last shuffled epoch */
   int64_t *perm, perm_epoch;
   uint64_t perm_seed;
@@ -426,6 +431,7 @@ int data_check_images(const DataSet *d, int c, int h, int w, int nclasses, char 
     return fail(err, errlen, "data %s: label %d at record %lld (sample %lld) is out of range for a model with %d classes", p, d->labels[i],
                 (long long)(i - pv->batch_first[b]), (long long)i, nclasses);
   }
+  if (!d->priv->label_limit || nclasses < d->priv->label_limit) d->priv->label_limit = nclasses;
   return 0;
 }
 
@@ -440,7 +446,15 @@ int data_check_tokens(const DataSet *d, int vocab, int64_t need_tokens, char *er
     if (d->tokens[i] >= vocab)
       return fail(err, errlen, "data %s: token %d at position %lld is out of range for a model with vocabulary %d", dname(d), d->tokens[i],
                   (long long)i, vocab);
+  if (!d->priv->id_limit || vocab < d->priv->id_limit) d->priv->id_limit = vocab;
   return 0;
+}
+
+/* A value past what the checks passed: the file changed under its mapping during the run. */
+static int changed(const char *file, const char *what, long long value, const char *at, long long pos, long long limit, char *err,
+                   size_t errlen) {
+  return fail(err, errlen, "data %s changed during the run (rewritten in place?): %s %lld at %s %lld is out of range (below %lld when "
+                           "checked at the start)", file, what, value, at, pos, limit);
 }
 
 /* ---- sample order ---- */
@@ -491,8 +505,9 @@ void data_batch_indices(const DataSet *d, int64_t step, int B, uint64_t seed, in
   free(p);
 }
 
-void data_images(const DataSet *d, const int64_t *idx, int count, float *x, int64_t *labels) {
+int data_images(const DataSet *d, const int64_t *idx, int count, float *x, int64_t *labels, char *err, size_t errlen) {
   size_t chw = (size_t)d->c * d->h * d->w;
+  int lim = d->priv ? d->priv->label_limit : 0;
   for (int i = 0; i < count; i++) {
     int64_t s = idx[i];
     if (x) {
@@ -501,7 +516,11 @@ void data_images(const DataSet *d, const int64_t *idx, int count, float *x, int6
       for (size_t j = 0; j < chw; j++) dst[j] = src[j] / 255.0f;
     }
     if (labels) labels[i] = d->labels[s];
+    if (labels && lim && labels[i] >= lim)
+      return changed(d->kind == DATA_MNIST ? d->priv->labels_file : dname(d), "label", (long long)labels[i], "sample", (long long)s, lim,
+                     err, errlen);
   }
+  return 0;
 }
 
 int64_t data_tokens_start(const DataSet *d, int64_t step, int B, int T) {
@@ -512,14 +531,20 @@ int64_t data_tokens_start(const DataSet *d, int64_t step, int B, int T) {
   return (step % nb) * bt;
 }
 
-void data_tokens(const DataSet *d, int64_t step, int B, int T, int first_seq, int nseq, int64_t *x, int64_t *y) {
+int data_tokens(const DataSet *d, int64_t step, int B, int T, int first_seq, int nseq, int64_t *x, int64_t *y, char *err, size_t errlen) {
   int64_t start = data_tokens_start(d, step, B, T) + (int64_t)first_seq * T, n = d->n;
   int64_t cnt = (int64_t)nseq * T;
   int64_t lim = n > 1 ? n - 1 : 1; /* positions wrap only when the data is shorter than a batch */
+  int64_t vocab = d->priv ? d->priv->id_limit : 0;
   for (int64_t i = 0; i < cnt; i++) {
     int64_t p = start + i;
     if (p + 1 >= n) p %= lim;
     if (x) x[i] = n > 0 ? d->tokens[p] : 0;
     if (y) y[i] = n > 1 ? d->tokens[p + 1] : 0;
+    if (vocab && ((x && x[i] >= vocab) || (y && y[i] >= vocab))) {
+      int at_y = !(x && x[i] >= vocab);
+      return changed(dname(d), "token", (long long)(at_y ? y[i] : x[i]), "position", (long long)(p + at_y), (long long)vocab, err, errlen);
+    }
   }
+  return 0;
 }

@@ -69,8 +69,11 @@ int data_check_tokens(const DataSet *d, int vocab, int64_t need_tokens, char *er
  * which costs O(n); not thread-safe for one DataSet.  If n < B (bpe 0, an error callers check
  * first) the indices wrap modulo n. */
 void data_batch_indices(const DataSet *d, int64_t step, int B, uint64_t seed, int shuffle, int64_t *idx);
-/* Images as float32 NCHW scaled to [0,1] (pixel / 255.0f), labels as int64; either may be NULL. */
-void data_images(const DataSet *d, const int64_t *idx, int count, float *x, int64_t *labels);
+/* Images as float32 NCHW scaled to [0,1] (pixel / 255.0f), labels as int64; either may be NULL.
+ * Returns 0, or -1 with a message in err when a label is at or past the classes data_check_images
+ * passed: the file changed under its mapping during the run (rewritten in place), and the label would
+ * index past the loss's logits. */
+int data_images(const DataSet *d, const int64_t *idx, int count, float *x, int64_t *labels, char *err, size_t errlen);
 
 /* Tokens, like llm.c's loader: a batch of B sequences of length T starting at token pos reads
  * tokens [pos, pos + B*T + 1); x = the first B*T, y = the same shifted by one.  The next batch
@@ -80,9 +83,12 @@ void data_images(const DataSet *d, const int64_t *idx, int count, float *x, int6
  *     sequence r of step s: x[t] = tokens[start(s) + r*T + t], y[t] = tokens[start(s) + r*T + t + 1]
  * data_tokens fills nseq sequences starting at sequence first_seq of step s's batch
  * (x and y hold nseq*T entries each; either may be NULL), so micro-batches take sub-ranges.
- * If n < B*T + 1 (nb 0, which data_check_tokens rejects) positions wrap modulo n - 1. */
+ * If n < B*T + 1 (nb 0, which data_check_tokens rejects) positions wrap modulo n - 1.
+ * Returns 0, or -1 with a message in err when a token id is at or past the smallest vocabulary
+ * data_check_tokens passed: the file changed under its mapping during the run (rewritten in place),
+ * and the id would index past the embedding or the logits. */
 int64_t data_tokens_start(const DataSet *d, int64_t step, int B, int T);
-void data_tokens(const DataSet *d, int64_t step, int B, int T, int first_seq, int nseq, int64_t *x, int64_t *y);
+int data_tokens(const DataSet *d, int64_t step, int B, int T, int first_seq, int nseq, int64_t *x, int64_t *y, char *err, size_t errlen);
 
 /* The PRNG, exported for the data generator and tests. */
 uint64_t data_mix64(uint64_t z);

@@ -65,6 +65,15 @@ void pr_dev_await(PrDevEvent *e);
 /* Awaits all the device's work (the end of a step's update, before weights are sent or written). */
 void pr_dev_sync(void);
 
+/* Stops the run if a kernel found input it cannot compute on (a Gather index outside its table:
+ * shapes.h, pr_bad_index), naming the node, the step and micro-batch it ran in, and the stage.  The
+ * CPU's kernels stop at once, so its check does nothing.  A GPU's cannot without a sync per call: they
+ * record the first in host memory the GPU writes (touching nothing outside the table meanwhile), and
+ * this reads it, at no cost.  Every call above that waits for the device (pr_dev_to_host, a read view, a
+ * message staged out, pr_dev_await, pr_dev_sync) checks after its wait, so a fault stops the run at the
+ * next message, loss or update; the runtime checks once more when the run ends. */
+void pr_dev_check(void);
+
 /* The runtime's own kernels on device memory (floats): the first element that is not finite (-1:
  * none), the sum of squares (in double, in order: --freeze auto's gradient norms, the same on every
  * device).  The optimizer step, zeroing and tied sums are the stage program's own calls. */

@@ -60,6 +60,23 @@ void agree(int ok, const char *msg) {
   exit(2);
 }
 
+ValAt g_val_at = {-1, 0, 0};
+
+/* shapes.h: a kernel's bad input, which ONNX calls an error (a Gather index outside its table).  Token
+ * ids are checked against the vocabulary when loaded, so an index that gets here was computed from the
+ * data by the model (a Cast, an ArgMax): the message names the node and where in the run. */
+void pr_bad_index(const char *node, const char *what, int64_t at, int64_t index, int64_t rows, const RandCtx *when) {
+  char where[128];
+  if (g_val_at.after >= 0)
+    snprintf(where, sizeof where, "validation after step %lld, held-out batch %lld, micro-batch %d", (long long)g_val_at.after,
+             (long long)g_val_at.batch + 1, g_val_at.mb);
+  else
+    snprintf(where, sizeof where, "step %lld, micro-batch %lld", (long long)when->step + 1, (long long)when->mb);
+  die(5, "%s: node '%s' (%s): index %lld at position %lld of its indices is outside its table of %lld rows (ONNX takes %lld to %lld; "
+         "indices computed from the data must stay in that range); stopping",
+      where, node, what, (long long)index, (long long)at, (long long)rows, (long long)-rows, (long long)rows - 1);
+}
+
 void on_signal(int sig) {
   char msg[96];
   int n = snprintf(msg, sizeof msg, "piperun: stage %d: stopped by signal %d (another stage failed?)\n", g_rank, sig);

@@ -68,6 +68,13 @@ void open_data(Run *r) {
   agree(ok, msg);
 }
 
+/* A data file changed under its mapping since the checks at the start (data_tokens, data_images): an id or
+ * label past them would index past the model's tables, so the run stops here naming it. */
+static void data_changed(const Run *r, const char *msg) {
+  if (r->in_val) die(5, "validation after step %lld: %s; stopping", (long long)g_val_at.after, msg);
+  die(5, "step %lld: %s; stopping", (long long)r->step + 1, msg);
+}
+
 /* Fills a loader input of micro-batch mb. */
 static void load_input(Run *r, const PrValue *pv, int mb, int slot) {
   const PrStage *st = r->st;
@@ -75,19 +82,23 @@ static void load_input(Run *r, const PrValue *pv, int mb, int slot) {
   /* An input that leaves between forward and backward lives in the xslot block. */
   unsigned char *dev = pv->xring ? dev_at(r, pv->offset + (int64_t)r->cur->xslot * st->xslot_bytes) : ring(r, pv->offset, pv->bytes, slot);
   void *to = pr_dev_view(dev, pv->bytes, PR_VIEW_WRITE);
-  if (pv->source == PR_FROM_IMAGES)
-    data_images(&r->data, idx, st->mb_size, (float *)to, r->in_labels);
-  else
-    data_tokens(&r->data, r->step, st->batch, (int)pv->dims[1], mb * st->mb_size, st->mb_size, (int64_t *)to, r->in_y);
+  char msg[1024];
+  int rc = pv->source == PR_FROM_IMAGES
+               ? data_images(&r->data, idx, st->mb_size, (float *)to, r->in_labels, msg, sizeof msg)
+               : data_tokens(&r->data, r->step, st->batch, (int)pv->dims[1], mb * st->mb_size, st->mb_size, (int64_t *)to, r->in_y, msg,
+                             sizeof msg);
+  if (rc) data_changed(r, msg);
   pr_dev_release(to, dev, pv->bytes, PR_VIEW_WRITE);
 }
 
 static void load_labels(Run *r, int mb, int64_t *labels) {
   const PrStage *st = r->st;
-  if (r->data.kind == DATA_TOKENS)
-    data_tokens(&r->data, r->step, st->batch, (int)(st->loss_rows / st->mb_size), mb * st->mb_size, st->mb_size, r->lab_x, labels);
-  else
-    data_images(&r->data, r->idx + (int64_t)mb * st->mb_size, st->mb_size, r->lab_img, labels);
+  char msg[1024];
+  int rc = r->data.kind == DATA_TOKENS
+               ? data_tokens(&r->data, r->step, st->batch, (int)(st->loss_rows / st->mb_size), mb * st->mb_size, st->mb_size, r->lab_x,
+                             labels, msg, sizeof msg)
+               : data_images(&r->data, r->idx + (int64_t)mb * st->mb_size, st->mb_size, r->lab_img, labels, msg, sizeof msg);
+  if (rc) data_changed(r, msg);
 }
 
 /* The data files are mapped: if one shrinks during the run (truncated,

@@ -186,6 +186,7 @@ static void finish_run(Run *r, StepLog *sl, int threads) {
   /* The held-out set after the last step, unless --val-every just did it (or a freeze event stopped the run). */
   if (r->a.val && !r->freeze_to && !(r->a.val_every && r->step % r->a.val_every == 0)) val_pass(r, r->step);
   msg_drain(r);
+  pr_dev_sync(); /* the last step's work, and any bad input its kernels recorded (device.h, pr_dev_check) */
   offload_close(r);
   /* The arena is static and the step loop allocates nothing: the end is the
    * peak.  What is not the arena (MPI's buffers, BLAS's, the loader's, the

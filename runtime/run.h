@@ -150,6 +150,13 @@ void put_line(const char *prefix, const char *msg);
 void die(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 void agree(int ok, const char *msg);
 void on_signal(int sig);
+/* run.sh --val's pass in progress (val.c sets it), which a kernel's stop (pr_bad_index) names instead of
+ * the training step: after, the step it follows (from 1); -1 while training. */
+typedef struct ValAt {
+  int64_t after, batch;
+  int mb;
+} ValAt;
+extern ValAt g_val_at;
 
 /* args.c */
 void usage_error(const char *fmt, const char *arg) __attribute__((noreturn));

@@ -48,6 +48,19 @@ typedef struct RandCtx {
   int64_t mb;    /* the micro-batch of the action being run */
 } RandCtx;
 
+/* ---- what a kernel tells the runtime ----
+ * Input a kernel cannot compute on, which ONNX calls an error: a Gather index outside its table of `rows`
+ * rows (`index`, at position `at` of the indices).  An index that comes from the data (a Cast of an input,
+ * an ArgMax) is known only at run time, and reading or adding outside the table would corrupt another
+ * buffer or crash.  Stops the run naming `node` (the call's 'n' argument, kernels.def), `what` ran, the
+ * stage, and the step and micro-batch in `when`: the CPU's kernels pass pr_rand, the action running; a
+ * GPU's are found later (device.h, pr_dev_check) and pass what pr_rand was at their launch.  In
+ * runtime/fail.c; a test program defines its own. */
+void pr_bad_index(const char *node, const char *what, int64_t at, int64_t index, int64_t rows, const RandCtx *when)
+    __attribute__((noreturn, cold));
+/* piperun.h's (the step loop sets it before every action), declared here for the kernels that say where they are. */
+extern RandCtx pr_rand;
+
 /* ---- gemm ---- */
 typedef struct MatMulShape {
   int64_t batch;          /* output batch count */

@@ -12,6 +12,21 @@
  * forward (forward_eval where the compiler emitted one: training-mode
  * BatchNorm on its running statistics, Dropout off).  The last rank sums the
  * loss and counts the rows whose largest logit is the label. */
+
+/* A held-out token file, checked as the training one is (load.c, open_data): every id below the input's
+ * vocabulary and the loss's classes (an id past them would index past the embedding or the logits), and
+ * one batch at least. */
+static int val_check_tokens(Run *r, char *msg, size_t len) {
+  const PrStage *st = r->st;
+  for (int v = 0; v < st->nrecv; v++)
+    if (st->recv[v].source == PR_FROM_TOKENS &&
+        data_check_tokens(&r->val, (int)st->vocab, (int64_t)st->batch * st->recv[v].dims[1] + 1, msg, len))
+      return -1;
+  if (st->loss && data_check_tokens(&r->val, (int)st->loss_classes, (int64_t)st->batch * (st->loss_rows / st->mb_size) + 1, msg, len))
+    return -1;
+  return 0;
+}
+
 void val_open(Run *r) {
   const PrStage *st = r->st;
   char msg[1024] = "";
@@ -20,6 +35,7 @@ void val_open(Run *r) {
   else if (needs_data(st)) {
     ok = data_open(&r->val, r->a.val, (r->data.kind == DATA_TOKENS ? DATA_TOKENS : 0) | DATA_HELD_OUT, msg, sizeof msg) == 0;
     if (ok && r->val.kind != r->data.kind) ok = 0, snprintf(msg, sizeof msg, "--val %s is not in the training data's format", r->a.val);
+    if (ok && r->val.kind == DATA_TOKENS) ok = val_check_tokens(r, msg, sizeof msg) == 0;
     if (ok && r->val.kind != DATA_TOKENS && (r->val.c != r->data.c || r->val.h != r->data.h || r->val.w != r->data.w))
       ok = 0, snprintf(msg, sizeof msg, "--val %s: images of %dx%dx%d, the training data's are %dx%dx%d", r->a.val, r->val.c, r->val.h,
                        r->val.w, r->data.c, r->data.h, r->data.w);
@@ -66,6 +82,7 @@ void val_pass(Run *r, int64_t after) {
     r->step = v; /* the tags and the token loader's batch; nothing of training is in flight between steps */
     for (int i = 0; i < st->batch; i++) r->idx[i] = v * st->batch + i;
     for (int k = 0; k < st->microbatches; k++) {
+      g_val_at = (ValAt){after, v, k};
       PrAction a = {PR_RECV, k, 0, 0, st->nxslots ? 0 : -1, -1}; /* between steps no transfer holds copy 0 of the leaving block */
       r->cur = &a; /* the loader and the trace read the running action */
       do_recv(r, &a);
@@ -80,6 +97,7 @@ void val_pass(Run *r, int64_t after) {
     }
   }
   r->data = train, r->step = step, r->idx = idx, r->in_val = 0;
+  g_val_at.after = -1;
   if (!st->loss || !nb) return;
   double rows = (double)nb * st->microbatches * st->loss_rows;
   loss /= rows;

@@ -6,16 +6,21 @@
  *   data_probe indices PATH B SHUFFLE SEED STEP...    one line of B indices per step
  *   data_probe images PATH OUT IDX...                 OUT: count*c*h*w float32 then count int64 labels
  *   data_probe tokens PATH STEP B T FIRST NSEQ        "start S", then the x line and the y line
+ *   data_probe rewritten PATH LIMIT FILE OFFSET       checks PATH (token ids, or labels, below LIMIT), writes the
+ *                                                     byte 0xff at OFFSET of FILE in place (the mapped file changes
+ *                                                     under the loader), then loads every token or label: "ok", or the error
  *
  * Errors: "error: MESSAGE" on stderr, exit 1.  Bad usage: exit 2. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "data.h"
 
 static int usage(void) {
-  fprintf(stderr, "usage: data_probe open|check-images|check-tokens|indices|images|tokens PATH ...\n");
+  fprintf(stderr, "usage: data_probe open|check-images|check-tokens|indices|images|tokens|rewritten PATH ...\n");
   return 2;
 }
 
@@ -27,6 +32,26 @@ static long long num(const char *s) {
     exit(2);
   }
   return v;
+}
+
+/* The rewritten command (above): 0 when every load passed, 1 with the error. */
+static int rewritten(DataSet *d, char **argv) {
+  char err[512];
+  int limit = (int)num(argv[3]);
+  int rc = d->kind == DATA_TOKENS ? data_check_tokens(d, limit, 1, err, sizeof err)
+                                  : data_check_images(d, d->c, d->h, d->w, limit, err, sizeof err);
+  if (rc) return fprintf(stderr, "error: before the rewrite: %s\n", err), 1;
+  int fd = open(argv[4], O_WRONLY);
+  unsigned char ff = 0xff;
+  if (fd < 0 || pwrite(fd, &ff, 1, (off_t)num(argv[5])) != 1 || close(fd)) return fprintf(stderr, "error: cannot write %s\n", argv[4]), 1;
+  int64_t n = d->n, *a = malloc(sizeof(int64_t) * (size_t)(n + 1)), *b = malloc(sizeof(int64_t) * (size_t)(n + 1));
+  for (int64_t i = 0; i < n; i++) a[i] = i;
+  if (d->kind == DATA_TOKENS) rc = data_tokens(d, 0, 1, (int)(n - 1), 0, 1, a, b, err, sizeof err);
+  else rc = data_images(d, a, (int)n, NULL, b, err, sizeof err);
+  free(a), free(b);
+  if (rc) return fprintf(stderr, "error: %s\n", err), 1;
+  printf("ok\n");
+  return 0;
 }
 
 static int open_or_fail(DataSet *d, const char *path, int hint) {
@@ -78,7 +103,10 @@ int main(int argc, char **argv) {
     float *x = malloc(sizeof(float) * chw * (size_t)(count + 1));
     int64_t *lab = malloc(sizeof(int64_t) * (size_t)(count + 1));
     for (int i = 0; i < count; i++) idx[i] = num(argv[4 + i]);
-    data_images(&d, idx, count, x, lab);
+    if (data_images(&d, idx, count, x, lab, err, sizeof err)) {
+      fprintf(stderr, "error: %s\n", err);
+      rc = 1;
+    }
     FILE *f = fopen(argv[3], "wb");
     if (!f || fwrite(x, sizeof(float), chw * (size_t)count, f) != chw * (size_t)count ||
         fwrite(lab, sizeof(int64_t), (size_t)count, f) != (size_t)count || fclose(f) != 0) {
@@ -86,13 +114,19 @@ int main(int argc, char **argv) {
       rc = 1;
     }
     free(idx), free(x), free(lab);
+  } else if (!strcmp(cmd, "rewritten") && argc == 6) {
+    if (open_or_fail(&d, path, 0)) return 1;
+    rc = rewritten(&d, argv);
   } else if (!strcmp(cmd, "tokens") && argc == 8) {
     if (open_or_fail(&d, path, 0)) return 1;
     int64_t step = num(argv[3]);
     int B = (int)num(argv[4]), T = (int)num(argv[5]), first = (int)num(argv[6]), nseq = (int)num(argv[7]);
     size_t cnt = (size_t)nseq * T;
     int64_t *x = malloc(sizeof(int64_t) * (cnt + 1)), *y = malloc(sizeof(int64_t) * (cnt + 1));
-    data_tokens(&d, step, B, T, first, nseq, x, y);
+    if (data_tokens(&d, step, B, T, first, nseq, x, y, err, sizeof err)) {
+      fprintf(stderr, "error: %s\n", err);
+      rc = 1;
+    }
     printf("start %lld\n", (long long)data_tokens_start(&d, step, B, T));
     for (size_t i = 0; i < cnt; i++) printf(i ? " %lld" : "%lld", (long long)x[i]);
     printf("\n");

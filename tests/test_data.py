@@ -409,6 +409,15 @@ def body(T):
     bad("token >= vocab", ("check-tokens", os.path.join(E, "tok_vocab.bin"), 0, 64, 10),
         "tok_vocab.bin: token 70 at position 777 is out of range for a model with vocabulary 64")
     bad("too few tokens for one batch", ("check-tokens", TS, 0, 1000, 98), "tok_small.bin", "97 tokens", "needs 98")
+    # A mapped file rewritten in place after the checks (issue 34, item 14): the loaders check what they hand out.
+    tv[777] = 5
+    tv.tofile(os.path.join(E, "tok_live.bin"))
+    bad("a token file rewritten in place after the check", ("rewritten", os.path.join(E, "tok_live.bin"), 64, os.path.join(E, "tok_live.bin"),
+        2 * 321 + 1), "tok_live.bin changed during the run", "token %d at position 321" % (0xff00 | int(tv[321])), "below 64")
+    ML = os.path.join(T, "mnist_live")
+    shutil.copytree(M, ML)
+    bad("MNIST labels rewritten in place after the check", ("rewritten", ML, 10, os.path.join(ML, "train-labels-idx1-ubyte"), 8 + 4321),
+        "train-labels-idx1-ubyte changed during the run", "label 255 at sample 4321", "below 10")
     open(os.path.join(E, "odd.bin"), "wb").write(b"\1\0\2")
     bad("odd-sized raw token file", ("open", os.path.join(E, "odd.bin")), "odd.bin", "truncated", "odd size")
     open(os.path.join(E, "empty.bin"), "wb").close()

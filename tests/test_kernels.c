@@ -18,12 +18,16 @@
  *     k_dropout_grad: the mask is the generator's, kept values are x * scale,
  *     the backward redraws the forward's mask, micro-batch mb continues the
  *     step's stream at element mb * n, acc = 1 adds.
+ *   - k_gather / k_gather_grad: negative indices count from the end (ONNX); an index outside
+ *     [-rows, rows) stops the run (pr_bad_index, defined here to record it) naming the node, the
+ *     position and pr_rand's step, before anything outside the table is read or written.
  *   - k_lstm / k_gru and their gradients (forward, reverse and bidirectional,
  *     both layouts, GRU's linear_before_reset 0 and 1, zero or given initial
  *     state, with or without bias) against the ONNX equations in double and
  *     central differences of them.
  * Built under ASan + UBSan (make bin/test_kernels); ends with "N passed, M failed, K skipped, R refused" (check.h). */
 #include <float.h>
+#include <setjmp.h>
 #include <stddef.h>
 #include <math.h>
 #include <stdio.h>
@@ -657,6 +661,60 @@ static void test_reduce_max(int mask) {
 }
 
 /* ---- ArgMax: first (or last) index of the max, a NaN counting as the max ---- */
+/* ---- Gather: wrap and bounds (the runtime's pr_bad_index, fail.c, stops the run; this one jumps back) ---- */
+RandCtx pr_rand = {1, 0, 0};
+static jmp_buf bad_jmp;
+static struct {
+  int calls;
+  const char *node, *what;
+  int64_t at, index, rows, step, mb;
+} bad;
+void pr_bad_index(const char *node, const char *what, int64_t at, int64_t index, int64_t rows, const RandCtx *when) {
+  bad.calls++, bad.node = node, bad.what = what, bad.at = at, bad.index = index, bad.rows = rows, bad.step = when->step, bad.mb = when->mb;
+  longjmp(bad_jmp, 1);
+}
+static void test_gather(void) {
+  enum { ROWS = 5, W = 3, N = 6, GUARD = 4 };
+  int since = failed;
+  /* The table is followed by guard rows: a read past it would show in y, a write in the guards. */
+  float table[(ROWS + GUARD) * W], y[N * W], dy[N * W], dt[(ROWS + GUARD) * W], want[(ROWS + GUARD) * W];
+  for (int i = 0; i < (ROWS + GUARD) * W; i++) table[i] = (float)(i + 1), dt[i] = want[i] = i < ROWS * W ? 0 : -1;
+  for (int i = 0; i < N * W; i++) dy[i] = (float)(100 + i);
+  const int64_t good[N] = {0, 4, -1, -5, 2, 4}; /* -1 is row 4, -5 row 0 */
+  k_gather(table, good, y, N, ROWS, W, "g");
+  int same = 1;
+  for (int i = 0; i < N; i++)
+    for (int k = 0; k < W; k++) same &= y[i * W + k] == table[(good[i] < 0 ? good[i] + ROWS : good[i]) * W + k];
+  CHECK(same, "k_gather: negative indices count from the end (-1 is the last row, -rows the first)\n");
+  k_gather_grad(good, dy, dt, N, ROWS, W, "g");
+  for (int i = 0; i < N; i++)
+    for (int k = 0; k < W; k++) want[(good[i] < 0 ? good[i] + ROWS : good[i]) * W + k] += dy[i * W + k];
+  CHECK(!memcmp(dt, want, sizeof dt), "k_gather_grad: negative indices add into the rows they name, repeated ones twice\n");
+  const int64_t cases[][N] = {{0, 1, 2, 5, 0, 0}, {0, -6, 1, 1, 1, 1}, {0, 1, 2, 3, 4, INT64_MIN}, {1000000, 0, 0, 0, 0, 0}};
+  const int64_t at[] = {3, 1, 5, 0};
+  for (int c = 0; c < 4; c++)
+    for (int grad = 0; grad < 2; grad++) {
+      memset(&bad, 0, sizeof bad);
+      memcpy(dt, want, sizeof dt);
+      pr_rand.step = 3 + c, pr_rand.mb = grad;
+      if (!setjmp(bad_jmp)) {
+        if (grad) k_gather_grad(cases[c], dy, dt, N, ROWS, W, "/emb/Gather");
+        else k_gather(table, cases[c], y, N, ROWS, W, "/emb/Gather");
+      }
+      int guards = 1;
+      for (int i = ROWS * W; i < (ROWS + GUARD) * W; i++) guards &= dt[i] == -1;
+      CHECK(bad.calls == 1 && !strcmp(bad.node, "/emb/Gather") && !strcmp(bad.what, grad ? "Gather's gradient" : "Gather") &&
+                bad.at == at[c] && bad.index == cases[c][at[c]] && bad.rows == ROWS && bad.step == 3 + c && bad.mb == grad && guards,
+            "%s: index %lld at position %lld of a table of %d rows stops it (pr_bad_index: %d calls, node %s, position %lld, "
+            "step %lld), nothing written past the table\n",
+            grad ? "k_gather_grad" : "k_gather", (long long)cases[c][at[c]], (long long)at[c], ROWS, bad.calls, bad.node ? bad.node : "-",
+            (long long)bad.at, (long long)bad.step);
+    }
+  pr_rand.step = pr_rand.mb = 0;
+  OK_IF_NONE_FAILED(since, "k_gather / k_gather_grad: negative indices wrap; an index out of range (forward and gradient) stops the run "
+                           "naming node, position, step and micro-batch, nothing past the table touched\n");
+}
+
 static void test_argmax(void) {
   int f0 = failed;
   enum { NO = 3, NA = 7, NI = 4 };
@@ -1287,6 +1345,7 @@ int main(void) {
   test_compare();
   for (int mask = 1; mask < 8; mask++) test_reduce_max(mask);
   test_argmax();
+  test_gather();
   const RnnCase rnns[] = {{0, 0, 0, 0, 1, 0}, {0, 0, 1, 1, 1, 0}, {0, 0, 0, 1, 0, 0}, {1, 1, 0, 0, 1, 0}, {1, 0, 0, 1, 1, 0},
                           {1, 0, 1, 0, 1, 0}, {1, 1, 1, 1, 0, 0}, {0, 0, 0, 1, 1, 2}, {0, 0, 1, 1, 1, 1}, {1, 1, 1, 1, 1, 2},
                           {1, 0, 0, 0, 1, 1}, {1, 0, 1, 1, 0, 2}};

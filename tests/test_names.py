@@ -30,18 +30,24 @@ def check(cond, what):
 
 
 def model(names, path):
-    """An MLP on 28x28 images: Flatten -> Gemm -> Relu -> Gemm, tensors named from `names`."""
+    """An MLP on 28x28 images: Flatten -> Gemm -> Relu -> Gemm, plus a row of a trained table picked by a
+    Gather (whose kernel takes its node's name as a string, for its bounds check; index -1, the last row),
+    tensors named from `names`."""
     rng = np.random.default_rng(0)
     x, flat, h, r, y = names["x"], names["flat"], names["h"], names["r"], names["y"]
     w1, b1, w2, b2 = names["w1"], names["b1"], names["w2"], names["b2"]
     inits = [numpy_helper.from_array((rng.standard_normal((784, 32)) * 0.05).astype(np.float32), w1),
              numpy_helper.from_array(np.zeros(32, np.float32), b1),
              numpy_helper.from_array((rng.standard_normal((32, 10)) * 0.1).astype(np.float32), w2),
-             numpy_helper.from_array(np.zeros(10, np.float32), b2)]
+             numpy_helper.from_array(np.zeros(10, np.float32), b2),
+             numpy_helper.from_array((rng.standard_normal((3, 10)) * 0.1).astype(np.float32), names["bt"]),
+             numpy_helper.from_array(np.array([-1], np.int64), names["gi"])]
     nodes = [helper.make_node("Flatten", [x], [flat], name=names["n0"]),
              helper.make_node("Gemm", [flat, w1, b1], [h], name=names["n1"]),
              helper.make_node("Relu", [h], [r], name=names["n2"]),
-             helper.make_node("Gemm", [r, w2, b2], [y], name=names["n3"])]
+             helper.make_node("Gemm", [r, w2, b2], [names["y0"]], name=names["n3"]),
+             helper.make_node("Gather", [names["bt"], names["gi"]], [names["g"]], axis=0, name=names["n4"]),
+             helper.make_node("Add", [names["y0"], names["g"]], [y], name=names["n5"])]
     g = helper.make_graph(nodes, "names", [helper.make_tensor_value_info(x, TensorProto.FLOAT, ["batch", 1, 28, 28])],
                           [helper.make_tensor_value_info(y, TensorProto.FLOAT, ["batch", 10])], inits)
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
@@ -94,12 +100,13 @@ def main():
         pwned = os.path.join(tmp, "pwned")
         data = os.path.join(tmp, "mnist")
         subprocess.run([DATAGEN, "mnist", data, "--n", "256"], check=True, capture_output=True)
-        plain = {k: k for k in ("x", "flat", "h", "r", "y", "w1", "b1", "w2", "b2", "n0", "n1", "n2", "n3")}
+        plain = {k: k for k in ("x", "flat", "h", "r", "y", "w1", "b1", "w2", "b2", "n0", "n1", "n2", "n3", "y0", "bt", "gi", "g", "n4", "n5")}
         inject = f'*/ int pwn = system("touch {pwned}"); /*'
         hostile = {
             "x": "main", "flat": "forward", "h": "arena", "r": "slot", "y": "offset",
             "w1": "k_gemm", "b1": 'quote"back\\slash??=', "w2": "line\nbreak " + inject, "b2": "0 starts with a digit",
             "n0": inject, "n1": "n\"1\\", "n2": "backward\n#include <nothing.h>", "n3": "??/\n" + inject,
+            "y0": "y0", "bt": "table \"??/", "gi": "gi", "g": "g", "n4": f'"); system("touch {pwned}"); ("??/', "n5": "n5",
         }
         base = os.path.join(tmp, "plain.onnx")
         model(plain, base)
@@ -122,8 +129,8 @@ def main():
         if got is not None and want is not None:
             a = {t.name: numpy_helper.to_array(t) for t in onnx.load(os.path.join(tmp, "plain.pipe.onnx")).graph.initializer}
             b = {t.name: numpy_helper.to_array(t) for t in onnx.load(evil_out + ".onnx").graph.initializer}
-            same = all(np.array_equal(a[k], b[hostile[k]]) for k in ("w1", "b1", "w2", "b2"))
-            check(same and set(b) == {hostile[k] for k in ("w1", "b1", "w2", "b2")},
+            same = all(np.array_equal(a[k], b[hostile[k]]) for k in ("w1", "b1", "w2", "b2", "bt"))
+            check(same and set(b) == {hostile[k] for k in ("w1", "b1", "w2", "b2", "bt", "gi")},
                   "--save writes the trained weights back under their hostile names (a newline in one included)")
         check(not os.path.exists(pwned), "nothing a name carries ran (no " + pwned + ")")
         gen = [os.path.join(evil_out, f"stage_{s}.c") for s in range(2)]

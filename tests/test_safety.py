@@ -12,6 +12,16 @@
   NaN: a NaN bias before a ReLU stops the run naming NaN (it used to become 0
     and exit 0), and --save / checkpoints refuse weights that are not finite.
 
+Issue 34, items 1 and 14, crashes on data:
+  Gather indices computed from the data (an ArgMax over the pixels, a Cast of
+    max(x) * 1e6) that fall outside the table stop the run naming the node, the
+    step and the stage (the ArgMax one exited 0 having added into another
+    weight's gradient; the Cast one segfaulted);
+  a --val token file with ids past the vocabulary is refused before step 1
+    (it segfaulted at the first validation), and a token file rewritten in
+    place during the run stops it naming the file (it segfaulted: ids were
+    checked only at the start, and the mapping shows the new bytes).
+
 The crash points come from the runtime's testing hook PIPERUN_CRASH_AT=R:K
 (rank R kills itself with SIGKILL at its K-th checkpoint point).  Run with
 /usr/bin/python3; prints ok / not ok lines and "N passed, M failed, K skipped, R refused" (tests/tally.py)."""
@@ -155,6 +165,40 @@ def hidden_nan_model(dst):
              helper.make_node("Gemm", ["r", "w2", "b2"], ["logits"], transB=1)]
     g = helper.make_graph(nodes, "hidden_nan", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 1, 28, 28])],
                           [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])], init)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), dst)
+
+
+def gather_from_data_model(kind, dst):
+    """784 -> 10 logits plus a row of a 10 x 10 table picked by an index computed from the image:
+    an ArgMax over the 784 pixels (kind 'argmax', mostly past row 9) or Cast(max(x) * 1e6) ('cast', 1e6)."""
+    rng = np.random.default_rng(0)
+    init = [numpy_helper.from_array((rng.standard_normal((10, 10)) * 0.1).astype(np.float32), "table"),
+            numpy_helper.from_array((rng.standard_normal((784, 10)) * 0.01).astype(np.float32), "w"),
+            numpy_helper.from_array(np.array(1e6, np.float32), "big")]
+    nodes = [helper.make_node("Flatten", ["input"], ["flat"], axis=1, name="flatten")]
+    if kind == "argmax":
+        nodes.append(helper.make_node("ArgMax", ["flat"], ["ids"], axis=1, keepdims=0, name="brightest"))
+    else:
+        nodes += [helper.make_node("ReduceMax", ["flat"], ["top"], axes=[1], keepdims=0, name="max"),
+                  helper.make_node("Mul", ["top", "big"], ["scaled"], name="scale"),
+                  helper.make_node("Cast", ["scaled"], ["ids"], to=TensorProto.INT64, name="to_ids")]
+    nodes += [helper.make_node("Gather", ["table", "ids"], ["row"], axis=0, name="lookup/Gather"),
+              helper.make_node("MatMul", ["flat", "w"], ["lin"], name="fc"),
+              helper.make_node("Add", ["lin", "row"], ["logits"], name="sum")]
+    g = helper.make_graph(nodes, "gather_from_data", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 1, 28, 28])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])], init)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), dst)
+
+
+def tiny_lm(dst, vocab=64):
+    """Token ids [batch, 8] -> an embedding of vocab x 16 -> logits over the vocabulary."""
+    rng = np.random.default_rng(0)
+    init = [numpy_helper.from_array((rng.standard_normal((vocab, 16)) * 0.1).astype(np.float32), "wte"),
+            numpy_helper.from_array((rng.standard_normal((16, vocab)) * 0.1).astype(np.float32), "head")]
+    nodes = [helper.make_node("Gather", ["wte", "ids"], ["h"], axis=0, name="embed"),
+             helper.make_node("MatMul", ["h", "head"], ["logits"], name="lm_head")]
+    g = helper.make_graph(nodes, "tiny_lm", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 8])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 8, vocab])], init)
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), dst)
 
 
@@ -311,6 +355,54 @@ def test_nan(data, tmp):
               f"a checkpoint refuses a NaN weight, naming the tensor: {errors(r)}")
 
 
+# ---- issue 34, items 1 and 14: crashes on data ----
+
+def test_gather_from_data(data, tmp):
+    for kind, index in (("argmax", None), ("cast", "1000000")):
+        m = os.path.join(tmp, f"gather_{kind}.onnx")
+        gather_from_data_model(kind, m)
+        pipe = os.path.join(tmp, f"gather_{kind}.pipe")
+        err = build(m, pipe)
+        if not check(not err, f"a model whose Gather indices come from the data ({kind}) compiled ({err.strip()[-200:]})"):
+            continue
+        r = sh([os.path.join(pipe, "run.sh"), "--data", data, "--steps", "3", "--quiet"])
+        lines = [l for l in r.stderr.splitlines() if "lookup/Gather" in l]
+        check(0 < r.returncode < 128 and lines and "step 1, micro-batch 0" in lines[0] and "stage 1" in lines[0]
+              and "outside its table of 10 rows" in lines[0] and (index is None or f"index {index} " in lines[0]),
+              f"Gather indices from the data ({kind}) outside the table stop the run (rc {r.returncode}) naming node, step and stage: "
+              f"{lines[0][:300] if lines else errors(r)}")
+
+
+def test_token_data(tmp):
+    m = os.path.join(tmp, "tiny_lm.onnx")
+    tiny_lm(m)
+    pipe = os.path.join(tmp, "tiny_lm.pipe")
+    r = sh([PIPECC, m, "-n", "2", "--batch", "8", "--microbatches", "2", "--devices", DEVICES, "-o", pipe])
+    err = r.stderr if r.returncode else sh(["make", "-s", "-j2", "-C", pipe], timeout=600).stderr
+    if not check(os.path.exists(os.path.join(pipe, "stage_1")), f"a token model (vocabulary 64) compiled for 2 stages ({err.strip()[-200:]})"):
+        return
+    run = os.path.join(pipe, "run.sh")
+    tokens, wide = os.path.join(tmp, "tokens.bin"), os.path.join(tmp, "tokens-vocab200.bin")
+    sh([DATAGEN, "tokens", tokens, "--n", "20000", "--vocab", "64"])
+    sh([DATAGEN, "tokens", wide, "--n", "5000", "--vocab", "200"])
+    r = sh([run, "--data", tokens, "--steps", "2", "--quiet", "--val", wide])
+    lines = [l for l in r.stderr.splitlines() if "error" in l and "tokens-vocab200.bin" in l]
+    check(0 < r.returncode < 128 and lines and "vocabulary 64" in lines[0] and "step 1/" not in r.stdout,
+          f"a --val token file with ids past the vocabulary is refused before step 1 (rc {r.returncode}): "
+          f"{lines[0][:300] if lines else errors(r)}")
+    live = os.path.join(tmp, "tokens-live.bin")
+    shutil.copy(tokens, live)
+    p = start_long(run, ["--data", live], os.path.join(tmp, "live.csv"))
+    with open(live, "r+b") as f:  # in place: the same inode and size, every id now 65535
+        f.write(b"\xff" * os.path.getsize(live))
+    rc, err, took = finish(p, 30)
+    kill_leftovers(pipe)
+    named = [l for l in err.splitlines() if "tokens-live.bin" in l and "changed during the run" in l]
+    check(rc is not None and 0 < rc < 128 and named and "65535" in named[0],
+          f"a token file rewritten in place during the run stops it (rc {rc}, {took:.1f} s) naming the file and the id: "
+          f"{named[0][:300] if named else err[-300:]}")
+
+
 def main():
     t0 = time.time()
     tmp = tempfile.mkdtemp(prefix="pipecc-safety.")
@@ -335,7 +427,9 @@ def main():
                                ("fail early", test_fail_early, (run, data, tmp)),
                                ("truncated data", test_truncated_data, (run, data, tmp)),
                                ("stopped stage", test_stopped_stage, (run, data, tmp, pipe)),
-                               ("NaN", test_nan, (data, tmp))):
+                               ("NaN", test_nan, (data, tmp)),
+                               ("Gather indices from the data", test_gather_from_data, (data, tmp)),
+                               ("token data", test_token_data, (tmp,))):
             try:
                 fn(*args)
             except Exception as e:  # one broken part must not hide the others' results

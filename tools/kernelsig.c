@@ -296,6 +296,7 @@ static const char *kind_words(const Kind *k) {
     if (!strcmp(k->base, "uint8_t")) return "const uint8_t *";
     if (k->is_struct && (!strcmp(k->base, "RandCtx") || !strcmp(k->base, "OptCtx"))) return !strcmp(k->base, "RandCtx") ? "const RandCtx *" : "const OptCtx *";
     if (!strcmp(k->base, "int64_t")) return "const int64_t *";
+    if (!strcmp(k->base, "char")) return "const char *";
     return k->is_struct ? "a pointer to a const struct"
                         : "a pointer to const data";
   case P_PTR:
@@ -321,6 +322,7 @@ static const char *letter_words(char c) {
   case 'c': return "a shape constant: a pointer to a const struct";
   case 's': return "a runtime symbol: an integer (enum value), const RandCtx * or const OptCtx *";
   case 'L': return "the loss's labels: const int64_t *";
+  case 'n': return "the node's name: const char *";
   default: return NULL;
   }
 }
@@ -337,6 +339,7 @@ static int matches(char c, const Kind *k) {
   case 'c': return k->kind == P_CONST_PTR && k->is_struct && strcmp(k->base, "RandCtx") && strcmp(k->base, "OptCtx");
   case 's': return k->kind == P_INT || (k->kind == P_CONST_PTR && (!strcmp(k->base, "RandCtx") || !strcmp(k->base, "OptCtx")));
   case 'L': return k->kind == P_CONST_PTR && !k->is_struct && !strcmp(k->base, "int64_t");
+  case 'n': return k->kind == P_CONST_PTR && !k->is_struct && !strcmp(k->base, "char");
   default: return 0;
   }
 }

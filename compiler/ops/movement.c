@@ -443,7 +443,7 @@ static int gather_fwd(Emit *e, const Node *n, int j) {
   if (attr_int(n, "axis", 0) != 0 || D->dtype != DT_FLOAT || I->dtype != DT_INT64)
     return err_set("node '%s' (Gather): only float tables indexed by int64 on axis 0 (embeddings) train so far", n->name);
   CALL(e, PH_FWD, K_GATHER, n, A_BUF(em_in(e, n, 0)), A_BUF(em_in(e, n, 1)), A_BUF(em_out(e, n, 0)), A_INT(ir_numel(I)),
-       A_INT(D->dims[0]), A_INT(ir_numel(D) / D->dims[0]));
+       A_INT(D->dims[0]), A_INT(ir_numel(D) / D->dims[0]), A_STR(n->name));
   return 0;
 }
 static int gather_bwd(Emit *e, const Node *n, int j) {
@@ -453,7 +453,8 @@ static int gather_bwd(Emit *e, const Node *n, int j) {
   int ib = em_in(e, n, 1), acc, d = em_grad(e, n, 0, &acc), dy = em_dy(e, n, 0);
   int ph = D->is_param ? PH_WGRAD : PH_IGRAD;
   if (!acc) CALL(e, ph, K_ZERO, n, A_BUF(d), A_INT(ir_numel(D)));
-  CALL(e, ph, K_GATHER_GRAD, n, A_BUF(ib), A_BUF(dy), A_BUF(d), A_INT(ir_numel(I)), A_INT(D->dims[0]), A_INT(ir_numel(D) / D->dims[0]));
+  CALL(e, ph, K_GATHER_GRAD, n, A_BUF(ib), A_BUF(dy), A_BUF(d), A_INT(ir_numel(I)), A_INT(D->dims[0]), A_INT(ir_numel(D) / D->dims[0]),
+       A_STR(n->name));
   return 0;
 }
 

@@ -210,16 +210,26 @@ static inline void k_cast_f32_i64(const float *x, int64_t *y, int64_t n) {
   for (int64_t i = 0; i < n; i++) y[i] = x[i] >= -0x1p63f && x[i] < 0x1p63f ? (int64_t)x[i] : INT64_MIN;
 }
 
-/* ---- Gather on axis 0: embedding lookup; its gradient is a scatter-add ---- */
-static inline void k_gather(const float *table, const int64_t *idx, float *y, int64_t n, int64_t rows, int64_t width) {
+/* ---- Gather on axis 0: embedding lookup; its gradient is a scatter-add ----
+ * Indices in [-rows, rows), a negative one counting from the end, as ONNX says; any other stops the run
+ * naming the node (pr_bad_index): indices that come from the data are checked here, where they are used,
+ * at one compare each.  The gradient checks them again before it adds into the table: it reads them
+ * anew (a stashed copy, which the memory plan may have offloaded and brought back). */
+static inline int64_t gather_row(const int64_t *idx, int64_t i, int64_t rows, const char *node, const char *what) {
+  int64_t v = idx[i];
+  if (__builtin_expect(v < -rows || v >= rows, 0)) pr_bad_index(node, what, i, v, rows, &pr_rand);
+  return v < 0 ? v + rows : v;
+}
+static inline void k_gather(const float *table, const int64_t *idx, float *y, int64_t n, int64_t rows, int64_t width, const char *node) {
   for (int64_t i = 0; i < n; i++) {
-    int64_t r = idx[i] < 0 ? idx[i] + rows : idx[i];
+    int64_t r = gather_row(idx, i, rows, node, "Gather");
     memcpy(y + i * width, table + r * width, sizeof(float) * (size_t)width);
   }
 }
-static inline void k_gather_grad(const int64_t *idx, const float *dy, float *dtable, int64_t n, int64_t rows, int64_t width) {
+static inline void k_gather_grad(const int64_t *idx, const float *dy, float *dtable, int64_t n, int64_t rows, int64_t width,
+                                 const char *node) {
   for (int64_t i = 0; i < n; i++) {
-    int64_t r = idx[i] < 0 ? idx[i] + rows : idx[i];
+    int64_t r = gather_row(idx, i, rows, node, "Gather's gradient");
     for (int64_t k = 0; k < width; k++) dtable[r * width + k] += dy[i * width + k];
   }
 }

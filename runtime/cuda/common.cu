@@ -2,6 +2,7 @@
  * kernel family uses (common.cuh). */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common.cuh"
 
@@ -14,6 +15,19 @@ static int64_t scratch_bytes;
 static void *blas_work;
 /* cuBLAS's workspace, set once so that it never picks an algorithm by the room it happens to find. */
 #define BLAS_WORK_BYTES (32LL << 20)
+
+PrCuFault *pr_cu_fault_host;
+static PrCuFault *fault_dev;
+
+PrCuFault *pr_cu_fault_dev(void) {
+  if (fault_dev) return fault_dev;
+  void *h = NULL;
+  PR_CU(cudaHostAlloc(&h, sizeof(PrCuFault), cudaHostAllocMapped));
+  memset(h, 0, sizeof(PrCuFault));
+  PR_CU(cudaHostGetDevicePointer((void **)&fault_dev, h, 0));
+  pr_cu_fault_host = (PrCuFault *)h;
+  return fault_dev;
+}
 
 extern "C" void pr_cu_fail(const char *what, const char *err, const char *file, int line) {
   fprintf(stderr, "piperun: CUDA error: %s at %s:%d: %s\n", what, file, line, err);
@@ -34,6 +48,7 @@ extern "C" void pr_cu_init(int device, int precision) {
   /* Pedantic: no TF32 and no reduced-precision reductions unless the run asked for them by name. */
   PR_CUBLAS(cublasSetMathMode(pr_cu_blas, precision == PR_PREC_FP32 ? CUBLAS_PEDANTIC_MATH : CUBLAS_DEFAULT_MATH));
   pr_cu_precision = precision;
+  (void)pr_cu_fault_dev(); /* mapped now, not at the first Gather's launch */
 }
 
 cublasComputeType_t pr_cu_compute_type(void) {

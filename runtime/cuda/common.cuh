@@ -50,6 +50,34 @@ static inline unsigned pr_cu_blocks(int64_t n, int threads) {
 /* A grid-stride loop over [0, n). */
 #define PR_CU_FOR(i, n) for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < (n); i += (int64_t)gridDim.x * blockDim.x)
 
+/* Bad input a kernel found (a Gather index outside its table: shapes.h, pr_bad_index).  A kernel cannot
+ * stop the run, and a check after every launch would cost a sync per call, so the first one is recorded
+ * here, in page-locked host memory the GPU writes directly (mapped: no copy, no sync), and the device
+ * layer reads it after the waits the runtime makes anyway (cuda/device.cu, pr_dev_check), then stops the
+ * run naming it.  The kernel leaves the bad element alone (a zero, no read or write outside the table),
+ * so nothing is corrupted meanwhile.  node is a host pointer (the call's string) the kernel only carries;
+ * what the kernel was is a number, as a string in device code has a device address. */
+enum { PR_CU_FAULT_GATHER, PR_CU_FAULT_GATHER_GRAD };
+struct PrCuFault {
+  int claimed;        /* the first thread to set it writes the rest */
+  volatile int ready; /* set after the rest, behind a system-wide fence */
+  int what;           /* PR_CU_FAULT_* */
+  const char *node;
+  int64_t at, index, rows, step, mb;
+};
+/* The record as the kernels address it (mapped when first asked for), and as the host reads it (NULL
+ * until then: nothing recorded). */
+PrCuFault *pr_cu_fault_dev(void);
+extern PrCuFault *pr_cu_fault_host;
+/* A kernel thread's report: the first one in the run is kept. */
+__device__ inline void pr_cu_record_fault(PrCuFault *f, const char *node, int what, int64_t at, int64_t index, int64_t rows, int64_t step,
+                                          int64_t mb) {
+  if (atomicCAS(&f->claimed, 0, 1) != 0) return;
+  f->node = node, f->what = what, f->at = at, f->index = index, f->rows = rows, f->step = step, f->mb = mb;
+  __threadfence_system();
+  f->ready = 1;
+}
+
 /* Device scratch of at least `bytes`, for a kernel's own temporaries within one call: one buffer,
  * grown when asked for more (after the stream drains), reused by the next call on the same stream. */
 extern "C" void *pr_cu_scratch(int64_t bytes);

@@ -67,6 +67,7 @@ extern "C" void pr_dev_to_host(void *dst, const unsigned char *src, int64_t byte
   if (bytes <= 0) return;
   PR_CU(cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDeviceToHost, pr_cu_stream));
   PR_CU(cudaStreamSynchronize(pr_cu_stream));
+  pr_dev_check(); /* the bytes may be a Gather's output, 0 where an index was bad */
 }
 extern "C" void pr_dev_copy(unsigned char *dst, const unsigned char *src, int64_t bytes) {
   if (bytes > 0) PR_CU(cudaMemcpyAsync(dst, src, (size_t)bytes, cudaMemcpyDeviceToDevice, pr_cu_stream));
@@ -148,8 +149,25 @@ extern "C" void pr_dev_record(PrDevEvent *e) {
 }
 extern "C" void pr_dev_await(PrDevEvent *e) {
   if (e->impl) PR_CU(cudaEventSynchronize((cudaEvent_t)e->impl));
+  pr_dev_check();
 }
-extern "C" void pr_dev_sync(void) { PR_CU(cudaStreamSynchronize(pr_cu_stream)); }
+extern "C" void pr_dev_sync(void) {
+  PR_CU(cudaStreamSynchronize(pr_cu_stream));
+  pr_dev_check();
+}
+
+/* A kernel's bad input (common.cuh, PrCuFault): a load from host memory the GPU wrote, no copy or wait.
+ * Only a record whose writer has finished (ready, set behind a system-wide fence) is read; it is cleared
+ * before the report, which stops the run (a test harness's returns, and may see the next). */
+extern "C" void pr_dev_check(void) {
+  PrCuFault *f = pr_cu_fault_host;
+  if (!f || !f->ready) return;
+  PrCuFault seen = *f;
+  f->ready = 0;
+  __atomic_store_n(&f->claimed, 0, __ATOMIC_SEQ_CST);
+  RandCtx when = {0, seen.step, seen.mb};
+  pr_bad_index(seen.node, seen.what == PR_CU_FAULT_GATHER_GRAD ? "Gather's gradient" : "Gather", seen.at, seen.index, seen.rows, &when);
+}
 
 /* The first index of a non-finite element: each thread keeps the least it saw, one atomicMin per
  * thread on an integer (the least index is the same whatever order they land in). */

@@ -376,26 +376,40 @@ __global__ void cast_f32_i64(const float *x, int64_t *y, int64_t n) {
   }
 }
 
-/* ---- Gather on axis 0 ---- */
-__global__ void gather_kernel(const float *table, const int64_t *idx, float *y, int64_t n, int64_t rows, int64_t width) {
+/* ---- Gather on axis 0 ----
+ * An index outside [-rows, rows) is recorded (PrCuFault, common.cuh: the run stops at the device layer's
+ * next wait) and touches nothing: the forward writes 0 for it, the gradient sorts it past every row and
+ * adds it nowhere. */
+struct GatherWhere {
+  PrCuFault *fault;
+  const char *node;
+  int64_t step, mb;
+};
+__device__ inline int64_t gather_row(const int64_t *idx, int64_t i, int64_t rows, const GatherWhere &w, int what, bool report) {
+  int64_t v = idx[i];
+  if (v >= -rows && v < rows) return v < 0 ? v + rows : v;
+  if (report) pr_cu_record_fault(w.fault, w.node, what, i, v, rows, w.step, w.mb);
+  return -1;
+}
+__global__ void gather_kernel(const float *table, const int64_t *idx, float *y, int64_t n, int64_t rows, int64_t width, GatherWhere w) {
   PR_CU_FOR(e, n * width) {
-    int64_t i = e / width, k = e - i * width, r = idx[i] < 0 ? idx[i] + rows : idx[i];
-    y[e] = table[r * width + k];
+    int64_t i = e / width, k = e - i * width, r = gather_row(idx, i, rows, w, PR_CU_FAULT_GATHER, k == 0);
+    y[e] = r < 0 ? 0.0f : table[r * width + k];
   }
 }
-/* The sort's keys (the rows) and values (the positions). */
-__global__ void gather_keys(const int64_t *idx, uint32_t *key, int32_t *pos, int64_t n, int64_t rows) {
+/* The sort's keys (the rows; rows itself for a bad index, which sorts last) and values (the positions). */
+__global__ void gather_keys(const int64_t *idx, uint32_t *key, int32_t *pos, int64_t n, int64_t rows, GatherWhere w) {
   PR_CU_FOR(i, n) {
-    int64_t r = idx[i] < 0 ? idx[i] + rows : idx[i];
-    key[i] = (uint32_t)r, pos[i] = (int32_t)i;
+    int64_t r = gather_row(idx, i, rows, w, PR_CU_FAULT_GATHER_GRAD, true);
+    key[i] = (uint32_t)(r < 0 ? rows : r), pos[i] = (int32_t)i;
   }
 }
 /* Column k of each row's first sorted position: the row's dy rows added in position order, as the CPU. */
-__global__ void gather_sum(const uint32_t *key, const int32_t *pos, const float *dy, float *dt, int64_t n, int64_t width) {
+__global__ void gather_sum(const uint32_t *key, const int32_t *pos, const float *dy, float *dt, int64_t n, int64_t rows, int64_t width) {
   PR_CU_FOR(e, n * width) {
     int64_t p = e / width, k = e - p * width;
     uint32_t r = key[p];
-    if (p > 0 && key[p - 1] == r) continue;
+    if ((int64_t)r >= rows || (p > 0 && key[p - 1] == r)) continue;
     float *out = dt + (int64_t)r * width + k, s = *out;
     for (int64_t q = p; q < n && key[q] == r; q++) s = __fadd_rn(s, dy[(int64_t)pos[q] * width + k]);
     *out = s;
@@ -516,17 +530,21 @@ extern "C" void kc_cast_f16_f32(const void *x, float *y, int64_t n) {
   PR_CU_LAUNCHED();
 }
 
-extern "C" void kc_gather(const float *table, const int64_t *idx, float *y, int64_t n, int64_t rows, int64_t width) {
+/* Where a bad index is reported from: the node, and the step and micro-batch the launch belongs to. */
+static GatherWhere gather_where(const char *node) { return GatherWhere{pr_cu_fault_dev(), node, pr_rand.step, pr_rand.mb}; }
+
+extern "C" void kc_gather(const float *table, const int64_t *idx, float *y, int64_t n, int64_t rows, int64_t width, const char *node) {
   if (n <= 0 || width <= 0) return;
-  LAUNCH(gather_kernel, n * width)(table, idx, y, n, rows, width);
+  LAUNCH(gather_kernel, n * width)(table, idx, y, n, rows, width, gather_where(node));
   PR_CU_LAUNCHED();
 }
 
 /* dtable += dy's rows at their indices, each row's in position order (the caller zeroes dtable first). */
-extern "C" void kc_gather_grad(const int64_t *idx, const float *dy, float *dtable, int64_t n, int64_t rows, int64_t width) {
+extern "C" void kc_gather_grad(const int64_t *idx, const float *dy, float *dtable, int64_t n, int64_t rows, int64_t width,
+                               const char *node) {
   if (n <= 0 || width <= 0) return;
-  int bits = 1;
-  while (bits < 32 && ((int64_t)1 << bits) < rows) bits++;
+  int bits = 1; /* the keys' bits: 0 .. rows, rows itself the bad indices' */
+  while (bits < 32 && ((int64_t)1 << bits) <= rows) bits++;
   size_t temp = 0;
   PR_CU(cub::DeviceRadixSort::SortPairs(NULL, temp, (const uint32_t *)NULL, (uint32_t *)NULL, (const int32_t *)NULL, (int32_t *)NULL,
                                         (int)n, 0, bits, pr_cu_stream));
@@ -535,9 +553,9 @@ extern "C" void kc_gather_grad(const int64_t *idx, const float *dy, float *dtabl
   uint32_t *key = (uint32_t *)w, *skey = (uint32_t *)(w + kb);
   int32_t *pos = (int32_t *)(w + 2 * kb), *spos = (int32_t *)(w + 2 * kb + pb);
   void *tmp = w + 2 * kb + 2 * pb;
-  LAUNCH(gather_keys, n)(idx, key, pos, n, rows);
+  LAUNCH(gather_keys, n)(idx, key, pos, n, rows, gather_where(node));
   PR_CU_LAUNCHED();
   PR_CU(cub::DeviceRadixSort::SortPairs(tmp, temp, key, skey, pos, spos, (int)n, 0, bits, pr_cu_stream));
-  LAUNCH(gather_sum, n * width)(skey, spos, dy, dtable, n, width);
+  LAUNCH(gather_sum, n * width)(skey, spos, dy, dtable, n, rows, width);
   PR_CU_LAUNCHED();
 }

@@ -23,6 +23,7 @@ void kc_cast_f32_i64(const float *x, int64_t *y, int64_t n);
 void kc_cast_i32_f32(const void *x, float *y, int64_t n);
 void kc_cast_bool_f32(const void *x, float *y, int64_t n);
 void kc_cast_f16_f32(const void *x, float *y, int64_t n);
-void kc_gather(const float *table, const int64_t *idx, float *y, int64_t n, int64_t rows, int64_t width);
-void kc_gather_grad(const int64_t *idx, const float *dy, float *dtable, int64_t n, int64_t rows, int64_t width);
+/* An index outside [-rows, rows) stops the run naming node at the device layer's next wait (common.cuh, PrCuFault). */
+void kc_gather(const float *table, const int64_t *idx, float *y, int64_t n, int64_t rows, int64_t width, const char *node);
+void kc_gather_grad(const int64_t *idx, const float *dy, float *dtable, int64_t n, int64_t rows, int64_t width, const char *node);
 #endif

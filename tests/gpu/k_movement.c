@@ -4,11 +4,15 @@
  * negative indices, each gradient with acc 0 and 1.  Everything but a view's summed gradient must be the
  * CPU's bits; Gather's gradient too (its sums run in the CPU's order). */
 #include <math.h>
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_runtime.h>
+
 #include "cuda/kernels.h"
+#include "device.h"
 #include "kcheck.h"
 #include "kernels.h"
 
@@ -268,16 +272,62 @@ static void check_gather(int64_t n, int64_t rows, int64_t width) {
   }
   int64_t *di = kc_up_bytes(idx, n * 8);
   float *dt = kc_up(table, rows * width), *y = kc_zeros(n * width), *junk = kc_rand(n * width, -5, 5), *dyv = kc_up(junk, n * width);
-  k_gather(table, idx, y, n, rows, width);
-  kc_gather(dt, di, dyv, n, rows, width);
+  k_gather(table, idx, y, n, rows, width, "check_gather");
+  kc_gather(dt, di, dyv, n, rows, width, "check_gather");
   kc_report_exact("k_gather", w, dyv, y, F(n * width));
   /* the gradient adds into a table that holds something already: the CPU's order gives the CPU's bits */
   float *g = kc_rand(n * width, -1, 1), *dg = kc_up(g, n * width), *d = dup(table, rows * width);
-  k_gather_grad(idx, g, d, n, rows, width);
-  kc_gather_grad(di, dg, dt, n, rows, width);
+  k_gather_grad(idx, g, d, n, rows, width, "check_gather");
+  kc_gather_grad(di, dg, dt, n, rows, width, "check_gather");
   kc_report_exact("k_gather_grad", w, dt, d, F(rows * width));
   free(r), free(table), free(idx), free(y), free(junk), free(g), free(d);
   kc_free(di), kc_free(dt), kc_free(dyv), kc_free(dg);
+}
+
+/* ---- a bad Gather index: recorded by the kernel, nothing outside the table read or written, and reported
+ * (pr_bad_index, naming the node and the launch's step) by the device layer's check, not at the launch ---- */
+static jmp_buf bad_jmp;
+static struct { int calls; const char *node, *what; int64_t at, index, rows, step; } bad;
+void pr_bad_index(const char *node, const char *what, int64_t at, int64_t index, int64_t rows, const RandCtx *when) {
+  bad.calls++, bad.node = node, bad.what = what, bad.at = at, bad.index = index, bad.rows = rows, bad.step = when->step;
+  longjmp(bad_jmp, 1);
+}
+/* pr_dev_check after the device's work: whether it reported index at position at, from node, launched at step. */
+static int reported(const char *node, const char *what, int64_t at, int64_t index, int64_t rows, int64_t step) {
+  memset(&bad, 0, sizeof bad);
+  cudaDeviceSynchronize();
+  if (!setjmp(bad_jmp)) pr_dev_check();
+  return bad.calls == 1 && bad.node == node && !strcmp(bad.what, what) && bad.at == at && bad.index == index && bad.rows == rows &&
+         bad.step == step;
+}
+static void check_gather_bad(void) {
+  enum { ROWS = 5, WIDTH = 3, N = 4, GUARD = 8 };
+  const char *node = "/embed/Gather";
+  int64_t idx[N] = {1, -5, 7, 4}; /* 7 is out of [-5, 5) */
+  /* The table with guard rows after it: a read or write past the table would show in them. */
+  float *table = kc_rand((ROWS + GUARD) * WIDTH, -1, 1), *g = kc_rand(N * WIDTH, -1, 1), *y = kc_zeros(N * WIDTH);
+  float *dt = kc_up(table, (ROWS + GUARD) * WIDTH), *dg = kc_up(g, N * WIDTH), *dy = kc_dev_zeros(N * WIDTH);
+  int64_t *di = kc_up_bytes(idx, sizeof idx);
+  pr_rand.step = 6, pr_rand.mb = 2;
+  kc_gather(dt, di, dy, N, ROWS, WIDTH, node);
+  pr_rand.step = 7; /* the report names the launch's step, not the check's */
+  int ok = reported(node, "Gather", 2, 7, ROWS, 6);
+  for (int i = 0; i < N; i++)
+    for (int k = 0; k < WIDTH; k++) y[i * WIDTH + k] = i == 2 ? 0 : table[(idx[i] < 0 ? idx[i] + ROWS : idx[i]) * WIDTH + k];
+  kc_report("k_gather", ok ? "index 7 of 5 rows: reported" : "index 7 of 5 rows: NOT REPORTED", ok ? 0 : 1);
+  kc_report_exact("k_gather", "index 7 of 5 rows: 0 for it", dy, y, F(N * WIDTH));
+  /* The gradient adds the good positions' rows and nothing past the table. */
+  float *want = dup(table, (ROWS + GUARD) * WIDTH);
+  for (int i = 0; i < N; i++)
+    if (i != 2)
+      for (int k = 0; k < WIDTH; k++) want[(idx[i] < 0 ? idx[i] + ROWS : idx[i]) * WIDTH + k] += g[i * WIDTH + k];
+  kc_gather_grad(di, dg, dt, N, ROWS, WIDTH, node);
+  ok = reported(node, "Gather's gradient", 2, 7, ROWS, 7);
+  kc_report("k_gather_grad", ok ? "index 7 of 5 rows: reported" : "index 7 of 5 rows: NOT REPORTED", ok ? 0 : 1);
+  kc_report_exact("k_gather_grad", "index 7 of 5 rows: guard rows kept", dt, want, F((ROWS + GUARD) * WIDTH));
+  pr_rand.step = 0, pr_rand.mb = 0;
+  free(table), free(g), free(y), free(want);
+  kc_free(dt), kc_free(dg), kc_free(dy), kc_free(di);
 }
 
 void check_movement(void) {
@@ -321,4 +371,5 @@ void check_movement(void) {
   check_gather(1000, 37, 65);
   check_gather(2048, 300, 33);
   check_gather(513, 2, 1000);
+  check_gather_bad();
 }

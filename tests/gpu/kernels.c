@@ -16,6 +16,9 @@
 #include "cuda/kernels.h"
 #include "kcheck.h"
 
+/* The runtime's pr_rand, which a stage program links (prmain.c); the GPU's Gather reads it at a launch. */
+RandCtx pr_rand = {1, 0, 0};
+
 static const char *const KERNELS[] = {
 #define KERNEL(id, name, sig) name,
 #include "../../compiler/kernels.def"
