@@ -1,5 +1,5 @@
-/* cuda/common.cu - the stream, the cuBLAS handle, the precision and the scratch buffer every CUDA
- * kernel family uses (common.cuh). */
+/* cuda/common.cu - the stream, the cuBLAS handle, the precision, the scratch buffer and the row-major
+ * GEMM every CUDA kernel family uses (common.cuh). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -57,6 +57,19 @@ cublasComputeType_t pr_cu_compute_type(void) {
   case PR_PREC_BF16: return CUBLAS_COMPUTE_32F_FAST_16BF;
   default: return CUBLAS_COMPUTE_32F_PEDANTIC;
   }
+}
+
+void pr_cu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, int64_t sA, const float *B,
+                 int ldb, int64_t sB, float beta, float *C, int ldc, int64_t sC, int64_t count) {
+  if (M <= 0 || N <= 0 || count <= 0) return;
+  cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (count == 1)
+    PR_CUBLAS(cublasGemmEx(pr_cu_blas, ob, oa, N, M, K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C,
+                           CUDA_R_32F, ldc, pr_cu_compute_type(), CUBLAS_GEMM_DEFAULT));
+  else
+    PR_CUBLAS(cublasGemmStridedBatchedEx(pr_cu_blas, ob, oa, N, M, K, &alpha, B, CUDA_R_32F, ldb, sB, A, CUDA_R_32F,
+                                         lda, sA, &beta, C, CUDA_R_32F, ldc, sC, (int)count, pr_cu_compute_type(),
+                                         CUBLAS_GEMM_DEFAULT));
 }
 
 extern "C" void *pr_cu_scratch(int64_t bytes) {

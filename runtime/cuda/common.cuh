@@ -1,6 +1,7 @@
 /* cuda/common.cuh - what every CUDA kernel family shares: the compute stream and the cuBLAS handle
  * (common.cu), the precision the GEMMs run in, launch sizes, error checks that stop the run with a
- * message naming the call, and a scratch buffer for kernels that need room of their own.
+ * message naming the call, a scratch buffer for kernels that need room of their own, and the row-major
+ * GEMM on cuBLAS (pr_cu_sgemm).
  *
  * Conventions, as on the CPU (runtime/kernels.h): row-major float32, NCHW; every backward kernel takes
  * `acc` (0: write the gradient, 1: add to what is there).  Every pointer a kernel takes is device memory
@@ -85,4 +86,10 @@ extern "C" void *pr_cu_scratch(int64_t bytes);
 /* cuBLAS's compute type for the run's precision (precision.h): fp32 pedantic (no TF32), TF32, or
  * bf16 inputs with fp32 accumulation. */
 cublasComputeType_t pr_cu_compute_type(void);
+
+/* Row-major C = alpha op(A) op(B) + beta C, as cblas_sgemm(CblasRowMajor, ...) takes it, for `count`
+ * products whose operands lie sA, sB, sC floats apart (one cuBLAS call, in the run's precision).  cuBLAS
+ * is column-major: a row-major matrix is its transpose there, so it computes C^T = op(B)^T op(A)^T. */
+void pr_cu_sgemm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, int64_t sA, const float *B,
+                 int ldb, int64_t sB, float beta, float *C, int ldc, int64_t sC, int64_t count);
 #endif

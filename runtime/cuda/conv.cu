@@ -25,21 +25,6 @@ static int force_wide, force_big;
 extern "C" void pr_cu_conv_chunk(int64_t floats) { chunk_floats = floats > 0 ? floats : CHUNK_DEFAULT; }
 extern "C" void pr_cu_conv_paths(int wide, int big) { force_wide = wide, force_big = big; }
 
-/* Row-major C = alpha op(A) op(B) + beta C, `count` products sA, sB, sC floats apart: cuBLAS, column-major,
- * computes C^T = op(B)^T op(A)^T. */
-static void sgemm_rm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, int64_t sA,
-                     const float *B, int ldb, int64_t sB, float beta, float *C, int ldc, int64_t sC, int64_t count) {
-  if (M <= 0 || N <= 0 || count <= 0) return;
-  cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (count == 1)
-    PR_CUBLAS(cublasGemmEx(pr_cu_blas, ob, oa, N, M, K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C,
-                           CUDA_R_32F, ldc, pr_cu_compute_type(), CUBLAS_GEMM_DEFAULT));
-  else
-    PR_CUBLAS(cublasGemmStridedBatchedEx(pr_cu_blas, ob, oa, N, M, K, &alpha, B, CUDA_R_32F, ldb, sB, A, CUDA_R_32F,
-                                         lda, sA, &beta, C, CUDA_R_32F, ldc, sC, (int)count, pr_cu_compute_type(),
-                                         CUBLAS_GEMM_DEFAULT));
-}
-
 #define LAUNCH(n) pr_cu_blocks((n), PR_CU_THREADS), PR_CU_THREADS, 0, pr_cu_stream
 
 /* ---- 32-bit index kernels ----
@@ -309,13 +294,13 @@ extern "C" void kc_conv(const float *x, const float *w, const float *b, float *y
     /* One group: y[n] = W col[n], image by image (col[n]: columns n * sp .. of [kk, ncols]), unless the
      * images are small (7x7: one GEMM and a copy took 0.20 ms against 0.26 on an H100, 56x56: 0.37 against 0.36). */
     if (G == 1 && !force_big && sp >= 128)
-      sgemm_rm(0, 0, s->m, (int)sp, kk, 1.0f, w, kk, 0, cols, (int)ncols, sp, 0.0f, out, (int)sp, s->m * sp, cnt);
+      pr_cu_sgemm(0, 0, s->m, (int)sp, kk, 1.0f, w, kk, 0, cols, (int)ncols, sp, 0.0f, out, (int)sp, s->m * sp, cnt);
     else if (cnt == 1) /* group by group: [M][1][sp] is y's own layout */
-      sgemm_rm(0, 0, mg, (int)ncols, kk, 1.0f, w, kk, (int64_t)mg * kk, cols, (int)ncols, (int64_t)kk * ncols, 0.0f,
-               out, (int)ncols, (int64_t)mg * ncols, G);
+      pr_cu_sgemm(0, 0, mg, (int)ncols, kk, 1.0f, w, kk, (int64_t)mg * kk, cols, (int)ncols, (int64_t)kk * ncols, 0.0f,
+                  out, (int)ncols, (int64_t)mg * ncols, G);
     else { /* group by group into tmp[o][n][p], then to y with the bias */
-      sgemm_rm(0, 0, mg, (int)ncols, kk, 1.0f, w, kk, (int64_t)mg * kk, cols, (int)ncols, (int64_t)kk * ncols, 0.0f,
-               tmp, (int)ncols, (int64_t)mg * ncols, G);
+      pr_cu_sgemm(0, 0, mg, (int)ncols, kk, 1.0f, w, kk, (int64_t)mg * kk, cols, (int)ncols, (int64_t)kk * ncols, 0.0f,
+                  tmp, (int)ncols, (int64_t)mg * ncols, G);
       if (fits(total))
         conv_out32<<<LAUNCH(total)>>>(tmp, b, y, n0, cnt, s->m, mkdiv(sp), mkdiv(s->m), (unsigned)total);
       else conv_out64<<<LAUNCH(total)>>>(tmp, b, y, n0, cnt, s->m, sp);
@@ -362,12 +347,12 @@ extern "C" void kc_conv_grad(const float *x, const float *w, const float *dy, fl
     }
     if (dw) { /* dW_g (+)= dy_g [mg, ncols] . col_g^T [ncols, kk] */
       im2col(x, cols, s, n0, cnt);
-      sgemm_rm(0, 1, mg, kk, (int)ncols, 1.0f, dyt, (int)ncols, (int64_t)mg * ncols, cols, (int)ncols,
-               (int64_t)kk * ncols, acc_w || n0 > 0 ? 1.0f : 0.0f, dw, kk, (int64_t)mg * kk, G);
+      pr_cu_sgemm(0, 1, mg, kk, (int)ncols, 1.0f, dyt, (int)ncols, (int64_t)mg * ncols, cols, (int)ncols,
+                  (int64_t)kk * ncols, acc_w || n0 > 0 ? 1.0f : 0.0f, dw, kk, (int64_t)mg * kk, G);
     }
     if (dx) { /* dcol_g [kk, ncols] = W_g^T [kk, mg] . dy_g [mg, ncols], then gathered into dx */
-      sgemm_rm(1, 0, kk, (int)ncols, mg, 1.0f, w, kk, (int64_t)mg * kk, dyt, (int)ncols, (int64_t)mg * ncols, 0.0f, cols,
-               (int)ncols, (int64_t)kk * ncols, G);
+      pr_cu_sgemm(1, 0, kk, (int)ncols, mg, 1.0f, w, kk, (int64_t)mg * kk, dyt, (int)ncols, (int64_t)mg * ncols, 0.0f, cols,
+                  (int)ncols, (int64_t)kk * ncols, G);
       int64_t total = (int64_t)cnt * s->c * s->d * s->h * s->w;
       if (fits(total) && fits((int64_t)s->c * kvol * ncols))
         conv_col2im32<<<LAUNCH(total)>>>(cols, dx, mkgeo(s, cnt), n0, (unsigned)total, acc_x);

@@ -63,8 +63,8 @@ __host__ __device__ __forceinline__ void drop_factors(const Drop &d, uint64_t bl
   for (int l = 0; l < 4; l++) f[l] = c[l] >= d.thr ? d.scale : 0.0f;
 }
 
-/* Counter block b0 + t of the micro-batch: its elements i in [0, n), at most four. */
-__host__ __device__ __forceinline__ void drop_block(const Drop &d, int64_t t, const float *x, float *y, uint8_t *mask, int64_t n) {
+/* Counter block b0 + t of the micro-batch: fn(i, its factor) for its elements i in [0, n), at most four. */
+template <typename F> __host__ __device__ __forceinline__ void drop_each(const Drop &d, int64_t t, int64_t n, F fn) {
   uint64_t block = d.e0 / 4 + (uint64_t)t;
   float f[4];
   drop_factors(d, block, f);
@@ -73,22 +73,20 @@ __host__ __device__ __forceinline__ void drop_block(const Drop &d, int64_t t, co
     if (e < d.e0) continue;
     int64_t i = (int64_t)(e - d.e0);
     if (i >= n) break;
-    y[i] = D_MUL(x[i], f[l]);
-    if (mask) mask[i] = f[l] != 0;
+    fn(i, f[l]);
   }
 }
+__host__ __device__ __forceinline__ void drop_block(const Drop &d, int64_t t, const float *x, float *y, uint8_t *mask, int64_t n) {
+  drop_each(d, t, n, [&](int64_t i, float f) {
+    y[i] = D_MUL(x[i], f);
+    if (mask) mask[i] = f != 0;
+  });
+}
 __host__ __device__ __forceinline__ void drop_grad_block(const Drop &d, int64_t t, const float *dy, float *dx, int64_t n, int acc) {
-  uint64_t block = d.e0 / 4 + (uint64_t)t;
-  float f[4];
-  drop_factors(d, block, f);
-  for (int l = 0; l < 4; l++) {
-    uint64_t e = block * 4 + (uint64_t)l;
-    if (e < d.e0) continue;
-    int64_t i = (int64_t)(e - d.e0);
-    if (i >= n) break;
-    float g = D_MUL(dy[i], f[l]);
+  drop_each(d, t, n, [&](int64_t i, float f) {
+    float g = D_MUL(dy[i], f);
     dx[i] = acc ? D_ADD(dx[i], g) : g;
-  }
+  });
 }
 /* The counter blocks the micro-batch's n elements touch. */
 __host__ __device__ __forceinline__ int64_t drop_nblocks(const Drop &d, int64_t n) {

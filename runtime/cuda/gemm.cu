@@ -1,25 +1,9 @@
-/* cuda/gemm.cu - Gemm and MatMul on the GPU: each pr_sgemm of cpu/gemm.h as one cuBLAS call (row-major
- * products as cuBLAS's column-major transposes), batched MatMul as strided-batched calls over the
+/* cuda/gemm.cu - Gemm and MatMul on the GPU: each pr_sgemm of cpu/gemm.h as one cuBLAS call (pr_cu_sgemm:
+ * row-major products as cuBLAS's column-major transposes), batched MatMul as strided-batched calls over the
  * innermost batch axes whose strides chain, and the sums over broadcast operands (Gemm's C, MatMul's
  * shared A or B) in an order fixed by the shape.  Kernels of cuda/gemm.h. */
 #include "common.cuh"
 #include "kernels.h"
-
-/* Row-major C = alpha op(A) op(B) + beta C, as cblas_sgemm(CblasRowMajor, ...) takes it, for `count`
- * products whose operands lie sA, sB, sC floats apart.  cuBLAS is column-major: a row-major matrix is
- * its transpose there, so it computes C^T = op(B)^T op(A)^T. */
-static void sgemm_rm(int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda, int64_t sA,
-                     const float *B, int ldb, int64_t sB, float beta, float *C, int ldc, int64_t sC, int64_t count) {
-  if (M <= 0 || N <= 0 || count <= 0) return;
-  cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  if (count == 1)
-    PR_CUBLAS(cublasGemmEx(pr_cu_blas, ob, oa, N, M, K, &alpha, B, CUDA_R_32F, ldb, A, CUDA_R_32F, lda, &beta, C,
-                           CUDA_R_32F, ldc, pr_cu_compute_type(), CUBLAS_GEMM_DEFAULT));
-  else
-    PR_CUBLAS(cublasGemmStridedBatchedEx(pr_cu_blas, ob, oa, N, M, K, &alpha, B, CUDA_R_32F, ldb, sB, A, CUDA_R_32F,
-                                         lda, sA, &beta, C, CUDA_R_32F, ldc, sC, (int)count, pr_cu_compute_type(),
-                                         CUBLAS_GEMM_DEFAULT));
-}
 
 /* ---- Gemm ---- */
 
@@ -39,23 +23,23 @@ extern "C" void kc_gemm(const float *A, const float *B, const float *C, float *Y
     gemm_fill_c<<<pr_cu_blocks((int64_t)M * N, PR_CU_THREADS), PR_CU_THREADS, 0, pr_cu_stream>>>(C, Y, M, N, cm, cn, beta);
     PR_CU_LAUNCHED();
   }
-  sgemm_rm(ta, tb, M, N, K, alpha, A, ta ? M : K, 0, B, tb ? K : N, 0, bias ? 1.0f : 0.0f, Y, N, 0, 1);
+  pr_cu_sgemm(ta, tb, M, N, K, alpha, A, ta ? M : K, 0, B, tb ? K : N, 0, bias ? 1.0f : 0.0f, Y, N, 0, 1);
 }
 
 extern "C" void kc_gemm_dA(const float *dY, const float *B, float *dA, int M, int N, int K, int ta, int tb, float alpha,
                            int acc) {
   if (!ta) /* dA[M,K] = dY[M,N] . op(B)^T */
-    sgemm_rm(0, !tb, M, K, N, alpha, dY, N, 0, B, tb ? K : N, 0, acc ? 1.0f : 0.0f, dA, K, 0, 1);
+    pr_cu_sgemm(0, !tb, M, K, N, alpha, dY, N, 0, B, tb ? K : N, 0, acc ? 1.0f : 0.0f, dA, K, 0, 1);
   else /* dA[K,M] = op(B) . dY^T */
-    sgemm_rm(tb, 1, K, M, N, alpha, B, tb ? K : N, 0, dY, N, 0, acc ? 1.0f : 0.0f, dA, M, 0, 1);
+    pr_cu_sgemm(tb, 1, K, M, N, alpha, B, tb ? K : N, 0, dY, N, 0, acc ? 1.0f : 0.0f, dA, M, 0, 1);
 }
 
 extern "C" void kc_gemm_dB(const float *dY, const float *A, float *dB, int M, int N, int K, int ta, int tb, float alpha,
                            int acc) {
   if (!tb) /* dB[K,N] = op(A)^T . dY */
-    sgemm_rm(!ta, 0, K, N, M, alpha, A, ta ? M : K, 0, dY, N, 0, acc ? 1.0f : 0.0f, dB, N, 0, 1);
+    pr_cu_sgemm(!ta, 0, K, N, M, alpha, A, ta ? M : K, 0, dY, N, 0, acc ? 1.0f : 0.0f, dB, N, 0, 1);
   else /* dB[N,K] = dY^T . op(A) */
-    sgemm_rm(1, ta, N, K, M, alpha, dY, N, 0, A, ta ? M : K, 0, acc ? 1.0f : 0.0f, dB, K, 0, 1);
+    pr_cu_sgemm(1, ta, N, K, M, alpha, dY, N, 0, A, ta ? M : K, 0, acc ? 1.0f : 0.0f, dB, K, 0, 1);
 }
 
 /* dC: one thread per element of dC, adding beta * dY over the rows and columns that broadcast to it in the
@@ -153,14 +137,14 @@ static void mm_run(const MatMulShape *s, const float *x, const int64_t *sx, cons
   for (int64_t b0 = 0; b0 < s->batch; b0 += inner) {
     int64_t ox = mm_off(s, sx, b0), ow = mm_off(s, sw, b0), oo = mm_off(s, so, b0);
     if (which == 0)
-      sgemm_rm(0, 0, M, N, K, 1.0f, x + ox * MK, K, t[0] * MK, w + ow * KN, N, t[1] * KN, beta, out + oo * MN, N,
-               t[2] * MN, inner);
+      pr_cu_sgemm(0, 0, M, N, K, 1.0f, x + ox * MK, K, t[0] * MK, w + ow * KN, N, t[1] * KN, beta, out + oo * MN, N,
+                  t[2] * MN, inner);
     else if (which == 1)
-      sgemm_rm(0, 1, M, K, N, 1.0f, x + ox * MN, N, t[0] * MN, w + ow * KN, N, t[1] * KN, beta, out + oo * MK, K,
-               t[2] * MK, inner);
+      pr_cu_sgemm(0, 1, M, K, N, 1.0f, x + ox * MN, N, t[0] * MN, w + ow * KN, N, t[1] * KN, beta, out + oo * MK, K,
+                  t[2] * MK, inner);
     else
-      sgemm_rm(1, 0, K, N, M, 1.0f, w + ow * MK, K, t[1] * MK, x + ox * MN, N, t[0] * MN, beta, out + oo * KN, N,
-               t[2] * KN, inner);
+      pr_cu_sgemm(1, 0, K, N, M, 1.0f, w + ow * MK, K, t[1] * MK, x + ox * MN, N, t[0] * MN, beta, out + oo * KN, N,
+                  t[2] * KN, inner);
   }
 }
 
@@ -226,8 +210,8 @@ static void mm_grad(const MatMulShape *s, const float *dY, const float *w, const
 
 extern "C" void kc_matmul(const float *A, const float *B, float *Y, const MatMulShape *s) {
   if (s->b_shared) {
-    sgemm_rm(0, 0, (int)(s->batch * s->M), (int)s->N, (int)s->K, 1.0f, A, (int)s->K, 0, B, (int)s->N, 0, 0.0f, Y,
-             (int)s->N, 0, 1);
+    pr_cu_sgemm(0, 0, (int)(s->batch * s->M), (int)s->N, (int)s->K, 1.0f, A, (int)s->K, 0, B, (int)s->N, 0, 0.0f, Y,
+                (int)s->N, 0, 1);
     return;
   }
   int64_t own[6];
@@ -238,8 +222,8 @@ extern "C" void kc_matmul(const float *A, const float *B, float *Y, const MatMul
 /* dA = dY B^T (summed over batches that share an A), acc as usual. */
 extern "C" void kc_matmul_dA(const float *dY, const float *B, float *dA, int64_t na, const MatMulShape *s, int acc) {
   if (s->b_shared) {
-    sgemm_rm(0, 1, (int)(s->batch * s->M), (int)s->K, (int)s->N, 1.0f, dY, (int)s->N, 0, B, (int)s->N, 0,
-             acc ? 1.0f : 0.0f, dA, (int)s->K, 0, 1);
+    pr_cu_sgemm(0, 1, (int)(s->batch * s->M), (int)s->K, (int)s->N, 1.0f, dY, (int)s->N, 0, B, (int)s->N, 0,
+                acc ? 1.0f : 0.0f, dA, (int)s->K, 0, 1);
     return;
   }
   mm_grad(s, dY, B, s->sb, dA, na, s->sa, 1, acc);
@@ -248,8 +232,8 @@ extern "C" void kc_matmul_dA(const float *dY, const float *B, float *dA, int64_t
 /* dB = A^T dY, summed over the batches that share a B. */
 extern "C" void kc_matmul_dB(const float *dY, const float *A, float *dB, int64_t nbel, const MatMulShape *s, int acc) {
   if (s->b_shared) {
-    sgemm_rm(1, 0, (int)s->K, (int)s->N, (int)(s->batch * s->M), 1.0f, A, (int)s->K, 0, dY, (int)s->N, 0,
-             acc ? 1.0f : 0.0f, dB, (int)s->N, 0, 1);
+    pr_cu_sgemm(1, 0, (int)s->K, (int)s->N, (int)(s->batch * s->M), 1.0f, A, (int)s->K, 0, dY, (int)s->N, 0,
+                acc ? 1.0f : 0.0f, dB, (int)s->N, 0, 1);
     return;
   }
   mm_grad(s, dY, A, s->sa, dB, nbel, s->sb, 2, acc);

@@ -4,7 +4,7 @@
  * A warp per row up to 1024 classes (8 rows to a block), else a block of 256 threads (1024 for long
  * rows when the rows are few): the row's maximum and sum of exponentials over a fixed tree (each thread
  * summing the classes lane, lane + T, ... in order, then warp shuffles, then the warps' totals through
- * shared memory), dlogits written element-wise with the CPU's float expressions, and the row's loss
+ * shared memory; rows.cuh), dlogits written element-wise with the CPU's float expressions, and the row's loss
  * (in double) to scratch.  One block then adds the rows' losses in a fixed tree, in double, and the total
  * comes back to the host: the one wait on the stream, since the caller takes the loss as a return value.
  * Every sum's order depends on the shape alone, so the loss and dlogits are the same bits on every run.
@@ -14,6 +14,7 @@
  * compares k == label, so such a row's target is all zeros, as on the CPU. */
 #include "common.cuh"
 #include "kernels.h"
+#include "rows.cuh"
 
 #include <math.h>
 
@@ -21,61 +22,6 @@
 #define L_SUB(a, b) __fsub_rn((a), (b))
 
 namespace {
-
-/* ---- a fixed-shape tree over the threads that share one row ---- */
-__device__ __forceinline__ float shfl_down(float v, int off) { return __shfl_down_sync(0xffffffffu, v, off); }
-__device__ __forceinline__ double shfl_down(double v, int off) { return __shfl_down_sync(0xffffffffu, v, off); }
-__device__ __forceinline__ float shfl0(float v) { return __shfl_sync(0xffffffffu, v, 0); }
-__device__ __forceinline__ double shfl0(double v) { return __shfl_sync(0xffffffffu, v, 0); }
-
-template <typename T> struct Sum {
-  __device__ T id() const { return T(0); }
-  __device__ T operator()(T a, T b) const { return a + b; }
-};
-struct Max {
-  __device__ float id() const { return -INFINITY; }
-  __device__ float operator()(float a, float b) const { return b > a ? b : a; }
-};
-template <typename T, typename Op> __device__ __forceinline__ T warp_reduce(T v, Op op) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = op(v, shfl_down(v, off));
-  return v; /* lane 0's is the warp's */
-}
-/* The group's total, the same bits in every thread of the group.  sh: 33 Ts of shared memory.
- * TPR: 32 (a warp, its own row) or the whole block (256, 1024). */
-template <int TPR, typename T, typename Op> __device__ __forceinline__ T group_reduce(T v, Op op, T *sh) {
-  v = warp_reduce(v, op);
-  if (TPR == 32) return shfl0(v);
-  constexpr int NW = TPR / 32;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads(); /* the previous call's readers of sh are done */
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < NW ? sh[lane] : op.id();
-    v = warp_reduce(v, op);
-    if (lane == 0) sh[NW] = v;
-  }
-  __syncthreads();
-  return sh[NW];
-}
-
-static int row_tpr(int64_t rows, int64_t cols) { return cols <= 1024 ? 32 : cols > 8192 && rows < 512 ? 1024 : 256; }
-static unsigned row_blocks(int64_t rows, int tpr) { return (unsigned)(tpr == 32 ? (rows + 7) / 8 : rows); }
-template <int TPR> __device__ __forceinline__ bool row_of(int64_t rows, int64_t *row, int *lane) {
-  *row = TPR == 32 ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : (int64_t)blockIdx.x;
-  *lane = TPR == 32 ? (int)(threadIdx.x & 31) : (int)threadIdx.x;
-  return *row < rows;
-}
-#define ROWS_LAUNCH(kernel, rows, cols, ...)                                                                      \
-  do {                                                                                                           \
-    const int tpr_ = row_tpr((rows), (cols));                                                                    \
-    const unsigned blocks_ = row_blocks((rows), tpr_);                                                           \
-    if (tpr_ == 32) kernel<32><<<blocks_, 256, 0, pr_cu_stream>>>(__VA_ARGS__);                                 \
-    else if (tpr_ == 256) kernel<256><<<blocks_, 256, 0, pr_cu_stream>>>(__VA_ARGS__);                          \
-    else kernel<1024><<<blocks_, 1024, 0, pr_cu_stream>>>(__VA_ARGS__);                                          \
-    PR_CU_LAUNCHED();                                                                                            \
-  } while (0)
 
 /* k_softmax_xent's row: lse = max + log(sum exp(z - max)), loss lse - z[label], dlogits (exp(z - lse) -
  * onehot) * scale. */
@@ -87,9 +33,7 @@ __global__ void xent_k(const float *logits, const int64_t *labels, float *dlogit
   if (!row_of<TPR>(rows, &row, &lane)) return;
   const float *z = logits + row * classes;
   float *d = dlogits + row * classes;
-  float mx = -INFINITY; /* a NaN in the row makes its sum NaN, whatever the maximum */
-  for (int k = lane; k < classes; k += TPR) mx = z[k] > mx ? z[k] : mx;
-  mx = group_reduce<TPR>(mx, Max{}, sh);
+  const float mx = row_max<TPR>(z, classes, lane, sh);
   float sum = 0;
   for (int k = lane; k < classes; k += TPR) sum += expf(z[k] - mx);
   sum = group_reduce<TPR>(sum, Sum<float>{}, sh);

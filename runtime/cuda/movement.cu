@@ -4,77 +4,27 @@
  * sums (Expand's and Tile's gradients, Gather's for a repeated index) run in an order fixed by the shape
  * and, for Gather's, in the CPU's order, index position by index position.
  *
- * A strided walk (a view, a permutation) is a Geo: the output's axes, size-1 axes dropped and an axis
- * merged into the one before where the input is contiguous across them, read one thread per output
- * element.  A permutation whose last output axis reads the input with a stride goes through 32 x 32 tiles
- * in shared memory, so both sides are read and written a row at a time.  Gather's gradient sorts the
- * index positions by row (a stable radix sort: positions of one row stay in order) and sums each row's
- * positions in one thread per column. */
+ * A strided walk (a view, a permutation) is a Geo (geo.cuh, shared with binary.cu): the output's axes,
+ * size-1 axes dropped and an axis merged into the one before where the input is contiguous across them,
+ * read one thread per output element; a view's gradient sums with geo.cuh's red_launch.  A permutation
+ * whose last output axis reads the input with a stride goes through 32 x 32 tiles in shared memory, so
+ * both sides are read and written a row at a time.  Gather's gradient sorts the index positions by row
+ * (a stable radix sort: positions of one row stay in order) and sums each row's positions in one thread
+ * per column. */
 #include <string.h>
 
 #include <cub/cub.cuh>
 
 #include "common.cuh"
+#include "geo.cuh"
 #include "kernels.h"
 
 namespace {
 
 constexpr int MAXAX = 16; /* ViewShape's axes */
 constexpr int NOP = 2;    /* operands one walk carries */
+using Geo = GeoN<MAXAX, NOP>;
 
-/* A walk over `rank` axes of sizes dim, operand p at base[p] + sum_d idx_d * st[p][d]. */
-struct Geo {
-  int rank;
-  int64_t dim[MAXAX];
-  int64_t st[NOP][MAXAX];
-  int64_t base[NOP];
-};
-
-/* Host: the walk over dims, operand p reading with strides st[p] (NULL: 0) from base[p] (NULL: 0); axes of
- * size 1 dropped and an axis merged into the one before where every operand is contiguous across both. */
-Geo geo_make(int rank, const int64_t *dims, const int64_t *const st[NOP], const int64_t *base) {
-  Geo g;
-  memset(&g, 0, sizeof g);
-  for (int p = 0; p < NOP; p++) g.base[p] = base ? base[p] : 0;
-  int r = 0;
-  for (int i = 0; i < rank; i++) {
-    if (dims[i] == 1) continue;
-    int64_t s[NOP];
-    for (int p = 0; p < NOP; p++) s[p] = st[p] ? st[p][i] : 0;
-    bool merge = r > 0;
-    for (int p = 0; p < NOP && merge; p++) merge = g.st[p][r - 1] == s[p] * dims[i];
-    if (merge) {
-      g.dim[r - 1] *= dims[i];
-      for (int p = 0; p < NOP; p++) g.st[p][r - 1] = s[p];
-      continue;
-    }
-    g.dim[r] = dims[i];
-    for (int p = 0; p < NOP; p++) g.st[p][r] = s[p];
-    r++;
-  }
-  g.rank = r;
-  return g;
-}
-
-void contiguous(int rank, const int64_t *dims, int64_t *st) {
-  int64_t s = 1;
-  for (int d = rank - 1; d >= 0; d--) st[d] = s, s *= dims[d];
-}
-
-/* Device: the operands' offsets at element i of the walk (I: the index type, 32 bits where it fits). */
-template <typename I>
-__device__ __forceinline__ void geo_at(const Geo &g, I i, int64_t o[NOP]) {
-  for (int p = 0; p < NOP; p++) o[p] = g.base[p];
-  for (int d = g.rank - 1; d > 0; d--) {
-    I n = (I)g.dim[d], q = i / n, c = i - q * n;
-    for (int p = 0; p < NOP; p++) o[p] += (int64_t)c * g.st[p][d];
-    i = q;
-  }
-  if (g.rank > 0)
-    for (int p = 0; p < NOP; p++) o[p] += (int64_t)i * g.st[p][0];
-}
-
-inline bool fits32(int64_t n) { return n <= 0x7fffffff; }
 inline unsigned blocks_for(int64_t n) { return pr_cu_blocks(n, PR_CU_THREADS); }
 #define LAUNCH(kernel, n) kernel<<<blocks_for(n), PR_CU_THREADS, 0, pr_cu_stream>>>
 
@@ -102,111 +52,17 @@ void walk_read_launch(const float *x, float *y, const Geo &g, int64_t n) {
   PR_CU_LAUNCHED();
 }
 
-/* ---- sums over the axes a view reads with stride 0 (Expand, Tile) ----
+/* ---- sums over the axes a view reads with stride 0 (Expand, Tile): geo.cuh's red_launch ----
  * Operand 0: dy (the output's order); 1: dx.  One thread per element of dx that the view reads (the
  * axes of nonzero stride) sums the output elements that read it in output order; a long sum for a small
  * dx is cut into chunks of a length fixed by the shape, summed into scratch, then added in order. */
-struct Red {
-  Geo k, r; /* the kept axes (a thread each), the summed ones */
-  int64_t nK, nR, chunk, nchunks;
+struct ViewGradTerm {
+  const float *dy;
+  __device__ bool operator()(const int64_t *o, float &v) const {
+    v = dy[o[0]];
+    return true;
+  }
 };
-constexpr int64_t RED_SHORT = 32, RED_WIDE = 65536, RED_THREADS = 131072, RED_MAX_CHUNKS = 1024, RED_MIN_CHUNK = 16;
-
-Red red_make(const Geo &g) {
-  Red R;
-  memset(&R, 0, sizeof R);
-  R.nK = R.nR = 1;
-  for (int p = 0; p < NOP; p++) R.k.base[p] = g.base[p];
-  for (int d = 0; d < g.rank; d++) {
-    int kept = g.st[1][d] != 0;
-    Geo &t = kept ? R.k : R.r;
-    t.dim[t.rank] = g.dim[d];
-    for (int p = 0; p < NOP; p++) t.st[p][t.rank] = g.st[p][d];
-    t.rank++;
-    (kept ? R.nK : R.nR) *= g.dim[d];
-  }
-  int64_t nc = 1;
-  if (R.nR > RED_SHORT && R.nK < RED_WIDE) {
-    nc = (RED_THREADS + R.nK - 1) / R.nK;
-    int64_t most = (R.nR + RED_MIN_CHUNK - 1) / RED_MIN_CHUNK;
-    if (nc > most) nc = most;
-    if (nc > RED_MAX_CHUNKS) nc = RED_MAX_CHUNKS;
-    if (nc < 1) nc = 1;
-  }
-  R.chunk = (R.nR + nc - 1) / nc;
-  R.nchunks = (R.nR + R.chunk - 1) / R.chunk;
-  return R;
-}
-
-/* Whether the kept axes reach distinct elements of dx (each then has one thread): by growing |stride|,
- * each stride beyond all that the smaller ones reach.  Slice, Expand and Tile always do. */
-bool red_distinct(const Red &R) {
-  int64_t st[MAXAX], dim[MAXAX];
-  int n = R.k.rank;
-  for (int d = 0; d < n; d++) st[d] = R.k.st[1][d] < 0 ? -R.k.st[1][d] : R.k.st[1][d], dim[d] = R.k.dim[d];
-  for (int i = 1; i < n; i++)
-    for (int j = i; j > 0 && st[j] < st[j - 1]; j--) {
-      int64_t t = st[j];
-      st[j] = st[j - 1], st[j - 1] = t, t = dim[j], dim[j] = dim[j - 1], dim[j - 1] = t;
-    }
-  int64_t reach = 0;
-  for (int d = 0; d < n; d++) {
-    if (st[d] <= reach) return false;
-    reach += st[d] * (dim[d] - 1);
-  }
-  return true;
-}
-
-/* s plus dy over sum elements [r0, r1) from the kept offsets ko, in output order. */
-__device__ float red_run(const float *dy, const Red &R, const int64_t ko[NOP], int64_t r0, int64_t r1, float s) {
-  const Geo &g = R.r;
-  int64_t o = ko[0], c[MAXAX], i = r0;
-  for (int d = g.rank - 1; d >= 0; d--) c[d] = i % g.dim[d], i /= g.dim[d], o += c[d] * g.st[0][d];
-  for (int64_t r = r0; r < r1; r++) {
-    s = __fadd_rn(s, dy[o]);
-    for (int d = g.rank - 1; d >= 0; d--) {
-      o += g.st[0][d];
-      if (++c[d] < g.dim[d]) break;
-      o -= g.st[0][d] * g.dim[d];
-      c[d] = 0;
-    }
-  }
-  return s;
-}
-template <typename I>
-__global__ void red_one(const float *dy, float *dx, const __grid_constant__ Red R) {
-  PR_CU_FOR(j, R.nK) {
-    int64_t ko[NOP];
-    geo_at<I>(R.k, (I)j, ko);
-    dx[ko[1]] = red_run(dy, R, ko, 0, R.nR, dx[ko[1]]);
-  }
-}
-__global__ void red_part(const float *dy, float *part, const __grid_constant__ Red R) {
-  PR_CU_FOR(e, R.nK * R.nchunks) {
-    int64_t j = e % R.nK, c = e / R.nK, r0 = c * R.chunk, r1 = r0 + R.chunk < R.nR ? r0 + R.chunk : R.nR;
-    int64_t ko[NOP];
-    geo_at<uint32_t>(R.k, (uint32_t)j, ko); /* nK < RED_WIDE here */
-    part[e] = red_run(dy, R, ko, r0, r1, 0.0f);
-  }
-}
-__global__ void red_fin(const float *part, float *dx, const __grid_constant__ Red R) {
-  PR_CU_FOR(j, R.nK) {
-    int64_t ko[NOP];
-    geo_at<uint32_t>(R.k, (uint32_t)j, ko);
-    float s = dx[ko[1]];
-    for (int64_t c = 0; c < R.nchunks; c++) s = __fadd_rn(s, part[c * R.nK + j]);
-    dx[ko[1]] = s;
-  }
-}
-/* Any other view: one thread, the output in order, as the CPU. */
-__global__ void red_serial(const float *dy, float *dx, const __grid_constant__ Geo g, int64_t n) {
-  if (blockIdx.x || threadIdx.x) return;
-  for (int64_t i = 0; i < n; i++) {
-    int64_t o[NOP];
-    geo_at<int64_t>(g, i, o);
-    dx[o[1]] = __fadd_rn(dx[o[1]], dy[i]);
-  }
-}
 
 /* ---- Transpose: 32 x 32 tiles where the output's last axis reads the input with a stride ---- */
 constexpr int TILE = 32, TILE_ROWS = 8;
@@ -276,7 +132,7 @@ bool perm_tile_plan(const Geo &g, PermTile *t) {
 void perm_run(const float *src, float *dst, const PermShape *s, int grad, int acc) {
   if (s->n <= 0) return;
   const int64_t *st[NOP] = {s->st, NULL};
-  Geo g = geo_make(s->rank, s->out, st, NULL);
+  Geo g = geo_make<Geo>(s->rank, s->out, st, NULL);
   PermTile t;
   if (perm_tile_plan(g, &t)) {
     perm_tiled<<<pr_cu_blocks(t.ntiles, 1), dim3(TILE, TILE_ROWS), 0, pr_cu_stream>>>(src, dst, t, grad, acc);
@@ -477,7 +333,7 @@ extern "C" void kc_view(const float *x, float *y, const ViewShape *s) {
   if (s->n <= 0) return;
   const int64_t *st[NOP] = {s->st, NULL};
   int64_t base[NOP] = {s->base, 0};
-  walk_read_launch(x, y, geo_make(s->rank, s->out, st, base), s->n);
+  walk_read_launch(x, y, geo_make<Geo>(s->rank, s->out, st, base), s->n);
 }
 
 /* dx = (acc ? dx : 0) + dy summed where each output element read it. */
@@ -487,21 +343,8 @@ extern "C" void kc_view_grad(const float *dy, float *dx, const ViewShape *s, int
   int64_t cy[MAXAX], base[NOP] = {0, s->base};
   contiguous(s->rank, s->out, cy);
   const int64_t *st[NOP] = {cy, s->st};
-  Geo g = geo_make(s->rank, s->out, st, base);
-  Red R = red_make(g);
-  if (!red_distinct(R)) {
-    red_serial<<<1, 1, 0, pr_cu_stream>>>(dy, dx, g, s->n);
-  } else if (R.nchunks <= 1 && fits32(R.nK)) {
-    LAUNCH(red_one<uint32_t>, R.nK)(dy, dx, R);
-  } else if (R.nchunks <= 1) {
-    LAUNCH(red_one<int64_t>, R.nK)(dy, dx, R);
-  } else {
-    float *part = (float *)pr_cu_scratch((int64_t)sizeof(float) * R.nK * R.nchunks);
-    LAUNCH(red_part, R.nK * R.nchunks)(dy, part, R);
-    PR_CU_LAUNCHED();
-    LAUNCH(red_fin, R.nK)(part, dx, R);
-  }
-  PR_CU_LAUNCHED();
+  Geo g = geo_make<Geo>(s->rank, s->out, st, base);
+  red_launch(ViewGradTerm{dy}, dx, g, 1, s->nx, s->n, 1); /* acc: dx is zeroed above where !acc */
 }
 
 extern "C" void kc_cast_i64_f32(const int64_t *x, float *y, int64_t n) {

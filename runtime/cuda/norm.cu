@@ -4,7 +4,7 @@
  * Rows (Softmax, LayerNorm): a warp per row up to 1024 columns (8 rows to a block), else a block of
  * 256 threads (1024 for long rows when the rows are few); each thread sums the elements lane, lane + T,
  * ... of its row in order, then a fixed tree (warp shuffles, then the warps' totals through shared
- * memory), so every sum's order is fixed by the shape.  A row is read again for each pass (max, sum,
+ * memory; rows.cuh), so every sum's order is fixed by the shape.  A row is read again for each pass (max, sum,
  * write) instead of being held, and each element is written by the thread that read it after the row's
  * sums are complete, so the output may be the input (in place).
  * LayerNorm's dscale and dbias, sums over the rows: a thread per column adding the rows in order onto
@@ -20,6 +20,7 @@
  * fused multiply-add), so where the statistics agree the outputs do to the bit. */
 #include "common.cuh"
 #include "kernels.h"
+#include "rows.cuh"
 
 #include <math.h>
 
@@ -29,65 +30,6 @@
 
 namespace {
 
-/* ---- a fixed-shape tree over the threads that share one row ---- */
-__device__ __forceinline__ float shfl_down(float v, int off) { return __shfl_down_sync(0xffffffffu, v, off); }
-__device__ __forceinline__ double shfl_down(double v, int off) { return __shfl_down_sync(0xffffffffu, v, off); }
-__device__ __forceinline__ float shfl0(float v) { return __shfl_sync(0xffffffffu, v, 0); }
-__device__ __forceinline__ double shfl0(double v) { return __shfl_sync(0xffffffffu, v, 0); }
-
-template <typename T> struct Sum {
-  __device__ T id() const { return T(0); }
-  __device__ T operator()(T a, T b) const { return a + b; }
-};
-struct Max {
-  __device__ float id() const { return -INFINITY; }
-  __device__ float operator()(float a, float b) const { return b > a ? b : a; }
-};
-template <typename T, typename Op> __device__ __forceinline__ T warp_reduce(T v, Op op) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = op(v, shfl_down(v, off));
-  return v; /* lane 0's is the warp's */
-}
-/* The group's total, the same bits in every thread of the group.  sh: 33 Ts of shared memory.
- * TPR: 32 (a warp, its own row) or the whole block (256, 1024). */
-template <int TPR, typename T, typename Op> __device__ __forceinline__ T group_reduce(T v, Op op, T *sh) {
-  v = warp_reduce(v, op);
-  if (TPR == 32) return shfl0(v);
-  constexpr int NW = TPR / 32;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads(); /* the previous call's readers of sh are done */
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < NW ? sh[lane] : op.id();
-    v = warp_reduce(v, op);
-    if (lane == 0) sh[NW] = v;
-  }
-  __syncthreads();
-  return sh[NW];
-}
-template <int TPR, typename T> __device__ __forceinline__ T group_sum(T v, T *sh) { return group_reduce<TPR>(v, Sum<T>{}, sh); }
-
-/* Rows: the threads per row, blocks and block size. */
-static int row_tpr(int64_t rows, int64_t cols) { return cols <= 1024 ? 32 : cols > 8192 && rows < 512 ? 1024 : 256; }
-static unsigned row_blocks(int64_t rows, int tpr) { return (unsigned)(tpr == 32 ? (rows + 7) / 8 : rows); }
-/* The row of this thread's group and its lane in it; false past the last row (a whole warp). */
-template <int TPR> __device__ __forceinline__ bool row_of(int64_t rows, int64_t *row, int *lane) {
-  *row = TPR == 32 ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : (int64_t)blockIdx.x;
-  *lane = TPR == 32 ? (int)(threadIdx.x & 31) : (int)threadIdx.x;
-  return *row < rows;
-}
-/* Launches kernel<TPR> over `rows` rows of `cols`. */
-#define ROWS_LAUNCH(kernel, rows, cols, ...)                                                                      \
-  do {                                                                                                           \
-    const int tpr_ = row_tpr((rows), (cols));                                                                    \
-    const unsigned blocks_ = row_blocks((rows), tpr_);                                                           \
-    if (tpr_ == 32) kernel<32><<<blocks_, 256, 0, pr_cu_stream>>>(__VA_ARGS__);                                 \
-    else if (tpr_ == 256) kernel<256><<<blocks_, 256, 0, pr_cu_stream>>>(__VA_ARGS__);                          \
-    else kernel<1024><<<blocks_, 1024, 0, pr_cu_stream>>>(__VA_ARGS__);                                          \
-    PR_CU_LAUNCHED();                                                                                            \
-  } while (0)
-
 /* ---- Softmax ---- */
 template <int TPR> __global__ void softmax_k(const float *x, float *y, int64_t rows, int64_t cols, int log) {
   __shared__ float sh[33];
@@ -96,9 +38,7 @@ template <int TPR> __global__ void softmax_k(const float *x, float *y, int64_t r
   if (!row_of<TPR>(rows, &row, &lane)) return;
   const float *a = x + row * cols;
   float *b = y + row * cols;
-  float mx = -INFINITY; /* a NaN in the row makes its sum NaN, whatever the maximum */
-  for (int64_t k = lane; k < cols; k += TPR) mx = a[k] > mx ? a[k] : mx;
-  mx = group_reduce<TPR>(mx, Max{}, sh);
+  const float mx = row_max<TPR>(a, cols, lane, sh);
   float sum = 0;
   if (log) {
     for (int64_t k = lane; k < cols; k += TPR) sum += expf(a[k] - mx);

@@ -6,7 +6,7 @@
  * reduced elements of an output are an index r over the reduced axes, read in the input's order.
  *   - The innermost axis reduced (a norm's mean, a global pool): a warp or a block per output, each
  *     thread summing the elements r = lane, lane + T, ... of the output in order, then a fixed tree
- *     (warp shuffles, then the warps' totals through shared memory).
+ *     (warp shuffles, then the warps' totals through shared memory; rows.cuh).
  *   - The innermost axis kept (a sum over the batch): a thread per output, its loop over r in order,
  *     neighbouring threads reading neighbouring addresses.
  * Where the outputs are few and each is long, the r of an output are cut into P chunks (P fixed by the
@@ -17,47 +17,12 @@
  * select_last_index), which picks the same index whatever the order. */
 #include "common.cuh"
 #include "kernels.h"
+#include "rows.cuh"
 
 #include <string.h>
 
 namespace {
 
-/* ---- a fixed-shape tree over the threads that share one row ----
- * TPR threads per row: 32 (a warp; 8 rows to a block of 256) or the whole block (256 or 1024). */
-__device__ __forceinline__ float shfl_down(float v, int off) { return __shfl_down_sync(0xffffffffu, v, off); }
-__device__ __forceinline__ float shfl0(float v) { return __shfl_sync(0xffffffffu, v, 0); }
-
-template <typename T, typename Op> __device__ __forceinline__ T warp_reduce(T v, Op op) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = op(v, shfl_down(v, off));
-  return v; /* lane 0's is the warp's */
-}
-/* The group's total, the same bits in every thread of the group.  sh: 33 Ts of shared memory. */
-template <int TPR, typename T, typename Op> __device__ __forceinline__ T group_reduce(T v, Op op, T *sh) {
-  v = warp_reduce(v, op);
-  if (TPR == 32) return shfl0(v);
-  constexpr int NW = TPR / 32;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  __syncthreads(); /* the previous call's readers of sh are done */
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  if (warp == 0) {
-    v = lane < NW ? sh[lane] : op.id();
-    v = warp_reduce(v, op);
-    if (lane == 0) sh[NW] = v;
-  }
-  __syncthreads();
-  return sh[NW];
-}
-/* The threads per row for rows of `cols` elements. */
-static int row_tpr(int64_t rows, int64_t cols) { return cols <= 1024 ? 32 : cols > 8192 && rows < 512 ? 1024 : 256; }
-static unsigned row_blocks(int64_t rows, int tpr) { return (unsigned)(tpr == 32 ? (rows + 7) / 8 : rows); }
-static int row_threads(int tpr) { return tpr == 32 ? 256 : tpr; }
-
-struct Sum {
-  __device__ float id() const { return 0.0f; }
-  __device__ float operator()(float a, float b) const { return a + b; }
-};
 /* k_reduce_max's step: a larger element or a NaN replaces the running value. */
 struct MaxNan {
   __device__ float id() const { return -INFINITY; }
@@ -145,9 +110,9 @@ struct LoadEq {
 template <int TPR, bool SCALE, typename Op, typename Load>
 __global__ void red_rows(Geo g, Load ld, Op op, int64_t P, int64_t L, float *part, float *y, float scale) {
   __shared__ float sh[33];
-  const int64_t grp = TPR == 32 ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : (int64_t)blockIdx.x;
-  const int lane = TPR == 32 ? (int)(threadIdx.x & 31) : (int)threadIdx.x;
-  if (grp >= g.nout * P) return; /* a whole warp, and only where TPR is 32 */
+  int64_t grp;
+  int lane;
+  if (!row_of<TPR>(g.nout * P, &grp, &lane)) return;
   const int64_t o = grp / P, p = grp % P, base = walk_offset(o, g.nk, g.ksz, g.kst);
   const int64_t lo = p * L, hi = lo + L < g.inner ? lo + L : g.inner;
   float acc = op.id();
@@ -262,9 +227,9 @@ struct ArgBest {
 /* inner == 1: a group per row of `axis` elements. */
 template <int TPR> __global__ void argmax_rows(const float *x, int64_t *y, int64_t rows, int64_t axis, ArgBest op) {
   __shared__ ArgPair sh[33];
-  const int64_t row = TPR == 32 ? (int64_t)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32 : (int64_t)blockIdx.x;
-  const int lane = TPR == 32 ? (int)(threadIdx.x & 31) : (int)threadIdx.x;
-  if (row >= rows) return;
+  int64_t row;
+  int lane;
+  if (!row_of<TPR>(rows, &row, &lane)) return;
   const float *p = x + row * axis;
   ArgPair best = op.id();
   for (int64_t j = lane; j < axis; j += TPR) best = op(best, ArgPair{p[j], j});
@@ -291,7 +256,7 @@ __global__ void argmax_cols(const float *x, int64_t *y, int64_t outer, int64_t a
 } // namespace
 
 extern "C" void kc_reduce(const float *x, float *y, const ReduceShape *s) {
-  reduce_run<true>(geo_of(s), LoadX{x}, Sum{}, y, s->scale);
+  reduce_run<true>(geo_of(s), LoadX{x}, Sum<float>{}, y, s->scale);
 }
 
 extern "C" void kc_reduce_grad(const float *dy, float *dx, const ReduceShape *s, int acc) {
@@ -307,7 +272,7 @@ extern "C" void kc_reduce_max(const float *x, float *y, const ReduceShape *s) {
 extern "C" void kc_reduce_max_grad(const float *x, const float *y, const float *dy, float *dx, float *cnt, const ReduceShape *s, int acc) {
   if (s->n <= 0) return;
   const Geo g = geo_of(s);
-  reduce_run<false>(g, LoadEq{x, y}, Sum{}, cnt, 1.0f); /* counts: whole numbers, exact in any order */
+  reduce_run<false>(g, LoadEq{x, y}, Sum<float>{}, cnt, 1.0f); /* counts: whole numbers, exact in any order */
   reduce_max_grad_k<<<pr_cu_blocks(s->n, PR_CU_THREADS), PR_CU_THREADS, 0, pr_cu_stream>>>(x, y, dy, dx, cnt, g, s->n, acc);
   PR_CU_LAUNCHED();
 }
@@ -316,13 +281,9 @@ extern "C" void kc_argmax(const float *x, int64_t *y, int64_t outer, int64_t axi
   if (outer <= 0 || inner <= 0 || axis <= 0) return;
   if (inner == 1) {
     const ArgBest op{last};
-    const int tpr = row_tpr(outer, axis);
-    const unsigned blocks = row_blocks(outer, tpr);
-    if (tpr == 32) argmax_rows<32><<<blocks, row_threads(32), 0, pr_cu_stream>>>(x, y, outer, axis, op);
-    else if (tpr == 256) argmax_rows<256><<<blocks, 256, 0, pr_cu_stream>>>(x, y, outer, axis, op);
-    else argmax_rows<1024><<<blocks, 1024, 0, pr_cu_stream>>>(x, y, outer, axis, op);
+    ROWS_LAUNCH(argmax_rows, outer, axis, x, y, outer, axis, op);
   } else {
     argmax_cols<<<pr_cu_blocks(outer * inner, PR_CU_THREADS), PR_CU_THREADS, 0, pr_cu_stream>>>(x, y, outer, axis, inner, last);
+    PR_CU_LAUNCHED();
   }
-  PR_CU_LAUNCHED();
 }

@@ -38,14 +38,10 @@ static const float *cr_wd(const float *w, const RnnShape *s, int ng, int64_t col
 static const float *cr_sd(const float *p, const RnnShape *s, int d) { return p ? p + cr_soff(*s, d) : NULL; }
 static float *cr_gd(float *g, int64_t per_dir, int d) { return g ? g + per_dir * d : NULL; }
 
-/* Row-major C [M, N] = op(A) op(B) + beta C (pr_sgemm's arguments, alpha = 1), as the column-major
- * product C^T = op(B)^T op(A)^T. */
+/* Row-major C [M, N] = op(A) op(B) + beta C (pr_sgemm's arguments, alpha = 1): one product of pr_cu_sgemm. */
 static void cr_gemm(int ta, int tb, int M, int N, int K, const float *A, int lda, const float *B, int ldb, float beta, float *C,
                     int ldc) {
-  if (M <= 0 || N <= 0) return;
-  const float one = 1.0f;
-  PR_CUBLAS(cublasGemmEx(pr_cu_blas, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &one, B, CUDA_R_32F,
-                         ldb, A, CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, pr_cu_compute_type(), CUBLAS_GEMM_DEFAULT));
+  pr_cu_sgemm(ta, tb, M, N, K, 1.0f, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
 }
 
 #define CR_LAUNCH(kernel, n, ...)                                                                         \

@@ -44,26 +44,26 @@ static int64_t strides_of(int rank, const int64_t *d, int64_t *st) {
   for (int i = rank - 1; i >= 0; i--) st[i] = d[i] == 1 ? 0 : s, s *= d[i];
   return s;
 }
+/* The output's dims into out; its element count. */
+static int64_t out_of(const Case *c, int64_t *out) {
+  int64_t n = 1;
+  for (int i = 0; i < c->rank; i++) out[i] = c->out[i], n *= c->out[i];
+  return n;
+}
 static BcastShape bshape(const Case *c) {
   BcastShape s;
   memset(&s, 0, sizeof s);
-  s.rank = c->rank;
-  for (int i = 0; i < c->rank; i++) s.out[i] = c->out[i];
+  s.rank = c->rank, s.ny = out_of(c, s.out);
   s.na = strides_of(c->rank, c->a, s.sa), s.nb = strides_of(c->rank, c->b, s.sb);
-  s.ny = 1;
-  for (int i = 0; i < c->rank; i++) s.ny *= c->out[i];
   return s;
 }
 /* Where(c, x, y): the condition c->c, x c->a, y c->b. */
 static WhereShape wshape(const Case *c) {
   WhereShape s;
   memset(&s, 0, sizeof s);
-  s.rank = c->rank;
-  for (int i = 0; i < c->rank; i++) s.out[i] = c->out[i];
+  s.rank = c->rank, s.nout = out_of(c, s.out);
   strides_of(c->rank, c->c, s.sc);
   s.nx = strides_of(c->rank, c->a, s.sx), s.ny = strides_of(c->rank, c->b, s.sy);
-  s.nout = 1;
-  for (int i = 0; i < c->rank; i++) s.nout *= c->out[i];
   return s;
 }
 
