@@ -147,7 +147,7 @@ test: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-asan bin/test_part
 DEMO := build/demo
 demo: deps
 	$(MAKE) all
-	bin/piperun-data mnist $(DEMO)/mnist --n 12800 --seed 1
+	bin/piperun-data mnist $(DEMO)/mnist --n 12800 --seed 1 --force  # make demo again: the same data, written again
 	bin/pipecc onnx_models/lenet.onnx -n 4 --batch 64 --microbatches 8 --schedule 1f1b --lr 0.1 -o $(DEMO)/lenet.pipe --listing
 	$(MAKE) -s -C $(DEMO)/lenet.pipe
 	$(DEMO)/lenet.pipe/run.sh --data $(DEMO)/mnist --steps 200 --shuffle --log $(DEMO)/lenet.csv --save $(DEMO)/lenet_trained.onnx

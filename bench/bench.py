@@ -384,13 +384,14 @@ def machine_info():
 
 
 def make_data():
+    # --force: a bench run again writes the same data over its own files in work/
     os.makedirs(os.path.join(WORK, "data"), exist_ok=True)
     paths = {"mnist": os.path.join(WORK, "data", "mnist"), "cifar": os.path.join(WORK, "data", "cifar"),
              "tokens": os.path.join(WORK, "data", "tokens.bin"), "tokens256": os.path.join(WORK, "data", "tokens256.bin")}
-    run_cmd([DATAGEN, "mnist", paths["mnist"], "--n", "12800", "--seed", "1"], 120)
-    run_cmd([DATAGEN, "cifar", paths["cifar"], "--n", "5000", "--seed", "1"], 120)
-    run_cmd([DATAGEN, "tokens", paths["tokens"], "--n", "200000", "--seed", "1"], 120)
-    run_cmd([DATAGEN, "tokens", paths["tokens256"], "--n", "200000", "--vocab", "256", "--seed", "1"], 120)
+    run_cmd([DATAGEN, "mnist", paths["mnist"], "--n", "12800", "--seed", "1", "--force"], 120)
+    run_cmd([DATAGEN, "cifar", paths["cifar"], "--n", "5000", "--seed", "1", "--force"], 120)
+    run_cmd([DATAGEN, "tokens", paths["tokens"], "--n", "200000", "--seed", "1", "--force"], 120)
+    run_cmd([DATAGEN, "tokens", paths["tokens256"], "--n", "200000", "--vocab", "256", "--seed", "1", "--force"], 120)
     return paths
 
 

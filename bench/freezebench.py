@@ -104,7 +104,7 @@ def make_data(b, model, cfg, work):
     d = os.path.join(work, "data", f"{cfg['kind']}_n{ntrain}_t{cfg['nval']}_noise{cfg['noise']}")
     test = os.path.join(d, "t10k-labels-idx1-ubyte" if cfg["kind"] == "mnist" else "test_batch.bin")
     if not os.path.exists(test):
-        base = [b.DATAGEN, cfg["kind"], d, "--seed", "1", "--noise", str(cfg["noise"])]
+        base = [b.DATAGEN, cfg["kind"], d, "--seed", "1", "--noise", str(cfg["noise"]), "--force"]  # over a run cut short
         b.run_cmd(base + ["--n", str(ntrain)], 120)
         b.run_cmd(base + ["--n", str(cfg["nval"]), "--test"], 120)   # last: its file says the directory is complete
     return d, d

@@ -122,6 +122,19 @@ static int writable_dir_of(const char *flag, const char *file, char *msg, size_t
   return 0;
 }
 
+/* --save writes FILE.tmp-PID and renames it over FILE: a FILE that is there
+ * must be a regular file, or the rename would replace a device node (as root,
+ * --save /dev/null replaced the system's /dev/null), a FIFO, a socket or a
+ * symbolic link with the model.  Checked again when the model is written. */
+static int save_target_ok(const char *file, char *msg, size_t len) {
+  struct stat sb;
+  if (lstat(file, &sb) == 0 && !S_ISREG(sb.st_mode) && !S_ISDIR(sb.st_mode))
+    return snprintf(msg, len, "--save %s: exists and is not a regular file (%s); name a new file or a regular one", file,
+                    S_ISLNK(sb.st_mode) ? "a symbolic link" : S_ISCHR(sb.st_mode) || S_ISBLK(sb.st_mode) ? "a device" :
+                    S_ISFIFO(sb.st_mode) ? "a FIFO" : "a socket"), -1;
+  return 0;
+}
+
 /* --checkpoint DIR is created now (its parent must exist), on every rank. */
 static int checkpoint_dir_ok(const char *dir, char *msg, size_t len) {
   struct stat sb;
@@ -135,10 +148,11 @@ static int checkpoint_dir_ok(const char *dir, char *msg, size_t len) {
 void check_outputs(Run *r) {
   char msg[1024] = "";
   int ok = 1;
-  if (r->rank == 0 && r->a.save) ok = writable_dir_of("--save", r->a.save, msg, sizeof msg) == 0;
+  if (r->rank == 0 && r->a.save) ok = writable_dir_of("--save", r->a.save, msg, sizeof msg) == 0 && save_target_ok(r->a.save, msg, sizeof msg) == 0;
   if (ok && r->rank == 0 && r->a.trace) ok = writable_dir_of("--trace", r->a.trace, msg, sizeof msg) == 0;
   if (ok && r->rank == 0 && r->a.profile) ok = writable_dir_of("--profile", r->a.profile, msg, sizeof msg) == 0;
   if (ok && r->st->loss && r->a.log) ok = writable_dir_of("--log", r->a.log, msg, sizeof msg) == 0;
   if (ok && r->a.checkpoint) ok = checkpoint_dir_ok(r->a.checkpoint, msg, sizeof msg) == 0;
+  if (ok && r->rank == 0 && r->a.checkpoint) ok = ckpt_lock(r->a.checkpoint, msg, sizeof msg) == 0; /* before anything is written there */
   agree(ok, msg);
 }

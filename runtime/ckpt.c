@@ -1,4 +1,5 @@
 /* ckpt.c - checkpoints: written atomically and verified on --resume. */
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -6,7 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "run.h"
@@ -17,13 +20,16 @@
  * directory of their own, DIR/step-<S>-<run id>/stage_<k>.ckpt.  A new
  * checkpoint goes into a new directory beside the committed one: each rank
  * writes its file under a temporary name, fsyncs it and renames it; rank 0
- * gathers every file's size and checksum, writes MANIFEST.tmp (the step, the
- * plan, the files, and last the manifest's own checksum), fsyncs it and
- * renames it over MANIFEST.  That rename is the commit: a crash before it
- * leaves the previous checkpoint in force, a crash after it the new one.  Only
- * then are the other step directories removed.  --resume checks the
- * manifest's checksum, that the plan is this one (naming what differs), and
- * each file's size, FNV-1a 64 checksum and step. */
+ * gathers every file's size and checksum, writes MANIFEST.tmp in the new
+ * directory (the step, the plan, the files, and last the manifest's own
+ * checksum), fsyncs it and renames it over DIR/MANIFEST.  That rename is the
+ * commit: a crash before it leaves the previous checkpoint in force, a crash
+ * after it the new one.  Only then are the other step directories removed,
+ * and of them only what save_checkpoint writes: a user's step-size-sweep/ or
+ * notes in a step folder stay.  While a run writes checkpoints, rank 0 holds
+ * DIR/LOCK (flock), so a second run on DIR is refused, naming the first.
+ * --resume checks the manifest's checksum, that the plan is this one (naming
+ * what differs), and each file's size, FNV-1a 64 checksum and step. */
 
 #define FNV_INIT 0xcbf29ce484222325ull
 static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
@@ -175,13 +181,40 @@ static CkptInfo write_stage_file(const Run *r, const char *dir, const char *sub)
   return (CkptInfo){st->arena_bytes, st->weights_bytes, total, h.sched, h.prog, w.fnv};
 }
 
+/* The model's path goes into the manifest with '%', control bytes and DEL as
+ * %XX: a file name holding a newline stays on its one line (unescaped, its
+ * second half was no line at all, and the model never matched on --resume),
+ * and cannot forge the manifest's other lines.  Writes at most 3 * strlen(s) + 1. */
+static void escape_model(char *o, const char *s) {
+  for (const unsigned char *c = (const unsigned char *)s; *c; c++)
+    if (*c == '%' || *c < 0x20 || *c == 0x7f) o += sprintf(o, "%%%02X", *c);
+    else *o++ = (char)*c;
+  *o = 0;
+}
+
+/* Decodes escape_model's %XX in place; -1 on a malformed escape. */
+static int unescape_model(char *s) {
+  char *o = s;
+  for (; *s; s++) {
+    unsigned v;
+    if (*s != '%') *o++ = *s;
+    else if (isxdigit((unsigned char)s[1]) && isxdigit((unsigned char)s[2]) && sscanf(s + 1, "%2X", &v) == 1 && v)
+      *o++ = (char)v, s += 2;
+    else return -1;
+  }
+  *o = 0;
+  return 0;
+}
+
 /* The manifest's text, its own checksum on the last line. */
 static char *manifest_text(const Run *r, const char *sub, const CkptInfo *all, size_t *len) {
   const PrStage *st = r->st;
-  size_t cap = 1024 + 256 * (size_t)st->nstages + strlen(st->model), n = 0;
-  char *t = malloc(cap);
+  size_t cap = 1024 + 256 * (size_t)st->nstages + 4 * strlen(st->model), n = 0;
+  char *t = malloc(cap), *model = malloc(3 * strlen(st->model) + 1);
+  escape_model(model, st->model);
   n += (size_t)snprintf(t + n, cap - n, "pipecc-checkpoint 2\nstep %lld\nmodel %s\nstages %d\nbatch %d microbatches %d\ndir %s\n",
-                        (long long)r->step, st->model, st->nstages, st->batch, st->microbatches, sub);
+                        (long long)r->step, model, st->nstages, st->batch, st->microbatches, sub);
+  free(model);
   for (int s = 0; s < st->nstages; s++) {
     const CkptInfo *c = &all[s];
     n += (size_t)snprintf(t + n, cap - n, "stage %d arena %lld weights %lld sched %016llx prog %016llx bytes %lld fnv %016llx\n", s,
@@ -193,34 +226,63 @@ static char *manifest_text(const Run *r, const char *sub, const CkptInfo *all, s
   return t;
 }
 
+/* The number of leading bytes of s that pass is(). */
+static int span(const char *s, int (*is)(int)) {
+  int n = 0;
+  while (is((unsigned char)s[n])) n++;
+  return n;
+}
+
+/* Is this a folder name save_checkpoint makes, step-<S, 8 digits or more>-<run id, 8 hex digits>? */
+static int is_step_dir(const char *s) {
+  if (strncmp(s, "step-", 5)) return 0;
+  s += 5;
+  int n = span(s, isdigit);
+  if (n < 8 || s[n] != '-') return 0;
+  s += n + 1;
+  return span(s, isxdigit) == 8 && !s[8];
+}
+
+/* Is this a file name the checkpoint writes into its folder: stage_<k>.ckpt, its .tmp, MANIFEST.tmp? */
+static int is_ckpt_file(const char *s) {
+  if (!strcmp(s, "MANIFEST.tmp")) return 1;
+  if (strncmp(s, "stage_", 6)) return 0;
+  int n = span(s + 6, isdigit);
+  return n > 0 && (!strcmp(s + 6 + n, ".ckpt") || !strcmp(s + 6 + n, ".ckpt.tmp"));
+}
+
 /* Removes DIR's step directories other than `keep`: older checkpoints, and
- * what a crash left of uncommitted ones. */
+ * what a crash left of uncommitted ones.  Only what save_checkpoint writes:
+ * a folder of another name (a user's step-size-sweep/) is not opened, and in
+ * a step folder only the checkpoint's own files go; the folder is removed
+ * only when that leaves it empty. */
 static void remove_old(const char *dir, const char *keep) {
   DIR *dd = opendir(dir);
   struct dirent *e;
   while (dd && (e = readdir(dd))) {
-    if (strncmp(e->d_name, "step-", 5) || !strcmp(e->d_name, keep)) continue;
+    if (!is_step_dir(e->d_name) || !strcmp(e->d_name, keep)) continue;
     char sub[4400];
     snprintf(sub, sizeof sub, "%s/%s", dir, e->d_name);
     DIR *sd = opendir(sub);
     struct dirent *f;
     while (sd && (f = readdir(sd))) {
       char p[8800];
-      if (f->d_name[0] == '.') continue;
+      if (!is_ckpt_file(f->d_name)) continue;
       snprintf(p, sizeof p, "%s/%s", sub, f->d_name);
       if (unlink(p) == 0) crash_point();
     }
     if (sd) closedir(sd);
-    rmdir(sub);
+    rmdir(sub); /* fails, as it should, where a file of the user's is left */
   }
   if (dd) closedir(dd);
 }
 
 /* Rank 0, once every stage file is written: the commit. */
 static void commit_manifest(const Run *r, const char *dir, const char *sub, const CkptInfo *all) {
-  char path[4200], tmp[4300];
+  char path[4200], tmp[4400];
   snprintf(path, sizeof path, "%s/MANIFEST", dir);
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
+  /* In the new checkpoint's own folder: a temporary name no other run shares, removed with the folder. */
+  snprintf(tmp, sizeof tmp, "%s/%s/MANIFEST.tmp", dir, sub);
   size_t len;
   char *text = manifest_text(r, sub, all, &len);
   crash_point();
@@ -230,6 +292,51 @@ static void commit_manifest(const Run *r, const char *dir, const char *sub, cons
   free(text);
   ck_finish(&w, tmp, path, dir);
   remove_old(dir, sub);
+}
+
+/* ---- the lock: one run writes a checkpoint directory at a time ----
+ * Two runs checkpointing into one DIR remove each other's step folders after
+ * their commits, and the MANIFEST left is whichever committed last.  Rank 0
+ * takes flock(DIR/LOCK) before step 1 and holds it to its end; the kernel
+ * drops it when the process ends, however it ends, so a kill -9 leaves no
+ * stale lock.  The holder writes who it is into the file, for a second run's
+ * refusal to name.  0, or -1 with msg. */
+int ckpt_lock(const char *dir, char *msg, size_t len) {
+  char path[4200], who[1024] = "";
+  snprintf(path, sizeof path, "%s/LOCK", dir);
+  int fd = open(path, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0644);
+  struct stat sb;
+  if (fd < 0 || fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
+    snprintf(msg, len, "--checkpoint %s: cannot open its lock file %s: %s", dir, path, fd < 0 ? strerror(errno) : "not a regular file");
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  if (flock(fd, LOCK_EX | LOCK_NB)) {
+    if (errno != EWOULDBLOCK) { /* a file system without locks: the run goes on, unguarded, and says so */
+      snprintf(who, sizeof who, "--checkpoint %s: cannot lock %s (%s); a second run on this directory would not be stopped", dir, path,
+               strerror(errno));
+      put_line("piperun: warning: ", who);
+      close(fd);
+      return 0;
+    }
+    ssize_t n = pread(fd, who, sizeof who - 1, 0);
+    who[n > 0 ? n : 0] = 0;
+    who[strcspn(who, "\n")] = 0;
+    close(fd);
+    return snprintf(msg, len, "--checkpoint %s: another run is writing checkpoints there (%s); two runs on one directory delete each "
+                    "other's checkpoints: let it end, or name another directory", dir, *who ? who : "it has not said which yet"), -1;
+  }
+  char host[256] = "?", when[64] = "?";
+  time_t t = time(NULL);
+  gethostname(host, sizeof host - 1);
+  strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", localtime(&t));
+  int n = snprintf(who, sizeof who, "pid %d on %s since %s, the stages in %s\n", (int)getpid(), host, when, pr_stage_dir());
+  if (ftruncate(fd, 0) || pwrite(fd, who, (size_t)(n < (int)sizeof who ? n : (int)sizeof who - 1), 0) < 0) {
+    snprintf(msg, len, "--checkpoint %s: cannot write %s: %s", dir, path, strerror(errno));
+    close(fd);
+    return -1;
+  }
+  return 0; /* fd stays open: the lock is held until this process ends */
 }
 
 /* A checkpoint of this step (collective): every stage's file, then rank 0's commit. */
@@ -253,7 +360,7 @@ void save_checkpoint(Run *r, const char *dir) {
 typedef struct Manifest {
   long long step;
   int stages, batch, microbatches;
-  char model[1024], sub[256];
+  char model[12288], sub[256]; /* model: as escape_model wrote it */
   CkptInfo mine; /* this stage's line */
   int have_mine;
 } Manifest;
@@ -286,7 +393,7 @@ static int read_manifest(const Run *r, const char *dir, Manifest *m, char *msg, 
     unsigned long long a, w, sc, pg, b, fv;
     if (sscanf(line, "step %lld", &m->step) == 1 || sscanf(line, "stages %d", &m->stages) == 1 ||
         sscanf(line, "batch %d microbatches %d", &m->batch, &m->microbatches) == 2 || sscanf(line, "dir %255s", m->sub) == 1 ||
-        sscanf(line, "model %1023[^\n]", m->model) == 1)
+        sscanf(line, "model %12287[^\n]", m->model) == 1)
       continue;
     if (sscanf(line, "stage %d arena %llu weights %llu sched %llx prog %llx bytes %llu fnv %llx", &s, &a, &w, &sc, &pg, &b, &fv) == 7 &&
         s == r->st->stage)
@@ -300,7 +407,10 @@ static int same_plan(const PrStage *st, const char *dir, const Manifest *m, char
   const char *p = "--resume %s: the checkpoint is of another plan: ";
   char head[4400];
   snprintf(head, sizeof head, p, dir);
-  if (strcmp(base_name(m->model), base_name(st->model)))
+  static char model[sizeof m->model];
+  snprintf(model, sizeof model, "%s", m->model);
+  /* A manifest written before names were escaped holds the name raw: the same unless it has a '%'. */
+  if ((unescape_model(model) || strcmp(base_name(model), base_name(st->model))) && strcmp(base_name(m->model), base_name(st->model)))
     return snprintf(msg, len, "%smodel '%s' there, '%s' here", head, m->model, st->model), -1;
   if (m->stages != st->nstages) return snprintf(msg, len, "%s%d stages there, %d here", head, m->stages, st->nstages), -1;
   if (m->batch != st->batch || m->microbatches != st->microbatches)

@@ -69,6 +69,9 @@ static int start_mpi(int *argc, char ***argv, const PrStage *st) {
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   signal(SIGTERM, on_signal);
+  /* Past a file size limit (ulimit -f) a write fails with EFBIG, and the file's writer says so, removing
+   * its temporary file; the signal's default would kill the rank mid-write with neither. */
+  signal(SIGXFSZ, SIG_IGN);
   guard_data_reads();
   if (size != st->nstages || g_rank != st->stage) {
     if (g_rank == 0)
@@ -159,8 +162,10 @@ static void start_clocks(Run *r, StepLog *sl) {
 /* --trace FILE: every rank's spans. */
 static void write_trace(Run *r) {
   if (!r->a.trace) return;
+  char msg[4400] = "";
   if (r->trace.dropped && g_rank == 0) fprintf(stderr, "piperun: the trace kept its first %lld events\n", (long long)r->trace.cap);
-  if (trace_write(&r->trace, r->a.trace, g_rank, r->st->nstages) && g_rank == 0) fprintf(stderr, "piperun: cannot write --trace %s\n", r->a.trace);
+  /* Not a warning and exit 0: a run asked for its trace, and a script reading it must learn it is missing. */
+  if (trace_write(&r->trace, r->a.trace, g_rank, r->st->nstages, msg, sizeof msg)) die(2, "%s", msg);
   trace_free(&r->trace);
 }
 
@@ -194,15 +199,17 @@ static void finish_run(Run *r, StepLog *sl, int threads) {
   r->rss_peak = rss_anon();
   r->rss_overhead = r->rss_peak - resident_bytes(st->arena, st->arena_bytes);
   r->t_total = now() - sl->t_start;
-  write_trace(r);
-  report_close(r, sl);
-  write_profile(r, threads);
+  /* The trained weights first: a trace, log or profile that cannot be written (a full disk) stops the
+   * run with an error, and must not cost the weights on its way. */
   if (r->freeze_to) freeze_write(r); /* and no --save: the run goes on in the re-planned program */
   else if (r->a.save) {
     agree(weights_finite(r, "the model (--save)", msg, sizeof msg) == 0, msg);
     weights_to_host(r);
     pr_save_onnx(st, r->a.save, pr_stage_dir());
   }
+  write_trace(r);
+  report_close(r, sl);
+  write_profile(r, threads);
   report_summary(r, sl);
 }
 

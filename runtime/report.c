@@ -7,8 +7,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "run.h"
+
+/* A row of --log or LOG.val.csv is out: flushed now, so that a write that
+ * fails (a full disk) stops the run at the row it could not write, with the
+ * reason, rather than the CSV ending mid-line and the run exiting 0.  A
+ * regular file is cut back to `at`, its size before the row: the rows before
+ * are whole, and a resumed run appends after them. */
+void log_row_end(FILE *f, long long at, const char *path, const char *what) {
+  errno = 0;
+  if (fflush(f) == 0 && !ferror(f)) return;
+  int err = errno ? errno : EIO;
+  struct stat sb;
+  int cut = at >= 0 && fstat(fileno(f), &sb) == 0 && S_ISREG(sb.st_mode) && ftruncate(fileno(f), (off_t)at) == 0;
+  die(2, "--log: cannot write %s (%s): %s; stopping%s", path, what, strerror(err), cut ? " (the rows before it are whole)" : "");
+}
 
 /* --log FILE (the loss rank): the step rows, and with --val LOG.val.csv; a resumed run appends. */
 void report_open(Run *r, StepLog *sl) {
@@ -18,19 +34,27 @@ void report_open(Run *r, StepLog *sl) {
   int cont = r->a.resume || r->a.resume_freeze;
   sl->log = fopen(r->a.log, cont ? "a" : "w");
   if (!sl->log) die(2, "cannot write --log %s: %s", r->a.log, strerror(errno));
+  fseeko(sl->log, 0, SEEK_END); /* ftello is the rows' end from the start (log_row_end), appending too */
   if (!cont) fprintf(sl->log, "step,loss,samples_per_s,time_s\n");
+  log_row_end(sl->log, cont ? -1 : 0, r->a.log, "its header");
   if (r->a.val) { /* LOG.val.csv: the held-out set's loss and accuracy */
-    char vpath[4200];
-    snprintf(vpath, sizeof vpath, "%s.val.csv", r->a.log);
-    r->val_log = fopen(vpath, cont ? "a" : "w");
-    if (!r->val_log) die(2, "cannot write %s: %s", vpath, strerror(errno));
+    size_t n = strlen(r->a.log) + sizeof ".val.csv";
+    r->val_log_path = malloc(n);
+    snprintf(r->val_log_path, n, "%s.val.csv", r->a.log);
+    r->val_log = fopen(r->val_log_path, cont ? "a" : "w");
+    if (!r->val_log) die(2, "cannot write %s: %s", r->val_log_path, strerror(errno));
+    fseeko(r->val_log, 0, SEEK_END);
     if (!cont) fprintf(r->val_log, "step,val_loss,val_accuracy\n");
+    log_row_end(r->val_log, cont ? -1 : 0, r->val_log_path, "its header");
   }
 }
 
 void report_close(Run *r, StepLog *sl) {
-  if (sl->log) fclose(sl->log);
-  if (r->val_log) fclose(r->val_log);
+  if (sl->log && fclose(sl->log)) die(2, "cannot write --log %s: %s", r->a.log, strerror(errno));
+  if (r->val_log && fclose(r->val_log)) die(2, "cannot write %s: %s", r->val_log_path, strerror(errno));
+  sl->log = r->val_log = NULL;
+  free(r->val_log_path);
+  r->val_log_path = NULL;
 }
 
 /* After step r->step (its loss summed over its micro-batches on the loss
@@ -44,7 +68,13 @@ void end_step(Run *r, StepLog *sl, double loss, double dt) {
     sl->last_loss = loss;
     double elapsed = now() - sl->t_start, sps = st->batch / dt;
     double eta = elapsed / (double)(r->step + 1 - sl->first_step) * (double)(r->a.steps - r->step - 1);
-    if (sl->log) fprintf(sl->log, "%lld,%.9g,%.1f,%.6f\n", (long long)r->step + 1, loss, sps, r->elapsed0 + elapsed); /* the run's time */
+    if (sl->log) {
+      char what[64];
+      long long at = (long long)ftello(sl->log);
+      snprintf(what, sizeof what, "step %lld's row", (long long)r->step + 1);
+      fprintf(sl->log, "%lld,%.9g,%.1f,%.6f\n", (long long)r->step + 1, loss, sps, r->elapsed0 + elapsed); /* the run's time */
+      log_row_end(sl->log, at, r->a.log, what);
+    }
     if (!r->a.quiet)
       printf("step %lld/%lld  loss %.6f  %.1f samples/s  eta %.1f s\n", (long long)r->step + 1, (long long)r->a.steps, loss, sps, eta);
     fflush(stdout);

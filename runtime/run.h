@@ -127,6 +127,7 @@ typedef struct Run {
   double *gnorm, *gprev; /* --freeze auto: per layer, this interval's summed gradient norms and the last interval's */
   DataSet val;         /* --val: the held-out set (on the ranks that read data) */
   FILE *val_log;       /* --val with --log: LOG.val.csv */
+  char *val_log_path;
   int have_prev;
   int npoll_req; /* --progress poll: outstanding requests tested between nodes */
   int xfer_how;        /* how the offload file's copies ran: 0 no file, 1 io_uring, 2 an I/O thread (the summary) */
@@ -236,6 +237,7 @@ int weights_finite(const Run *r, const char *what, char *msg, size_t len);
 /* ckpt.c */
 void save_checkpoint(Run *r, const char *dir);
 void load_checkpoint(Run *r, const char *dir);
+int ckpt_lock(const char *dir, char *msg, size_t len);
 
 /* freeze.c */
 void freeze_start(Run *r);
@@ -250,5 +252,6 @@ void val_pass(Run *r, int64_t after);
 void report_open(Run *r, StepLog *sl);
 void end_step(Run *r, StepLog *sl, double loss, double dt);
 void report_close(Run *r, StepLog *sl);
+void log_row_end(FILE *f, long long at, const char *path, const char *what);
 void report_summary(Run *r, const StepLog *sl);
 #endif

@@ -5,13 +5,16 @@
  * once) and a manifest of which stage holds which initializer
  * (weights/manifest.txt).  Every stage sends its weights to stage 0, which
  * fills in those initializers' data (as raw_data) and writes the file under a
- * temporary name, renamed into place when complete. */
+ * temporary name, renamed into place when complete (write_model). */
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "onnx.pb-c.h"
 #include "piperun.h"
@@ -49,6 +52,31 @@ static int unescape_name(char *s) {
   }
   *o = 0;
   return 0;
+}
+
+/* The packed model to path, by path.tmp-PID (O_EXCL: this process's own, never
+ * a file of the user's) and a rename once it is synced.  A path that is there
+ * must be a regular file: the rename would replace a device node, a FIFO or a
+ * symbolic link (run.sh checked before step 1; the run may have been days).
+ * On any failure (a full disk, a file size limit) the temporary file goes. */
+static void write_model(const char *path, const uint8_t *out, size_t n) {
+  struct stat sb;
+  if (lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) fail("%s exists and is not a regular file%s; nothing written", path, "");
+  char tmp[4200];
+  snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666), err = fd < 0 ? errno : 0;
+  for (size_t done = 0; !err && done < n;) {
+    ssize_t k = write(fd, out + done, n - done);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) err = k < 0 ? errno : EIO;
+    else done += (size_t)k;
+  }
+  if (fd >= 0 && !err && fsync(fd)) err = errno;
+  if (fd >= 0 && close(fd) && !err) err = errno;
+  if (!err && rename(tmp, path)) err = errno;
+  if (!err) return;
+  if (fd >= 0) unlink(tmp);
+  fail("cannot write %s: %s", path, strerror(err));
 }
 
 void pr_save_onnx(const PrStage *st, const char *path, const char *dir) {
@@ -112,10 +140,7 @@ void pr_save_onnx(const PrStage *st, const char *path, const char *dir) {
   uint8_t *out = malloc(out_len);
   onnx__model_proto__pack(m, out);
   onnx__model_proto__free_unpacked(m, NULL);
-  char tmp[4200];
-  snprintf(tmp, sizeof tmp, "%s.tmp", path);
-  FILE *f = fopen(tmp, "wb");
-  if (!f || fwrite(out, 1, out_len, f) != out_len || fclose(f) || rename(tmp, path)) fail("cannot write %s: %s", path, strerror(errno));
+  write_model(path, out, out_len);
   free(out);
   for (int s = 1; s < st->nstages; s++) free(w[s]);
   free(w);

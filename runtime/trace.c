@@ -4,10 +4,14 @@
  * thread_name metadata events. */
 #include "trace.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "piperun.h"
 
@@ -44,7 +48,33 @@ static char *format_events(const PrTrace *t, int rank, long *len) {
   return s;
 }
 
-int trace_write(PrTrace *t, const char *path, int rank, int nranks) {
+/* Rank 0: the file.  A new or regular path is written as PATH.tmp-PID
+ * (O_EXCL: this process's own) and renamed over it once complete, so a full
+ * disk leaves the old file or none, never JSON cut short; anything else
+ * (/dev/stdout, a pipe) is written in place, and never renamed over.  0, or
+ * -1 with msg (the temporary file removed). */
+static int write_file(const char *path, const char *events, long n, char *msg, size_t len) {
+  struct stat sb;
+  char tmp[4200];
+  int direct = lstat(path, &sb) == 0 && !S_ISREG(sb.st_mode);
+  snprintf(tmp, sizeof tmp, "%s.tmp-%ld", path, (long)getpid());
+  int fd = direct ? open(path, O_WRONLY | O_TRUNC | O_CLOEXEC) : open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+  FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+  int err = f ? 0 : errno ? errno : EIO;
+  if (f) {
+    errno = 0;
+    if (fprintf(f, "{\"traceEvents\": [\n%.*s\n], \"displayTimeUnit\": \"ms\"}\n", (int)n, events) < 0 || fflush(f))
+      err = errno ? errno : EIO;
+    if (!err && !direct && fsync(fileno(f))) err = errno;
+    if (fclose(f) && !err) err = errno ? errno : EIO;
+  } else if (fd >= 0) close(fd);
+  if (!err && !direct && rename(tmp, path)) err = errno;
+  if (!err) return 0;
+  if (!direct && fd >= 0) unlink(tmp);
+  return snprintf(msg, len, "cannot write --trace %s: %s", path, strerror(err)), -1;
+}
+
+int trace_write(PrTrace *t, const char *path, int rank, int nranks, char *msg, size_t msglen) {
   long len;
   char *mine = format_events(t, rank, &len);
   int ilen = len > 1 << 30 ? 1 << 30 : (int)len, *lens = NULL, *displs = NULL;
@@ -61,9 +91,7 @@ int trace_write(PrTrace *t, const char *path, int rank, int nranks) {
   if (rank == 0) {
     /* Drop the last ",\n" so the array is valid JSON. */
     while (total > 0 && (all[total - 1] == '\n' || all[total - 1] == ',')) total--;
-    FILE *f = fopen(path, "w");
-    rc = !f || fprintf(f, "{\"traceEvents\": [\n%.*s\n], \"displayTimeUnit\": \"ms\"}\n", (int)total, all) < 0 ? -1 : 0;
-    if (f && fclose(f)) rc = -1;
+    rc = write_file(path, all, total, msg, msglen);
   }
   free(mine), free(all), free(lens), free(displs);
   return rc;

@@ -3,6 +3,7 @@
  * Perfetto, and the SVG tool read it). */
 #ifndef PIPERUN_TRACE_H
 #define PIPERUN_TRACE_H
+#include <stddef.h>
 #include <stdint.h>
 
 typedef struct PrEvent {
@@ -33,7 +34,7 @@ static inline void trace_add(PrTrace *t, int kind, int mb, int slot, int64_t ste
 static inline void trace_exposed(PrTrace *t, double exposed) {
   if (t->cap && t->n > 0 && t->ev[t->n - 1].kind == -1) t->ev[t->n - 1].exposed = exposed;
 }
-/* Collective: every rank's events go to rank 0, which writes path; 0 or -1. */
-int trace_write(PrTrace *t, const char *path, int rank, int nranks);
+/* Collective: every rank's events go to rank 0, which writes path; 0, or -1 with msg (rank 0). */
+int trace_write(PrTrace *t, const char *path, int rank, int nranks, char *msg, size_t msglen);
 void trace_free(PrTrace *t);
 #endif

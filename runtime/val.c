@@ -102,7 +102,13 @@ void val_pass(Run *r, int64_t after) {
   double rows = (double)nb * st->microbatches * st->loss_rows;
   loss /= rows;
   if (!r->a.quiet) printf("validation after step %lld: loss %.6f, accuracy %.2f%% (%.0f rows)\n", (long long)after, loss, 100 * hits / rows, rows);
-  if (r->val_log) fprintf(r->val_log, "%lld,%.9g,%.9g\n", (long long)after, loss, hits / rows), fflush(r->val_log);
+  if (r->val_log) {
+    char what[64];
+    long long at = (long long)ftello(r->val_log);
+    snprintf(what, sizeof what, "the row after step %lld", (long long)after);
+    fprintf(r->val_log, "%lld,%.9g,%.9g\n", (long long)after, loss, hits / rows);
+    log_row_end(r->val_log, at, r->val_log_path, what);
+  }
   fflush(stdout);
 }
 

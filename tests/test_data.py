@@ -10,6 +10,7 @@ Run with /usr/bin/python3."""
 import math
 import os
 import shutil
+import stat
 import struct
 import subprocess
 import sys
@@ -91,6 +92,50 @@ def main():
     return tally.finish()
 
 
+def refuses_to_replace(gen, T):
+    """piperun-data replaces a file that is there only with --force, and never one that is not a regular file:
+    its rename put the data in place of a device node (as root, `tokens /dev/null` replaced the system's)."""
+    R = os.path.join(T, "replace")
+    os.makedirs(R)
+    tok, mn = os.path.join(R, "tok.bin"), os.path.join(R, "mnist")
+    rc, _, err = run(gen, "tokens", tok, "--n", "100")
+    rc2, _, err2 = run(gen, "mnist", mn, "--n", "10")
+    if not check(rc == 0 and rc2 == 0, "piperun-data writes the sets the next checks try to replace", err + err2):
+        return
+    images, labels = os.path.join(mn, "train-images-idx3-ubyte"), os.path.join(mn, "train-labels-idx1-ubyte")
+    before = [open(f, "rb").read() for f in (tok, images, labels)]
+    rc, _, err = run(gen, "tokens", tok, "--n", "300")
+    rc2, _, err2 = run(gen, "mnist", mn, "--n", "20")
+    check(rc == 1 and rc2 == 1 and "tok.bin exists" in err and "--force" in err and "train-images-idx3-ubyte exists" in err2
+          and [open(f, "rb").read() for f in (tok, images, labels)] == before and sanitizer_clean(err + err2),
+          "piperun-data refuses to replace an existing data file without --force, naming it, the file unchanged: " + err.strip(),
+          err + err2)
+    os.remove(images)  # the labels alone: refused before the images are written
+    rc, _, err = run(gen, "mnist", mn, "--n", "20")
+    check(rc == 1 and "train-labels-idx1-ubyte exists" in err and not os.path.exists(images) and open(labels, "rb").read() == before[2],
+          "piperun-data mnist checks both files before writing either (the labels there: no images written)", err)
+    rc, _, err = run(gen, "tokens", tok, "--n", "300", "--force")
+    check(rc == 0 and os.path.getsize(tok) == 600, "piperun-data --force replaces a regular file", err)
+    fifo, link = os.path.join(R, "fifo.bin"), os.path.join(R, "link.bin")
+    os.mkfifo(fifo)
+    os.symlink(tok, link)
+    targets = [(fifo, "a FIFO", stat.S_ISFIFO), (link, "a symbolic link", stat.S_ISLNK)]
+    null = os.path.join(R, "null")
+    try:  # a device node of our own (as root): /dev/null's numbers
+        os.mknod(null, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        targets.append((null, "a device", stat.S_ISCHR))
+    except OSError as e:
+        tally.skip("piperun-data --force refuses to replace a device node", f"cannot make one here ({e.strerror})")
+    size = os.path.getsize(tok)
+    for path, what, is_kind in targets:
+        rc, _, err = run(gen, "tokens", path, "--n", "100", "--force")
+        check(rc == 1 and "not a regular file" in err and what in err and is_kind(os.lstat(path).st_mode) and os.path.getsize(tok) == size,
+              f"piperun-data --force refuses to replace {what}, which stays: " + err.strip(), err)
+    rc, _, err = run(gen, "cifar", os.path.join(R, "cifar"), "--n", "10")
+    rc2, _, err2 = run(gen, "cifar", os.path.join(R, "cifar"), "--n", "10", "--test")
+    check(rc == 0 and rc2 == 0, "a new file beside existing ones needs no --force (--test's files beside the training set's)", err + err2)
+
+
 def body(T):
     probe, gen = os.path.join(T, "data_probe"), os.path.join(T, "piperun-data")
     # ---- build ----
@@ -170,6 +215,7 @@ def body(T):
     rc2, _, err2 = run(gen, "mnist", os.path.join(blocker, "d"))
     check(rc == 1 and rc2 == 1 and "error" in err and "error" in err2 and sorted(os.listdir(T)).count("afile") == 1 and open(blocker).read() == "x",
           "piperun-data into an impossible path: a message, exit 1 (%s)" % err.strip(), err + err2)
+    refuses_to_replace(gen, T)
     leftovers = [f for d in (T, M, C) for f in os.listdir(d) if ".tmp-" in f]
     check(not leftovers, "no temporary files left behind", leftovers)
 

@@ -10,7 +10,19 @@
     the run stops it with a message naming the file (not SIGBUS); a stopped
     stage (kill -STOP) ends the job after --timeout naming the stage;
   NaN: a NaN bias before a ReLU stops the run naming NaN (it used to become 0
-    and exit 0), and --save / checkpoints refuse weights that are not finite.
+    and exit 0), and --save / checkpoints refuse weights that are not finite;
+  nothing of the user's damaged (issue 34, items 7, 8, 10-12): --save over a
+    FIFO, a symbolic link or a device node is refused before step 1; the
+    clean-up after a commit leaves a user's step-size-sweep/ and the files in a
+    step folder it did not write; a second run on a checkpoint directory is
+    refused naming the first, which goes on; --log and --trace to /dev/full,
+    and --save, --trace and --log past a file size limit, stop the run with the
+    reason, leave no temporary file, no trace cut short (the old one stays) and
+    a log of whole rows; the model's file name holds a newline (every
+    checkpoint here resumes with it).
+
+The file size limits are set from outside (prlimit) on a running rank: Open
+MPI's own files at start-up need more room than the limit leaves.
 
 Issue 34, items 1 and 14, crashes on data:
   Gather indices computed from the data (an ArgMax over the pixels, a Cast of
@@ -27,8 +39,10 @@ The crash points come from the runtime's testing hook PIPERUN_CRASH_AT=R:K
 /usr/bin/python3; prints ok / not ok lines and "N passed, M failed, K skipped, R refused" (tests/tally.py)."""
 import glob
 import os
+import resource
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -211,6 +225,7 @@ def test_crash_points(run, data, tmp, full):
     r = sh([run, "--data", data, "--steps", "2", "--quiet", "--checkpoint", base, "--checkpoint-every", "2"])
     if not check(r.returncode == 0 and manifest_step(base) == 2, f"a checkpoint at step 2 is committed ({errors(r)})"):
         return
+    shared_tmp = []
     for rank in (0, 1):
         resumed, bad, points = [], [], 0
         for k in range(1, 40):
@@ -222,6 +237,8 @@ def test_crash_points(run, data, tmp, full):
             if c.returncode == 0:
                 break  # k is past the last point: the run finished
             points += 1
+            if os.path.exists(os.path.join(ck, "MANIFEST.tmp")):
+                shared_tmp.append(f"stage {rank} point {k}")
             out = os.path.join(tmp, f"crash-{rank}-{k}.onnx")
             step = manifest_step(ck)
             r = sh([run, "--data", data, "--steps", "6", "--quiet", "--resume", ck, "--save", out])
@@ -235,6 +252,8 @@ def test_crash_points(run, data, tmp, full):
               f"stage {rank} killed at each of its {points} checkpoint points: the last committed checkpoint resumed every time "
               f"(from step 2 x{resumed.count(2)}, step 4 x{resumed.count(4)}) to weights bit-identical to 6 steps straight"
               + (f"; failures: {bad[:3]}" if bad else ""))
+    check(not shared_tmp, "no crash left a MANIFEST.tmp in the checkpoint directory, where two runs would share it (each checkpoint's "
+          f"is in its own step folder){': ' + ', '.join(shared_tmp[:4]) if shared_tmp else ''}")
 
 
 def test_refusals(run, data, tmp, pipe_other):
@@ -401,6 +420,145 @@ def test_token_data(tmp):
     check(rc is not None and 0 < rc < 128 and named and "65535" in named[0],
           f"a token file rewritten in place during the run stops it (rc {rc}, {took:.1f} s) naming the file and the id: "
           f"{named[0][:300] if named else err[-300:]}")
+# ---- issue 34: nothing of the user's damaged, every failed write said ----
+
+def test_save_target(run, data, tmp):
+    """--save PATH renamed the model over whatever PATH was: as root, --save /dev/null replaced /dev/null (item 7)."""
+    fifo, link, elsewhere, dev = (os.path.join(tmp, n) for n in ("save.fifo", "save-link.onnx", "elsewhere.onnx", "save-null"))
+    os.mkfifo(fifo)
+    os.symlink(elsewhere, link)
+    targets = [(fifo, "a FIFO", stat.S_ISFIFO), (link, "a symbolic link", stat.S_ISLNK)]
+    try:  # a device node of our own, /dev/null's numbers (as root)
+        os.mknod(dev, 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+        targets.append((dev, "a device", stat.S_ISCHR))
+    except OSError as e:
+        tally.skip("--save over a device node is refused", f"cannot make one here ({e.strerror})")
+    for path, what, is_kind in targets:
+        r = sh([run, "--data", data, "--steps", "2", "--save", path])
+        check(r.returncode != 0 and "step 1/" not in r.stdout and "not a regular file" in r.stderr and what in r.stderr
+              and is_kind(os.lstat(path).st_mode) and not os.path.exists(elsewhere),
+              f"--save over {what} is refused before step 1, which stays: {errors(r)}")
+
+
+def test_cleanup_keeps_users_files(run, data, tmp):
+    """The clean-up after a commit emptied every step-* folder (a user's step-size-sweep/results.csv went) (item 8)."""
+    ck = os.path.join(tmp, "ck-user")
+    mine = {os.path.join(ck, "step-size-sweep", "results.csv"): "lr,loss\n0.1,0.5\n",
+            os.path.join(ck, "step-00000001-0badf00d", "notes.txt"): "the good run\n"}
+    for path, text in mine.items():
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        open(path, "w").write(text)
+    r = sh([run, "--data", data, "--steps", "3", "--quiet", "--checkpoint", ck, "--checkpoint-every", "1"])
+    kept = all(os.path.exists(p) and open(p).read() == t for p, t in mine.items())
+    with_files = sorted(os.path.basename(os.path.dirname(f)) for f in glob.glob(os.path.join(ck, "step-*", "*.ckpt")))
+    check(r.returncode == 0 and manifest_step(ck) == 3 and kept and len(set(with_files)) == 1,
+          f"checkpoints at steps 1, 2, 3 leave a user's step-size-sweep/results.csv and the notes in a step-<S>-<id> folder, "
+          f"the older checkpoints removed (stage files in {sorted(set(with_files))}) {errors(r)}")
+
+
+def test_lock(run, data, tmp, pipe):
+    """Two runs on one checkpoint directory: the second killed the first's checkpoints (item 10)."""
+    ck = os.path.join(tmp, "ck-lock")
+    p = start_long(run, ["--data", data, "--checkpoint", ck, "--checkpoint-every", "5"], os.path.join(tmp, "lock.csv"))
+    deadline = time.time() + 30
+    while time.time() < deadline and p.poll() is None and manifest_step(ck) < 0:
+        time.sleep(0.1)
+    first = stage_pids(pipe, 0)
+    if not check(first and p.poll() is None and manifest_step(ck) > 0, "the first run is checkpointing"):
+        kill_leftovers(pipe)
+        finish(p, 30)
+        return
+    r = sh([run, "--data", data, "--steps", "3", "--quiet", "--checkpoint", ck, "--checkpoint-every", "1"])
+    alive = p.poll() is None
+    check(r.returncode != 0 and "another run" in r.stderr and f"pid {first[0]} " in r.stderr and pipe in r.stderr and alive,
+          f"a second run on the checkpoint directory is refused, naming the first (its pid and stages), which goes on: {errors(r)}")
+    os.kill(first[0], signal.SIGKILL)  # the first, killed: its lock goes with it
+    finish(p, 30)
+    kill_leftovers(pipe)
+    step = manifest_step(ck)
+    r = sh([run, "--data", data, "--steps", str(step + 1), "--quiet", "--resume", ck, "--checkpoint", ck, "--checkpoint-every", "1"])
+    check(r.returncode == 0 and manifest_step(ck) == step + 1,
+          f"after the first run is killed (-9) its last checkpoint (step {step}) resumes, and checkpoints there again: no stale lock "
+          f"{errors(r)}")
+
+
+def rows(path):
+    try:
+        return sum(1 for _ in open(path))
+    except OSError:
+        return 0
+
+
+def limited_run(run, data, pipe, rank, limit, args, log):
+    """A 400-step run whose `rank` may write at most limit(bytes of the log now) bytes per file (RLIMIT_FSIZE) once the
+    log has rows: set from outside with the rank stopped meanwhile, since Open MPI's files at start-up need more.
+    (rc, stderr), or (None, why) when the run ended first."""
+    p = subprocess.Popen([run, "--data", data, "--steps", "400", "--quiet", "--log", log, *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while time.time() < deadline and p.poll() is None and rows(log) < 2:
+        time.sleep(0.02)
+    pid = stage_pids(pipe, rank)
+    if p.poll() is not None or not pid:
+        finish(p, 30)
+        return None, "the run ended before the limit was set"
+    os.kill(pid[0], signal.SIGSTOP)
+    n = limit(os.path.getsize(log))
+    try:
+        resource.prlimit(pid[0], resource.RLIMIT_FSIZE, (n, n))
+    finally:
+        os.kill(pid[0], signal.SIGCONT)
+    rc, err, _ = finish(p, 120)
+    kill_leftovers(pipe)
+    return rc, err
+
+
+def tmp_files(d):
+    return [f for f in os.listdir(d) if ".tmp" in f]
+
+
+def test_write_failures(run, data, tmp, pipe):
+    """--log and --trace ignored failed writes (exit 0, a CSV cut mid-line, truncated JSON); a failed --save left
+    FILE.tmp (item 11)."""
+    r = sh([run, "--data", data, "--steps", "3", "--quiet", "--log", "/dev/full"])
+    check(r.returncode != 0 and "--log" in r.stderr and "/dev/full" in r.stderr and "No space left" in r.stderr,
+          f"--log /dev/full stops the run with the reason: {errors(r)}")
+    r = sh([run, "--data", data, "--steps", "3", "--quiet", "--trace", "/dev/full"])
+    check(r.returncode != 0 and "--trace /dev/full" in r.stderr and "No space left" in r.stderr,
+          f"--trace /dev/full: a non-zero exit with the reason, not a warning and exit 0: {errors(r)}")
+    d = os.path.join(tmp, "fsize")
+    os.makedirs(d)
+    out = os.path.join(d, "trained.onnx")
+    rc, err = limited_run(run, data, pipe, 0, lambda _: 100000, ["--save", out], os.path.join(d, "save.csv"))
+    check(rc not in (None, 0) and "trained.onnx" in err and "File too large" in err and not os.path.exists(out) and not tmp_files(d),
+          f"--save past a file size limit (100 kB, the model 1 MB): the reason, no model, no temporary file left "
+          f"{tmp_files(d)}: {' | '.join(l for l in err.splitlines() if 'piperun' in l or 'signal' in l)[:300]}")
+    trace = os.path.join(d, "run.json")
+    r = sh([run, "--data", data, "--steps", "2", "--quiet", "--trace", trace])
+    old = open(trace).read() if r.returncode == 0 else None
+    rc, err = limited_run(run, data, pipe, 0, lambda _: 100000, ["--trace", trace], os.path.join(d, "trace.csv"))
+    check(old and rc not in (None, 0) and "--trace" in err and "File too large" in err and open(trace).read() == old and not tmp_files(d),
+          f"--trace past a file size limit: the reason, the old trace whole (not JSON cut short), no temporary file "
+          f"{tmp_files(d)}: {' | '.join(l for l in err.splitlines() if 'piperun' in l or 'signal' in l)[:300]}")
+    log = os.path.join(d, "cut.csv")
+    rc, err = limited_run(run, data, pipe, 1, lambda size: size + 150, [], log)  # stage 1 has the loss: it writes the log
+    text = open(log).read() if os.path.exists(log) else ""
+    lines = text.splitlines()
+    whole = text.endswith("\n") and lines[0] == "step,loss,samples_per_s,time_s" and all(
+        len(l.split(",")) == 4 for l in lines[1:]) and [int(l.split(",")[0]) for l in lines[1:]] == list(range(1, len(lines)))
+    check(rc not in (None, 0) and "--log" in err and "File too large" in err and whole,
+          f"--log past a file size limit: the reason, and the log's rows whole ({len(lines) - 1} rows, ends "
+          f"{text[-20:]!r}): {' | '.join(l for l in err.splitlines() if 'piperun' in l or 'signal' in l)[:300]}")
+
+
+def test_newline_name(run, data, tmp):
+    """The model's file name holds a newline (these plans are compiled from one): the manifest wrote the name on two
+    lines, and no checkpoint of such a model could be resumed (item 12)."""
+    ck = os.path.join(tmp, "ck-newline")
+    a = sh([run, "--data", data, "--steps", "2", "--quiet", "--checkpoint", ck, "--checkpoint-every", "2"])
+    b = sh([run, "--data", data, "--steps", "3", "--quiet", "--resume", ck])
+    check(a.returncode == 0 and b.returncode == 0 and manifest_step(ck) == 2,
+          f"a model whose file name holds a newline: its checkpoint resumes {errors(a)}{errors(b)}")
 
 
 def main():
@@ -412,7 +570,9 @@ def main():
         r = sh([DATAGEN, "mnist", data, "--n", "1280", "--seed", "1"])
         if not check(r.returncode == 0, f"synthetic MNIST written ({r.stderr.strip()})"):
             return tally.finish()
-        mlp = os.path.join(ROOT, "onnx_models", "mlp.onnx")
+        # The model's file name holds a newline (issue 34 item 12): every checkpoint below is of such a model.
+        mlp = os.path.join(tmp, "ml\np.onnx")
+        shutil.copy(os.path.join(ROOT, "onnx_models", "mlp.onnx"), mlp)
         pipe, other = os.path.join(tmp, "mlp.pipe"), os.path.join(tmp, "mlp-b32.pipe")
         err = build(mlp, pipe) or build(mlp, other, batch=32, mb=2)
         if not check(not err, f"the MLP compiled for 2 stages, batch 64 / 4 and batch 32 / 2 micro-batches ({err.strip()[-300:]})"):
@@ -429,7 +589,12 @@ def main():
                                ("stopped stage", test_stopped_stage, (run, data, tmp, pipe)),
                                ("NaN", test_nan, (data, tmp)),
                                ("Gather indices from the data", test_gather_from_data, (data, tmp)),
-                               ("token data", test_token_data, (tmp,))):
+                               ("token data", test_token_data, (tmp,)),
+                               ("--save's target", test_save_target, (run, data, tmp)),
+                               ("clean-up", test_cleanup_keeps_users_files, (run, data, tmp)),
+                               ("lock", test_lock, (run, data, tmp, pipe)),
+                               ("write failures", test_write_failures, (run, data, tmp, pipe)),
+                               ("newline", test_newline_name, (run, data, tmp))):
             try:
                 fn(*args)
             except Exception as e:  # one broken part must not hide the others' results

@@ -25,8 +25,11 @@
  *       attention has the rest to find.
  *
  * Deterministic for a given seed (splitmix64, data.c).  Files are written under a temporary name
- * and renamed into place, so a failure leaves no half-written file.  Bad arguments: usage on
- * stderr, exit 2; I/O failure: a message, exit 1. */
+ * and renamed into place, so a failure leaves no half-written file.  A file that is already there
+ * is replaced only with --force, and only if it is a regular file: the rename would put the data in
+ * place of a device node, a FIFO or a symbolic link (as root, `tokens /dev/null` replaced the
+ * system's /dev/null).  Every file is checked before any is written.  Bad arguments: usage on
+ * stderr, exit 2; I/O failure or a file in the way: a message, exit 1. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -41,6 +44,7 @@ static const char *USAGE =
     "usage: piperun-data mnist  DIR  [--n N] [--seed S] [--noise SD] [--test]   (default n 6000, noise 0.1)\n"
     "       piperun-data cifar  DIR  [--n N] [--seed S] [--noise SD] [--test]   (default n 5000, noise 0.1)\n"
     "       piperun-data tokens FILE [--n N] [--vocab V] [--seed S] [--llmc]   (default n 200000, vocab 64)\n"
+    "       --force: replace files that are there (regular files only)\n"
     "writes a learnable synthetic data set in the MNIST IDX, CIFAR-10 binary or uint16 token format\n";
 
 static void usage(const char *why) {
@@ -64,6 +68,23 @@ typedef struct Out {
   char final[4096], tmp[4200];
   FILE *f;
 } Out;
+
+/* A file about to be written: new, or (--force) a regular file; else a message and exit 1. */
+static int g_force; /* --force */
+static void check_dest(const char *path) {
+  struct stat st;
+  if (lstat(path, &st) != 0) return;
+  if (!S_ISREG(st.st_mode)) {
+    const char *what = S_ISDIR(st.st_mode) ? "a directory" : S_ISLNK(st.st_mode) ? "a symbolic link" :
+                       S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a socket";
+    fprintf(stderr, "piperun-data: error: %s exists and is not a regular file (%s); not replacing it\n", path, what);
+    exit(1);
+  }
+  if (!g_force) {
+    fprintf(stderr, "piperun-data: error: %s exists; add --force to replace it\n", path);
+    exit(1);
+  }
+}
 
 static void out_open(Out *o, const char *path) {
   snprintf(o->final, sizeof o->final, "%s", path);
@@ -171,6 +192,15 @@ static void render(const float *tmpl, int h, int w, int nc, const double *colour
 /* test: the held-out files (MNIST t10k-*, CIFAR-10 test_batch.bin): the same classes (templates and
  * colours come from the seed), other samples (a random stream of their own). */
 static void gen_images(const char *dir, int64_t n, uint64_t seed, int cifar, int test) {
+  char p[4096], q[4096]; /* the files: MNIST's images and labels, or CIFAR-10's one */
+  if (!cifar) {
+    snprintf(p, sizeof p, "%s/%s-images-idx3-ubyte", dir, test ? "t10k" : "train");
+    snprintf(q, sizeof q, "%s/%s-labels-idx1-ubyte", dir, test ? "t10k" : "train");
+    check_dest(p), check_dest(q); /* both before either is written */
+  } else {
+    snprintf(p, sizeof p, "%s/%s.bin", dir, test ? "test_batch" : "data_batch_1");
+    check_dest(p);
+  }
   int nc = cifar ? 3 : 1, h = cifar ? 32 : 28, w = h;
   size_t chw = (size_t)nc * h * w;
   static float tmpl[10][MAXS * MAXS];
@@ -197,13 +227,10 @@ static void gen_images(const char *dir, int64_t n, uint64_t seed, int cifar, int
   unsigned char *img = malloc(chw);
   if (!img) exit(1);
   Rng sr = rng_new(seed, test ? 3 : 2);
-  char p[4096];
   if (!cifar) {
     Out o[2];
-    snprintf(p, sizeof p, "%s/%s-images-idx3-ubyte", dir, test ? "t10k" : "train");
     out_open(&o[0], p);
-    snprintf(p, sizeof p, "%s/%s-labels-idx1-ubyte", dir, test ? "t10k" : "train");
-    out_open(&o[1], p);
+    out_open(&o[1], q);
     put_be32(o[0].f, 0x803), put_be32(o[0].f, (uint32_t)n), put_be32(o[0].f, 28), put_be32(o[0].f, 28);
     put_be32(o[1].f, 0x801), put_be32(o[1].f, (uint32_t)n);
     double bg[1] = {0.0};
@@ -222,7 +249,6 @@ static void gen_images(const char *dir, int64_t n, uint64_t seed, int cifar, int
     }
   } else {
     Out o;
-    snprintf(p, sizeof p, "%s/%s.bin", dir, test ? "test_batch" : "data_batch_1");
     out_open(&o, p);
     for (int64_t i = 0; i < n; i++) {
       int k = below(&sr, 10);
@@ -239,6 +265,7 @@ static void gen_images(const char *dir, int64_t n, uint64_t seed, int cifar, int
 }
 
 static void gen_tokens(const char *path, int64_t n, int vocab, uint64_t seed, int llmc) {
+  check_dest(path);
   uint16_t *succ = malloc(sizeof(uint16_t) * 2 * (size_t)vocab);
   unsigned char *bit = malloc((size_t)vocab);
   if (!succ || !bit) exit(1);
@@ -328,6 +355,8 @@ int main(int argc, char **argv) {
       }
     } else if (!strcmp(f, "--llmc") && kind == DATA_TOKENS)
       llmc = 1;
+    else if (!strcmp(f, "--force"))
+      g_force = 1;
     else {
       char msg[256];
       snprintf(msg, sizeof msg, "%s '%s' for %s", (!strcmp(f, "--n") || !strcmp(f, "--seed") || !strcmp(f, "--vocab") || !strcmp(f, "--noise")) && !more

@@ -39,14 +39,15 @@ def run(cmd, **kw):
 
 
 def make_data():
+    """The data sets in .gpu/data (--force: prepare run again writes the same bytes over its own files)."""
     d = os.path.join(OUT, "data")
     os.makedirs(d, exist_ok=True)
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     import test_parity  # noqa: E402  (its MNIST-format data set: bars whose place depends on the label)
     imgs, labels = test_parity.make_dataset(32 * 10, seed=0)
     test_parity.write_dataset(os.path.join(d, "mnist"), imgs, labels)
-    run([os.path.join(ROOT, "bin", "piperun-data"), "cifar", os.path.join(d, "cifar"), "--n", "320", "--seed", "3"])
-    run([os.path.join(ROOT, "bin", "piperun-data"), "tokens", os.path.join(d, "tokens.bin"), "--n", "20000", "--vocab", "64", "--seed", "5"])
+    run([os.path.join(ROOT, "bin", "piperun-data"), "cifar", os.path.join(d, "cifar"), "--n", "320", "--seed", "3", "--force"])
+    run([os.path.join(ROOT, "bin", "piperun-data"), "tokens", os.path.join(d, "tokens.bin"), "--n", "20000", "--vocab", "64", "--seed", "5", "--force"])
     return {"mnist": os.path.join(d, "mnist"), "cifar": os.path.join(d, "cifar"), "tokens": os.path.join(d, "tokens.bin")}
 
 
@@ -135,7 +136,7 @@ def bench_plans():
     """.gpu/bench/<model>_<precision>/ with bench.json; GPT-2 small's weights (500 MB) stay behind, bench.py
     makes random ones there.  Needs onnx_models/large/ (make models) for GPT-2 small, else it is skipped."""
     run([os.path.join(ROOT, "bin", "piperun-data"), "tokens", os.path.join(OUT, "data", "tokens_gpt2.bin"), "--n", "60000", "--vocab",
-         "50257", "--seed", "7"])
+         "50257", "--seed", "7", "--force"])
     for name, (path, batch, seq, vocab, data) in BENCH.items():
         if not os.path.exists(os.path.join(ROOT, path)):
             print(f"prepare: bench {name}: {path} is missing (make models): skipped")
