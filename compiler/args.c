@@ -32,6 +32,8 @@ static void usage(FILE *f) {
         "  --fb-split NF         pipefb: the first NF ranks run forwards, the rest backwards (default: the planner's)\n"
         "  --frozen FILE         freeze the first N parameterised layers FILE names ('pipecc-frozen 1' then\n"
         "                        'layers N'): their weights become constants, with no gradient or optimizer state\n"
+        "  --constant NAME[,NAME...]  initializers that are constants, never trained: buffers a model registered\n"
+        "                        (a causal mask, positions); an initializer holding NaN or an infinity always is one\n"
         "  --route direct|relay  a value that skips ranks goes straight to the ranks that read it (default), or\n"
         "                        through every rank between (pipefb always relays)\n"
         "  --conv auto|gemm|dnnl  how convolutions run: oneDNN where it measured faster (default), im2col + GEMM\n"
@@ -218,6 +220,10 @@ static int flag_plan(Options *o, const char *a, const char *val, int *i, const c
   } else if (!strcmp(a, "--frozen")) {
     NEEDVAL();
     o->frozen = val;
+  } else if (!strcmp(a, "--constant")) {
+    NEEDVAL();
+    if (!*val) return bad("--constant needs initializer names (NAME[,NAME...])%s%s", "", "");
+    o->constants[o->nconstants++] = val; /* the names are checked against the model once it is loaded (driver.c) */
   } else if (!strcmp(a, "--route")) {
     NEEDVAL();
     if (!strcmp(val, "direct")) o->relay = 0;
@@ -368,6 +374,11 @@ int args_parse(int argc, char **argv, Options *o) {
   kept = calloc((size_t)argc + 1, sizeof *kept);
   if (!kept) return 2;
   o->args = kept;
+  static const char **constants; /* --constant's values, likewise */
+  free(constants);
+  constants = calloc((size_t)argc + 1, sizeof *constants);
+  if (!constants) return 2;
+  o->constants = constants;
   o->nstages = 1;
   o->schedule = SCHED_1F1B;
   o->recompute = 1;

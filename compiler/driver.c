@@ -29,6 +29,7 @@
 #include "onnx_load.h"
 #include "ops.h"
 #include "ops/conv.h"
+#include "ops/loss.h"
 #include "outdir.h"
 #include "pipefb.h"
 #include "planq.h"
@@ -48,10 +49,37 @@ int plan_build(Plan *p, const Options *o) {
   return plan_from_graph(p);
 }
 
+/* --constant NAME[,NAME...]: initializers that are constants, never trained (ops.c, mark_params).  A value that
+ * names an initializer whole is taken whole, so a name holding a comma can be given in a flag of its own. */
+static int declare_constants(Plan *p) {
+  Graph *g = &p->g;
+  for (int i = 0; i < p->opt.nconstants; i++) {
+    const char *v = p->opt.constants[i];
+    int whole = ir_find_tensor(g, v);
+    if (whole >= 0 && g->t[whole].is_initializer) {
+      g->t[whole].kept_const = KEPT_DECLARED;
+      continue;
+    }
+    for (const char *s = v;; s++) {
+      size_t len = strcspn(s, ",");
+      if (!len) return err_set("--constant '%s': an empty name (expected NAME[,NAME...])", v);
+      const char *name = pool_printf(&g->pool, "%.*s", (int)len, s);
+      int t = ir_find_tensor(g, name);
+      if (t < 0 || !g->t[t].is_initializer)
+        return err_set("--constant '%s': %s has no initializer '%s'%s", v, g->path, name,
+                       t < 0 ? "" : g->t[t].is_input ? " (it is a graph input)" : " (it is computed by a node)");
+      g->t[t].kept_const = KEPT_DECLARED;
+      s += len;
+      if (!*s) break;
+    }
+  }
+  return 0;
+}
+
 /* Bind, infer + fold, untie, fuse: the graph as it will run, and its compute nodes. */
 static int pass_graph(Plan *p) {
   Graph *g = &p->g;
-  if (bind_inputs(p)) return -1;
+  if (declare_constants(p) || bind_inputs(p)) return -1;
   if (infer_and_fold(g)) {
     /* Name the file too: the node alone may not say which model. */
     char msg[1024];
@@ -60,6 +88,8 @@ static int pass_graph(Plan *p) {
     return err_set("%s: %s", g->path, msg);
   }
   if (check_nonempty(g)) return -1;
+  /* A training program's output must pair with the labels (--dump-shapes only shows shapes, whatever they are). */
+  if (!p->opt.forward_only && !p->opt.dump_shapes && loss_check_output(p)) return -1;
   if (p->opt.untie && untie_merged(g)) return -1;
   if (!p->opt.no_fuse) p->nfused = fuse_graph(g);
   p->node = pool_alloc(&g->pool, sizeof(int) * (size_t)g->nn);
@@ -313,6 +343,23 @@ static void warn_ties(const Plan *p) {
   free(ks);
 }
 
+/* A non-finite initializer a gradient reaches is kept a constant (ops.c, mark_params): a causal mask's -inf is
+ * meant so, a NaN rarely.  Either way the user hears which, and --constant (which means so) silences it. */
+static void warn_nonfinite(const Plan *p) {
+  const Graph *g = &p->g;
+  for (int t = 0; t < g->nt; t++) {
+    if (g->t[t].kept_const != KEPT_NONFINITE) continue;
+    int64_t i = const_first_nonfinite(&g->t[t]);
+    double v = const_f64(&g->t[t], i);
+    err_clear();
+    err_set("%s: initializer '%s' %s holds %s (element %lld): not finite, so it is a constant, never trained (--constant "
+            "declares it so and silences this)", g->path, g->t[t].name, shape_str(&g->t[t]), v != v ? "NaN" : v > 0 ? "+inf" : "-inf",
+            (long long)i);
+    fprintf(stderr, "pipecc: warning: %s\n", err_msg());
+    err_clear();
+  }
+}
+
 static void dump_shapes(const Plan *p) {
   const Graph *g = &p->g;
   for (int i = 0; i < g->nt; i++) {
@@ -386,6 +433,7 @@ static int compile(const Options *o, int more) {
     return 2;
   }
   warn_ties(&p);
+  warn_nonfinite(&p);
   int rc = 0;
   if (o->dump_shapes) dump_shapes(&p);
   else if ((rc = pass_programs(&p, more)) == 0) rc = pass_write(&p);

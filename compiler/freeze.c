@@ -93,8 +93,10 @@ int freeze_apply(Plan *p) {
   /* Their weights become constants (a weight a later layer also reads is frozen with them, as in PyTorch). */
   for (int i = 0; i < n; i++) {
     const Node *nd = &g->n[layers[i]];
-    for (int q = 0; q < nd->nin; q++)
-      if (nd->in[q] >= 0 && g->t[nd->in[q]].is_param) g->t[nd->in[q]].is_param = 0, p->frozen_params++;
+    for (int q = 0; q < nd->nin; q++) {
+      Tensor *w = nd->in[q] >= 0 ? &g->t[nd->in[q]] : NULL;
+      if (w && w->is_param) w->is_param = 0, w->kept_const = KEPT_FROZEN, p->frozen_params++;
+    }
   }
   /* Every trained weight frozen: nothing to train.  The run's freeze event never asks for that. */
   int left = 0;

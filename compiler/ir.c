@@ -1,6 +1,7 @@
 /* ir.c - construction and queries of the graph IR. */
 #include "ir.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -152,6 +153,27 @@ int attr_ints(const Node *n, const char *name, int64_t *out, int max) {
   return a->n;
 }
 
+/* IEEE half to double, exactly (every half is a double): subnormals, infinities, NaN. */
+static double half_to_double(uint16_t h) {
+  int e = h >> 10 & 0x1f, m = h & 0x3ff;
+  double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(m | 0x400, e - 25);
+  return h >> 15 ? -v : v;
+}
+
+/* The half nearest v, ties to even (numpy's astype(float16), ONNX's Cast): past 65520 infinity, below 2^-14 a
+ * subnormal.  Each step is exact in double: v scaled by a power of two, and 2f - 1 for f in [0.5, 1). */
+static uint16_t half_from_double(double v) {
+  uint16_t sign = signbit(v) ? 0x8000 : 0;
+  double a = fabs(v);
+  if (isnan(v)) return sign | 0x7e00;
+  if (a >= 65520.0) return sign | 0x7c00;
+  if (a < 0x1p-14) return sign | (uint16_t)nearbyint(a * 0x1p24); /* 1024 rounds up into the smallest normal: its bits */
+  int e;
+  double f = frexp(a, &e);
+  /* The mantissa may round up to 1024, which carries into the exponent: the next binade's bits, as it should. */
+  return sign | (uint16_t)(((uint32_t)(e + 14) << 10) + (uint32_t)nearbyint((2 * f - 1) * 1024));
+}
+
 double const_f64(const Tensor *t, int64_t i) {
   const void *d = t->data;
   switch (t->dtype) {
@@ -165,6 +187,7 @@ double const_f64(const Tensor *t, int64_t i) {
   case DT_UINT16: return ((const uint16_t *)d)[i];
   case DT_INT8: return ((const int8_t *)d)[i];
   case DT_UINT8: case DT_BOOL: return ((const uint8_t *)d)[i];
+  case DT_FLOAT16: return half_to_double(((const uint16_t *)d)[i]);
   default: return 0;
   }
 }
@@ -174,7 +197,7 @@ int64_t const_i64(const Tensor *t, int64_t i) {
   switch (t->dtype) {
   case DT_INT64: return ((const int64_t *)d)[i];
   case DT_UINT64: return (int64_t)((const uint64_t *)d)[i];
-  case DT_FLOAT: case DT_DOUBLE: {
+  case DT_FLOAT: case DT_DOUBLE: case DT_FLOAT16: {
     double v = const_f64(t, i);
     if (v != v) return 0;
     if (v >= 9.2e18) return INT64_MAX;
@@ -191,6 +214,7 @@ void const_set_f64(Tensor *t, int64_t i, double v) {
   case DT_FLOAT: ((float *)d)[i] = (float)v; break;
   case DT_DOUBLE: ((double *)d)[i] = v; break;
   case DT_BOOL: ((uint8_t *)d)[i] = v != 0; break;
+  case DT_FLOAT16: ((uint16_t *)d)[i] = half_from_double(v); break;
   default: const_set_i64(t, i, v != v ? 0 : v >= 9.2e18 ? INT64_MAX : v <= -9.2e18 ? INT64_MIN : (int64_t)v);
   }
 }
@@ -209,8 +233,17 @@ void const_set_i64(Tensor *t, int64_t i, int64_t v) {
   case DT_BOOL: ((uint8_t *)d)[i] = v != 0; break;
   case DT_FLOAT: ((float *)d)[i] = (float)v; break;
   case DT_DOUBLE: ((double *)d)[i] = (double)v; break;
+  case DT_FLOAT16: ((uint16_t *)d)[i] = half_from_double((double)v); break;
   default: break;
   }
+}
+
+int64_t const_first_nonfinite(const Tensor *t) {
+  if (!t->data || !dtype_is_float(t->dtype)) return -1;
+  const float *f = t->dtype == DT_FLOAT ? t->data : NULL; /* every weight: the common case, without the switch */
+  for (int64_t i = 0, n = ir_numel(t); i < n; i++)
+    if (f ? !isfinite(f[i]) : !isfinite(const_f64(t, i))) return i;
+  return -1;
 }
 
 Tensor *node_in(Graph *g, const Node *n, int k) {

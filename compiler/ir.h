@@ -3,8 +3,8 @@
  * Tensors and nodes live in flat arrays and refer to each other by index.
  * Nodes are kept in topological order.  A tensor with `data` set is a
  * compile-time constant (an initializer or the result of constant folding);
- * a trainable parameter is a float initializer that a surviving compute node
- * reads (see ir_mark_params). */
+ * a trainable parameter is a finite float32 initializer that a gradient
+ * reaches, unless --constant names it (ops.c, mark_params). */
 #ifndef PIPECC_IR_H
 #define PIPECC_IR_H
 #include <stdint.h>
@@ -29,6 +29,7 @@ typedef struct Tensor {
   int producer;        /* node index, or -1 for graph inputs and constants */
   int is_initializer;
   int is_param;        /* trainable: updated by the optimizer */
+  int kept_const;      /* KEPT_*: why a float32 initializer a gradient reaches is a constant, not a weight */
   int is_input;        /* a graph input fed by the data loader */
   int is_output;
   int nuses;           /* consumers among live nodes */
@@ -36,6 +37,10 @@ typedef struct Tensor {
   int64_t declared_dims[MAX_RANK];
   const char *declared_params[MAX_RANK]; /* symbolic dims ("batch"), NULL if none */
 } Tensor;
+
+/* Tensor.kept_const: --constant named it (a buffer, such as a registered causal mask); it holds NaN or an
+ * infinity (a mask's -inf), which no weight can (ops.c, mark_params); --frozen froze its layer (freeze.c). */
+enum { KEPT_NONE = 0, KEPT_DECLARED = 1, KEPT_NONFINITE = 2, KEPT_FROZEN = 3 };
 
 enum { ATTR_FLOAT = 1, ATTR_INT = 2, ATTR_STRING = 3, ATTR_TENSOR = 4, ATTR_FLOATS = 6,
        ATTR_INTS = 7, ATTR_STRINGS = 8 };
@@ -121,6 +126,8 @@ double const_f64(const Tensor *t, int64_t i);
 int64_t const_i64(const Tensor *t, int64_t i);
 void const_set_f64(Tensor *t, int64_t i, double v);
 void const_set_i64(Tensor *t, int64_t i, int64_t v);
+/* The index of a float constant's first NaN or infinite element; -1 when every one is finite (or t is not float). */
+int64_t const_first_nonfinite(const Tensor *t);
 
 /* A node's input tensor k, or NULL if it is absent/omitted. */
 Tensor *node_in(Graph *g, const Node *n, int k);

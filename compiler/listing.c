@@ -289,6 +289,62 @@ static void tie_text(const Plan *p, Buf *b) {
   free(ks);
 }
 
+/* Why float initializer x is a constant rather than a trained weight (NULL: it is trained), in buf.  read: a
+ * compute node reads it. */
+static const char *kept_why(const Tensor *x, int read, char *buf, size_t len) {
+  if (x->is_param) return NULL;
+  int64_t i = x->kept_const == KEPT_NONFINITE ? const_first_nonfinite(x) : -1;
+  double v = i >= 0 ? const_f64(x, i) : 0;
+  if (x->kept_const == KEPT_DECLARED) snprintf(buf, len, "declared by --constant");
+  else if (i >= 0) snprintf(buf, len, "holds %s at element %lld: not finite, never a weight", v != v ? "NaN" : v > 0 ? "+inf" : "-inf", (long long)i);
+  else if (x->kept_const == KEPT_FROZEN) snprintf(buf, len, "frozen (--frozen)");
+  else if (x->dtype != DT_FLOAT) snprintf(buf, len, "%s: pipecc trains float32 weights only", dtype_name(x->dtype));
+  else if (ir_numel(x) <= 1) snprintf(buf, len, "a scalar: pipecc trains no scalars");
+  else if (!read) snprintf(buf, len, "not read at run time (folded into the constants it makes, or unused)");
+  else snprintf(buf, len, "no gradient reaches it");
+  return buf;
+}
+
+/* Per tensor, the first and last stage holding a compute node that reads it (-1: none); free both. */
+static void reader_stages(const Plan *p, int **first, int **last) {
+  const Graph *g = &p->g;
+  *first = malloc(sizeof(int) * (size_t)(g->nt + 1)), *last = malloc(sizeof(int) * (size_t)(g->nt + 1));
+  if (!*first || !*last) abort();
+  for (int t = 0; t < g->nt; t++) (*first)[t] = (*last)[t] = -1;
+  for (int k = 0; k < p->N; k++) {
+    const Node *nd = &g->n[p->node[k]];
+    int s = stage_of(p, k);
+    for (int q = 0; q < nd->nin; q++) {
+      int t = nd->in[q];
+      if (t < 0) continue;
+      if ((*first)[t] < 0 || s < (*first)[t]) (*first)[t] = s;
+      if (s > (*last)[t]) (*last)[t] = s;
+    }
+  }
+}
+
+/* Which initializers train and which are constants, and why: each float one, and a count of the others. */
+static void initializers_text(const Plan *p, Buf *b) {
+  const Graph *g = &p->g;
+  int *first, *last, trained = 0, kept = 0, ints = 0;
+  reader_stages(p, &first, &last);
+  for (int t = 0; t < g->nt; t++)
+    if (g->t[t].is_initializer) dtype_is_float(g->t[t].dtype) ? (g->t[t].is_param ? trained++ : kept++) : ints++;
+  buf_printf(b, "\ninitializers: %d trained (the optimizer updates them), %d constant%s\n", trained, kept, kept == 1 ? "" : "s");
+  for (int t = 0; t < g->nt; t++) {
+    const Tensor *x = &g->t[t];
+    if (!x->is_initializer || !dtype_is_float(x->dtype)) continue;
+    char why[160];
+    const char *w = kept_why(x, first[t] >= 0, why, sizeof why);
+    buf_printf(b, "  %-9s '%s' %s %s", w ? "constant" : "trained", x->name, shape_str(x), dtype_name(x->dtype));
+    if (first[t] >= 0 && first[t] == last[t]) buf_printf(b, ", stage %d", first[t]);
+    else if (first[t] >= 0) buf_printf(b, ", stages %d..%d", first[t], last[t]);
+    buf_printf(b, "%s%s\n", w ? ": " : "", w ? w : "");
+  }
+  if (ints) buf_printf(b, "  and %d integer initializer%s (shapes, axes, indices): constants\n", ints, ints == 1 ? "" : "s");
+  free(first), free(last);
+}
+
 /* The kinds of fused node in the plan (fuse.c's Node.fusion) and how many of each, in first-seen order.
  * Returns the number of kinds. */
 #define MAX_FUSION_KINDS 16
@@ -445,6 +501,7 @@ void listing_text(const Plan *p, Buf *b) {
   buf_printf(b, "\n");
   for (int s = 0; s < n; s++) stage_text(p, s, b);
   tie_text(p, b);
+  initializers_text(p, b);
   if (p->mem_note)
     buf_printf(b, "\nmemory: %s; the partitioner's upper bound, not the arena\n", p->mem_note);
   else
@@ -550,6 +607,30 @@ static int ties_json(const Plan *p, Buf *b) {
   return nties;
 }
 
+/* plan.json's initializers: each float one, trained or a constant and why (null when trained). */
+static void initializers_json(const Plan *p, Buf *b) {
+  const Graph *g = &p->g;
+  int *first, *last, n = 0;
+  reader_stages(p, &first, &last);
+  buf_printf(b, "  \"initializers\": [");
+  for (int t = 0; t < g->nt; t++) {
+    const Tensor *x = &g->t[t];
+    if (!x->is_initializer || !dtype_is_float(x->dtype)) continue;
+    char why[160];
+    const char *w = kept_why(x, first[t] >= 0, why, sizeof why);
+    buf_printf(b, "%s\n    {\"name\": ", n++ ? "," : "");
+    json_str(b, x->name);
+    buf_printf(b, ", \"dtype\": \"%s\", \"shape\": ", dtype_name(x->dtype));
+    json_shape(b, x);
+    buf_printf(b, ", \"trained\": %s, \"why\": ", w ? "false" : "true");
+    if (w) json_str(b, w);
+    else buf_printf(b, "null");
+    buf_printf(b, ", \"first_stage\": %d, \"last_stage\": %d}", first[t], last[t]);
+  }
+  buf_printf(b, "%s],\n", n ? "\n  " : "");
+  free(first), free(last);
+}
+
 /* plan.json's stage s: its nodes, costs, memory, messages and actions. */
 static void stage_json(const Plan *p, int s, Buf *b) {
   const StageCost *c = &p->part.cost[s];
@@ -634,7 +715,9 @@ void listing_json(const Plan *p, Buf *b) {
              at_medians(p), p->sched.jitter > 0 ? p->sched.bubble_fixed : p->sched.bubble);
   buf_printf(b, "  \"imbalance\": %.6f,\n  \"ties\": [", p->part.max_time / mean_time(p));
   int nties = ties_json(p, b);
-  buf_printf(b, "%s],\n  \"stage_plans\": [\n", nties ? "\n  " : "");
+  buf_printf(b, "%s],\n", nties ? "\n  " : "");
+  initializers_json(p, b);
+  buf_printf(b, "  \"stage_plans\": [\n");
   for (int s = 0; s < n; s++) {
     stage_json(p, s, b);
     buf_printf(b, "]}%s\n", s + 1 < n ? "," : "");

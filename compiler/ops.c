@@ -62,7 +62,12 @@ void op_list_print(void) {
 
 /* A float initializer is trainable when a gradient can reach it: walk back
  * from the graph outputs through the inputs that carry gradients.  Masks and
- * statistics stop at Equal, Shape, BatchNorm's running stats and the like. */
+ * statistics stop at Equal, Shape, BatchNorm's running stats and the like.
+ * Two more are constants: an initializer --constant declares (a buffer:
+ * PyTorch's register_buffer exports one as an initializer like any weight),
+ * and one holding NaN or an infinity - a causal mask's -inf - which no weight
+ * can hold: trained, its finite entries would move, and no checkpoint or
+ * --save could write it.  Tensor.kept_const says which (the listing's why). */
 static void mark_params(Graph *g) {
   char *grad = pool_alloc(&g->pool, (size_t)g->nt);
   for (int i = 0; i < g->noutputs; i++) grad[g->outputs[i]] = 1;
@@ -78,6 +83,8 @@ static void mark_params(Graph *g) {
   for (int i = 0; i < g->nt; i++) {
     Tensor *t = &g->t[i];
     t->is_param = t->is_initializer && grad[i] && t->dtype == DT_FLOAT && ir_numel(t) > 1;
+    if (t->is_param && !t->kept_const && const_first_nonfinite(t) >= 0) t->kept_const = KEPT_NONFINITE;
+    if (t->kept_const) t->is_param = 0;
   }
 }
 
@@ -118,6 +125,24 @@ static int check_size(const Node *n, const Tensor *o) {
   return 0;
 }
 
+/* The kernels compute in float32 only.  ONNX's type constraints let more through (MatMul on int64, float16 or
+ * float64 anywhere), and an exporter may leave a weight in another type than the values it meets: read as float32,
+ * a float16 weight is read past its buffer, a float64 one as garbage, and an int64 one builds into C that does not
+ * compile.  So every input a kernel reads as float32 (the op's f32_inputs) must be float32 when the node runs. */
+static int check_input_types(Graph *g, const Node *n) {
+  for (int k = 0; k < n->nin && k < 32; k++) {
+    const Tensor *t = node_in(g, n, k);
+    if (!t || !(n->def->f32_inputs >> k & 1) || t->dtype == DT_FLOAT) continue;
+    int weight = t->data && dtype_is_float(t->dtype);
+    return err_set("node '%s' (%s): input %d ('%s' %s, %s) is %s, but pipecc runs %s on float32 only (its kernels have no "
+                   "other element type)%s", n->name, n->op, k, t->name, shape_str(t),
+                   t->is_initializer ? "an initializer" : t->data ? "a constant" : t->is_input ? "a graph input" : "computed at run time",
+                   dtype_name(t->dtype), n->op,
+                   weight ? "; store it as float32 to train it (read through a Cast to float32 it folds into a constant)" : "");
+  }
+  return 0;
+}
+
 int infer_and_fold(Graph *g) {
   mark_params(g);
   for (int j = 0; j < g->nn; j++) {
@@ -146,6 +171,7 @@ int infer_and_fold(Graph *g) {
     if (!n->folded && !n->def->fwd)
       return err_set("node '%s' (%s) depends on run-time data, but pipecc evaluates %s only at compile time "
                      "(supported at run time: %s)", n->name, n->op, n->op, op_supported_list());
+    if (!n->folded && check_input_types(g, n)) return -1;
   }
   count_uses(g);
   return 0;

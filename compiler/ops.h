@@ -42,6 +42,9 @@ typedef struct OpDef {
   int64_t (*workspace)(Graph *g, const Node *n); /* bytes of scratch one call needs (im2col), or NULL */
   int code;             /* tells apart the ops that share one rule (EW_ADD, a pool's kind); family-defined */
   unsigned flags;       /* OPF_* */
+  unsigned f32_inputs;  /* bit k set: input k is read at run time by a float32 kernel (the only float type the kernels
+                         * have): a node that runs with another element type there is refused (ops.c), never read
+                         * past its buffer or built into C that does not compile */
 } OpDef;
 
 /* Recounts each tensor's readers among the live nodes (Tensor.nuses); a parameter nothing reads is

@@ -21,6 +21,8 @@ typedef struct Options {
   int fb_split;      /* --fb-split NF: pipefb's forward ranks (0: the planner chooses) */
   int poll;          /* --progress poll: the stage programs let MPI progress between nodes */
   const char *frozen; /* --frozen FILE: the first N parameterised layers' weights are constants (freeze.c) */
+  const char **constants; /* --constant NAME[,NAME...], each flag's value: initializers that are constants, never trained */
+  int nconstants;
   /* The command line (without the model, -o and --frozen), written into run.sh so that a freeze
    * event can plan the frozen model the same way (FreezePipe's re-planning). */
   const char *const *args;

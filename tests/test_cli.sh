@@ -195,10 +195,36 @@ rnn("lstm_input_forget", "LSTM", input_forget=1)
 rnn("lstm_peepholes", "LSTM", ["", "", "", "P"], [w("P", 1, 6)])
 rnn("gru_seq_lens", "GRU", ["seq"], [numpy_helper.from_array(np.full(2, 4, dtype=np.int32), "seq")])
 # 25: windows the kernels do not run: a 4-D convolution, an auto_pad ONNX does not define.
-save("conv_4d", [helper.make_node("Conv", ["x", "w"], ["y"], name="conv4d", kernel_shape=[2, 2, 2, 2])],
-     [vi("x", ["batch", 1, 3, 3, 3, 3])], [vi("y", ["batch", 2, 2, 2, 2, 2])], [w("w", 2, 1, 2, 2, 2, 2)])
+save("conv_4d", [helper.make_node("Conv", ["x", "w"], ["c"], name="conv4d", kernel_shape=[2, 2, 2, 2]),
+                 helper.make_node("Flatten", ["c"], ["y"], name="flat")],
+     [vi("x", ["batch", 1, 3, 3, 3, 3])], [vi("y", ["batch", 32])], [w("w", 2, 1, 2, 2, 2, 2)])
 save("pool_autopad_same", [helper.make_node("MaxPool", ["x"], ["y"], name="pool_same", kernel_shape=[2], auto_pad="SAME")],
      [vi("x", ["batch", 2, 6])], [vi("y", ["batch", 2, 6])], [])
+# 26 (issue 34, item 3): weights of a type the float32 kernels cannot read: float16 (read past its buffer), float64
+# (garbage), int64 (C that does not compile); a Reshape of int64 token ids at run time (likewise).
+rng = np.random.default_rng(0)
+for name, t in (("mm_half", np.float16), ("mm_double", np.float64), ("mm_int64", np.int64)):
+    save(name, [helper.make_node("MatMul", ["x", "w_typed"], ["y"], name="mm_typed")], [vi("x", ["batch", 6])],
+         [vi("y", ["batch", 4])], [numpy_helper.from_array((rng.standard_normal((6, 4)) * 3).astype(t), "w_typed")])
+save("conv_half", [helper.make_node("Conv", ["x", "k16"], ["c"], name="conv_typed"),
+                   helper.make_node("Flatten", ["c"], ["y"], name="flat")],
+     [vi("x", ["batch", 1, 4, 4])], [vi("y", ["batch", 18])], [numpy_helper.from_array(np.ones((2, 1, 3, 3), np.float16), "k16")])
+save("reshape_tokens", [helper.make_node("Reshape", ["tokens", "flat"], ["t2"], name="reshape_ids"),
+                        helper.make_node("Gather", ["emb", "t2"], ["g"], name="embed"),
+                        helper.make_node("Reshape", ["g", "back"], ["y"], name="unflat")],
+     [vi("tokens", ["batch", 8], TensorProto.INT64)], [vi("y", ["batch", 8, 10])],
+     [w("emb", 10, 10), ints("flat", [-1]), ints("back", [-1, 8, 10])])
+# 27 (issue 34, item 4): outputs the loss cannot pair with the labels: a feature map, the image itself, one row per
+# sequence of a token model (whose labels are one per position), a token input without positions.
+save("conv_out", [helper.make_node("Conv", ["x", "k"], ["y"], name="conv0")], [vi("x", ["batch", 1, 28, 28])],
+     [vi("y", ["batch", 4, 26, 26])], [w("k", 4, 1, 3, 3)])
+save("input_out", [helper.make_node("Identity", ["x"], ["y"], name="same")], [vi("x", ["batch", 1, 28, 28])],
+     [vi("y", ["batch", 1, 28, 28])], [])
+save("token_rows", [helper.make_node("Gather", ["emb", "tokens"], ["g"], name="embed"),
+                    helper.make_node("ReduceMean", ["g"], ["y"], name="pool_seq", axes=[1], keepdims=0)],
+     [vi("tokens", ["batch", 6], TensorProto.INT64)], [vi("y", ["batch", 10])], [w("emb", 10, 10)])
+save("token_rank1", [helper.make_node("Gather", ["emb", "tokens"], ["y"], name="embed")],
+     [vi("tokens", ["batch"], TensorProto.INT64)], [vi("y", ["batch", 10])], [w("emb", 10, 10)])
 EOF
   notok "setup" "could not write the broken models with $PY"
   t_finish
@@ -319,6 +345,18 @@ fail_case "24 LSTM peepholes" "rnn_node" "LSTM" "peepholes" -- "$M/lstm_peephole
 fail_case "24 GRU sequence_lens" "rnn_node" "GRU" "sequence_lens" -- "$M/gru_seq_lens.onnx" -o @OUT@
 fail_case "25 a 4-D convolution" "conv4d" "Conv" "4 spatial dims" "3-D" -- "$M/conv_4d.onnx" -o @OUT@
 fail_case "25 auto_pad SAME (not an ONNX value)" "pool_same" "MaxPool" "auto_pad 'SAME'" -- "$M/pool_autopad_same.onnx" -o @OUT@
+fail_case "26 a float16 weight fed to MatMul" "mm_typed" "MatMul" "input 1" "'w_typed'" "float16" "float32" -- "$M/mm_half.onnx" -o @OUT@
+fail_case "26 a float64 weight fed to MatMul" "mm_typed" "MatMul" "input 1" "'w_typed'" "float64" "float32" -- "$M/mm_double.onnx" -o @OUT@
+fail_case "26 an int64 weight fed to MatMul" "mm_typed" "MatMul" "input 1" "'w_typed'" "int64" "float32" -- "$M/mm_int64.onnx" -o @OUT@
+fail_case "26 a float16 kernel fed to Conv" "conv_typed" "Conv" "input 1" "'k16'" "float16" -- "$M/conv_half.onnx" -o @OUT@
+fail_case "26 a Reshape of int64 token ids at run time" "reshape_ids" "Reshape" "input 0" "'tokens'" "int64" -- "$M/reshape_tokens.onnx" -o @OUT@
+fail_case "27 a feature map as the output" "'y'" "[8,4,26,26]" "labels [8]" "[8,classes]" -- "$M/conv_out.onnx" --batch 8 -o @OUT@
+fail_case "27 the input as the output" "'y'" "[4,1,28,28]" "labels [4]" -- "$M/input_out.onnx" --batch 8 --microbatches 2 -o @OUT@
+fail_case "27 one row per sequence of a token model" "'y'" "[8,10]" "labels [8,6]" "[8,6,vocab]" -- "$M/token_rows.onnx" --batch 8 -o @OUT@
+fail_case "27 a token input without positions" "'tokens'" "[8]" "positions" -- "$M/token_rank1.onnx" --batch 8 -o @OUT@
+fail_case "28 --constant names no initializer" "--constant" "'nope'" -- "$MLP" --constant fc1.weight,nope -o @OUT@
+fail_case "28 --constant names a graph input" "--constant" "graph input" -- "$M/conv_out.onnx" --constant x -o @OUT@
+fail_case "28 --constant with an empty name" "--constant" "empty name" -- "$MLP" --constant fc1.weight, -o @OUT@
 fail_case "19 --lr 1e999" "--lr" "1e999" "finite" -- "$MLP" --lr 1e999 -o @OUT@
 fail_case "19 --lr inf" "--lr" "inf" "finite" -- "$MLP" --lr inf -o @OUT@
 fail_case "19 --momentum nan" "--momentum" "nan" -- "$MLP" --momentum nan -o @OUT@

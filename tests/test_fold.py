@@ -8,6 +8,7 @@ Where/Cast/Slice/... node that depends only on shapes, keep the real compute,
 and infer the shapes onnx infers.  A model whose batch is baked into a
 constant must work at its own batch and fail at another with the node named.
 Run with /usr/bin/python3."""
+import json
 import os
 import subprocess
 import sys
@@ -90,6 +91,55 @@ def check_tile_fold(tmp):
               f"{rows.get('tiled')}, {rows.get('y')})")
 
 
+def check_half_fold(tmp):
+    """float16 folds to its values (issue 34, item 2; it folded to zeros): Cast(float16 initializer -> float32) read by a
+    MatMul, and a float32 constant cast to float16 and back (each float rounded to the nearest half, ties to even,
+    overflow to infinity) read by an Add.  The folded constants are in the stage's weights file, at the offsets the
+    stage program names; numpy's astype is the reference (ONNX's Cast is defined as it)."""
+    import re
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+    rng = np.random.default_rng(3)
+    bits = np.array([0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x7BFF, 0xFBFF, 0x3555, 0x7C00, 0xFC00, 0x7E00], np.uint16)
+    w16 = np.concatenate([bits.view(np.float16), (rng.standard_normal(68) * 4).astype(np.float16)]).reshape(8, 10)
+    c32 = np.array([1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11, 65519, 65520, -1e6, 2.0 ** -25, 3e-8, -2.5e-5, 0.1, 1 / 3], np.float32)
+    g = helper.make_graph(
+        [helper.make_node("Cast", ["w16"], ["w_fold"], name="w_to_f32", to=TensorProto.FLOAT),
+         helper.make_node("MatMul", ["x", "w_fold"], ["h"], name="mm"),
+         helper.make_node("Constant", [], ["c32"], name="c", value=numpy_helper.from_array(c32, "c32")),
+         helper.make_node("Cast", ["c32"], ["c16"], name="c_to_f16", to=TensorProto.FLOAT16),
+         helper.make_node("Cast", ["c16"], ["b_fold"], name="c_to_f32", to=TensorProto.FLOAT),
+         helper.make_node("Add", ["h", "b_fold"], ["y"], name="add")],
+        "half_fold", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 10])], [numpy_helper.from_array(w16, "w16")])
+    path, out = os.path.join(tmp, "half_fold.onnx"), os.path.join(tmp, "half_fold.pipe")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    r = pipecc(path, "--batch", "4", "--microbatches", "1", "-o", out)
+    if not check(r.returncode == 0, f"a model folding float16 compiles ({r.stderr.strip()})"):
+        return
+    src = open(os.path.join(out, "stage_0.c")).read()
+    weights = np.fromfile(os.path.join(out, "weights", "stage_0.bin"), np.float32)
+
+    def folded(name, n):
+        m = re.search(r"#define OFF_C_%s (\d+)LL" % name, src)
+        return weights[int(m.group(1)) // 4:int(m.group(1)) // 4 + n] if m else np.zeros(0, np.float32)
+
+    def same(a, b):  # the same bits, any NaN equal to any NaN
+        return a.shape == b.shape and bool(np.all((a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))))
+
+    want = w16.astype(np.float32).ravel()
+    got = folded("w_fold", want.size)
+    check(same(got, want), "Cast(float16 initializer -> float32) folds to numpy's values: zeros of both signs, subnormals, "
+                           f"65504, infinities, NaN ({got[:12]} against {want[:12]})")
+    want = c32.astype(np.float16).astype(np.float32)
+    got = folded("b_fold", want.size)
+    check(same(got, want), f"float32 -> float16 -> float32 folds with numpy's rounding: ties to even, 65520 to inf, "
+                           f"subnormals ({got} against {want})")
+    inits = {i["name"]: i for i in json.load(open(os.path.join(out, "plan.json"))).get("initializers", [])}
+    w = inits.get("w16", {})
+    check(w.get("trained") is False and "float16" in (w.get("why") or ""), f"plan.json lists w16 as a float16 constant ({w})")
+
+
 def pipecc(*args):
     return subprocess.run([PIPECC, *args], capture_output=True, text=True)
 
@@ -163,6 +213,7 @@ def main():
     check(r.returncode == 2 and reshape in r.stderr and "pins the batch" in r.stderr,
           f"at another batch the error names the node that pins it ({r.stderr.strip()})")
     check_tile_fold(tmp)
+    check_half_fold(tmp)
     return tally.finish()
 
 

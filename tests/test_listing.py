@@ -53,20 +53,22 @@ def arenas_in_code(out, n):
     return got
 
 
-def trainable_params(path):
-    """Float initializers (more than one element) that are not BatchNorm running statistics."""
+def trainable_params(path, names=False):
+    """Float initializers (more than one element) that are not BatchNorm running statistics: their element count,
+    or (names) their names."""
     m = onnx.load(path)
     stats = set()
     for node in m.graph.node:
         if node.op_type == "BatchNormalization":
             stats.update(node.input[3:5])
-    total = 0
+    total, which = 0, set()
     for t in m.graph.initializer:
         if t.data_type == onnx.TensorProto.FLOAT and t.name not in stats:
             size = int(np.prod(t.dims)) if len(t.dims) else 1
             if size > 1:
                 total += size
-    return total
+                which.add(t.name)
+    return which if names else total
 
 
 def check_actions(tag, st, n, m, sched):
@@ -122,7 +124,7 @@ def main():
     devices = os.path.join(ROOT, "tests", "devices_equal.txt")
     for name in MODELS:
         path = os.path.join(ROOT, "onnx_models", name + ".onnx")
-        want_params = trainable_params(path)
+        want_params, want_names = trainable_params(path), trainable_params(path, names=True)
         failed_before = tally.failed
         for n in (1, 2, 4, 8):
             for sched in ("gpipe", "1f1b", "zb1"):
@@ -143,6 +145,14 @@ def main():
                 check(ok, f"{tag}: stages are not contiguous and non-empty: {[(s['node_begin'], s['node_end']) for s in st]}")
                 got = sum(s["parameters"] for s in st)
                 check(got == want_params, f"{tag}: {got} parameters, onnx has {want_params} trainable")
+                # Which initializers train (issue 34, item 5): plan.json names them, the listing counts and lists them.
+                inits = plan.get("initializers", [])
+                trained = {i["name"] for i in inits if i["trained"]}
+                listed = set(re.findall(r"^  trained   '([^']*)'", text, re.M))
+                check(trained == want_names == listed and all(i["why"] for i in inits if not i["trained"])
+                      and f"initializers: {len(trained)} trained" in text,
+                      f"{tag}: the initializers plan.json and the listing call trained are onnx's trainable ones, each constant "
+                      f"says why ({sorted(trained ^ want_names)}, {sorted(listed ^ want_names)})")
                 stated = [int(x) for x in re.findall(r"^  memory +\S+ \S+ \((\d+) bytes\)", text, re.M)]
                 check(stated == [s["memory"]["total"] for s in st], f"{tag}: the listing states memory {stated}")
                 for s in st:

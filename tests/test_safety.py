@@ -19,7 +19,9 @@
     and --save, --trace and --log past a file size limit, stop the run with the
     reason, leave no temporary file, no trace cut short (the old one stays) and
     a log of whole rows; the model's file name holds a newline (every
-    checkpoint here resumes with it).
+    checkpoint here resumes with it);
+  buffers (issue 34, item 5): an initializer holding -inf and one --constant
+    names are constants, trained bit-identically to Constant nodes, and saved.
 
 The file size limits are set from outside (prlimit) on a running rank: Open
 MPI's own files at start-up need more room than the limit leaves.
@@ -38,6 +40,7 @@ The crash points come from the runtime's testing hook PIPERUN_CRASH_AT=R:K
 (rank R kills itself with SIGKILL at its K-th checkpoint point).  Run with
 /usr/bin/python3; prints ok / not ok lines and "N passed, M failed, K skipped, R refused" (tests/tally.py)."""
 import glob
+import json
 import os
 import resource
 import shutil
@@ -161,12 +164,14 @@ def nan_bias_mlp(src, dst):
 
 def hidden_nan_model(dst):
     """784 -> 32 -> ReLU -> 10, and a trainable 'hidden_nan' whose value Where never picks:
-    its NaN reaches neither the loss nor a gradient, so training runs on and only the
-    check before writing weights can see it."""
+    a NaN there reaches neither the loss nor a gradient, so training runs on and only the
+    check before writing weights can see it.  The model holds zeros (an initializer that is
+    not finite is a constant, never a weight: issue 34, item 5); test_nan writes the NaN
+    into the stage's initial weights, as a weight gone bad would be."""
     rng = np.random.default_rng(0)
     init = [numpy_helper.from_array((rng.standard_normal((32, 784)) * 0.05).astype(np.float32), "w1"),
             numpy_helper.from_array(np.zeros(32, np.float32), "b1"),
-            numpy_helper.from_array(np.where(np.arange(32) == 7, np.nan, 0).astype(np.float32), "hidden_nan"),
+            numpy_helper.from_array(np.zeros(32, np.float32), "hidden_nan"),
             numpy_helper.from_array(np.ones(32, bool), "pick"),
             numpy_helper.from_array((rng.standard_normal((10, 32)) * 0.1).astype(np.float32), "w2"),
             numpy_helper.from_array(np.zeros(10, np.float32), "b2"),
@@ -346,6 +351,82 @@ def test_stopped_stage(run, data, tmp, pipe):
 
 # ---- item 9: NaN ----
 
+def plant_nan(pipe, name, k):
+    """Element k of weight `name` made NaN in the stage's initial weights (weights/manifest.txt says where); "" or why not."""
+    for line in open(os.path.join(pipe, "weights", "manifest.txt")):
+        f = line.split()
+        if len(f) == 4 and f[3] == name:
+            with open(os.path.join(pipe, "weights", f"stage_{f[0]}.bin"), "r+b") as w:
+                w.seek(int(f[1]) + 4 * k)
+                w.write(np.array([np.nan], np.float32).tobytes())
+            return ""
+    return f"{name} is not in {pipe}/weights/manifest.txt"
+
+
+# ---- issue 34, item 5: buffers are constants ----
+
+def buffer_model(dst, as_nodes):
+    """784 -> 16 (+ a causal-style mask holding -inf) -> Softmax (+ a finite buffer 'pos') -> 10.  as_nodes: the
+    mask and pos are Constant nodes (never weights, whatever pipecc decides about initializers); else initializers,
+    as torch.onnx exports a registered buffer."""
+    rng = np.random.default_rng(1)
+    mask = np.where(np.arange(16) % 4 == 3, -np.inf, 0).astype(np.float32)
+    pos = (rng.standard_normal(16) * 0.5).astype(np.float32)
+    init = [numpy_helper.from_array((rng.standard_normal((16, 784)) * 0.05).astype(np.float32), "w1"),
+            numpy_helper.from_array(np.zeros(16, np.float32), "b1"),
+            numpy_helper.from_array((rng.standard_normal((10, 16)) * 0.3).astype(np.float32), "w2"),
+            numpy_helper.from_array(np.zeros(10, np.float32), "b2"),
+            numpy_helper.from_array(np.array([-1, 784], np.int64), "shape")]
+    nodes = [helper.make_node("Reshape", ["input", "shape"], ["x"]),
+             helper.make_node("Gemm", ["x", "w1", "b1"], ["h"], transB=1),
+             helper.make_node("Add", ["h", "mask"], ["hm"]),
+             helper.make_node("Softmax", ["hm"], ["s"], axis=1),
+             helper.make_node("Add", ["s", "pos"], ["sp"]),
+             helper.make_node("Gemm", ["sp", "w2", "b2"], ["logits"], transB=1)]
+    if as_nodes:
+        nodes = [helper.make_node("Constant", [], [n], value=numpy_helper.from_array(v, n)) for n, v in (("mask", mask), ("pos", pos))] + nodes
+    else:
+        init += [numpy_helper.from_array(mask, "mask"), numpy_helper.from_array(pos, "pos")]
+    g = helper.make_graph(nodes, "buffers", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", 1, 28, 28])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])], init)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), dst)
+
+
+def test_buffers(data, tmp):
+    """A -inf mask initializer is a constant, and --constant pos makes a finite buffer one: trained with both, the
+    model's weights after 4 steps are bit-identical to the same model with both as Constant nodes, --save writes the
+    buffers back unchanged, and plan.json says which initializers train.  (The mask used to be trained, its finite
+    entries moving from step 2, and --save refused its -inf.)"""
+    saved = {}
+    for kind in ("initializers", "nodes"):
+        m, pipe = os.path.join(tmp, f"buffers_{kind}.onnx"), os.path.join(tmp, f"buffers_{kind}.pipe")
+        buffer_model(m, kind == "nodes")
+        r = sh([PIPECC, m, "-n", "1", "--batch", "64", "--microbatches", "2", "-o", pipe]
+               + (["--constant", "pos"] if kind == "initializers" else []))
+        mk = sh(["make", "-s", "-j2", "-C", pipe], timeout=600) if r.returncode == 0 else r
+        if not check(mk.returncode == 0, f"buffers as {kind}: compiled and built ({mk.stderr.strip()[-300:]})"):
+            return
+        if kind == "initializers":
+            check(r.returncode == 0 and "'mask'" in r.stderr and "-inf" in r.stderr and "'pos'" not in r.stderr,
+                  f"pipecc warns that the -inf mask is a constant, and not about the declared pos ({r.stderr.strip()[:300]})")
+            inits = {i["name"]: i for i in json.load(open(os.path.join(pipe, "plan.json")))["initializers"]}
+            ms, ps = inits.get("mask", {}), inits.get("pos", {})
+            check(ms.get("trained") is False and "-inf" in (ms.get("why") or "") and ps.get("trained") is False
+                  and "--constant" in (ps.get("why") or "") and all(inits[w]["trained"] for w in ("w1", "b1", "w2", "b2")),
+                  f"plan.json: w1, b1, w2, b2 trained; mask and pos constants, saying why ({ms}, {ps})")
+        out = os.path.join(tmp, f"buffers_{kind}_saved.onnx")
+        r = sh([os.path.join(pipe, "run.sh"), "--data", data, "--steps", "4", "--quiet", "--save", out])
+        if not check(r.returncode == 0, f"buffers as {kind}: 4 steps and --save ({errors(r)})"):
+            return
+        saved[kind] = {t.name: numpy_helper.to_array(t) for t in onnx.load(out).graph.initializer}
+    a, b = saved["initializers"], saved["nodes"]
+    check(all(a[w].tobytes() == b[w].tobytes() for w in ("w1", "b1", "w2", "b2")),
+          "the weights after 4 steps are bit-identical to the model whose buffers are Constant nodes")
+    buffer_model(os.path.join(tmp, "buffers_ref.onnx"), False)
+    ref = {t.name: numpy_helper.to_array(t) for t in onnx.load(os.path.join(tmp, "buffers_ref.onnx")).graph.initializer}
+    check(all(a[n].tobytes() == ref[n].tobytes() for n in ("mask", "pos")), "--save writes the mask (-inf and all) and pos back unchanged")
+
+
 def test_nan(data, tmp):
     src = os.path.join(ROOT, "onnx_models", "mlp.onnx")
     m = os.path.join(tmp, "mlp_nan.onnx")
@@ -360,7 +441,7 @@ def test_nan(data, tmp):
     m = os.path.join(tmp, "hidden_nan.onnx")
     hidden_nan_model(m)
     pipe = os.path.join(tmp, "hidden_nan.pipe")
-    err = build(m, pipe)
+    err = build(m, pipe) or plant_nan(pipe, "hidden_nan", 7)
     if check(not err, f"a model with a NaN weight that never reaches the loss compiled ({err.strip()[-200:]})"):
         run = os.path.join(pipe, "run.sh")
         out = os.path.join(tmp, "hidden.onnx")
@@ -594,7 +675,8 @@ def main():
                                ("clean-up", test_cleanup_keeps_users_files, (run, data, tmp)),
                                ("lock", test_lock, (run, data, tmp, pipe)),
                                ("write failures", test_write_failures, (run, data, tmp, pipe)),
-                               ("newline", test_newline_name, (run, data, tmp))):
+                               ("newline", test_newline_name, (run, data, tmp)),
+                               ("buffers", test_buffers, (data, tmp))):
             try:
                 fn(*args)
             except Exception as e:  # one broken part must not hide the others' results

@@ -142,11 +142,11 @@ static int trilu_fold(Graph *g, Node *n) {
   return 0;
 }
 
-#define CT(name, infer, fold) {name, "compile_time", infer, fold, 0, STASH_NONE, NULL, 0, NULL, NULL, NULL, 0, 0}
+#define CT(name, infer, fold) {name, "compile_time", infer, fold, 0, STASH_NONE, NULL, 0, NULL, NULL, NULL, 0, 0, 0}
 /* Arithmetic, comparisons and logic share elementwise.c's rules, told apart by code. */
-#define CT_EW(name, infer, fold, code) {name, "compile_time", infer, fold, 0, STASH_NONE, NULL, 0, NULL, NULL, NULL, code, 0}
+#define CT_EW(name, infer, fold, code) {name, "compile_time", infer, fold, 0, STASH_NONE, NULL, 0, NULL, NULL, NULL, code, 0, 0}
 #define CT_SHAPE(name, infer, fold) \
-  {name, "compile_time", infer, fold, 0, STASH_NONE, NULL, 0, NULL, NULL, NULL, 0, OPF_FOLD_FROM_SHAPE}
+  {name, "compile_time", infer, fold, 0, STASH_NONE, NULL, 0, NULL, NULL, NULL, 0, OPF_FOLD_FROM_SHAPE, 0}
 const OpDef OPS_COMPILE_TIME[] = {
     CT("Constant", constant_infer, constant_fold),
     CT("ConstantOfShape", cos_infer, cos_fold),

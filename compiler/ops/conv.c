@@ -176,6 +176,6 @@ static int64_t conv_workspace(Graph *g, const Node *n) {
 }
 
 const OpDef OPS_CONV[] = {
-    {"Conv", "conv", conv_infer, NULL, 7, STASH_INPUTS, conv_flops, 1, conv_fwd, conv_bwd, conv_workspace, 0, 0},
+    {"Conv", "conv", conv_infer, NULL, 7, STASH_INPUTS, conv_flops, 1, conv_fwd, conv_bwd, conv_workspace, 0, 0, 7},
     {0},
 };

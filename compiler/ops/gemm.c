@@ -196,10 +196,10 @@ static int mmb_bwd(Emit *e, const Node *n, int j) {
 static double mmb_flops(Graph *g, const Node *n) { return matmul_flops(g, n) + rule_numel(node_out(g, n, 0)); }
 
 /* Not in the table: no model names it. */
-const OpDef OP_MATMUL_BIAS = {"MatMul+Add", "gemm", matmul_infer, NULL, 7, STASH_INPUTS, mmb_flops, 1, mmb_fwd, mmb_bwd, NULL, 0, 0};
+const OpDef OP_MATMUL_BIAS = {"MatMul+Add", "gemm", matmul_infer, NULL, 7, STASH_INPUTS, mmb_flops, 1, mmb_fwd, mmb_bwd, NULL, 0, 0, 7};
 
 const OpDef OPS_GEMM[] = {
-    {"Gemm", "gemm", gemm_infer, NULL, 7, STASH_INPUTS, gemm_flops, 1, gemm_fwd, gemm_bwd, NULL, 0, 0},
-    {"MatMul", "gemm", matmul_infer, NULL, 3, STASH_INPUTS, matmul_flops, 1, matmul_fwd, matmul_bwd, NULL, 0, 0},
+    {"Gemm", "gemm", gemm_infer, NULL, 7, STASH_INPUTS, gemm_flops, 1, gemm_fwd, gemm_bwd, NULL, 0, 0, 7},
+    {"MatMul", "gemm", matmul_infer, NULL, 3, STASH_INPUTS, matmul_flops, 1, matmul_fwd, matmul_bwd, NULL, 0, 0, 3},
     {0},
 };

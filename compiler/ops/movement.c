@@ -775,25 +775,25 @@ static int dropout_bwd(Emit *e, const Node *n, int j) {
   return 0;
 }
 
-#define RESHAPE(name, infer) {name, "movement", infer, fold_copy, 1, STASH_NONE, NULL, 0, copy_fwd, copy_bwd, NULL, 0, 0}
-#define FOLD_ONLY(name, infer, fold, stash) {name, "movement", infer, fold, 1, stash, NULL, 0, NULL, NULL, NULL, 0, 0}
+#define RESHAPE(name, infer) {name, "movement", infer, fold_copy, 1, STASH_NONE, NULL, 0, copy_fwd, copy_bwd, NULL, 0, 0, 1}
+#define FOLD_ONLY(name, infer, fold, stash) {name, "movement", infer, fold, 1, stash, NULL, 0, NULL, NULL, NULL, 0, 0, 0}
 const OpDef OPS_MOVEMENT[] = {
     RESHAPE("Reshape", reshape_infer),
     RESHAPE("Flatten", flatten_infer),
     RESHAPE("Squeeze", squeeze_infer),
     RESHAPE("Unsqueeze", unsqueeze_infer),
     RESHAPE("Identity", infer_same),
-    {"Transpose", "movement", transpose_infer, transpose_fold, 1, STASH_NONE, NULL, 0, transpose_fwd, transpose_bwd, NULL, 0, 0},
-    {"Split", "movement", split_infer, split_fold, 1, STASH_NONE, NULL, 0, split_fwd, split_bwd, NULL, 0, 0},
-    {"Concat", "movement", concat_check, concat_fold, 0xffffffffu, STASH_NONE, NULL, 0, concat_fwd, concat_bwd, NULL, 0, 0},
-    {"Pad", "movement", pad_infer, NULL, 1, STASH_NONE, NULL, 0, pad_fwd, pad_bwd, NULL, 0, 0},
-    {"Gather", "movement", gather_infer, gather_fold, 1, STASH_INPUTS, NULL, 0, gather_fwd, gather_bwd, NULL, 0, 0},
-    {"Slice", "movement", slice_infer, slice_fold, 1, STASH_NONE, NULL, 0, slice_fwd, view_bwd, NULL, 0, OPF_READS_PART},
-    {"Expand", "movement", expand_infer, expand_fold, 1, STASH_NONE, NULL, 0, expand_fwd, view_bwd, NULL, 0, 0},
-    {"Tile", "movement", tile_infer, tile_fold, 1, STASH_NONE, NULL, 0, tile_fwd, view_bwd, NULL, 0, 0},
+    {"Transpose", "movement", transpose_infer, transpose_fold, 1, STASH_NONE, NULL, 0, transpose_fwd, transpose_bwd, NULL, 0, 0, 1},
+    {"Split", "movement", split_infer, split_fold, 1, STASH_NONE, NULL, 0, split_fwd, split_bwd, NULL, 0, 0, 1},
+    {"Concat", "movement", concat_check, concat_fold, 0xffffffffu, STASH_NONE, NULL, 0, concat_fwd, concat_bwd, NULL, 0, 0, ~0u},
+    {"Pad", "movement", pad_infer, NULL, 1, STASH_NONE, NULL, 0, pad_fwd, pad_bwd, NULL, 0, 0, 1},
+    {"Gather", "movement", gather_infer, gather_fold, 1, STASH_INPUTS, NULL, 0, gather_fwd, gather_bwd, NULL, 0, 0, 1},
+    {"Slice", "movement", slice_infer, slice_fold, 1, STASH_NONE, NULL, 0, slice_fwd, view_bwd, NULL, 0, OPF_READS_PART, 1},
+    {"Expand", "movement", expand_infer, expand_fold, 1, STASH_NONE, NULL, 0, expand_fwd, view_bwd, NULL, 0, 0, 1},
+    {"Tile", "movement", tile_infer, tile_fold, 1, STASH_NONE, NULL, 0, tile_fwd, view_bwd, NULL, 0, 0, 1},
     /* Cast's gradient is a copy: it reaches only float -> float casts (an integer carries none). */
-    {"Cast", "movement", cast_infer, cast_fold, 1, STASH_NONE, NULL, 0, cast_fwd, copy_bwd, NULL, 0, 0},
+    {"Cast", "movement", cast_infer, cast_fold, 1, STASH_NONE, NULL, 0, cast_fwd, copy_bwd, NULL, 0, 0, 0},
     /* Backward redraws the mask (k_dropout_grad says why): nothing is stashed. */
-    {"Dropout", "movement", dropout_infer, NULL, 1, STASH_NONE, dropout_flops, 0, dropout_fwd, dropout_bwd, NULL, 0, 0},
+    {"Dropout", "movement", dropout_infer, NULL, 1, STASH_NONE, dropout_flops, 0, dropout_fwd, dropout_bwd, NULL, 0, 0, 1},
     {0},
 };

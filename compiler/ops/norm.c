@@ -191,13 +191,13 @@ static double softmax_flops(Graph *g, const Node *n) { return 5 * rule_numel(nod
 /* BatchNormalization with the Relu that alone reads its output (fuse.c): one pass less each way.  Its
  * backward reads the output too, for the Relu's mask.  Not in the table: no model names it. */
 const OpDef OP_BATCHNORM_RELU = {"BatchNormalization+Relu", "norm", bn_infer, NULL, 7, STASH_BOTH, bn_flops, 0, bn_fwd, bn_bwd,
-                                 NULL, BN_RELU, 0};
+                                 NULL, BN_RELU, 0, 0x1F};
 
 const OpDef OPS_NORM[] = {
-    {"BatchNormalization", "norm", bn_infer, NULL, 7, STASH_INPUTS, bn_flops, 0, bn_fwd, bn_bwd, NULL, 0, 0},
-    {"LayerNormalization", "norm", ln_infer, NULL, 7, STASH_INPUTS, ln_flops, 0, ln_fwd, ln_bwd, NULL, 0, 0},
-    {"Softmax", "norm", infer_same, NULL, 1, STASH_OUTPUT, softmax_flops, 0, softmax_fwd, softmax_bwd, NULL, SOFTMAX, 0},
-    {"LogSoftmax", "norm", infer_same, NULL, 1, STASH_OUTPUT, softmax_flops, 0, softmax_fwd, softmax_bwd, NULL, LOG_SOFTMAX, 0},
+    {"BatchNormalization", "norm", bn_infer, NULL, 7, STASH_INPUTS, bn_flops, 0, bn_fwd, bn_bwd, NULL, 0, 0, 0x1F},
+    {"LayerNormalization", "norm", ln_infer, NULL, 7, STASH_INPUTS, ln_flops, 0, ln_fwd, ln_bwd, NULL, 0, 0, 7},
+    {"Softmax", "norm", infer_same, NULL, 1, STASH_OUTPUT, softmax_flops, 0, softmax_fwd, softmax_bwd, NULL, SOFTMAX, 0, 1},
+    {"LogSoftmax", "norm", infer_same, NULL, 1, STASH_OUTPUT, softmax_flops, 0, softmax_fwd, softmax_bwd, NULL, LOG_SOFTMAX, 0, 1},
     {0},
 };
 

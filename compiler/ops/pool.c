@@ -79,8 +79,8 @@ static double pool_flops(Graph *g, const Node *n) {
 static double global_flops(Graph *g, const Node *n) { return rule_numel(node_in(g, n, 0)); }
 
 const OpDef OPS_POOL[] = {
-    {"MaxPool", "pool", pool_infer, NULL, 1, STASH_INPUTS, pool_flops, 0, pool_fwd, pool_bwd, NULL, POOL_MAX, 0},
-    {"AveragePool", "pool", pool_infer, NULL, 1, STASH_NONE, pool_flops, 0, pool_fwd, pool_bwd, NULL, POOL_AVG, 0},
-    {"GlobalAveragePool", "pool", global_infer, NULL, 1, STASH_NONE, global_flops, 0, pool_fwd, pool_bwd, NULL, POOL_GLOBAL, 0},
+    {"MaxPool", "pool", pool_infer, NULL, 1, STASH_INPUTS, pool_flops, 0, pool_fwd, pool_bwd, NULL, POOL_MAX, 0, 1},
+    {"AveragePool", "pool", pool_infer, NULL, 1, STASH_NONE, pool_flops, 0, pool_fwd, pool_bwd, NULL, POOL_AVG, 0, 1},
+    {"GlobalAveragePool", "pool", global_infer, NULL, 1, STASH_NONE, global_flops, 0, pool_fwd, pool_bwd, NULL, POOL_GLOBAL, 0, 1},
     {0},
 };

@@ -157,9 +157,9 @@ static int argmax_fwd(Emit *e, const Node *n, int j) {
 }
 
 const OpDef OPS_REDUCE[] = {
-    {"ReduceMean", "reduce", reduce_infer, reduce_fold, 1, STASH_NONE, reduce_flops, 0, reduce_fwd, reduce_bwd, NULL, RED_MEAN, 0},
-    {"ReduceSum", "reduce", reduce_infer, reduce_fold, 1, STASH_NONE, reduce_flops, 0, reduce_fwd, reduce_bwd, NULL, RED_SUM, 0},
-    {"ReduceMax", "reduce", reduce_infer, reduce_fold, 1, STASH_BOTH, reduce_flops, 0, reduce_fwd, reduce_bwd, NULL, RED_MAX, 0},
-    {"ArgMax", "reduce", argmax_infer, argmax_fold, 0, STASH_NONE, reduce_flops, 0, argmax_fwd, NULL, NULL, 0, 0},
+    {"ReduceMean", "reduce", reduce_infer, reduce_fold, 1, STASH_NONE, reduce_flops, 0, reduce_fwd, reduce_bwd, NULL, RED_MEAN, 0, 1},
+    {"ReduceSum", "reduce", reduce_infer, reduce_fold, 1, STASH_NONE, reduce_flops, 0, reduce_fwd, reduce_bwd, NULL, RED_SUM, 0, 1},
+    {"ReduceMax", "reduce", reduce_infer, reduce_fold, 1, STASH_BOTH, reduce_flops, 0, reduce_fwd, reduce_bwd, NULL, RED_MAX, 0, 1},
+    {"ArgMax", "reduce", argmax_infer, argmax_fold, 0, STASH_NONE, reduce_flops, 0, argmax_fwd, NULL, NULL, 0, 0, 1},
     {0},
 };

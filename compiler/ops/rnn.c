@@ -163,7 +163,7 @@ static double rnn_flops(Graph *g, const Node *n) {
 }
 
 const OpDef OPS_RNN[] = {
-    {"LSTM", "rnn", rnn_infer, NULL, 0x6F, STASH_INPUTS, rnn_flops, 1, rnn_fwd, rnn_bwd, rnn_workspace, RNN_LSTM, OPF_FIRST_OUTPUT_OPTIONAL},
-    {"GRU", "rnn", rnn_infer, NULL, 0x2F, STASH_INPUTS, rnn_flops, 1, rnn_fwd, rnn_bwd, rnn_workspace, RNN_GRU, OPF_FIRST_OUTPUT_OPTIONAL},
+    {"LSTM", "rnn", rnn_infer, NULL, 0x6F, STASH_INPUTS, rnn_flops, 1, rnn_fwd, rnn_bwd, rnn_workspace, RNN_LSTM, OPF_FIRST_OUTPUT_OPTIONAL, 0xEF},
+    {"GRU", "rnn", rnn_infer, NULL, 0x2F, STASH_INPUTS, rnn_flops, 1, rnn_fwd, rnn_bwd, rnn_workspace, RNN_GRU, OPF_FIRST_OUTPUT_OPTIONAL, 0x2F},
     {0},
 };

@@ -102,7 +102,7 @@ def random_check(path, files, got):
 # compile fails until it is unpinned.
 _NO_DATA = "the graph has no data inputs"   # every input is an integer tensor, compiled in as a constant
 _LAST_AXIS = "only the last axis trains so far"
-_FLOAT_ONLY = "only float32 arithmetic runs at training time"
+_FLOAT_ONLY = "on float32 only (its kernels have no other element type)"
 _IN_TYPE = "graph input 'input' has an unsupported element type"   # bfloat16, string
 _CAST_RT = "runs only at compile time (at run time: float32 <-> int64"
 EXPECTED_REFUSALS = {
