@@ -11,6 +11,7 @@
 #include <cblas.h>
 #include <ctype.h>
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -188,7 +189,7 @@ static int probe_link(Link *l) {
 static double parse_time(const char *s) {
   char *end;
   double v = strtod(s, &end);
-  if (end == s || v < 0) return -1;
+  if (end == s || !(v >= 0) || !isfinite(v)) return -1;
   if (!*end || !strcmp(end, "s")) return v;
   if (!strcmp(end, "ms")) return v * 1e-3;
   if (!strcmp(end, "us")) return v * 1e-6;
@@ -200,7 +201,7 @@ static double parse_time(const char *s) {
 static double parse_rate(const char *s) {
   char *end;
   double v = strtod(s, &end);
-  if (end == s || v <= 0) return -1;
+  if (end == s || !(v > 0) || !isfinite(v)) return -1;
   switch (toupper((unsigned char)*end)) {
   case 0: return v;
   case 'K': v *= 1e3; break;
@@ -210,6 +211,17 @@ static double parse_rate(const char *s) {
   default: return -1;
   }
   return end[1] && strcmp(end + 1, "B/s") && strcmp(end + 1, "/s") ? -1 : v;
+}
+
+/* The sane range of a devices file's figure (key, its value x in FLOP/s, bytes/s, seconds or bytes), or
+ * NULL when x is in it.  A rank of 1e-300 FLOP/s predicted a step of 1e309 s, and the stages' watchdog
+ * (100 steps) never fired; NaN and Inf wrote a plan.json that is not JSON. */
+static const char *figure_out_of_range(const char *k, double x) {
+  if (!strcmp(k, "flops")) return x >= 1e6 && x <= 1e18 ? NULL : "expected 1M to 1000000T FLOP/s (e.g. flops=40G)";
+  if (!strcmp(k, "bandwidth")) return x >= 1e3 && x <= 1e15 ? NULL : "expected 1K to 1000T bytes/s (e.g. bandwidth=10G)";
+  if (!strcmp(k, "latency")) return x <= 10 ? NULL : "expected 0 to 10 s (e.g. latency=2us)";
+  if (!strcmp(k, "mem")) return x <= 1125899906842624.0 ? NULL : "expected at most 1024T bytes (e.g. mem=16G)";
+  return NULL;
 }
 
 int machine_parse(Machine *m, int n, const char *text, const char *name) {
@@ -271,6 +283,7 @@ int machine_parse(Machine *m, int n, const char *text, const char *name) {
       }
       else return err_set("%s:%d: unknown key '%s' for %s", name, lineno, k, tok[0]);
       if (x < 0) return err_set("%s:%d: bad value '%s' for %s", name, lineno, v, k);
+      if (figure_out_of_range(k, x)) return err_set("%s:%d: %s=%s is out of range: %s", name, lineno, k, v, figure_out_of_range(k, x));
     }
     if (is_rank && d.flops <= 0) return err_set("%s:%d: rank needs flops=RATE (e.g. flops=40G)", name, lineno);
     if (is_link && l.bandwidth <= 0) return err_set("%s:%d: link needs bandwidth=RATE (e.g. bandwidth=10G)", name, lineno);
@@ -398,6 +411,11 @@ int machine_load(Machine *m, int n, const char *devices_file, Pool *pool) {
   }
   char buf[1024];
   const char *path = cache_path(buf, sizeof buf);
+  /* A FIFO there: writing the probe's figures into it blocked pipecc until something read it. */
+  struct stat cst;
+  if (!stat(path, &cst) && !S_ISREG(cst.st_mode))
+    return err_set("the machine probe's cache %s is not a regular file (a FIFO, socket, device or directory): remove it, or set "
+                   "PIPECC_CACHE to another file", path);
   /* The figures hold for the BLAS kernels they were measured with (blas_core.h). */
   if (cached_machine(m, n, path) == 0) {
     m->source = pool_printf(pool, "probe of this machine, cached in %s", path);

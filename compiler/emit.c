@@ -153,9 +153,11 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
   /* The model's path goes into comments of run.sh and the Makefile: one line, escaped. */
   Buf model = {0};
   put_comment(&model, p->g.path);
-  Buf stages = {0}, mpmd = {0};
+  Buf stages = {0}, mpmd = {0}, large = {0};
+  buf_printf(&large, "%s", "");
   for (int s = 0; s < n; s++) {
     buf_printf(&stages, " stage_%d", s);
+    if (progs[s].arena_bytes >= (int64_t)1 << 30) buf_printf(&large, " stage_%d", s); /* the Makefile's LARGE_STAGES */
     buf_printf(&mpmd, " %s-n 1 \"$here/stage_%d\" ${prog[@]+\"${prog[@]}\"}", s ? ": " : "", s);
   }
   char nst[16];
@@ -174,15 +176,17 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
     if (i) buf_printf(&args, " ");
     shell_word(&args, p->opt.args[i]);
   }
-  const char *keys[] = {"NSTAGES", "MODEL", "RUNTIME", "STAGE_LIST", "MPMD", "PIPECC_BIN", "PIPECC_ARGS", "PLAN_CWD", "THREADS", "DEVICE"};
+  const char *keys[] = {"NSTAGES", "MODEL", "RUNTIME", "STAGE_LIST", "MPMD", "PIPECC_BIN", "PIPECC_ARGS", "PLAN_CWD", "THREADS", "DEVICE",
+                        "LARGE_STAGES"};
   char threads[16];
   snprintf(threads, sizeof threads, "%d", p->opt.threads > 1 ? p->opt.threads : 1);
-  const char *vals[] = {nst, model.s, rel, stages.s, mpmd.s, bin.s, args.s, cwd.s, threads, target_renderer(p)->target};
+  const char *vals[] = {nst, model.s, rel, stages.s, mpmd.s, bin.s, args.s, cwd.s, threads, target_renderer(p)->target, large.s};
   Buf mk = {0}, sh = {0};
-  tmpl_fill(&mk, TMPL_MAKEFILE, keys, vals, 10);
-  tmpl_fill(&sh, TMPL_RUN_SH, keys, vals, 10);
+  tmpl_fill(&mk, TMPL_MAKEFILE, keys, vals, 11);
+  tmpl_fill(&sh, TMPL_RUN_SH, keys, vals, 11);
   int rc = outdir_write(d, "Makefile", mk.s, mk.len) || outdir_write(d, "run.sh", sh.s, sh.len) ? -1 : 0;
   buf_free(&mk), buf_free(&sh), buf_free(&stages), buf_free(&mpmd), buf_free(&model), buf_free(&bin), buf_free(&args), buf_free(&cwd);
+  buf_free(&large);
   if (rc) return -1;
   return outdir_chmod(d, "run.sh", 0755);
 }

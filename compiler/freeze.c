@@ -18,9 +18,12 @@
  * (run.sh --freeze-at, --freeze auto); N counts the layers of the model as
  * loaded, so the same FILE means the same layers in the re-planned model. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "freeze.h"
 
@@ -40,8 +43,20 @@ int freeze_layers(const Plan *p, int *layers) {
 }
 
 static int parse(const char *path, int *count) {
-  FILE *f = fopen(path, "r");
-  if (!f) return err_set("--frozen %s: cannot read it: %s", path, strerror(errno));
+  /* A regular file only: fopen of a FIFO (as FILE, or as a freeze checkpoint's frozen.txt that run.sh
+   * re-plans with) waited for a writer with no time limit.  O_NONBLOCK keeps open() from waiting. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return err_set("--frozen %s: cannot read it: %s", path, strerror(errno));
+  struct stat st;
+  if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+    close(fd);
+    return err_set("--frozen %s: not a regular file (a FIFO, socket, device or directory)", path);
+  }
+  FILE *f = fdopen(fd, "r");
+  if (!f) {
+    close(fd);
+    return err_set("--frozen %s: cannot read it: %s", path, strerror(errno));
+  }
   char line[256];
   int lineno = 0, have_head = 0, have_n = 0, rc = 0, c, col = 0;
   /* Text only: a NUL or a control byte anywhere is refused with its line. */

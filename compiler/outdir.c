@@ -139,7 +139,9 @@ static int is_ours(const char *sub, const char *name, int is_dir) {
     return !is_dir && (is_stage_name(name, ".c") || is_stage_name(name, ""));
   }
   if (!strcmp(sub, "weights")) return !is_dir && (!strcmp(name, "manifest.txt") || is_stage_name(name, ".bin"));
-  return !is_dir && (ends_with(name, ".o") || ends_with(name, ".d")); /* build/: the Makefile's objects */
+  /* build/: the Makefile's objects, the GPU's runtime library, and what a make killed mid-rule leaves
+   * (each is written as NAME.PID.tmp, then renamed): a re-plan killed during make goes again (run.sh). */
+  return !is_dir && (ends_with(name, ".o") || ends_with(name, ".d") || ends_with(name, ".so") || ends_with(name, ".tmp"));
 }
 
 /* Appends to *list the entries of path/sub pipecc did not write; returns

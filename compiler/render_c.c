@@ -410,7 +410,13 @@ void render_c_stage(const StageSpec *s, Buf *o, const CDialect *d) {
 static const CDialect C_CPU = {
     .kernel_prefix = "k_",
     .includes = "",
-    .arena = "static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));\n",
+    /* In .lbss, which the linker puts after every other static variable (the runtime's and the libraries'
+     * .bss): an arena over 2 GiB, reached by the stage's -mcmodel=medium code (templates/Makefile.in), then
+     * leaves them within the 32-bit reach of their own small-model code.  In .bss the sample LeNet at
+     * -n 1 --batch 16384 (2.4 GiB) failed to link.  (GCC puts large data there itself under -mcmodel=medium.) */
+    .arena = "#ifdef __clang__\n#pragma clang section bss = \".lbss\"\n#endif\n"
+             "static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));\n"
+             "#ifdef __clang__\n#pragma clang section bss = \"\"\n#endif\n",
     .arena_fields = ".arena = arena",
 };
 static void render_stage(const StageSpec *s, Buf *o) { render_c_stage(s, o, &C_CPU); }

@@ -2,6 +2,7 @@
 #include "util.h"
 
 #include <ctype.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,7 +133,7 @@ void buf_free(Buf *b) {
 double parse_size(const char *s) {
   char *end;
   double v = strtod(s, &end);
-  if (end == s || v < 0 || v != v) return -1;
+  if (end == s || !(v >= 0) || !isfinite(v)) return -1; /* inf wrote "inf" into plan.json, which is not JSON */
   while (isspace((unsigned char)*end)) end++;
   double mul = 1;
   switch (toupper((unsigned char)*end)) {
@@ -145,7 +146,7 @@ double parse_size(const char *s) {
   default: return -1;
   }
   end++;
-  if (!strcmp(end, "") || !strcasecmp(end, "B") || !strcasecmp(end, "iB")) return v * mul;
+  if (!strcmp(end, "") || !strcasecmp(end, "B") || !strcasecmp(end, "iB")) return isfinite(v * mul) ? v * mul : -1;
   return -1;
 }
 

@@ -1,6 +1,8 @@
 /* args.c - run.sh's flags (parse_args) and, before step 1, that everything
  * the run will write can be written. */
 #include <errno.h>
+#include <float.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,10 +25,33 @@ void usage_error(const char *fmt, const char *arg) {
   exit(2);
 }
 
-static double num(const char *flag, const char *v, double lo) {
-  char *end;
-  double x = v ? strtod(v, &end) : 0;
-  if (!v || end == v || *end || x != x || x < lo) usage_error("bad value for %s", flag);
+/* A finite number from lo to hi.  inf, nan and 1e999 are refused here: accepted, --lr inf stopped
+ * the run at step 2 with a NaN gradient blamed on the learning rate ("lower --lr?"). */
+static double num(const char *flag, const char *v, double lo, double hi) {
+  char *end, why[512];
+  if (!v) usage_error("flag '%s' needs a value", flag);
+  double x = strtod(v, &end);
+  if (end == v || *end || !isfinite(x) || x < lo || x > hi) {
+    snprintf(why, sizeof why, "%s '%.200s': expected a finite number from %g to %g", flag, v, lo, hi);
+    usage_error("%s", why);
+  }
+  return x;
+}
+
+/* Steps and step counts: far beyond any run, and small enough that steps times a plan's actions (the
+ * trace's capacity) stays within 64 bits. */
+#define PR_MAX_STEPS ((int64_t)1 << 40)
+
+/* A whole number from lo to hi: --steps 1.9 ran 1 step and --steps inf said "--steps N is required". */
+static int64_t whole(const char *flag, const char *v, int64_t lo, int64_t hi) {
+  char *end, why[512];
+  if (!v) usage_error("flag '%s' needs a value", flag);
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (end == v || *end || errno || x < lo || x > hi) {
+    snprintf(why, sizeof why, "%s '%.200s': expected a whole number from %lld to %lld", flag, v, (long long)lo, (long long)hi);
+    usage_error("%s", why);
+  }
   return x;
 }
 
@@ -60,38 +85,38 @@ void parse_args(Args *a, int argc, char **argv) {
     const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define TAKE() (i++, v)
     if (!strcmp(f, "--data")) a->data = TAKE();
-    else if (!strcmp(f, "--steps")) a->steps = (int64_t)num(f, TAKE(), 1);
-    else if (!strcmp(f, "--lr")) a->lr = num(f, TAKE(), 0), a->have_lr = 1;
-    else if (!strcmp(f, "--momentum")) a->momentum = num(f, TAKE(), 0), a->have_momentum = 1;
-    else if (!strcmp(f, "--weight-decay")) a->weight_decay = num(f, TAKE(), 0), a->have_wd = 1;
-    else if (!strcmp(f, "--seed")) a->seed = (uint64_t)num(f, TAKE(), 0);
+    else if (!strcmp(f, "--steps")) a->steps = whole(f, TAKE(), 1, PR_MAX_STEPS);
+    else if (!strcmp(f, "--lr")) a->lr = num(f, TAKE(), 0, FLT_MAX), a->have_lr = 1;
+    else if (!strcmp(f, "--momentum")) a->momentum = num(f, TAKE(), 0, FLT_MAX), a->have_momentum = 1;
+    else if (!strcmp(f, "--weight-decay")) a->weight_decay = num(f, TAKE(), 0, FLT_MAX), a->have_wd = 1;
+    else if (!strcmp(f, "--seed")) a->seed = (uint64_t)whole(f, TAKE(), 0, INT64_MAX);
     else if (!strcmp(f, "--shuffle")) a->shuffle = 1;
     else if (!strcmp(f, "--no-shuffle")) a->shuffle = 0;
     else if (!strcmp(f, "--log")) a->log = TAKE();
     else if (!strcmp(f, "--save")) a->save = TAKE();
     else if (!strcmp(f, "--checkpoint")) a->checkpoint = TAKE();
-    else if (!strcmp(f, "--checkpoint-every")) a->ckpt_every = (int64_t)num(f, TAKE(), 1);
+    else if (!strcmp(f, "--checkpoint-every")) a->ckpt_every = whole(f, TAKE(), 1, PR_MAX_STEPS);
     else if (!strcmp(f, "--resume")) a->resume = TAKE();
     else if (!strcmp(f, "--lr-schedule")) a->lr_schedule = TAKE();
-    else if (!strcmp(f, "--warmup")) a->warmup = (int64_t)num(f, TAKE(), 0);
-    else if (!strcmp(f, "--min-lr")) a->min_lr = num(f, TAKE(), 0);
+    else if (!strcmp(f, "--warmup")) a->warmup = whole(f, TAKE(), 0, PR_MAX_STEPS);
+    else if (!strcmp(f, "--min-lr")) a->min_lr = num(f, TAKE(), 0, FLT_MAX);
     else if (!strcmp(f, "--quiet")) a->quiet = 1;
     else if (!strcmp(f, "--no-pin")) a->no_pin = 1;
     else if (!strcmp(f, "--trace")) a->trace = TAKE();
-    else if (!strcmp(f, "--timeout")) a->timeout = num(f, TAKE(), 0.001);
+    else if (!strcmp(f, "--timeout")) a->timeout = num(f, TAKE(), 0.001, 1e9);
     else if (!strcmp(f, "--blas-kernels")) TAKE(); /* pr_main pinned them */
     else if (!strcmp(f, "--offload-dir")) a->offload_dir = TAKE();
     else if (!strcmp(f, "--profile")) a->profile = TAKE();
     else if (!strcmp(f, "--freeze-at")) parse_freeze(a, TAKE());
     else if (!strcmp(f, "--freeze-dir")) a->freeze_dir = TAKE();
     else if (!strcmp(f, "--val")) a->val = TAKE();
-    else if (!strcmp(f, "--val-every")) a->val_every = (int64_t)num(f, TAKE(), 1);
+    else if (!strcmp(f, "--val-every")) a->val_every = whole(f, TAKE(), 1, PR_MAX_STEPS);
     else if (!strcmp(f, "--freeze")) {
       const char *w = TAKE();
       if (!w || strcmp(w, "auto")) usage_error("--freeze '%s': expected auto (or --freeze-at S:N for given steps)", w ? w : "");
       a->freeze_auto = 1;
-    } else if (!strcmp(f, "--freeze-every")) a->freeze_every = (int64_t)num(f, TAKE(), 1);
-    else if (!strcmp(f, "--freeze-threshold")) a->freeze_threshold = num(f, TAKE(), 0);
+    } else if (!strcmp(f, "--freeze-every")) a->freeze_every = whole(f, TAKE(), 1, PR_MAX_STEPS);
+    else if (!strcmp(f, "--freeze-threshold")) a->freeze_threshold = num(f, TAKE(), 0, DBL_MAX);
     else if (!strcmp(f, "--resume-freeze")) a->resume_freeze = TAKE();
     else usage_error("unknown flag '%s'", f);
     if (i >= argc) usage_error("flag '%s' needs a value", f);
@@ -119,6 +144,9 @@ static int writable_dir_of(const char *flag, const char *file, char *msg, size_t
     return snprintf(msg, len, "%s %s: directory %s does not exist", flag, file, dir), -1;
   if (access(dir, W_OK)) return snprintf(msg, len, "%s %s: cannot write in %s: %s", flag, file, dir, strerror(errno)), -1;
   if (stat(file, &sb) == 0 && S_ISDIR(sb.st_mode)) return snprintf(msg, len, "%s %s: is a directory", flag, file), -1;
+  /* A FIFO's open blocks until someone reads it (the run hung with no time limit); a device is no log. */
+  if (stat(file, &sb) == 0 && !S_ISREG(sb.st_mode))
+    return snprintf(msg, len, "%s %s: exists and is not a regular file (a FIFO, socket or device)", flag, file), -1;
   return 0;
 }
 
@@ -152,7 +180,14 @@ void check_outputs(Run *r) {
   if (ok && r->rank == 0 && r->a.trace) ok = writable_dir_of("--trace", r->a.trace, msg, sizeof msg) == 0;
   if (ok && r->rank == 0 && r->a.profile) ok = writable_dir_of("--profile", r->a.profile, msg, sizeof msg) == 0;
   if (ok && r->st->loss && r->a.log) ok = writable_dir_of("--log", r->a.log, msg, sizeof msg) == 0;
+  if (ok && r->st->loss && r->a.log && r->a.val) { /* --val's rows go beside the log (report.c) */
+    char vlog[4200];
+    snprintf(vlog, sizeof vlog, "%s.val.csv", r->a.log);
+    ok = writable_dir_of("--log", vlog, msg, sizeof msg) == 0;
+  }
   if (ok && r->a.checkpoint) ok = checkpoint_dir_ok(r->a.checkpoint, msg, sizeof msg) == 0;
   if (ok && r->rank == 0 && r->a.checkpoint) ok = ckpt_lock(r->a.checkpoint, msg, sizeof msg) == 0; /* before anything is written there */
   agree(ok, msg);
+  /* The manifest --save (and a freeze event) writes the model from, read now rather than after the training. */
+  if (r->a.save || r->a.nfreeze || r->a.freeze_auto) agree(pr_check_manifest(r->st, pr_stage_dir(), msg, sizeof msg) == 0, msg);
 }

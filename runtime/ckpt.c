@@ -469,6 +469,11 @@ void load_checkpoint(Run *r, const char *dir) {
   Manifest m;
   int ok = read_manifest(r, dir, &m, msg, sizeof msg) == 0 && same_plan(r->st, dir, &m, msg, sizeof msg) == 0 &&
            read_stage_file(r, dir, &m, msg, sizeof msg) == 0;
+  /* --steps counts from the run's start, the checkpoint's steps included: fewer ran "-2 steps" and exited 0. */
+  if (ok && r->step > r->a.steps)
+    ok = 0, snprintf(msg, sizeof msg, "--resume %s: the checkpoint is at step %lld, past --steps %lld (the total, counted from the "
+                                      "first step): give --steps above %lld to train on", dir, (long long)r->step, (long long)r->a.steps,
+                     (long long)r->step);
   agree(ok, msg);
 }
 

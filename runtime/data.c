@@ -80,7 +80,8 @@ static int is_file(const char *p) {
 static int map_file(const char *path, Mapped *m, char *err, size_t errlen) {
   m->p = NULL, m->len = 0;
   snprintf(m->path, sizeof m->path, "%s", path);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  /* O_NONBLOCK: a FIFO's open would wait for a writer (the run hung with no time limit); fstat refuses it below. */
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return fail(err, errlen, "data %s: cannot open: %s", path, strerror(errno));
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -90,7 +91,7 @@ static int map_file(const char *path, Mapped *m, char *err, size_t errlen) {
   }
   if (!S_ISREG(st.st_mode)) {
     close(fd);
-    return fail(err, errlen, "data %s: not a regular file", path);
+    return fail(err, errlen, "data %s: not a regular file (a FIFO, socket or device)", path);
   }
   if (st.st_size > 0) {
     void *p = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -344,6 +345,8 @@ int data_open(DataSet *d, const char *path, int kind_hint, char *err, size_t err
   int rc;
   if (stat(path, &st) != 0) {
     rc = fail(err, errlen, "data %s: missing: %s", path, strerror(errno));
+  } else if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
+    rc = fail(err, errlen, "data %s: not a regular file (token data) or a directory (images): a FIFO, socket or device", path);
   } else if (S_ISDIR(st.st_mode)) {
     if (kind_hint == DATA_TOKENS) {
       rc = fail(err, errlen, "data %s: a directory, but token data is one file of uint16 tokens", path);

@@ -3,6 +3,7 @@
  * inputs and labels into their slots, under a guard against data files that
  * shrink during the run. */
 #include <errno.h>
+#include <math.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -164,6 +165,22 @@ void alloc_scratch(Run *r) {
   if (!r->in_labels || !r->in_y || !r->lab_x || !r->lab_img) die(2, "out of memory for the loader's buffers");
 }
 
+/* Every trained weight in w (the weights region as loaded from path) is finite.  A NaN or Inf there
+ * (a model's initializer, or a damaged weights file) used to surface at step 1 or 2 as a NaN gradient
+ * blamed on the learning rate ("lower --lr?"): it is named here, before any step. */
+static int initial_weights_finite(const PrStage *st, const unsigned char *w, const char *path, char *msg, size_t len) {
+  for (int i = 0; i < st->nparams; i++) {
+    const PrParam *p = &st->params[i];
+    if (p->offset < 0 || p->count < 0 || p->offset > st->weights_bytes || p->count > (st->weights_bytes - p->offset) / 4) continue;
+    const float *v = (const float *)(const void *)(w + p->offset);
+    for (int64_t k = 0; k < p->count; k++)
+      if (!isfinite(v[k]))
+        return snprintf(msg, len, "weight '%s' is %s at element %lld at load (%s), before any step: a weight that is not finite cannot "
+                                  "train (is the model's initializer NaN or Inf?)", p->name, isnan(v[k]) ? "NaN" : "Inf", (long long)k, path), -1;
+  }
+  return 0;
+}
+
 /* The weights region from the stage's weights file (pipecc wrote it beside the program), through a host view. */
 void load_weights(Run *r) {
   const PrStage *st = r->st;
@@ -171,6 +188,7 @@ void load_weights(Run *r) {
   snprintf(path, sizeof path, "%s/weights/stage_%d.bin", pr_stage_dir(), st->stage);
   void *w = pr_dev_view(dev_at(r, 0), st->weights_bytes, PR_VIEW_WRITE);
   int ok = load_file(path, w, st->weights_bytes, msg, sizeof msg) == 0;
+  if (ok) ok = initial_weights_finite(st, w, path, msg, sizeof msg) == 0;
   pr_dev_release(w, dev_at(r, 0), st->weights_bytes, PR_VIEW_WRITE);
   agree(ok, msg);
 }

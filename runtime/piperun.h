@@ -190,4 +190,7 @@ const char *pr_kind_name(int kind);
 /* Collective: every stage's weights go to stage 0, which writes `path` - the
  * original model (dir/model.onnx) with its initializers replaced. */
 void pr_save_onnx(const PrStage *st, const char *path, const char *dir);
+/* Collective, before step 1: the manifest pr_save_onnx reads (dir/weights/manifest.txt) against
+ * dir/model.onnx and every stage's weights size; 0, or -1 with msg on stage 0 (the others return 0). */
+int pr_check_manifest(const PrStage *st, const char *dir, char *msg, size_t len);
 #endif

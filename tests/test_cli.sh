@@ -59,7 +59,7 @@ fail_case() {
   for a in "$@"; do args+=("${a//@OUT@/$out}"); done
   local run=$T/run
   rm -rf "$run" && mkdir "$run"
-  (cd "$run" && timeout 120 "$PIPECC" "${args[@]}" >"$T/stdout" 2>"$T/stderr")
+  (cd "$run" && timeout "${CASE_TIMEOUT:-120}" "$PIPECC" "${args[@]}" >"$T/stdout" 2>"$T/stderr")
   local rc=$? why=""
   local lines
   lines=$(wc -l <"$T/stderr")
@@ -295,6 +295,31 @@ mem_fits 4
 
 fail_case "13 --devices syntax error" "$M/bad_devices.txt:3" -- "$MLP" -n 2 --devices "$M/bad_devices.txt" -o @OUT@
 fail_case "13 --devices missing file" "--devices" "$M/no_devices.txt" -- "$MLP" -n 2 --devices "$M/no_devices.txt" -o @OUT@
+
+# Issue 34, items 16 and 18: a devices figure that is not finite, or absurd (flops=1e-300 predicted a step of
+# 1e309 s, the stages' watchdog), is refused naming FILE:LINE; NaN and Inf wrote a plan.json that is not JSON.
+dev_case() {
+  printf '%b' "$2" >"$M/devices_$1.txt"
+  fail_case "34 --devices with $3" "$M/devices_$1.txt:$4" "$5" -- "$MLP" -n 2 --devices "$M/devices_$1.txt" -o @OUT@
+}
+dev_case tiny 'rank * flops=1e-300\nlink * bandwidth=1G\n' "flops=1e-300" 1 "out of range"
+dev_case nan 'rank * flops=nan\nlink * bandwidth=1G\n' "flops=nan" 1 "'nan'"
+dev_case inf 'rank * flops=inf\nlink * bandwidth=1G\n' "flops=inf" 1 "'inf'"
+dev_case huge 'rank * flops=1e300\nlink * bandwidth=1G\n' "flops=1e300" 1 "out of range"
+dev_case bw 'rank * flops=10G\nlink * bandwidth=1e-300\n' "bandwidth=1e-300" 2 "out of range"
+dev_case lat 'rank * flops=10G\nlink * bandwidth=1G latency=nan\n' "latency=nan" 2 "'nan'"
+dev_case latinf 'rank * flops=10G\nlink * bandwidth=1G latency=inf\n' "latency=inf" 2 "'inf'"
+dev_case mem 'rank * flops=10G mem=inf\nlink * bandwidth=1G\n' "mem=inf" 1 "'inf'"
+dev_case memcpy 'rank * flops=10G\nlink * bandwidth=1G\nmemcpy bandwidth=nan\n' "memcpy bandwidth=nan" 3 "'nan'"
+fail_case "34 --mem-limit inf" "--mem-limit" "'inf'" -- "$MLP" --mem-limit inf -o @OUT@
+
+# Issue 34, item 16: a FIFO where pipecc reads or writes a file is refused at once, not waited on (each
+# case has 20 s: before, pipecc blocked in open() until something opened the other end).
+mkfifo "$T/fifo"
+CASE_TIMEOUT=20 fail_case "34 --frozen FIFO (refused, not waited on)" "--frozen $T/fifo" "not a regular file" -- \
+  "$LENET" -n 2 --frozen "$T/fifo" -o @OUT@
+PIPECC_CACHE=$T/fifo CASE_TIMEOUT=20 fail_case "34 PIPECC_CACHE naming a FIFO (refused, not waited on)" "$T/fifo" \
+  "not a regular file" -- "$MLP" -n 2 -o @OUT@
 
 # 14: -o names an existing directory that is not a pipecc output: refused, left as it was.
 keep=$T/out/mine

@@ -468,6 +468,18 @@ def body(T):
     bad("odd-sized raw token file", ("open", os.path.join(E, "odd.bin")), "odd.bin", "truncated", "odd size")
     open(os.path.join(E, "empty.bin"), "wb").close()
     bad("empty token file", ("open", os.path.join(E, "empty.bin")), "empty.bin", "empty")
+    # Issue 34, item 16: a FIFO as the data (run.sh --data or --val, a token model's or any) is refused at once:
+    # open() waited for a writer, and the run hung with no time limit.
+    fifo = os.path.join(E, "tokens.fifo")
+    os.mkfifo(fifo)
+    for hint, what in ((0, "detected"), (3, "token"), (3 | 16, "held-out token")):
+        try:
+            p = subprocess.run([probe, "open", fifo, str(hint)], capture_output=True, text=True, env=ENV, timeout=20)
+            rc, err = p.returncode, p.stderr
+        except subprocess.TimeoutExpired:
+            rc, err = None, "still waiting after 20 s"
+        check(rc == 1 and err.startswith("error: data ") and "tokens.fifo" in err and "not a regular file" in err and sanitizer_clean(err),
+              f"error: a FIFO as {what} data is refused at once -> {err.strip()[len('error: '):]}", f"rc {rc}: {err}")
 
     def llmc(name, magic, version, count, ntok, pad=0):
         h = np.zeros(256, "<i4")

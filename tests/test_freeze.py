@@ -538,6 +538,51 @@ def refusals(tmp, env):
     r = subprocess.run([PIPECC, lenet, "-n", "2", "--frozen", os.path.join(tmp, "missing.txt"), "-o", os.path.join(tmp, "m.pipe")],
                        capture_output=True, text=True, env=env)
     result(r.returncode == 2 and "cannot read" in r.stderr, "--frozen with a missing file is refused", r.stderr.strip()[:200])
+    replan_refusals(tmp, env, lenet)
+
+
+def replan_refusals(tmp, env, lenet):
+    """Issue 34, items 9 and 16: run.sh --resume of a freeze checkpoint re-plans into NAME.frozenN.pipe.  A directory
+    there holding what pipecc did not write (a trained model, notes) is refused by pipecc -o's own check, not
+    removed (run.sh rm -rf'd it); the checkpoint's frozen.txt a FIFO is refused, not waited on."""
+    out, new, ck = (os.path.join(tmp, x) for x in ("rp.pipe", "rp.frozen1.pipe", "rp-ck"))
+    sub = os.path.join(ck, "freeze-3")
+    os.makedirs(sub)
+    shutil.copy(lenet, os.path.join(sub, "model.onnx"))
+    with open(os.path.join(sub, "frozen.txt"), "w") as f:
+        f.write("pipecc-frozen 1\nlayers 1\n")
+    with open(os.path.join(ck, "FREEZE"), "w") as f:
+        f.write("pipecc-freeze 1\nstep 3\nlayers 1\ndir freeze-3\nelapsed 0\n")
+    for d in (out, new):   # new: a re-plan's directory, as a killed one leaves it (pipecc's plan.json and run.sh)
+        r = subprocess.run([PIPECC, lenet, "-n", "2", "--devices", DEVICES, "-o", d], capture_output=True, text=True, env=env)
+        if not result(r.returncode == 0, f"re-plan refusals: pipecc -o {os.path.basename(d)}", r.stderr.strip()[-200:]):
+            return
+    mine = {"trained.onnx": b"days of training", "notes.txt": b"what I tried"}
+    for k, v in mine.items():
+        with open(os.path.join(new, k), "wb") as f:
+            f.write(v)
+
+    def resume(timeout):
+        p = subprocess.Popen([os.path.join(out, "run.sh"), "--data", tmp, "--steps", "5", "--quiet", "--resume", ck], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env, cwd=tmp, start_new_session=True)
+        try:
+            o, e = p.communicate(timeout=timeout)
+            return p.returncode, e
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            return None, p.communicate()[1] + f" [still running after {timeout} s: killed]"
+
+    rc, err = resume(600)
+    kept = all(os.path.exists(os.path.join(new, k)) and open(os.path.join(new, k), "rb").read() == v for k, v in mine.items())
+    result(rc == 2 and kept and "trained.onnx" in err and "cannot re-plan" in err and os.path.exists(os.path.join(new, "plan.json")),
+           "a re-plan into a directory holding a trained model and notes is refused by pipecc -o's check, nothing removed",
+           f"rc {rc}, files kept: {kept}: {err.strip()[-300:]}")
+    shutil.rmtree(new)
+    os.remove(os.path.join(sub, "frozen.txt"))
+    os.mkfifo(os.path.join(sub, "frozen.txt"))
+    rc, err = resume(60)
+    result(rc == 2 and "frozen.txt" in err and "not a regular file" in err and not os.path.exists(new),
+           "a freeze checkpoint whose frozen.txt is a FIFO is refused at once, not waited on", f"rc {rc}: {err.strip()[-300:]}")
 
 
 def main():

@@ -21,7 +21,12 @@
     a log of whole rows; the model's file name holds a newline (every
     checkpoint here resumes with it);
   buffers (issue 34, item 5): an initializer holding -inf and one --constant
-    names are constants, trained bit-identically to Constant nodes, and saved.
+    names are constants, trained bit-identically to Constant nodes, and saved;
+  issue 34: a FIFO as --data, --val, --log (or LOG.val.csv) or --trace is
+    refused, not waited on; run.sh's non-finite and non-integer numbers, flags
+    without a value, --resume past --steps, a NaN weight at load and a damaged
+    weights/manifest.txt are refused before step 1, naming what; a stage arena
+    over 2 GiB (LeNet at -n 1 --batch 16384) builds and starts.
 
 The file size limits are set from outside (prlimit) on a running rank: Open
 MPI's own files at start-up need more room than the limit leaves.
@@ -642,6 +647,103 @@ def test_newline_name(run, data, tmp):
           f"a model whose file name holds a newline: its checkpoint resumes {errors(a)}{errors(b)}")
 
 
+# ---- issue 34, items 9, 15, 16 and 18: no hang, clear refusals, large arenas ----
+
+def sh_group(cmd, timeout):
+    """cmd in its own session; past timeout the whole group (mpirun and its ranks) is killed: (rc or None, out, err)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return p.returncode, out, err
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        return None, out, err + f" [still running after {timeout} s: killed]"
+
+
+def test_no_hang(run, data, tmp):
+    """A FIFO as --data, --val, --log or --trace is refused before step 1; open() used to wait for the other end."""
+    fifo = os.path.join(tmp, "a.fifo")
+    os.mkfifo(fifo)
+    base = ["--data", data, "--steps", "2", "--quiet"]
+    for flag, args in (("--data", ["--data", fifo, "--steps", "2", "--quiet"]), ("--val", base + ["--val", fifo]),
+                       ("--log", base + ["--log", fifo]), ("--trace", base + ["--trace", fifo])):
+        rc, out, err = sh_group([run, *args], 30)
+        check(rc not in (None, 0) and "a.fifo" in err and "not a regular file" in err and "step 1/" not in out,
+              f"a FIFO as {flag} is refused at once (rc {rc}): {errors_of(err)}")
+    log = os.path.join(tmp, "val.csv")
+    os.mkfifo(log + ".val.csv")
+    rc, out, err = sh_group([run, *base, "--val", data, "--log", log], 30)
+    check(rc not in (None, 0) and "val.csv.val.csv" in err and "not a regular file" in err,
+          f"a FIFO where --val writes beside --log (LOG.val.csv) is refused at once (rc {rc}): {errors_of(err)}")
+
+
+def errors_of(err):
+    return " | ".join(l for l in err.splitlines() if "piperun" in l or "run.sh" in l or "killed" in l)[:300]
+
+
+def test_clear_refusals(run, data, tmp, pipe):
+    """run.sh's numbers, --resume past --steps, run.sh's flags without a value, a NaN weight at load, a damaged manifest."""
+    for args, words in ((["--lr", "inf"], ["--lr", "'inf'", "finite"]), (["--weight-decay", "inf"], ["--weight-decay", "'inf'"]),
+                        (["--min-lr", "inf"], ["--min-lr", "'inf'"]), (["--steps", "inf"], ["--steps", "'inf'", "whole number"]),
+                        (["--steps", "1.9"], ["--steps", "'1.9'", "whole number"])):
+        r = sh([run, "--data", data, "--steps", "3", "--quiet", *args])
+        check(r.returncode == 2 and all(w in r.stderr for w in words) and "step 1/" not in r.stdout and "lower --lr" not in r.stderr,
+              f"run.sh {' '.join(args)} is refused at parse: {errors(r)}")
+    ck = os.path.join(tmp, "ck-steps")
+    r = sh([run, "--data", data, "--steps", "4", "--quiet", "--checkpoint", ck, "--checkpoint-every", "4"])
+    if check(r.returncode == 0 and manifest_step(ck) == 4, f"a checkpoint at step 4 ({errors(r)})"):
+        r = sh([run, "--data", data, "--steps", "2", "--resume", ck])
+        check(r.returncode == 2 and "step 4" in r.stderr and "--steps 2" in r.stderr and "done:" not in r.stdout,
+              f"--resume of step 4 with --steps 2 is refused (it printed 'done: -2 steps ... loss nan' and exited 0): {errors(r)}")
+    for flag in ("--mca", "--hostfile", "--checkpoint", "--resume"):
+        r = sh([run, "--data", data, "--steps", "2", flag])
+        check(r.returncode == 2 and f"run.sh: error: {flag} needs" in r.stderr and "unbound" not in r.stderr,
+              f"run.sh {flag} without its value says so: {r.stderr.strip()[:200]}")
+
+    def copy_pipe(name):
+        dst = os.path.join(tmp, name)
+        shutil.copytree(pipe, dst, symlinks=True)
+        return dst, [l.split() for l in open(os.path.join(dst, "weights", "manifest.txt")) if not l.startswith("#")]
+
+    nanw, man = copy_pipe("nanw.pipe")
+    stage, off, cnt, name = next(l for l in man if l[0] == "1")
+    wfile = os.path.join(nanw, "weights", "stage_1.bin")
+    b = bytearray(open(wfile, "rb").read())
+    b[int(off) + 8:int(off) + 12] = np.float32(np.nan).tobytes()
+    open(wfile, "wb").write(bytes(b))
+    r = sh([os.path.join(nanw, "run.sh"), "--data", data, "--steps", "2", "--quiet"])
+    check(r.returncode != 0 and f"weight '{name}' is NaN at element 2 at load" in r.stderr and "lower --lr" not in r.stderr
+          and "step 1/" not in r.stdout, f"a NaN initial weight is named at load, not blamed on the learning rate: {errors(r)}")
+    for what, edit, words in (("an offset past the stage's weights", lambda l: [l[0], "999999999", l[2], l[3]], ["outside stage"]),
+                              ("a wrong count", lambda l: [l[0], l[1], str(int(l[2]) + 1), l[3]], ["the manifest says"]),
+                              ("a line cut short", lambda l: l[:3], ["expected 'STAGE"]),
+                              ("a line missing", lambda l: None, ["no data in model.onnx"])):
+        bad, man = copy_pipe("man.pipe")
+        lines = [edit(l) if l[3] == name else l for l in man]
+        open(os.path.join(bad, "weights", "manifest.txt"), "w").write("".join(" ".join(l) + "\n" for l in lines if l))
+        out = os.path.join(tmp, "man.onnx")
+        r = sh([os.path.join(bad, "run.sh"), "--data", data, "--steps", "2", "--quiet", "--save", out])
+        check(r.returncode == 2 and "manifest.txt" in r.stderr and all(w in r.stderr for w in words) and "step 1/" not in r.stdout
+              and not os.path.exists(out) and "Segmentation" not in r.stderr,
+              f"--save with {what} in weights/manifest.txt is refused before step 1 (it segfaulted or wrote malformed ONNX): {errors(r)}")
+        shutil.rmtree(bad)
+
+
+def test_large_arena(tmp):
+    """A stage arena over 2 GiB builds and starts (it failed to link)."""
+    out = os.path.join(tmp, "lenet-16k.pipe")
+    r = sh([PIPECC, os.path.join(ROOT, "onnx_models", "lenet.onnx"), "-n", "1", "--batch", "16384", "--devices", DEVICES, "-o", out])
+    arena = [l for l in open(os.path.join(out, "stage_0.c")) if l.startswith("#define ARENA_BYTES")] if r.returncode == 0 else []
+    if not check(arena and int(arena[0].split()[2].rstrip("L")) > 2 << 30, f"LeNet at -n 1 --batch 16384 plans an arena over 2 GiB: "
+                 f"{arena[0].strip() if arena else r.stderr.strip()[-200:]}"):
+        return
+    r = sh(["make", "-s", "-C", out], timeout=600)
+    s = sh([os.path.join(out, "stage_0"), "--blas-core"]) if r.returncode == 0 else r
+    check(r.returncode == 0 and s.returncode == 0 and s.stdout.strip(),
+          f"its stage builds and starts (stage_0 --blas-core: {s.stdout.strip()}): {(r.stderr + s.stderr).strip()[-300:]}")
+
+
 def main():
     t0 = time.time()
     tmp = tempfile.mkdtemp(prefix="pipecc-safety.")
@@ -676,7 +778,10 @@ def main():
                                ("lock", test_lock, (run, data, tmp, pipe)),
                                ("write failures", test_write_failures, (run, data, tmp, pipe)),
                                ("newline", test_newline_name, (run, data, tmp)),
-                               ("buffers", test_buffers, (data, tmp))):
+                               ("buffers", test_buffers, (data, tmp)),
+                               ("no hang", test_no_hang, (run, data, tmp)),
+                               ("clear refusals", test_clear_refusals, (run, data, tmp, pipe)),
+                               ("large arena", test_large_arena, (tmp,))):
             try:
                 fn(*args)
             except Exception as e:  # one broken part must not hide the others' results

@@ -44,7 +44,13 @@ enum { PIN_CORE = 0, PIN_CORES = 0 }; /* a core per rank: not pinned */
 #define SIZE_dW_conv1_bias 24LL /* [6], weight gradient */
 #define dW_conv1_bias ((float *)(arena + OFF_dW_conv1_bias))
 
+#ifdef __clang__
+#pragma clang section bss = ".lbss"
+#endif
 static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
+#ifdef __clang__
+#pragma clang section bss = ""
+#endif
 
 static const ConvShape CONV_0 = {8, 1, 1, 28, 28, 6, 1, 5, 5, 1, 1, 28, 28, 1, 1, 1, 0, 2, 2, 1, 1, 1, 1, 878976};
 

@@ -50,7 +50,13 @@ enum { PIN_CORE = 0, PIN_CORES = 0 }; /* a core per rank: not pinned */
 #define SIZE_d__MaxPool_output_0_10 37632LL /* [8,6,14,14], temporary */
 #define d__MaxPool_output_0_10 ((float *)(arena + OFF_d__MaxPool_output_0_10))
 
+#ifdef __clang__
+#pragma clang section bss = ".lbss"
+#endif
 static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
+#ifdef __clang__
+#pragma clang section bss = ""
+#endif
 
 static const ConvShape CONV_3 = {8, 6, 1, 14, 14, 16, 1, 5, 5, 1, 1, 10, 10, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 183936};
 

@@ -20,13 +20,20 @@ pipecc_bin="$here/../"'../bin/pipecc'
 plan_cwd="$here/../"'../.'
 pipecc_args=('-n' '4' '--batch' '64' '--microbatches' '8' '--lr' '0.1' '--devices' 'tests/devices_equal.txt' '--schedule' 'async' '--staleness' '1')
 mpi=() prog=() all=("$@") ckdir="$here/freeze" resume=
+# needs K FLAG ARGS...: FLAG takes K values (under set -u a missing one was "$2: unbound variable").
+needs() {
+  if [ $(($# - 2)) -lt "$1" ]; then
+    echo "run.sh: error: $2 needs $([ "$1" = 1 ] && echo a value || echo "$1 values")" >&2
+    exit 2
+  fi
+}
 while [ $# -gt 0 ]; do
   case $1 in
-    --hostfile|--host|-H|--map-by|--bind-to|--rankfile) mpi+=("$1" "$2"); shift 2 ;;
-    --mca) mpi+=("$1" "$2" "$3"); shift 3 ;;
+    --hostfile|--host|-H|--map-by|--bind-to|--rankfile) needs 1 "$@"; mpi+=("$1" "$2"); shift 2 ;;
+    --mca) needs 2 "$@"; mpi+=("$1" "$2" "$3"); shift 3 ;;
     --oversubscribe|--report-bindings) mpi+=("$1"); shift ;;
-    --checkpoint) ckdir=$2; prog+=("$1" "$2"); shift 2 ;;
-    --resume) resume=$2; prog+=("$1" "$2"); shift 2 ;;
+    --checkpoint) needs 1 "$@"; ckdir=$2; prog+=("$1" "$2"); shift 2 ;;
+    --resume) needs 1 "$@"; resume=$2; prog+=("$1" "$2"); shift 2 ;;
     *) prog+=("$1"); shift ;;
   esac
 done
@@ -50,10 +57,14 @@ replan() {
   fi
   new="${here%.pipe}.frozen$layers.pipe"
   echo "run.sh: freeze after step $step: the first $layers parameterised layers; re-planning into $new"
-  # A re-plan cut short (killed in pipecc or make) left a directory of ours: start it again.
-  if [ -f "$new/plan.json" ] && [ -f "$new/run.sh" ]; then rm -rf "$new"; fi
-  (cd "$plan_cwd" && "$pipecc_bin" "$dir/$sub/model.onnx" ${pipecc_args[@]+"${pipecc_args[@]}"} --frozen "$dir/$sub/frozen.txt" \
-     -o "$new" >/dev/null)
+  # A re-plan cut short (killed in pipecc or make) left a directory of ours: pipecc -o replaces it only
+  # when everything in it is pipecc's or its Makefile's (compiler/outdir.c), and otherwise refuses, naming
+  # what is not (a trained model, notes, a checkpoint): never removed here.
+  if ! (cd "$plan_cwd" && "$pipecc_bin" "$dir/$sub/model.onnx" ${pipecc_args[@]+"${pipecc_args[@]}"} --frozen "$dir/$sub/frozen.txt" \
+     -o "$new" >/dev/null); then
+    echo "run.sh: error: cannot re-plan into $new (pipecc said why, above); once that is dealt with, run.sh with the same flags and --resume $dir continues" >&2
+    exit 2
+  fi
   make -s -j "$(nproc 2>/dev/null || echo 2)" -C "$new" # the stages build in parallel: the re-plan is time the run waits
   sed -n 's/^  frozen       /run.sh: frozen: /p' "$new/schedule.txt"
   echo "run.sh: cuts before: $(grep -o '"node_begin": [0-9]*' "$here/plan.json" | grep -o '[0-9]*$' | tr '\n' ' ')predicted step" \

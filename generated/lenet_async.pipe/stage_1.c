@@ -46,7 +46,13 @@ enum { STALENESS = 1, LOOKAHEAD = 1, NWVERSIONS = 0 };
 #define SIZE_d__conv1_Conv_output_0_6 150528LL /* [8,6,28,28], temporary */
 #define d__conv1_Conv_output_0_6 ((float *)(arena + OFF_d__conv1_Conv_output_0_6))
 
+#ifdef __clang__
+#pragma clang section bss = ".lbss"
+#endif
 static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
+#ifdef __clang__
+#pragma clang section bss = ""
+#endif
 
 static const PoolShape POOL_2 = {8, 6, 1, 28, 28, 1, 14, 14, 1, 2, 2, 1, 2, 2, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0};
 

@@ -121,7 +121,13 @@ enum { STALENESS = 1, LOOKAHEAD = 1, NWVERSIONS = 1 };
 #define SIZE_d__conv2_Conv_output_0_31 51200LL /* [8,16,10,10], temporary */
 #define d__conv2_Conv_output_0_31 ((float *)(arena + OFF_d__conv2_Conv_output_0_31))
 
+#ifdef __clang__
+#pragma clang section bss = ".lbss"
+#endif
 static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
+#ifdef __clang__
+#pragma clang section bss = ""
+#endif
 
 static const PoolShape POOL_5 = {8, 16, 1, 10, 10, 1, 5, 5, 1, 2, 2, 1, 2, 2, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0};
 
