@@ -144,9 +144,11 @@ static int writable_dir_of(const char *flag, const char *file, char *msg, size_t
     return snprintf(msg, len, "%s %s: directory %s does not exist", flag, file, dir), -1;
   if (access(dir, W_OK)) return snprintf(msg, len, "%s %s: cannot write in %s: %s", flag, file, dir, strerror(errno)), -1;
   if (stat(file, &sb) == 0 && S_ISDIR(sb.st_mode)) return snprintf(msg, len, "%s %s: is a directory", flag, file), -1;
-  /* A FIFO's open blocks until someone reads it (the run hung with no time limit); a device is no log. */
-  if (stat(file, &sb) == 0 && !S_ISREG(sb.st_mode))
-    return snprintf(msg, len, "%s %s: exists and is not a regular file (a FIFO, socket or device)", flag, file), -1;
+  /* A FIFO's open blocks until someone reads it (the run hung with no time limit), a socket's fails
+   * later.  A character device (/dev/stdout, /dev/null, /dev/full) is written in place, and a write
+   * that fails there stops the run with the reason; --save's own check refuses devices (save_target_ok). */
+  if (stat(file, &sb) == 0 && (S_ISFIFO(sb.st_mode) || S_ISSOCK(sb.st_mode)))
+    return snprintf(msg, len, "%s %s: exists and is not a regular file (a FIFO or a socket, which would block the run)", flag, file), -1;
   return 0;
 }
 
