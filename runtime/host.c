@@ -46,15 +46,18 @@ int64_t rss_anon(void) {
   return (int64_t)kb * 1024;
 }
 
-/* How many ranks run on this host (collective over every rank). */
-int host_ranks(void) {
+/* How many ranks run on this host, and where rank is not NULL this rank's number among them (the GPU
+ * it takes); collective over every rank. */
+int host_ranks_at(int *rank) {
   MPI_Comm node;
   int here = 1;
   MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
   MPI_Comm_size(node, &here);
+  if (rank) MPI_Comm_rank(node, rank);
   MPI_Comm_free(&node);
   return here;
 }
+int host_ranks(void) { return host_ranks_at(NULL); }
 
 /* More ranks than cores on one host: the plan chose which ranks share a core
  * (compiler/schedule.c, schedule_pin) and timed the step so; each rank pins

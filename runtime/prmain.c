@@ -97,11 +97,8 @@ static int start_mpi(int *argc, char ***argv, const PrStage *st) {
 
 /* This rank's number among the ranks on its host (the GPU it takes). */
 static int local_rank(void) {
-  MPI_Comm node;
   int k = 0;
-  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  MPI_Comm_rank(node, &k);
-  MPI_Comm_free(&node);
+  host_ranks_at(&k);
   return k;
 }
 

@@ -167,6 +167,7 @@ void check_outputs(Run *r);
 /* host.c */
 double now(void);
 int host_ranks(void);
+int host_ranks_at(int *rank);
 int pin_rank(const PrStage *st, const Args *a, cpu_set_t *before);
 int rank_cpus(int threads);
 void check_blas_core(int nranks);
