@@ -8,7 +8,6 @@ for that precision).
 
   bench.py BENCH_DIR DATA_DIR OUT_DIR     writes OUT_DIR/bench.txt and bench.json"""
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -21,20 +20,16 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import cases  # noqa: E402
 BENCH, DATA, OUT = sys.argv[1:4]
 # H100 SXM dense peaks (FLOP/s): fp32 on CUDA cores, TF32 and bf16 on tensor cores.
 PEAK = {"fp32": 67e12, "tf32": 494.7e12, "bf16": 989.4e12}
 STEPS, WARM = 12, 2
 
 
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
-
-ex = load(os.path.join(ROOT, "onnx_models", "export.py"), "export")
+ex = cases.load_module(os.path.join(ROOT, "onnx_models", "export.py"), "export")
 lines, res = [], {}
 
 

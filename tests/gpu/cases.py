@@ -1,5 +1,17 @@
 """The GPU check's cases, shared by prepare.py (here: compiles and builds them) and parity.py (on the GPU
-machine: runs them and compares).  Each case is one plan: a sample model, -n, a schedule and flags."""
+machine: runs them and compares).  Each case is one plan: a sample model, -n, a schedule and flags.
+Also load_module, which the GPU scripts use to reach onnx_models/export.py and tests/test_parity.py."""
+import importlib.util
+
+
+def load_module(path, name):
+    """The Python file at path as a module named name (a script, not a package member)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
 MODELS = {
     # name: (onnx, data kind, batch, micro-batches, lr, steps)
     "mlp": ("onnx_models/mlp.onnx", "mnist", 32, 4, 0.05, 10),

@@ -14,7 +14,6 @@ bits as the unlimited plan, the step time beside the unlimited one and the plan'
   parity.py PLANS_DIR DATA_DIR META_JSON OUT_DIR
 Writes OUT_DIR/parity.txt (one line per check, then the tally) and OUT_DIR/parity.json."""
 import csv
-import importlib.util
 import json
 import os
 import re
@@ -53,15 +52,9 @@ def check(ok, what):
     return ok
 
 
-def load(path, name):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
-
-ex = load(os.path.join(ROOT, "onnx_models", "export.py"), "export")
-par = load(os.path.join(ROOT, "tests", "test_parity.py"), "parity")
+ex = cases.load_module(os.path.join(ROOT, "onnx_models", "export.py"), "export")
+par = cases.load_module(os.path.join(ROOT, "tests", "test_parity.py"), "parity")
 
 
 def fp32_exact():
