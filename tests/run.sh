@@ -55,6 +55,10 @@ suite "sources: no include cycle between modules, no function over 120 lines (pl
 suite "the GPU path builds without a GPU: every sample model's CUDA stage programs at n = 2 compile and link with nvcc, and bin/gpu-kernels links" env PIPECC=bin/pipecc $PY tests/test_cuda_build.py
 suite "stage specs: plan.json's messages are the stage programs' RECV and SEND tables, and every send pairs with its receive (peer, tag, bytes) on every sample model, n = 2 and 4, direct and relayed" env PIPECC=bin/pipecc $PY tests/test_spec.py
 suite "run-time kernels (Gelu, LeakyRelu, Concat, views, Cast, unary maths, Max/Min, comparisons, ReduceMax, ArgMax, Philox and Dropout) against double references, and the same bits on 3 threads (ASan build)" bin/test_kernels
+for set in $(bin/test_kernels --kernel-sets); do
+  suite "the same bits on 1 and 3 threads (every splitting kernel, pr_sgemm's bands) under OpenBLAS's $set kernels (ASan build)" \
+    env OPENBLAS_CORETYPE="$set" bin/test_kernels --threads-only
+done
 suite "shapes vs onnx.shape_inference (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_shapes.py
 suite "bad input (ASan build)" env PIPECC=bin/pipecc-asan bash tests/test_cli.sh
 suite "every sample model through code generation (ASan/UBSan build), n = 1..8, every schedule" bash tests/test_asan_models.sh

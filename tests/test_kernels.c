@@ -25,6 +25,9 @@
  *     both layouts, GRU's linear_before_reset 0 and 1, zero or given initial
  *     state, with or without bias) against the ONNX equations in double and
  *     central differences of them.
+ *   - --threads: every kernel that splits, and pr_sgemm's bands (and its transposed short products),
+ *     give the same bits on 3 threads as on 1; `--threads-only` runs just these, which make test does
+ *     under each OpenBLAS kernel set the CPU runs (`--kernel-sets` lists them).
  * Built under ASan + UBSan (make bin/test_kernels); ends with "N passed, M failed, K skipped, R refused" (check.h). */
 #include <float.h>
 #include <setjmp.h>
@@ -35,6 +38,7 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "blas_core.h"
 
 #include "check.h"
 /* A summary line, printed only when every check since `since` held. */
@@ -1253,9 +1257,57 @@ static void count_part(const void *arg, int64_t lo, int64_t hi) {
   parts_seen[lo / 1000 % 64] = (int)(hi - lo);
 }
 
+/* pr_sgemm's shapes for the thread check: {M, N, K, ldc}.  Rows cut (320, 250: two whole blocks and a
+ * rest), short and wide C computed transposed (64 x 640, 8 x 5000, 100 x 1000), one just under the
+ * transposed size (191 x 192 x 64), and a C inside a wider matrix. */
+enum { GEMM_SHAPES = 9, GEMM_A = 5000 * 1100, GEMM_C = 1100 * 500 };
+static const int gemm_shapes[GEMM_SHAPES][4] = {{320, 96, 512, 96},   {64, 640, 256, 640},   {8, 5000, 64, 5000},
+                                                {100, 1000, 300, 1000}, {250, 300, 200, 300}, {191, 192, 64, 192},
+                                                {96, 400, 300, 1100},   {500, 1000, 1100, 1000}, {1000, 130, 100, 130}};
+static float gemm_one[GEMM_SHAPES][8][GEMM_C];
+
+/* The rows and columns held to the double reference: the edges of the first blocks and of the rest,
+ * and every 37th (all of them would take half a minute under the sanitizers). */
+static int gemm_sampled(int i, int n) { return i % 37 == 0 || i == 95 || i == 96 || i == n - 1 || i == n / 96 * 96; }
+
+/* Shape c under transposition/beta case t (ta = bit 0, tb = bit 1, beta = bit 2), from fixed inputs;
+ * checked against a double reference once (the first call for c, t). */
+static float *gemm_run(int c, int t) {
+  static float a[GEMM_A], b[GEMM_A], out[GEMM_C], c0[GEMM_C];
+  static int filled, checked[GEMM_SHAPES][8];
+  if (!filled) rng_state = 777, fill(a, GEMM_A, -1, 1), fill(b, GEMM_A, -1, 1), fill(c0, GEMM_C, -1, 1), filled = 1;
+  int M = gemm_shapes[c][0], N = gemm_shapes[c][1], K = gemm_shapes[c][2], ldc = gemm_shapes[c][3], ta = t & 1, tb = t >> 1 & 1;
+  float beta = (float)(t >> 2);
+  int lda = ta ? M : K, ldb = tb ? K : N;
+  memcpy(out, c0, sizeof out);
+  pr_sgemm(ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N, K, 0.5f, a, lda, b, ldb, beta, out, ldc);
+  if (!checked[c][t]) {
+    double worst = 0;
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) {
+        if (!gemm_sampled(i, M) || !gemm_sampled(j, N)) continue;
+        double s = 0, mag = 0;
+        for (int k = 0; k < K; k++) {
+          double p = (double)(ta ? a[k * lda + i] : a[i * lda + k]) * (tb ? b[j * ldb + k] : b[k * ldb + j]);
+          s += p, mag += fabs(p);
+        }
+        double want = 0.5 * s + beta * c0[i * ldc + j], err = fabs(out[i * ldc + j] - want) / (0.5 * mag + fabs(beta * c0[i * ldc + j]) + 1e-30);
+        if (err > worst) worst = err;
+      }
+    for (int i = 0; i < M; i++) /* the columns past N, when C is inside a wider matrix, untouched */
+      for (int j = N; j < ldc; j++)
+        if (memcmp(&out[i * ldc + j], &c0[i * ldc + j], sizeof(float))) worst = 1;
+    CHECK(worst < 1e-6, "pr_sgemm %dx%dx%d ldc %d ta=%d tb=%d beta=%g: %.3g from the double reference\n", M, N, K, ldc, ta, tb, (double)beta, worst);
+    checked[c][t] = 1;
+  }
+  return out;
+}
+
 static void test_threads(void) {
   static ThreadOut one, three;
   thread_kernels(&one);
+  for (int c = 0; c < GEMM_SHAPES; c++)
+    for (int t = 0; t < 8; t++) memcpy(gemm_one[c][t], gemm_run(c, t), sizeof(float) * GEMM_C);
   CHECK(pr_par_init(3, 3) == 0, "pr_par_init(3) failed\n");
   /* splitting at all: three parts of whole grains, the last to the end */
   memset(parts_seen, 0, sizeof parts_seen);
@@ -1270,21 +1322,14 @@ static void test_threads(void) {
   pr_par_for(3000, 1000, 10, count_part, NULL);
   CHECK(parts_seen[0] == 3000, "pr_par_for below PR_PAR_MIN_WORK did not run serially (%d)\n", parts_seen[0]);
   thread_kernels(&three);
-  /* gemm.c's bands against one OpenBLAS call: C's rows cut (M = 320), its columns cut (M = 64, N = 640),
-   * each transposition, beta 0 and 1: the same bits */
-  static float ga[320 * 640], gb[640 * 640], gc1[320 * 640], gc2[320 * 640];
-  fill(ga, 320 * 640, -1, 1), fill(gb, 640 * 640, -1, 1);
-  const int gs[][3] = {{320, 96, 512}, {64, 640, 256}};
-  for (int c = 0; c < 2; c++)
+  /* gemm.c's bands on 3 threads against pr_sgemm on one (gemm_one, before pr_par_init), and against a
+   * double reference: C's rows cut, a short C computed transposed and cut, odd remainders, a C inside a
+   * wider matrix (ldc > N), each transposition, beta 0 and 1 */
+  for (int c = 0; c < GEMM_SHAPES; c++)
     for (int t = 0; t < 8; t++) {
-      int M = gs[c][0], N = gs[c][1], K = gs[c][2], ta = t & 1, tb = t >> 1 & 1;
-      float beta = (float)(t >> 2);
-      enum CBLAS_TRANSPOSE TA = ta ? CblasTrans : CblasNoTrans, TB = tb ? CblasTrans : CblasNoTrans;
-      fill(gc1, (int64_t)M * N, -1, 1), memcpy(gc2, gc1, sizeof(float) * (size_t)(M * N));
-      cblas_sgemm(CblasRowMajor, TA, TB, M, N, K, 0.5f, ga, ta ? M : K, gb, tb ? K : N, beta, gc1, N);
-      pr_sgemm(TA, TB, M, N, K, 0.5f, ga, ta ? M : K, gb, tb ? K : N, beta, gc2, N);
-      CHECK(!memcmp(gc1, gc2, sizeof(float) * (size_t)(M * N)), "pr_sgemm %dx%dx%d ta=%d tb=%d beta=%g on 3 threads differs from one cblas_sgemm\n",
-            M, N, K, ta, tb, (double)beta);
+      float *got = gemm_run(c, t);
+      CHECK(!memcmp(gemm_one[c][t], got, sizeof(float) * GEMM_C), "pr_sgemm %dx%dx%d ldc %d ta=%d tb=%d beta=%d: 3 threads differ from 1 (%s)\n",
+            gemm_shapes[c][0], gemm_shapes[c][1], gemm_shapes[c][2], gemm_shapes[c][3], t & 1, t >> 1 & 1, t >> 2, getenv("OPENBLAS_CORETYPE") ?: "default kernels");
     }
   const char *what[] = {"elementwise", "rows", "layernorm weights", "transpose", "take", "binary", "binary summed"};
   size_t off[] = {offsetof(ThreadOut, ew), offsetof(ThreadOut, rows), offsetof(ThreadOut, ln_w), offsetof(ThreadOut, perm),
@@ -1294,9 +1339,23 @@ static void test_threads(void) {
   pr_par_stop();
 }
 
-int main(void) {
+/* --kernel-sets: the OpenBLAS kernel sets this CPU can run (blas_core.h), one a line, for tests/run.sh;
+ * --threads-only: just the thread checks (run.sh runs them under each set). */
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "--kernel-sets")) {
+    const char *sets[] = {"SkylakeX", "Haswell", "Zen", "Sandybridge", "Nehalem", "Prescott"};
+    for (size_t i = 0; i < sizeof sets / sizeof *sets; i++)
+      if (blas_core_runs_here(sets[i]) == 1) puts(sets[i]);
+    return 0;
+  }
   make_inputs();
   test_threads();
+  if (argc > 1 && !strcmp(argv[1], "--threads-only")) {
+    const char *want = getenv("OPENBLAS_CORETYPE"), *got = openblas_get_corename();
+    CHECK(!want || !*want || !strcasecmp(want, got), "OPENBLAS_CORETYPE=%s, but OpenBLAS runs its %s kernels\n", want, got);
+    printf("ok - OpenBLAS's kernel set: %s\n", got);
+    return check_finish();
+  }
   test_where();
   test_transpose();
 #if defined(PR_MVEC) && defined(__AVX2__)
