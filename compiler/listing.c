@@ -498,6 +498,13 @@ void listing_text(const Plan *p, Buf *b) {
   if (p->opt.mem_limit > 0) buf_printf(b, "  mem limit    %s per rank\n", fmt_bytes(p->opt.mem_limit));
   if (p->conv_note) buf_printf(b, "  convolution  %s\n", p->conv_note);
   if (p->part_note) buf_printf(b, "  partition    %s\n", p->part_note);
+  if (p->part.blocks)
+    buf_printf(b, "  partition    %d nodes: over %d blocks of about equal work first, then exactly within two blocks of each cut "
+                  "(the exact DP would price about %.0f stages); optimal among the cuts in those windows\n",
+               p->N, p->part.blocks, 0.5 * n * (double)p->N * p->N);
+  if (p->part.budget_spent)
+    buf_printf(b, "  partition    past its bound on building stage programs, a candidate fitted the memory limit by its estimate "
+                  "(an upper bound); the chosen stages were checked by their arenas\n");
   buf_printf(b, "\n");
   for (int s = 0; s < n; s++) stage_text(p, s, b);
   tie_text(p, b);
@@ -703,7 +710,7 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, "  \"partition\": \"%s\",\n  \"partition_note\": ", p->opt.partition == PARTITION_CHAIN ? "chain" : "dag");
   if (p->part_note) json_str(b, p->part_note);
   else buf_printf(b, "null");
-  buf_printf(b, ",\n  \"chain_max_stage_time_s\": %.9g,\n", p->chain_time);
+  buf_printf(b, ",\n  \"partition_blocks\": %d,\n  \"chain_max_stage_time_s\": %.9g,\n", p->part.blocks, p->chain_time);
   buf_printf(b, "  \"batch\": %lld,\n  \"microbatches\": %d,\n  \"microbatch_size\": %lld,\n  \"schedule\": \"%s\",\n  \"stages\": %d,\n",
              (long long)p->batch, p->opt.microbatches, (long long)p->mb_size, schedule_name(p->opt.schedule), n);
   buf_printf(b, "  \"optimizer\": \"%s\",\n  \"optimizer_slots_per_param\": %.0f,\n", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots);

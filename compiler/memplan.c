@@ -96,6 +96,15 @@ void memplan(Plan *p, StageProg *sp, int nslots, int ngslots) {
   memplan_as(p, sp, nslots, ngslots, p->fb && p->role ? p->role[sp->stage] : ROLE_BOTH);
 }
 
+/* A placed temporary's bytes [lo, hi). */
+typedef struct Span {
+  int64_t lo, hi;
+} Span;
+static int by_start(const void *a, const void *b) {
+  const Span *x = a, *y = b;
+  return (x->lo > y->lo) - (x->lo < y->lo);
+}
+
 void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
   sp->nslots = nslots;
   sp->ngslots = ngslots;
@@ -150,28 +159,33 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
   sp->store_base = off;
   off += sp->store_stride * sp->nstore;
   sp->mem_store = sp->store_stride * sp->nstore;
-  /* Temporaries by first fit, largest first. */
+  /* Temporaries by first fit, largest first: each at the lowest offset from `base` where it meets no
+   * placed temporary alive at the same time.  Those are swept by offset (a gap before the next one
+   * that fits ends the sweep), so a stage of many short-lived temporaries is planned in about
+   * n log n, not the n^2 passes of moving past each in turn. */
   int64_t base = off, end = off;
   int *idx = malloc(sizeof(int) * (size_t)sp->nbufs), nt = 0;
+  Span *live = malloc(sizeof(Span) * (size_t)(sp->nbufs ? sp->nbufs : 1));
+  if (!idx || !live) abort();
   for (int i = 0; i < sp->nbufs; i++)
     if (sp->bufs[i].kind == BUF_TEMP && !sp->bufs[i].unused) idx[nt++] = i;
   qsort_r(idx, (size_t)nt, sizeof(int), by_size, sp->bufs);
   for (int a = 0; a < nt; a++) {
     Buffer *b = &sp->bufs[idx[a]];
     if (b->first < 0) b->first = b->last = -2; /* never touched: still give it room */
-    int64_t at = base;
-    for (int moved = 1; moved;) {
-      moved = 0;
-      for (int q = 0; q < a; q++) {
-        Buffer *o = &sp->bufs[idx[q]];
-        int overlap_t = !(b->last < o->first || o->last < b->first);
-        int overlap_m = at < o->offset + up(o->bytes) && o->offset < at + up(b->bytes);
-        if (overlap_t && overlap_m) at = o->offset + up(o->bytes), moved = 1;
-      }
+    int nl = 0;
+    for (int q = 0; q < a; q++) {
+      const Buffer *o = &sp->bufs[idx[q]];
+      if (!(b->last < o->first || o->last < b->first)) live[nl++] = (Span){o->offset, o->offset + up(o->bytes)};
     }
+    qsort(live, (size_t)nl, sizeof *live, by_start);
+    int64_t at = base, size = up(b->bytes);
+    for (int k = 0; k < nl && live[k].lo < at + size; k++)
+      if (live[k].hi > at) at = live[k].hi;
     b->offset = at;
-    if (at + up(b->bytes) > end) end = at + up(b->bytes);
+    if (at + size > end) end = at + size;
   }
+  free(live);
   free(idx);
   sp->arena_bytes = end;
   sp->mem_temps = end - base;

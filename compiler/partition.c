@@ -29,7 +29,14 @@ struct PartCtx {
   int *open_hi;
   double *open_bytes, *open_grad;
   int screen;        /* with stage_mem: a candidate whose estimate fits is taken as fitting without building it */
+  int bound_only;    /* the leanest plan (mode 2) by the lower bound alone, building no stage (a long order's error) */
+  double built;      /* stage programs built for their memory: the sum of their nodes squared (memplan's work) */
 };
+
+/* Past this much building (the sum over built stages of their nodes squared: some seconds of memplan),
+ * a candidate fits by its closed-form estimate alone, which has stayed above the arena on every sample
+ * model; the plan chosen is still checked by its arenas (partition_solve). */
+#define PART_BUILD_WORK 4e8
 
 /* Micro-batches whose stash a stage holds at once: all of them under GPipe;
  * p - s under 1F1B; p on every stage under ZB-H1, whose deferred W's keep
@@ -181,8 +188,11 @@ static void sums_at(const PartCtx *c, int b, PartSums *o) {
                   .first = b == 0, .last = b == c->p->N};
 }
 
+double part_evals;
+
 void part_stage_cost(const PartCtx *c, int s, int i, int j, StageCost *o) {
   PartSums lo, hi;
+  part_evals++;
   sums_at(c, i, &lo);
   sums_at(c, j, &hi);
   pass_through(c, i, j, &hi);
@@ -247,7 +257,10 @@ double part_stage_limit(const PartProblem *p, int s) {
 
 double part_stage_mem(const PartCtx *c, int s, int i, int j) {
   const PartProblem *p = c->p;
-  if (p->stage_mem) return p->stage_mem(p->mem_ctx, s, i, j);
+  if (p->stage_mem) {
+    ((PartCtx *)c)->built += (double)(j - i) * (j - i); /* (the context is the DP's scratch, not its input) */
+    return p->stage_mem(p->mem_ctx, s, i, j);
+  }
   StageCost sc;
   part_stage_cost(c, s, i, j, &sc);
   return sc.mem_total;
@@ -285,17 +298,28 @@ static int by_key(const void *a, const void *b) {
   return x->key < y->key ? -1 : x->key > y->key ? 1 : x->i - y->i;
 }
 
-/* The best i for cell (s, j), or -1; *best gets its value.  Candidates are
- * tried best value first (ties: smallest i, as a plain scan keeps), so the
- * exact memory is computed only for those that could win, and only where a
- * limit applies; a lower bound rules out most without building anything. */
-static int best_cut(const PartCtx *c, int mode, double cap, const double *prev, int s, int j, Cand *cand, double *kept,
-                    double *best) {
+/* Where the DP may cut: cut s (the start of stage s; cut n is N) at one of the positions
+ * pos[lo[s]] .. pos[hi[s]], positions ascending.  The exact DP allows every position a stage can
+ * start at; a long order is first planned over blocks of nodes, then again within windows around
+ * that plan's cuts (partition_solve). */
+typedef struct Grid {
+  const int *pos;
+  const int *lo, *hi; /* per cut s = 0..n, indices into pos */
+} Grid;
+
+/* The best i for cell (s, j), or -1; *best gets its value.  Without a
+ * memory limit, the smallest value (ties: smallest i); with one, candidates
+ * are tried best value first (ties: smallest i, as a plain scan keeps), so
+ * the exact memory is computed only for those that could win; a lower bound
+ * rules out most without building anything. */
+static int best_cut(const PartCtx *c, int mode, double cap, const double *prev, int s, int j, const Grid *gr, Cand *cand,
+                    double *kept, double *best) {
   double lim = part_stage_limit(c->p, s);
   StageCost sc;
   int nc = 0;
   if (lim > 0 && c->p->stage_mem) stash_within(c->p, j, kept);
-  for (int i = s; i < j; i++) {
+  for (int k = gr->lo[s]; k <= gr->hi[s] && gr->pos[k] < j; k++) {
+    int i = gr->pos[k];
     if (prev[i] == INFINITY) continue;
     double key;
     sc.mem_total = INFINITY;
@@ -309,28 +333,36 @@ static int best_cut(const PartCtx *c, int mode, double cap, const double *prev, 
     }
     cand[nc++] = (Cand){key, sc.mem_total, i};
   }
-  qsort(cand, (size_t)nc, sizeof *cand, by_key);
   *best = INFINITY;
+  if (mode != 2 && lim <= 0) { /* every candidate fits: the first smallest (candidates come by i ascending) */
+    int barg = -1;
+    for (int k = 0; k < nc; k++)
+      if (cand[k].key < *best) *best = cand[k].key, barg = cand[k].i;
+    return barg;
+  }
+  qsort(cand, (size_t)nc, sizeof *cand, by_key);
   int barg = -1;
   for (int k = 0; k < nc; k++) {
     int i = cand[k].i;
     if (mode != 2) {
-      int fits = lim <= 0 || (c->screen && cand[k].est <= lim) || part_stage_mem(c, s, i, j) <= lim;
+      int fits = lim <= 0 || ((c->screen || c->built > PART_BUILD_WORK) && cand[k].est <= lim) ||
+                 (c->built <= PART_BUILD_WORK && part_stage_mem(c, s, i, j) <= lim);
       if (!fits) continue;
       *best = cand[k].key;
       return i;
     }
     if (cand[k].key > *best) break;
+    if (c->bound_only) return *best = cand[k].key, i;
     double m = part_stage_mem(c, s, i, j), v = fmax(prev[i], lim > 0 ? m / lim : m);
     if (v < *best || (v == *best && i < barg)) *best = v, barg = i;
   }
   return barg;
 }
 
-/* One DP over (stages, prefix length).  mode 0: minimise the max stage time;
+/* One DP over (stages, prefix length) on the grid's cuts.  mode 0: minimise the max stage time;
  * mode 1: minimise the sum of squared times with every stage <= cap;
  * mode 2: minimise the max of memory / limit, ignoring limits (for errors). */
-static double run_dp(const PartCtx *c, int mode, double cap, int *start) {
+static double run_dp(const PartCtx *c, int mode, double cap, const Grid *gr, int *start) {
   const PartProblem *p = c->p;
   int N = p->N, n = p->nstages;
   size_t W = (size_t)N + 1;
@@ -341,12 +373,11 @@ static double run_dp(const PartCtx *c, int mode, double cap, int *start) {
   if (!f || !arg || !cand || !kept) abort();
   for (size_t k = 0; k < (size_t)(n + 1) * W; k++) f[k] = INFINITY, arg[k] = -1;
   f[0] = 0;
-  for (int s = 0; s < n; s++)
-    /* Stage s covers [i, j); leave at least one node for each later stage
-     * (the last stage ends at N). */
-    for (int j = s == n - 1 ? N : s + 1; j <= N - (n - s - 1); j++) {
+  for (int s = 0; s < n; s++) /* stage s covers [i, j): i at cut s, j at cut s + 1 */
+    for (int k = gr->lo[s + 1]; k <= gr->hi[s + 1]; k++) {
+      int j = gr->pos[k];
       size_t at = (size_t)(s + 1) * W + (size_t)j;
-      arg[at] = best_cut(c, mode, cap, f + (size_t)s * W, s, j, cand, kept, &f[at]);
+      arg[at] = best_cut(c, mode, cap, f + (size_t)s * W, s, j, gr, cand, kept, &f[at]);
     }
   double res = f[(size_t)n * W + (size_t)N];
   if (start && res < INFINITY) {
@@ -361,10 +392,15 @@ static double run_dp(const PartCtx *c, int mode, double cap, int *start) {
 }
 
 /* The fullest rank's memory in the leanest plan, as an error. */
-static int no_fit(const PartCtx *c, Partition *out, Pool *pool) {
+static double solve_blocked(PartCtx *c, int mode, int *start, int *blocks, Pool *pool);
+static int no_fit(PartCtx *c, const Grid *whole, int blocked, Partition *out, Pool *pool) {
   const PartProblem *p = c->p;
-  int *tmp = pool_alloc(pool, sizeof(int) * (size_t)(p->nstages + 1));
-  run_dp(c, 2, 0, tmp);
+  int *tmp = pool_alloc(pool, sizeof(int) * (size_t)(p->nstages + 1)), blocks;
+  /* a long order: the plan leanest by the bound, then its stages built (building every candidate's
+   * took minutes at 20,000 nodes) */
+  c->bound_only = blocked;
+  if (blocked) solve_blocked(c, 2, tmp, &blocks, pool);
+  else run_dp(c, 2, 0, whole, tmp);
   double need = 0;
   for (int s = 0; s < p->nstages; s++) need = fmax(need, part_stage_mem(c, s, tmp[s], tmp[s + 1]));
   out->max_time = need; /* the caller may weigh it (pipefb's splits) */
@@ -385,6 +421,76 @@ static int plan_fits(const PartCtx *c, const int *start) {
   return 1;
 }
 
+/* The best plan on the grid's cuts into out->start, or INFINITY.  Building a stage's program costs
+ * far more than its estimate, and the estimate has stayed above the arena on every sample model, so
+ * a candidate whose estimate fits is taken as fitting; the chosen plan is then checked by its
+ * arenas, and if the screen misjudged one, planned again on arenas alone.  Accepting more
+ * candidates can only lower the DP's value, so a plan that passes the check is optimal. */
+static double solve_on(PartCtx *c, const Grid *gr, int *start) {
+  for (c->screen = c->p->stage_mem != NULL;; c->screen = 0) {
+    double best = run_dp(c, 0, 0, gr, start);
+    if (best == INFINITY) return best;
+    /* Among plans as fast as the optimum, the most even (ties within 1e-9 relative). */
+    run_dp(c, 1, best * (1 + 1e-9), gr, start);
+    if (!c->screen || plan_fits(c, start)) return best;
+  }
+}
+
+/* Stage-cost evaluations the exact DP may take (about n N^2 / 2): about a second here.  Past
+ * it the order is planned over blocks first (PART_BLOCKS_AUTO). */
+#define PART_EXACT_EVALS 1e7
+
+static double exact_bound(const PartProblem *p) { return p->exact_evals > 0 ? p->exact_evals : PART_EXACT_EVALS; }
+
+/* Cut s may fall at positions [s, N - (n - s)] of pos (the identity, or block boundaries), each
+ * stage keeping at least one position's worth. */
+static void grid_whole(int *lo, int *hi, int n, int npos) {
+  for (int s = 0; s <= n; s++) lo[s] = s, hi[s] = npos - 1 - (n - s);
+  lo[0] = hi[0] = 0, lo[n] = hi[n] = npos - 1;
+}
+
+/* The plan (mode 0: the fastest that fits, solve_on; mode 2: the leanest, run_dp) on the grid. */
+static double solve_grid(PartCtx *c, int mode, const Grid *gr, int *start) {
+  return mode == 2 ? run_dp(c, 2, 0, gr, start) : solve_on(c, gr, start);
+}
+
+/* A long order: B blocks of about equal work (FLOPs and bytes), the DP over their boundaries, then
+ * the exact DP again over every position within two blocks of each cut it chose.  Returns the plan's
+ * value; *blocks gets B. */
+static double solve_blocked(PartCtx *c, int mode, int *start, int *blocks, Pool *pool) {
+  const PartProblem *p = c->p;
+  int N = p->N, n = p->nstages;
+  int B = (int)sqrt(2 * exact_bound(p) / n);
+  if (B < 2 * n) B = 2 * n;
+  if (B > N) B = N;
+  int *pos = pool_alloc(pool, sizeof(int) * (size_t)(N + 1)), *lo = pool_alloc(pool, sizeof(int) * (size_t)(n + 1)),
+      *hi = pool_alloc(pool, sizeof(int) * (size_t)(n + 1));
+  double total = c->pf_fwd[N] + c->pf_bwd[N] + c->pf_traffic[N];
+  int np = 0;
+  pos[np++] = 0;
+  for (int i = 1; i < N; i++) { /* a boundary where the running work passes the next share, or every N/B nodes */
+    double w = c->pf_fwd[i] + c->pf_bwd[i] + c->pf_traffic[i];
+    int by_work = total > 0 && w * B >= total * np, by_count = (int64_t)i * B >= (int64_t)N * np;
+    if ((by_work || by_count) && np < B) pos[np++] = i;
+  }
+  pos[np++] = N;
+  *blocks = np - 1;
+  grid_whole(lo, hi, n, np);
+  Grid coarse = {pos, lo, hi};
+  if (solve_grid(c, mode, &coarse, start) == INFINITY) return INFINITY;
+  /* the window: the widest block on either side of each cut, twice */
+  int wide = 1;
+  for (int k = 1; k < np; k++) wide = pos[k] - pos[k - 1] > wide ? pos[k] - pos[k - 1] : wide;
+  for (int i = 0; i <= N; i++) pos[i] = i;
+  for (int s = 1; s < n; s++) {
+    lo[s] = start[s] - 2 * wide > s ? start[s] - 2 * wide : s;
+    hi[s] = start[s] + 2 * wide < N - (n - s) ? start[s] + 2 * wide : N - (n - s);
+  }
+  lo[0] = hi[0] = 0, lo[n] = hi[n] = N;
+  Grid fine = {pos, lo, hi};
+  return solve_grid(c, mode, &fine, start);
+}
+
 int partition_solve(const PartProblem *p, Partition *out, Pool *pool) {
   if (p->nstages < 1) return err_set("-n must be at least 1");
   if (p->nstages > p->N)
@@ -392,23 +498,26 @@ int partition_solve(const PartProblem *p, Partition *out, Pool *pool) {
   PartCtx *c = part_prepare(p);
   out->start = pool_alloc(pool, sizeof(int) * (size_t)(p->nstages + 1));
   out->cost = pool_alloc(pool, sizeof(StageCost) * (size_t)p->nstages);
-  /* Building a stage's program costs far more than its estimate, and the
-   * estimate has stayed above the arena on every sample model, so a
-   * candidate whose estimate fits is taken as fitting; the chosen plan is
-   * then checked by its arenas, and if the screen misjudged one, planned
-   * again on arenas alone.  Accepting more candidates can only lower the
-   * DP's value, so a plan that passes the check is optimal. */
-  for (c->screen = p->stage_mem != NULL;; c->screen = 0) {
-    double best = run_dp(c, 0, 0, out->start);
-    if (best == INFINITY) {
-      int rc = no_fit(c, out, pool);
-      part_ctx_free(c);
-      return rc;
-    }
-    /* Among plans as fast as the optimum, the most even (ties within 1e-9 relative). */
-    run_dp(c, 1, best * (1 + 1e-9), out->start);
-    if (!c->screen || plan_fits(c, out->start)) break;
+  out->blocks = 0;
+  int N = p->N, n = p->nstages;
+  int *pos = pool_alloc(pool, sizeof(int) * (size_t)(N + 1)), *lo = pool_alloc(pool, sizeof(int) * (size_t)(n + 1)),
+      *hi = pool_alloc(pool, sizeof(int) * (size_t)(n + 1));
+  for (int i = 0; i <= N; i++) pos[i] = i;
+  grid_whole(lo, hi, n, N + 1);
+  Grid whole = {pos, lo, hi};
+  int blocked = p->blocks == PART_BLOCKS_ALWAYS || (p->blocks == PART_BLOCKS_AUTO && 0.5 * n * (double)N * N > exact_bound(p));
+  double best = blocked ? solve_blocked(c, 0, out->start, &out->blocks, pool) : solve_on(c, &whole, out->start);
+  if (best == INFINITY) {
+    int rc = no_fit(c, &whole, blocked, out, pool);
+    part_ctx_free(c);
+    return rc;
   }
+  if (c->built > PART_BUILD_WORK && !plan_fits(c, out->start)) { /* estimates only, and one misjudged */
+    part_ctx_free(c);
+    return err_set("planning %d nodes under the memory limit built stage programs past its bound (PART_BUILD_WORK), and the plan "
+                   "chosen by the memory estimates then does not fit: raise --mem-limit, or use more stages", N);
+  }
+  out->budget_spent = c->built > PART_BUILD_WORK;
   out->max_time = 0;
   for (int s = 0; s < p->nstages; s++) {
     part_stage_cost(c, s, out->start[s], out->start[s + 1], &out->cost[s]);

@@ -61,9 +61,16 @@ typedef struct PartProblem {
   int only;                     /* PART_BOTH; pipefb prices its forward chain by forwards alone, its backward chain by backwards */
   const PartGap *gaps;          /* direct sends: values a stage may skip (NULL: every value crossing a cut is relayed) */
   int ngaps;
+  int blocks;                   /* PART_BLOCKS_AUTO: a long order is planned over blocks first (partition_solve) */
+  double exact_evals;           /* the exact DP's bound in stage costs (0: PART_EXACT_EVALS; tests set less) */
 } PartProblem;
 
 enum { PART_BOTH = 0, PART_FORWARD = 1, PART_BACKWARD = 2 };
+/* The exact DP takes about n N^2 / 2 stage costs.  Past PART_EXACT_EVALS of them (AUTO), the order is
+ * cut into blocks of about equal work, planned over their boundaries, then planned exactly again
+ * within two blocks of each cut chosen: near-linear, and optimal among the cuts in those windows.
+ * NEVER and ALWAYS are for tests. */
+enum { PART_BLOCKS_AUTO = 0, PART_BLOCKS_NEVER = 1, PART_BLOCKS_ALWAYS = 2 };
 
 typedef struct StageCost {
   double fwd, bwd;              /* compute seconds per micro-batch */
@@ -88,6 +95,8 @@ typedef struct Partition {
   int *start;                   /* nstages + 1 boundaries: stage s holds nodes [start[s], start[s+1]) */
   double max_time;
   StageCost *cost;
+  int blocks;                   /* 0: the exact DP; else the blocks the order was first planned over */
+  int budget_spent;             /* under a memory limit, past PART_BUILD_WORK: candidates fitted by their estimate */
 } Partition;
 
 /* What a stage's cost depends on at each of its two cuts: the sums of the
@@ -125,6 +134,8 @@ double part_boundary_bytes(const PartCtx *c, int b);
  * would fit (and out->max_time holding it, in bytes).  out->start and
  * out->cost are allocated from pool. */
 int partition_solve(const PartProblem *p, Partition *out, Pool *pool);
+/* Stage costs priced so far (part_stage_cost), for tests that count the DP's work. */
+extern double part_evals;
 
 /* Micro-batches stage s holds at once under the schedule, and the ring
  * copies its arena keeps for them: the partitioner's bounds, before the

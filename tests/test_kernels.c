@@ -25,7 +25,7 @@
  *     both layouts, GRU's linear_before_reset 0 and 1, zero or given initial
  *     state, with or without bias) against the ONNX equations in double and
  *     central differences of them.
- *   - --threads: every kernel that splits, and pr_sgemm's bands (and its transposed short products),
+ *   - --threads: every kernel that splits, and pr_sgemm's bands,
  *     give the same bits on 3 threads as on 1; `--threads-only` runs just these, which make test does
  *     under each OpenBLAS kernel set the CPU runs (`--kernel-sets` lists them).
  * Built under ASan + UBSan (make bin/test_kernels); ends with "N passed, M failed, K skipped, R refused" (check.h). */
@@ -1257,9 +1257,9 @@ static void count_part(const void *arg, int64_t lo, int64_t hi) {
   parts_seen[lo / 1000 % 64] = (int)(hi - lo);
 }
 
-/* pr_sgemm's shapes for the thread check: {M, N, K, ldc}.  Rows cut (320, 250: two whole blocks and a
- * rest), short and wide C computed transposed (64 x 640, 8 x 5000, 100 x 1000), one just under the
- * transposed size (191 x 192 x 64), and a C inside a wider matrix. */
+/* pr_sgemm's shapes for the thread check: {M, N, K, ldc}.  Rows cut (320, 250, 500, 1000: whole blocks
+ * and a rest), short and wide C (64 x 640, 8 x 5000, 100 x 1000, 191 x 192: one thread), and a C inside
+ * a wider matrix. */
 enum { GEMM_SHAPES = 9, GEMM_A = 5000 * 1100, GEMM_C = 1100 * 500 };
 static const int gemm_shapes[GEMM_SHAPES][4] = {{320, 96, 512, 96},   {64, 640, 256, 640},   {8, 5000, 64, 5000},
                                                 {100, 1000, 300, 1000}, {250, 300, 200, 300}, {191, 192, 64, 192},
@@ -1323,8 +1323,8 @@ static void test_threads(void) {
   CHECK(parts_seen[0] == 3000, "pr_par_for below PR_PAR_MIN_WORK did not run serially (%d)\n", parts_seen[0]);
   thread_kernels(&three);
   /* gemm.c's bands on 3 threads against pr_sgemm on one (gemm_one, before pr_par_init), and against a
-   * double reference: C's rows cut, a short C computed transposed and cut, odd remainders, a C inside a
-   * wider matrix (ldc > N), each transposition, beta 0 and 1 */
+   * double reference: C's rows cut, short C, odd remainders, a C inside a wider matrix (ldc > N), each
+   * transposition, beta 0 and 1 */
   for (int c = 0; c < GEMM_SHAPES; c++)
     for (int t = 0; t < 8; t++) {
       float *got = gemm_run(c, t);

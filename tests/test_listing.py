@@ -118,6 +118,43 @@ def mem_limit_checks(path, n, sched, devices, tmp):
           and not os.path.exists(lim + "2"), f"{tag} --mem-limit {need - 1} must be refused naming {need}: {r.stderr.strip()}")
 
 
+def long_chain(tmp):
+    """Issue 34 item 17: a chain of 20,000 ReLUs at -n 8 took 273 s to plan (the DP over every pair of cuts).
+    Planned over blocks then windows, it plans (under a 120 s bound, some 3 s here), the stages cover the
+    chain, and the listing and plan.json say the plan was made over blocks.  (With --mem-limit 4M it plans in
+    about 10 s, its stage programs built per candidate until their bound, PART_BUILD_WORK: not run here.)"""
+    from onnx import helper, TensorProto
+    n = 20000
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["h"])]
+    prev = "h"
+    for i in range(n):
+        nodes.append(helper.make_node("Relu", [prev], [f"r{i}"]))
+        prev = f"r{i}"
+    w = helper.make_tensor("W", TensorProto.FLOAT, [784, 10], np.full(7840, 0.01, np.float32).tobytes(), raw=True)
+    g = helper.make_graph(nodes, "chain", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 784])],
+                          [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["B", 10])], [w])
+    path = os.path.join(tmp, "chain.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    for extra in ([],):
+        out = os.path.join(tmp, "chain.pipe")
+        try:
+            r = subprocess.run([PIPECC, path, "-n", "8", "-o", out, "--plan-only", "--listing", *extra], capture_output=True, text=True,
+                               timeout=120)
+        except subprocess.TimeoutExpired:
+            check(False, f"a chain of {n} ReLUs at -n 8 {' '.join(extra)}: planned within 120 s")
+            continue
+        if not check(r.returncode == 0, f"a chain of {n} ReLUs at -n 8 {' '.join(extra)}: planned ({r.stderr.strip()[-200:]})"):
+            continue
+        plan = json.load(open(os.path.join(out, "plan.json")))
+        st = plan["stage_plans"]
+        contiguous = len(st) == 8 and st[0]["node_begin"] == 0 and all(a["node_end"] == b["node_begin"] for a, b in zip(st, st[1:])) \
+            and st[-1]["node_end"] == plan["compute_nodes"] and all(a["node_end"] > a["node_begin"] for a in st)
+        check(plan.get("partition_blocks", 0) > 0 and "blocks of about equal work first" in r.stdout,
+              f"a chain of {n} ReLUs at -n 8 {' '.join(extra)}: plan.json's partition_blocks ({plan.get('partition_blocks')}) and the "
+              "listing say it was planned over blocks, then windows")
+        check(contiguous, f"a chain of {n} ReLUs {' '.join(extra)}: 8 non-empty contiguous stages cover its {plan['compute_nodes']} nodes")
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="pipecc-listing.")
     os.environ["PIPECC_CACHE"] = os.path.join(tmp, "machine.txt")
@@ -244,6 +281,7 @@ def main():
             return m.group(1).strip() if m else None
         check(kind("MatMul") == "temporary" and kind("Softmax") == "one copy per micro-batch in flight",
               f"gpt: q k^T before its scale is a temporary ({kind('MatMul')}), the softmax kept ({kind('Softmax')})")
+    long_chain(tmp)
     return tally.finish()
 
 

@@ -7,7 +7,7 @@
     one-thread plan's, and each rank stays unpinned;
   - the MLP, the GPT and LeNet train on 2 threads with weights bit-identical to 1 thread at n = 1, and
     at n = 2 (1f1b, zb1) bit-identical to n = 1 on 2 threads: the kernels split only over independent
-    outputs, and the GEMM bands of 64 rows give the bits of one call at these shapes;
+    outputs, and gemm.c's bands give the bits of one thread (docs/kernels.md, "Threads");
   - the run says it computed on 2 threads;
   - a profile taken on 2 threads says `threads 2`, and a one-thread plan with --costs of it does not merge
     it into the kernel cache (the listing says why).
