@@ -30,9 +30,9 @@ all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 include runtime/cuda/build.mk
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
-bin/piperun-data: tools/datagen.c runtime/data.c runtime/data.h
+bin/piperun-data: tools/datagen.c runtime/data.c runtime/data.h runtime/npy.c runtime/npy.h
 	@mkdir -p $(@D)
-	clang $(CFLAGS) $(WARN) -D_GNU_SOURCE tools/datagen.c runtime/data.c -o $@ -lm
+	clang $(CFLAGS) $(WARN) -D_GNU_SOURCE tools/datagen.c runtime/data.c runtime/npy.c -o $@ -lm
 
 # Measures the MPI link; pipecc runs it when it first probes the machine.
 bin/pipecc-probe: tools/probe_mpi.c tools/probe_kernels.c

@@ -15,7 +15,7 @@ void usage_error(const char *fmt, const char *arg) {
   if (g_rank == 0) {
     fprintf(stderr, "piperun: error: ");
     fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nusage: run.sh --data PATH --steps N [--lr X] [--momentum X] [--weight-decay X] [--seed S]\n"
+    fprintf(stderr, "\nusage: run.sh --data PATH [--data-x NAME --data-y NAME] --steps N [--lr X] [--momentum X] [--weight-decay X] [--seed S]\n"
                     "       [--shuffle|--no-shuffle] [--log FILE] [--save FILE.onnx] [--checkpoint DIR]\n"
                     "       [--checkpoint-every K] [--resume DIR] [--lr-schedule constant|cosine] [--warmup K] [--quiet]\n"
                     "       [--trace FILE.json] [--timeout SECONDS] [--profile FILE]\n"
@@ -85,6 +85,8 @@ void parse_args(Args *a, int argc, char **argv) {
     const char *f = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define TAKE() (i++, v)
     if (!strcmp(f, "--data")) a->data = TAKE();
+    else if (!strcmp(f, "--data-x")) a->data_x = TAKE();
+    else if (!strcmp(f, "--data-y")) a->data_y = TAKE();
     else if (!strcmp(f, "--steps")) a->steps = whole(f, TAKE(), 1, PR_MAX_STEPS);
     else if (!strcmp(f, "--lr")) a->lr = num(f, TAKE(), 0, FLT_MAX), a->have_lr = 1;
     else if (!strcmp(f, "--momentum")) a->momentum = num(f, TAKE(), 0, FLT_MAX), a->have_momentum = 1;
@@ -122,6 +124,7 @@ void parse_args(Args *a, int argc, char **argv) {
     if (i >= argc) usage_error("flag '%s' needs a value", f);
   }
   if (!a->data) usage_error("--data PATH is required%s", "");
+  if ((a->data_x && !*a->data_x) || (a->data_y && !*a->data_y)) usage_error("--data-x and --data-y take an array's name, not an empty one%s", "");
   if (a->steps < 0) usage_error("--steps N is required%s", "");
   if (!a->lr_schedule || (strcmp(a->lr_schedule, "constant") && strcmp(a->lr_schedule, "cosine")))
     usage_error("--lr-schedule '%s': expected constant or cosine", a->lr_schedule ? a->lr_schedule : "");

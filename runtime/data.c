@@ -1,5 +1,6 @@
 /* data.c - training data for libpiperun: see data.h for the formats and the sample order. */
 #include "data.h"
+#include "npy.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -43,6 +44,9 @@ struct DataPriv {
   int64_t *perm, perm_epoch;
   uint64_t perm_seed;
   int perm_valid;
+  /* NumPy arrays (DATA_ARRAYS): x and y where they lie in maps[0] (an .npz, or x.npy) and maps[1] (y.npy) */
+  NpyArray ax, ay;
+  int64_t y_row; /* y's values per sample: 1 (a class), or a token model's sequence length */
 };
 
 __attribute__((format(printf, 3, 4))) static int fail(char *err, size_t errlen, const char *fmt, ...) {
@@ -329,13 +333,99 @@ static int open_tokens(DataSet *d, const char *path, int forced, char *err, size
   return 0;
 }
 
+/* ---- NumPy arrays: an .npz, or a directory of NAME.npy files ---- */
+
+/* One array of the set: the .npz's member NAME.npy (zip mapped in maps[0]), or DIR/NAME.npy mapped into m. */
+static int open_array(struct DataPriv *pv, const char *path, int npz, const char *name, Mapped *m, NpyArray *a, char *err, size_t errlen) {
+  char file[4200], where[4300];
+  snprintf(file, sizeof file, "%s.npy", name);
+  if (npz) {
+    const uint8_t *p;
+    size_t n;
+    int rc = npz_member(pv->maps[0].p, pv->maps[0].len, path, file, &p, &n, err, errlen);
+    if (rc == 1) {
+      size_t k = strlen(err);
+      snprintf(err + k, errlen - k, "; name the arrays with --data-x and --data-y");
+    }
+    if (rc) return -1;
+    snprintf(where, sizeof where, "%s: array '%s'", path, name);
+    return npy_parse(p, n, where, a, err, errlen);
+  }
+  char full[4300];
+  join(full, sizeof full, path, file);
+  if (!is_file(full)) return fail(err, errlen, "data %s: missing file (NumPy data is x.npy and y.npy, or the names --data-x and --data-y give)", full);
+  if (map_file(full, m, err, errlen)) return -1;
+  return npy_parse(m->p, m->len, full, a, err, errlen);
+}
+
+static int open_arrays(DataSet *d, const char *path, int npz, const char *xname, const char *yname, char *err, size_t errlen) {
+  struct DataPriv *pv = d->priv;
+  if (npz && map_file(path, &pv->maps[0], err, errlen)) return -1;
+  if (open_array(pv, path, npz, xname, &pv->maps[0], &pv->ax, err, errlen) ||
+      open_array(pv, path, npz, yname, &pv->maps[1], &pv->ay, err, errlen))
+    return -1;
+  if (pv->ax.rank < 1 || pv->ay.rank < 1)
+    return fail(err, errlen, "data %s: a scalar array; x and y need a first dimension of samples", pv->ax.rank < 1 ? pv->ax.where : pv->ay.where);
+  if (pv->ax.shape[0] != pv->ay.shape[0])
+    return fail(err, errlen, "data %s: %lld samples, but %s has %lld (the first dimensions must match)", pv->ay.where, (long long)pv->ay.shape[0],
+                pv->ax.where, (long long)pv->ax.shape[0]);
+  if (pv->ax.shape[0] == 0) return fail(err, errlen, "data %s: no samples", pv->ax.where);
+  d->kind = DATA_ARRAYS;
+  d->n = pv->ax.shape[0];
+  return 0;
+}
+
 /* ---- open / close ---- */
 
-int data_open(DataSet *d, const char *path, int kind_hint, char *err, size_t errlen) {
+/* The first bytes of a file: an .npz is a zip ("PK\3\4"), an .npy starts "\x93NUMPY". */
+static int starts_with(const char *path, const char *magic, size_t n) {
+  char head[8] = {0};
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return 0;
+  ssize_t got = read(fd, head, n);
+  close(fd);
+  return got == (ssize_t)n && !memcmp(head, magic, n);
+}
+
+/* A directory: NumPy arrays where x.npy is there (or names were given), else MNIST or CIFAR-10. */
+static int open_dir(DataSet *d, const char *path, int kind_hint, int held_out, const char *xname, const char *yname, int named, char *err,
+                    size_t errlen) {
+  char p[4096];
+  int which[CIFAR_MAX_BATCHES], ngz;
+  if (kind_hint == DATA_TOKENS) return fail(err, errlen, "data %s: a directory, but token data is one file of uint16 tokens", path);
+  join(p, sizeof p, path, "x.npy");
+  if (named || (!kind_hint && is_file(p))) return open_arrays(d, path, 0, xname, yname, err, errlen);
+  /* A held-out set: the directory's test files where it has them. */
+  int tm = held_out && kind_hint != DATA_CIFAR10 && find_any(p, sizeof p, path, TEST_IMG_NAMES) == 1;
+  int tc = held_out && kind_hint != DATA_MNIST && find_plain(p, sizeof p, path, "test_batch.bin") == 1;
+  if (kind_hint == DATA_MNIST || tm) return open_mnist(d, path, tm, err, errlen);
+  if (kind_hint == DATA_CIFAR10 || tc) return open_cifar(d, path, tc, err, errlen);
+  if (find_any(p, sizeof p, path, IMG_NAMES) || find_any(p, sizeof p, path, LBL_NAMES)) return open_mnist(d, path, 0, err, errlen);
+  if (cifar_present(path, which, &ngz) || ngz) return open_cifar(d, path, 0, err, errlen);
+  return fail(err, errlen,
+              "data %s: no training data here (NumPy: x.npy + y.npy; MNIST: train-images-idx3-ubyte + train-labels-idx1-ubyte; CIFAR-10: "
+              "data_batch_1.bin .. data_batch_5.bin)",
+              path);
+}
+
+/* A file: an .npz, or tokens; a lone .npy is one array of the two a data set needs. */
+static int open_file(DataSet *d, const char *path, int kind_hint, const char *xname, const char *yname, int named, char *err, size_t errlen) {
+  if (kind_hint == DATA_MNIST || kind_hint == DATA_CIFAR10)
+    return fail(err, errlen, "data %s: a file, but %s data is a directory (%s)", path, kind_hint == DATA_MNIST ? "MNIST" : "CIFAR-10",
+                kind_hint == DATA_MNIST ? "train-images-idx3-ubyte + train-labels-idx1-ubyte" : "data_batch_N.bin");
+  if (starts_with(path, "PK\3\4", 4)) return open_arrays(d, path, 1, xname, yname, err, errlen);
+  if (starts_with(path, "\x93NUMPY", 6))
+    return fail(err, errlen, "data %s: one NumPy array; give the directory that holds x.npy and y.npy, or an .npz holding both (np.savez)", path);
+  size_t l = strlen(path);
+  if (named || (l > 4 && !strcmp(path + l - 4, ".npz"))) return fail(err, errlen, "data %s: not an .npz (zip) archive", path);
+  return open_tokens(d, path, kind_hint == DATA_TOKENS, err, errlen);
+}
+
+int data_open_named(DataSet *d, const char *path, int kind_hint, const char *xname, const char *yname, char *err, size_t errlen) {
   memset(d, 0, sizeof *d);
   if (err && errlen) err[0] = 0;
   if (!path || !*path) return fail(err, errlen, "data: no path given");
-  int held_out = (kind_hint & DATA_HELD_OUT) != 0;
+  int held_out = (kind_hint & DATA_HELD_OUT) != 0, named = xname || yname;
   kind_hint &= ~DATA_HELD_OUT;
   if (kind_hint < 0 || kind_hint > DATA_TOKENS) return fail(err, errlen, "data %s: unknown data kind %d", path, kind_hint);
   d->priv = calloc(1, sizeof *d->priv);
@@ -343,41 +433,20 @@ int data_open(DataSet *d, const char *path, int kind_hint, char *err, size_t err
   snprintf(d->priv->path, sizeof d->priv->path, "%s", path);
   struct stat st;
   int rc;
-  if (stat(path, &st) != 0) {
+  if (stat(path, &st) != 0)
     rc = fail(err, errlen, "data %s: missing: %s", path, strerror(errno));
-  } else if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
-    rc = fail(err, errlen, "data %s: not a regular file (token data) or a directory (images): a FIFO, socket or device", path);
-  } else if (S_ISDIR(st.st_mode)) {
-    if (kind_hint == DATA_TOKENS) {
-      rc = fail(err, errlen, "data %s: a directory, but token data is one file of uint16 tokens", path);
-    } else {
-      char p[4096];
-      int which[CIFAR_MAX_BATCHES], ngz;
-      /* A held-out set: the directory's test files where it has them. */
-      int tm = held_out && kind_hint != DATA_CIFAR10 && find_any(p, sizeof p, path, TEST_IMG_NAMES) == 1;
-      int tc = held_out && kind_hint != DATA_MNIST && find_plain(p, sizeof p, path, "test_batch.bin") == 1;
-      if (kind_hint == DATA_MNIST || tm)
-        rc = open_mnist(d, path, tm, err, errlen);
-      else if (kind_hint == DATA_CIFAR10 || tc)
-        rc = open_cifar(d, path, tc, err, errlen);
-      else if (find_any(p, sizeof p, path, IMG_NAMES) || find_any(p, sizeof p, path, LBL_NAMES))
-        rc = open_mnist(d, path, 0, err, errlen);
-      else if (cifar_present(path, which, &ngz) || ngz)
-        rc = open_cifar(d, path, 0, err, errlen);
-      else
-        rc = fail(err, errlen,
-                  "data %s: no training data here (MNIST: train-images-idx3-ubyte + train-labels-idx1-ubyte; CIFAR-10: data_batch_1.bin .. "
-                  "data_batch_5.bin)",
-                  path);
-    }
-  } else if (kind_hint == DATA_MNIST || kind_hint == DATA_CIFAR10) {
-    rc = fail(err, errlen, "data %s: a file, but %s data is a directory (%s)", path, kind_hint == DATA_MNIST ? "MNIST" : "CIFAR-10",
-              kind_hint == DATA_MNIST ? "train-images-idx3-ubyte + train-labels-idx1-ubyte" : "data_batch_N.bin");
-  } else {
-    rc = open_tokens(d, path, kind_hint == DATA_TOKENS, err, errlen);
-  }
+  else if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode))
+    rc = fail(err, errlen, "data %s: not a regular file (token data, .npz) or a directory (images, .npy): a FIFO, socket or device", path);
+  else if (S_ISDIR(st.st_mode))
+    rc = open_dir(d, path, kind_hint, held_out, xname ? xname : "x", yname ? yname : "y", named, err, errlen);
+  else
+    rc = open_file(d, path, kind_hint, xname ? xname : "x", yname ? yname : "y", named, err, errlen);
   if (rc) data_close(d);
   return rc;
+}
+
+int data_open(DataSet *d, const char *path, int kind_hint, char *err, size_t errlen) {
+  return data_open_named(d, path, kind_hint, NULL, NULL, err, errlen);
 }
 
 void data_close(DataSet *d) {
@@ -458,6 +527,96 @@ static int changed(const char *file, const char *what, long long value, const ch
                    size_t errlen) {
   return fail(err, errlen, "data %s changed during the run (rewritten in place?): %s %lld at %s %lld is out of range (below %lld when "
                            "checked at the start)", file, what, value, at, pos, limit);
+}
+
+/* ---- NumPy arrays: the checks against the model and the loader ---- */
+
+/* "(1, 28, 28)": a sample's shape (dims past the first), for messages. */
+static void sample_shape(char *out, size_t n, int rank, const int64_t *dims) {
+  size_t k = (size_t)snprintf(out, n, "(");
+  for (int i = 1; i < rank && k < n; i++) k += (size_t)snprintf(out + k, n - k, "%s%lld", i > 1 ? ", " : "", (long long)dims[i]);
+  if (k < n) snprintf(out + k, n - k, "%s)", rank == 2 ? "," : "");
+}
+
+/* Every element of a (integers) from 0 to below limit. */
+static int ints_below(const NpyArray *a, int64_t limit, const char *what, char *err, size_t errlen) {
+  for (int64_t i = 0; i < a->count; i++) {
+    int64_t v = npy_get_i(a, i);
+    if (v < 0 || v >= limit)
+      return fail(err, errlen, "data %s: %s %lld at element %lld is out of range for a model with %lld %s", a->where, what, (long long)v,
+                  (long long)i, (long long)limit, !strcmp(what, "label") ? "classes" : "ids");
+  }
+  return 0;
+}
+
+int data_check_arrays(const DataSet *d, int ids, int rank, const int64_t *dims, int64_t vocab, char *err, size_t errlen) {
+  if (d->kind != DATA_ARRAYS) return fail(err, errlen, "data %s: not NumPy arrays", dname(d));
+  NpyArray *x = &d->priv->ax;
+  if (ids ? !npy_is_integer(x->type) : !(x->type == NPY_F32 || x->type == NPY_F64 || x->type == NPY_U8))
+    return fail(err, errlen, "data %s: %s, but the model's input takes %s", x->where, npy_type_name(x->type),
+                ids ? "token ids (an integer array: int64, int32, uint16 or uint8)" : "float32 values (float32, float64, or uint8 scaled by 1/255)");
+  int same = x->rank == rank;
+  for (int i = 1; same && i < rank; i++) same = x->shape[i] == dims[i];
+  if (!same) {
+    char got[256], want[256];
+    sample_shape(got, sizeof got, x->rank, x->shape);
+    sample_shape(want, sizeof want, rank, dims);
+    return fail(err, errlen, "data %s: samples of shape %s, but the model's input takes %s (x's shape is (samples, ...))", x->where, got, want);
+  }
+  if (ids && vocab > 0) {
+    if (ints_below(x, vocab, "token id", err, errlen)) return -1;
+    if (!d->priv->id_limit || vocab < d->priv->id_limit) d->priv->id_limit = vocab;
+  }
+  return 0;
+}
+
+int data_check_array_labels(const DataSet *d, int64_t per_sample, int nclasses, char *err, size_t errlen) {
+  if (d->kind != DATA_ARRAYS) return fail(err, errlen, "data %s: not NumPy arrays", dname(d));
+  struct DataPriv *pv = d->priv;
+  NpyArray *y = &pv->ay;
+  if (!npy_is_integer(y->type))
+    return fail(err, errlen, "data %s: %s, but labels are class numbers (an integer array: int64, int32, uint16 or uint8)", y->where,
+                npy_type_name(y->type));
+  int64_t want[2] = {y->shape[0], per_sample};
+  int fits = per_sample == 1 ? y->rank == 1 || (y->rank == 2 && y->shape[1] == 1) : y->rank == 2 && y->shape[1] == per_sample;
+  if (!fits) {
+    char got[256], exp[256];
+    sample_shape(got, sizeof got, y->rank, y->shape);
+    sample_shape(exp, sizeof exp, per_sample == 1 ? 1 : 2, want);
+    return fail(err, errlen, "data %s: labels of shape %s a sample, but the model's loss takes %s (%s)", y->where, got, exp,
+                per_sample == 1 ? "one class a sample" : "one class per position: y[i] is x[i] shifted by one");
+  }
+  if (ints_below(y, nclasses, "label", err, errlen)) return -1;
+  if (!pv->label_limit || nclasses < pv->label_limit) pv->label_limit = nclasses;
+  pv->y_row = per_sample;
+  return 0;
+}
+
+int data_rows(const DataSet *d, const int64_t *idx, int count, float *xf, int64_t *xi, int64_t *y, char *err, size_t errlen) {
+  const struct DataPriv *pv = d->priv;
+  const NpyArray *ax = &pv->ax, *ay = &pv->ay;
+  int64_t row = ax->count / ax->shape[0], yrow = pv->y_row ? pv->y_row : 1;
+  for (int i = 0; i < count; i++) {
+    int64_t s = idx[i];
+    if (xf) {
+      float *dst = xf + (size_t)i * (size_t)row;
+      if (ax->type == NPY_U8) /* pixels, as the image formats give them */
+        for (int64_t j = 0; j < row; j++) dst[j] = ax->data[s * row + j] / 255.0f;
+      else
+        for (int64_t j = 0; j < row; j++) dst[j] = (float)npy_get_f(ax, s * row + j);
+    }
+    for (int64_t j = 0; xi && j < row; j++) {
+      xi[(size_t)i * (size_t)row + (size_t)j] = npy_get_i(ax, s * row + j);
+      if (pv->id_limit && (xi[i * row + j] < 0 || xi[i * row + j] >= pv->id_limit))
+        return changed(ax->where, "token id", (long long)xi[i * row + j], "element", (long long)(s * row + j), pv->id_limit, err, errlen);
+    }
+    for (int64_t j = 0; y && j < yrow; j++) {
+      y[(size_t)i * (size_t)yrow + (size_t)j] = npy_get_i(ay, s * yrow + j);
+      if (pv->label_limit && (y[i * yrow + j] < 0 || y[i * yrow + j] >= pv->label_limit))
+        return changed(ay->where, "label", (long long)y[i * yrow + j], "element", (long long)(s * yrow + j), pv->label_limit, err, errlen);
+    }
+  }
+  return 0;
 }
 
 /* ---- sample order ---- */

@@ -1,19 +1,20 @@
 /* data.h - libpiperun's training data: MNIST IDX, CIFAR-10 binary batches,
- * uint16 token streams (raw or llm.c's .bin), and the sample order.
+ * uint16 token streams (raw or llm.c's .bin), NumPy arrays (an .npz, or a
+ * directory of .npy files: npy.h), and the sample order.
  *
  * Everything here is deterministic and portable: the shuffle uses splitmix64
  * (never libc rand), so every rank of a pipeline - and tests/test_data.py -
  * computes the same order from (seed, epoch).
  *
- * Files are mapped read-only where their layout allows it (MNIST, tokens on a
- * little-endian host); CIFAR-10 records interleave label and pixels, so they
+ * Files are mapped read-only where their layout allows it (MNIST, NumPy arrays,
+ * tokens on a little-endian host); CIFAR-10 records interleave label and pixels, so they
  * are copied once into separate arrays. */
 #ifndef PIPERUN_DATA_H
 #define PIPERUN_DATA_H
 #include <stddef.h>
 #include <stdint.h>
 
-enum { DATA_MNIST = 1, DATA_CIFAR10 = 2, DATA_TOKENS = 3 };
+enum { DATA_MNIST = 1, DATA_CIFAR10 = 2, DATA_TOKENS = 3, DATA_ARRAYS = 4 };
 /* Or'ed into data_open's kind_hint: a held-out set (run.sh --val).  A directory's test files are read
  * when it has them (MNIST t10k-images-idx3-ubyte + t10k-labels-idx1-ubyte, CIFAR-10 test_batch.bin),
  * else its training files, as a real data set's directory and a held-out set of its own both work. */
@@ -45,6 +46,14 @@ typedef struct DataSet {
  * Returns 0, or -1 with a one-line message in err naming the file and the problem; *d is then
  * zeroed (data_close on it is harmless). */
 int data_open(DataSet *d, const char *path, int kind_hint, char *err, size_t errlen);
+/* data_open, and NumPy arrays (DATA_ARRAYS), read in place:
+ *   an .npz (np.savez: stored members; a file that starts as a zip) holding xname.npy and yname.npy,
+ *   or a directory holding xname.npy and yname.npy (x.npy alone is enough to choose this over MNIST
+ *     and CIFAR-10 when no names are given).
+ * xname, yname: NULL for "x" and "y".  x is (samples, ...) and y (samples,) or (samples, T); their
+ * dtypes, shapes and values are checked against the model by data_check_arrays and
+ * data_check_array_labels.  kind_hint never selects arrays: they are what the path holds. */
+int data_open_named(DataSet *d, const char *path, int kind_hint, const char *xname, const char *yname, char *err, size_t errlen);
 void data_close(DataSet *d);
 
 /* Which mapped file holds addr (a SIGBUS's fault address: the file shrank under the
@@ -89,6 +98,20 @@ int data_images(const DataSet *d, const int64_t *idx, int count, float *x, int64
  * and the id would index past the embedding or the logits. */
 int64_t data_tokens_start(const DataSet *d, int64_t step, int B, int T);
 int data_tokens(const DataSet *d, int64_t step, int B, int T, int first_seq, int nseq, int64_t *x, int64_t *y, char *err, size_t errlen);
+
+/* NumPy arrays, before the first step: x's dtype and sample shape against the model's input of rank
+ * `rank` and dims (dims[0], the batch, is not compared); ids: the input takes token ids (an integer x,
+ * every id from 0 to below vocab when vocab > 0), else float32 values (float32, float64, or uint8
+ * scaled by 1/255 as the image formats are). */
+int data_check_arrays(const DataSet *d, int ids, int rank, const int64_t *dims, int64_t vocab, char *err, size_t errlen);
+/* y: per_sample labels a sample ((samples,) or (samples, 1) for 1; (samples, per_sample) else), each a
+ * class from 0 to below nclasses. */
+int data_check_array_labels(const DataSet *d, int64_t per_sample, int nclasses, char *err, size_t errlen);
+/* Samples idx[0..count) of NumPy arrays: x into xf (float32 values) or xi (int64 ids), y into y (the
+ * per_sample labels data_check_array_labels passed, int64); any may be NULL.  The sample order is
+ * data_batch_indices', for token models too (--shuffle shuffles their sequences).  -1 with a message
+ * when an id or label is past what the checks passed (the file was rewritten in place). */
+int data_rows(const DataSet *d, const int64_t *idx, int count, float *xf, int64_t *xi, int64_t *y, char *err, size_t errlen);
 
 /* The PRNG, exported for the data generator and tests. */
 uint64_t data_mix64(uint64_t z);

@@ -35,34 +35,56 @@ int needs_data(const PrStage *st) {
   return 0;
 }
 
+/* NumPy arrays (training or held-out) against the stage: x against each loader input it feeds, y against
+ * the loss (d->n, the samples, is checked against the batch by the caller). */
+int check_arrays(const PrStage *st, const DataSet *d, char *msg, size_t len) {
+  for (int v = 0; v < st->nrecv; v++) {
+    const PrValue *pv = &st->recv[v];
+    if (pv->source != PR_FROM_PREV &&
+        data_check_arrays(d, pv->source == PR_FROM_TOKENS, pv->rank, pv->dims, pv->source == PR_FROM_TOKENS ? st->vocab : 0, msg, len))
+      return -1;
+  }
+  if (st->loss && data_check_array_labels(d, st->loss_rows / st->mb_size, (int)st->loss_classes, msg, len)) return -1;
+  return 0;
+}
+
+/* Images or tokens against the stage's loader inputs and loss. */
+static int check_formats(Run *r, char *msg, size_t len) {
+  const PrStage *st = r->st;
+  int ok = 1;
+  for (int v = 0; ok && v < st->nrecv; v++) {
+    const PrValue *pv = &st->recv[v];
+    if (pv->source == PR_FROM_IMAGES) {
+      if (r->data.kind == DATA_TOKENS)
+        ok = 0, snprintf(msg, len, "%s holds tokens, but the model's input '%s' is an image batch", r->a.data, pv->name);
+      else if (pv->rank != 4)
+        ok = 0, snprintf(msg, len, "input '%s' has rank %d; image data needs [batch, channels, height, width] (NumPy arrays take any shape)",
+                         pv->name, pv->rank);
+      else
+        ok = data_check_images(&r->data, (int)pv->dims[1], (int)pv->dims[2], (int)pv->dims[3], st->loss ? (int)st->loss_classes : 256,
+                               msg, len) == 0;
+    } else if (pv->source == PR_FROM_TOKENS) {
+      if (r->data.kind != DATA_TOKENS)
+        ok = 0, snprintf(msg, len, "%s holds images, but the model's input '%s' is token ids", r->a.data, pv->name);
+      else
+        ok = data_check_tokens(&r->data, (int)st->vocab, (int64_t)st->batch * pv->dims[1] + 1, msg, len) == 0;
+    }
+  }
+  if (ok && st->loss && r->data.kind != DATA_TOKENS)
+    ok = data_check_images(&r->data, r->data.c, r->data.h, r->data.w, (int)st->loss_classes, msg, len) == 0;
+  if (ok && st->loss && r->data.kind == DATA_TOKENS)
+    ok = data_check_tokens(&r->data, (int)st->loss_classes, (int64_t)st->batch * (st->loss_rows / st->mb_size) + 1, msg, len) == 0;
+  return ok ? 0 : -1;
+}
+
 void open_data(Run *r) {
   const PrStage *st = r->st;
   char msg[1024] = "";
   int ok = 1;
   if (needs_data(st)) {
-    ok = data_open(&r->data, r->a.data, 0, msg, sizeof msg) == 0;
+    ok = data_open_named(&r->data, r->a.data, 0, r->a.data_x, r->a.data_y, msg, sizeof msg) == 0;
     r->have_data = ok;
-    for (int v = 0; ok && v < st->nrecv; v++) {
-      const PrValue *pv = &st->recv[v];
-      if (pv->source == PR_FROM_IMAGES) {
-        if (r->data.kind == DATA_TOKENS)
-          ok = 0, snprintf(msg, sizeof msg, "%s holds tokens, but the model's input '%s' is an image batch", r->a.data, pv->name);
-        else if (pv->rank != 4)
-          ok = 0, snprintf(msg, sizeof msg, "input '%s' has rank %d; image data needs [batch, channels, height, width]", pv->name, pv->rank);
-        else
-          ok = data_check_images(&r->data, (int)pv->dims[1], (int)pv->dims[2], (int)pv->dims[3], st->loss ? (int)st->loss_classes : 256,
-                                 msg, sizeof msg) == 0;
-      } else if (pv->source == PR_FROM_TOKENS) {
-        if (r->data.kind != DATA_TOKENS)
-          ok = 0, snprintf(msg, sizeof msg, "%s holds images, but the model's input '%s' is token ids", r->a.data, pv->name);
-        else
-          ok = data_check_tokens(&r->data, (int)st->vocab, (int64_t)st->batch * pv->dims[1] + 1, msg, sizeof msg) == 0;
-      }
-    }
-    if (ok && st->loss && r->data.kind != DATA_TOKENS)
-      ok = data_check_images(&r->data, r->data.c, r->data.h, r->data.w, (int)st->loss_classes, msg, sizeof msg) == 0;
-    if (ok && st->loss && r->data.kind == DATA_TOKENS)
-      ok = data_check_tokens(&r->data, (int)st->loss_classes, (int64_t)st->batch * (st->loss_rows / st->mb_size) + 1, msg, sizeof msg) == 0;
+    if (ok) ok = (r->data.kind == DATA_ARRAYS ? check_arrays(st, &r->data, msg, sizeof msg) : check_formats(r, msg, sizeof msg)) == 0;
     if (ok && r->data.kind != DATA_TOKENS && r->data.n < st->batch)
       ok = 0, snprintf(msg, sizeof msg, "%s has %lld samples, fewer than one batch of %d", r->a.data, (long long)r->data.n, st->batch);
   }
@@ -84,7 +106,10 @@ static void load_input(Run *r, const PrValue *pv, int mb, int slot) {
   unsigned char *dev = pv->xring ? dev_at(r, pv->offset + (int64_t)r->cur->xslot * st->xslot_bytes) : ring(r, pv->offset, pv->bytes, slot);
   void *to = pr_dev_view(dev, pv->bytes, PR_VIEW_WRITE);
   char msg[1024];
-  int rc = pv->source == PR_FROM_IMAGES
+  int rc = r->data.kind == DATA_ARRAYS
+               ? data_rows(&r->data, idx, st->mb_size, pv->source == PR_FROM_IMAGES ? (float *)to : NULL,
+                           pv->source == PR_FROM_TOKENS ? (int64_t *)to : NULL, NULL, msg, sizeof msg)
+           : pv->source == PR_FROM_IMAGES
                ? data_images(&r->data, idx, st->mb_size, (float *)to, r->in_labels, msg, sizeof msg)
                : data_tokens(&r->data, r->step, st->batch, (int)pv->dims[1], mb * st->mb_size, st->mb_size, (int64_t *)to, r->in_y, msg,
                              sizeof msg);
@@ -95,7 +120,9 @@ static void load_input(Run *r, const PrValue *pv, int mb, int slot) {
 static void load_labels(Run *r, int mb, int64_t *labels) {
   const PrStage *st = r->st;
   char msg[1024];
-  int rc = r->data.kind == DATA_TOKENS
+  int rc = r->data.kind == DATA_ARRAYS
+               ? data_rows(&r->data, r->idx + (int64_t)mb * st->mb_size, st->mb_size, NULL, NULL, labels, msg, sizeof msg)
+           : r->data.kind == DATA_TOKENS
                ? data_tokens(&r->data, r->step, st->batch, (int)(st->loss_rows / st->mb_size), mb * st->mb_size, st->mb_size, r->lab_x,
                              labels, msg, sizeof msg)
                : data_images(&r->data, r->idx + (int64_t)mb * st->mb_size, st->mb_size, r->lab_img, labels, msg, sizeof msg);
@@ -160,7 +187,7 @@ void alloc_scratch(Run *r) {
   r->in_labels = malloc(sizeof(int64_t) * (size_t)st->mb_size);
   r->in_y = malloc(sizeof(int64_t) * (size_t)(st->mb_size * T));
   r->lab_x = malloc(sizeof(int64_t) * (size_t)(st->loss_rows + 1));
-  int64_t img = r->have_data && r->data.kind != DATA_TOKENS ? (int64_t)st->mb_size * r->data.c * r->data.h * r->data.w : 1;
+  int64_t img = r->have_data && r->data.kind != DATA_TOKENS && r->data.kind != DATA_ARRAYS ? (int64_t)st->mb_size * r->data.c * r->data.h * r->data.w : 1;
   r->lab_img = malloc(sizeof(float) * (size_t)img);
   if (!r->in_labels || !r->in_y || !r->lab_x || !r->lab_img) die(2, "out of memory for the loader's buffers");
 }

@@ -43,6 +43,7 @@ typedef struct Args {
   int freeze_auto;
   int64_t freeze_every;
   double freeze_threshold;
+  const char *data_x, *data_y; /* --data-x NAME, --data-y NAME: the NumPy arrays' names (x, y when not given) */
   const char *val;     /* --val PATH: a held-out set evaluated every val_every steps (0: at the end) */
   int64_t val_every;
   int64_t steps, ckpt_every, warmup;
@@ -181,6 +182,7 @@ void load_weights(Run *r);
 void weights_to_host(Run *r);
 int needs_data(const PrStage *st);
 void open_data(Run *r);
+int check_arrays(const PrStage *st, const DataSet *d, char *msg, size_t len);
 void guard_data_reads(void);
 void load_guarded(Run *r, const PrValue *pv, int mb, int slot, int64_t *labels);
 void alloc_scratch(Run *r);

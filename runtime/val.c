@@ -33,13 +33,15 @@ void val_open(Run *r) {
   int ok = 1;
   if (st->staleness || st->role != PR_ROLE_BOTH) ok = 0, snprintf(msg, sizeof msg, "--val: async and pipefb programs do not validate yet");
   else if (needs_data(st)) {
-    ok = data_open(&r->val, r->a.val, (r->data.kind == DATA_TOKENS ? DATA_TOKENS : 0) | DATA_HELD_OUT, msg, sizeof msg) == 0;
+    ok = data_open_named(&r->val, r->a.val, (r->data.kind == DATA_TOKENS ? DATA_TOKENS : 0) | DATA_HELD_OUT, r->a.data_x, r->a.data_y, msg,
+                         sizeof msg) == 0;
     if (ok && r->val.kind != r->data.kind) ok = 0, snprintf(msg, sizeof msg, "--val %s is not in the training data's format", r->a.val);
+    if (ok && r->val.kind == DATA_ARRAYS) ok = check_arrays(st, &r->val, msg, sizeof msg) == 0;
     if (ok && r->val.kind == DATA_TOKENS) ok = val_check_tokens(r, msg, sizeof msg) == 0;
-    if (ok && r->val.kind != DATA_TOKENS && (r->val.c != r->data.c || r->val.h != r->data.h || r->val.w != r->data.w))
+    if (ok && r->val.kind != DATA_TOKENS && r->val.kind != DATA_ARRAYS && (r->val.c != r->data.c || r->val.h != r->data.h || r->val.w != r->data.w))
       ok = 0, snprintf(msg, sizeof msg, "--val %s: images of %dx%dx%d, the training data's are %dx%dx%d", r->a.val, r->val.c, r->val.h,
                        r->val.w, r->data.c, r->data.h, r->data.w);
-    if (ok && r->val.kind != DATA_TOKENS && st->loss)
+    if (ok && r->val.kind != DATA_TOKENS && r->val.kind != DATA_ARRAYS && st->loss)
       ok = data_check_images(&r->val, r->val.c, r->val.h, r->val.w, (int)st->loss_classes, msg, sizeof msg) == 0;
     if (ok && r->val.kind != DATA_TOKENS && r->val.n < st->batch)
       ok = 0, snprintf(msg, sizeof msg, "--val %s has %lld samples, fewer than one batch of %d", r->a.val, (long long)r->val.n, st->batch);

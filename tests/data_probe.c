@@ -6,6 +6,10 @@
  *   data_probe indices PATH B SHUFFLE SEED STEP...    one line of B indices per step
  *   data_probe images PATH OUT IDX...                 OUT: count*c*h*w float32 then count int64 labels
  *   data_probe tokens PATH STEP B T FIRST NSEQ        "start S", then the x line and the y line
+ *   data_probe arrays IDS CLASSES PER DIMS PATH...    NumPy arrays: each PATH opened, checked against an input of
+ *                                                     dims DIMS (comma-separated, the batch first; IDS 1: token ids
+ *                                                     below CLASSES) and labels (PER a sample, below CLASSES), and every
+ *                                                     sample read: a line "ok N" or "error: MESSAGE" each, exit 0
  *   data_probe rewritten PATH LIMIT FILE OFFSET       checks PATH (token ids, or labels, below LIMIT), writes the
  *                                                     byte 0xff at OFFSET of FILE in place (the mapped file changes
  *                                                     under the loader), then loads every token or label: "ok", or the error
@@ -20,7 +24,7 @@
 #include "data.h"
 
 static int usage(void) {
-  fprintf(stderr, "usage: data_probe open|check-images|check-tokens|indices|images|tokens|rewritten PATH ...\n");
+  fprintf(stderr, "usage: data_probe open|check-images|check-tokens|indices|images|tokens|arrays|rewritten PATH ...\n");
   return 2;
 }
 
@@ -54,6 +58,33 @@ static int rewritten(DataSet *d, char **argv) {
   return 0;
 }
 
+/* The arrays command (above). */
+static int arrays(int argc, char **argv) {
+  int ids = (int)num(argv[2]), classes = (int)num(argv[3]), rank = 0;
+  int64_t per = num(argv[4]), dims[8];
+  for (char *p = argv[5], *end; *p && rank < 8; p = *end ? end + 1 : end) dims[rank++] = strtoll(p, &end, 10);
+  int64_t row = 1;
+  for (int i = 1; i < rank; i++) row *= dims[i];
+  for (int a = 6; a < argc; a++) {
+    DataSet d;
+    char err[1024];
+    int rc = data_open(&d, argv[a], 0, err, sizeof err);
+    if (!rc) rc = data_check_arrays(&d, ids, rank, dims, ids ? classes : 0, err, sizeof err);
+    if (!rc) rc = data_check_array_labels(&d, per, classes, err, sizeof err);
+    int64_t *idx = malloc(sizeof(int64_t) * 2), *xi = malloc(sizeof(int64_t) * (size_t)(row + 1)), *y = malloc(sizeof(int64_t) * (size_t)(per + 1));
+    float *xf = malloc(sizeof(float) * (size_t)(row + 1));
+    for (int64_t s = 0; !rc && s < d.n; s++) {
+      idx[0] = s;
+      rc = data_rows(&d, idx, 1, ids ? NULL : xf, ids ? xi : NULL, y, err, sizeof err);
+    }
+    if (rc) printf("error: %s\n", err);
+    else printf("ok %lld\n", (long long)d.n);
+    free(idx), free(xi), free(y), free(xf);
+    data_close(&d);
+  }
+  return 0;
+}
+
 static int open_or_fail(DataSet *d, const char *path, int hint) {
   char err[512];
   if (data_open(d, path, hint, err, sizeof err) != 0) {
@@ -65,6 +96,7 @@ static int open_or_fail(DataSet *d, const char *path, int hint) {
 
 int main(int argc, char **argv) {
   if (argc < 3) return usage();
+  if (!strcmp(argv[1], "arrays") && argc >= 7) return arrays(argc, argv);
   const char *cmd = argv[1], *path = argv[2];
   DataSet d;
   char err[512];

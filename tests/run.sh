@@ -67,6 +67,7 @@ suite "listings on every sample model" env PIPECC=bin/pipecc $PY tests/test_list
 suite "constant folding of exported shape arithmetic (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_fold.py
 suite "loader: external data, typed fields, value_info (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_loader.py
 suite "data loading and piperun-data (ASan build)" $PY tests/test_data.py
+suite "NumPy data: lenet and gpt train on .npz and .npy arrays with the same losses as the same data in IDX and token files, every mismatch refused naming file and array, 1800 damaged files under ASan/UBSan" $PY tests/test_npy.py
 suite "generated/ is what the compiler writes" bash tests/test_generated.sh
 suite "training parity with PyTorch, bit-identity across n and schedules" env PIPECC=bin/pipecc $PY tests/test_parity.py --ci
 suite "ResNet training parity with PyTorch (BatchNorm, residuals), n = 1 and 4" $PY tests/test_parity_models.py

@@ -136,15 +136,19 @@ def refuses_to_replace(gen, T):
     check(rc == 0 and rc2 == 0, "a new file beside existing ones needs no --force (--test's files beside the training set's)", err + err2)
 
 
+NPY = os.path.join(RT, "npy.c")  # data.c reads NumPy arrays through it
+
+
 def body(T):
     probe, gen = os.path.join(T, "data_probe"), os.path.join(T, "piperun-data")
     # ---- build ----
     rc, _, err = run("clang", "-O2", "-g", *WARN, "-c", os.path.join(RT, "data.c"), "-o", os.path.join(T, "data.o"))
-    rc2, _, err2 = run("clang", "-O2", "-g", *WARN, os.path.join(TOOLS, "datagen.c"), os.path.join(RT, "data.c"), "-lm", "-o",
+    rc2, _, err2 = run("clang", "-O2", "-g", *WARN, os.path.join(TOOLS, "datagen.c"), os.path.join(RT, "data.c"), NPY, "-lm", "-o",
                        os.path.join(T, "piperun-data-O2"))
     check(rc == 0 and rc2 == 0 and not err and not err2, "data.c and datagen.c build warning-free with -O2 -Wall -Wextra -Werror", err + err2)
-    rc, _, err = run("clang", "-O1", "-g", *SAN, *WARN, "-I" + RT, os.path.join(RT, "data.c"), os.path.join(ROOT, "tests", "data_probe.c"), "-o", probe)
-    rc2, _, err2 = run("clang", "-O1", "-g", *SAN, *WARN, os.path.join(TOOLS, "datagen.c"), os.path.join(RT, "data.c"), "-lm", "-o", gen)
+    rc, _, err = run("clang", "-O1", "-g", *SAN, *WARN, "-I" + RT, os.path.join(RT, "data.c"), NPY, os.path.join(ROOT, "tests", "data_probe.c"),
+                     "-o", probe)
+    rc2, _, err2 = run("clang", "-O1", "-g", *SAN, *WARN, os.path.join(TOOLS, "datagen.c"), os.path.join(RT, "data.c"), NPY, "-lm", "-o", gen)
     if not check(rc == 0 and rc2 == 0, "data_probe and piperun-data build with ASan/UBSan", err + err2):
         return
 
