@@ -11,6 +11,8 @@ and y.npy, written by NumPy itself.
     overwritten in the zip's records and the .npy header, at random with a fixed seed) through
     runtime/data.c and npy.c under ASan/UBSan (tests/data_probe.c): each read whole or refused with a
     message, never a crash or a sanitizer report.
+  * README's "Your own model and NumPy arrays" runs as written (a PyTorch model exported, arrays
+    from np.savez, compiled, built, trained, saved) and the saved model classifies its data in PyTorch.
   * Every mismatch is refused before step 1 with a message naming the file and the array, exit 2:
     the dtype, the sample shape, the labels' dtype, shape and range, token ids past the vocabulary, a
     truncated .npy and .npz, a Fortran-ordered array, a big-endian one, a pickled object array, a
@@ -284,6 +286,42 @@ def hostile(T):
             shutil.rmtree(f, ignore_errors=True) if kind == "npy" else os.remove(f)
 
 
+def readme_block(text, marker):
+    """The fenced block after README's <!-- readme-path:MARKER --> line."""
+    at = text.index(f"<!-- readme-path:{marker} -->")
+    start = text.index("\n", text.index("```", at)) + 1
+    return text[start:text.index("```", start)]
+
+
+def readme_path(T):
+    """README's "Your own model and NumPy arrays", run as written: the model it trains predicts its data."""
+    text = open(os.path.join(ROOT, "README.md")).read()
+    d = os.path.join(T, "readme")
+    os.makedirs(d)
+    with open(os.path.join(d, "export.py"), "w") as f:
+        f.write(readme_block(text, "python"))
+    r = subprocess.run([sys.executable, "export.py"], cwd=d, capture_output=True, text=True, timeout=300)
+    if not check(r.returncode == 0, "README's path: the Python block exports the model and writes the arrays", r.stderr[-300:]):
+        return
+    shell = readme_block(text, "shell").replace("bin/pipecc", PIPECC)
+    r = subprocess.run(["bash", "-e", "-c", shell], cwd=d, capture_output=True, text=True, timeout=600)
+    if not check(r.returncode == 0 and os.path.isfile(os.path.join(d, "trained.onnx")), "README's path: the shell lines compile, build, train "
+                 "and save trained.onnx", r.stderr[-400:]):
+        return
+    import onnx
+    import torch
+    from onnx import numpy_helper
+    data = np.load(os.path.join(d, "train.npz"))
+    acc = {}
+    for f in ("model.onnx", "trained.onnx"):
+        model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 3))
+        model.load_state_dict({t.name: torch.from_numpy(numpy_helper.to_array(t).copy()) for t in onnx.load(os.path.join(d, f)).graph.initializer})
+        with torch.no_grad():
+            acc[f] = float((model(torch.from_numpy(data["x"])).argmax(1).numpy() == data["y"]).mean())
+    check(acc["trained.onnx"] > 0.9 and acc["model.onnx"] < 0.6, "README's path: the trained model, loaded in PyTorch, classifies its data",
+          f"accuracy {acc['model.onnx']:.3f} before, {acc['trained.onnx']:.3f} after")
+
+
 def main():
     T = tempfile.mkdtemp(prefix="pipecc-npy.")
     os.environ["PIPECC_CACHE"] = os.path.join(T, "machine.txt")
@@ -303,6 +341,7 @@ def main():
             if xy is not None:
                 gpt_refusals(T, gpt, *xy)
         hostile(T)
+        readme_path(T)
     finally:
         shutil.rmtree(T, ignore_errors=True)
     return tally.finish()
