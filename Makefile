@@ -5,6 +5,8 @@
 #   make demo   plan the bundled LeNet for 4 stages and show the listing
 #   make models export the large benchmark models (ResNet-18, GPT-2-small size)
 #   make zoo    torchvision models and transformer LMs trained against PyTorch (docs/zoo.md)
+#   make install [PREFIX=/usr/local] [DESTDIR=...]   the tools and the runtime (install.mk, docs/install.md)
+#   make uninstall [PREFIX=...]                       removes exactly what install put there
 
 CC      ?= cc
 CFLAGS  ?= -O2 -g
@@ -28,6 +30,7 @@ SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-saniti
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 include runtime/cuda/build.mk
+include install.mk
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
 bin/piperun-data: tools/datagen.c runtime/data.c runtime/data.h runtime/npy.c runtime/npy.h

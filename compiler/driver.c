@@ -35,6 +35,7 @@
 #include "planq.h"
 #include "price.h"
 #include "profile.h"
+#include "rtpath.h"
 #include "spec.h"
 #include "stash.h"
 #include "untie.h"
@@ -442,6 +443,10 @@ static int compile(const Options *o, int more) {
 }
 
 int driver_run(Options *o) {
+  /* The runtime the generated Makefile will name (rtpath.c): one that is missing, or an installed one
+   * without the target's library, is said before the planning, not after it. */
+  RtPath rt;
+  if (!o->plan_only && !o->dump_shapes && rtpath_find(o->target, &rt)) return report_error("%s", err_msg());
   int choice[2], n = conv_impl_choices(o->conv_impl, choice), rc = RETRY;
   for (int i = 0; i < n && rc == RETRY; i++) {
     o->conv_impl = choice[i], o->conv_fallback = i > 0;

@@ -12,6 +12,7 @@
 #include "onnx_load.h"
 #include "outdir.h"
 #include "render.h"
+#include "rtpath.h"
 #include "templates.h"
 
 
@@ -47,23 +48,58 @@ static void relpath(const char *from, const char *to, char *out, size_t len) {
   strncat(out, *rest ? rest : ".", len - strlen(out) - 1);
 }
 
-static const char *runtime_dir(char *buf, size_t len) {
-  const char *env = getenv("PIPECC_RUNTIME");
-  if (env && *env) return env;
-  char exe[PATH_MAX - 16];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  if (n <= 0) return "runtime";
-  exe[n] = 0;
-  char *slash = strrchr(exe, '/');
-  if (slash) *slash = 0;
-  snprintf(buf, len, "%s/../runtime", exe);
-  return buf;
-}
-
 /* The renderer of the plan's target (args.c accepts only targets render.c has). */
 static const Renderer *target_renderer(const Plan *p) {
   const Renderer *r = renderer_for(p->opt.target ? p->opt.target : "cpu");
   return r ? r : &RENDER_C;
+}
+
+/* What the Makefile and run.sh name outside DIR. */
+typedef struct OutPaths {
+  char parent[PATH_MAX];       /* DIR's parent, which the relative paths start from */
+  char runtime[PATH_MAX + 8];  /* the Makefile's PIPERUN */
+  const char *gen;             /* its PIPECC_GEN: where onnx.pb-c.h is */
+  const char *prebuilt;        /* its lines that link an installed runtime's library ("" for a checkout's) */
+} OutPaths;
+
+/* A checkout's runtime and pipecc are named relative to DIR's parent, so that the tree (generated/
+ * beside runtime/) moves as a whole and its text does not depend on where it was checked out; an
+ * installed one by its absolute path, which stays put wherever DIR goes.  -1 with err_set. */
+static int out_paths(const Plan *p, const OutDir *d, OutPaths *o, Buf *bin) {
+  RtPath rt;
+  if (rtpath_find(target_renderer(p)->target, &rt)) return -1;
+  /* The final directory does not exist yet: resolve against its parent. */
+  snprintf(o->parent, sizeof o->parent, "%s", d->final);
+  char *slash = strrchr(o->parent, '/');
+  if (slash) *slash = 0;
+  else strcpy(o->parent, ".");
+  char rel[PATH_MAX];
+  if (rt.installed) {
+    snprintf(o->runtime, sizeof o->runtime, "%s", rt.dir);
+    o->gen = "$(PIPERUN)";
+    o->prebuilt = "# An installed runtime (pipecc's make install): the library built there replaces the objects above, and\n"
+                  "# this file checks that this machine still gives the flags it was built with.\n"
+                  "include $(PIPERUN)/prebuilt-$(DEVICE).mk";
+    shell_word(bin, rt.exe[0] ? rt.exe : "pipecc"); /* no /proc/self/exe: the one on PATH */
+  } else {
+    relpath(o->parent, rt.dir, rel, sizeof rel);
+    snprintf(o->runtime, sizeof o->runtime, "../%s", rel);
+    o->gen = "$(PIPERUN)/../build/gen";
+    o->prebuilt = "";
+    relpath(o->parent, rt.exe[0] ? rt.exe : "pipecc", rel, sizeof rel);
+    buf_printf(bin, "\"$here/../\"");
+    shell_word(bin, rel);
+  }
+  /* make passes PIPERUN to the shell unquoted (and '%' is its pattern
+   * character): a space or a shell character in the path from the output to
+   * the runtime would split it or run as a command.  The Makefile names no
+   * other path outside DIR, so DIR's own path may hold anything. */
+  for (const unsigned char *c = (const unsigned char *)o->runtime; *c; c++)
+    if (!(isalnum(*c) || strchr("/._+-", *c) || *c >= 0x80))
+      return err_set("-o %s: the generated Makefile reaches pipecc's runtime by the path %s, and '%c' in it would "
+                     "break make's commands; install pipecc (or set PIPECC_RUNTIME) where the path has no spaces or "
+                     "shell characters", d->final, o->runtime, *c);
+  return 0;
 }
 
 void emit_stage(const Plan *p, const StageProg *progs, int s, Buf *o) {
@@ -77,6 +113,51 @@ void emit_stage(const Plan *p, const StageProg *progs, int s, Buf *o) {
   spec_build(p, progs, s, &spec, &pool);
   r->stage(&spec, o);
   pool_free(&pool);
+}
+
+/* The Makefile and run.sh: the templates filled with the plan's stages and the paths outside DIR. */
+static int emit_scripts(const Plan *p, const StageProg *progs, OutDir *d) {
+  int n = p->opt.nstages;
+  Buf bin = {0};
+  OutPaths op;
+  if (out_paths(p, d, &op, &bin)) return buf_free(&bin), -1;
+  /* The model's path goes into comments of run.sh and the Makefile: one line, escaped. */
+  Buf model = {0};
+  put_comment(&model, p->g.path);
+  Buf stages = {0}, mpmd = {0}, large = {0};
+  buf_printf(&large, "%s", "");
+  for (int s = 0; s < n; s++) {
+    buf_printf(&stages, " stage_%d", s);
+    if (progs[s].arena_bytes >= (int64_t)1 << 30) buf_printf(&large, " stage_%d", s); /* the Makefile's LARGE_STAGES */
+    buf_printf(&mpmd, " %s-n 1 \"$here/stage_%d\" ${prog[@]+\"${prog[@]}\"}", s ? ": " : "", s);
+  }
+  char nst[16];
+  snprintf(nst, sizeof nst, "%d", n);
+  /* For a freeze event's re-plan: the directory pipecc ran in (relative to DIR, so that the directory
+   * can move with its tree) and its flags, each as one shell word. */
+  Buf args = {0}, cwd = {0};
+  char here[PATH_MAX], r2[PATH_MAX];
+  relpath(op.parent, getcwd(here, sizeof here) ? here : ".", r2, sizeof r2);
+  shell_word(&cwd, r2);
+  buf_printf(&args, "%s", "");
+  for (int i = 0; i < p->opt.nargs; i++) {
+    if (i) buf_printf(&args, " ");
+    shell_word(&args, p->opt.args[i]);
+  }
+  const char *keys[] = {"NSTAGES", "MODEL", "RUNTIME", "STAGE_LIST", "MPMD", "PIPECC_BIN", "PIPECC_ARGS", "PLAN_CWD", "THREADS", "DEVICE",
+                        "LARGE_STAGES", "PIPECC_GEN", "PREBUILT"};
+  char threads[16];
+  snprintf(threads, sizeof threads, "%d", p->opt.threads > 1 ? p->opt.threads : 1);
+  const char *vals[] = {nst, model.s, op.runtime, stages.s, mpmd.s, bin.s, args.s, cwd.s, threads, target_renderer(p)->target, large.s,
+                        op.gen, op.prebuilt};
+  Buf mk = {0}, sh = {0};
+  tmpl_fill(&mk, TMPL_MAKEFILE, keys, vals, 13);
+  tmpl_fill(&sh, TMPL_RUN_SH, keys, vals, 13);
+  int rc = outdir_write(d, "Makefile", mk.s, mk.len) || outdir_write(d, "run.sh", sh.s, sh.len) ? -1 : 0;
+  buf_free(&mk), buf_free(&sh), buf_free(&stages), buf_free(&mpmd), buf_free(&model), buf_free(&bin), buf_free(&args), buf_free(&cwd);
+  buf_free(&large);
+  if (rc) return -1;
+  return outdir_chmod(d, "run.sh", 0755);
 }
 
 int emit_all(Plan *p, StageProg *progs, OutDir *d) {
@@ -132,61 +213,5 @@ int emit_all(Plan *p, StageProg *progs, OutDir *d) {
   int wrc = outdir_write(d, "model.onnx", (const char *)bytes, blen);
   free(bytes);
   if (wrc) return -1;
-  char rbuf[PATH_MAX + 16], rel[PATH_MAX];
-  const char *rt = runtime_dir(rbuf, sizeof rbuf);
-  /* The final directory does not exist yet: resolve against its parent. */
-  char parent[sizeof d->final];
-  memcpy(parent, d->final, sizeof parent);
-  char *slash = strrchr(parent, '/');
-  if (slash) *slash = 0;
-  else strcpy(parent, ".");
-  relpath(parent, rt, rel, sizeof rel);
-  /* make passes PIPERUN to the shell unquoted (and '%' is its pattern
-   * character): a space or a shell character in the path from the output to
-   * the runtime would split it or run as a command.  The Makefile names no
-   * other path outside DIR, so DIR's own path may hold anything. */
-  for (const unsigned char *c = (const unsigned char *)rel; *c; c++)
-    if (!(isalnum(*c) || strchr("/._+-", *c) || *c >= 0x80))
-      return err_set("-o %s: the generated Makefile reaches pipecc's runtime by the path %s, and '%c' in it would "
-                     "break make's commands; install pipecc (or set PIPECC_RUNTIME) where the path has no spaces or "
-                     "shell characters", d->final, rel, *c);
-  /* The model's path goes into comments of run.sh and the Makefile: one line, escaped. */
-  Buf model = {0};
-  put_comment(&model, p->g.path);
-  Buf stages = {0}, mpmd = {0}, large = {0};
-  buf_printf(&large, "%s", "");
-  for (int s = 0; s < n; s++) {
-    buf_printf(&stages, " stage_%d", s);
-    if (progs[s].arena_bytes >= (int64_t)1 << 30) buf_printf(&large, " stage_%d", s); /* the Makefile's LARGE_STAGES */
-    buf_printf(&mpmd, " %s-n 1 \"$here/stage_%d\" ${prog[@]+\"${prog[@]}\"}", s ? ": " : "", s);
-  }
-  char nst[16];
-  snprintf(nst, sizeof nst, "%d", n);
-  /* For a freeze event's re-plan: this pipecc, the directory it ran in (both relative to DIR, so
-   * that the directory can move with its tree) and its flags, each as one shell word. */
-  Buf bin = {0}, args = {0}, cwd = {0};
-  char exe[PATH_MAX], here[PATH_MAX], r1[PATH_MAX], r2[PATH_MAX];
-  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  exe[len > 0 ? len : 0] = 0;
-  relpath(parent, len > 0 ? exe : "pipecc", r1, sizeof r1);
-  relpath(parent, getcwd(here, sizeof here) ? here : ".", r2, sizeof r2);
-  shell_word(&bin, r1), shell_word(&cwd, r2);
-  buf_printf(&args, "%s", "");
-  for (int i = 0; i < p->opt.nargs; i++) {
-    if (i) buf_printf(&args, " ");
-    shell_word(&args, p->opt.args[i]);
-  }
-  const char *keys[] = {"NSTAGES", "MODEL", "RUNTIME", "STAGE_LIST", "MPMD", "PIPECC_BIN", "PIPECC_ARGS", "PLAN_CWD", "THREADS", "DEVICE",
-                        "LARGE_STAGES"};
-  char threads[16];
-  snprintf(threads, sizeof threads, "%d", p->opt.threads > 1 ? p->opt.threads : 1);
-  const char *vals[] = {nst, model.s, rel, stages.s, mpmd.s, bin.s, args.s, cwd.s, threads, target_renderer(p)->target, large.s};
-  Buf mk = {0}, sh = {0};
-  tmpl_fill(&mk, TMPL_MAKEFILE, keys, vals, 11);
-  tmpl_fill(&sh, TMPL_RUN_SH, keys, vals, 11);
-  int rc = outdir_write(d, "Makefile", mk.s, mk.len) || outdir_write(d, "run.sh", sh.s, sh.len) ? -1 : 0;
-  buf_free(&mk), buf_free(&sh), buf_free(&stages), buf_free(&mpmd), buf_free(&model), buf_free(&bin), buf_free(&args), buf_free(&cwd);
-  buf_free(&large);
-  if (rc) return -1;
-  return outdir_chmod(d, "run.sh", 0755);
+  return emit_scripts(p, progs, d);
 }

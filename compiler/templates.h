@@ -7,6 +7,7 @@
 extern const char TMPL_MAKEFILE[], TMPL_RUN_SH[], TMPL_STAGE_MAIN[];
 
 /* Appends tmpl to b with each {{KEY}} replaced by its value; keys[i]/vals[i], n pairs.
- * An unknown key is a programming error and aborts. */
+ * A key alone on its line whose value is empty writes no line.  An unknown key is a programming
+ * error and aborts. */
 void tmpl_fill(Buf *b, const char *tmpl, const char *const *keys, const char *const *vals, int n);
 #endif

@@ -69,6 +69,7 @@ suite "loader: external data, typed fields, value_info (ASan build)" env PIPECC=
 suite "data loading and piperun-data (ASan build)" $PY tests/test_data.py
 suite "NumPy data: lenet and gpt train on .npz and .npy arrays with the same losses as the same data in IDX and token files, every mismatch refused naming file and array, 1800 damaged files under ASan/UBSan" $PY tests/test_npy.py
 suite "generated/ is what the compiler writes" bash tests/test_generated.sh
+suite "make install into a temporary prefix: LeNet compiled, built and trained at n = 2 by the installed tools with the checkout hidden; DESTDIR, a moved install, make uninstall (tests/test_install.sh --cuda: the CUDA runtime too)" bash tests/test_install.sh
 suite "training parity with PyTorch, bit-identity across n and schedules" env PIPECC=bin/pipecc $PY tests/test_parity.py --ci
 suite "ResNet training parity with PyTorch (BatchNorm, residuals), n = 1 and 4" $PY tests/test_parity_models.py
 suite "memory plan: offload to a peer or a file, recompute, bit-identical under --mem-limit, compiled by the ASan build (make test-memory: every model, n, schedule)" env PIPECC=bin/pipecc-asan $PY tests/test_memory.py --quick
