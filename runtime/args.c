@@ -11,17 +11,14 @@
 
 #include "run.h"
 
+/* A flag run.sh cannot run with.  Before MPI (g_rank < 0) this is run.sh's own check, stage_0
+ * --check-args (prmain.c): one line in run.sh's name, and no mpirun.  Under mpirun (stage programs
+ * started by hand) rank 0 says it; run.sh --help lists the flags. */
 void usage_error(const char *fmt, const char *arg) {
-  if (g_rank == 0) {
-    fprintf(stderr, "piperun: error: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\nusage: run.sh --data PATH [--data-x NAME --data-y NAME] --steps N [--lr X] [--momentum X] [--weight-decay X] [--seed S]\n"
-                    "       [--shuffle|--no-shuffle] [--log FILE] [--save FILE.onnx] [--checkpoint DIR]\n"
-                    "       [--checkpoint-every K] [--resume DIR] [--lr-schedule constant|cosine] [--warmup K] [--quiet]\n"
-                    "       [--trace FILE.json] [--timeout SECONDS] [--profile FILE]\n"
-                    "       [--freeze-at S:N[,S:N...] | --freeze auto [--freeze-every S] [--freeze-threshold X]] [--val PATH [--val-every K]]\n");
-  }
-  MPI_Finalize();
+  char msg[1024];
+  snprintf(msg, sizeof msg, fmt, arg);
+  if (g_rank <= 0) put_line(g_rank < 0 ? "run.sh: error: " : "piperun: error: ", msg);
+  if (g_rank >= 0) MPI_Finalize(); /* never initialised in the check: finalising it is an error */
   exit(2);
 }
 

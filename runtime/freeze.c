@@ -246,9 +246,9 @@ void auto_freeze(Run *r) {
 
 
 /* Before step 1: the re-planned run resumes its freeze checkpoint; any other run sets aside a FREEZE
- * it did not write (it must not re-plan this one), and its freeze flags are checked. */
+ * it did not write (it must not re-plan this one).  Its freeze flags were checked with the others
+ * (prmain.c, check_flags). */
 void freeze_start(Run *r) {
-  const PrStage *st = r->st;
   if (r->a.resume_freeze) load_freeze(r, r->a.resume_freeze);
   else if (r->rank == 0 && r->a.freeze_dir) {
     char stale[4200], aside[4300];
@@ -256,7 +256,4 @@ void freeze_start(Run *r) {
     snprintf(aside, sizeof aside, "%s.stale", stale);
     if (access(stale, F_OK) == 0) rename(stale, aside);
   }
-  if ((r->a.nfreeze || r->a.freeze_auto) && (st->staleness || st->role != PR_ROLE_BOTH))
-    usage_error("--freeze-at / --freeze auto: async and pipefb programs do not freeze layers yet%s", "");
-  if ((r->a.nfreeze || r->a.freeze_auto) && !r->a.freeze_dir) usage_error("--freeze-at and --freeze auto need --freeze-dir DIR (run.sh gives it)%s", "");
 }

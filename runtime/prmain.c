@@ -95,6 +95,28 @@ static int start_mpi(int *argc, char ***argv, const PrStage *st) {
   return 0;
 }
 
+/* The flags' checks that need no MPI and nothing but this program: run.sh makes them (stage_0
+ * --check-args) before it starts mpirun, and so does every rank. */
+static void check_flags(const Args *a, const PrStage *st) {
+  if (a->profile && !st->nprof) usage_error("--profile: these stages have no timing marks; compile them with pipecc --profile%s", "");
+  if (a->profile && a->steps < 2) usage_error("--profile needs --steps 2 or more (the first quarter, at least one step, only warms up)%s", "");
+  if ((a->nfreeze || a->freeze_auto) && (st->staleness || st->role != PR_ROLE_BOTH))
+    usage_error("--freeze-at / --freeze auto: async and pipefb programs do not freeze layers yet%s", "");
+  if ((a->nfreeze || a->freeze_auto) && !a->freeze_dir) usage_error("--freeze-at and --freeze auto need --freeze-dir DIR (run.sh gives it)%s", "");
+}
+
+/* stage_0 --check-args FLAGS...: run.sh's flags parsed and checked as every rank will, without MPI
+ * (usage_error then writes one line as run.sh's and exits 2): a usage error is run.sh's answer, not
+ * every rank's under mpirun's abort report. */
+static int check_args_only(int argc, char **argv, const PrStage *st) {
+  Args a;
+  if (st->forward_only)
+    usage_error("these are pipecc --forward-only programs: run %s/stage_0 INPUT_DIR OUTPUT_DIR, not run.sh", pr_stage_dir());
+  parse_args(&a, argc - 1, argv + 1); /* from argv[2]: argv[1] is --check-args */
+  check_flags(&a, st);
+  return 0;
+}
+
 /* This rank's number among the ranks on its host (the GPU it takes). */
 static int local_rank(void) {
   int k = 0;
@@ -106,11 +128,10 @@ static int local_rank(void) {
 static void setup_rank(Run *r, int argc, char **argv, int threads) {
   const PrStage *st = r->st;
   parse_args(&r->a, argc, argv);
+  check_flags(&r->a, st); /* again: mpirun may have started the stages without run.sh */
   r->pinned_cpu = pin_rank(st, &r->a, &r->cpus);
   /* The kernels' own threads (par.h), after pinning: a pinned rank has one thread (the plan pins only then). */
   if (pr_par_init(threads, rank_cpus(threads))) die(2, "cannot start %d threads for this rank's kernels (pipecc --threads): %s", threads, strerror(errno));
-  if (r->a.profile && !st->nprof) usage_error("--profile: these stages have no timing marks; compile them with pipecc --profile%s", "");
-  if (r->a.profile && r->a.steps < 2) usage_error("--profile needs --steps 2 or more (the first quarter, at least one step, only warms up)%s", "");
   if (st->nprof) prof_init(st->nprof);
   pr_rand.seed = r->a.seed;
   agree(pr_dev_open(local_rank(), st->precision) == 0, "no device of the kind these stages were compiled for");
@@ -215,6 +236,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
     puts(blas_core_for_cpu());
     return 0;
   }
+  if (argc >= 2 && !strcmp(argv[1], "--check-args")) return check_args_only(argc, argv, st);
   int threads = st->threads > 0 ? st->threads : 1;
   pin_libraries(argv, argc);
   if (st->forward_only) return pr_eval(argc, argv, st);

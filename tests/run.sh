@@ -82,6 +82,7 @@ suite "model zoo subset: torchvision resnet18 against PyTorch within its float32
 suite "run traces: one span per executed action, 4 ranks, every schedule" env PIPECC=bin/pipecc $PY tests/test_trace.py
 suite "--threads: a rank on 2 threads (par.c, gemm.c): bits equal to 1 thread and across n, plan, listing, run.sh, profiles, refusals (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_threads.py
 suite "ranks pinned to cores when they outnumber them: the plan's pairing, PIN_CORE, the run's CPUs, --no-pin and mpirun's binding (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_pin.py
+suite "run.sh answers by itself: --help, usage errors, an unbuilt or stale directory before mpirun; a failed rank's own line first (each word for word, with its exit status)" $PY tests/test_runsh.py
 suite "training runs: demo loss, checkpoint/resume, killed rank, NaN, bad data" $PY tests/test_train.py
 suite "two hosts (network namespaces joined by a veth pair): a 4-stage job gives the bits of one host" bash tests/test_two_hosts.sh
 suite "failures are safe: checkpoint crashes at every point, corrupt/foreign checkpoints, early errors, watchdog, NaN" $PY tests/test_safety.py
