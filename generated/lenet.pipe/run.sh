@@ -4,6 +4,9 @@
 #          [--save FILE.onnx] [--checkpoint DIR --checkpoint-every K] [--resume DIR] [--trace FILE.json]
 #          [--timeout SECONDS] [--offload-dir DIR] [--profile FILE] [--no-pin]
 #          [--freeze-at S:N[,S:N...] | --freeze auto [--freeze-every S] [--freeze-threshold X]] [--val PATH [--val-every K]]
+#          [--quiet | --log-every K] [--progress lines]
+# On a terminal the progress is one line that updates in place; piped, a line every --log-every steps.
+# --log F.csv also draws F.svg: the loss (and --val's accuracy) against step and time.
 # mpirun's own options (--hostfile H, --host ..., --mca K V, --map-by X, --bind-to X) pass through.
 #
 # A freeze event (--freeze-at: after step S the first N parameterised layers freeze; --freeze auto:
@@ -87,6 +90,12 @@ if [ -n "$resume" ] && [ -f "$resume/FREEZE" ]; then replan "$resume"; fi
 # (--blas-kernels; the stages check it), so every host computes the same bits.
 kernels=${OPENBLAS_CORETYPE:-$("$here/stage_0" --blas-core)}
 prog+=(--blas-kernels "$kernels" --freeze-dir "$ckdir")
+# Under mpirun a rank's stdout is mpirun's, never the terminal: the ranks learn here whether it is one, and
+# its width, for the progress line (runtime/report.c); first, so that the caller's --progress wins.
+if [ -t 1 ]; then
+  { cols=$(stty size <&3 2>/dev/null) || cols=; } 3>&1
+  cols=${cols#* } && prog=(--progress "tty${cols:+:$cols}" "${prog[@]}")
+fi
 rc=0
 mpirun --oversubscribe ${mpi[@]+"${mpi[@]}"} -n 1 "$here/stage_0" ${prog[@]+"${prog[@]}"} : -n 1 "$here/stage_1" ${prog[@]+"${prog[@]}"} : -n 1 "$here/stage_2" ${prog[@]+"${prog[@]}"} : -n 1 "$here/stage_3" ${prog[@]+"${prog[@]}"} || rc=$?
 if [ "$rc" = 0 ] && [ -f "$ckdir/FREEZE" ]; then replan "$ckdir"; fi
