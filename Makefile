@@ -19,7 +19,7 @@ PY      := /usr/bin/python3
 
 DEB_PKGS := protobuf-c-compiler libprotobuf-c-dev libonnx-dev openmpi-bin libopenmpi-dev \
             libopenblas-dev libdnnl-dev liburing-dev clang libclang-rt-14-dev python3-onnx python3-torch \
-            python3-torchvision python3-numpy chromium iproute2
+            python3-torchvision python3-numpy chromium iproute2 tmux
 
 COMPILER_SRC := $(filter-out compiler/main.c,$(wildcard compiler/*.c compiler/ops/*.c))
 COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o

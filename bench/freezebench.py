@@ -179,7 +179,7 @@ def run_pipecc(b, base, d, cfg, train, val, flags):
     b.run_cmd(["cp", "-rp", base, d], 120)
     logf = d[:-len(".pipe")] + ".log.csv"
     cmd = [os.path.join(d, "run.sh"), "--data", train, "--steps", str(cfg["steps"]), "--log", logf,
-           "--val", val, "--val-every", str(cfg["every"]), "--no-shuffle"] + flags
+           "--val", val, "--val-every", str(cfg["every"]), "--no-shuffle", "--log-every", "1"] + flags  # every step's line: stamped below
     load0 = os.getloadavg()[0]
     rc, lines, err, secs = run_stamped(b, cmd, TIMEOUT_RUN)
     if rc != 0:

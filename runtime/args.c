@@ -71,6 +71,17 @@ static void parse_freeze(Args *a, const char *v) {
   if (!a->nfreeze) usage_error("--freeze-at '%s': expected S:N[,S:N...]", v ? v : "");
 }
 
+/* --progress lines|tty[:COLUMNS] (run.sh passes tty:COLUMNS when its stdout is a terminal): 0 for lines,
+ * else the terminal's width; a terminal that reports none (0) is taken as 80 wide. */
+static int progress_mode(const char *v) {
+  if (!v) usage_error("flag '%s' needs a value", "--progress");
+  if (!strcmp(v, "lines")) return 0;
+  if (!strcmp(v, "tty")) return 80;
+  if (strncmp(v, "tty:", 4)) usage_error("--progress '%s': expected lines, tty or tty:COLUMNS", v);
+  int cols = (int)whole("--progress tty:COLUMNS", v + 4, 0, 4096);
+  return cols ? cols : 80;
+}
+
 void parse_args(Args *a, int argc, char **argv) {
   memset(a, 0, sizeof *a);
   a->steps = -1, a->seed = 1, a->lr_schedule = "constant";
@@ -100,6 +111,8 @@ void parse_args(Args *a, int argc, char **argv) {
     else if (!strcmp(f, "--warmup")) a->warmup = whole(f, TAKE(), 0, PR_MAX_STEPS);
     else if (!strcmp(f, "--min-lr")) a->min_lr = num(f, TAKE(), 0, FLT_MAX);
     else if (!strcmp(f, "--quiet")) a->quiet = 1;
+    else if (!strcmp(f, "--log-every")) a->log_every = whole(f, TAKE(), 1, PR_MAX_STEPS);
+    else if (!strcmp(f, "--progress")) a->tty_cols = progress_mode(TAKE());
     else if (!strcmp(f, "--no-pin")) a->no_pin = 1;
     else if (!strcmp(f, "--trace")) a->trace = TAKE();
     else if (!strcmp(f, "--timeout")) a->timeout = num(f, TAKE(), 0.001, 1e9);

@@ -9,6 +9,20 @@
 #include "run.h"
 
 int g_rank = -1;
+int g_tty;
+volatile sig_atomic_t g_line_open;
+
+/* Before a message on stderr, the loss rank ends its half-drawn progress line (run.sh --progress tty).
+ * mpirun forwards a rank's stdout and stderr through separate pipes, and a stderr line written just
+ * after stdout's newline overtook it in some runs (Open MPI 4.1, measured in a pty): the newline gets a
+ * moment to go first.  Only on a terminal, and only once a line is open. */
+static void end_progress_line(void) {
+  if (!g_line_open) return;
+  g_line_open = 0;
+  fputs("\n", stdout);
+  fflush(stdout);
+  usleep(50000);
+}
 
 /* Writes one message line: tensor names come from the model, so a newline or
  * a terminal escape in one is printed as \n or \xNN, never raw. */
@@ -18,6 +32,10 @@ void put_line(const char *prefix, const char *msg) {
      stage's.  Lines under PIPE_BUF (4096 bytes) are written atomically. */
   char line[4096];
   size_t n = 0, cap = sizeof line - 2;
+  end_progress_line();
+  /* On a terminal another rank's progress line may be half drawn where this message lands: the message
+   * erases it (carriage return, erase to the end of the line) and starts at the line's beginning. */
+  if (g_tty) memcpy(line, "\r\033[K", 4), n = 4;
   for (const char *c = prefix; *c && n < cap; c++) line[n++] = *c;
   for (const unsigned char *c = (const unsigned char *)msg; *c && n + 4 < cap; c++) {
     if (*c == '\n') { line[n++] = '\\'; line[n++] = 'n'; }
@@ -79,6 +97,7 @@ void pr_bad_index(const char *node, const char *what, int64_t at, int64_t index,
 
 void on_signal(int sig) {
   char msg[96];
+  if (g_line_open && write(1, "\n", 1) < 0) _exit(1); /* the progress line ends before the message */
   int n = snprintf(msg, sizeof msg, "piperun: stage %d: stopped by signal %d (another stage failed?)\n", g_rank, sig);
   if (write(2, msg, (size_t)n) < 0) _exit(1);
   _exit(1);

@@ -94,7 +94,7 @@ void freeze_write(Run *r) {
              r->freeze_to, (long long)r->step, r->elapsed0 + r->t_total);
     ok = ok && write_text(path, text) == 0;
     if (!ok) snprintf(msg, sizeof msg, "cannot write the freeze checkpoint in %s: %s", r->a.freeze_dir, strerror(errno));
-    else if (!r->a.quiet) printf("freeze after step %lld: the first %d parameterised layers; checkpoint %s\n", (long long)r->step, r->freeze_to, sub);
+    else if (!r->a.quiet) progress_clear(), printf("freeze after step %lld: the first %d parameterised layers; checkpoint %s\n", (long long)r->step, r->freeze_to, sub);
     fflush(stdout);
   }
   agree(ok, msg);
@@ -232,6 +232,7 @@ void auto_freeze(Run *r) {
   if (r->have_prev)
     while (k < L - 1 && r->gprev[k] > 0 && fabs(r->gnorm[k] - r->gprev[k]) / r->gprev[k] < r->a.freeze_threshold) k++;
   if (r->rank == 0 && !r->a.quiet && r->have_prev) {
+    progress_clear();
     printf("freeze auto after step %lld: relative change of each layer's gradient norm:", (long long)r->step + 1);
     for (int l = st->nfrozen; l < L && l < st->nfrozen + 12; l++)
       printf(" %.3g", r->gprev[l] > 0 ? fabs(r->gnorm[l] - r->gprev[l]) / r->gprev[l] : 0);

@@ -17,11 +17,13 @@
  *   freeze.c   freezing layers: the freeze checkpoint, resuming it, --freeze auto
  *   val.c      run.sh --val: the held-out set
  *   report.c   the progress lines, --log, the end-of-run summary
+ *   plot.c     the picture of --log (LOG.svg)
  * and device.h with cpu/device.c: the memory the arena lives in. */
 #ifndef PIPERUN_RUN_H
 #define PIPERUN_RUN_H
 #include <mpi.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 
 #include "data.h"
@@ -49,6 +51,10 @@ typedef struct Args {
   int64_t steps, ckpt_every, warmup;
   uint64_t seed;
   int shuffle, quiet;
+  /* Progress (report.c): piped, a line on the first step, every log_every steps (0: report.c's default)
+   * and the last; tty_cols > 0 (run.sh --progress tty, its stdout a terminal): one line that updates in place. */
+  int64_t log_every;
+  int tty_cols;
   double lr, momentum, weight_decay, min_lr, timeout;
   int have_lr, have_momentum, have_wd;
   int no_pin;          /* --no-pin: leave the ranks where Linux puts them (pin_rank) */
@@ -130,6 +136,8 @@ typedef struct Run {
   FILE *val_log;       /* --val with --log: LOG.val.csv */
   char *val_log_path;
   int have_prev;
+  double val_acc;      /* the last --val accuracy, for the progress line (have_val_acc) */
+  int have_val_acc;
   int npoll_req; /* --progress poll: outstanding requests tested between nodes */
   int xfer_how;        /* how the offload file's copies ran: 0 no file, 1 io_uring, 2 an I/O thread (the summary) */
 } Run;
@@ -140,12 +148,21 @@ typedef struct StepLog {
   double t_start;
   int64_t first_step;
   double first_loss, last_loss;
+  int64_t every;       /* piped progress: a line every this many steps */
+  double t_drawn;      /* the terminal's line: when last drawn, and the newest step's line (drawn or not) */
+  char line[512];
+  int64_t shown;       /* ... and what it shows: the step, its loss, the seconds so far and to go */
+  double shown_loss, shown_elapsed, shown_eta;
 } StepLog;
 
 /* Byte off of the device arena. */
 static inline unsigned char *dev_at(const Run *r, int64_t off) { return r->dev + off; }
 
 extern int g_rank; /* this process's rank, for messages (-1 before MPI starts) */
+/* run.sh --progress tty: the job's stdout is a terminal, where the loss rank's progress line updates in
+ * place; g_line_open: this rank's line is drawn and not ended (a message first ends or erases it). */
+extern int g_tty;
+extern volatile sig_atomic_t g_line_open;
 
 /* fail.c */
 void put_line(const char *prefix, const char *msg);
@@ -256,5 +273,11 @@ void report_open(Run *r, StepLog *sl);
 void end_step(Run *r, StepLog *sl, double loss, double dt);
 void report_close(Run *r, StepLog *sl);
 void log_row_end(FILE *f, long long at, const char *path, const char *what);
-void report_summary(Run *r, const StepLog *sl);
+void report_summary(Run *r, StepLog *sl);
+void progress_clear(void);
+
+/* plot.c */
+int plot_log(const char *log, const char *val, const char *svg, char *msg, size_t len);
+int plot_name(const char *log, char *svg, size_t len);
+#define PLOT_MAX_POINTS 2000 /* a curve of more rows is drawn through this many of them (plot.c) */
 #endif

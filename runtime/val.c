@@ -103,7 +103,11 @@ void val_pass(Run *r, int64_t after) {
   if (!st->loss || !nb) return;
   double rows = (double)nb * st->microbatches * st->loss_rows;
   loss /= rows;
-  if (!r->a.quiet) printf("validation after step %lld: loss %.6f, accuracy %.2f%% (%.0f rows)\n", (long long)after, loss, 100 * hits / rows, rows);
+  r->val_acc = hits / rows, r->have_val_acc = 1; /* shown on the terminal's progress line from now on */
+  if (!r->a.quiet) {
+    progress_clear();
+    printf("validation after step %lld: loss %.6f, accuracy %.2f%% (%.0f rows)\n", (long long)after, loss, 100 * hits / rows, rows);
+  }
   if (r->val_log) {
     char what[64];
     long long at = (long long)ftello(r->val_log);

@@ -89,6 +89,7 @@ suite "failures are safe: checkpoint crashes at every point, corrupt/foreign che
 suite "ONNX node conformance through the forward kernels" $PY tests/conformance/run.py
 suite "timeline renderer: timeline_svg called directly (ASan build)" bin/test_timeline
 suite "pipecc-trace: trace JSON to SVG, hostile traces, headless Chromium (ASan build)" $PY tests/test_timeline.py
+suite "progress and pictures: one line updated in place on a terminal (a pty, tmux), --log-every lines piped, --quiet, the loss picture F.svg with the expected points in headless Chromium, runtime/plot.c alone (ASan build)" $PY tests/test_progress.py
 suite "Split into K and Concat of K (K = 2..16) trained against PyTorch, n = 1 and 2" $PY tests/test_split_concat.py
 suite "Slice, Expand, Tile, Cast at run time: a torch.nn model trained against PyTorch, n = 1 and 2" $PY tests/test_movement.py
 suite "gradient check per op: PyTorch autograd and finite differences in float64" $PY tests/test_gradcheck.py
