@@ -33,7 +33,7 @@ include runtime/cuda/build.mk
 include install.mk
 
 # The synthetic data generator (MNIST / CIFAR-10 / token formats).
-bin/piperun-data: tools/datagen.c runtime/data.c runtime/data.h runtime/npy.c runtime/npy.h
+bin/piperun-data: tools/datagen.c runtime/data.c runtime/data.h runtime/npy.c runtime/npy.h runtime/failmsg.h
 	@mkdir -p $(@D)
 	clang $(CFLAGS) $(WARN) -D_GNU_SOURCE tools/datagen.c runtime/data.c runtime/npy.c -o $@ -lm
 

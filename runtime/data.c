@@ -1,5 +1,6 @@
 /* data.c - training data for libpiperun: see data.h for the formats and the sample order. */
 #include "data.h"
+#include "failmsg.h"
 #include "npy.h"
 
 #include <dirent.h>
@@ -48,16 +49,6 @@ struct DataPriv {
   NpyArray ax, ay;
   int64_t y_row; /* y's values per sample: 1 (a class), or a token model's sequence length */
 };
-
-__attribute__((format(printf, 3, 4))) static int fail(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
 
 uint64_t data_mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;

@@ -1,8 +1,8 @@
 /* npy.c - NumPy's .npy headers and .npz archives, read in place (npy.h). */
 #include "npy.h"
+#include "failmsg.h"
 
 #include <ctype.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -27,16 +27,6 @@
 #define ZIP64_LOCATOR_LEN 20
 #define ZIP_MAX_COMMENT 65535
 #define ZIP64_EXTRA 0x0001
-
-__attribute__((format(printf, 3, 4))) static int fail(char *err, size_t errlen, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return -1;
-}
 
 static uint64_t le(const uint8_t *p, int bytes) {
   uint64_t v = 0;
