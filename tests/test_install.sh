@@ -43,7 +43,7 @@ if [ "${1:-}" = --cuda ]; then
   else t_skip "the CUDA runtime's install" "no nvcc on PATH or at /usr/local/cuda/bin"; fi
 else
   t_skip "the CUDA runtime's install (libpiperun-cuda.so, --target cuda stages linked against it)" \
-    "tests/test_install.sh --cuda checks it where nvcc is (nvcc builds the runtime in about 100 s)"
+    "make test-install-cuda (tests/test_install.sh --cuda) checks it where nvcc is (nvcc builds the runtime in about 100 s)"
 fi
 minstall() { make -s -j2 --no-print-directory -C "$ROOT" "$@" ${NVCC_ARG[@]+"${NVCC_ARG[@]}"}; }
 t0=$SECONDS

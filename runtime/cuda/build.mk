@@ -37,4 +37,7 @@ gpu-prepare: bin/pipecc bin/piperun-data bin/gpu-kernels
 # schedule at n = 1, 2, 4 and the other precisions, compiled and linked.
 test-cuda-build: bin/pipecc
 	PIPECC=bin/pipecc $(PY) tests/test_cuda_build.py --all
-.PHONY: cuda gpu-prepare test-cuda-build
+# make install's CUDA half (make test counts it as a skip: nvcc builds the runtime in about 100 s).
+test-install-cuda: bin/pipecc bin/piperun-data
+	bash tests/test_install.sh --cuda
+.PHONY: cuda gpu-prepare test-cuda-build test-install-cuda
