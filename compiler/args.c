@@ -26,7 +26,8 @@ static void usage(FILE *f) {
         "  -n N                  pipeline stages, one MPI rank each (default 1)\n"
         "  -o DIR                output directory (default: MODEL.pipe)\n"
         "  --schedule KIND       gpipe, 1f1b, zb1 (zero-bubble ZB-H1), pipefb (forwards and backwards on\n"
-        "                        different ranks) or async (never drains; weights --staleness K old); default 1f1b\n"
+        "                        different ranks), async (never drains; weights --staleness K old), or auto (gpipe,\n"
+        "                        1f1b and zb1 each planned, the fastest predicted that fits kept); default 1f1b\n"
         "  --partition dag|chain how stages are cut: over the graph's downsets, reordering independent nodes\n"
         "                        (default), or ranges of the model's own node order\n"
         "  --fb-split NF         pipefb: the first NF ranks run forwards, the rest backwards (default: the planner's)\n"
@@ -172,12 +173,14 @@ static int flag_plan(Options *o, const char *a, const char *val, int *i, const c
     o->outdir = val;
   } else if (!strcmp(a, "--schedule")) {
     NEEDVAL();
+    o->schedule_auto = 0;
     if (!strcmp(val, "gpipe")) o->schedule = SCHED_GPIPE;
+    else if (!strcmp(val, "auto")) o->schedule = SCHED_1F1B, o->schedule_auto = 1;
     else if (!strcmp(val, "1f1b")) o->schedule = SCHED_1F1B;
     else if (!strcmp(val, "zb1")) o->schedule = SCHED_ZB1;
     else if (!strcmp(val, "pipefb")) o->schedule = SCHED_PIPEFB;
     else if (!strcmp(val, "async")) o->schedule = SCHED_ASYNC;
-    else return bad("--schedule '%s': expected gpipe, 1f1b, zb1, pipefb or async%s", val, "");
+    else return bad("--schedule '%s': expected gpipe, 1f1b, zb1, pipefb, async or auto%s", val, "");
   } else if (!strcmp(a, "--partition")) {
     NEEDVAL();
     if (!strcmp(val, "dag")) o->partition = PARTITION_DAG;

@@ -442,11 +442,64 @@ static int compile(const Options *o, int more) {
   return rc;
 }
 
+/* ---- --schedule auto ---- */
+
+/* Candidate c planned as compile() plans (stage programs, memory plan, jitter; the next convolution
+ * implementation where one does not fit), written nowhere: its figures, or why it does not plan. */
+static void plan_candidate(Options t, SchedCand *c) {
+  int choice[2], n = conv_impl_choices(t.conv_impl, choice);
+  t.schedule = c->kind, t.schedule_auto = 0;
+  for (int i = 0; i < n; i++) {
+    t.conv_impl = choice[i], t.conv_fallback = i > 0;
+    Plan p;
+    int ok = plan_build(&p, &t) == 0 && plan_programs(&p) == 0 && (!p.progs || stash_plan(&p) == 0) && plan_jitter(&p) == 0;
+    if (ok) {
+      c->fits = 1, c->step = p.sched.step_time, c->bubble = p.sched.bubble, c->peak = -1;
+      for (int s = 0; p.arena && s < t.nstages; s++)
+        if (p.arena[s] > c->peak) c->peak = p.arena[s];
+      plan_free(&p);
+      return;
+    }
+    if (retry_due(&p, i + 1 < n)) continue; /* p freed */
+    snprintf(c->why, sizeof c->why, "%s", err_msg());
+    err_clear();
+    plan_free(&p);
+    return;
+  }
+}
+
+/* A candidate within this of the fastest's predicted step is as fast: the one of them whose busiest
+ * arena is smallest is kept (the simulation's own spread is about 0.3%, driver.c's jitter draws). */
+#define AUTO_SAME_STEP 1.005
+
+/* --schedule auto: gpipe, 1f1b and zb1 planned in turn; o->schedule becomes the fastest predicted that
+ * fits (as fast: the leanest), o->cands says what each predicted.  0, or 2 when none plans. */
+static int choose_schedule(Options *o) {
+  static SchedCand cand[3];
+  static const int kinds[3] = {SCHED_GPIPE, SCHED_1F1B, SCHED_ZB1};
+  int best = -1;
+  for (int k = 0; k < 3; k++) {
+    memset(&cand[k], 0, sizeof cand[k]);
+    cand[k].kind = kinds[k];
+    plan_candidate(*o, &cand[k]);
+    if (cand[k].fits && (best < 0 || cand[k].step < cand[best].step)) best = k;
+  }
+  if (best < 0)
+    return report_error("%s: --schedule auto: no schedule plans (gpipe: %s; 1f1b: %s; zb1: %s)", o->model, cand[0].why, cand[1].why,
+                        cand[2].why);
+  int keep = best;
+  for (int k = 0; k < 3; k++)
+    if (cand[k].fits && cand[k].step <= cand[best].step * AUTO_SAME_STEP && cand[k].peak < cand[keep].peak) keep = k;
+  o->schedule = kinds[keep], o->cands = cand, o->ncands = 3;
+  return 0;
+}
+
 int driver_run(Options *o) {
   /* The runtime the generated Makefile will name (rtpath.c): one that is missing, or an installed one
    * without the target's library, is said before the planning, not after it. */
   RtPath rt;
   if (!o->plan_only && !o->dump_shapes && rtpath_find(o->target, &rt)) return report_error("%s", err_msg());
+  if (o->schedule_auto && !o->dump_shapes && choose_schedule(o)) return 2;
   int choice[2], n = conv_impl_choices(o->conv_impl, choice), rc = RETRY;
   for (int i = 0; i < n && rc == RETRY; i++) {
     o->conv_impl = choice[i], o->conv_fallback = i > 0;

@@ -428,6 +428,41 @@ static void costs_text(const Plan *p, Buf *b) {
     buf_printf(b, "  node costs   FLOPs over the rate above and memory traffic over memory copies (measure them: --profile, --costs)\n");
 }
 
+/* --schedule auto: what each schedule's plan predicted, and which was kept. */
+static void auto_text(const Plan *p, Buf *b) {
+  if (!p->opt.ncands) return;
+  buf_printf(b, "  schedule     auto: %s, the fastest predicted step of the schedules that plan (within 0.5%%: the smallest\n"
+                "               busiest arena); each planned in full:\n", schedule_name(p->opt.schedule));
+  for (int k = 0; k < p->opt.ncands; k++) {
+    const SchedCand *c = &p->opt.cands[k];
+    if (c->fits)
+      buf_printf(b, "                 %-6s %s per step, %.1f%% bubble, busiest arena %s%s\n", schedule_name(c->kind), fmt_time(c->step),
+                 100 * c->bubble, c->peak >= 0 ? fmt_bytes((double)c->peak) : "(not built: --plan-only)",
+                 c->kind == p->opt.schedule ? "  <- kept" : "");
+    else
+      buf_printf(b, "                 %-6s does not plan: %.200s\n", schedule_name(c->kind), c->why);
+  }
+}
+
+/* plan.json's "schedule_auto": each candidate's figures, or why it did not plan. */
+static void auto_json(const Plan *p, Buf *b) {
+  if (!p->opt.ncands) return;
+  buf_printf(b, "  \"schedule_auto\": [");
+  for (int k = 0; k < p->opt.ncands; k++) {
+    const SchedCand *c = &p->opt.cands[k];
+    buf_printf(b, "%s\n    {\"schedule\": \"%s\", \"plans\": %s, ", k ? "," : "", schedule_name(c->kind), c->fits ? "true" : "false");
+    if (c->fits)
+      buf_printf(b, "\"predicted_step_time_s\": %.9g, \"bubble\": %.6f, \"busiest_arena_bytes\": %lld, \"kept\": %s}", c->step, c->bubble,
+                 (long long)c->peak, c->kind == p->opt.schedule ? "true" : "false");
+    else {
+      buf_printf(b, "\"why\": ");
+      json_str(b, c->why);
+      buf_printf(b, "}");
+    }
+  }
+  buf_printf(b, "\n  ],\n");
+}
+
 /* The step: predicted time, bubble, imbalance, and why the cuts are where they are. */
 static void step_text(const Plan *p, Buf *b) {
   int n = p->opt.nstages;
@@ -442,6 +477,7 @@ static void step_text(const Plan *p, Buf *b) {
     buf_printf(b, "  memory plan  %s per step without it, %s with it (%+.1f%%): the copies and recomputation that compute does not hide\n",
                fmt_time(p->plain_step), fmt_time(at_medians(p)), 100 * (at_medians(p) / p->plain_step - 1));
   buf_printf(b, "  predicted    %s per step, %.1f samples/s\n", fmt_time(p->sched.step_time), (double)p->batch / p->sched.step_time);
+  auto_text(p, b);
   if (p->sched.core_of && p->sched.step_unpinned > 0)
     buf_printf(b, "               with ranks pinned as above; unpinned (run.sh --no-pin), about %s (the ranks computing at once share "
                   "the cores)\n", fmt_time(p->sched.step_unpinned));
@@ -714,6 +750,7 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, "  \"batch\": %lld,\n  \"microbatches\": %d,\n  \"microbatch_size\": %lld,\n  \"schedule\": \"%s\",\n  \"stages\": %d,\n",
              (long long)p->batch, p->opt.microbatches, (long long)p->mb_size, schedule_name(p->opt.schedule), n);
   buf_printf(b, "  \"optimizer\": \"%s\",\n  \"optimizer_slots_per_param\": %.0f,\n", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots);
+  auto_json(p, b);
   buf_printf(b, "  \"convolutions\": \"%s\",\n", conv_impl_name(&p->g));
   machine_json(p, b);
   buf_printf(b, "  \"predicted_step_time_s\": %.9g,\n  \"bubble\": %.6f,\n  \"ideal_bubble\": %.6f,\n  \"max_stage_time_s\": %.9g,\n",

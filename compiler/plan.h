@@ -38,7 +38,20 @@ typedef struct Options {
   int threads;            /* --threads T: each rank computes on T threads (0 or 1: one) */
   const char *target;     /* --target: the device the stages are rendered for ("cpu", "cuda"; render.c) */
   int precision;          /* --precision: PREC_FP32, PREC_TF32, PREC_BF16 (the GPU's matrix products) */
+  int schedule_auto;      /* --schedule auto: each synchronous schedule planned, the fastest that fits kept (driver.c) */
+  const struct SchedCand *cands; /* ... what each candidate's plan predicted, for the listing */
+  int ncands;
 } Options;
+
+/* --schedule auto's candidates: one plan each, its predicted step, bubble and busiest arena, or why it
+ * did not plan (over --mem-limit, a refusal). */
+typedef struct SchedCand {
+  int kind;        /* SCHED_GPIPE, SCHED_1F1B, SCHED_ZB1 */
+  int fits;
+  double step, bubble;
+  int64_t peak;    /* the busiest stage's arena (bytes) */
+  char why[240];   /* when it does not fit */
+} SchedCand;
 
 /* --precision, numbered as the runtime's PR_PREC_* (runtime/cuda/precision.h). */
 enum { PREC_FP32 = 0, PREC_TF32 = 1, PREC_BF16 = 2 };

@@ -151,6 +151,7 @@ suite "loader: external data, typed fields, value_info (ASan build)" env PIPECC=
 suite "generated/ is what the compiler writes" bash tests/test_generated.sh
 suite "run traces: one span per executed action, 4 ranks, every schedule" env PIPECC=bin/pipecc $PY tests/test_trace.py
 suite "ranks pinned to cores when they outnumber them: the plan's pairing, PIN_CORE, the run's CPUs, --no-pin and mpirun's binding (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_pin.py
+suite "--schedule auto: each candidate's figures are --schedule KIND's, the kept one follows the rule and writes KIND's directory byte for byte, under a memory limit too (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_schedule_auto.py
 suite "two hosts (network namespaces joined by a veth pair): a 4-stage job gives the bits of one host" bash tests/test_two_hosts.sh
 suite "timeline renderer: timeline_svg called directly (ASan build)" bin/test_timeline
 suite "pipecc-trace: trace JSON to SVG, hostile traces, headless Chromium (ASan build)" $PY tests/test_timeline.py
