@@ -4,6 +4,8 @@
 #include "npy.h"
 
 #include <dirent.h>
+#include <float.h>
+#include <math.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -327,14 +329,15 @@ static int open_tokens(DataSet *d, const char *path, int forced, char *err, size
 /* ---- NumPy arrays: an .npz, or a directory of NAME.npy files ---- */
 
 /* One array of the set: the .npz's member NAME.npy (zip mapped in maps[0]), or DIR/NAME.npy mapped into m. */
-static int open_array(struct DataPriv *pv, const char *path, int npz, const char *name, Mapped *m, NpyArray *a, char *err, size_t errlen) {
+static int open_array(struct DataPriv *pv, const char *path, int npz, const char *name, int named, Mapped *m, NpyArray *a, char *err,
+                      size_t errlen) {
   char file[4200], where[4300];
   snprintf(file, sizeof file, "%s.npy", name);
   if (npz) {
     const uint8_t *p;
     size_t n;
     int rc = npz_member(pv->maps[0].p, pv->maps[0].len, path, file, &p, &n, err, errlen);
-    if (rc == 1) {
+    if (rc == 1 && !named && err && errlen) {
       size_t k = strlen(err);
       snprintf(err + k, errlen - k, "; name the arrays with --data-x and --data-y");
     }
@@ -349,11 +352,11 @@ static int open_array(struct DataPriv *pv, const char *path, int npz, const char
   return npy_parse(m->p, m->len, full, a, err, errlen);
 }
 
-static int open_arrays(DataSet *d, const char *path, int npz, const char *xname, const char *yname, char *err, size_t errlen) {
+static int open_arrays(DataSet *d, const char *path, int npz, const char *xname, const char *yname, int named, char *err, size_t errlen) {
   struct DataPriv *pv = d->priv;
   if (npz && map_file(path, &pv->maps[0], err, errlen)) return -1;
-  if (open_array(pv, path, npz, xname, &pv->maps[0], &pv->ax, err, errlen) ||
-      open_array(pv, path, npz, yname, &pv->maps[1], &pv->ay, err, errlen))
+  if (open_array(pv, path, npz, xname, named, &pv->maps[0], &pv->ax, err, errlen) ||
+      open_array(pv, path, npz, yname, named, &pv->maps[1], &pv->ay, err, errlen))
     return -1;
   if (pv->ax.rank < 1 || pv->ay.rank < 1)
     return fail(err, errlen, "data %s: a scalar array; x and y need a first dimension of samples", pv->ax.rank < 1 ? pv->ax.where : pv->ay.where);
@@ -385,7 +388,7 @@ static int open_dir(DataSet *d, const char *path, int kind_hint, int held_out, c
   int which[CIFAR_MAX_BATCHES], ngz;
   if (kind_hint == DATA_TOKENS) return fail(err, errlen, "data %s: a directory, but token data is one file of uint16 tokens", path);
   join(p, sizeof p, path, "x.npy");
-  if (named || (!kind_hint && is_file(p))) return open_arrays(d, path, 0, xname, yname, err, errlen);
+  if (named || (!kind_hint && is_file(p))) return open_arrays(d, path, 0, xname, yname, named, err, errlen);
   /* A held-out set: the directory's test files where it has them. */
   int tm = held_out && kind_hint != DATA_CIFAR10 && find_any(p, sizeof p, path, TEST_IMG_NAMES) == 1;
   int tc = held_out && kind_hint != DATA_MNIST && find_plain(p, sizeof p, path, "test_batch.bin") == 1;
@@ -404,7 +407,7 @@ static int open_file(DataSet *d, const char *path, int kind_hint, const char *xn
   if (kind_hint == DATA_MNIST || kind_hint == DATA_CIFAR10)
     return fail(err, errlen, "data %s: a file, but %s data is a directory (%s)", path, kind_hint == DATA_MNIST ? "MNIST" : "CIFAR-10",
                 kind_hint == DATA_MNIST ? "train-images-idx3-ubyte + train-labels-idx1-ubyte" : "data_batch_N.bin");
-  if (starts_with(path, "PK\3\4", 4)) return open_arrays(d, path, 1, xname, yname, err, errlen);
+  if (starts_with(path, "PK\3\4", 4)) return open_arrays(d, path, 1, xname, yname, named, err, errlen);
   if (starts_with(path, "\x93NUMPY", 6))
     return fail(err, errlen, "data %s: one NumPy array; give the directory that holds x.npy and y.npy, or an .npz holding both (np.savez)", path);
   size_t l = strlen(path);
@@ -540,6 +543,20 @@ static int ints_below(const NpyArray *a, int64_t limit, const char *what, char *
   return 0;
 }
 
+/* Every value of a float array finite, and, in float64, within float32's range: a NaN or an infinity in
+ * the data would surface as a NaN loss blamed on the learning rate. */
+static int floats_finite(const NpyArray *a, char *err, size_t errlen) {
+  if (a->type != NPY_F32 && a->type != NPY_F64) return 0;
+  for (int64_t i = 0; i < a->count; i++) {
+    double v = npy_get_f(a, i);
+    if (!isfinite(v) || fabs(v) > FLT_MAX)
+      return fail(err, errlen, "data %s: element %lld is %s, which the model cannot train on%s", a->where, (long long)i,
+                  isnan(v) ? "NaN" : isinf(v) ? (v > 0 ? "+inf" : "-inf") : "beyond float32's range",
+                  isfinite(v) ? " (the inputs are float32)" : "");
+  }
+  return 0;
+}
+
 int data_check_arrays(const DataSet *d, int ids, int rank, const int64_t *dims, int64_t vocab, char *err, size_t errlen) {
   if (d->kind != DATA_ARRAYS) return fail(err, errlen, "data %s: not NumPy arrays", dname(d));
   NpyArray *x = &d->priv->ax;
@@ -554,6 +571,7 @@ int data_check_arrays(const DataSet *d, int ids, int rank, const int64_t *dims, 
     sample_shape(want, sizeof want, rank, dims);
     return fail(err, errlen, "data %s: samples of shape %s, but the model's input takes %s (x's shape is (samples, ...))", x->where, got, want);
   }
+  if (!ids && floats_finite(x, err, errlen)) return -1;
   if (ids && vocab > 0) {
     if (ints_below(x, vocab, "token id", err, errlen)) return -1;
     if (!d->priv->id_limit || vocab < d->priv->id_limit) d->priv->id_limit = vocab;

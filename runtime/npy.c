@@ -226,8 +226,13 @@ typedef struct ZipDir {
 } ZipDir;
 
 /* The end record (its comment may follow it: searched back from the end), and ZIP64's where it is used. */
+/* The shortest zip that holds a member: a local header, its central entry and the end record.  Every
+ * len - X below is taken only past this, where it cannot wrap. */
+#define ZIP_MIN_LEN (ZIP_LOCAL_LEN + ZIP_CENTRAL_LEN + ZIP_END_LEN)
+
 static int zip_dir(const uint8_t *z, size_t len, const char *path, ZipDir *zd, char *err, size_t errlen) {
-  if (len < ZIP_END_LEN || le(z, 4) != ZIP_LOCAL) return fail(err, errlen, "data %s: not an .npz (zip) archive", path);
+  if (len < 4 || le(z, 4) != ZIP_LOCAL) return fail(err, errlen, "data %s: not an .npz (zip) archive", path);
+  if (len < ZIP_MIN_LEN) return fail(err, errlen, "data %s: %zu bytes, too short for a zip with a member (truncated?)", path, len);
   size_t at = len - ZIP_END_LEN, stop = len - ZIP_END_LEN > ZIP_MAX_COMMENT ? len - ZIP_END_LEN - ZIP_MAX_COMMENT : 0;
   while (le(z + at, 4) != ZIP_END) {
     if (at == stop) return fail(err, errlen, "data %s: a zip with no end record (truncated?)", path);
@@ -239,10 +244,12 @@ static int zip_dir(const uint8_t *z, size_t len, const char *path, ZipDir *zd, c
     if (at < ZIP64_LOCATOR_LEN || le(z + at - ZIP64_LOCATOR_LEN, 4) != ZIP64_LOCATOR)
       return fail(err, errlen, "data %s: a ZIP64 archive with no ZIP64 locator", path);
     uint64_t e64 = le(z + at - ZIP64_LOCATOR_LEN + 8, 8);
-    if (e64 > len - ZIP64_END_LEN || le(z + e64, 4) != ZIP64_END) return fail(err, errlen, "data %s: a ZIP64 end record past the file's end", path);
+    /* The ZIP64 end record lies before its locator. */
+    if (at < ZIP64_LOCATOR_LEN + ZIP64_END_LEN || e64 > at - ZIP64_LOCATOR_LEN - ZIP64_END_LEN || le(z + e64, 4) != ZIP64_END)
+      return fail(err, errlen, "data %s: the ZIP64 end record is not where its locator says (damaged?)", path);
     zd->entries = le(z + e64 + 32, 8), zd->offset = le(z + e64 + 48, 8);
   }
-  if (zd->offset > len) return fail(err, errlen, "data %s: the zip's directory lies past the file's end (truncated?)", path);
+  if (zd->offset > at) return fail(err, errlen, "data %s: the zip's directory lies past its end record (truncated?)", path);
   return 0;
 }
 

@@ -19,6 +19,9 @@
 
 #include "run.h"
 
+/* A checkpoint redraws --log's picture at most this often (seconds); the end of the run always does. */
+#define PICTURE_EVERY_S 60.0
+
 /* A row of --log or LOG.val.csv is out: flushed now, so that a write that
  * fails (a full disk) stops the run at the row it could not write, with the
  * reason, rather than the CSV ending mid-line and the run exiting 0.  A
@@ -61,6 +64,7 @@ static void compose_tty(const Run *r, StepLog *sl, int64_t s, double loss, doubl
   fmt_secs(eta_s, sizeof eta_s, eta);
   double rate = elapsed > 0 ? (double)(s - sl->first_step) * r->st->batch / elapsed : 0;
   int nr = snprintf(right, sizeof right, " loss %.6f  %.1f samples/s  eta %s", loss, rate, eta_s);
+  if (nr < 0 || nr >= (int)sizeof right) nr = (int)sizeof right - 1; /* a loss of 1e300 prints 300 digits: cut, not past the end */
   if (r->have_val_acc) snprintf(right + nr, sizeof right - (size_t)nr, "  val acc %.2f%%", 100 * r->val_acc);
   int nl = snprintf(left, sizeof left, "step %lld/%lld", (long long)s, (long long)r->a.steps);
   int width = r->a.tty_cols - 1 < (int)sizeof sl->line - 1 ? r->a.tty_cols - 1 : (int)sizeof sl->line - 1;
@@ -183,7 +187,9 @@ void end_step(Run *r, StepLog *sl, double loss, double dt) {
     r->step++;
     save_checkpoint(r, r->a.checkpoint);
     r->step--;
-    if (sl->log) write_picture(r); /* the picture so far, beside the rows a resumed run continues */
+    /* The picture so far, beside the rows a resumed run continues; drawn from the whole log, so at most
+     * once a minute here (a million-row log takes 0.4 s to draw; the end of the run always draws it). */
+    if (sl->log && now() - r->picture_at >= PICTURE_EVERY_S) write_picture(r), r->picture_at = now();
   }
   if (r->a.val && r->a.val_every && (r->step + 1) % r->a.val_every == 0) val_pass(r, r->step + 1);
   if (r->a.freeze_auto) auto_freeze(r);

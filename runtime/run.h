@@ -138,6 +138,7 @@ typedef struct Run {
   int have_prev;
   double val_acc;      /* the last --val accuracy, for the progress line (have_val_acc) */
   int have_val_acc;
+  double picture_at;   /* when --log's picture was last drawn at a checkpoint (report.c) */
   int npoll_req; /* --progress poll: outstanding requests tested between nodes */
   int xfer_how;        /* how the offload file's copies ran: 0 no file, 1 io_uring, 2 an I/O thread (the summary) */
 } Run;

@@ -10,6 +10,9 @@
  *                                                     dims DIMS (comma-separated, the batch first; IDS 1: token ids
  *                                                     below CLASSES) and labels (PER a sample, below CLASSES), and every
  *                                                     sample read: a line "ok N" or "error: MESSAGE" each, exit 0
+ *   data_probe heap PATH...                           npy.c alone on an exact-size heap copy of each file (ASan sees
+ *                                                     a read past its end, which a mapping's last page hides): an .npz's
+ *                                                     x.npy and y.npy, or the .npy itself; "ok" or "error: MESSAGE" each
  *   data_probe rewritten PATH LIMIT FILE OFFSET       checks PATH (token ids, or labels, below LIMIT), writes the
  *                                                     byte 0xff at OFFSET of FILE in place (the mapped file changes
  *                                                     under the loader), then loads every token or label: "ok", or the error
@@ -22,9 +25,10 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "npy.h"
 
 static int usage(void) {
-  fprintf(stderr, "usage: data_probe open|check-images|check-tokens|indices|images|tokens|arrays|rewritten PATH ...\n");
+  fprintf(stderr, "usage: data_probe open|check-images|check-tokens|indices|images|tokens|arrays|heap|rewritten PATH ...\n");
   return 2;
 }
 
@@ -56,6 +60,36 @@ static int rewritten(DataSet *d, char **argv) {
   if (rc) return fprintf(stderr, "error: %s\n", err), 1;
   printf("ok\n");
   return 0;
+}
+
+/* The heap command (above): one file. */
+static void heap_one(const char *path) {
+  FILE *f = fopen(path, "rb");
+  long len = -1;
+  if (!f || fseek(f, 0, SEEK_END) || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET)) {
+    printf("error: cannot read %s\n", path);
+    if (f) fclose(f);
+    return;
+  }
+  uint8_t *b = malloc((size_t)len + !len); /* exactly the file: a byte past it is ASan's */
+  size_t got = fread(b, 1, (size_t)len, f);
+  fclose(f);
+  char err[1024] = "";
+  NpyArray a;
+  int rc = got != (size_t)len;
+  if (!rc && len >= 4 && !memcmp(b, "PK\3\4", 4)) {
+    const char *names[2] = {"x.npy", "y.npy"};
+    for (int i = 0; i < 2 && !rc; i++) {
+      const uint8_t *m;
+      size_t n;
+      rc = npz_member(b, (size_t)len, path, names[i], &m, &n, err, sizeof err) || npy_parse(m, n, names[i], &a, err, sizeof err);
+    }
+  } else if (!rc) {
+    rc = npy_parse(b, (size_t)len, path, &a, err, sizeof err);
+  }
+  if (rc) printf("error: %s\n", err);
+  else printf("ok\n");
+  free(b);
 }
 
 /* The arrays command (above). */
@@ -97,6 +131,10 @@ static int open_or_fail(DataSet *d, const char *path, int hint) {
 int main(int argc, char **argv) {
   if (argc < 3) return usage();
   if (!strcmp(argv[1], "arrays") && argc >= 7) return arrays(argc, argv);
+  if (!strcmp(argv[1], "heap")) {
+    for (int a = 2; a < argc; a++) heap_one(argv[a]);
+    return 0;
+  }
   const char *cmd = argv[1], *path = argv[2];
   DataSet d;
   char err[512];

@@ -18,9 +18,11 @@ About 20 s.  Run with /usr/bin/python3."""
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tally  # noqa: E402  (the one tally every suite shares: tests/tally.py)
@@ -148,6 +150,33 @@ def test_rank_fails(tmp, run, data):
                 break
 
 
+def test_rank_crashes(pipe, run, data):
+    """A rank that crashes (SIGSEGV) writes no line of its own: mpirun's report of the crash comes before
+    the other stage's "stopped by signal" line, which only follows from it."""
+    p = subprocess.Popen([run, "--data", data, "--steps", "1000000", "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    victim = []
+    for _ in range(200):
+        victim = subprocess.run(["pgrep", "-f", os.path.join(pipe, "stage_1")], capture_output=True, text=True).stdout.split()
+        if victim:
+            break
+        time.sleep(0.05)
+    time.sleep(0.5)
+    if victim:
+        os.kill(int(victim[0]), signal.SIGSEGV)
+    try:
+        _, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        _, err = p.communicate()
+    lines = err.splitlines()
+    stopped = [i for i, ln in enumerate(lines) if "stopped by signal" in ln]
+    report = next((i for i, ln in enumerate(lines) if re.fullmatch(r"-{20,}", ln) or re.match(r"\[[^]]+:[0-9]+\] ", ln)), None)
+    ok = victim and p.returncode != 0 and report is not None and all(i > report for i in stopped) and \
+        not (lines and "stopped by signal" in lines[0])
+    tally.check(ok, "a rank killed by SIGSEGV (no line of its own): mpirun's report first, the other stage's \"stopped by signal\" "
+                    f"after it (exit {p.returncode})", "" if ok else f"victim {victim}; stderr {err[-900:]!r}")
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="pipecc-runsh.")
     os.environ.setdefault("PIPECC_CACHE", os.path.join(tmp, "machine.txt"))
@@ -168,6 +197,7 @@ def main():
         test_help(run, env)
         test_usage_errors(pipe, run, data, env, mark)
         test_rank_fails(tmp, run, data)
+        test_rank_crashes(pipe, run, data)
         r = sh([run, "--data", data, "--steps", "2"])
         ok = r.returncode == 0 and r.stdout.startswith("step 1/2  loss ") and "step 2/2" in r.stdout and r.stderr == ""
         tally.check(ok, "a run that works: progress on stdout, nothing on stderr, exit 0",

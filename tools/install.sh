@@ -89,7 +89,8 @@ do_install() {
     echo "make install: removed the $(remove_files) files of the earlier install under $ROOT"
   fi
   mkdirs "$LIB"
-  { for d in "${old_dirs[@]}" "${made_dirs[@]}"; do echo "dir $d"; done; } | awk '!seen[$0]++' >"$MAN"
+  # ${a[@]+...}: an empty array under set -u is an error in bash before 4.4 (CentOS 7's 4.2)
+  { for d in ${old_dirs[@]+"${old_dirs[@]}"} ${made_dirs[@]+"${made_dirs[@]}"}; do echo "dir $d"; done; } | awk '!seen[$0]++' >"$MAN"
   for f in pipecc pipecc-probe pipecc-trace piperun-data; do put 755 "bin/$f" "bin/$f"; done
   # The runtime's headers and lists, which the stage programs include (templates/Makefile.in), and
   # protobuf-c's onnx.pb-c.h, which its PIPECC_GEN names.

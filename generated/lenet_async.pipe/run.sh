@@ -174,7 +174,7 @@ fi
 # It ignores Ctrl-C and SIGTERM: mpirun, stopping its ranks, still writes here, and it ends with mpirun.
 after_ranks() {
   trap '' INT TERM
-  local line bare box= held=() reports=() re_box='^-{20,}$' re_mpi='^\[[^]]+:[0-9]+\] '
+  local line bare box= own= held=() reports=() re_box='^-{20,}$' re_mpi='^\[[^]]+:[0-9]+\] '
   local re_echo='^piperun: stage [0-9]+: (error: \(reported by another stage\)|stopped by signal)'
   while IFS= read -r line || [ -n "$line" ]; do
     bare=${line#$'\r\e[K'} # on a terminal a rank's error line first erases the progress line (runtime/fail.c)
@@ -182,11 +182,18 @@ after_ranks() {
       reports+=("$line")
       if [ -n "$box" ]; then box=; else box=1; fi
     elif [[ $bare =~ $re_echo ]]; then held+=("$line")
-    elif [[ $bare == "piperun: "* ]] || { [ -z "$box" ] && ! [[ $bare =~ $re_mpi ]]; }; then printf '%s\n' "$line"
+    elif [[ $bare == "piperun: "* ]] || { [ -z "$box" ] && ! [[ $bare =~ $re_mpi ]]; }; then
+      [[ $bare == "piperun: stage "*": error: "* ]] && own=1
+      printf '%s\n' "$line"
     else reports+=("$line")
     fi
   done
-  if [ -n "${held[*]+x}${reports[*]+x}" ]; then printf '%s\n' ${held[@]+"${held[@]}"} ${reports[@]+"${reports[@]}"}; fi
+  # No rank said why (one crashed: mpirun's report names the signal): that report before the other
+  # stages' "stopped by signal" lines, which only follow from it.
+  if [ -z "${held[*]+x}${reports[*]+x}" ]; then return 0; fi
+  if [ -n "$own" ]; then printf '%s\n' ${held[@]+"${held[@]}"} ${reports[@]+"${reports[@]}"}
+  else printf '%s\n' ${reports[@]+"${reports[@]}"} ${held[@]+"${held[@]}"}
+  fi
 }
 set +e # mpirun's status is the run's (below); its stdout (fd 3) streams straight through
 { mpirun --oversubscribe ${mpi[@]+"${mpi[@]}"} -n 1 "$here/stage_0" ${prog[@]+"${prog[@]}"} : -n 1 "$here/stage_1" ${prog[@]+"${prog[@]}"} : -n 1 "$here/stage_2" ${prog[@]+"${prog[@]}"} : -n 1 "$here/stage_3" ${prog[@]+"${prog[@]}"} 2>&1 >&3 3>&- | after_ranks >&2 3>&-; } 3>&1
