@@ -28,6 +28,7 @@ esac
   die "PREFIX=$PREFIX: only letters, digits and / . _ + - (the generated Makefiles name the runtime by this path, and make splits it at spaces)"
 ROOT=${DESTDIR}${PREFIX}
 ROOT=${ROOT%/}
+ROOT=${ROOT:-/} # PREFIX=/ with no DESTDIR: the root itself (paths below are joined with a /, so // at worst)
 LIB=lib/pipecc
 MAN=$ROOT/$LIB/MANIFEST
 
