@@ -10,11 +10,14 @@ and y.npy, written by NumPy itself.
   * Hostile files: 1800 damaged .npz and .npy files (cut at every length through the headers, bytes
     overwritten in the zip's records and the .npy header, at random with a fixed seed) through
     runtime/data.c and npy.c under ASan/UBSan (tests/data_probe.c): each read whole or refused with a
-    message, never a crash or a sanitizer report.
+    message, never a crash or a sanitizer report; the same files, and zips crafted against the
+    directory walk (shorter than its records, a ZIP64 locator far past the end, lengths running past
+    it), through npy.c alone on exact-size heap copies, where ASan sees a read past a file's end.
   * README's "Your own model and NumPy arrays" runs as written (a PyTorch model exported, arrays
     from np.savez, compiled, built, trained, saved) and the saved model classifies its data in PyTorch.
   * Every mismatch is refused before step 1 with a message naming the file and the array, exit 2:
-    the dtype, the sample shape, the labels' dtype, shape and range, token ids past the vocabulary, a
+    the dtype, the sample shape, a NaN or inf value, a float64 past float32, the labels' dtype, shape and
+    range, token ids past the vocabulary, a
     truncated .npy and .npz, a Fortran-ordered array, a big-endian one, a pickled object array, a
     structured one, a compressed .npz, a missing member, a lone .npy, counts that differ, fewer
     samples than a batch.
