@@ -472,11 +472,12 @@ static void plan_candidate(Options t, SchedCand *c) {
  * arena is smallest is kept (the simulation's own spread is about 0.3%, driver.c's jitter draws). */
 #define AUTO_SAME_STEP 1.005
 
-/* --schedule auto: gpipe, 1f1b and zb1 planned in turn; o->schedule becomes the fastest predicted that
+/* --schedule auto: 1f1b, gpipe and zb1 planned in turn; o->schedule becomes the fastest predicted that
  * fits (as fast: the leanest), o->cands says what each predicted.  0, or 2 when none plans. */
 static int choose_schedule(Options *o) {
   static SchedCand cand[3];
-  static const int kinds[3] = {SCHED_GPIPE, SCHED_1F1B, SCHED_ZB1};
+  /* 1f1b first: where the figures tie (one stage), the default is kept. */
+  static const int kinds[3] = {SCHED_1F1B, SCHED_GPIPE, SCHED_ZB1};
   int best = -1;
   for (int k = 0; k < 3; k++) {
     memset(&cand[k], 0, sizeof cand[k]);
@@ -485,7 +486,7 @@ static int choose_schedule(Options *o) {
     if (cand[k].fits && (best < 0 || cand[k].step < cand[best].step)) best = k;
   }
   if (best < 0)
-    return report_error("%s: --schedule auto: no schedule plans (gpipe: %s; 1f1b: %s; zb1: %s)", o->model, cand[0].why, cand[1].why,
+    return report_error("%s: --schedule auto: no schedule plans (1f1b: %s; gpipe: %s; zb1: %s)", o->model, cand[0].why, cand[1].why,
                         cand[2].why);
   int keep = best;
   for (int k = 0; k < 3; k++)

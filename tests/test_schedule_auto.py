@@ -6,6 +6,7 @@ full, the fastest predicted step kept (within 0.5% of it, the one with the small
     and 4, and under a --mem-limit that makes the schedules differ in what they must move).
   * The kept one follows the rule, and its directory is the one --schedule KIND writes: the same
     stage programs and weights, the same plan.json but for "schedule_auto".
+  * At one stage, where every figure ties, 1f1b (the default) is kept.
   * A limit no schedule fits is refused naming each one's reason; --schedule auto under --dump-shapes
     and bad spellings behave.
 
@@ -74,7 +75,8 @@ def compare(T, model, n, *extra):
         return
     fastest = min(c["predicted_step_time_s"] for c in fits.values())
     near = [k for k, c in fits.items() if c["predicted_step_time_s"] <= fastest * SAME_STEP]
-    want = min(near, key=lambda k: (fits[k]["busiest_arena_bytes"], fits[k]["predicted_step_time_s"]))
+    # ties (one stage: every figure the same) keep the first listed, 1f1b, the default
+    want = min(near, key=lambda k: (fits[k]["busiest_arena_bytes"], fits[k]["predicted_step_time_s"], list(cands).index(k)))
     kept = [k for k, c in cands.items() if c.get("kept")]
     check(pj["schedule"] == want and kept == [want], f"{tag}: auto keeps {want} (the fastest within 0.5%, the leanest of those)",
           f"kept {pj['schedule']}, flags {kept}")
@@ -103,7 +105,7 @@ def main():
     T = tempfile.mkdtemp(prefix="pipecc-auto.")
     os.environ["PIPECC_CACHE"] = os.path.join(T, "machine.txt")
     try:
-        for model, n in (("mlp", 2), ("lenet", 2), ("lenet", 4), ("gpt", 2), ("gpt", 4)):
+        for model, n in (("mlp", 1), ("mlp", 2), ("lenet", 2), ("lenet", 4), ("gpt", 2), ("gpt", 4)):
             compare(T, model, n)
         # A limit under which the schedules differ in what they must move: 60% of 1f1b's busiest plain arena.
         base, _ = plan(T, "gpt", 4, "1f1b")
@@ -114,7 +116,7 @@ def main():
         same_directory(T, "gpt", 4)
         r = subprocess.run([PIPECC, os.path.join(ROOT, "onnx_models", "lenet.onnx"), "-n", "2", "--schedule", "auto", "--mem-limit", "1000",
                             "--plan-only", "-o", os.path.join(T, "tiny.pipe")], capture_output=True, text=True, timeout=300)
-        check(r.returncode == 2 and "--schedule auto: no schedule plans (gpipe: " in r.stderr and "; 1f1b: " in r.stderr and "; zb1: " in r.stderr
+        check(r.returncode == 2 and "--schedule auto: no schedule plans (1f1b: " in r.stderr and "; gpipe: " in r.stderr and "; zb1: " in r.stderr
               and not os.path.exists(os.path.join(T, "tiny.pipe")), "a limit no schedule fits: refused naming each one's reason, nothing written",
               r.stderr.strip()[-300:])
         r = subprocess.run([PIPECC, os.path.join(ROOT, "onnx_models", "lenet.onnx"), "--schedule", "Auto"], capture_output=True, text=True)
