@@ -385,17 +385,22 @@ static int arena_guard(const Plan *p) {
 
 /* Stage programs (first: the listing states their arenas), the memory plan (stages over the limit
  * keep, offload or recompute their stash), the jitter, the arena guard and the stage specs.  0, 2 or RETRY. */
+enum { SIDE_PROGRAMS = 1, SIDE_MEMORY, SIDE_JITTER };
+
+/* The stage programs, the memory plan and the jitter (compile, and --schedule auto's candidates): 0,
+ * or the SIDE_* that failed, with err set. */
+static int stage_side(Plan *p) {
+  if (plan_programs(p)) return SIDE_PROGRAMS;
+  if (p->progs && stash_plan(p)) return SIDE_MEMORY;
+  return plan_jitter(p) ? SIDE_JITTER : 0;
+}
+
 static int pass_programs(Plan *p, int more) {
   const char *model = p->opt.model;
-  if (plan_programs(p)) {
-    if (retry_due(p, more)) return RETRY;
-    return report_error("%s: %s (--plan-only writes the plan and listing alone)", model, err_msg());
-  }
-  if (p->progs && stash_plan(p)) {
-    if (retry_due(p, more)) return RETRY;
-    return report_error("%s: %s", model, err_msg());
-  }
-  if (plan_jitter(p)) return report_error("%s: %s", model, err_msg());
+  int side = stage_side(p);
+  if (side && side != SIDE_JITTER && retry_due(p, more)) return RETRY;
+  if (side == SIDE_PROGRAMS) return report_error("%s: %s (--plan-only writes the plan and listing alone)", model, err_msg());
+  if (side) return report_error("%s: %s", model, err_msg());
   int rc = arena_guard(p);
   /* What each stage's program states, decided once: the renderers print it, plan.json states its messages. */
   if (!rc) spec_all(p);
@@ -452,15 +457,15 @@ static void plan_candidate(Options t, SchedCand *c) {
   for (int i = 0; i < n; i++) {
     t.conv_impl = choice[i], t.conv_fallback = i > 0;
     Plan p;
-    int ok = plan_build(&p, &t) == 0 && plan_programs(&p) == 0 && (!p.progs || stash_plan(&p) == 0) && plan_jitter(&p) == 0;
-    if (ok) {
+    int built = plan_build(&p, &t) == 0, side = built ? stage_side(&p) : 0;
+    if (built && !side) {
       c->fits = 1, c->step = p.sched.step_time, c->bubble = p.sched.bubble, c->peak = -1;
       for (int s = 0; p.arena && s < t.nstages; s++)
         if (p.arena[s] > c->peak) c->peak = p.arena[s];
       plan_free(&p);
       return;
     }
-    if (retry_due(&p, i + 1 < n)) continue; /* p freed */
+    if (side != SIDE_JITTER && retry_due(&p, i + 1 < n)) continue; /* p freed */
     snprintf(c->why, sizeof c->why, "%s", err_msg());
     err_clear();
     plan_free(&p);

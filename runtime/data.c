@@ -611,6 +611,8 @@ int data_rows(const DataSet *d, const int64_t *idx, int count, float *xf, int64_
       float *dst = xf + (size_t)i * (size_t)row;
       if (ax->type == NPY_U8) /* pixels, as the image formats give them */
         for (int64_t j = 0; j < row; j++) dst[j] = ax->data[s * row + j] / 255.0f;
+      else if (ax->type == NPY_F32) /* already the input's bytes (little-endian, checked finite): one copy */
+        memcpy(dst, ax->data + (size_t)(s * row) * 4, (size_t)row * 4);
       else
         for (int64_t j = 0; j < row; j++) dst[j] = (float)npy_get_f(ax, s * row + j);
     }
