@@ -15,6 +15,9 @@
 #include <unistd.h>
 
 #include "ops.h"
+#include "schedule.h"
+
+#define MAX_CHUNKS 16 /* --chunks: stages per rank */
 #include "../runtime/blas_core.h"
 
 static void usage(FILE *f) {
@@ -27,7 +30,11 @@ static void usage(FILE *f) {
         "  -o DIR                output directory (default: MODEL.pipe)\n"
         "  --schedule KIND       gpipe, 1f1b, zb1 (zero-bubble ZB-H1), pipefb (forwards and backwards on\n"
         "                        different ranks), async (never drains; weights --staleness K old), or auto (gpipe,\n"
-        "                        1f1b and zb1 each planned, the fastest predicted that fits kept); default 1f1b\n"
+        "                        1f1b and zb1 each planned, the fastest predicted that fits kept); default 1f1b;\n"
+        "                        interleaved (Megatron's interleaved 1F1B) and zbv (zero-bubble V) run --chunks\n"
+        "                        stages on each rank\n"
+        "  --chunks V            interleaved, zbv: cut the model into V x N stages, rank r running stages r, r + N, ...\n"
+        "                        (zbv: r and 2N - 1 - r); default 2\n"
         "  --partition dag|chain how stages are cut: over the graph's downsets, reordering independent nodes\n"
         "                        (default), or ranges of the model's own node order\n"
         "  --fb-split NF         pipefb: the first NF ranks run forwards, the rest backwards (default: the planner's)\n"
@@ -180,7 +187,13 @@ static int flag_plan(Options *o, const char *a, const char *val, int *i, const c
     else if (!strcmp(val, "zb1")) o->schedule = SCHED_ZB1;
     else if (!strcmp(val, "pipefb")) o->schedule = SCHED_PIPEFB;
     else if (!strcmp(val, "async")) o->schedule = SCHED_ASYNC;
-    else return bad("--schedule '%s': expected gpipe, 1f1b, zb1, pipefb, async or auto%s", val, "");
+    else if (!strcmp(val, "interleaved")) o->schedule = SCHED_INTERLEAVED;
+    else if (!strcmp(val, "zbv")) o->schedule = SCHED_ZBV;
+    else return bad("--schedule '%s': expected gpipe, 1f1b, zb1, interleaved, zbv, pipefb, async or auto%s", val, "");
+  } else if (!strcmp(a, "--chunks")) {
+    NEEDVAL();
+    if (parse_int(val, 1, MAX_CHUNKS, &v)) return bad("--chunks '%s': expected a whole number of stages per rank from 1 to 16%s", val, "");
+    o->chunks = (int)v;
   } else if (!strcmp(a, "--partition")) {
     NEEDVAL();
     if (!strcmp(val, "dag")) o->partition = PARTITION_DAG;
@@ -312,6 +325,31 @@ static int flag_run(Options *o, const char *a, const char *val, int *i) {
 }
 #undef NEEDVAL
 
+/* --chunks V: the interleaved and zbv schedules cut the model into V x n stages, V on each rank; o->nstages
+ * becomes that count and o->nranks keeps -n.  -1 when all is well, else the exit status. */
+static int check_chunks(Options *o, const char *moves_given) {
+  char nbuf[32], vbuf[32];
+  snprintf(nbuf, sizeof nbuf, "%d", o->nstages), snprintf(vbuf, sizeof vbuf, "%d", o->chunks);
+  o->nranks = o->nstages;
+  if (!sched_chunked(o->schedule)) {
+    if (o->chunks > 1)
+      return bad("--chunks %s: only --schedule interleaved and zbv run several stages per rank (got --schedule %s)", vbuf,
+                 o->schedule_auto ? "auto" : schedule_name(o->schedule));
+    o->chunks = 1;
+    return -1;
+  }
+  const char *kind = schedule_name(o->schedule);
+  if (!o->chunks) o->chunks = 2;
+  if (o->schedule == SCHED_ZBV && o->chunks != 2) return bad("--chunks %s with --schedule zbv: the V shape has exactly 2 chunks per rank%s", vbuf, "");
+  if (o->chunks < 2) return bad("--chunks %s with --schedule %s: interleaving needs 2 or more chunks per rank", vbuf, kind);
+  if (o->forward_only) return bad("--schedule %s trains; --forward-only programs have no schedule to interleave%s", kind, "");
+  if (moves_given) return bad("%s with --schedule %s: stages of several chunks per rank do not offload or recompute stashed activations yet", moves_given, kind);
+  if (o->devices) return bad("--devices with --schedule %s: per-rank device figures are not mapped onto chunks yet%s", kind, "");
+  if (o->nstages * o->chunks > MAX_RANKS) return bad("-n %s x --chunks %s: more than 1024 stages", nbuf, vbuf);
+  o->nstages *= o->chunks;
+  return -1;
+}
+
 /* A model given, the flags that only some schedules take, and --offload file:'s directory: -1 when
  * all is well, else the exit status. */
 static int check_flags(Options *o, const char *moves_given) {
@@ -326,6 +364,7 @@ static int check_flags(Options *o, const char *moves_given) {
   if (o->frozen && (o->schedule == SCHED_ASYNC || o->schedule == SCHED_PIPEFB))
     return bad("--frozen with --schedule %s: frozen layers are planned for gpipe, 1f1b and zb1 only yet%s",
                o->schedule == SCHED_ASYNC ? "async" : "pipefb", "");
+  if (check_chunks(o, moves_given) >= 0) return 2;
   if (o->schedule == SCHED_ASYNC) {
     if (!o->staleness) o->staleness = 1;
     if (o->forward_only) return bad("--schedule async trains; --forward-only programs have no updates to delay%s%s", "", "");

@@ -108,7 +108,7 @@ int em_work(Emit *e, const char *prefix, int tensor, int64_t bytes) {
   e->sp->bufs[b].is_workspace = 1;
   return b;
 }
-int em_split_wgrad(Emit *e) { return e->p->opt.schedule == SCHED_ZB1 && !e->p->opt.forward_only; }
+int em_split_wgrad(Emit *e) { return sched_splits(e->p->opt.schedule) && !e->p->opt.forward_only; }
 int em_training(Emit *e) { return !e->p->opt.forward_only; }
 int em_needs(Emit *e, const Node *n, int k) { return k < n->nin && n->in[k] >= 0 && e->needs[n->in[k]]; }
 int em_grad(Emit *e, const Node *n, int k, int *acc) { return build_grad_target(e, n->in[k], acc, (int)(n - e->p->g.n)); }

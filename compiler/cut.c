@@ -32,7 +32,7 @@ static int kept_span(const Plan *p, const StageProg *sp, const Call *k, int id, 
     *lo = pos[t->producer], *hi = at;
     return 1;
   }
-  if (p->opt.schedule == SCHED_ZB1 && b->kind == BUF_TEMP && b->is_grad && by_i[id] && call_is_weight(sp, k) &&
+  if (sched_splits(p->opt.schedule) && b->kind == BUF_TEMP && b->is_grad && by_i[id] && call_is_weight(sp, k) &&
       p->last_read[b->tensor] >= at) {
     *lo = at, *hi = p->last_read[b->tensor];
     return 1;

@@ -18,6 +18,7 @@
 #include "args.h"
 #include "autodiff.h"
 #include "bind.h"
+#include "chunks.h"
 #include "cut.h"
 #include "edges.h"
 #include "emit.h"
@@ -127,8 +128,9 @@ static void set_problem(Plan *p, double *arr[6]) {
   pr->fwd_flops = arr[0], pr->bwd_flops = arr[1], pr->traffic = arr[2];
   pr->param_bytes = arr[3], pr->stash_bytes = arr[4], pr->work_bytes = arr[5];
   pr->edges = p->edges, pr->nedges = p->nedges;
-  /* Direct sends: a value goes only to the ranks that read it (pipefb's chains relay). */
-  p->direct = !o->relay && o->schedule != SCHED_PIPEFB;
+  /* Direct sends: a value goes only to the ranks that read it (pipefb's chains relay, and so do the stages
+   * of chunked schedules, each with its neighbours only). */
+  p->direct = !o->relay && o->schedule != SCHED_PIPEFB && !sched_chunked(o->schedule);
   if (p->direct) pr->gaps = p->gaps, pr->ngaps = p->ngaps;
   pr->nstages = o->nstages, pr->microbatches = p->opt.microbatches, pr->schedule = o->schedule;
   pr->opt_state_per_param = p->opt_slots;
@@ -190,6 +192,7 @@ static int pass_costs(Plan *p) {
 static int build_schedule(Plan *p, Schedule *sc, const StageCost *c) {
   const Options *o = &p->opt;
   if (o->schedule == SCHED_ASYNC) return schedule_build_async(sc, o->nstages, p->opt.microbatches, o->staleness, c, &p->g.pool);
+  if (sched_chunked(o->schedule)) return schedule_build_chunked(sc, o->schedule, o->nranks, o->chunks, p->opt.microbatches, c, &p->g.pool);
   schedule_build(sc, o->schedule, o->nstages, p->opt.microbatches, o->forward_only, c, &p->g.pool);
   return 0;
 }
@@ -207,7 +210,7 @@ static int pass_partition(Plan *p) {
    * the unit-time lists (the listing's table) give them before the cuts. */
   StageCost *unit = pool_alloc(&g->pool, sizeof(StageCost) * (size_t)o->nstages);
   for (int s = 0; s < o->nstages; s++) {
-    unit[s].fwd = 1, unit[s].bwd = o->schedule == SCHED_ZB1 ? 2 : 1, unit[s].bwd_w = unit[s].bwd / 2;
+    unit[s].fwd = 1, unit[s].bwd = sched_splits(o->schedule) ? 2 : 1, unit[s].bwd_w = unit[s].bwd / 2;
   }
   if (build_schedule(p, &p->slots, unit)) return -1;
   if (cut_plan(p, &p->prob)) return -1;
@@ -260,6 +263,19 @@ static int forward_writes_state(Plan *p, const StageProg *sp) {
   return 0;
 }
 
+/* --chunks V: each rank's stages joined into the program it runs (chunks.c), laid out as one arena. */
+static int rank_programs(Plan *p) {
+  int n = opt_ranks(&p->opt);
+  p->rprogs = pool_alloc(&p->g.pool, sizeof(StageProg) * (size_t)n);
+  p->rarena = pool_alloc(&p->g.pool, sizeof(int64_t) * (size_t)n);
+  for (int r = 0; r < n; r++) {
+    if (chunks_join(p, p->progs, r, &p->rprogs[r], &p->g.pool)) return -1;
+    memplan_as(p, &p->rprogs[r], p->rprogs[r].nslots, p->rprogs[r].ngslots, ROLE_BOTH);
+    p->rarena[r] = p->rprogs[r].arena_bytes;
+  }
+  return 0;
+}
+
 int plan_programs(Plan *p) {
   int n = p->opt.nstages;
   StageProg *progs = pool_alloc(&p->g.pool, sizeof(StageProg) * (size_t)n);
@@ -278,7 +294,7 @@ int plan_programs(Plan *p) {
     if (p->opt.schedule == SCHED_ASYNC && forward_writes_state(p, &progs[s])) return -1;
   }
   p->mem_note = NULL;
-  return 0;
+  return p->opt.chunks > 1 ? rank_programs(p) : 0;
 }
 
 /* Draws of the step simulation under the measured spread of action times (schedule_jitter): 64 put
@@ -374,6 +390,12 @@ static void dump_shapes(const Plan *p) {
 
 /* The partitioner priced every stage by this arena; this only guards that promise.  0, or 2. */
 static int arena_guard(const Plan *p) {
+  for (int r = 0; p->rarena && r < opt_ranks(&p->opt); r++) {
+    double lim = plan_rank_limit(p, r);
+    if (lim > 0 && (double)p->rarena[r] > lim)
+      return report_error("%s: internal error: rank %d's arena needs %lld bytes (%s), over the memory limit of %s", p->opt.model, r,
+                          (long long)p->rarena[r], fmt_bytes((double)p->rarena[r]), fmt_bytes(lim));
+  }
   for (int s = 0; p->arena && s < p->opt.nstages; s++) {
     double lim = plan_stage_limit(p, s);
     if (lim > 0 && (double)p->arena[s] > lim)
@@ -460,8 +482,10 @@ static void plan_candidate(Options t, SchedCand *c) {
     int built = plan_build(&p, &t) == 0, side = built ? stage_side(&p) : 0;
     if (built && !side) {
       c->fits = 1, c->step = p.sched.step_time, c->bubble = p.sched.bubble, c->peak = -1;
-      for (int s = 0; p.arena && s < t.nstages; s++)
-        if (p.arena[s] > c->peak) c->peak = p.arena[s];
+      for (int s = 0; p.arena && s < opt_ranks(&t); s++) {
+        int64_t a = p.rarena ? p.rarena[s] : p.arena[s];
+        if (a > c->peak) c->peak = a;
+      }
       plan_free(&p);
       return;
     }

@@ -104,7 +104,7 @@ static int out_paths(const Plan *p, const OutDir *d, OutPaths *o, Buf *bin) {
 
 void emit_stage(const Plan *p, const StageProg *progs, int s, Buf *o) {
   const Renderer *r = target_renderer(p);
-  if (p->specs && progs == p->progs) {
+  if (p->specs && (progs == p->progs || progs == p->rprogs)) {
     r->stage(&p->specs[s], o);
     return;
   }
@@ -117,7 +117,7 @@ void emit_stage(const Plan *p, const StageProg *progs, int s, Buf *o) {
 
 /* The Makefile and run.sh: the templates filled with the plan's stages and the paths outside DIR. */
 static int emit_scripts(const Plan *p, const StageProg *progs, OutDir *d) {
-  int n = p->opt.nstages;
+  int n = opt_ranks(&p->opt);
   Buf bin = {0};
   OutPaths op;
   if (out_paths(p, d, &op, &bin)) return buf_free(&bin), -1;
@@ -161,7 +161,9 @@ static int emit_scripts(const Plan *p, const StageProg *progs, OutDir *d) {
 }
 
 int emit_all(Plan *p, StageProg *progs, OutDir *d) {
-  int n = p->opt.nstages;
+  /* One program per rank: with --chunks V, its stages' joined (chunks.c). */
+  if (p->rprogs) progs = p->rprogs;
+  int n = opt_ranks(&p->opt);
   for (int s = 0; s < n; s++) {
     Buf src = {0};
     emit_stage(p, progs, s, &src);

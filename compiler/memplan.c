@@ -92,6 +92,13 @@ static void role_filter(StageProg *sp, int role) {
   }
 }
 
+/* A buffer's copies: a ring's one per slot (in a rank program of chunks, its chunk's ring size), else one. */
+static int copies_of(const StageProg *sp, const Buffer *b) {
+  if (b->kind == BUF_RING) return sp->nchunks ? sp->cslots[b->chunk] : sp->nslots;
+  if (b->kind == BUF_GRING) return sp->nchunks ? sp->cgslots[b->chunk] : sp->ngslots;
+  return 1;
+}
+
 void memplan(Plan *p, StageProg *sp, int nslots, int ngslots) {
   memplan_as(p, sp, nslots, ngslots, p->fb && p->role ? p->role[sp->stage] : ROLE_BOTH);
 }
@@ -111,7 +118,7 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
   sp->mem_weights = sp->mem_grads = sp->mem_opt = sp->mem_stash = sp->mem_cross = sp->mem_temps = 0;
   sp->mem_leaving = sp->mem_store = 0;
   for (int i = 0; i < sp->nbufs; i++) sp->bufs[i].first = sp->bufs[i].last = -1;
-  if (p->opt.schedule == SCHED_ZB1) promote_for_split(sp);
+  if (sched_splits(p->opt.schedule)) promote_for_split(sp);
   for (int i = 0; i < sp->nfwd; i++) touch(sp, &sp->fwd[i], i);
   for (int i = 0; i < sp->nbwd; i++) touch(sp, &sp->bwd[i], 1000000 + i);
   if (role != ROLE_BOTH) role_filter(sp, role);
@@ -122,7 +129,7 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
       Buffer *b = &sp->bufs[i];
       if (b->kind != order[o] || (b->kind == BUF_RING && b->fate != FATE_KEEP) || b->unused) continue;
       b->offset = off;
-      int copies = b->kind == BUF_RING ? sp->nslots : b->kind == BUF_GRING ? sp->ngslots : 1;
+      int copies = copies_of(sp, b);
       if (b->kind == BUF_PARAM) {
         off += b->bytes;
         continue;

@@ -43,6 +43,9 @@ struct PartCtx {
  * the stash longer (the peak of 1F1B's first stage, now on each stage). */
 int stage_inflight(int schedule, int s, int nstages, int m) {
   if (schedule == SCHED_GPIPE) return m;
+  /* Interleaved and ZB-V: a chunk's warm-up holds up to about 2n of its micro-batches (n ranks, nstages = V n
+   * stages, V >= 2): the stage count bounds it (an estimate's bound; the rings come from the lists). */
+  if (sched_chunked(schedule)) return nstages < m ? nstages : m;
   int k = schedule == SCHED_ZB1 ? nstages : nstages - s;
   return k < m ? k : m;
 }
@@ -53,7 +56,7 @@ int stage_copies(int schedule, int s, int nstages, int m) {
 }
 
 int stage_gcopies(int schedule, int s, int nstages, int m) {
-  if (schedule == SCHED_ZB1) return stage_copies(schedule, s, nstages, m);
+  if (sched_splits(schedule) || sched_chunked(schedule)) return stage_copies(schedule, s, nstages, m);
   return 2;
 }
 

@@ -8,7 +8,14 @@
 #include "cost.h"
 
 enum { SCHED_GPIPE = 0, SCHED_1F1B = 1, SCHED_ZB1 = 2, SCHED_PIPEFB = 3 /* forwards and backwards on different ranks (pipefb.c) */,
-       SCHED_ASYNC = 4 /* 1F1B that never drains: step t runs on the weights of step t - K (schedasync.c) */ };
+       SCHED_ASYNC = 4 /* 1F1B that never drains: step t runs on the weights of step t - K (schedasync.c) */,
+       SCHED_INTERLEAVED = 5 /* Megatron's interleaved 1F1B: each rank runs --chunks non-adjacent stages */,
+       SCHED_ZBV = 6 /* ZB-V: two chunks per rank in a V, backward split into I and W */ };
+
+/* The schedules that split a backward into its input-gradient (I) and weight-gradient (W) halves. */
+static inline int sched_splits(int kind) { return kind == SCHED_ZB1 || kind == SCHED_ZBV; }
+/* The schedules that run several stages (chunks) on each rank. */
+static inline int sched_chunked(int kind) { return kind == SCHED_INTERLEAVED || kind == SCHED_ZBV; }
 
 /* A value crossing from the node that makes it to the last node that reads
  * it.  from = -1: the data loader (stage 0); to = N: the loss (last stage). */

@@ -38,10 +38,16 @@ typedef struct Options {
   int threads;            /* --threads T: each rank computes on T threads (0 or 1: one) */
   const char *target;     /* --target: the device the stages are rendered for ("cpu", "cuda"; render.c) */
   int precision;          /* --precision: PREC_FP32, PREC_TF32, PREC_BF16 (the GPU's matrix products) */
+  /* --chunks V (interleaved, zbv): nstages is the V x nranks stages the model is cut into, rank r running
+   * V of them (schedule.h, sched_stage); nranks is -n.  Every other schedule: chunks 1, nranks = nstages. */
+  int chunks, nranks;
   int schedule_auto;      /* --schedule auto: each synchronous schedule planned, the fastest that fits kept (driver.c) */
   const struct SchedCand *cands; /* ... what each candidate's plan predicted, for the listing */
   int ncands;
 } Options;
+
+/* The ranks (programs) of a plan: -n, whichever the stage count. */
+static inline int opt_ranks(const Options *o) { return o->chunks > 1 ? o->nranks : o->nstages; }
 
 /* --schedule auto's candidates: one plan each, its predicted step, bubble and busiest arena, or why it
  * did not plan (over --mem-limit, a refusal). */
@@ -117,6 +123,10 @@ typedef struct Plan {
   int *nreaders;                /* per tensor: how many compute nodes read it (a weight read by several is tied) */
   char *needs;       /* per tensor: it needs a gradient (plan_needs, planq.c, built on first use) */
   struct StageProg *progs; /* per stage, laid out by plan_programs (driver.c) (NULL before, or if they cannot be built) */
+  /* --chunks V: per rank, its stages' programs joined and laid out (chunks.c), and their arenas; the specs
+   * and the emitted sources are these (NULL with one stage per rank: progs and arena are the ranks'). */
+  struct StageProg *rprogs;
+  int64_t *rarena;
   struct StageSpec *specs; /* per stage, what the renderers print and plan.json's messages state (spec_all; NULL before) */
   const char *mem_note;    /* NULL: each stage's memory is its arena; else why it is only the estimate */
   struct PriceMemo *memo;  /* exact prices of candidate stages (price.c) */

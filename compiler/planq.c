@@ -125,7 +125,20 @@ int plan_limited(const Plan *p) {
 double plan_stage_limit(const Plan *p, int s) {
   double lim = p->machine.dev[s].mem_bytes;
   if (p->opt.mem_limit > 0 && (lim <= 0 || p->opt.mem_limit < lim)) lim = p->opt.mem_limit;
+  /* --chunks V: a rank holds V stages, each cut to its share (the joined arena is checked whole, plan_rank_limit). */
+  if (lim > 0 && p->opt.chunks > 1) lim /= p->opt.chunks;
   if (lim > 0 && p->progs && p->part.start) lim -= plan_lib_bytes(p, p->part.start[s], p->part.start[s + 1]);
+  return lim;
+}
+
+double plan_rank_limit(const Plan *p, int r) {
+  if (p->opt.chunks <= 1) return plan_stage_limit(p, r);
+  double lim = p->machine.dev[r].mem_bytes;
+  if (p->opt.mem_limit > 0 && (lim <= 0 || p->opt.mem_limit < lim)) lim = p->opt.mem_limit;
+  for (int c = 0; lim > 0 && p->progs && p->part.start && c < p->opt.chunks; c++) {
+    int s = sched_stage(&p->sched, r, c);
+    lim -= plan_lib_bytes(p, p->part.start[s], p->part.start[s + 1]);
+  }
   return lim;
 }
 

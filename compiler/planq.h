@@ -28,6 +28,8 @@ int plan_core_groups(const Plan *p);
 int plan_limited(const Plan *p);
 /* Stage s's memory limit: the smaller of --mem-limit and its rank's mem in --devices; 0 = none. */
 double plan_stage_limit(const Plan *p, int s);
+/* What rank r's program may take: the stage's limit, or with --chunks V the whole limit its stages share. */
+double plan_rank_limit(const Plan *p, int r);
 /* Bytes the convolution library holds beside the arena for compute nodes [i, j) (0 under --conv gemm). */
 double plan_lib_bytes(const Plan *p, int i, int j);
 /* Stage s's arena (p->arena[s]) and its breakdown in p->part.cost[s], from its laid-out program. */

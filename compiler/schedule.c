@@ -46,7 +46,7 @@ const char *action_str(const Action *a, char *buf, size_t len) {
   return buf;
 }
 
-Action action_make(int kind, int mb) { return (Action){kind, mb, -1, -1, -1, -1, 0, 0}; }
+Action action_make(int kind, int mb) { return (Action){kind, mb, -1, -1, -1, -1, 0, 0, 0}; }
 static Action act(int kind, int mb) { return action_make(kind, mb); }
 
 /* ---- compute orders ---- */

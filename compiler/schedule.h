@@ -22,6 +22,7 @@ typedef struct Action {
   int gslot;         /* gradient ring copy, -1 if the action does not touch it */
   int xslot;         /* copy of mb's leaving values (stash.c; HOLD/RETURN: store slot), -1 if none */
   int peer;          /* OFFLOAD/PREFETCH: the rank holding the data (-1: the file); HOLD/RETURN: its owner */
+  int chunk;         /* which of the rank's chunks (stages) it belongs to (0 when nchunks <= 1) */
   double start, end; /* predicted seconds from the step's start */
 } Action;
 
@@ -38,6 +39,7 @@ typedef struct FbLinks {
 
 typedef struct Schedule {
   int nstages, m, kind, forward_only;
+  int nchunks;       /* interleaved, zbv: stages per rank (0 or 1: one) */
   Action **act;      /* act[s][k]: rank s's k-th action */
   int *nact;         /* actions per rank */
   int *nslots;       /* forward ring copies per rank: the most slots live at once */
@@ -72,6 +74,28 @@ typedef struct Schedule {
   int *nbody;
   double fill_drain; /* predicted seconds a run spends filling and draining the pipeline, once */
 } Schedule;
+
+/* TEMPORARY (the schedule layer's branch defines these) */
+static inline int sched_stage(const struct Schedule *sc, int rank, int chunk) {
+  int n = sc->nstages;
+  if (sc->nchunks <= 1) return rank;
+  if (sc->kind == 6) return chunk == 0 ? rank : 2 * n - 1 - rank;
+  return chunk * n + rank;
+}
+static inline int sched_nvstages(const struct Schedule *sc) { return sc->nstages * (sc->nchunks > 1 ? sc->nchunks : 1); }
+static inline int sched_rank_of(const struct Schedule *sc, int s) {
+  int n = sc->nstages;
+  if (sc->nchunks <= 1) return s;
+  if (sc->kind == 6) return s < n ? s : 2 * n - 1 - s;
+  return s % n;
+}
+static inline int sched_chunk_of(const struct Schedule *sc, int s) {
+  int n = sc->nstages;
+  if (sc->nchunks <= 1) return 0;
+  if (sc->kind == 6) return s < n ? 0 : 1;
+  return s / n;
+}
+int schedule_build_chunked(Schedule *sc, int kind, int nranks, int nchunks, int m, const StageCost *cost, Pool *pool);
 
 /* Micro-batches the lists of sc name: m, or m * unroll for async. */
 static inline int sched_mbs(const struct Schedule *sc) { return sc->m * (sc->unroll > 0 ? sc->unroll : 1); }

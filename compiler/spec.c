@@ -121,6 +121,39 @@ static int has_eval_variant(const StageProg *sp) {
   return 0;
 }
 
+/* A rank of chunks: chunk c's forward and backward functions, from its calls alone. */
+static void spec_chunk_fns(const Plan *p, const StageProg *sp, StageSpec *o, const int *local, int c, Pool *pool) {
+  static const char *const docs[FN_ZERO_GRADS] = {"Chunk %d (stage %d): the forward of the micro-batch in its ring slot `slot`.",
+                                                  "Chunk %d (stage %d): the eval forward (run.sh --val).", "", "Chunk %d (stage %d): the backward.",
+                                                  "Chunk %d (stage %d): the input-gradient half (I).",
+                                                  "Chunk %d (stage %d): the weight-gradient half (W), run later for the same slots."};
+  static const char *const names[FN_ZERO_GRADS] = {"forward", "forward_eval", "recompute", "backward", "backward_input", "backward_weight"};
+  int split = sched_splits(p->opt.schedule), nf = 0, nb = 0, eval = 0;
+  Call *fwd = pool_alloc(pool, sizeof(Call) * (size_t)(sp->nfwd + 1)), *bwd = pool_alloc(pool, sizeof(Call) * (size_t)(sp->nbwd + 1));
+  for (int i = 0; i < sp->nfwd; i++)
+    if (sp->fwd[i].chunk == c) fwd[nf++] = sp->fwd[i], eval |= sp->fwd[i].eval != NULL;
+  for (int i = 0; i < sp->nbwd; i++)
+    if (sp->bwd[i].chunk == c) bwd[nb++] = sp->bwd[i];
+  int want[FN_ZERO_GRADS] = {1, eval, 0, 1, split, split};
+  for (int fn = 0; fn < FN_ZERO_GRADS; fn++) {
+    SpecFn *f = &o->chunk_fn[c * FN_COUNT + fn];
+    f->name = pool_printf(pool, "%s_c%d", names[fn], c), f->doc = pool_printf(pool, docs[fn], c, sp->cstage[c]);
+    f->args = fn >= FN_BACKWARD ? FN_ARGS_BACKWARD : FN_ARGS_FORWARD;
+    if (!want[fn]) continue;
+    if (f->args == FN_ARGS_BACKWARD) spec_fn(sp, f, bwd, nb, fn, local, pool);
+    else spec_fn(sp, f, fwd, nf, fn, local, pool);
+  }
+}
+
+/* Marks each shape constant some printed call of f names. */
+static void mark_shapes(StageSpec *o, const SpecFn *f) {
+  for (int i = 0; i < f->ncalls; i++) {
+    const Call *k = f->calls[i].call;
+    for (int a = 0; a < k->nargs; a++)
+      if (k->args[a].kind == ARG_CONST) o->shape_used[k->args[a].i] = 1;
+  }
+}
+
 static void spec_functions(const Plan *p, const StageProg *sp, StageSpec *o, const int *local, Pool *pool) {
   static const char *const names[FN_COUNT] = {"forward",         "forward_eval", "recompute", "backward", "backward_input",
                                               "backward_weight", "zero_grads",   "sum_ties",  "update"};
@@ -136,9 +169,14 @@ static void spec_functions(const Plan *p, const StageProg *sp, StageSpec *o, con
       "The optimizer step, at UPDATE once every part is here: a tied weight's gradient is the sum of its\n"
       " * readers' parts in graph order, the same sums on every stage that holds a copy.",
       "The optimizer step, at UPDATE: one update per weight with the run's hyper-parameters (pr_opt)."};
-  int role = o->role, split = p->opt.schedule == SCHED_ZB1, train = role != ROLE_FWD;
+  int role = o->role, split = sched_splits(p->opt.schedule), train = role != ROLE_FWD;
   int want[FN_COUNT] = {role != ROLE_BWD, role != ROLE_BWD && has_eval_variant(sp), sp->recompute != NULL, role != ROLE_FWD,
                         role != ROLE_FWD && split, role != ROLE_FWD && split, train, train, train};
+  if (sp->nchunks) { /* a rank of chunks: the forwards and backwards are its chunks' */
+    o->chunk_fn = pool_alloc(pool, sizeof(SpecFn) * (size_t)(sp->nchunks * FN_COUNT));
+    for (int c = 0; c < sp->nchunks; c++) spec_chunk_fns(p, sp, o, local, c, pool);
+    for (int fn = 0; fn < FN_ZERO_GRADS; fn++) want[fn] = 0;
+  }
   for (int fn = 0; fn < FN_COUNT; fn++) {
     SpecFn *f = &o->fn[fn];
     f->name = names[fn], f->doc = docs[fn];
@@ -152,38 +190,53 @@ static void spec_functions(const Plan *p, const StageProg *sp, StageSpec *o, con
   /* A shape constant is printed where a printed call names it (an unused static constant is a warning). */
   o->shape_used = pool_alloc(pool, (size_t)sp->nshapes + 1);
   memset(o->shape_used, 0, (size_t)sp->nshapes + 1);
-  for (int fn = 0; fn < FN_COUNT; fn++)
-    for (int i = 0; i < o->fn[fn].ncalls; i++) {
-      const Call *k = o->fn[fn].calls[i].call;
-      for (int a = 0; a < k->nargs; a++)
-        if (k->args[a].kind == ARG_CONST) o->shape_used[k->args[a].i] = 1;
-    }
+  for (int fn = 0; fn < FN_COUNT; fn++) mark_shapes(o, &o->fn[fn]);
+  for (int i = 0; o->chunk_fn && i < sp->nchunks * FN_COUNT; i++) mark_shapes(o, &o->chunk_fn[i]);
+}
+
+/* The compute nodes [a, e) of stage s: its range; a rank of chunks: each chunk's in turn (into lo/hi, at most nc). */
+static int node_ranges(const Plan *p, const StageProg *sp, int *lo, int *hi) {
+  if (!sp->nchunks) return lo[0] = p->rbegin[sp->stage], hi[0] = p->rend[sp->stage], 1;
+  for (int c = 0; c < sp->nchunks; c++) lo[c] = p->rbegin[sp->cstage[c]], hi[c] = p->rend[sp->cstage[c]];
+  return sp->nchunks;
 }
 
 /* --profile: each node's key in PROFILE_NODES, and per graph node its row (else -1). */
-static int *spec_profile(const Plan *p, StageSpec *o, Pool *pool) {
+static int *spec_profile(const Plan *p, const StageProg *sp, StageSpec *o, Pool *pool) {
   const Graph *g = &p->g;
-  int a = p->rbegin[o->stage], e = p->rend[o->stage];
+  int lo[64] = {0}, hi[64] = {0}, nr = node_ranges(p, sp, lo, hi), total = 0;
   int *local = pool_alloc(pool, sizeof(int) * (size_t)(g->nn + 1));
   for (int j = 0; j < g->nn; j++) local[j] = -1;
-  o->nprof = e - a;
-  o->prof_nodes = pool_alloc(pool, sizeof(char *) * (size_t)(e - a + 1));
-  for (int k = a; k < e; k++) {
-    char key[PROFILE_KEY_MAX];
-    profile_key(g, p->node[k], key, sizeof key);
-    local[p->node[k]] = k - a;
-    o->prof_nodes[k - a] = pool_strdup(pool, key);
+  for (int q = 0; q < nr; q++) total += hi[q] - lo[q];
+  o->nprof = total;
+  o->prof_nodes = pool_alloc(pool, sizeof(char *) * (size_t)(total + 1));
+  int row = 0;
+  for (int q = 0; q < nr; q++)
+    for (int k = lo[q]; k < hi[q]; k++) {
+      char key[PROFILE_KEY_MAX];
+      profile_key(g, p->node[k], key, sizeof key);
+      local[p->node[k]] = row;
+      o->prof_nodes[row++] = pool_strdup(pool, key);
+    }
+  o->prof_rate = p->machine.dev[sp->nchunks ? sp->cstage[0] : o->stage].flops;
+  o->prof_conv = conv_profile_kind(g, p->node + lo[0], hi[0] - lo[0]);
+  for (int q = 1; q < nr; q++) {
+    int k = conv_profile_kind(g, p->node + lo[q], hi[q] - lo[q]);
+    if (k > o->prof_conv) o->prof_conv = k;
   }
-  o->prof_rate = p->machine.dev[o->stage].flops;
-  o->prof_conv = conv_profile_kind(g, p->node + a, e - a);
   return local;
 }
 
 /* The rank value x comes from (recv) or goes to on its route; -1 for the loader's and the loss's. */
-static int value_peer(const Plan *p, int s, const Crossing *x, int recv, const int *edge_of) {
-  int q = edge_of[x->tensor];
+static int value_peer(const Plan *p, const StageProg *sp, const Crossing *x, int recv, const int *edge_of) {
+  int q = edge_of[x->tensor], s = sp->stage;
   if (x->from_loader) return -1;
   if (p->fb) return recv ? p->fb->links.prev[s] : p->fb->links.next[s];
+  /* A rank of chunks: values go stage to stage (relayed), to the rank of the neighbouring stage. */
+  if (sp->nchunks) {
+    int st = sp->cstage[x->chunk] + (recv ? -1 : 1);
+    return st < 0 || st >= p->opt.nstages ? -1 : sched_rank_of(&p->sched, st);
+  }
   if (q < 0) return -1;
   int from, to;
   plan_route(p, q, s, &from, &to);
@@ -201,7 +254,8 @@ static SpecValue *spec_values(const Plan *p, const StageProg *sp, const Crossing
                        .gbuf = xs[i].gbuf, .dtype = t->dtype, .rank = t->rank, .dims = t->dims,
                        .xring = b->kind == BUF_RING && b->fate != FATE_KEEP};
     v[i].source = !xs[i].from_loader ? SRC_PREV : t->dtype == DT_FLOAT ? SRC_IMAGES : SRC_TOKENS;
-    v[i].peer = value_peer(p, sp->stage, &xs[i], recv, edge_of);
+    v[i].peer = value_peer(p, sp, &xs[i], recv, edge_of);
+    v[i].chunk = xs[i].chunk;
     for (int j = 0; j < i; j++) v[i].tag += v[j].peer == v[i].peer;
   }
   return v;
@@ -312,13 +366,45 @@ static void spec_facts(const Plan *p, const StageProg *sp, StageSpec *o, int64_t
   o->nfrozen = p->nfrozen, o->nlayers = p->nlayers;
 }
 
+/* A rank of chunks: the facts that are the rank's, not one stage's.  Its header names each chunk's stage
+ * and nodes; its times are the sums of its chunks' per micro-batch. */
+static void spec_chunk_facts(const Plan *p, const StageProg *sp, StageSpec *o, Pool *pool) {
+  const Graph *g = &p->g;
+  const Schedule *sc = &p->sched;
+  int S = p->opt.nstages, nops = 0;
+  double fwd = 0, bwd = 0, mem = 0;
+  o->nstages = opt_ranks(&p->opt), o->nchunks = sp->nchunks, o->chunk_stage = sp->cstage, o->loss_chunk = sp->loss_chunk;
+  o->chunk_line = pool_alloc(pool, sizeof(char *) * (size_t)sp->nchunks);
+  for (int c = 0; c < sp->nchunks; c++) nops += p->rend[sp->cstage[c]] - p->rbegin[sp->cstage[c]];
+  o->ops = pool_alloc(pool, sizeof(char *) * (size_t)(nops + 1));
+  o->nops = 0;
+  for (int c = 0; c < sp->nchunks; c++) {
+    int st = sp->cstage[c], a = p->rbegin[st], e = p->rend[st];
+    const StageCost *k = &p->part.cost[st];
+    fwd += k->fwd, bwd += k->bwd, mem += k->mem_total;
+    o->chunk_line[c] = pool_printf(pool, "chunk %d: stage %d of %d, nodes %d..%d, %s .. %s (%d slot%s, %d gradient slot%s)", c, st, S, a, e - 1,
+                                   g->n[p->node[a]].name, g->n[p->node[e - 1]].name, sp->cslots[c], sp->cslots[c] == 1 ? "" : "s",
+                                   sp->cgslots[c], sp->cgslots[c] == 1 ? "" : "s");
+    for (int k2 = a; k2 < e; k2++) o->ops[o->nops++] = g->n[p->node[k2]].op;
+  }
+  o->node_lo = p->rbegin[sp->cstage[0]], o->node_hi = p->rend[sp->cstage[0]] - 1;
+  o->first_node = g->n[p->node[o->node_lo]].name, o->last_node = g->n[p->node[o->node_hi]].name;
+  o->last_stage = sp->loss_chunk >= 0;
+  o->fwd_time = pool_strdup(pool, fmt_time(fwd)), o->bwd_time = pool_strdup(pool, fmt_time(bwd));
+  o->predicted_bytes = mem;
+  o->prev_rank = sp->cstage[0] == 0 ? -1 : sched_rank_of(sc, sp->cstage[0] - 1);
+  o->next_rank = sp->cstage[0] + 1 < S ? sched_rank_of(sc, sp->cstage[0] + 1) : -1;
+  o->loss_rank = sched_rank_of(sc, S - 1);
+}
+
 void spec_build(const Plan *p, const StageProg *progs, int s, StageSpec *o, Pool *pool) {
   const StageProg *sp = &progs[s];
   memset(o, 0, sizeof *o);
   o->prog = sp, o->stage = s;
-  spec_facts(p, sp, o, progs[p->opt.nstages - 1].loss_classes, pool);
+  spec_facts(p, sp, o, sp->nchunks ? p->progs[p->opt.nstages - 1].loss_classes : progs[p->opt.nstages - 1].loss_classes, pool);
+  if (sp->nchunks) spec_chunk_facts(p, sp, o, pool);
   spec_buffers(p, sp, o, pool);
-  const int *local = p->opt.profile ? spec_profile(p, o, pool) : NULL;
+  const int *local = p->opt.profile ? spec_profile(p, sp, o, pool) : NULL;
   spec_functions(p, sp, o, local, pool);
   spec_loss(sp, o);
   spec_messages(p, sp, o, pool);
@@ -329,6 +415,9 @@ void spec_build(const Plan *p, const StageProg *progs, int s, StageSpec *o, Pool
 
 void spec_all(Plan *p) {
   if (!p->progs) return;
-  p->specs = pool_alloc(&p->g.pool, sizeof(StageSpec) * (size_t)p->opt.nstages);
-  for (int s = 0; s < p->opt.nstages; s++) spec_build(p, p->progs, s, &p->specs[s], &p->g.pool);
+  /* With chunks the programs a rank runs are its stages' joined (chunks.c). */
+  const StageProg *progs = p->rprogs ? p->rprogs : p->progs;
+  int n = opt_ranks(&p->opt);
+  p->specs = pool_alloc(&p->g.pool, sizeof(StageSpec) * (size_t)n);
+  for (int s = 0; s < n; s++) spec_build(p, progs, s, &p->specs[s], &p->g.pool);
 }

@@ -58,6 +58,7 @@ typedef struct SpecValue {
   int dtype, rank;
   const int64_t *dims;
   int xring, peer, tag;
+  int chunk;             /* a rank of --chunks V: the chunk that receives or sends it */
 } SpecValue;
 enum { SRC_PREV, SRC_IMAGES, SRC_TOKENS };
 
@@ -133,6 +134,13 @@ typedef struct StageSpec {
   const char **prof_nodes;
   int nprof, prof_conv; /* prof_conv: conv_profile_kind's 0 none, 1 im2col, 2 oneDNN */
   double prof_rate;
+  /* A rank of --chunks V (chunks.c): its chunks' functions (forward .. backward_weight of chunk c at
+   * chunk_fn[c * FN_COUNT + fn], named NAME_c<c>; fn[] then holds the optimizer step's alone), each chunk's
+   * stage, and a line per chunk for the header.  nchunks 0: the program of one stage. */
+  int nchunks, loss_chunk;
+  SpecFn *chunk_fn;
+  const int *chunk_stage;
+  const char **chunk_line;
 } StageSpec;
 
 /* Builds stage s's spec (allocations in pool). */

@@ -29,6 +29,7 @@ typedef struct Buffer {
   int first, last;      /* BUF_TEMP: first/last call index that touches it (fwd: 0.., bwd: 10000..) */
   int fate;             /* BUF_RING kept for backward: FATE_* (stash.c) */
   int unused;           /* not in this rank's arena: pipefb runs only this program's forward or only its backward */
+  int chunk;            /* a rank program of --chunks V (chunks.c): the chunk whose program it came from (0 otherwise) */
 } Buffer;
 
 /* What happens to a stashed activation between a micro-batch's forward and
@@ -94,6 +95,7 @@ typedef struct Call {
    * (run.sh --val: a training BatchNorm on its running statistics, a Dropout that keeps everything) and
    * in a RECOMPUTE (a training BatchNorm leaving its running statistics, which the forward moved). */
   struct Call *eval, *recompute;
+  int chunk;            /* a rank program of --chunks V: the chunk (stage of the rank) whose function runs it */
 } Call;
 
 /* A constant struct a kernel takes by address (ConvShape CONV_12 = {...}),
@@ -110,6 +112,7 @@ typedef struct Crossing {
   int buf;              /* its forward buffer (BUF_RING) */
   int gbuf;             /* its gradient buffer (BUF_GRING), -1 if no gradient travels */
   int from_loader;      /* stage 0's data input */
+  int chunk;            /* a rank program of --chunks V: the chunk that receives or sends it */
 } Crossing;
 
 typedef struct StageProg {
@@ -161,6 +164,11 @@ typedef struct StageProg {
    * crossing a cut (received, sent, the loss's logits and their gradient)
    * with the gradient rings and labels, and the temporaries' shared region. */
   int64_t mem_weights, mem_grads, mem_opt, mem_stash, mem_cross, mem_temps;
+  /* A rank program of --chunks V (chunks.c): its chunks' stages, each chunk's ring and gradient ring
+   * sizes (a ring copy count is its chunk's), and the chunk the loss follows (-1: none).  nchunks 0:
+   * a stage's own program. */
+  int nchunks, loss_chunk;
+  int *cstage, *cslots, *cgslots;
 } StageProg;
 
 /* Appends a call to the forward (PH_FWD) or backward list, checking the

@@ -687,6 +687,21 @@ static void probe_dir(Work *w, const char *dir) {
   close(fd);
 }
 
+/* --chunks V: nothing leaves yet (args.c refuses --offload and --recompute); each rank's joined arena
+ * against the limit, the smallest that fits named when one is over. */
+static int chunks_fit(const Plan *p) {
+  int n = opt_ranks(&p->opt), worst = 0;
+  for (int r = 1; r < n; r++)
+    if (p->rarena[r] > p->rarena[worst]) worst = r;
+  double lim = plan_rank_limit(p, worst);
+  if (lim > 0 && (double)p->rarena[worst] > lim)
+    return err_set("rank %d runs %d stages (--chunks %d) in %lld bytes (%s), over its memory limit of %s; stages of several "
+                   "chunks per rank do not offload or recompute yet: the smallest --mem-limit for this plan is %s (or use fewer "
+                   "--chunks, or --schedule 1f1b)", worst, p->opt.chunks, p->opt.chunks, (long long)p->rarena[worst],
+                   fmt_bytes((double)p->rarena[worst]), fmt_bytes(lim), fmt_bytes((double)p->rarena[worst] + (p->opt.mem_limit - lim)));
+  return 0;
+}
+
 int stash_plan(Plan *p) {
   int n = p->opt.nstages;
   Schedule *sc = &p->sched;
@@ -695,6 +710,7 @@ int stash_plan(Plan *p) {
   p->plain_arena = pool_alloc(&p->g.pool, sizeof(int64_t) * (size_t)n);
   p->plain_step = sc->step_time;
   for (int s = 0; s < n; s++) p->plain_arena[s] = p->arena[s];
+  if (p->rprogs) return chunks_fit(p);
   int over = 0;
   for (int s = 0; s < n; s++) {
     double lim = plan_stage_limit(p, s);

@@ -13,18 +13,20 @@
 
 double do_forward(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
-  wait_sends(r, a->slot); /* the forward writes the slot's outgoing values */
+  const PrChunk *c = &r->chunk[a->chunk];
+  const ChunkMsg *cm = &r->cm[a->chunk];
+  wait_sends(r, a); /* the forward writes the slot's outgoing values */
   if (a->xslot >= 0) wait_xslot_free(r, a->xslot);
   double l0 = now();
-  for (int v = 0; v < st->nrecv; v++)
+  for (int v = c->recv_lo; v < c->recv_hi; v++)
     if (st->recv[v].source != PR_FROM_PREV) load_guarded(r, &st->recv[v], a->mb, a->slot, NULL);
   r->prof.load += now() - l0;
-  wait_message(r, r->rreq + (size_t)a->slot * st->nrecv, st->nrecv, r->trreq_f + a->slot * r->nfsrc, r->tgot_f + a->slot * r->nfsrc, r->fsrc,
-               r->nfsrc, "the forward values of a micro-batch");
+  wait_message(r, r->rreq + (size_t)eslot(r, a) * st->nrecv, st->nrecv, cm->trreq_f + a->slot * cm->nfsrc, cm->tgot_f + a->slot * cm->nfsrc,
+               cm->fsrc, cm->nfsrc, "the forward values of a micro-batch");
   landed_values(r, a);
   double t0 = now(), loss = 0;
-  (r->in_val && st->forward_eval ? st->forward_eval : st->forward)(a->slot, a->xslot);
-  if (st->loss) {
+  (r->in_val && c->forward_eval ? c->forward_eval : c->forward)(a->slot, a->xslot);
+  if (c->loss) {
     /* The labels are loaded through a host view and the loss reads them where they are on the device. */
     unsigned char *dev = dev_at(r, st->labels_offset);
     int64_t bytes = (int64_t)sizeof(int64_t) * st->loss_rows;
@@ -36,7 +38,7 @@ double do_forward(Run *r, const PrAction *a) {
     loss = st->loss(a->slot, (int64_t *)dev);
     r->prof.load += t2 - t1, r->prof.loss += now() - t2;
   }
-  pr_dev_record(&r->slot_done[a->slot]); /* SEND posts the slot's values after it */
+  pr_dev_record(&r->slot_done[eslot(r, a)]); /* SEND posts the slot's values after it */
   double dt = now() - t0;
   r->t_compute += dt;
   if (st->nprof) prof_action(a->kind, dt);
@@ -52,19 +54,21 @@ static void do_recompute(Run *r, const PrAction *a) {
 
 static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int, int)) {
   const PrStage *st = r->st;
+  const PrChunk *c = &r->chunk[a->chunk];
+  const ChunkMsg *cm = &r->cm[a->chunk];
   if (a->kind != PR_W) {
-    if (!st->loss)
-      wait_message(r, r->greq + (size_t)a->gslot * st->nsend, st->nsend, r->trreq_g + a->gslot * r->ngsrc, r->tgot_g + a->gslot * r->ngsrc,
-                   r->gsrc, r->ngsrc, "the gradients of a micro-batch");
-    if (!st->loss) landed_grads(r, a);
+    if (!c->loss)
+      wait_message(r, r->greq + (size_t)egslot(r, a) * st->nsend, st->nsend, cm->trreq_g + a->gslot * cm->ngsrc,
+                   cm->tgot_g + a->gslot * cm->ngsrc, cm->gsrc, cm->ngsrc, "the gradients of a micro-batch");
+    if (!c->loss) landed_grads(r, a);
     wait_all(r, r->srreq + (size_t)a->slot * st->nstash_recv, st->nstash_recv, -1, "the stashed values of a micro-batch");
     landed_stash(r, a);
-    wait_grad_sends(r, a->gslot); /* it writes the gradients sent back from gslot */
+    wait_grad_sends(r, a); /* it writes the gradients sent back from gslot */
   }
   if (a->xslot >= 0) wait_xslot_in(r, a->xslot);
   double t0 = now();
   fn(a->slot, a->xslot, a->gslot);
-  if (a->kind != PR_W && a->gslot >= 0) pr_dev_record(&r->gslot_done[a->gslot]); /* SEND_GRAD posts the gradients after it */
+  if (a->kind != PR_W && a->gslot >= 0) pr_dev_record(&r->gslot_done[egslot(r, a)]); /* SEND_GRAD posts the gradients after it */
   double dt = now() - t0;
   r->t_compute += dt;
   if (st->nprof) prof_action(a->kind, dt);
@@ -72,15 +76,14 @@ static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int, int)) {
 
 /* Runs one action; returns the loss it adds (F on the last stage). */
 static double run_action(Run *r, const PrAction *a) {
-  const PrStage *st = r->st;
   r->cur = a;
   if (a->kind == PR_F || a->kind == PR_B || a->kind == PR_I || a->kind == PR_W || a->kind == PR_RECOMPUTE)
     pr_rand.step = r->step, pr_rand.mb = a->mb; /* the backward (and a recomputation) redraws the forward's Dropout masks */
   switch (a->kind) {
   case PR_F: return do_forward(r, a);
-  case PR_B: do_backward(r, a, st->backward); break;
-  case PR_I: do_backward(r, a, st->backward_input); break;
-  case PR_W: do_backward(r, a, st->backward_weight); break;
+  case PR_B: do_backward(r, a, r->chunk[a->chunk].backward); break;
+  case PR_I: do_backward(r, a, r->chunk[a->chunk].backward_input); break;
+  case PR_W: do_backward(r, a, r->chunk[a->chunk].backward_weight); break;
   case PR_SEND: do_send(r, a); break;
   case PR_RECV: do_recv(r, a); break;
   case PR_SEND_GRAD: do_send_grad(r, a); break;

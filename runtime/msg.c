@@ -47,15 +47,40 @@ void wait_all(Run *r, MPI_Request *req, int n, int peer, const char *what) {
   trace_add(&r->trace, -1, r->cur->mb, r->cur->slot, r->step, t0, t1);
 }
 
-/* Sends still leaving slot / gslot must finish before anything refills it. */
-void wait_sends(Run *r, int slot) {
-  wait_all(r, r->sreq + (size_t)slot * r->st->nsend, r->st->nsend, r->st->nsend ? r->st->send[0].peer : -1, "to take the forward values it was sent");
-  wait_all(r, r->ssreq + (size_t)slot * r->st->nstash_send, r->st->nstash_send, -1, "to take the stashed values it was sent");
+/* Sends still leaving the action's slot / gslot must finish before anything refills it. */
+void wait_sends(Run *r, const PrAction *a) {
+  const PrChunk *c = &r->chunk[a->chunk];
+  int e = eslot(r, a), peer = c->send_hi > c->send_lo ? r->st->send[c->send_lo].peer : -1;
+  wait_all(r, r->sreq + (size_t)e * r->st->nsend, r->st->nsend, peer, "to take the forward values it was sent");
+  wait_all(r, r->ssreq + (size_t)e * r->st->nstash_send, r->st->nstash_send, -1, "to take the stashed values it was sent");
 }
 
-void wait_grad_sends(Run *r, int gslot) {
-  wait_all(r, r->gsreq + (size_t)gslot * r->st->nrecv, r->st->nrecv, r->st->nrecv ? r->st->recv[0].peer : -1, "to take the gradients it was sent");
+void wait_grad_sends(Run *r, const PrAction *a) {
+  const PrChunk *c = &r->chunk[a->chunk];
+  int peer = c->recv_hi > c->recv_lo ? r->st->recv[c->recv_lo].peer : -1;
+  wait_all(r, r->gsreq + (size_t)egslot(r, a) * r->st->nrecv, r->st->nrecv, peer, "to take the gradients it was sent");
 }
+
+/* A value between two chunks of this rank: copied at its send into the slot its receive was posted
+ * into (the compiler's lists post the receive first; the validator checks it). */
+static int is_local(const PrValue *pv) { return pv->peer == g_rank && pv->source == PR_FROM_PREV; }
+
+/* The row of the other table that a local value of row v of `from` lands in (the same tag). */
+static int local_row(const PrValue *to, int nto, const PrValue *pv) {
+  for (int i = 0; i < nto; i++)
+    if (is_local(&to[i]) && to[i].tag == pv->tag) return i;
+  die(2, "internal error: local value '%s' has no row to land in (regenerate with pipecc)", pv->name);
+}
+
+static void local_copy(Run *r, int *posted, int mb, unsigned char *dst_base, int64_t bytes, const unsigned char *src, const char *name) {
+  int m = r->st->microbatches, slot = posted[mb % m];
+  if (slot < 0) die(2, "internal error: micro-batch %d's local copy of '%s' comes before its receive (regenerate with pipecc)", mb, name);
+  pr_dev_copy(dst_base + (int64_t)slot * bytes, src, bytes);
+  posted[mb % m] = -1;
+}
+
+/* The time tag of a chunk's message: the sending stage's (a rank of one stage: 0, as ever). */
+static int time_tag(const Run *r, int sender_stage) { return r->nchunks > 1 ? sender_stage % 64 : 0; }
 
 /* Where value pv of the action's micro-batch lives: its ring slot, or its
  * xslot's block when it is one of the values that leave. */
@@ -69,7 +94,7 @@ static unsigned char *value_at(const Run *r, const PrValue *pv, const PrAction *
 static int peers_of(const PrValue *v, int n, int grads, int *out) {
   int k = 0;
   for (int i = 0; i < n; i++) {
-    if (v[i].peer < 0 || v[i].source != PR_FROM_PREV || (grads && v[i].goffset < 0)) continue;
+    if (v[i].peer < 0 || v[i].source != PR_FROM_PREV || (grads && v[i].goffset < 0) || is_local(&v[i])) continue;
     int seen = 0;
     for (int j = 0; j < k; j++) seen |= out[j] == v[i].peer;
     if (!seen) out[k++] = v[i].peer;
@@ -120,60 +145,97 @@ void pr_poll(void) {
   if (!r) return;
   int flag;
   const PrStage *st = r->st;
-  MPI_Testall(st->nslots * st->nrecv, r->rreq, &flag, MPI_STATUSES_IGNORE);
-  MPI_Testall(st->ngslots * st->nsend, r->greq, &flag, MPI_STATUSES_IGNORE);
-  MPI_Testall(st->nslots * st->nsend, r->sreq, &flag, MPI_STATUSES_IGNORE);
-  MPI_Testall(st->ngslots * st->nrecv, r->gsreq, &flag, MPI_STATUSES_IGNORE);
+  int ns = st->nslots * r->nchunks, ngs = st->ngslots * r->nchunks;
+  MPI_Testall(ns * st->nrecv, r->rreq, &flag, MPI_STATUSES_IGNORE);
+  MPI_Testall(ngs * st->nsend, r->greq, &flag, MPI_STATUSES_IGNORE);
+  MPI_Testall(ns * st->nsend, r->sreq, &flag, MPI_STATUSES_IGNORE);
+  MPI_Testall(ngs * st->nrecv, r->gsreq, &flag, MPI_STATUSES_IGNORE);
 }
 
 void do_recv(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
-  wait_sends(r, a->slot);
+  const PrChunk *c = &r->chunk[a->chunk];
+  ChunkMsg *cm = &r->cm[a->chunk];
+  int e = eslot(r, a), m = st->microbatches;
+  wait_sends(r, a);
   if (a->xslot >= 0) wait_xslot_free(r, a->xslot);
-  for (int v = 0; v < st->nrecv; v++) {
+  for (int v = c->recv_lo; v < c->recv_hi; v++) {
     const PrValue *pv = &st->recv[v];
     if (pv->source != PR_FROM_PREV) continue;
+    if (is_local(pv)) { /* the sending chunk copies it here */
+      r->lslot[v * m + a->mb % m] = a->slot;
+      continue;
+    }
     MPI_Irecv(pr_dev_msg_in(value_at(r, pv, a), pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 0),
-              MPI_COMM_WORLD, &r->rreq[(size_t)a->slot * st->nrecv + v]);
+              MPI_COMM_WORLD, &r->rreq[(size_t)e * st->nrecv + v]);
   }
-  recv_times(r, r->tgot_f + a->slot * r->nfsrc, r->trreq_f + a->slot * r->nfsrc, r->fsrc, r->nfsrc, tag_of(r->step, a->mb, 0, 0));
+  recv_times(r, cm->tgot_f + a->slot * cm->nfsrc, cm->trreq_f + a->slot * cm->nfsrc, cm->fsrc, cm->nfsrc,
+             tag_of(r->step, a->mb, time_tag(r, c->stage - 1), 0));
 }
 
 void do_send(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
-  pr_dev_await(&r->slot_done[a->slot]); /* the forward that filled the slot */
-  for (int v = 0; v < st->nsend; v++) {
+  const PrChunk *c = &r->chunk[a->chunk];
+  ChunkMsg *cm = &r->cm[a->chunk];
+  int e = eslot(r, a), m = st->microbatches;
+  pr_dev_await(&r->slot_done[e]); /* the forward that filled the slot */
+  for (int v = c->send_lo; v < c->send_hi; v++) {
     const PrValue *pv = &st->send[v];
+    unsigned char *src = ring(r, pv->offset, pv->bytes, a->slot);
+    if (is_local(pv)) {
+      int to = local_row(st->recv, st->nrecv, pv);
+      local_copy(r, r->lslot + to * m, a->mb, dev_at(r, st->recv[to].offset), pv->bytes, src, pv->name);
+      continue;
+    }
     r->sent_bytes += (double)pv->bytes;
-    MPI_Isend(pr_dev_msg_out(ring(r, pv->offset, pv->bytes, a->slot), pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 0),
-              MPI_COMM_WORLD, &r->sreq[(size_t)a->slot * st->nsend + v]);
+    MPI_Isend(pr_dev_msg_out(src, pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 0), MPI_COMM_WORLD,
+              &r->sreq[(size_t)e * st->nsend + v]);
   }
-  send_times(r, r->tsent_f + a->slot * r->nfdst, r->tsreq_f + a->slot * r->nfdst, r->fdst, r->nfdst, tag_of(r->step, a->mb, 0, 0));
+  send_times(r, cm->tsent_f + a->slot * cm->nfdst, cm->tsreq_f + a->slot * cm->nfdst, cm->fdst, cm->nfdst,
+             tag_of(r->step, a->mb, time_tag(r, c->stage), 0));
 }
 
 void do_recv_grad(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
-  wait_grad_sends(r, a->gslot);
-  for (int v = 0; v < st->nsend; v++) {
+  const PrChunk *c = &r->chunk[a->chunk];
+  ChunkMsg *cm = &r->cm[a->chunk];
+  int e = egslot(r, a), m = st->microbatches;
+  wait_grad_sends(r, a);
+  for (int v = c->send_lo; v < c->send_hi; v++) {
     const PrValue *pv = &st->send[v];
     if (pv->goffset < 0) continue;
+    if (is_local(pv)) {
+      r->lgslot[v * m + a->mb % m] = a->gslot;
+      continue;
+    }
     MPI_Irecv(pr_dev_msg_in(ring(r, pv->goffset, pv->bytes, a->gslot), pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 1),
-              MPI_COMM_WORLD, &r->greq[(size_t)a->gslot * st->nsend + v]);
+              MPI_COMM_WORLD, &r->greq[(size_t)e * st->nsend + v]);
   }
-  recv_times(r, r->tgot_g + a->gslot * r->ngsrc, r->trreq_g + a->gslot * r->ngsrc, r->gsrc, r->ngsrc, tag_of(r->step, a->mb, 0, 1));
+  recv_times(r, cm->tgot_g + a->gslot * cm->ngsrc, cm->trreq_g + a->gslot * cm->ngsrc, cm->gsrc, cm->ngsrc,
+             tag_of(r->step, a->mb, time_tag(r, c->stage + 1), 1));
 }
 
 void do_send_grad(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
-  pr_dev_await(&r->gslot_done[a->gslot]); /* the backward that filled the gradient slot */
-  for (int v = 0; v < st->nrecv; v++) {
+  const PrChunk *c = &r->chunk[a->chunk];
+  ChunkMsg *cm = &r->cm[a->chunk];
+  int e = egslot(r, a), m = st->microbatches;
+  pr_dev_await(&r->gslot_done[e]); /* the backward that filled the gradient slot */
+  for (int v = c->recv_lo; v < c->recv_hi; v++) {
     const PrValue *pv = &st->recv[v];
     if (pv->goffset < 0 || pv->source != PR_FROM_PREV) continue;
+    unsigned char *src = ring(r, pv->goffset, pv->bytes, a->gslot);
+    if (is_local(pv)) {
+      int to = local_row(st->send, st->nsend, pv);
+      local_copy(r, r->lgslot + to * m, a->mb, dev_at(r, st->send[to].goffset), pv->bytes, src, pv->name);
+      continue;
+    }
     r->sent_bytes += (double)pv->bytes;
-    MPI_Isend(pr_dev_msg_out(ring(r, pv->goffset, pv->bytes, a->gslot), pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 1),
-              MPI_COMM_WORLD, &r->gsreq[(size_t)a->gslot * st->nrecv + v]);
+    MPI_Isend(pr_dev_msg_out(src, pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 1), MPI_COMM_WORLD,
+              &r->gsreq[(size_t)e * st->nrecv + v]);
   }
-  send_times(r, r->tsent_g + a->gslot * r->ngdst, r->tsreq_g + a->gslot * r->ngdst, r->gdst, r->ngdst, tag_of(r->step, a->mb, 0, 1));
+  send_times(r, cm->tsent_g + a->gslot * cm->ngdst, cm->tsreq_g + a->gslot * cm->ngdst, cm->gdst, cm->ngdst,
+             tag_of(r->step, a->mb, time_tag(r, c->stage), 1));
 }
 
 /* Stash tags name (step, mb, value); weights come once per step, after them. */
@@ -224,13 +286,16 @@ void do_recv_weights(Run *r) {
 /* The device's copies of what an action's receives brought (device.h: the CPU's are in place). */
 void landed_values(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
-  for (int v = 0; v < st->nrecv; v++)
-    if (st->recv[v].source == PR_FROM_PREV) pr_dev_msg_landed(value_at(r, &st->recv[v], a), st->recv[v].bytes);
+  const PrChunk *c = &r->chunk[a->chunk];
+  for (int v = c->recv_lo; v < c->recv_hi; v++)
+    if (st->recv[v].source == PR_FROM_PREV && !is_local(&st->recv[v])) pr_dev_msg_landed(value_at(r, &st->recv[v], a), st->recv[v].bytes);
 }
 void landed_grads(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
-  for (int v = 0; v < st->nsend; v++)
-    if (st->send[v].goffset >= 0) pr_dev_msg_landed(ring(r, st->send[v].goffset, st->send[v].bytes, a->gslot), st->send[v].bytes);
+  const PrChunk *c = &r->chunk[a->chunk];
+  for (int v = c->send_lo; v < c->send_hi; v++)
+    if (st->send[v].goffset >= 0 && !is_local(&st->send[v]))
+      pr_dev_msg_landed(ring(r, st->send[v].goffset, st->send[v].bytes, a->gslot), st->send[v].bytes);
 }
 void landed_stash(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
@@ -246,29 +311,53 @@ static MPI_Request *requests(int n) {
   return q;
 }
 
-/* Exposed communication: the peers, and the send times that follow the messages, per slot and gslot. */
-static void times_open(Run *r) {
+/* Exposed communication of chunk c: its peers, and the send times that follow its messages, per slot and gslot. */
+static void times_open_chunk(Run *r, int c) {
   const PrStage *st = r->st;
-  int ns = st->nslots, ngs = st->ngslots;
+  const PrChunk *k = &r->chunk[c];
+  ChunkMsg *cm = &r->cm[c];
+  int ns = st->nslots, ngs = st->ngslots, nr = k->recv_hi - k->recv_lo, nsd = k->send_hi - k->send_lo;
+  cm->fsrc = malloc(sizeof(int) * (size_t)(2 * nr + 2 * nsd + 4));
+  if (!cm->fsrc) die(2, "out of memory for the message bookkeeping%s", "");
+  cm->gdst = cm->fsrc + nr + 1, cm->fdst = cm->gdst + nr + 1, cm->gsrc = cm->fdst + nsd + 1;
+  cm->nfsrc = peers_of(st->recv + k->recv_lo, nr, 0, cm->fsrc), cm->ngdst = peers_of(st->recv + k->recv_lo, nr, 1, cm->gdst);
+  cm->nfdst = peers_of(st->send + k->send_lo, nsd, 0, cm->fdst), cm->ngsrc = peers_of(st->send + k->send_lo, nsd, 1, cm->gsrc);
+  int nts = ns * (cm->nfsrc + cm->nfdst) + ngs * (cm->ngsrc + cm->ngdst) + 1;
+  cm->tsent_f = calloc((size_t)nts, sizeof(double));
+  cm->tsreq_f = requests(nts);
+  if (!cm->tsent_f) die(2, "out of memory for the message bookkeeping");
+  cm->tgot_f = cm->tsent_f + ns * cm->nfdst, cm->tsent_g = cm->tgot_f + ns * cm->nfsrc, cm->tgot_g = cm->tsent_g + ngs * cm->ngdst;
+  cm->trreq_f = cm->tsreq_f + ns * cm->nfdst, cm->tsreq_g = cm->trreq_f + ns * cm->nfsrc, cm->trreq_g = cm->tsreq_g + ngs * cm->ngdst;
+}
+
+static void times_open(Run *r) {
   MPI_Comm_dup(MPI_COMM_WORLD, &r->tcomm);
-  r->fsrc = malloc(sizeof(int) * (size_t)(2 * st->nrecv + 2 * st->nsend + 4));
-  if (!r->fsrc) die(2, "out of memory for the message bookkeeping%s", "");
-  r->gdst = r->fsrc + st->nrecv + 1, r->fdst = r->gdst + st->nrecv + 1, r->gsrc = r->fdst + st->nsend + 1;
-  r->nfsrc = peers_of(st->recv, st->nrecv, 0, r->fsrc), r->ngdst = peers_of(st->recv, st->nrecv, 1, r->gdst);
-  r->nfdst = peers_of(st->send, st->nsend, 0, r->fdst), r->ngsrc = peers_of(st->send, st->nsend, 1, r->gsrc);
-  int nts = ns * (r->nfsrc + r->nfdst) + ngs * (r->ngsrc + r->ngdst) + 1;
-  r->tsent_f = calloc((size_t)nts, sizeof(double));
-  r->tsreq_f = requests(nts);
-  if (!r->tsent_f) die(2, "out of memory for the message bookkeeping");
-  r->tgot_f = r->tsent_f + ns * r->nfdst, r->tsent_g = r->tgot_f + ns * r->nfsrc, r->tgot_g = r->tsent_g + ngs * r->ngdst;
-  r->trreq_f = r->tsreq_f + ns * r->nfdst, r->tsreq_g = r->trreq_f + ns * r->nfsrc, r->trreq_g = r->tsreq_g + ngs * r->ngdst;
+  r->cm = calloc((size_t)r->nchunks, sizeof(ChunkMsg));
+  if (!r->cm) die(2, "out of memory for the message bookkeeping%s", "");
+  for (int c = 0; c < r->nchunks; c++) times_open_chunk(r, c);
+}
+
+/* The chunks this rank runs: the descriptor's, or one of its own functions and every value. */
+void chunks_open(Run *r) {
+  const PrStage *st = r->st;
+  if (st->nchunks > 0) {
+    r->chunk = st->chunks, r->nchunks = st->nchunks;
+    return;
+  }
+  r->one = (PrChunk){st->stage, st->forward, st->forward_eval, st->backward, st->backward_input, st->backward_weight,
+                     0, st->nrecv, 0, st->nsend, st->loss != NULL};
+  r->chunk = &r->one, r->nchunks = 1;
 }
 
 /* The message state: requests per slot and gslot, the events that fill them, PipeFB's communicator
  * and requests, the send times' communicator and the other ranks' clocks. */
 void msg_open(Run *r) {
   const PrStage *st = r->st;
-  int ns = st->nslots, ngs = st->ngslots;
+  int ns = st->nslots * r->nchunks, ngs = st->ngslots * r->nchunks, m = st->microbatches;
+  r->lslot = malloc(sizeof(int) * (size_t)((st->nrecv + st->nsend) * m + 1));
+  if (!r->lslot) die(2, "out of memory for the message bookkeeping%s", "");
+  r->lgslot = r->lslot + st->nrecv * m;
+  for (int i = 0; i < (st->nrecv + st->nsend) * m; i++) r->lslot[i] = -1;
   r->rreq = requests(ns * st->nrecv), r->sreq = requests(ns * st->nsend);
   r->greq = requests(ngs * st->nsend), r->gsreq = requests(ngs * st->nrecv);
   r->slot_done = calloc((size_t)(ns + ngs + 1), sizeof(PrDevEvent));
@@ -299,18 +388,22 @@ static void cancel_all(MPI_Request *q, int n) {
  * ahead of a step that never came), and the message state freed. */
 void msg_drain(Run *r) {
   const PrStage *st = r->st;
-  int ns = st->nslots, ngs = st->ngslots;
+  int ns = st->nslots * r->nchunks, ngs = st->ngslots * r->nchunks;
   g_poll_run = NULL;
-  static const PrAction drain = {PR_UPDATE, -1, -1, -1, -1, -1};
+  static const PrAction drain = {PR_UPDATE, -1, -1, -1, -1, -1, 0};
   r->cur = &drain;
-  wait_all(r, r->sreq, ns * st->nsend, r->nfdst ? r->fdst[0] : -1, "to take the last forward values");
-  wait_all(r, r->gsreq, ngs * st->nrecv, r->ngdst ? r->gdst[0] : -1, "to take the last gradients");
+  const ChunkMsg *c0 = &r->cm[0];
+  wait_all(r, r->sreq, ns * st->nsend, c0->nfdst ? c0->fdst[0] : -1, "to take the last forward values");
+  wait_all(r, r->gsreq, ngs * st->nrecv, c0->ngdst ? c0->gdst[0] : -1, "to take the last gradients");
   wait_all(r, r->ssreq, ns * st->nstash_send, -1, "to take the last stashed values");
   wait_all(r, r->wreq, st->nwsend, -1, "to take the last weights");
-  wait_all(r, r->tsreq_f, ns * r->nfdst, -1, "to take the last send times");
-  wait_all(r, r->tsreq_g, ngs * r->ngdst, -1, "to take the last send times");
-  cancel_all(r->trreq_f, ns * r->nfsrc);
-  cancel_all(r->trreq_g, ngs * r->ngsrc);
+  for (int c = 0; c < r->nchunks; c++) {
+    ChunkMsg *cm = &r->cm[c];
+    wait_all(r, cm->tsreq_f, st->nslots * cm->nfdst, -1, "to take the last send times");
+    wait_all(r, cm->tsreq_g, st->ngslots * cm->ngdst, -1, "to take the last send times");
+    cancel_all(cm->trreq_f, st->nslots * cm->nfsrc);
+    cancel_all(cm->trreq_g, st->ngslots * cm->ngsrc);
+  }
   MPI_Comm_free(&r->tcomm);
   free(r->clock);
   MPI_Comm_free(&r->fcomm);
@@ -319,6 +412,7 @@ void msg_drain(Run *r) {
 }
 
 void msg_close(Run *r) {
-  free(r->rreq), free(r->sreq), free(r->greq), free(r->gsreq), free(r->ssreq), free(r->tsent_f), free(r->tsreq_f), free(r->fsrc);
-  free(r->slot_done);
+  free(r->rreq), free(r->sreq), free(r->greq), free(r->gsreq), free(r->ssreq);
+  for (int c = 0; c < r->nchunks; c++) free(r->cm[c].tsent_f), free(r->cm[c].tsreq_f), free(r->cm[c].fsrc);
+  free(r->cm), free(r->slot_done), free(r->lslot);
 }

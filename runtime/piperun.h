@@ -22,6 +22,7 @@ typedef struct PrAction {
   int gslot; /* gradient ring copy, -1 if unused */
   int xslot; /* copy of the leaving values (HOLD/RETURN: store slot), -1 if unused */
   int peer;  /* OFFLOAD/PREFETCH: the rank holding the data, -1 the file; HOLD/RETURN: the owner */
+  int chunk; /* pipecc --chunks: which of the rank's chunks (PrStage.chunks) it runs; 0 otherwise */
 } PrAction;
 
 enum { PR_FROM_PREV = 0, PR_FROM_IMAGES = 1, PR_FROM_TOKENS = 2 };
@@ -39,6 +40,7 @@ typedef struct PrValue {
   int xring;           /* received into the xslot block (it leaves between forward and backward) */
   int peer;            /* the rank it comes from (RECV) or goes to (SEND), its gradient the other way; -1: the loader or the loss */
   int tag;             /* its number among the values between this rank and that peer, in both ranks' tables */
+  int chunk;           /* pipecc --chunks: the chunk that receives (RECV) or sends (SEND) it; peer == this rank: a local copy */
 } PrValue;
 
 /* One reading node's part of a tied weight's gradient. */
@@ -79,6 +81,21 @@ typedef struct PrWeight {
   int64_t offset, count; /* floats */
   int peer, id;
 } PrWeight;
+
+/* pipecc --chunks V (--schedule interleaved, zbv): a rank runs V stages of the model, its chunks.  Each
+ * has its forward and backward functions and its rows [recv_lo, recv_hi) of RECV and [send_lo, send_hi)
+ * of SEND; its ring slots are its own (an action's slot is one of its chunk's).  A value between two
+ * chunks of one rank is copied, not sent. */
+typedef struct PrChunk {
+  int stage;                   /* the model's stage it is */
+  void (*forward)(int slot, int xslot);
+  void (*forward_eval)(int slot, int xslot);
+  void (*backward)(int slot, int xslot, int gslot);
+  void (*backward_input)(int slot, int xslot, int gslot);
+  void (*backward_weight)(int slot, int xslot, int gslot);
+  int recv_lo, recv_hi, send_lo, send_hi;
+  int loss;                    /* the loss follows its forward (it is the last stage) */
+} PrChunk;
 
 typedef struct PrStage {
   int stage, nstages, microbatches, mb_size, batch, nslots, ngslots;
@@ -158,6 +175,8 @@ typedef struct PrStage {
    * and the precision its products run in (PR_PREC_*, cuda/precision.h).  NULL and 0 on the CPU. */
   unsigned char **dev_arena;
   int precision;
+  const PrChunk *chunks;       /* pipecc --chunks: this rank's chunks (NULL, 0: one stage, the functions above) */
+  int nchunks;
 } PrStage;
 
 /* The weights region the running F or B computes on: the arena's own, or

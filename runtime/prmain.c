@@ -246,6 +246,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   memset(&r, 0, sizeof r);
   r.st = st;
   r.rank = g_rank;
+  chunks_open(&r);
   setup_run(&r, argc, argv, threads);
   StepLog sl;
   report_open(&r, &sl);

@@ -60,8 +60,25 @@ typedef struct Args {
   int no_pin;          /* --no-pin: leave the ranks where Linux puts them (pin_rank) */
 } Args;
 
+/* Exposed communication, per chunk (msg.c): the peers its forward values come from (fsrc) and go to
+ * (fdst), its gradients come from (gsrc) and go to (gdst), each at most once; per slot (or gslot) and
+ * peer, the time sent or received and its request. */
+typedef struct ChunkMsg {
+  int *fsrc, nfsrc, *fdst, nfdst, *gsrc, ngsrc, *gdst, ngdst;
+  double *tsent_f, *tgot_f, *tsent_g, *tgot_g;
+  MPI_Request *tsreq_f, *trreq_f, *tsreq_g, *trreq_g;
+} ChunkMsg;
+
 typedef struct Run {
   const PrStage *st;
+  /* The chunks this rank runs: the descriptor's (pipecc --chunks), or one made of its own functions
+   * (`one`).  The message state is per chunk and slot: request and event arrays are indexed by the
+   * chunk's slot block, chunk * nslots + slot (eslot). */
+  const PrChunk *chunk;
+  int nchunks;
+  PrChunk one;
+  ChunkMsg *cm;
+  int *lslot, *lgslot; /* local copies: per RECV (SEND) row and micro-batch, the slot (gslot) its receive was posted into, -1 */
   Args a;
   int rank;
   /* The arena on the device (device.h): every offset of the stage table is into it.  The CPU's is
@@ -119,14 +136,9 @@ typedef struct Run {
   /* Exposed communication: the forward values or gradients a rank sends a
    * peer in one action are followed by the time it posted them (on tcomm);
    * a wait for such messages counts the part of it after the last of those
-   * times.  The peers: where forward values come from (fsrc) and go (fdst),
-   * where gradients come from (gsrc) and go (gdst).  Per slot (or gslot)
-   * and peer: the time sent or received, and its request.  clock[r]: rank
-   * r's clock minus this rank's (measured at start). */
+   * times (the peers and times per chunk: cm).  clock[r]: rank r's clock
+   * minus this rank's (measured at start). */
   MPI_Comm tcomm;
-  int *fsrc, nfsrc, *fdst, nfdst, *gsrc, ngsrc, *gdst, ngdst; /* at most one per value */
-  double *tsent_f, *tgot_f, *tsent_g, *tgot_g;
-  MPI_Request *tsreq_f, *trreq_f, *tsreq_g, *trreq_g;
   double *clock, t_exposed;
   int freeze_to;       /* a freeze event after this step: the layers frozen from now on (0: none) */
   int in_val;          /* inside val_pass: forwards are the eval forward */
@@ -155,6 +167,10 @@ typedef struct StepLog {
   int64_t shown;       /* ... and what it shows: the step, its loss, the seconds so far and to go */
   double shown_loss, shown_elapsed, shown_eta;
 } StepLog;
+
+/* The message state's index of an action's slot and gslot: its chunk's block (see Run.chunk). */
+static inline int eslot(const Run *r, const PrAction *a) { return a->chunk * r->st->nslots + a->slot; }
+static inline int egslot(const Run *r, const PrAction *a) { return a->chunk * r->st->ngslots + a->gslot; }
 
 /* Byte off of the device arena. */
 static inline unsigned char *dev_at(const Run *r, int64_t off) { return r->dev + off; }
@@ -210,8 +226,9 @@ void alloc_scratch(Run *r);
 unsigned char *ring(const Run *r, int64_t off, int64_t bytes, int slot);
 void wait_watched(const Run *r, MPI_Request *req, int n, int peer, const char *what);
 void wait_all(Run *r, MPI_Request *req, int n, int peer, const char *what);
-void wait_sends(Run *r, int slot);
-void wait_grad_sends(Run *r, int gslot);
+void wait_sends(Run *r, const PrAction *a);
+void wait_grad_sends(Run *r, const PrAction *a);
+void chunks_open(Run *r);
 void wait_message(Run *r, MPI_Request *req, int n, MPI_Request *treq, const double *sent, const int *peers, int np, const char *what);
 void msg_open(Run *r);
 void msg_poll_start(Run *r);

@@ -85,17 +85,24 @@ void val_pass(Run *r, int64_t after) {
     for (int i = 0; i < st->batch; i++) r->idx[i] = v * st->batch + i;
     for (int k = 0; k < st->microbatches; k++) {
       g_val_at = (ValAt){after, v, k};
-      PrAction a = {PR_RECV, k, 0, 0, st->nxslots ? 0 : -1, -1}; /* between steps no transfer holds copy 0 of the leaving block */
-      r->cur = &a; /* the loader and the trace read the running action */
-      do_recv(r, &a);
-      a.kind = PR_F;
-      double l = do_forward(r, &a);
-      if (st->loss) {
-        loss += l;
-        hits += val_hits(r);
+      /* Every chunk's receive first: a chunk's send to another chunk of this rank copies into it. */
+      PrAction a[16];
+      for (int c = 0; c < r->nchunks; c++) {
+        a[c] = (PrAction){PR_RECV, k, 0, 0, st->nxslots ? 0 : -1, -1, c}; /* between steps no transfer holds copy 0 of the leaving block */
+        r->cur = &a[c]; /* the loader and the trace read the running action */
+        do_recv(r, &a[c]);
       }
-      a.kind = PR_SEND;
-      do_send(r, &a);
+      for (int c = 0; c < r->nchunks; c++) {
+        r->cur = &a[c];
+        a[c].kind = PR_F;
+        double l = do_forward(r, &a[c]);
+        if (r->chunk[c].loss) {
+          loss += l;
+          hits += val_hits(r);
+        }
+        a[c].kind = PR_SEND;
+        do_send(r, &a[c]);
+      }
     }
   }
   r->data = train, r->step = step, r->idx = idx, r->in_val = 0;
