@@ -8,7 +8,9 @@
 #include "cost.h"
 
 enum { SCHED_GPIPE = 0, SCHED_1F1B = 1, SCHED_ZB1 = 2, SCHED_PIPEFB = 3 /* forwards and backwards on different ranks (pipefb.c) */,
-       SCHED_ASYNC = 4 /* 1F1B that never drains: step t runs on the weights of step t - K (schedasync.c) */ };
+       SCHED_ASYNC = 4 /* 1F1B that never drains: step t runs on the weights of step t - K (schedasync.c) */,
+       SCHED_INTERLEAVED = 5 /* Megatron-LM's interleaved 1F1B: each rank runs V stages (chunks), round-robin */,
+       SCHED_ZBV = 6 /* ZB-V (zero bubble, V-shaped): two chunks per rank, rank r holding stages r and 2n-1-r */ };
 
 /* A value crossing from the node that makes it to the last node that reads
  * it.  from = -1: the data loader (stage 0); to = N: the loss (last stage). */
