@@ -9,8 +9,8 @@
 
 enum { SCHED_GPIPE = 0, SCHED_1F1B = 1, SCHED_ZB1 = 2, SCHED_PIPEFB = 3 /* forwards and backwards on different ranks (pipefb.c) */,
        SCHED_ASYNC = 4 /* 1F1B that never drains: step t runs on the weights of step t - K (schedasync.c) */,
-       SCHED_INTERLEAVED = 5 /* Megatron's interleaved 1F1B: each rank runs --chunks non-adjacent stages */,
-       SCHED_ZBV = 6 /* ZB-V: two chunks per rank in a V, backward split into I and W */ };
+       SCHED_INTERLEAVED = 5 /* Megatron-LM's interleaved 1F1B: each rank runs V stages (chunks), round-robin */,
+       SCHED_ZBV = 6 /* ZB-V (zero bubble, V-shaped): two chunks per rank, rank r holding stages r and 2n-1-r */ };
 
 /* The schedules that split a backward into its input-gradient (I) and weight-gradient (W) halves. */
 static inline int sched_splits(int kind) { return kind == SCHED_ZB1 || kind == SCHED_ZBV; }

@@ -17,7 +17,13 @@
  * (RECV_GRAD, B/I) it waits until the neighbour has posted the receive of
  * what was sent from it (a rendezvous send completes only then).  Tags are
  * unique per (step, mb, value, direction), so any matching order is
- * compatible; no progress while actions remain is a deadlock. */
+ * compatible; no progress while actions remain is a deadlock.
+ *
+ * Virtual stages (sc->nchunks > 1): the per-rank checks hold per chunk,
+ * each chunk being a stage with its own rings; messages match by stage
+ * (the SEND of stage s with the RECV of stage s+1, wherever that runs).
+ * Two stages on one rank pass values by a copy into the receive already
+ * posted, so there the receive must come before the send in the list. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,12 +32,37 @@
 
 typedef struct Chk {
   const Schedule *sc;
-  int **pos;   /* pos[s][kind * m + mb]: index of that action on rank s, -1; -2 if it appears twice */
-  int **done;  /* done[s][kind * m + mb]: executed in the joint run */
+  int **pos;   /* pos[st][kind * m + mb]: index of that action of stage st in its rank's list, -1; -2 if it appears twice */
+  int **done;  /* done[st][kind * m + mb]: executed in the joint run */
   int *nupd;   /* async, with a barrier between steps: UPDATEs each rank has run (NULL: no barrier) */
 } Chk;
 
-static int at(const Chk *c, int s, int kind, int mb) { return c->pos[s][kind * sched_mbs(c->sc) + mb]; }
+/* With one chunk per rank, stage = rank: the indices above are the ranks'. */
+static int at(const Chk *c, int st, int kind, int mb) { return c->pos[st][kind * sched_mbs(c->sc) + mb]; }
+
+/* How messages name a rank's chunk: "rank 1", or "rank 1, chunk 0 (stage 1)". */
+static const char *who(const Schedule *sc, int rank, int chunk, char *b, size_t len) {
+  if (sc->nchunks <= 1) snprintf(b, len, "rank %d", rank);
+  else snprintf(b, len, "rank %d, chunk %d (stage %d)", rank, chunk, sched_stage(sc, rank, chunk));
+  return b;
+}
+static const char *who_stage(const Schedule *sc, int st, char *b, size_t len) {
+  return who(sc, sched_rank_of(sc, st), sched_chunk_of(sc, st), b, len);
+}
+
+/* Chunked lists: each action names one of the rank's chunks, and none is
+ * the memory plan's (its offload is not planned with chunks). */
+static int chunk_ok(const Schedule *sc, int s, int k) {
+  const Action *a = &sc->act[s][k];
+  int V = sc->nchunks > 1 ? sc->nchunks : 1;
+  char b[32];
+  if (a->chunk < 0 || a->chunk >= V)
+    return err_set("schedule: rank %d: action %d (%s) names chunk %d of %d", s, k, action_str(a, b, sizeof b), a->chunk, V);
+  if (V > 1 && a->kind > ACT_RECV_GRAD && a->kind != ACT_UPDATE)
+    return err_set("schedule: rank %d: action %d (%s): the memory plan's actions are not supported with chunks", s, k,
+                   action_str(a, b, sizeof b));
+  return 0;
+}
 
 static int index_actions(Chk *c, int s) {
   const Schedule *sc = c->sc;
@@ -50,7 +81,8 @@ static int index_actions(Chk *c, int s) {
     }
     if (a->kind < 0 || a->kind >= ACT_NKINDS || a->mb < 0 || a->mb >= m)
       return err_set("schedule: rank %d: action %d (%s) is not a valid action of %d micro-batches", s, k, action_str(a, b, sizeof b), m);
-    int *p = &c->pos[s][a->kind * m + a->mb];
+    if (chunk_ok(sc, s, k)) return -1;
+    int *p = &c->pos[sched_stage(sc, s, a->chunk)][a->kind * m + a->mb];
     if (*p >= 0) return err_set("schedule: rank %d: %s appears twice (actions %d and %d)", s, action_str(a, b, sizeof b), *p, k);
     *p = k;
   }
@@ -59,9 +91,9 @@ static int index_actions(Chk *c, int s) {
   return 0;
 }
 
-/* Which kinds rank s must have for every micro-batch, and which it must not. */
+/* Which kinds stage s must have for every micro-batch, and which it must not. */
 static int wanted(const Schedule *sc, int s, int kind, int split) {
-  int p = sc->nstages, train = !sc->forward_only;
+  int p = sched_nvstages(sc), train = !sc->forward_only;
   switch (kind) {
   case ACT_F: return 1;
   case ACT_B: return train && !split;
@@ -102,34 +134,70 @@ static int check_memory_actions(Chk *c, int s) {
   return 0;
 }
 
-static int check_rank(Chk *c, int s) {
+/* Rank r's chunk ch (stage st): every message its place needs, each after what it depends on, and
+ * compute in ascending micro-batch order. */
+static int check_stage(Chk *c, int r, int ch) {
   const Schedule *sc = c->sc;
-  int m = sched_mbs(sc);
-  if (index_actions(c, s)) return -1;
-  int split = m > 0 && at(c, s, ACT_I, 0) >= 0;
+  int m = sched_mbs(sc), st = sched_stage(sc, r, ch);
+  int split = m > 0 && at(c, st, ACT_I, 0) >= 0;
+  char w[64], where[32] = "";
+  who(sc, r, ch, w, sizeof w);
+  if (sc->nchunks <= 1) snprintf(where, sizeof where, " (stage %d of %d", st, sc->nstages);
+  else snprintf(where, sizeof where, " (of %d stages", sched_nvstages(sc));
   for (int kind = 0; kind <= ACT_RECV_GRAD; kind++)
     for (int mb = 0; mb < m; mb++) {
-      int have = at(c, s, kind, mb) >= 0, want = wanted(sc, s, kind, split);
+      int have = at(c, st, kind, mb) >= 0, want = wanted(sc, st, kind, split);
       if (have != want)
-        return err_set("schedule: rank %d %s %s%d (stage %d of %d%s)", s, have ? "must not have" : "has no", action_kind_name(kind), mb,
-                       s, sc->nstages, sc->forward_only ? ", forward only" : "");
+        return err_set("schedule: %s %s %s%d%s%s)", w, have ? "must not have" : "has no", action_kind_name(kind), mb, where,
+                       sc->forward_only ? ", forward only" : "");
     }
-  for (size_t r = 0; r < sizeof AFTER / sizeof AFTER[0]; r++)
+  for (size_t q = 0; q < sizeof AFTER / sizeof AFTER[0]; q++)
     for (int mb = 0; mb < m; mb++) {
-      int x = at(c, s, AFTER[r][0], mb), y = at(c, s, AFTER[r][1], mb);
+      int x = at(c, st, AFTER[q][0], mb), y = at(c, st, AFTER[q][1], mb);
       if (x >= 0 && y >= 0 && x < y)
-        return err_set("schedule: rank %d: %s%d (action %d) comes before %s%d (action %d)", s, action_kind_name(AFTER[r][0]), mb, x,
-                       action_kind_name(AFTER[r][1]), mb, y);
+        return err_set("schedule: %s: %s%d (action %d) comes before %s%d (action %d)", w, action_kind_name(AFTER[q][0]), mb, x,
+                       action_kind_name(AFTER[q][1]), mb, y);
     }
   static const int ascending[] = {ACT_F, ACT_B, ACT_I, ACT_W};
   for (int q = 0; q < 4; q++)
     for (int mb = 1; mb < m; mb++) {
-      int x = at(c, s, ascending[q], mb - 1), y = at(c, s, ascending[q], mb);
+      int x = at(c, st, ascending[q], mb - 1), y = at(c, st, ascending[q], mb);
       if (x >= 0 && y >= 0 && y < x)
-        return err_set("schedule: rank %d: %s%d (action %d) runs before %s%d (action %d); %s actions must run in ascending "
-                       "micro-batch order (the sums over micro-batches depend on it)", s, action_kind_name(ascending[q]), mb, y,
+        return err_set("schedule: %s: %s%d (action %d) runs before %s%d (action %d); %s actions must run in ascending "
+                       "micro-batch order (the sums over micro-batches depend on it)", w, action_kind_name(ascending[q]), mb, y,
                        action_kind_name(ascending[q]), mb - 1, x, action_kind_name(ascending[q]));
     }
+  return 0;
+}
+
+/* Two consecutive stages on one rank: the send from one is a copy into the
+ * other's posted receive, so for every micro-batch the receive comes first
+ * (values: stage lo's SEND into hi's RECV; gradients: hi's SEND_GRAD into
+ * lo's RECV_GRAD). */
+static int check_local(Chk *c, int lo) {
+  const Schedule *sc = c->sc;
+  int m = sched_mbs(sc), hi = lo + 1;
+  char w[64], v[64];
+  for (int grad = 0; grad < 2; grad++)
+    for (int mb = 0; mb < m; mb++) {
+      int from = grad ? hi : lo, to = grad ? lo : hi;
+      int snd = at(c, from, grad ? ACT_SEND_GRAD : ACT_SEND, mb), rcv = at(c, to, grad ? ACT_RECV_GRAD : ACT_RECV, mb);
+      if (snd >= 0 && rcv >= 0 && rcv > snd)
+        return err_set("schedule: %s: %s%d (action %d) goes to %s on the same rank, a copy into its %s%d, which is posted later "
+                       "(action %d); the receive must come before the send", who_stage(sc, from, w, sizeof w),
+                       grad ? "SEND_GRAD" : "SEND", mb, snd, who_stage(sc, to, v, sizeof v), grad ? "RECV_GRAD" : "RECV", mb, rcv);
+    }
+  return 0;
+}
+
+static int check_rank(Chk *c, int s) {
+  const Schedule *sc = c->sc;
+  int V = sc->nchunks > 1 ? sc->nchunks : 1, S = sched_nvstages(sc);
+  if (index_actions(c, s)) return -1;
+  for (int ch = 0; ch < V; ch++)
+    if (check_stage(c, s, ch)) return -1;
+  for (int st = 0; st + 1 < S && V > 1; st++)
+    if (sched_rank_of(sc, st) == s && sched_rank_of(sc, st + 1) == s && check_local(c, st)) return -1;
   return 0;
 }
 
@@ -188,34 +256,36 @@ static int check_xring(const Schedule *sc, int s) {
   return rc;
 }
 
-/* One ring: every action of mb uses the slot mb took, and a slot is taken
- * only once its previous holder's last action has run. */
-static int check_ring(const Schedule *sc, int s, int grad) {
-  int m = sched_mbs(sc), n = sc->nact[s], size = grad ? sc->ngslots[s] : sc->nslots[s];
+/* One ring (rank s's, or with chunks its chunk ch's): every action of mb
+ * uses the slot mb took, and a slot is taken only once its previous
+ * holder's last action has run. */
+static int check_ring(const Schedule *sc, int s, int ch, int grad) {
+  int m = sched_mbs(sc), n = sc->nact[s], st = sched_stage(sc, s, ch), size = grad ? sc->ngslots[st] : sc->nslots[st];
   int *slot = malloc(sizeof(int) * (size_t)m), *last = malloc(sizeof(int) * (size_t)m), *owner = malloc(sizeof(int) * (size_t)size);
   if (!slot || !last || !owner) abort();
   for (int i = 0; i < m; i++) slot[i] = last[i] = -1;
   for (int i = 0; i < size; i++) owner[i] = -1;
   for (int k = 0; k < n; k++) {
     const Action *a = &sc->act[s][k];
-    if (a->mb >= 0 && (grad ? a->gslot : a->slot) >= 0) last[a->mb] = k;
+    if (a->mb >= 0 && (grad ? a->gslot : a->slot) >= 0 && a->chunk == ch) last[a->mb] = k;
   }
   int rc = 0;
-  char b[32];
+  char b[32], w[64];
   const char *ring = grad ? "gslot" : "slot";
+  who(sc, s, ch, w, sizeof w);
   for (int k = 0; k < n && !rc; k++) {
     const Action *a = &sc->act[s][k];
     int x = grad ? a->gslot : a->slot;
-    if (a->mb < 0 || x < 0) continue;
+    if (a->mb < 0 || x < 0 || a->chunk != ch) continue;
     if (x >= size) {
-      rc = err_set("schedule: rank %d: %s uses %s %d of a ring of %d", s, action_str(a, b, sizeof b), ring, x, size);
+      rc = err_set("schedule: %s: %s uses %s %d of a ring of %d", w, action_str(a, b, sizeof b), ring, x, size);
     } else if (slot[a->mb] < 0) {
       if (owner[x] >= 0)
-        rc = err_set("schedule: rank %d: %s (action %d) takes %s %d while micro-batch %d still holds it", s, action_str(a, b, sizeof b), k,
+        rc = err_set("schedule: %s: %s (action %d) takes %s %d while micro-batch %d still holds it", w, action_str(a, b, sizeof b), k,
                      ring, x, owner[x]);
       slot[a->mb] = x, owner[x] = a->mb;
     } else if (slot[a->mb] != x) {
-      rc = err_set("schedule: rank %d: %s (action %d) uses %s %d, but micro-batch %d holds %s %d", s, action_str(a, b, sizeof b), k, ring,
+      rc = err_set("schedule: %s: %s (action %d) uses %s %d, but micro-batch %d holds %s %d", w, action_str(a, b, sizeof b), k, ring,
                    x, a->mb, ring, slot[a->mb]);
     }
     if (!rc && last[a->mb] == k) owner[x] = -1;
@@ -226,8 +296,9 @@ static int check_ring(const Schedule *sc, int s, int grad) {
 
 /* ---- the joint run ---- */
 
-/* Rank s's peers: the ranks its forward values come from (fwd) or go to
- * (direct sends: the schedule's lists; else the neighbour). */
+/* Stage s's peers: the stages its forward values come from (fwd) or go to
+ * (direct sends: the schedule's lists, of ranks = stages; else the
+ * neighbour stage). */
 static int peers_of(const Schedule *sc, int s, int fwd, const int **list, int *one) {
   if (sc->src) {
     *list = fwd ? sc->src[s] : sc->dst[s];
@@ -235,26 +306,27 @@ static int peers_of(const Schedule *sc, int s, int fwd, const int **list, int *o
   }
   *one = fwd ? s - 1 : s + 1;
   *list = one;
-  return *one >= 0 && *one < sc->nstages;
+  return *one >= 0 && *one < sched_nvstages(sc);
 }
 
-/* Rank s may not refill ring slot x until every send from it has a posted receive. */
+/* Rank s may not refill ring slot x (of the action's chunk) until every send from it has a posted
+ * receive; *peer_out: the stage whose receive is missing. */
 static int sends_matched(const Chk *c, int s, int k, int grad, int *peer_out, int *mb_out) {
   const Schedule *sc = c->sc;
   const Action *a = &sc->act[s][k];
   int x = grad ? a->gslot : a->slot, kind = grad ? ACT_SEND_GRAD : ACT_SEND, rkind = grad ? ACT_RECV_GRAD : ACT_RECV;
   const int *peers;
-  int one, np = peers_of(sc, s, grad, &peers, &one); /* gradients go back to the ranks values came from */
+  int one, np = peers_of(sc, sched_stage(sc, s, a->chunk), grad, &peers, &one); /* gradients go back to the stages values came from */
   for (int j = 0; j < k; j++) {
     const Action *b = &sc->act[s][j];
-    if (b->kind != kind || (grad ? b->gslot : b->slot) != x || b->mb == a->mb) continue;
+    if (b->kind != kind || b->chunk != a->chunk || (grad ? b->gslot : b->slot) != x || b->mb == a->mb) continue;
     for (int i = 0; i < np; i++)
       if (!c->done[peers[i]][rkind * sched_mbs(sc) + b->mb]) return *peer_out = peers[i], *mb_out = b->mb, 0;
   }
   return 1;
 }
 
-/* The first of rank s's peers (fwd: sources) that has not run (kind, mb), or -1. */
+/* The first of stage s's peers (fwd: sources) that has not run (kind, mb), or -1. */
 static int peer_missing(const Chk *c, int s, int fwd, int kind, int mb) {
   const int *peers;
   int one, np = peers_of(c->sc, s, fwd, &peers, &one);
@@ -267,7 +339,8 @@ static int peer_missing(const Chk *c, int s, int fwd, int kind, int mb) {
 static int can_run(const Chk *c, int s, int k, char *why, size_t len) {
   const Schedule *sc = c->sc;
   const Action *a = &sc->act[s][k];
-  int m = sched_mbs(sc), p = sc->nstages, peer, mb;
+  int m = sched_mbs(sc), p = sc->nstages, S = sched_nvstages(sc), st = sched_stage(sc, s, a->chunk), peer, mb;
+  char w[64];
   /* A barrier after every step (a checkpoint): no rank starts step t+1's
    * part before every rank has finished step t's. */
   if (c->nupd)
@@ -296,18 +369,18 @@ static int can_run(const Chk *c, int s, int k, char *why, size_t len) {
       }
     }
   if (action_is_compute(a->kind) || a->kind == ACT_RECOMPUTE) {
-    int f = at(c, s, ACT_PREFETCH, a->mb);
+    int f = at(c, st, ACT_PREFETCH, a->mb);
     if (f >= 0 && f < k && sc->act[s][f].peer >= 0 && !c->done[sc->act[s][f].peer][ACT_RETURN * m + a->mb])
       return snprintf(why, len, "RETURN%d on rank %d", a->mb, sc->act[s][f].peer), 0;
   }
-  if (a->kind == ACT_F && (peer = peer_missing(c, s, 1, ACT_SEND, a->mb)) >= 0)
-    return snprintf(why, len, "SEND%d on rank %d", a->mb, peer), 0;
-  if ((a->kind == ACT_B || a->kind == ACT_I) && (peer = peer_missing(c, s, 0, ACT_SEND_GRAD, a->mb)) >= 0)
-    return snprintf(why, len, "SEND_GRAD%d on rank %d", a->mb, peer), 0;
-  if ((a->kind == ACT_RECV || a->kind == ACT_F) && s < p - 1 && !sends_matched(c, s, k, 0, &peer, &mb))
-    return snprintf(why, len, "RECV%d on rank %d (its send leaves slot %d)", mb, peer, a->slot), 0;
-  if ((a->kind == ACT_RECV_GRAD || a->kind == ACT_B || a->kind == ACT_I) && s > 0 && !sends_matched(c, s, k, 1, &peer, &mb))
-    return snprintf(why, len, "RECV_GRAD%d on rank %d (its send leaves gslot %d)", mb, peer, a->gslot), 0;
+  if (a->kind == ACT_F && (peer = peer_missing(c, st, 1, ACT_SEND, a->mb)) >= 0)
+    return snprintf(why, len, "SEND%d on %s", a->mb, who_stage(sc, peer, w, sizeof w)), 0;
+  if ((a->kind == ACT_B || a->kind == ACT_I) && (peer = peer_missing(c, st, 0, ACT_SEND_GRAD, a->mb)) >= 0)
+    return snprintf(why, len, "SEND_GRAD%d on %s", a->mb, who_stage(sc, peer, w, sizeof w)), 0;
+  if ((a->kind == ACT_RECV || a->kind == ACT_F) && st < S - 1 && !sends_matched(c, s, k, 0, &peer, &mb))
+    return snprintf(why, len, "RECV%d on %s (its send leaves slot %d)", mb, who_stage(sc, peer, w, sizeof w), a->slot), 0;
+  if ((a->kind == ACT_RECV_GRAD || a->kind == ACT_B || a->kind == ACT_I) && st > 0 && !sends_matched(c, s, k, 1, &peer, &mb))
+    return snprintf(why, len, "RECV_GRAD%d on %s (its send leaves gslot %d)", mb, who_stage(sc, peer, w, sizeof w), a->gslot), 0;
   return 1;
 }
 
@@ -317,13 +390,13 @@ static int run_jointly(Chk *c) {
   int *next = calloc((size_t)p, sizeof(int));
   if (!next) abort();
   for (int s = 0; s < p; s++) left += sc->nact[s];
-  char why[96];
+  char why[160];
   for (int progressed = 1; left > 0 && progressed;) {
     progressed = 0;
     for (int s = 0; s < p; s++)
       while (next[s] < sc->nact[s] && can_run(c, s, next[s], why, sizeof why)) {
         const Action *a = &sc->act[s][next[s]++];
-        if (a->mb >= 0) c->done[s][a->kind * m + a->mb] = 1;
+        if (a->mb >= 0) c->done[sched_stage(sc, s, a->chunk)][a->kind * m + a->mb] = 1;
         if (a->kind == ACT_UPDATE && c->nupd) c->nupd[s]++;
         left--, progressed = 1;
       }
@@ -333,9 +406,10 @@ static int run_jointly(Chk *c) {
     buf_printf(&msg, "schedule: deadlock:");
     for (int s = 0; s < p; s++) {
       if (next[s] >= sc->nact[s]) continue;
-      char b[32];
+      char b[32], w[64];
+      const Action *a = &sc->act[s][next[s]];
       can_run(c, s, next[s], why, sizeof why);
-      buf_printf(&msg, " rank %d waits at %s (action %d) for %s;", s, action_str(&sc->act[s][next[s]], b, sizeof b), next[s], why);
+      buf_printf(&msg, " %s waits at %s (action %d) for %s;", who(sc, s, a->chunk, w, sizeof w), action_str(a, b, sizeof b), next[s], why);
     }
     msg.s[msg.len - 1] = 0;
     err_set("%s", msg.s);
@@ -446,22 +520,33 @@ static int fb_validate(const Schedule *sc) {
   return rc;
 }
 
+/* Rank s's rings: one pair per chunk. */
+static int check_rings(const Schedule *sc, int s) {
+  for (int ch = 0; ch < (sc->nchunks > 1 ? sc->nchunks : 1); ch++)
+    if (check_ring(sc, s, ch, 0) || check_ring(sc, s, ch, 1)) return -1;
+  return check_xring(sc, s);
+}
+
 int schedule_validate(const Schedule *sc) {
   if (sc->fb) return fb_validate(sc);
-  int p = sc->nstages, m = sched_mbs(sc), rc = 0;
-  Chk c = {sc, calloc((size_t)p, sizeof(int *)), calloc((size_t)p, sizeof(int *)), NULL};
+  if (sc->nstages < 1) return err_set("schedule: %s lists for no ranks", schedule_name(sc->kind)); /* e.g. a refused schedule_build */
+  if (sc->nchunks > 1 && (sc->src || sc->unroll > 0))
+    return err_set("schedule: %s lists with %d chunks: direct sends and async steps are not supported with chunks", schedule_name(sc->kind),
+                   sc->nchunks);
+  int p = sc->nstages, S = sched_nvstages(sc), m = sched_mbs(sc), rc = 0;
+  Chk c = {sc, calloc((size_t)S, sizeof(int *)), calloc((size_t)S, sizeof(int *)), NULL};
   if (!c.pos || !c.done) abort();
-  for (int s = 0; s < p; s++) {
+  for (int s = 0; s < S; s++) {
     c.pos[s] = malloc(sizeof(int) * (size_t)(ACT_NKINDS * m));
     c.done[s] = calloc((size_t)(ACT_NKINDS * m), sizeof(int));
     if (!c.pos[s] || !c.done[s]) abort();
     for (int i = 0; i < ACT_NKINDS * m; i++) c.pos[s][i] = -1;
   }
-  for (int s = 0; s < p && !rc; s++) rc = check_rank(&c, s) || check_ring(sc, s, 0) || check_ring(sc, s, 1) || check_xring(sc, s) ? -1 : 0;
+  for (int s = 0; s < p && !rc; s++) rc = check_rank(&c, s) || check_rings(sc, s) ? -1 : 0;
   for (int s = 0; s < p && !rc; s++) rc = check_memory_actions(&c, s);
   if (!rc) rc = run_jointly(&c);
   if (!rc && sc->unroll > 0) rc = schedule_validate_async(sc);
-  for (int s = 0; s < p; s++) free(c.pos[s]), free(c.done[s]);
+  for (int s = 0; s < S; s++) free(c.pos[s]), free(c.done[s]);
   free(c.pos), free(c.done);
   return rc;
 }

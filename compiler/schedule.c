@@ -21,7 +21,11 @@
  * SEND_GRAD right after the B/I that makes the gradients, and RECV /
  * RECV_GRAD posted as early as a ring slot is free for them (one slot more
  * than the compute order keeps live, so the next receive overlaps compute).
- * Slots are then assigned by running the list: lowest free slot first. */
+ * Slots are then assigned by running the list: lowest free slot first.
+ *
+ * Virtual stages (sc->nchunks > 1, schedchunk.c builds their orders): the
+ * same per chunk, each chunk a stage with its own rings, and the simulation
+ * follows stages (stage s's F waits for stage s-1's) wherever they run. */
 #include "schedule.h"
 
 #include "../runtime/actions.h" /* the one table of the action kinds' names */
@@ -32,7 +36,8 @@
 #include <string.h>
 
 const char *schedule_name(int kind) {
-  return kind == SCHED_GPIPE ? "gpipe" : kind == SCHED_ZB1 ? "zb1" : kind == SCHED_PIPEFB ? "pipefb" : kind == SCHED_ASYNC ? "async" : "1f1b";
+  return kind == SCHED_GPIPE ? "gpipe" : kind == SCHED_ZB1 ? "zb1" : kind == SCHED_PIPEFB ? "pipefb" : kind == SCHED_ASYNC ? "async"
+         : kind == SCHED_INTERLEAVED ? "interleaved" : kind == SCHED_ZBV ? "zbv" : "1f1b";
 }
 
 double schedule_ideal_bubble(int p, int m) { return (double)(p - 1) / (double)(m + p - 1); }
@@ -42,6 +47,7 @@ const char *action_kind_name(int kind) { return pr_action_name(kind); }
 const char *action_str(const Action *a, char *buf, size_t len) {
   if (a->kind == ACT_UPDATE || a->kind == ACT_SEND_WEIGHTS || a->kind == ACT_RECV_WEIGHTS)
     snprintf(buf, len, "%s", action_kind_name(a->kind));
+  else if (a->chunk > 0) snprintf(buf, len, "%s%d@%d", action_kind_name(a->kind), a->mb, a->chunk);
   else snprintf(buf, len, "%s%d", action_kind_name(a->kind), a->mb);
   return buf;
 }
@@ -148,6 +154,80 @@ int schedule_add_messages(Action *out, const Action *c, int n, int s, int p, int
   return k;
 }
 
+/* Virtual stages: one chunk's receive state while a rank's order is
+ * interleaved with messages (as schedule_add_messages keeps for its one). */
+typedef struct ChunkMsg {
+  int recv, grecv;          /* whether the chunk's stage receives values / gradients */
+  int cap, gcap, nrecv, ngrecv, live, glive;
+  int *rel, *grel;          /* per mb: the index in the whole order after which its slot / gslot is dead */
+} ChunkMsg;
+
+/* The live spans of chunk ch's actions alone, as indices into the whole order c. */
+static void chunk_spans(const Action *c, int n, int m, int ch, ChunkMsg *q) {
+  Action *sub = malloc(sizeof(Action) * (size_t)(n + 1));
+  int *idx = malloc(sizeof(int) * (size_t)(n + 1)), *take = malloc(sizeof(int) * (size_t)m), k = 0;
+  if (!sub || !idx || !take) abort();
+  for (int j = 0; j < n; j++)
+    if (c[j].chunk == ch) sub[k] = c[j], idx[k++] = j;
+  q->cap = live_span(sub, k, m, 0, take, q->rel) + 1, q->gcap = live_span(sub, k, m, 1, take, q->grel) + 1;
+  q->cap = q->cap > m ? m : q->cap, q->gcap = q->gcap > m ? m : q->gcap;
+  for (int i = 0; i < m; i++) {
+    if (q->rel[i] >= 0) q->rel[i] = idx[q->rel[i]];
+    if (q->grel[i] >= 0) q->grel[i] = idx[q->grel[i]];
+  }
+  free(sub), free(idx), free(take);
+}
+
+/* Posts chunk ch's receives (grad: of gradients) while a slot is free, and
+ * always up to micro-batch `need` (-1: none): the one the next action
+ * computes, or, between two stages on this rank, the one its neighbour
+ * stage's send is about to copy into. */
+static int post_chunk(Action *out, int k, ChunkMsg *q, int ch, int m, int grad, int need) {
+  int kind = grad ? ACT_RECV_GRAD : ACT_RECV, on = grad ? q->grecv : q->recv;
+  int *posted = grad ? &q->ngrecv : &q->nrecv, *live = grad ? &q->glive : &q->live, cap = grad ? q->gcap : q->cap;
+  while (on && *posted < m && (*live < cap || need >= *posted)) {
+    out[k] = act(kind, (*posted)++), out[k++].chunk = ch;
+    (*live)++;
+  }
+  return k;
+}
+
+int schedule_add_messages_chunked(const Schedule *sc, int r, Action *out, const Action *c, int n) {
+  int V = sc->nchunks, S = sched_nvstages(sc), m = sc->m, k = 0;
+  ChunkMsg *q = calloc((size_t)V, sizeof(ChunkMsg));
+  int *spans = malloc(sizeof(int) * (size_t)(2 * V * m));
+  if (!q || !spans) abort();
+  for (int ch = 0; ch < V; ch++) {
+    int st = sched_stage(sc, r, ch);
+    q[ch].recv = st > 0, q[ch].grecv = st < S - 1, q[ch].rel = spans + 2 * ch * m, q[ch].grel = q[ch].rel + m;
+    chunk_spans(c, n, m, ch, &q[ch]);
+  }
+  for (int j = 0; j < n; j++) {
+    const Action *a = &c[j];
+    int bwd = a->kind == ACT_B || a->kind == ACT_I, st = sched_stage(sc, r, a->chunk);
+    for (int ch = 0; ch < V; ch++) {
+      k = post_chunk(out, k, &q[ch], ch, m, 0, a->kind == ACT_F && a->chunk == ch ? a->mb : -1);
+      k = post_chunk(out, k, &q[ch], ch, m, 1, bwd && a->chunk == ch ? a->mb : -1);
+    }
+    out[k++] = *a;
+    /* A send to a stage on this rank is a copy into the receive it posted: that receive first. */
+    if (a->kind == ACT_F && st < S - 1) {
+      if (sched_rank_of(sc, st + 1) == r) k = post_chunk(out, k, &q[sched_chunk_of(sc, st + 1)], sched_chunk_of(sc, st + 1), m, 0, a->mb);
+      out[k] = act(ACT_SEND, a->mb), out[k++].chunk = a->chunk;
+    }
+    if (bwd && st > 0) {
+      if (sched_rank_of(sc, st - 1) == r) k = post_chunk(out, k, &q[sched_chunk_of(sc, st - 1)], sched_chunk_of(sc, st - 1), m, 1, a->mb);
+      out[k] = act(ACT_SEND_GRAD, a->mb), out[k++].chunk = a->chunk;
+    }
+    ChunkMsg *o = &q[a->chunk];
+    if (o->recv && o->rel[a->mb] == j) o->live--;
+    if (o->grecv && o->grel[a->mb] == j) o->glive--;
+  }
+  out[k++] = act(ACT_UPDATE, -1);
+  free(q), free(spans);
+  return k;
+}
+
 /* ---- slots ---- */
 
 static int reads_fwd(int kind) {
@@ -164,7 +244,8 @@ static int take(int *owner, int *size, int mb) {
   return k;
 }
 
-void schedule_assign_slots(Schedule *sc, int s) {
+/* One ring pair: the actions of chunk ch (-1: all of them) of rank s's list. */
+static void assign_ring(Schedule *sc, int s, int ch, int *nslots, int *ngslots) {
   Action *a = sc->act[s];
   int n = sc->nact[s], m = sc->m;
   /* Per ring r (0 forward, 1 gradient): who owns each slot, mb's slot, the last action touching mb. */
@@ -176,29 +257,41 @@ void schedule_assign_slots(Schedule *sc, int s) {
     owner[r][m] = -1;
   }
   for (int k = 0; k < n; k++) {
-    if (a[k].mb < 0 || a[k].mb >= m) continue;
+    if (a[k].mb < 0 || a[k].mb >= m || (ch >= 0 && a[k].chunk != ch)) continue;
     if (reads_fwd(a[k].kind) || a[k].kind == ACT_RECV) last[0][a[k].mb] = k;
     if (reads_grad(a[k].kind)) last[1][a[k].mb] = k;
   }
-  sc->nslots[s] = sc->ngslots[s] = 0;
+  *nslots = *ngslots = 0;
   for (int k = 0; k < n; k++) {
     int mb = a[k].mb, kind = a[k].kind;
+    if (ch >= 0 && a[k].chunk != ch) continue;
     a[k].slot = a[k].gslot = -1;
     if (mb < 0 || mb >= m) continue;
     if (reads_fwd(kind) || kind == ACT_RECV) {
-      if (slot[0][mb] < 0) slot[0][mb] = take(owner[0], &sc->nslots[s], mb);
+      if (slot[0][mb] < 0) slot[0][mb] = take(owner[0], nslots, mb);
       a[k].slot = slot[0][mb];
     }
     if (reads_grad(kind)) {
-      if (slot[1][mb] < 0) slot[1][mb] = take(owner[1], &sc->ngslots[s], mb);
+      if (slot[1][mb] < 0) slot[1][mb] = take(owner[1], ngslots, mb);
       a[k].gslot = slot[1][mb];
     }
     for (int r = 0; r < 2; r++)
       if (last[r][mb] == k && slot[r][mb] >= 0) owner[r][slot[r][mb]] = -1;
   }
-  if (!sc->nslots[s]) sc->nslots[s] = 1;
-  if (!sc->ngslots[s]) sc->ngslots[s] = 1;
+  if (!*nslots) *nslots = 1;
+  if (!*ngslots) *ngslots = 1;
   for (int r = 0; r < 2; r++) free(owner[r]), free(slot[r]), free(last[r]);
+}
+
+void schedule_assign_slots(Schedule *sc, int s) {
+  if (sc->nchunks <= 1) {
+    assign_ring(sc, s, -1, &sc->nslots[s], &sc->ngslots[s]);
+    return;
+  }
+  for (int ch = 0; ch < sc->nchunks; ch++) {
+    int st = sched_stage(sc, s, ch);
+    assign_ring(sc, s, ch, &sc->nslots[st], &sc->ngslots[st]);
+  }
 }
 
 /* ---- timing ---- */
@@ -231,9 +324,9 @@ static double compute_part(const Action *a, const StageCost *c) {
  * backward of a micro-batch waits for its prefetch. */
 typedef struct Sim {
   const Schedule *sc;
-  const StageCost *cost;
-  int p, m;
-  double *fdone, *bdone;     /* [s*m+mb] */
+  const StageCost *cost;     /* per stage (chunked: chunk_costs's) */
+  int p, m, S;               /* ranks, micro-batches, stages */
+  double *fdone, *bdone;     /* [stage*m+mb] */
   double *rs_post, *upd_end; /* pipefb: RECV_STASH posted [s*m+mb]; UPDATE done, per rank */
   double *off_post, *off_end, *hold_t, *ret_t, *pre_post, *pre_end, *ret_slot;
   double *chan, *free_at;    /* per rank */
@@ -302,14 +395,15 @@ static double fb_ready(Sim *sim, const Action *a, int s) {
   }
 }
 
-/* The latest of times[IDX(r, mb)] over rank s's peers (src or dst lists;
- * without them the neighbour s-1 or s+1), -1 if one is not known; `none`
- * when there are none. */
+/* The latest of times[IDX(r, mb)] over stage s's peers (src or dst lists,
+ * which one-chunk schedules have, naming ranks = stages; without them the
+ * neighbour stage s-1 or s+1), -1 if one is not known; `none` when there
+ * are none. */
 static double peers_done(const Sim *sim, int s, int mb, int fwd, const double *times, double none) {
   const Schedule *sc = sim->sc;
   if (!sc->src) {
     int r = fwd ? s - 1 : s + 1;
-    return r < 0 || r >= sim->p ? none : times[IDX(r, mb)];
+    return r < 0 || r >= sim->S ? none : times[IDX(r, mb)];
   }
   int n = fwd ? sc->nsrc[s] : sc->ndst[s];
   if (!n) return none;
@@ -320,8 +414,9 @@ static double peers_done(const Sim *sim, int s, int mb, int fwd, const double *t
 static double sim_ready(Sim *sim, const Action *a, int s, const int *has_pre) {
   double r = 0;
   if (sim->sc->fb) return fb_ready(sim, a, s);
-  if (a->kind == ACT_F) r = peers_done(sim, s, a->mb, 1, sim->fdone, 0);
-  if (a->kind == ACT_B || a->kind == ACT_I) r = peers_done(sim, s, a->mb, 0, sim->bdone, sim->fdone[IDX(s, a->mb)]);
+  int st = sched_stage(sim->sc, s, a->chunk);
+  if (a->kind == ACT_F) r = peers_done(sim, st, a->mb, 1, sim->fdone, 0);
+  if (a->kind == ACT_B || a->kind == ACT_I) r = peers_done(sim, st, a->mb, 0, sim->bdone, sim->fdone[IDX(st, a->mb)]);
   if (r < 0) return -1;
   if (a->kind == ACT_HOLD) {
     if (a->xslot >= 0 && sim->sfree[s][a->xslot] < 0) return -1;
@@ -345,7 +440,7 @@ static double sim_ready(Sim *sim, const Action *a, int s, const int *has_pre) {
 /* Runs rank s's action a at its start time. */
 static void sim_run(Sim *sim, Action *a, int s) {
   const StageCost *c = &sim->cost[s];
-  int i = a->mb >= 0 ? IDX(s, a->mb) : 0;
+  int i = a->mb >= 0 ? IDX(sched_stage(sim->sc, s, a->chunk), a->mb) : 0; /* by stage (the memory plan's lists: one chunk, stage = rank) */
   if (a->xslot >= 0 && a->kind != ACT_HOLD && a->kind != ACT_RETURN) {
     if (sim->xowner[s][a->xslot] != a->mb) sim->xowner[s][a->xslot] = a->mb, sim->xfree[s][a->xslot] = 0;
   }
@@ -380,6 +475,44 @@ static void sim_run(Sim *sim, Action *a, int s) {
   }
 }
 
+/* The costs of rank s's action a: its stage's. */
+static const StageCost *cost_of(const Sim *sim, const Action *a, int s) { return &sim->cost[sched_stage(sim->sc, s, a->chunk)]; }
+
+/* The part of stage s's message time on its link to the previous stage
+ * (lower) or the next: in proportion to the bytes each way (half each when
+ * not known); all of it where the stage has one link. */
+static double link_share(const StageCost *c, int s, int S, int lower) {
+  if (lower ? s == 0 : s == S - 1) return 0;
+  if (lower ? s == S - 1 : s == 0) return c->comm;
+  double in = c->recv_bytes, out = c->send_bytes;
+  return c->comm * (in + out > 0 ? (lower ? in : out) / (in + out) : 0.5);
+}
+
+/* Chunked lists: the stage costs as the simulation charges them, or NULL
+ * (one chunk: cost as it is).  Between two stages on one rank the values
+ * are copied, not sent: that link's share of comm is dropped; and a rank's
+ * one UPDATE updates all its chunks, so its stage of chunk 0 carries their
+ * update times. */
+static StageCost *chunk_costs(const Schedule *sc, const StageCost *cost) {
+  int S = sched_nvstages(sc);
+  if (sc->nchunks <= 1) return NULL;
+  StageCost *c = malloc(sizeof(StageCost) * (size_t)S);
+  if (!c) abort();
+  memcpy(c, cost, sizeof(StageCost) * (size_t)S);
+  for (int s = 0; s < S; s++) {
+    int r = sched_rank_of(sc, s);
+    double local = (s > 0 && sched_rank_of(sc, s - 1) == r ? link_share(&cost[s], s, S, 1) : 0) +
+                   (s < S - 1 && sched_rank_of(sc, s + 1) == r ? link_share(&cost[s], s, S, 0) : 0);
+    c[s].comm = fmax(0, cost[s].comm - local);
+  }
+  for (int r = 0; r < sc->nstages; r++) {
+    double u = 0;
+    for (int ch = 0; ch < sc->nchunks; ch++) u += cost[sched_stage(sc, r, ch)].update;
+    c[sched_stage(sc, r, 0)].update = u;
+  }
+  return c;
+}
+
 /* Busy CPU: compute, recomputation and the update (a transfer runs beside them). */
 static int uses_cpu(int kind) { return action_is_compute(kind) || kind == ACT_RECOMPUTE || kind == ACT_UPDATE; }
 
@@ -408,11 +541,12 @@ static int pick_pinned(Sim *sim, const int *next, const int *has_pre, const doub
  * stretch is the action's own time (schedule_jitter's draws), so its busy time stretches with it;
  * otherwise (sharing cores) the rank waits its turn, which is not busy. */
 static int simulate(Schedule *sc, const StageCost *cost, double **stretch, int busy_too) {
-  int p = sc->nstages, m = sched_mbs(sc);
+  int p = sc->nstages, m = sched_mbs(sc), S = sched_nvstages(sc);
   Sim sv, *sim = &sv;
   memset(&sv, 0, sizeof sv);
-  sv.sc = sc, sv.cost = cost, sv.p = p, sv.m = m;
-  double *all = malloc(sizeof(double) * (size_t)(10 * p * m + 3 * p));
+  StageCost *own = chunk_costs(sc, cost);
+  sv.sc = sc, sv.cost = own ? own : cost, sv.p = p, sv.m = m, sv.S = S;
+  double *all = malloc(sizeof(double) * (size_t)(10 * S * m + 3 * p));
   int *next = calloc((size_t)p, sizeof(int)), remaining = 0, *has_pre = calloc((size_t)(p * m + 1), sizeof(int));
   sim->xfree = calloc((size_t)p, sizeof(double *)), sim->sfree = calloc((size_t)p, sizeof(double *));
   sim->xowner = calloc((size_t)p, sizeof(int *));
@@ -420,9 +554,9 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch, int b
   double *at = all;
   double **arr[] = {&sim->fdone, &sim->bdone,    &sim->off_post, &sim->off_end,  &sim->hold_t,
                     &sim->ret_t, &sim->pre_post, &sim->pre_end,  &sim->ret_slot, &sim->rs_post};
-  for (size_t k = 0; k < sizeof arr / sizeof arr[0]; k++, at += p * m) {
+  for (size_t k = 0; k < sizeof arr / sizeof arr[0]; k++, at += S * m) {
     *arr[k] = at;
-    for (int q = 0; q < p * m; q++) at[q] = -1;
+    for (int q = 0; q < S * m; q++) at[q] = -1;
   }
   sim->chan = at, sim->free_at = at + p, sim->upd_end = at + 2 * p;
   for (int s = 0; s < p; s++) {
@@ -449,10 +583,10 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch, int b
       }
     }
     Action *a = &sc->act[s][next[s]];
-    a->start = st, a->end = st + duration(a, &cost[s]);
+    a->start = st, a->end = st + duration(a, cost_of(sim, a, s));
     sim->free_at[s] = a->end;
     if (uses_cpu(a->kind)) core_free[sc->core_of[s]] = a->end;
-    sc->busy[s] += compute_part(a, &cost[s]);
+    sc->busy[s] += compute_part(a, cost_of(sim, a, s));
     sim_run(sim, a, s);
     next[s]++, remaining--;
   }
@@ -464,7 +598,7 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch, int b
         Action *a = &sc->act[s][next[s]];
         double ready = sim_ready(sim, a, s, has_pre + s * m);
         if (ready < 0) break;
-        double k = stretch ? stretch[s][next[s]] : 1, dur = duration(a, &cost[s]) * k;
+        double k = stretch ? stretch[s][next[s]] : 1, dur = duration(a, cost_of(sim, a, s)) * k;
         a->start = fmax(ready, sim->free_at[s]);
         a->end = a->start + dur;
         sim->free_at[s] = a->end;
@@ -473,7 +607,7 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch, int b
          * once it runs (docs/cost.md, "Ranks that share cores"), and the
          * runtime's bubble, which counts wall time inside actions, sees it
          * so.  A jitter draw is the action's own time: busy, all of it. */
-        sc->busy[s] += compute_part(a, &cost[s]) * (busy_too ? k : 1);
+        sc->busy[s] += compute_part(a, cost_of(sim, a, s)) * (busy_too ? k : 1);
         sim_run(sim, a, s);
         next[s]++, remaining--, progressed = 1;
       }
@@ -499,7 +633,7 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch, int b
     if (sc->unroll > 0) schedule_async_period(sc); /* the step of a pipeline that never drains */
   }
   for (int s = 0; s < p; s++) free(sim->xfree[s]), free(sim->sfree[s]), free(sim->xowner[s]);
-  free(sim->xfree), free(sim->sfree), free(sim->xowner), free(all), free(next), free(has_pre);
+  free(sim->xfree), free(sim->sfree), free(sim->xowner), free(all), free(next), free(has_pre), free(own);
   return rc;
 }
 
@@ -681,6 +815,12 @@ int schedule_jitter(Schedule *sc, const StageCost *cost, double cv, int draws) {
 /* ---- building ---- */
 
 void schedule_build(Schedule *sc, int kind, int p, int m, int fwd_only, const StageCost *cost, Pool *pool) {
+  if (!fwd_only && (kind == SCHED_INTERLEAVED || kind == SCHED_ZBV)) {
+    /* The chunked kinds take their number of chunks from schedule_build_chunked's caller; here two.  A
+     * refusal (interleaved with m not a multiple of p) leaves no ranks and its message in err_msg. */
+    if (schedule_build_chunked(sc, kind, p, 2, m, cost, pool)) memset(sc, 0, sizeof *sc), sc->kind = kind, sc->m = m;
+    return;
+  }
   memset(sc, 0, sizeof *sc);
   sc->nstages = p, sc->m = m, sc->kind = kind, sc->forward_only = fwd_only;
   sc->act = pool_alloc(pool, sizeof(Action *) * (size_t)p);

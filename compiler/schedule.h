@@ -22,7 +22,7 @@ typedef struct Action {
   int gslot;         /* gradient ring copy, -1 if the action does not touch it */
   int xslot;         /* copy of mb's leaving values (stash.c; HOLD/RETURN: store slot), -1 if none */
   int peer;          /* OFFLOAD/PREFETCH: the rank holding the data (-1: the file); HOLD/RETURN: its owner */
-  int chunk;         /* which of the rank's chunks (stages) it belongs to (0 when nchunks <= 1) */
+  int chunk;         /* which of the rank's stages (chunks) it belongs to: 0 unless sc->nchunks > 1 */
   double start, end; /* predicted seconds from the step's start */
 } Action;
 
@@ -38,20 +38,24 @@ typedef struct FbLinks {
 } FbLinks;
 
 typedef struct Schedule {
-  int nstages, m, kind, forward_only;
-  int nchunks;       /* interleaved, zbv: stages per rank (0 or 1: one) */
+  int nstages, m, kind, forward_only; /* nstages: the ranks, one action list each */
+  /* Virtual stages: with nchunks = V > 1 the model is cut into S = n V
+   * stages and rank r runs V of them, its chunks (sched_stage says which);
+   * 0 or 1: a stage per rank.  The per-stage arrays below then have S
+   * entries indexed by stage (with one chunk, stage = rank). */
+  int nchunks;
   Action **act;      /* act[s][k]: rank s's k-th action */
   int *nact;         /* actions per rank */
-  int *nslots;       /* forward ring copies per rank: the most slots live at once */
-  int *ngslots;      /* gradient ring copies per rank */
-  int *nxslots;      /* copies of the leaving values per rank (0: the rank offloads and recomputes nothing) */
-  int *nstore;       /* store slots per rank for a peer's offloaded values (0: it holds none) */
+  int *nslots;       /* forward ring copies per stage: the most slots live at once */
+  int *ngslots;      /* gradient ring copies per stage */
+  int *nxslots;      /* copies of the leaving values per stage (0: the stage offloads and recomputes nothing) */
+  int *nstore;       /* store slots per stage for a peer's offloaded values (0: it holds none) */
   double step_time;  /* predicted makespan of one step */
   double bubble;     /* 1 - mean busy / makespan (docs/cost.md, "The bubble") */
   double jitter;     /* schedule_jitter: the actions' measured relative spread (0: not applied) */
   int jitter_draws;  /* ... over how many simulations the step time and bubble are the means */
   double step_time_fixed, bubble_fixed; /* ... and the figures with every action at its median time */
-  double *busy;      /* per stage: compute time (F, B, I, W, RECOMPUTE, UPDATE, at unshared speed; not message time) */
+  double *busy;      /* per rank (over its chunks): compute time (F, B, I, W, RECOMPUTE, UPDATE, at unshared speed; not message time) */
   int cores;         /* cores the ranks share (schedule_time); 0: a core per rank */
   int *core_of;      /* with more ranks than cores: the core each rank is pinned to (schedule_pin); NULL: unpinned */
   double step_unpinned; /* pinned lists: their step unpinned (the mean-field model; plan_jitter), else 0 */
@@ -75,35 +79,37 @@ typedef struct Schedule {
   double fill_drain; /* predicted seconds a run spends filling and draining the pipeline, once */
 } Schedule;
 
-/* TEMPORARY (the schedule layer's branch defines these) */
-static inline int sched_stage(const struct Schedule *sc, int rank, int chunk) {
-  int n = sc->nstages;
-  if (sc->nchunks <= 1) return rank;
-  if (sc->kind == 6) return chunk == 0 ? rank : 2 * n - 1 - rank;
-  return chunk * n + rank;
-}
-static inline int sched_nvstages(const struct Schedule *sc) { return sc->nstages * (sc->nchunks > 1 ? sc->nchunks : 1); }
-static inline int sched_rank_of(const struct Schedule *sc, int s) {
-  int n = sc->nstages;
-  if (sc->nchunks <= 1) return s;
-  if (sc->kind == 6) return s < n ? s : 2 * n - 1 - s;
-  return s % n;
-}
-static inline int sched_chunk_of(const struct Schedule *sc, int s) {
-  int n = sc->nstages;
-  if (sc->nchunks <= 1) return 0;
-  if (sc->kind == 6) return s < n ? 0 : 1;
-  return s / n;
-}
-int schedule_build_chunked(Schedule *sc, int kind, int nranks, int nchunks, int m, const StageCost *cost, Pool *pool);
 
 /* Micro-batches the lists of sc name: m, or m * unroll for async. */
 static inline int sched_mbs(const struct Schedule *sc) { return sc->m * (sc->unroll > 0 ? sc->unroll : 1); }
+
+/* Virtual stages: S = n V of them over the n ranks.  Interleaved deals
+ * them round-robin (rank r's chunk c is stage c n + r); ZB-V folds them
+ * into a V (chunk 0 runs down the ranks, chunk 1 back up: rank r holds
+ * stages r and 2n-1-r, so rank 0 has the first and the last, rank n-1 the
+ * two in the middle).  With one chunk, stage = rank. */
+static inline int sched_nvstages(const struct Schedule *sc) { return sc->nstages * (sc->nchunks > 1 ? sc->nchunks : 1); }
+static inline int sched_stage(const struct Schedule *sc, int rank, int chunk) {
+  int n = sc->nstages;
+  if (sc->nchunks <= 1) return rank;
+  return sc->kind == SCHED_ZBV && chunk % 2 ? (chunk + 1) * n - 1 - rank : chunk * n + rank;
+}
+static inline int sched_chunk_of(const struct Schedule *sc, int stage) { return sc->nchunks <= 1 ? 0 : stage / sc->nstages; }
+static inline int sched_rank_of(const struct Schedule *sc, int stage) {
+  int n = sc->nstages, j = stage % n;
+  if (sc->nchunks <= 1) return stage;
+  return sc->kind == SCHED_ZBV && (stage / n) % 2 ? n - 1 - j : j;
+}
 
 /* Builds each rank's action list, assigns slots and predicts its timing from
  * each stage's per-micro-batch forward, backward (bwd_w of it the weight
  * gradient) and communication time. */
 void schedule_build(Schedule *sc, int kind, int nstages, int m, int forward_only, const StageCost *cost, Pool *pool);
+/* Virtual stages (schedchunk.c): SCHED_INTERLEAVED (V >= 2 chunks, m a
+ * multiple of the n ranks) or SCHED_ZBV (V = 2) over nranks ranks; cost has
+ * n V entries, one per stage.  Builds, assigns slots per chunk and times
+ * the lists.  0, or -1 with err_set for a refusal. */
+int schedule_build_chunked(Schedule *sc, int kind, int nranks, int nchunks, int m, const StageCost *cost, Pool *pool);
 /* Empty links for n ranks, nf of them forward ones: each chain's prev/next
  * filled in, no stash or weight links yet (room for n of each per rank). */
 void fb_links_init(FbLinks *L, int n, int nf, Pool *pool);
@@ -126,11 +132,15 @@ void schedule_async_period(Schedule *sc);
 /* The compute order c (n actions) with its messages interleaved, into out;
  * the UPDATE appended last when final_update (async orders carry their own). */
 int schedule_add_messages(Action *out, const Action *c, int n, int s, int p, int m, int fwd_only, int final_update);
+/* The same for rank r of a chunked schedule (sc's nstages, nchunks, kind
+ * and m): each chunk's messages as its stage needs them, and a receive
+ * from a stage on the same rank posted before the send that copies into it. */
+int schedule_add_messages_chunked(const Schedule *sc, int r, Action *out, const Action *c, int n);
 /* Runs every rank's list together: complete and consistent lists, matching
  * sends and receives, no deadlock, no slot taken while still live.  0, or -1
  * with err_set naming the ranks and actions. */
 int schedule_validate(const Schedule *sc);
-/* Re-derives slot/gslot assignments and ring sizes of an edited list (tests). */
+/* Re-derives slot/gslot assignments and ring sizes of an edited list (tests); chunked: each chunk's ring. */
 void schedule_assign_slots(Schedule *sc, int s);
 /* Predicted timing of the lists as they stand; -1 with err_set if they stall. */
 int schedule_time(Schedule *sc, const StageCost *cost);
@@ -153,7 +163,7 @@ const char *schedule_name(int kind);
 const char *action_kind_name(int kind);
 /* An action of kind and mb, with no slots and no peer. */
 Action action_make(int kind, int mb);
-/* "F3", "SEND_GRAD5", "UPDATE" */
+/* "F3", "SEND_GRAD5", "UPDATE"; an action of chunk c > 0: "F3@1" */
 const char *action_str(const Action *a, char *buf, size_t len);
 static inline int action_is_compute(int kind) { return kind == ACT_F || kind == ACT_B || kind == ACT_I || kind == ACT_W; }
 #endif

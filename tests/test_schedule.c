@@ -24,7 +24,25 @@
  * at n = 3..8 on 1..3 cores pins each rank to a core, no core ever runs two
  * compute actions at once in the simulation, the step is at least the work
  * over the cores and the busiest core's work, and no other pairing of n = 4
- * ranks on 2 cores simulates faster than the one kept. */
+ * ranks on 2 cores simulates faster than the one kept.
+ * (f) Virtual stages (schedule_build_chunked): interleaved (V = 2, 3) for
+ * n = 1..6 and m = n..16 a multiple of n, and zbv (V = 2) for n = 1..6,
+ * m = 1..16, build lists the validator passes; every chunk of every rank
+ * runs each micro-batch's F and backward once with the messages its stage
+ * needs, each carrying the chunk, and the stage <-> (rank, chunk) maps
+ * invert each other.  Interleaved refuses m not a multiple of n (naming
+ * both).  In unit time (per stage F = 1, B = 2, I = W = 1; 1F1B over the
+ * same work: F = V, B = 2V per rank), interleaved's bubble is at most
+ * Megatron's (n-1)/(V m + n - 1) (the fraction (n-1)/(V m) of the ideal
+ * time) and, for n > 1, below 1F1B's (n-1)/(m + n - 1); zbv keeps at most
+ * 2n micro-batch chunks without their W on a rank, its step is never longer
+ * than 1F1B's, for m >= n within 3 units of 6m + n - 1, and for m >= 2n
+ * its bubble is at most a third of 1F1B's.  Two stages on one rank cost no
+ * link time.  schedule_pin and schedule_jitter run on chunked lists.
+ * Planted mistakes are rejected naming rank and chunk: a chunk's forwards
+ * out of order, a missing SEND of chunk 1, a local SEND before its RECV
+ * (zbv, n = 2, rank 1), a slot of chunk 1 taken while live, and a deadlock
+ * between two ranks' chunks. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -257,9 +275,9 @@ static void async_case(void) {
   /* The UPDATE of step 1 on rank 2 moved one place earlier, before a backward of step 1. */
   int u = nth_upd(&sc, 2, 1);
   while (sc.act[2][u - 1].kind != ACT_B) {
-    sc.act[2][u] = sc.act[2][u - 1], sc.act[2][u - 1] = (Action){ACT_UPDATE, -1, -1, -1, -1, -1, 0, 0}, u--;
+    sc.act[2][u] = sc.act[2][u - 1], sc.act[2][u - 1] = (Action){ACT_UPDATE, -1, -1, -1, -1, -1, 0, 0, 0}, u--;
   }
-  sc.act[2][u] = sc.act[2][u - 1], sc.act[2][u - 1] = (Action){ACT_UPDATE, -1, -1, -1, -1, -1, 0, 0};
+  sc.act[2][u] = sc.act[2][u - 1], sc.act[2][u - 1] = (Action){ACT_UPDATE, -1, -1, -1, -1, -1, 0, 0, 0};
   CHECK(schedule_validate(&sc) != 0 && strstr(err_msg(), "rank 2") && strstr(err_msg(), "backward"),
         "an UPDATE before its step's last backward is refused (%s)\n", err_msg());
   /* Staleness 0 with lists that run forwards a step ahead: a version that does not exist yet. */
@@ -401,6 +419,273 @@ static void pin_case(void) {
   pool_free(&pool);
 }
 
+
+/* ---- (f) virtual stages ---- */
+
+static void unit_stages(StageCost *c, int S) {
+  memset(c, 0, sizeof(StageCost) * (size_t)S);
+  for (int s = 0; s < S; s++) c[s].fwd = 1, c[s].bwd = 2, c[s].bwd_w = 1;
+}
+
+/* Each (chunk, kind, mb) of rank r counted once; compute, messages and the chunks' stages as they should be. */
+static int chunk_counts_ok(const Schedule *sc, int r, char *why, size_t len) {
+  int V = sc->nchunks, m = sc->m, S = sched_nvstages(sc), zb = sc->kind == SCHED_ZBV;
+  int *n = calloc((size_t)(V * ACT_NKINDS * m), sizeof(int)), ok = 1;
+  if (!n) abort();
+  for (int k = 0; k < sc->nact[r]; k++) {
+    const Action *a = &sc->act[r][k];
+    if (a->kind == ACT_UPDATE) continue;
+    if (a->chunk < 0 || a->chunk >= V || a->mb < 0 || a->mb >= m) {
+      snprintf(why, len, "action %d names chunk %d, micro-batch %d", k, a->chunk, a->mb);
+      free(n);
+      return 0;
+    }
+    n[(a->chunk * ACT_NKINDS + a->kind) * m + a->mb]++;
+  }
+  for (int ch = 0; ch < V && ok; ch++) {
+    int st = sched_stage(sc, r, ch);
+    for (int mb = 0; mb < m && ok; mb++) {
+      int want[ACT_NKINDS] = {0};
+      want[ACT_F] = 1, want[ACT_B] = !zb, want[ACT_I] = want[ACT_W] = zb;
+      want[ACT_SEND] = want[ACT_RECV_GRAD] = st < S - 1, want[ACT_RECV] = want[ACT_SEND_GRAD] = st > 0;
+      for (int kind = 0; kind < ACT_NKINDS && ok; kind++)
+        if (kind != ACT_UPDATE && n[(ch * ACT_NKINDS + kind) * m + mb] != want[kind])
+          ok = 0, snprintf(why, len, "chunk %d (stage %d) has %s%d %d times, want %d", ch, st, action_kind_name(kind), mb,
+                           n[(ch * ACT_NKINDS + kind) * m + mb], want[kind]);
+    }
+  }
+  free(n);
+  return ok;
+}
+
+/* The most micro-batch chunks rank r holds without their W (zbv) or B. */
+static int chunk_open_peak(const Schedule *sc, int r) {
+  int open = 0, peak = 0;
+  for (int k = 0; k < sc->nact[r]; k++) {
+    int kind = sc->act[r][k].kind;
+    open += kind == ACT_F ? 1 : kind == ACT_B || kind == ACT_W ? -1 : 0;
+    peak = open > peak ? open : peak;
+  }
+  return peak;
+}
+
+/* 1F1B over the same work as S = n V unit stages: each rank F = V, B = 2V.  Its bubble; *step its step. */
+static double ref_1f1b_bubble(int n, int V, int m, Pool *pool, double *step) {
+  StageCost *c = pool_alloc(pool, sizeof(StageCost) * (size_t)n);
+  for (int r = 0; r < n; r++) c[r].fwd = V, c[r].bwd = 2 * V, c[r].bwd_w = V;
+  Schedule ref;
+  schedule_build(&ref, SCHED_1F1B, n, m, 0, c, pool);
+  if (step) *step = ref.step_time;
+  return ref.bubble;
+}
+
+static void chunked_accepts(int kind, int V, int n, int m) {
+  Pool pool = {0};
+  StageCost c[18];
+  unit_stages(c, n * V);
+  Schedule sc;
+  const char *name = schedule_name(kind);
+  int rc = schedule_build_chunked(&sc, kind, n, V, m, c, &pool);
+  CHECK(rc == 0, "%s V=%d n=%d m=%d refused: %s\n", name, V, n, m, err_msg());
+  if (rc) {
+    err_clear();
+    pool_free(&pool);
+    return;
+  }
+  rc = schedule_validate(&sc);
+  CHECK(rc == 0, "%s V=%d n=%d m=%d rejected: %s\n", name, V, n, m, rc ? err_msg() : "");
+  err_clear();
+  char why[128];
+  for (int r = 0; r < n; r++) {
+    CHECK(chunk_counts_ok(&sc, r, why, sizeof why), "%s V=%d n=%d m=%d rank %d: %s\n", name, V, n, m, r, why);
+    for (int ch = 0; ch < V; ch++) {
+      int st = sched_stage(&sc, r, ch);
+      CHECK(sched_rank_of(&sc, st) == r && sched_chunk_of(&sc, st) == ch && sc.nxslots[st] == 0 && sc.nstore[st] == 0 &&
+            sc.nslots[st] >= 1 && sc.ngslots[st] >= 1, "%s V=%d n=%d m=%d rank %d chunk %d: stage %d maps back, rings %d/%d\n", name,
+            V, n, m, r, ch, st, sc.nslots[st], sc.ngslots[st]);
+    }
+    if (kind == SCHED_ZBV)
+      CHECK(chunk_open_peak(&sc, r) <= 2 * n, "zbv n=%d m=%d rank %d: %d micro-batch chunks open, the cap is %d\n", n, m, r,
+            chunk_open_peak(&sc, r), 2 * n);
+  }
+  double ref_step, ref = ref_1f1b_bubble(n, V, m, &pool, &ref_step), meg = (double)(n - 1) / (V * m + n - 1);
+  if (kind == SCHED_INTERLEAVED) {
+    CHECK(sc.bubble <= meg + 1e-9 && (n == 1 || sc.bubble < ref - 1e-9), "interleaved V=%d n=%d m=%d: bubble %.4f, Megatron's %.4f, 1f1b %.4f\n",
+          V, n, m, sc.bubble, meg, ref);
+  } else {
+    /* Fewer micro-batches than ranks: one micro-batch's way down and back (4n + 1 units) dominates. */
+    CHECK(sc.step_time <= ref_step + 1e-9 && (m < n || sc.step_time <= 6 * m + n + 2 + 1e-9),
+          "zbv n=%d m=%d: step %g units, want at most %d (m >= n) and 1f1b's %g\n", n, m, sc.step_time, 6 * m + n + 2, ref_step);
+    if (m >= 2 * n) CHECK(sc.bubble <= ref / 3 + 1e-9, "zbv n=%d m=%d: bubble %.4f, over a third of 1f1b's %.4f\n", n, m, sc.bubble, ref);
+  }
+  pool_free(&pool);
+}
+
+/* The maps, the names, the refusals, and local pairs' link time. */
+static void chunked_basics(void) {
+  Schedule z = {.nstages = 3, .nchunks = 2, .kind = SCHED_ZBV}, il = {.nstages = 3, .nchunks = 3, .kind = SCHED_INTERLEAVED};
+  CHECK(sched_stage(&z, 0, 0) == 0 && sched_stage(&z, 0, 1) == 5 && sched_stage(&z, 2, 0) == 2 && sched_stage(&z, 2, 1) == 3 &&
+        sched_rank_of(&z, 4) == 1 && sched_chunk_of(&z, 4) == 1 && sched_nvstages(&z) == 6, "zbv n=3: rank r holds stages r and 5-r\n");
+  CHECK(sched_stage(&il, 1, 2) == 7 && sched_rank_of(&il, 7) == 1 && sched_chunk_of(&il, 7) == 2 && sched_nvstages(&il) == 9,
+        "interleaved n=3 V=3: rank 1's chunk 2 is stage 7\n");
+  char b[32];
+  Action a = action_make(ACT_F, 3);
+  CHECK(!strcmp(action_str(&a, b, sizeof b), "F3"), "chunk 0 prints as before: %s\n", b);
+  a.chunk = 1;
+  CHECK(!strcmp(action_str(&a, b, sizeof b), "F3@1"), "chunk 1 prints F3@1: %s\n", b);
+  Pool pool = {0};
+  StageCost c[18];
+  unit_stages(c, 18);
+  Schedule sc;
+  for (int n = 2; n <= 6; n++) {
+    char mm[16], nn[16];
+    snprintf(mm, sizeof mm, "m = %d", n + 1), snprintf(nn, sizeof nn, "n = %d", n);
+    CHECK(schedule_build_chunked(&sc, SCHED_INTERLEAVED, n, 2, n + 1, c, &pool) && strstr(err_msg(), mm) && strstr(err_msg(), nn),
+          "interleaved n=%d m=%d is refused naming m and n (%s)\n", n, n + 1, err_msg());
+    err_clear();
+  }
+  CHECK(schedule_build_chunked(&sc, SCHED_ZBV, 2, 3, 4, c, &pool) && strstr(err_msg(), "2 chunks"), "zbv with 3 chunks is refused (%s)\n",
+        err_msg());
+  err_clear();
+  CHECK(schedule_build_chunked(&sc, SCHED_INTERLEAVED, 2, 1, 4, c, &pool) != 0, "interleaved with 1 chunk is refused\n");
+  err_clear();
+  /* schedule_build of a chunked kind: two chunks; a refusal leaves no ranks, which the validator refuses. */
+  schedule_build(&sc, SCHED_ZBV, 3, 6, 0, c, &pool);
+  CHECK(sc.nchunks == 2 && sc.nstages == 3 && schedule_validate(&sc) == 0, "schedule_build zbv n=3 m=6: 2 chunks, valid (%s)\n", err_msg());
+  schedule_build(&sc, SCHED_INTERLEAVED, 3, 4, 0, c, &pool);
+  CHECK(sc.nstages == 0 && strstr(err_msg(), "multiple") && schedule_validate(&sc) != 0, "schedule_build interleaved n=3 m=4: refused (%s)\n",
+        err_msg());
+  err_clear();
+  /* zbv at n = 1: both stages on rank 0, the link between them a copy: no message time, and the one UPDATE updates both. */
+  for (int s = 0; s < 2; s++) c[s].comm = 2, c[s].recv_bytes = c[s].send_bytes = 1, c[s].update = 0.5;
+  CHECK(schedule_build_chunked(&sc, SCHED_ZBV, 1, 2, 4, c, &pool) == 0 && fabs(sc.step_time - 25) < 1e-9 && fabs(sc.busy[0] - 25) < 1e-9,
+        "zbv n=1 m=4: a local link costs nothing (step %g units, busy %g, want 25 and 25)\n", sc.step_time, sc.busy[0]);
+  printf("ok - chunk maps, names F3@1, refusals, local links\n");
+  pool_free(&pool);
+}
+
+
+static int find_chunk(const Schedule *sc, int r, int kind, int mb, int chunk) {
+  for (int k = 0; k < sc->nact[r]; k++)
+    if (sc->act[r][k].kind == kind && sc->act[r][k].mb == mb && sc->act[r][k].chunk == chunk) return k;
+  return -1;
+}
+
+/* Moves rank r's action `from` to index `to` (the others shift). */
+static void move_action(Schedule *sc, int r, int from, int to) {
+  Action a = sc->act[r][from];
+  if (from < to) memmove(&sc->act[r][from], &sc->act[r][from + 1], sizeof(Action) * (size_t)(to - from));
+  else memmove(&sc->act[r][to + 1], &sc->act[r][to], sizeof(Action) * (size_t)(from - to));
+  sc->act[r][to] = a;
+}
+
+/* Interleaved n=4 m=8: rank 2 runs F3@1 (and its SEND) where F2@1 was, and F2@1 where F3@1 was. */
+static void chunk_swap_forwards(Schedule *sc) {
+  for (int kind = ACT_F; kind <= ACT_SEND; kind += ACT_SEND - ACT_F) {
+    int a = find_chunk(sc, 2, kind, 2, 1), b = find_chunk(sc, 2, kind, 3, 1);
+    Action t = sc->act[2][a];
+    sc->act[2][a] = sc->act[2][b], sc->act[2][b] = t;
+  }
+}
+
+/* Interleaved n=4 m=8: rank 1 forgets to send micro-batch 3 on from its chunk 1 (stage 5). */
+static void chunk_drop_send(Schedule *sc) {
+  move_action(sc, 1, find_chunk(sc, 1, ACT_SEND, 3, 1), sc->nact[1] - 1);
+  sc->nact[1]--;
+}
+
+/* Interleaved n=4 m=8: rank 1 receives micro-batch 1 of chunk 1 into micro-batch 0's slot. */
+static void chunk_reuse_slot(Schedule *sc) {
+  int slot0 = sc->act[1][find_chunk(sc, 1, ACT_F, 0, 1)].slot;
+  for (int k = 0; k < sc->nact[1]; k++)
+    if (sc->act[1][k].mb == 1 && sc->act[1][k].chunk == 1 && sc->act[1][k].slot >= 0) sc->act[1][k].slot = slot0;
+}
+
+/* zbv n=2 m=4: rank 1 holds stages 1 and 2; it posts stage 2's RECV2 only after stage 1's SEND2 copied into it. */
+static void chunk_local_late(Schedule *sc) {
+  move_action(sc, 1, find_chunk(sc, 1, ACT_RECV, 2, 1), find_chunk(sc, 1, ACT_SEND, 2, 0));
+}
+
+/* Interleaved n=2 m=4 (stages 0, 2 on rank 0; 1, 3 on rank 1): rank 0 runs B0@1 (stage 2) before F1@1,
+ * and rank 1 F1@1 (stage 3) before B0@1.  Rank 0's B0@1 waits for rank 1's, after its F1@1, which waits
+ * for rank 0's F1@1, after its B0@1. */
+static void chunk_deadlock(Schedule *sc) {
+  int f = find_chunk(sc, 0, ACT_F, 1, 1), b = find_chunk(sc, 0, ACT_B, 0, 1);
+  move_action(sc, 0, b, f);         /* B0@1 before F1@1 ... */
+  move_action(sc, 0, b + 1, f + 1); /* ... and its SEND_GRAD0@1 right after it */
+  f = find_chunk(sc, 1, ACT_F, 1, 1), b = find_chunk(sc, 1, ACT_B, 0, 1);
+  if (f > b) move_action(sc, 1, f, b);
+  schedule_assign_slots(sc, 0), schedule_assign_slots(sc, 1);
+}
+
+/* Builds kind over n ranks (2 chunks, m micro-batches), applies a mistake, and expects a message with
+ * `rank` and `what` in it. */
+static void chunk_rejects(const char *label, int kind, int n, int m, void (*plant)(Schedule *), const char *rank, const char *what) {
+  Pool pool = {0};
+  StageCost c[8];
+  unit_stages(c, 2 * n);
+  Schedule sc;
+  CHECK(schedule_build_chunked(&sc, kind, n, 2, m, c, &pool) == 0 && schedule_validate(&sc) == 0, "%s: the lists build and pass (%s)\n", label,
+        err_msg());
+  plant(&sc);
+  int rc = schedule_validate(&sc);
+  const char *msg = rc ? err_msg() : "";
+  CHECK(rc == -1 && strstr(msg, rank) && strstr(msg, what), "%s: got %s'%s', want a message with '%s' and '%s'\n", label,
+        rc ? "" : "acceptance ", msg, rank, what);
+  if (rc == -1) printf("ok - rejects %s: %s\n", label, msg);
+  err_clear();
+  pool_free(&pool);
+}
+
+/* schedule_pin and schedule_jitter run on chunked lists as on any others. */
+static void chunked_pin_jitter(void) {
+  Pool pool = {0};
+  StageCost c[8];
+  unit_stages(c, 8);
+  Schedule sc;
+  CHECK(schedule_build_chunked(&sc, SCHED_INTERLEAVED, 4, 2, 8, c, &pool) == 0, "interleaved n=4 m=8 builds\n");
+  double t0 = sc.step_time;
+  CHECK(schedule_jitter(&sc, c, 0.2, 16) == 0 && sc.step_time > t0 && sc.step_time_fixed == t0, "jitter on interleaved: %g > %g\n",
+        sc.step_time, t0);
+  sc.cores = 2;
+  CHECK(schedule_time(&sc, c) == 0 && schedule_pin(&sc, c, &pool) == 0 && sc.core_of && sc.step_time >= t0 - 1e-9,
+        "pin interleaved n=4 on 2 cores: step %g (unshared %g)\n", sc.step_time, t0);
+  pool_free(&pool);
+}
+
+static void chunked_case(void) {
+  int f0 = failed;
+  chunked_basics();
+  for (int n = 1; n <= 6; n++)
+    for (int m = 1; m <= 16; m++) {
+      for (int V = 2; V <= 3 && m % n == 0; V++) chunked_accepts(SCHED_INTERLEAVED, V, n, m);
+      chunked_accepts(SCHED_ZBV, 2, n, m); /* m < n too: fewer micro-batches than ranks still build */
+    }
+  chunked_pin_jitter();
+  if (failed == f0)
+    printf("ok - interleaved (V = 2, 3; m = n..16) and zbv (m = 1..16) lists for n = 1..6 pass the validator; in unit time interleaved's bubble is at "
+           "most Megatron's (n-1)/(Vm+n-1), zbv's at most a third of 1f1b's for m >= 2n, with at most 2n chunks open\n");
+  for (int n = 2; n <= 4; n += 2)
+    for (int m = 4; m <= 16; m *= 2) {
+      Pool pool = {0};
+      StageCost c[8];
+      unit_stages(c, 2 * n);
+      Schedule il, zb;
+      if (schedule_build_chunked(&il, SCHED_INTERLEAVED, n, 2, m, c, &pool) || schedule_build_chunked(&zb, SCHED_ZBV, n, 2, m, c, &pool)) {
+        CHECK(0, "n=%d m=%d: %s\n", n, m, err_msg());
+        continue;
+      }
+      printf("ok - unit time n=%d m=%2d: 1f1b bubble %.3f, interleaved (V=2) %.3f (step %g), zbv %.3f (step %g)\n", n, m,
+             ref_1f1b_bubble(n, 2, m, &pool, NULL), il.bubble, il.step_time, zb.bubble, zb.step_time);
+      pool_free(&pool);
+    }
+  chunk_rejects("a chunk's forwards out of order", SCHED_INTERLEAVED, 4, 8, chunk_swap_forwards, "rank 2, chunk 1", "ascending");
+  chunk_rejects("a missing SEND of chunk 1", SCHED_INTERLEAVED, 4, 8, chunk_drop_send, "rank 1, chunk 1", "SEND3");
+  chunk_rejects("a local SEND before its RECV", SCHED_ZBV, 2, 4, chunk_local_late, "rank 1, chunk 0", "receive must come before");
+  chunk_rejects("a slot of chunk 1 taken while live", SCHED_INTERLEAVED, 4, 8, chunk_reuse_slot, "rank 1, chunk 1", "still holds");
+  chunk_rejects("a deadlock between two ranks' chunks", SCHED_INTERLEAVED, 2, 4, chunk_deadlock, "rank 0, chunk 1", "deadlock");
+}
+
 int main(void) {
   pin_case();
   jitter_case();
@@ -419,5 +704,6 @@ int main(void) {
   rejects("a missing SEND", drop_send, 1, "SEND3");
   rejects("a slot reused while live", reuse_slot, 1, "still holds");
   rejects("a deadlock", deadlock, 2, "deadlock");
+  chunked_case();
   return check_finish();
 }
