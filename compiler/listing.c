@@ -674,6 +674,8 @@ static void initializers_json(const Plan *p, Buf *b) {
   free(first), free(last);
 }
 
+static void actions_json(const Plan *p, int r, int ch, Buf *b);
+
 /* plan.json's stage s: its nodes, costs, memory, messages and actions. */
 static void stage_json(const Plan *p, int s, Buf *b) {
   const StageCost *c = &p->part.cost[s];
@@ -708,17 +710,47 @@ static void stage_json(const Plan *p, int s, Buf *b) {
   json_edges(p, b, a);
   buf_printf(b, ",\n     \"send\": ");
   json_edges(p, b, e);
-  if (p->specs) spec_messages_json(&p->specs[s], b);
+  if (p->specs && !p->rprogs) spec_messages_json(&p->specs[s], b);
+  /* With chunks a stage's actions are its rank's of its chunk (the rank's whole list: plan.json's "ranks"). */
+  int r = sched_rank_of(&p->sched, s), ch = sched_chunk_of(&p->sched, s);
+  if (p->sched.nchunks > 1) buf_printf(b, ",\n     \"rank\": %d, \"chunk\": %d", r, ch);
   buf_printf(b, ",\n     \"nslots\": %d, \"ngslots\": %d,\n     \"actions\": [", p->sched.nslots[s], p->sched.ngslots[s]);
-  for (int k = 0; k < p->sched.nact[s]; k++) {
-    const Action *ac = &p->sched.act[s][k];
+  actions_json(p, r, p->sched.nchunks > 1 ? ch : -1, b);
+}
+
+/* Rank r's actions (of chunk ch only; -1: all), with their predicted and unit-time starts and slots. */
+static void actions_json(const Plan *p, int r, int ch, Buf *b) {
+  int first = 1;
+  for (int k = 0; k < p->sched.nact[r]; k++) {
+    const Action *ac = &p->sched.act[r][k];
+    if (ch >= 0 && ac->chunk != ch && ac->kind != ACT_UPDATE) continue;
     char name[32];
     buf_printf(b, "%s{\"op\": \"%s\", \"kind\": \"%s\", \"mb\": %d, \"start_s\": %.9g, \"end_s\": %.9g, \"slot\": %ld, "
-                  "\"ring_slot\": %d, \"grad_slot\": %d}", k ? ",\n       " : "", action_str(ac, name, sizeof name),
+                  "\"ring_slot\": %d, \"grad_slot\": %d}", first ? "" : ",\n       ", action_str(ac, name, sizeof name),
                action_kind_name(ac->kind), ac->mb, ac->start, ac->end,
-               p->slots.nact[s] == p->sched.nact[s] ? lround(p->slots.act[s][k].start) : -1L, ac->slot, ac->gslot);
+               p->slots.nact[r] == p->sched.nact[r] ? lround(p->slots.act[r][k].start) : -1L, ac->slot, ac->gslot);
+    first = 0;
     if (ac->xslot >= 0) b->len--, buf_printf(b, ", \"xslot\": %d, \"peer\": %d}", ac->xslot, ac->peer);
+    if (p->sched.nchunks > 1) b->len--, buf_printf(b, ", \"chunk\": %d, \"stage\": %d}", ac->chunk, ac->kind == ACT_UPDATE ? -1 : sched_stage(&p->sched, r, ac->chunk));
   }
+}
+
+/* plan.json's ranks with chunks: each rank's stages, arena, messages and whole action list. */
+static void ranks_json(const Plan *p, Buf *b) {
+  int n = opt_ranks(&p->opt);
+  buf_printf(b, "  \"chunks\": %d,\n  \"ranks\": [\n", p->opt.chunks);
+  for (int r = 0; r < n; r++) {
+    const StageProg *sp = p->rprogs ? &p->rprogs[r] : NULL;
+    buf_printf(b, "    {\"rank\": %d, \"stages\": [", r);
+    for (int c = 0; c < p->sched.nchunks; c++) buf_printf(b, "%s%d", c ? ", " : "", sched_stage(&p->sched, r, c));
+    buf_printf(b, "], \"busy_s\": %.9g", p->sched.busy ? p->sched.busy[r] : 0);
+    if (sp) buf_printf(b, ", \"arena_bytes\": %lld, \"weights_bytes\": %lld", (long long)sp->arena_bytes, (long long)sp->weights_bytes);
+    if (p->specs) spec_messages_json(&p->specs[r], b);
+    buf_printf(b, ",\n     \"actions\": [");
+    actions_json(p, r, -1, b);
+    buf_printf(b, "]}%s\n", r + 1 < n ? "," : "");
+  }
+  buf_printf(b, "  ],\n");
 }
 
 void listing_json(const Plan *p, Buf *b) {
@@ -761,6 +793,7 @@ void listing_json(const Plan *p, Buf *b) {
   int nties = ties_json(p, b);
   buf_printf(b, "%s],\n", nties ? "\n  " : "");
   initializers_json(p, b);
+  if (p->sched.nchunks > 1) ranks_json(p, b);
   buf_printf(b, "  \"stage_plans\": [\n");
   for (int s = 0; s < n; s++) {
     stage_json(p, s, b);

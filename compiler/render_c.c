@@ -251,13 +251,13 @@ static void render_schedule(Buf *o, const StageSpec *s) {
                   "static const PrAction SCHEDULE[] = {");
   else
     buf_printf(o, "/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,\n"
-                  " * xslot, peer} (xslot and peer: the memory plan's, -1 when unused). */\n"
+                  " * xslot, peer, chunk} (xslot and peer: the memory plan's, -1 when unused; chunk 0: a rank runs one stage). */\n"
                   "static const PrAction SCHEDULE[] = {");
   for (int k = 0; k < s->nactions; k++) {
     const Action *ac = &s->actions[k];
     buf_printf(o, "%s{PR_%s, %d, %d, %d, %d, %d", !k ? "\n    " : k % 4 ? ", " : ",\n    ", action_kind_name(ac->kind), ac->mb, ac->slot,
                ac->gslot, ac->xslot, ac->peer);
-    buf_printf(o, s->nchunks ? ", %d}" : "}", ac->chunk);
+    buf_printf(o, ", %d}", ac->chunk);
   }
   buf_printf(o, "\n};\n\n");
 }
@@ -267,9 +267,8 @@ static void value_table(Buf *o, const StageSpec *s, const SpecValue *v, int n, i
   static const char *const src[] = {"PR_FROM_PREV", "PR_FROM_IMAGES", "PR_FROM_TOKENS"};
   if (!n) return;
   buf_printf(o, "/* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, %s rank, tag: its number among the\n"
-                " * values between the two ranks%s} */\n", recv ? "from" : "to",
-             s->nchunks ? ", chunk: the one that " : "");
-  if (s->nchunks) buf_printf(o, "/*   %s it; a rank's own is a local copy, not a message */\n", recv ? "receives" : "sends");
+                " * values between the two ranks, chunk: the one that %s it%s} */\n", recv ? "from" : "to", recv ? "receives" : "sends",
+             s->nchunks ? "; its own rank: a local copy, not a message" : "");
   buf_printf(o, "static const PrValue %s[] = {\n", name);
   for (int i = 0; i < n; i++) {
     buf_printf(o, "    {\"");
@@ -281,7 +280,7 @@ static void value_table(Buf *o, const StageSpec *s, const SpecValue *v, int n, i
     buf_printf(o, ", %s, %d, %d, {", src[v[i].source], v[i].dtype, v[i].rank);
     for (int d = 0; d < v[i].rank; d++) buf_printf(o, "%s%lld", d ? ", " : "", (long long)v[i].dims[d]);
     buf_printf(o, "}, %d, %d, %d", v[i].xring, v[i].peer, v[i].tag);
-    buf_printf(o, s->nchunks ? ", %d},\n" : "},\n", v[i].chunk);
+    buf_printf(o, ", %d},\n", v[i].chunk);
   }
   buf_printf(o, "};\n");
 }
