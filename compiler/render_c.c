@@ -241,7 +241,7 @@ static void render_loss(Buf *o, const StageSpec *s) {
 static void render_schedule(Buf *o, const StageSpec *s) {
   if (s->async)
     buf_printf(o, "/* The schedule: this stage's actions for step t, run for t = -LOOKAHEAD .. steps-1: {kind, micro-batch,\n"
-                  " * slot, gslot, xslot, peer}.  Micro-batch k is the run's micro-batch t * MICROBATCHES + k (k >= MICROBATCHES:\n"
+                  " * slot, gslot, xslot, peer, chunk}.  Micro-batch k is the run's micro-batch t * MICROBATCHES + k (k >= MICROBATCHES:\n"
                   " * a later step's), skipped when outside the run: the first steps fill the pipeline, the last drain it.\n"
                   " * Rings are indexed by the run's micro-batch modulo NSLOTS / NGSLOTS (the slots shown are step 0's). */\n"
                   "static const PrAction SCHEDULE[] = {");

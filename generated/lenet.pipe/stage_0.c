@@ -84,28 +84,28 @@ static void update(void) {
 }
 
 /* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,
- * xslot, peer} (xslot and peer: the memory plan's, -1 when unused). */
+ * xslot, peer, chunk} (xslot and peer: the memory plan's, -1 when unused; chunk 0: a rank runs one stage). */
 static const PrAction SCHEDULE[] = {
-    {PR_RECV_GRAD, 0, -1, 0, -1, -1}, {PR_RECV_GRAD, 1, -1, 1, -1, -1}, {PR_F, 0, 0, -1, -1, -1}, {PR_SEND, 0, 0, -1, -1, -1},
-    {PR_F, 1, 1, -1, -1, -1}, {PR_SEND, 1, 1, -1, -1, -1}, {PR_F, 2, 2, -1, -1, -1}, {PR_SEND, 2, 2, -1, -1, -1},
-    {PR_F, 3, 3, -1, -1, -1}, {PR_SEND, 3, 3, -1, -1, -1}, {PR_B, 0, 0, 0, -1, -1}, {PR_RECV_GRAD, 2, -1, 0, -1, -1},
-    {PR_F, 4, 0, -1, -1, -1}, {PR_SEND, 4, 0, -1, -1, -1}, {PR_B, 1, 1, 1, -1, -1}, {PR_RECV_GRAD, 3, -1, 1, -1, -1},
-    {PR_F, 5, 1, -1, -1, -1}, {PR_SEND, 5, 1, -1, -1, -1}, {PR_B, 2, 2, 0, -1, -1}, {PR_RECV_GRAD, 4, -1, 0, -1, -1},
-    {PR_F, 6, 2, -1, -1, -1}, {PR_SEND, 6, 2, -1, -1, -1}, {PR_B, 3, 3, 1, -1, -1}, {PR_RECV_GRAD, 5, -1, 1, -1, -1},
-    {PR_F, 7, 3, -1, -1, -1}, {PR_SEND, 7, 3, -1, -1, -1}, {PR_B, 4, 0, 0, -1, -1}, {PR_RECV_GRAD, 6, -1, 0, -1, -1},
-    {PR_B, 5, 1, 1, -1, -1}, {PR_RECV_GRAD, 7, -1, 1, -1, -1}, {PR_B, 6, 2, 0, -1, -1}, {PR_B, 7, 3, 1, -1, -1},
-    {PR_UPDATE, -1, -1, -1, -1, -1}
+    {PR_RECV_GRAD, 0, -1, 0, -1, -1, 0}, {PR_RECV_GRAD, 1, -1, 1, -1, -1, 0}, {PR_F, 0, 0, -1, -1, -1, 0}, {PR_SEND, 0, 0, -1, -1, -1, 0},
+    {PR_F, 1, 1, -1, -1, -1, 0}, {PR_SEND, 1, 1, -1, -1, -1, 0}, {PR_F, 2, 2, -1, -1, -1, 0}, {PR_SEND, 2, 2, -1, -1, -1, 0},
+    {PR_F, 3, 3, -1, -1, -1, 0}, {PR_SEND, 3, 3, -1, -1, -1, 0}, {PR_B, 0, 0, 0, -1, -1, 0}, {PR_RECV_GRAD, 2, -1, 0, -1, -1, 0},
+    {PR_F, 4, 0, -1, -1, -1, 0}, {PR_SEND, 4, 0, -1, -1, -1, 0}, {PR_B, 1, 1, 1, -1, -1, 0}, {PR_RECV_GRAD, 3, -1, 1, -1, -1, 0},
+    {PR_F, 5, 1, -1, -1, -1, 0}, {PR_SEND, 5, 1, -1, -1, -1, 0}, {PR_B, 2, 2, 0, -1, -1, 0}, {PR_RECV_GRAD, 4, -1, 0, -1, -1, 0},
+    {PR_F, 6, 2, -1, -1, -1, 0}, {PR_SEND, 6, 2, -1, -1, -1, 0}, {PR_B, 3, 3, 1, -1, -1, 0}, {PR_RECV_GRAD, 5, -1, 1, -1, -1, 0},
+    {PR_F, 7, 3, -1, -1, -1, 0}, {PR_SEND, 7, 3, -1, -1, -1, 0}, {PR_B, 4, 0, 0, -1, -1, 0}, {PR_RECV_GRAD, 6, -1, 0, -1, -1, 0},
+    {PR_B, 5, 1, 1, -1, -1, 0}, {PR_RECV_GRAD, 7, -1, 1, -1, -1, 0}, {PR_B, 6, 2, 0, -1, -1, 0}, {PR_B, 7, 3, 1, -1, -1, 0},
+    {PR_UPDATE, -1, -1, -1, -1, -1, 0}
 };
 
 /* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, from rank, tag: its number among the
- * values between the two ranks} */
+ * values between the two ranks, chunk: the one that receives it} */
 static const PrValue RECV[] = {
-    {"input", 25088, OFF_v_input, -1, PR_FROM_IMAGES, 1, 4, {8, 1, 28, 28}, 0, -1, 0},
+    {"input", 25088, OFF_v_input, -1, PR_FROM_IMAGES, 1, 4, {8, 1, 28, 28}, 0, -1, 0, 0},
 };
 /* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, to rank, tag: its number among the
- * values between the two ranks} */
+ * values between the two ranks, chunk: the one that sends it} */
 static const PrValue SEND[] = {
-    {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}, 0, 1, 0},
+    {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}, 0, 1, 0, 0},
 };
 /* {name, floats, offset, gradient, optimizer slots, tied parts, layer: its parameterised layer from 0} */
 static const PrParam PARAMS[] = {

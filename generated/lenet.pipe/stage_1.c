@@ -68,32 +68,32 @@ static void backward(int slot, int xslot, int gslot) {
 }
 
 /* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,
- * xslot, peer} (xslot and peer: the memory plan's, -1 when unused). */
+ * xslot, peer, chunk} (xslot and peer: the memory plan's, -1 when unused; chunk 0: a rank runs one stage). */
 static const PrAction SCHEDULE[] = {
-    {PR_RECV, 0, 0, -1, -1, -1}, {PR_RECV, 1, 1, -1, -1, -1}, {PR_RECV, 2, 2, -1, -1, -1}, {PR_RECV, 3, 3, -1, -1, -1},
-    {PR_RECV_GRAD, 0, -1, 0, -1, -1}, {PR_RECV_GRAD, 1, -1, 1, -1, -1}, {PR_F, 0, 0, -1, -1, -1}, {PR_SEND, 0, 0, -1, -1, -1},
-    {PR_F, 1, 1, -1, -1, -1}, {PR_SEND, 1, 1, -1, -1, -1}, {PR_F, 2, 2, -1, -1, -1}, {PR_SEND, 2, 2, -1, -1, -1},
-    {PR_B, 0, 0, 0, -1, -1}, {PR_SEND_GRAD, 0, -1, 0, -1, -1}, {PR_RECV, 4, 0, -1, -1, -1}, {PR_RECV_GRAD, 2, -1, 0, -1, -1},
-    {PR_F, 3, 3, -1, -1, -1}, {PR_SEND, 3, 3, -1, -1, -1}, {PR_B, 1, 1, 1, -1, -1}, {PR_SEND_GRAD, 1, -1, 1, -1, -1},
-    {PR_RECV, 5, 1, -1, -1, -1}, {PR_RECV_GRAD, 3, -1, 1, -1, -1}, {PR_F, 4, 0, -1, -1, -1}, {PR_SEND, 4, 0, -1, -1, -1},
-    {PR_B, 2, 2, 0, -1, -1}, {PR_SEND_GRAD, 2, -1, 0, -1, -1}, {PR_RECV, 6, 2, -1, -1, -1}, {PR_RECV_GRAD, 4, -1, 0, -1, -1},
-    {PR_F, 5, 1, -1, -1, -1}, {PR_SEND, 5, 1, -1, -1, -1}, {PR_B, 3, 3, 1, -1, -1}, {PR_SEND_GRAD, 3, -1, 1, -1, -1},
-    {PR_RECV, 7, 3, -1, -1, -1}, {PR_RECV_GRAD, 5, -1, 1, -1, -1}, {PR_F, 6, 2, -1, -1, -1}, {PR_SEND, 6, 2, -1, -1, -1},
-    {PR_B, 4, 0, 0, -1, -1}, {PR_SEND_GRAD, 4, -1, 0, -1, -1}, {PR_RECV_GRAD, 6, -1, 0, -1, -1}, {PR_F, 7, 3, -1, -1, -1},
-    {PR_SEND, 7, 3, -1, -1, -1}, {PR_B, 5, 1, 1, -1, -1}, {PR_SEND_GRAD, 5, -1, 1, -1, -1}, {PR_RECV_GRAD, 7, -1, 1, -1, -1},
-    {PR_B, 6, 2, 0, -1, -1}, {PR_SEND_GRAD, 6, -1, 0, -1, -1}, {PR_B, 7, 3, 1, -1, -1}, {PR_SEND_GRAD, 7, -1, 1, -1, -1},
-    {PR_UPDATE, -1, -1, -1, -1, -1}
+    {PR_RECV, 0, 0, -1, -1, -1, 0}, {PR_RECV, 1, 1, -1, -1, -1, 0}, {PR_RECV, 2, 2, -1, -1, -1, 0}, {PR_RECV, 3, 3, -1, -1, -1, 0},
+    {PR_RECV_GRAD, 0, -1, 0, -1, -1, 0}, {PR_RECV_GRAD, 1, -1, 1, -1, -1, 0}, {PR_F, 0, 0, -1, -1, -1, 0}, {PR_SEND, 0, 0, -1, -1, -1, 0},
+    {PR_F, 1, 1, -1, -1, -1, 0}, {PR_SEND, 1, 1, -1, -1, -1, 0}, {PR_F, 2, 2, -1, -1, -1, 0}, {PR_SEND, 2, 2, -1, -1, -1, 0},
+    {PR_B, 0, 0, 0, -1, -1, 0}, {PR_SEND_GRAD, 0, -1, 0, -1, -1, 0}, {PR_RECV, 4, 0, -1, -1, -1, 0}, {PR_RECV_GRAD, 2, -1, 0, -1, -1, 0},
+    {PR_F, 3, 3, -1, -1, -1, 0}, {PR_SEND, 3, 3, -1, -1, -1, 0}, {PR_B, 1, 1, 1, -1, -1, 0}, {PR_SEND_GRAD, 1, -1, 1, -1, -1, 0},
+    {PR_RECV, 5, 1, -1, -1, -1, 0}, {PR_RECV_GRAD, 3, -1, 1, -1, -1, 0}, {PR_F, 4, 0, -1, -1, -1, 0}, {PR_SEND, 4, 0, -1, -1, -1, 0},
+    {PR_B, 2, 2, 0, -1, -1, 0}, {PR_SEND_GRAD, 2, -1, 0, -1, -1, 0}, {PR_RECV, 6, 2, -1, -1, -1, 0}, {PR_RECV_GRAD, 4, -1, 0, -1, -1, 0},
+    {PR_F, 5, 1, -1, -1, -1, 0}, {PR_SEND, 5, 1, -1, -1, -1, 0}, {PR_B, 3, 3, 1, -1, -1, 0}, {PR_SEND_GRAD, 3, -1, 1, -1, -1, 0},
+    {PR_RECV, 7, 3, -1, -1, -1, 0}, {PR_RECV_GRAD, 5, -1, 1, -1, -1, 0}, {PR_F, 6, 2, -1, -1, -1, 0}, {PR_SEND, 6, 2, -1, -1, -1, 0},
+    {PR_B, 4, 0, 0, -1, -1, 0}, {PR_SEND_GRAD, 4, -1, 0, -1, -1, 0}, {PR_RECV_GRAD, 6, -1, 0, -1, -1, 0}, {PR_F, 7, 3, -1, -1, -1, 0},
+    {PR_SEND, 7, 3, -1, -1, -1, 0}, {PR_B, 5, 1, 1, -1, -1, 0}, {PR_SEND_GRAD, 5, -1, 1, -1, -1, 0}, {PR_RECV_GRAD, 7, -1, 1, -1, -1, 0},
+    {PR_B, 6, 2, 0, -1, -1, 0}, {PR_SEND_GRAD, 6, -1, 0, -1, -1, 0}, {PR_B, 7, 3, 1, -1, -1, 0}, {PR_SEND_GRAD, 7, -1, 1, -1, -1, 0},
+    {PR_UPDATE, -1, -1, -1, -1, -1, 0}
 };
 
 /* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, from rank, tag: its number among the
- * values between the two ranks} */
+ * values between the two ranks, chunk: the one that receives it} */
 static const PrValue RECV[] = {
-    {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}, 0, 0, 0},
+    {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}, 0, 0, 0, 0},
 };
 /* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, to rank, tag: its number among the
- * values between the two ranks} */
+ * values between the two ranks, chunk: the one that sends it} */
 static const PrValue SEND[] = {
-    {"/MaxPool_output_0", 37632, OFF_v__MaxPool_output_0, OFF_d__MaxPool_output_0, PR_FROM_PREV, 1, 4, {8, 6, 14, 14}, 0, 2, 0},
+    {"/MaxPool_output_0", 37632, OFF_v__MaxPool_output_0, OFF_d__MaxPool_output_0, PR_FROM_PREV, 1, 4, {8, 6, 14, 14}, 0, 2, 0, 0},
 };
 static const PrStage THIS_STAGE = {
     .stage = STAGE, .nstages = NSTAGES, .microbatches = MICROBATCHES, .mb_size = MB_SIZE, .batch = BATCH,

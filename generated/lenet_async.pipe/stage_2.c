@@ -102,34 +102,34 @@ static void update(void) {
 }
 
 /* The schedule: this stage's actions for step t, run for t = -LOOKAHEAD .. steps-1: {kind, micro-batch,
- * slot, gslot, xslot, peer}.  Micro-batch k is the run's micro-batch t * MICROBATCHES + k (k >= MICROBATCHES:
+ * slot, gslot, xslot, peer, chunk}.  Micro-batch k is the run's micro-batch t * MICROBATCHES + k (k >= MICROBATCHES:
  * a later step's), skipped when outside the run: the first steps fill the pipeline, the last drain it.
  * Rings are indexed by the run's micro-batch modulo NSLOTS / NGSLOTS (the slots shown are step 0's). */
 static const PrAction SCHEDULE[] = {
-    {PR_F, 1, 1, -1, -1, -1}, {PR_SEND, 1, 1, -1, -1, -1}, {PR_B, 0, 0, 0, -1, -1}, {PR_SEND_GRAD, 0, -1, 0, -1, -1},
-    {PR_RECV, 3, 0, -1, -1, -1}, {PR_RECV_GRAD, 2, -1, 0, -1, -1}, {PR_F, 2, 2, -1, -1, -1}, {PR_SEND, 2, 2, -1, -1, -1},
-    {PR_B, 1, 1, 1, -1, -1}, {PR_SEND_GRAD, 1, -1, 1, -1, -1}, {PR_RECV, 4, 1, -1, -1, -1}, {PR_RECV_GRAD, 3, -1, 1, -1, -1},
-    {PR_F, 3, 0, -1, -1, -1}, {PR_SEND, 3, 0, -1, -1, -1}, {PR_B, 2, 2, 0, -1, -1}, {PR_SEND_GRAD, 2, -1, 0, -1, -1},
-    {PR_RECV, 5, 2, -1, -1, -1}, {PR_RECV_GRAD, 4, -1, 0, -1, -1}, {PR_F, 4, 1, -1, -1, -1}, {PR_SEND, 4, 1, -1, -1, -1},
-    {PR_B, 3, 0, 1, -1, -1}, {PR_SEND_GRAD, 3, -1, 1, -1, -1}, {PR_RECV, 6, 0, -1, -1, -1}, {PR_RECV_GRAD, 5, -1, 1, -1, -1},
-    {PR_F, 5, 2, -1, -1, -1}, {PR_SEND, 5, 2, -1, -1, -1}, {PR_B, 4, 1, 0, -1, -1}, {PR_SEND_GRAD, 4, -1, 0, -1, -1},
-    {PR_RECV, 7, 1, -1, -1, -1}, {PR_RECV_GRAD, 6, -1, 0, -1, -1}, {PR_F, 6, 0, -1, -1, -1}, {PR_SEND, 6, 0, -1, -1, -1},
-    {PR_B, 5, 2, 1, -1, -1}, {PR_SEND_GRAD, 5, -1, 1, -1, -1}, {PR_RECV, 8, 2, -1, -1, -1}, {PR_RECV_GRAD, 7, -1, 1, -1, -1},
-    {PR_F, 7, 1, -1, -1, -1}, {PR_SEND, 7, 1, -1, -1, -1}, {PR_B, 6, 0, 0, -1, -1}, {PR_SEND_GRAD, 6, -1, 0, -1, -1},
-    {PR_RECV, 9, 0, -1, -1, -1}, {PR_RECV_GRAD, 8, -1, 0, -1, -1}, {PR_F, 8, 2, -1, -1, -1}, {PR_SEND, 8, 2, -1, -1, -1},
-    {PR_B, 7, 1, 1, -1, -1}, {PR_SEND_GRAD, 7, -1, 1, -1, -1}, {PR_RECV, 10, 1, -1, -1, -1}, {PR_RECV_GRAD, 9, -1, 1, -1, -1},
-    {PR_UPDATE, -1, -1, -1, -1, -1}
+    {PR_F, 1, 1, -1, -1, -1, 0}, {PR_SEND, 1, 1, -1, -1, -1, 0}, {PR_B, 0, 0, 0, -1, -1, 0}, {PR_SEND_GRAD, 0, -1, 0, -1, -1, 0},
+    {PR_RECV, 3, 0, -1, -1, -1, 0}, {PR_RECV_GRAD, 2, -1, 0, -1, -1, 0}, {PR_F, 2, 2, -1, -1, -1, 0}, {PR_SEND, 2, 2, -1, -1, -1, 0},
+    {PR_B, 1, 1, 1, -1, -1, 0}, {PR_SEND_GRAD, 1, -1, 1, -1, -1, 0}, {PR_RECV, 4, 1, -1, -1, -1, 0}, {PR_RECV_GRAD, 3, -1, 1, -1, -1, 0},
+    {PR_F, 3, 0, -1, -1, -1, 0}, {PR_SEND, 3, 0, -1, -1, -1, 0}, {PR_B, 2, 2, 0, -1, -1, 0}, {PR_SEND_GRAD, 2, -1, 0, -1, -1, 0},
+    {PR_RECV, 5, 2, -1, -1, -1, 0}, {PR_RECV_GRAD, 4, -1, 0, -1, -1, 0}, {PR_F, 4, 1, -1, -1, -1, 0}, {PR_SEND, 4, 1, -1, -1, -1, 0},
+    {PR_B, 3, 0, 1, -1, -1, 0}, {PR_SEND_GRAD, 3, -1, 1, -1, -1, 0}, {PR_RECV, 6, 0, -1, -1, -1, 0}, {PR_RECV_GRAD, 5, -1, 1, -1, -1, 0},
+    {PR_F, 5, 2, -1, -1, -1, 0}, {PR_SEND, 5, 2, -1, -1, -1, 0}, {PR_B, 4, 1, 0, -1, -1, 0}, {PR_SEND_GRAD, 4, -1, 0, -1, -1, 0},
+    {PR_RECV, 7, 1, -1, -1, -1, 0}, {PR_RECV_GRAD, 6, -1, 0, -1, -1, 0}, {PR_F, 6, 0, -1, -1, -1, 0}, {PR_SEND, 6, 0, -1, -1, -1, 0},
+    {PR_B, 5, 2, 1, -1, -1, 0}, {PR_SEND_GRAD, 5, -1, 1, -1, -1, 0}, {PR_RECV, 8, 2, -1, -1, -1, 0}, {PR_RECV_GRAD, 7, -1, 1, -1, -1, 0},
+    {PR_F, 7, 1, -1, -1, -1, 0}, {PR_SEND, 7, 1, -1, -1, -1, 0}, {PR_B, 6, 0, 0, -1, -1, 0}, {PR_SEND_GRAD, 6, -1, 0, -1, -1, 0},
+    {PR_RECV, 9, 0, -1, -1, -1, 0}, {PR_RECV_GRAD, 8, -1, 0, -1, -1, 0}, {PR_F, 8, 2, -1, -1, -1, 0}, {PR_SEND, 8, 2, -1, -1, -1, 0},
+    {PR_B, 7, 1, 1, -1, -1, 0}, {PR_SEND_GRAD, 7, -1, 1, -1, -1, 0}, {PR_RECV, 10, 1, -1, -1, -1, 0}, {PR_RECV_GRAD, 9, -1, 1, -1, -1, 0},
+    {PR_UPDATE, -1, -1, -1, -1, -1, 0}
 };
 
 /* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, from rank, tag: its number among the
- * values between the two ranks} */
+ * values between the two ranks, chunk: the one that receives it} */
 static const PrValue RECV[] = {
-    {"/MaxPool_output_0", 37632, OFF_v__MaxPool_output_0, OFF_d__MaxPool_output_0, PR_FROM_PREV, 1, 4, {8, 6, 14, 14}, 0, 1, 0},
+    {"/MaxPool_output_0", 37632, OFF_v__MaxPool_output_0, OFF_d__MaxPool_output_0, PR_FROM_PREV, 1, 4, {8, 6, 14, 14}, 0, 1, 0, 0},
 };
 /* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, to rank, tag: its number among the
- * values between the two ranks} */
+ * values between the two ranks, chunk: the one that sends it} */
 static const PrValue SEND[] = {
-    {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}, 0, 3, 0},
+    {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}, 0, 3, 0, 0},
 };
 /* {name, floats, offset, gradient, optimizer slots, tied parts, layer: its parameterised layer from 0} */
 static const PrParam PARAMS[] = {
