@@ -344,7 +344,6 @@ static int check_chunks(Options *o, const char *moves_given) {
   if (o->chunks < 2) return bad("--chunks %s with --schedule %s: interleaving needs 2 or more chunks per rank", vbuf, kind);
   if (o->forward_only) return bad("--schedule %s trains; --forward-only programs have no schedule to interleave%s", kind, "");
   if (moves_given) return bad("%s with --schedule %s: stages of several chunks per rank do not offload or recompute stashed activations yet", moves_given, kind);
-  if (o->devices) return bad("--devices with --schedule %s: per-rank device figures are not mapped onto chunks yet%s", kind, "");
   if (o->nstages * o->chunks > MAX_RANKS) return bad("-n %s x --chunks %s: more than 1024 stages", nbuf, vbuf);
   o->nstages *= o->chunks;
   return -1;

@@ -398,6 +398,28 @@ const char *machine_identity(Pool *pool, double *flops) {
   return id;
 }
 
+void machine_spread(Machine *m, const int *rank_of, int S, int V) {
+  static Machine r; /* the ranks' figures (large: not on the stack) */
+  r = *m;
+  for (int s = 0; s < S; s++) {
+    m->dev[s] = r.dev[rank_of[s]];
+    if (m->dev[s].mem_bytes > 0) m->dev[s].mem_bytes /= V;
+  }
+  for (int s = 0; s + 1 < S; s++) {
+    int a = rank_of[s] < rank_of[s + 1] ? rank_of[s] : rank_of[s + 1], b = rank_of[s] + rank_of[s + 1] - a;
+    if (a == b) {
+      m->link[s] = (Link){m->memcpy_bw, 0};
+      continue;
+    }
+    m->link[s] = r.link[a];
+    for (int k = a + 1; k < b; k++) {
+      if (r.link[k].bandwidth < m->link[s].bandwidth) m->link[s].bandwidth = r.link[k].bandwidth;
+      if (r.link[k].latency > m->link[s].latency) m->link[s].latency = r.link[k].latency;
+    }
+  }
+  m->nranks = S;
+}
+
 int machine_load(Machine *m, int n, const char *devices_file, Pool *pool) {
   memset(m, 0, sizeof *m);
   if (n > MAX_RANKS) return err_set("-n %d: at most %d ranks are supported", n, MAX_RANKS);

@@ -46,6 +46,10 @@ void cost_nodes(Graph *g, NodeCost *c);
 /* Machine figures for n ranks: from `devices_file` if given, else the cached
  * probe (running it when there is no cache).  -1 with err_set on a bad file. */
 int machine_load(Machine *m, int n, const char *devices_file, Pool *pool);
+/* --chunks V: the figures of n ranks (m) spread over the S = V n stages they run, rank_of[s] being stage s's
+ * rank: a stage computes at its rank's rate with 1/V of its memory, and the link after stage s is the path
+ * between the two ranks (its slowest bandwidth, its largest latency), or a memory copy within one rank. */
+void machine_spread(Machine *m, const int *rank_of, int S, int V);
 /* Parses a devices description (see docs/devices.md); exposed for tests. */
 int machine_parse(Machine *m, int n, const char *text, const char *name);
 /* This machine's identity as its cached probe gives it (CPU model, cores,

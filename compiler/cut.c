@@ -89,8 +89,8 @@ static int cut_stages(Plan *p, PartProblem *pr) {
   Graph *g = &p->g;
   setup_pricing(p, pr);
   int limited = plan_limited(p);
-  /* Async does not move stashed activations (its lists are not the memory plan's). */
-  int may_leave = limited && pr->stage_mem && !p->opt.forward_only && p->opt.schedule != SCHED_ASYNC &&
+  /* Async and the chunked schedules do not move stashed activations (their lists are not the memory plan's). */
+  int may_leave = limited && pr->stage_mem && !p->opt.forward_only && p->opt.schedule != SCHED_ASYNC && !sched_chunked(p->opt.schedule) &&
                   (p->opt.offload != OFFLOAD_NONE || p->opt.recompute);
   int plain_fits = partition_solve(pr, &p->part, &g->pool) == 0;
   if (!plain_fits && !may_leave) return -1;

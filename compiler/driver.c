@@ -18,6 +18,7 @@
 #include "args.h"
 #include "autodiff.h"
 #include "bind.h"
+#include "chunkcut.h"
 #include "chunks.h"
 #include "cut.h"
 #include "edges.h"
@@ -135,7 +136,9 @@ static void set_problem(Plan *p, double *arr[6]) {
   pr->nstages = o->nstages, pr->microbatches = p->opt.microbatches, pr->schedule = o->schedule;
   pr->opt_state_per_param = p->opt_slots;
   pr->machine = &p->machine;
-  pr->mem_limit = o->mem_limit;
+  /* --chunks V: a rank's V stages share its limit; each is cut to its share (plan_stage_limit), the joined
+   * arena checked whole (stash.c). */
+  pr->mem_limit = o->chunks > 1 ? o->mem_limit / o->chunks : o->mem_limit;
 }
 
 /* --costs FILE: the measured node times replace the FLOP model's, and join the kernel cache. */
@@ -156,6 +159,15 @@ static int measured_costs(Plan *p) {
   return 0;
 }
 
+/* --chunks V: the ranks' figures spread over the stages they run (machine_spread). */
+static void spread_machine(Plan *p) {
+  const Options *o = &p->opt;
+  Schedule map = {.nstages = o->nranks, .nchunks = o->chunks, .kind = o->schedule};
+  int *rank_of = pool_alloc(&p->g.pool, sizeof(int) * (size_t)o->nstages);
+  for (int s = 0; s < o->nstages; s++) rank_of[s] = sched_rank_of(&map, s);
+  machine_spread(&p->machine, rank_of, o->nstages, o->chunks);
+}
+
 /* Freeze, costs: the frozen layers, each node's cost, the values between nodes, the machine and
  * the times (measured, cached or from FLOPs). */
 static int pass_costs(Plan *p) {
@@ -168,7 +180,8 @@ static int pass_costs(Plan *p) {
   if (o->nstages > p->N)
     return err_set("-n %d is larger than the number of compute nodes in %s (%d after constant folding): each stage needs "
                    "at least one", o->nstages, g->path, p->N);
-  if (machine_load(&p->machine, o->nstages, o->devices, &g->pool)) return -1;
+  if (machine_load(&p->machine, opt_ranks(o), o->devices, &g->pool)) return -1;
+  if (o->chunks > 1) spread_machine(p);
   /* --threads T on this machine's probe: GEMM, which most of the FLOPs are, splits over T cores about
    * evenly, so the FLOP model takes T times the one-core rate (a --devices file gives each rank's own
    * rate; the kernel cache's times at T threads, pipecc-probe --kernels --threads T, replace it). */
@@ -213,7 +226,7 @@ static int pass_partition(Plan *p) {
     unit[s].fwd = 1, unit[s].bwd = sched_splits(o->schedule) ? 2 : 1, unit[s].bwd_w = unit[s].bwd / 2;
   }
   if (build_schedule(p, &p->slots, unit)) return -1;
-  if (cut_plan(p, &p->prob)) return -1;
+  if (cut_plan(p, &p->prob) || chunks_balance(p)) return -1;
   p->rbegin = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
   p->rend = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
   p->role = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
@@ -471,11 +484,26 @@ static int compile(const Options *o, int more) {
 
 /* ---- --schedule auto ---- */
 
+/* Why a chunked candidate is not planned where args.c would refuse its flags ("" when it is planned). */
+static const char *chunked_unplanned(const Options *o) {
+  if (o->forward_only) return "--forward-only";
+  if (o->offload != OFFLOAD_AUTO || !o->recompute) return "stages of several chunks per rank do not offload or recompute yet";
+  return "";
+}
+
 /* Candidate c planned as compile() plans (stage programs, memory plan, jitter; the next convolution
  * implementation where one does not fit), written nowhere: its figures, or why it does not plan. */
 static void plan_candidate(Options t, SchedCand *c) {
   int choice[2], n = conv_impl_choices(t.conv_impl, choice);
   t.schedule = c->kind, t.schedule_auto = 0;
+  if (c->chunks > 1) {
+    const char *why = chunked_unplanned(&t);
+    if (*why) {
+      snprintf(c->why, sizeof c->why, "%s", why);
+      return;
+    }
+    t.chunks = c->chunks, t.nstages = t.nranks * c->chunks;
+  }
   for (int i = 0; i < n; i++) {
     t.conv_impl = choice[i], t.conv_fallback = i > 0;
     Plan p;
@@ -501,26 +529,29 @@ static void plan_candidate(Options t, SchedCand *c) {
  * arena is smallest is kept (the simulation's own spread is about 0.3%, driver.c's jitter draws). */
 #define AUTO_SAME_STEP 1.005
 
-/* --schedule auto: 1f1b, gpipe and zb1 planned in turn; o->schedule becomes the fastest predicted that
- * fits (as fast: the leanest), o->cands says what each predicted.  0, or 2 when none plans. */
+/* --schedule auto: 1f1b, gpipe, zb1, interleaved and zbv (two chunks per rank) planned in turn;
+ * o->schedule becomes the fastest predicted that fits (as fast: the leanest), o->cands says what each
+ * predicted.  0, or 2 when none plans. */
 static int choose_schedule(Options *o) {
-  static SchedCand cand[3];
+  enum { NCAND = 5 };
+  static SchedCand cand[NCAND];
   /* 1f1b first: where the figures tie (one stage), the default is kept. */
-  static const int kinds[3] = {SCHED_1F1B, SCHED_GPIPE, SCHED_ZB1};
+  static const int kinds[NCAND] = {SCHED_1F1B, SCHED_GPIPE, SCHED_ZB1, SCHED_INTERLEAVED, SCHED_ZBV};
   int best = -1;
-  for (int k = 0; k < 3; k++) {
+  for (int k = 0; k < NCAND; k++) {
     memset(&cand[k], 0, sizeof cand[k]);
-    cand[k].kind = kinds[k];
+    cand[k].kind = kinds[k], cand[k].chunks = sched_chunked(kinds[k]) ? 2 : 1;
     plan_candidate(*o, &cand[k]);
     if (cand[k].fits && (best < 0 || cand[k].step < cand[best].step)) best = k;
   }
   if (best < 0)
-    return report_error("%s: --schedule auto: no schedule plans (1f1b: %s; gpipe: %s; zb1: %s)", o->model, cand[0].why, cand[1].why,
-                        cand[2].why);
+    return report_error("%s: --schedule auto: no schedule plans (1f1b: %s; gpipe: %s; zb1: %s; interleaved: %s; zbv: %s)", o->model,
+                        cand[0].why, cand[1].why, cand[2].why, cand[3].why, cand[4].why);
   int keep = best;
-  for (int k = 0; k < 3; k++)
+  for (int k = 0; k < NCAND; k++)
     if (cand[k].fits && cand[k].step <= cand[best].step * AUTO_SAME_STEP && cand[k].peak < cand[keep].peak) keep = k;
-  o->schedule = kinds[keep], o->cands = cand, o->ncands = 3;
+  o->schedule = kinds[keep], o->cands = cand, o->ncands = NCAND;
+  if (cand[keep].chunks > 1) o->chunks = cand[keep].chunks, o->nstages = o->nranks * cand[keep].chunks;
   return 0;
 }
 

@@ -428,6 +428,16 @@ static void costs_text(const Plan *p, Buf *b) {
     buf_printf(b, "  node costs   FLOPs over the rate above and memory traffic over memory copies (measure them: --profile, --costs)\n");
 }
 
+/* A candidate's name: its schedule's, with its chunks when it has several. */
+static const char *auto_name(const SchedCand *c) {
+  static char buf[4][48];
+  static int k;
+  char *b = buf[k++ % 4];
+  if (c->chunks > 1) snprintf(b, sizeof buf[0], "%s x%d", schedule_name(c->kind), c->chunks);
+  else snprintf(b, sizeof buf[0], "%s", schedule_name(c->kind));
+  return b;
+}
+
 /* --schedule auto: what each schedule's plan predicted, and which was kept. */
 static void auto_text(const Plan *p, Buf *b) {
   if (!p->opt.ncands) return;
@@ -436,11 +446,11 @@ static void auto_text(const Plan *p, Buf *b) {
   for (int k = 0; k < p->opt.ncands; k++) {
     const SchedCand *c = &p->opt.cands[k];
     if (c->fits)
-      buf_printf(b, "                 %-6s %s per step, %.1f%% bubble, busiest arena %s%s\n", schedule_name(c->kind), fmt_time(c->step),
+      buf_printf(b, "                 %-14s %s per step, %.1f%% bubble, busiest arena %s%s\n", auto_name(c), fmt_time(c->step),
                  100 * c->bubble, c->peak >= 0 ? fmt_bytes((double)c->peak) : "(not built: --plan-only)",
                  c->kind == p->opt.schedule ? "  <- kept" : "");
     else
-      buf_printf(b, "                 %-6s does not plan: %.200s\n", schedule_name(c->kind), c->why);
+      buf_printf(b, "                 %-14s does not plan: %.200s\n", auto_name(c), c->why);
   }
 }
 
@@ -450,7 +460,8 @@ static void auto_json(const Plan *p, Buf *b) {
   buf_printf(b, "  \"schedule_auto\": [");
   for (int k = 0; k < p->opt.ncands; k++) {
     const SchedCand *c = &p->opt.cands[k];
-    buf_printf(b, "%s\n    {\"schedule\": \"%s\", \"plans\": %s, ", k ? "," : "", schedule_name(c->kind), c->fits ? "true" : "false");
+    buf_printf(b, "%s\n    {\"schedule\": \"%s\", \"chunks\": %d, \"plans\": %s, ", k ? "," : "", schedule_name(c->kind), c->chunks > 1 ? c->chunks : 1,
+               c->fits ? "true" : "false");
     if (c->fits)
       buf_printf(b, "\"predicted_step_time_s\": %.9g, \"bubble\": %.6f, \"busiest_arena_bytes\": %lld, \"kept\": %s}", c->step, c->bubble,
                  (long long)c->peak, c->kind == p->opt.schedule ? "true" : "false");

@@ -52,7 +52,8 @@ static inline int opt_ranks(const Options *o) { return o->chunks > 1 ? o->nranks
 /* --schedule auto's candidates: one plan each, its predicted step, bubble and busiest arena, or why it
  * did not plan (over --mem-limit, a refusal). */
 typedef struct SchedCand {
-  int kind;        /* SCHED_GPIPE, SCHED_1F1B, SCHED_ZB1 */
+  int kind;        /* SCHED_GPIPE, SCHED_1F1B, SCHED_ZB1, SCHED_INTERLEAVED, SCHED_ZBV */
+  int chunks;      /* the chunked ones: stages per rank (2) */
   int fits;
   double step, bubble;
   int64_t peak;    /* the busiest stage's arena (bytes) */

@@ -1,5 +1,6 @@
-"""pipecc --schedule auto (compiler/driver.c, choose_schedule): gpipe, 1f1b and zb1 each planned in
-full, the fastest predicted step kept (within 0.5% of it, the one with the smallest busiest arena).
+"""pipecc --schedule auto (compiler/driver.c, choose_schedule): gpipe, 1f1b, zb1, interleaved and zbv (two
+chunks per rank) each planned in full, the fastest predicted step kept (within 0.5% of it, the one with the
+smallest busiest arena).
 
   * Each candidate's figures in plan.json's "schedule_auto" and in the listing are those the same
     flags give with --schedule KIND: predicted step, bubble, busiest arena (mlp, lenet, gpt at n = 2
@@ -43,7 +44,13 @@ def plan(T, model, n, sched, *extra, plan_only=True):
         return (json.load(f), out), ""
 
 
+KINDS = ["1f1b", "gpipe", "zb1", "interleaved", "zbv"]
+
+
 def busiest(pj):
+    """The busiest rank's arena: a stage's, or with chunks the rank's (its stages joined)."""
+    if "ranks" in pj:
+        return max(r["arena_bytes"] for r in pj["ranks"])
     return max(s["arena_bytes"] for s in pj["stage_plans"])
 
 
@@ -54,11 +61,11 @@ def compare(T, model, n, *extra):
         return
     pj, out = got
     cands = {c["schedule"]: c for c in pj.get("schedule_auto", [])}
-    if not check(sorted(cands) == ["1f1b", "gpipe", "zb1"], f"{tag}: plan.json lists gpipe, 1f1b and zb1", str(list(cands))):
+    if not check(list(cands) == KINDS, f"{tag}: plan.json lists {', '.join(KINDS)}", str(list(cands))):
         return
     listing = open(os.path.join(out, "schedule.txt")).read()
     fits = {}
-    for kind in ("gpipe", "1f1b", "zb1"):
+    for kind in KINDS:
         ref, why = plan(T, model, n, kind, *extra)
         c = cands[kind]
         if ref is None:
@@ -69,7 +76,7 @@ def compare(T, model, n, *extra):
             c["busiest_arena_bytes"] == busiest(rp)
         check(same, f"{tag}: {kind}'s figures are --schedule {kind}'s (step {rp['predicted_step_time_s']:.6g} s, bubble {rp['bubble']:.3f}, "
                     f"busiest arena {busiest(rp)})", json.dumps(c))
-        check(re.search(rf"^ +{kind} +.* per step", listing, re.M) is not None, f"{tag}: the listing shows {kind}'s line")
+        check(re.search(rf"^ +{kind}( x2)? +.* per step", listing, re.M) is not None, f"{tag}: the listing shows {kind}'s line")
         fits[kind] = c
     if not fits:
         return
@@ -117,10 +124,11 @@ def main():
         r = subprocess.run([PIPECC, os.path.join(ROOT, "onnx_models", "lenet.onnx"), "-n", "2", "--schedule", "auto", "--mem-limit", "1000",
                             "--plan-only", "-o", os.path.join(T, "tiny.pipe")], capture_output=True, text=True, timeout=300)
         check(r.returncode == 2 and "--schedule auto: no schedule plans (1f1b: " in r.stderr and "; gpipe: " in r.stderr and "; zb1: " in r.stderr
+              and "; interleaved: " in r.stderr and "; zbv: " in r.stderr
               and not os.path.exists(os.path.join(T, "tiny.pipe")), "a limit no schedule fits: refused naming each one's reason, nothing written",
               r.stderr.strip()[-300:])
         r = subprocess.run([PIPECC, os.path.join(ROOT, "onnx_models", "lenet.onnx"), "--schedule", "Auto"], capture_output=True, text=True)
-        check(r.returncode == 2 and "expected gpipe, 1f1b, zb1, pipefb, async or auto" in r.stderr, "--schedule Auto: refused, listing auto",
+        check(r.returncode == 2 and "expected gpipe, 1f1b, zb1, interleaved, zbv, pipefb, async or auto" in r.stderr, "--schedule Auto: refused, listing auto",
               r.stderr.strip())
     finally:
         shutil.rmtree(T, ignore_errors=True)
