@@ -755,7 +755,11 @@ static void ranks_json(const Plan *p, Buf *b) {
     buf_printf(b, "    {\"rank\": %d, \"stages\": [", r);
     for (int c = 0; c < p->sched.nchunks; c++) buf_printf(b, "%s%d", c ? ", " : "", sched_stage(&p->sched, r, c));
     buf_printf(b, "], \"busy_s\": %.9g", p->sched.busy ? p->sched.busy[r] : 0);
-    if (sp) buf_printf(b, ", \"arena_bytes\": %lld, \"weights_bytes\": %lld", (long long)sp->arena_bytes, (long long)sp->weights_bytes);
+    if (sp)
+      buf_printf(b, ", \"arena_bytes\": %lld, \"weights_bytes\": %lld,\n     \"memory\": {\"weights\": %lld, \"grads\": %lld, \"optimizer\": %lld, "
+                    "\"stash\": %lld, \"crossing\": %lld, \"temporaries\": %lld}", (long long)sp->arena_bytes, (long long)sp->weights_bytes,
+                 (long long)sp->mem_weights, (long long)sp->mem_grads, (long long)sp->mem_opt, (long long)sp->mem_stash,
+                 (long long)sp->mem_cross, (long long)sp->mem_temps);
     if (p->specs) spec_messages_json(&p->specs[r], b);
     buf_printf(b, ",\n     \"actions\": [");
     actions_json(p, r, -1, b);
