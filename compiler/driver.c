@@ -12,6 +12,7 @@
  * again with the next (ops/conv.c, conv_impl_choices). */
 #include "driver.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -177,6 +178,9 @@ static int pass_costs(Plan *p) {
   double *arr[6];
   node_costs(p, arr);
   plan_edges(p);
+  if (o->nstages > p->N && o->chunks > 1)
+    return err_set("-n %d with --chunks %d is %d stages, more than the compute nodes in %s (%d after constant folding): each stage "
+                   "needs at least one (use fewer ranks or chunks)", o->nranks, o->chunks, o->nstages, g->path, p->N);
   if (o->nstages > p->N)
     return err_set("-n %d is larger than the number of compute nodes in %s (%d after constant folding): each stage needs "
                    "at least one", o->nstages, g->path, p->N);
@@ -210,6 +214,20 @@ static int build_schedule(Plan *p, Schedule *sc, const StageCost *c) {
   return 0;
 }
 
+/* --chunks V: the partitioner's refusal of a memory limit spoke of stages, each cut to 1/V of its rank's
+ * limit; said of the ranks, whose figure the user gives. */
+static int chunked_no_fit(Plan *p) {
+  const Options *o = &p->opt;
+  if (strncmp(err_msg(), "no partition into", 17) || !(p->part.max_time > 0)) return -1;
+  double need = p->part.max_time * o->chunks;
+  err_clear();
+  return err_set("no partition into %d stages (%d per rank, --chunks) fits the memory limit: each stage may take 1/%d of its "
+                 "rank's %s, and the leanest plan's fullest stage needs %.0f bytes (%s): raise --mem-limit to at least %.0fK, or "
+                 "use fewer --chunks, fewer micro-batches or --schedule 1f1b", o->nstages, o->chunks, o->chunks,
+                 fmt_bytes(o->mem_limit > 0 ? o->mem_limit : p->machine.dev[0].mem_bytes * o->chunks), ceil(p->part.max_time),
+                 fmt_bytes(p->part.max_time), ceil(need / 1024));
+}
+
 /* Partition: the cuts, priced with the ring sizes of the unit-time lists, and each rank's nodes. */
 static int pass_partition(Plan *p) {
   const Options *o = &p->opt;
@@ -226,7 +244,8 @@ static int pass_partition(Plan *p) {
     unit[s].fwd = 1, unit[s].bwd = sched_splits(o->schedule) ? 2 : 1, unit[s].bwd_w = unit[s].bwd / 2;
   }
   if (build_schedule(p, &p->slots, unit)) return -1;
-  if (cut_plan(p, &p->prob) || chunks_balance(p)) return -1;
+  if (cut_plan(p, &p->prob)) return o->chunks > 1 ? chunked_no_fit(p) : -1;
+  if (chunks_balance(p)) return -1;
   p->rbegin = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
   p->rend = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
   p->role = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);

@@ -13,6 +13,10 @@ STEPS steps with --save and --log.  Checks:
   * zbv holds a local copy (two stages on one rank: stages n-1 and n on rank n-1): its program's RECV and
     SEND tables have a row whose peer is the rank itself;
   * --val after training (lenet, n = 2, zbv) runs and its held-out loss equals -n 1's.
+  * Refusals, each one line naming the flag and exit 2 with nothing written: --chunks with a schedule of one
+    stage per rank, zbv with 3 chunks, interleaved with 1, interleaved with m not a multiple of n, --offload
+    and --recompute with chunks, more stages than nodes, a --mem-limit under the leanest plan (the smallest
+    that fits is named, and it fits: one kilobyte less does not), a weight two stages of one rank read.
 
   /usr/bin/python3 tests/test_chunks.py [--quick] [--keep] [--model NAME]
 
@@ -122,6 +126,55 @@ def check_program(out, model, n, sched):
         tally.check(local, f"{what}: rank {n - 1} holds stages {n - 1} and {n}: a value between them is a local copy (its own rank as peer)")
 
 
+def refuse(args, want, what):
+    out = os.path.join(tempfile.gettempdir(), "pipecc-chunks-refused.pipe")
+    shutil.rmtree(out, ignore_errors=True)
+    rc, text = sh([PIPECC] + args + ["-o", out])
+    errors = [l for l in text.strip().splitlines() if not l.startswith("pipecc: warning:")]
+    ok = rc == 2 and want in text and len(errors) == 1 and not os.path.exists(out)
+    tally.check(ok, f"refused: {what}", text.strip()[:300])
+    return text
+
+
+def tied_model(work):
+    """y = relu(x W) W: one weight read by two MatMuls, which two stages of one rank hold at -n 1 --chunks 2."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    w = numpy_helper.from_array(np.random.RandomState(0).randn(8, 8).astype(np.float32) * 0.3, "W")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+                           helper.make_node("MatMul", ["r", "W"], ["y"])], "tied",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])], [w])
+    path = os.path.join(work, "tied.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+def refusals(work):
+    lenet = os.path.join(ROOT, "onnx_models", "lenet.onnx")
+    base = [lenet, "-n", "2", "--batch", "32", "--microbatches", "4"]
+    refuse(base + ["--schedule", "1f1b", "--chunks", "2"], "--chunks 2: only --schedule interleaved and zbv", "--chunks with 1f1b")
+    refuse(base + ["--schedule", "zbv", "--chunks", "3"], "the V shape has exactly 2 chunks", "zbv --chunks 3")
+    refuse(base + ["--schedule", "interleaved", "--chunks", "1"], "interleaving needs 2 or more chunks", "interleaved --chunks 1")
+    refuse(base + ["--schedule", "interleaved", "--chunks", "x"], "--chunks 'x': expected a whole number", "--chunks x")
+    refuse([lenet, "-n", "3", "--microbatches", "4", "--schedule", "interleaved"], "a multiple of the ranks (n = 3)", "interleaved, m = 4, n = 3")
+    refuse(base + ["--schedule", "zbv", "--offload", "peer"], "do not offload or recompute stashed activations yet", "zbv --offload peer")
+    refuse(base + ["--schedule", "interleaved", "--recompute", "none"], "do not offload or recompute", "interleaved --recompute none")
+    refuse([os.path.join(ROOT, "onnx_models", "mlp.onnx"), "-n", "8", "--microbatches", "8", "--schedule", "interleaved"],
+           "-n 8 with --chunks 2 is 16 stages, more than the compute nodes", "more stages than nodes")
+    text = refuse(base + ["--schedule", "zbv", "--mem-limit", "1M"], "raise --mem-limit to at least", "zbv under a 1 MiB limit")
+    m = re.search(r"at least (\d+)K", text)
+    if m:
+        k = int(m.group(1))
+        out = os.path.join(work, "limit.pipe")
+        rc, t = sh([PIPECC] + base + ["--schedule", "zbv", "--mem-limit", f"{k}K", "-o", out])
+        tally.check(rc == 0, f"zbv at the named limit {k}K plans", tail(t))
+        refuse(base + ["--schedule", "zbv", "--mem-limit", f"{k - 1}K"], "raise --mem-limit", f"zbv at {k - 1}K, a kilobyte under it")
+    refuse([tied_model(work), "-n", "1", "--batch", "8", "--microbatches", "2", "--schedule", "interleaved"],
+           "weight 'W' is read by stages 0 and 1, which both run on rank 0", "a tied weight two stages of one rank read")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -131,6 +184,7 @@ def main():
     models = args.model or (["lenet", "gpt"] if args.quick else MODELS)
     work = tempfile.mkdtemp(prefix="pipecc-chunks-")
     data = make_data(work)
+    refusals(work)
     for model in models:
         ref = run(work, data, model, 1, "1f1b", 0)
         if not ref:
