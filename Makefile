@@ -26,7 +26,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: test-parity bench-auto bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-pipefb test-async test-freeze test-same-bits
+.PHONY: test-parity bench-auto bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-pipefb test-async test-freeze test-same-bits test-chunks
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 include runtime/cuda/build.mk
@@ -230,6 +230,11 @@ test-freeze: bin/pipecc bin/piperun-data
 # other builds (9 CPU-minutes); SAME_BITS_FLAGS=--quick for 5 cases (about 3 minutes).
 BASE ?= HEAD~1
 SAME_BITS_FLAGS ?=
+# Virtual stages (not part of make test, which runs tests/test_chunks.py --ci): every sample model at n = 2
+# and 4 under interleaved and zbv, bit-identical to -n 1; a few minutes.
+test-chunks: all
+	$(PY) tests/test_chunks.py
+
 test-same-bits: bin/pipecc bin/piperun-data
 	$(PY) tests/test_same_bits.py --base $(BASE) $(SAME_BITS_FLAGS)
 

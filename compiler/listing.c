@@ -383,7 +383,7 @@ static void frozen_text(const Plan *p, Buf *b) {
 /* The machine the plan is for: rates, link, and how ranks share its cores. */
 static void machine_text(const Plan *p, Buf *b) {
   const Machine *m = &p->machine;
-  int n = p->opt.nstages;
+  int n = opt_ranks(&p->opt); /* ranks, not stages: with --chunks a rank runs several */
   buf_printf(b, "  machine      %s\n", m->source);
   buf_printf(b, "               rank 0: %.1f GFLOP/s%s; link 0: %.2f GB/s, %.1f us; memory copies %.1f GB/s\n", m->dev[0].flops / 1e9,
              m->dev[0].mem_bytes > 0 ? "" : ", memory unlimited", n > 1 ? m->link[0].bandwidth / 1e9 : 0,
@@ -613,7 +613,7 @@ static void machine_json(const Plan *p, Buf *b) {
              p->machine.cores, p->opt.threads > 1 ? p->opt.threads : 1);
   if (p->sched.core_of) {
     buf_printf(b, "[");
-    for (int s = 0; s < n; s++) buf_printf(b, "%s%d", s ? ", " : "", p->sched.core_of[s]);
+    for (int r = 0; r < opt_ranks(&p->opt); r++) buf_printf(b, "%s%d", r ? ", " : "", p->sched.core_of[r]); /* per rank */
     buf_printf(b, "]");
   } else {
     buf_printf(b, "null");

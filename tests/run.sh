@@ -118,6 +118,7 @@ suite "ResNet training parity with PyTorch (BatchNorm, residuals), n = 1 and 4" 
 suite "element-wise, comparison and reduction ops train bit-identically across -n 1, 3, 4 and schedules (bool and int64 tensors across cuts)" $PY tests/test_ops_across_stages.py
 suite "tied weights: a GPT with its head tied to its embedding, n = 1, 2, 4, and an export that merged LayerNorm weights, n = 1, 4, against PyTorch" $PY tests/test_tied.py
 suite "memory plan: offload to a peer or a file, recompute, bit-identical under --mem-limit, compiled by the ASan build (make test-memory: every model, n, schedule)" env PIPECC=bin/pipecc-asan $PY tests/test_memory.py --quick
+suite "virtual stages: interleaved and zbv, two chunks per rank, bit-identical to -n 1 (lenet at n = 2 and 4, mlp and gpt at n = 2), a local copy between a rank's chunks, --val, refusals (the whole matrix: make test-chunks)" env PIPECC=bin/pipecc $PY tests/test_chunks.py --ci
 suite "PipeFB: forward ranks and backward ranks, bit-identical to -n 1 (lenet, gpt at n = 2, 4), the forward ranks' arena, bad flags (ASan build; the whole matrix: make test-pipefb)" env PIPECC=bin/pipecc-asan $PY tests/test_pipefb.py --quick
 suite "model zoo subset: torchvision resnet18 against PyTorch within its float32 spread, n = 1 and 4 (make zoo: the rest)" $PY tests/zoo/run.py --quick
 suite "--threads: a rank on 2 threads (par.c, gemm.c): bits equal to 1 thread and across n, plan, listing, run.sh, profiles, refusals (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_threads.py

@@ -1,6 +1,8 @@
 #!/bin/bash
 # Every sample model through the ASan/UBSan build of pipecc, all the way
-# through code generation: n = 1, 2, 4, 8 under gpipe, 1f1b and zb1.  Any
+# through code generation: n = 1, 2, 4, 8 under gpipe, 1f1b and zb1, and at
+# n = 1, 2, 4 with two chunks per rank under interleaved (m = 8, a multiple of
+# n) and zbv (n = 8 would be more stages than the small models' nodes).  Any
 # sanitizer report, or a refusal, is a failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -12,8 +14,10 @@ export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ASAN_OPTIONS=detect_leak
 for model in onnx_models/*.onnx; do
   name=$(basename "$model" .onnx)
   for n in 1 2 4 8; do
-    for s in gpipe 1f1b zb1; do
-      if "$PIPECC" "$model" -n $n --schedule $s -o "$T/$name.pipe" >/dev/null 2>"$T/err"; then
+    kinds="gpipe 1f1b zb1"
+    [ $n -le 4 ] && kinds="$kinds interleaved zbv"
+    for s in $kinds; do
+      if "$PIPECC" "$model" -n $n --schedule $s --microbatches 8 -o "$T/$name.pipe" >/dev/null 2>"$T/err"; then
         t_pass
       else
         t_notok "$name -n $n --schedule $s under ASan/UBSan"
