@@ -548,24 +548,40 @@ static void plan_candidate(Options t, SchedCand *c) {
  * arena is smallest is kept (the simulation's own spread is about 0.3%, driver.c's jitter draws). */
 #define AUTO_SAME_STEP 1.005
 
-/* --schedule auto: 1f1b, gpipe, zb1, interleaved and zbv (two chunks per rank) planned in turn;
- * o->schedule becomes the fastest predicted that fits (as fast: the leanest), o->cands says what each
- * predicted.  0, or 2 when none plans. */
+/* A candidate's refusal in a few words for the line that lists them all: its first clause, and the
+ * smallest memory limit it names. */
+static void short_why(const char *why, char *out, size_t len) {
+  size_t n = strcspn(why, ";:(");
+  if (n > 60) n = 60;
+  while (n > 0 && why[n - 1] == ' ') n--;
+  const char *least = strstr(why, "at least ");
+  int k = least ? atoi(least + 9) : 0;
+  if (k > 0 && strstr(why, "--mem-limit")) snprintf(out, len, "%.*s, needs --mem-limit %dK", (int)n, why, k);
+  else snprintf(out, len, "%.*s%s", (int)n, why, why[n] && n == 60 ? "..." : "");
+}
+
+/* --schedule auto: 1f1b, gpipe, zb1, interleaved with 2, 3 and 4 chunks per rank, and zbv (two) planned in
+ * turn; o->schedule (and o->chunks) become the fastest predicted that fits (as fast: the leanest), o->cands
+ * says what each predicted.  0, or 2 when none plans. */
 static int choose_schedule(Options *o) {
-  enum { NCAND = 5 };
+  enum { NCAND = 7 };
   static SchedCand cand[NCAND];
   /* 1f1b first: where the figures tie (one stage), the default is kept. */
-  static const int kinds[NCAND] = {SCHED_1F1B, SCHED_GPIPE, SCHED_ZB1, SCHED_INTERLEAVED, SCHED_ZBV};
+  static const int kinds[NCAND] = {SCHED_1F1B, SCHED_GPIPE, SCHED_ZB1, SCHED_INTERLEAVED, SCHED_INTERLEAVED, SCHED_INTERLEAVED, SCHED_ZBV};
+  static const int chunks[NCAND] = {1, 1, 1, 2, 3, 4, 2};
   int best = -1;
   for (int k = 0; k < NCAND; k++) {
     memset(&cand[k], 0, sizeof cand[k]);
-    cand[k].kind = kinds[k], cand[k].chunks = sched_chunked(kinds[k]) ? 2 : 1;
+    cand[k].kind = kinds[k], cand[k].chunks = chunks[k];
     plan_candidate(*o, &cand[k]);
     if (cand[k].fits && (best < 0 || cand[k].step < cand[best].step)) best = k;
   }
-  if (best < 0)
-    return report_error("%s: --schedule auto: no schedule plans (1f1b: %s; gpipe: %s; zb1: %s; interleaved: %s; zbv: %s)", o->model,
-                        cand[0].why, cand[1].why, cand[2].why, cand[3].why, cand[4].why);
+  if (best < 0) {
+    char w[NCAND][112];
+    for (int k = 0; k < NCAND; k++) short_why(cand[k].why, w[k], sizeof w[k]);
+    return report_error("%s: --schedule auto: no schedule plans (1f1b: %s; gpipe: %s; zb1: %s; interleaved x2: %s; x3: %s; x4: %s; zbv: %s; "
+                        "--schedule KIND alone says all)", o->model, w[0], w[1], w[2], w[3], w[4], w[5], w[6]);
+  }
   int keep = best;
   for (int k = 0; k < NCAND; k++)
     if (cand[k].fits && cand[k].step <= cand[best].step * AUTO_SAME_STEP && cand[k].peak < cand[keep].peak) keep = k;

@@ -448,7 +448,7 @@ static void auto_text(const Plan *p, Buf *b) {
     if (c->fits)
       buf_printf(b, "                 %-14s %s per step, %.1f%% bubble, busiest arena %s%s\n", auto_name(c), fmt_time(c->step),
                  100 * c->bubble, c->peak >= 0 ? fmt_bytes((double)c->peak) : "(not built: --plan-only)",
-                 c->kind == p->opt.schedule ? "  <- kept" : "");
+                 c->kind == p->opt.schedule && (c->chunks > 1 ? c->chunks : 1) == p->opt.chunks ? "  <- kept" : "");
     else
       buf_printf(b, "                 %-14s does not plan: %.200s\n", auto_name(c), c->why);
   }
@@ -464,7 +464,7 @@ static void auto_json(const Plan *p, Buf *b) {
                c->fits ? "true" : "false");
     if (c->fits)
       buf_printf(b, "\"predicted_step_time_s\": %.9g, \"bubble\": %.6f, \"busiest_arena_bytes\": %lld, \"kept\": %s}", c->step, c->bubble,
-                 (long long)c->peak, c->kind == p->opt.schedule ? "true" : "false");
+                 (long long)c->peak, c->kind == p->opt.schedule && (c->chunks > 1 ? c->chunks : 1) == p->opt.chunks ? "true" : "false");
     else {
       buf_printf(b, "\"why\": ");
       json_str(b, c->why);

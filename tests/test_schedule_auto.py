@@ -1,5 +1,5 @@
-"""pipecc --schedule auto (compiler/driver.c, choose_schedule): gpipe, 1f1b, zb1, interleaved and zbv (two
-chunks per rank) each planned in full, the fastest predicted step kept (within 0.5% of it, the one with the
+"""pipecc --schedule auto (compiler/driver.c, choose_schedule): gpipe, 1f1b, zb1, interleaved (2, 3 and 4
+chunks per rank) and zbv (two) each planned in full, the fastest predicted step kept (within 0.5% of it, the one with the
 smallest busiest arena).
 
   * Each candidate's figures in plan.json's "schedule_auto" and in the listing are those the same
@@ -33,10 +33,10 @@ SAME_STEP = 1.005
 
 
 def plan(T, model, n, sched, *extra, plan_only=True):
-    out = os.path.join(T, f"{model}-{n}-{sched}-{len(extra)}" + ("" if plan_only else "-full") + ".pipe")
+    out = os.path.join(T, f"{model}-{n}-{sched.replace(' ', '')}-{len(extra)}" + ("" if plan_only else "-full") + ".pipe")
     shutil.rmtree(out, ignore_errors=True)
     r = subprocess.run([PIPECC, os.path.join(ROOT, "onnx_models", model + ".onnx"), "-n", str(n), "--batch", "32", "--microbatches", "8",
-                        "--schedule", sched, "--devices", DEVICES, *extra, *(["--plan-only"] if plan_only else []), "-o", out],
+                        "--schedule", *flags_of(sched), "--devices", DEVICES, *extra, *(["--plan-only"] if plan_only else []), "-o", out],
                        capture_output=True, text=True, timeout=300)
     if r.returncode:
         return None, r.stderr.strip()
@@ -44,7 +44,17 @@ def plan(T, model, n, sched, *extra, plan_only=True):
         return (json.load(f), out), ""
 
 
-KINDS = ["1f1b", "gpipe", "zb1", "interleaved", "zbv"]
+# The candidates in the order auto plans them, and the flags that plan each alone.
+KINDS = ["1f1b", "gpipe", "zb1", "interleaved x2", "interleaved x3", "interleaved x4", "zbv x2"]
+
+
+def flags_of(kind):
+    name, _, v = kind.partition(" x")
+    return (name, "--chunks", v) if v else (name,)
+
+
+def cand_name(c):
+    return c["schedule"] + (f" x{c['chunks']}" if c.get("chunks", 1) > 1 else "")
 
 
 def busiest(pj):
@@ -60,7 +70,7 @@ def compare(T, model, n, *extra):
     if not check(got is not None, f"{tag}: --schedule auto plans", err[-300:]):
         return
     pj, out = got
-    cands = {c["schedule"]: c for c in pj.get("schedule_auto", [])}
+    cands = {cand_name(c): c for c in pj.get("schedule_auto", [])}
     if not check(list(cands) == KINDS, f"{tag}: plan.json lists {', '.join(KINDS)}", str(list(cands))):
         return
     listing = open(os.path.join(out, "schedule.txt")).read()
@@ -76,7 +86,7 @@ def compare(T, model, n, *extra):
             c["busiest_arena_bytes"] == busiest(rp)
         check(same, f"{tag}: {kind}'s figures are --schedule {kind}'s (step {rp['predicted_step_time_s']:.6g} s, bubble {rp['bubble']:.3f}, "
                     f"busiest arena {busiest(rp)})", json.dumps(c))
-        check(re.search(rf"^ +{kind}( x2)? +.* per step", listing, re.M) is not None, f"{tag}: the listing shows {kind}'s line")
+        check(re.search(rf"^ +{kind} +.* per step", listing, re.M) is not None, f"{tag}: the listing shows {kind}'s line")
         fits[kind] = c
     if not fits:
         return
@@ -85,8 +95,9 @@ def compare(T, model, n, *extra):
     # ties (one stage: every figure the same) keep the first listed, 1f1b, the default
     want = min(near, key=lambda k: (fits[k]["busiest_arena_bytes"], fits[k]["predicted_step_time_s"], list(cands).index(k)))
     kept = [k for k, c in cands.items() if c.get("kept")]
-    check(pj["schedule"] == want and kept == [want], f"{tag}: auto keeps {want} (the fastest within 0.5%, the leanest of those)",
-          f"kept {pj['schedule']}, flags {kept}")
+    chosen = pj["schedule"] + (f" x{pj['chunks']}" if pj.get("chunks", 1) > 1 else "")
+    check(chosen == want and kept == [want], f"{tag}: auto keeps {want} (the fastest within 0.5%, the leanest of those)",
+          f"kept {chosen}, flags {kept}")
 
 
 def same_directory(T, model, n):
@@ -95,8 +106,9 @@ def same_directory(T, model, n):
     if not check(got is not None, f"{model} n={n}: --schedule auto writes the stage programs", err[-300:]):
         return
     pj, out = got
-    ref, err = plan(T, model, n, pj["schedule"], plan_only=False)
-    if not check(ref is not None, f"{model} n={n}: --schedule {pj['schedule']} writes them too", err[-300:]):
+    chosen = pj["schedule"] + (f" x{pj['chunks']}" if pj.get("chunks", 1) > 1 else "")
+    ref, err = plan(T, model, n, chosen, plan_only=False)
+    if not check(ref is not None, f"{model} n={n}: --schedule {chosen} writes them too", err[-300:]):
         return
     rdir = ref[1]
     files = sorted(f for f in os.listdir(rdir) if f.startswith("stage_") and f.endswith(".c")) + ["Makefile"]
@@ -105,7 +117,7 @@ def same_directory(T, model, n):
     pa = dict(pj)
     pa.pop("schedule_auto", None)
     check(not diff and pa == ref[0], f"{model} n={n}: the stage programs, weights, Makefile and plan.json (but for schedule_auto) are "
-                                     f"--schedule {pj['schedule']}'s, byte for byte ({len(files)} files)", f"differ: {diff}")
+                                     f"--schedule {chosen}'s, byte for byte ({len(files)} files)", f"differ: {diff}")
 
 
 def main():
@@ -124,7 +136,7 @@ def main():
         r = subprocess.run([PIPECC, os.path.join(ROOT, "onnx_models", "lenet.onnx"), "-n", "2", "--schedule", "auto", "--mem-limit", "1000",
                             "--plan-only", "-o", os.path.join(T, "tiny.pipe")], capture_output=True, text=True, timeout=300)
         check(r.returncode == 2 and "--schedule auto: no schedule plans (1f1b: " in r.stderr and "; gpipe: " in r.stderr and "; zb1: " in r.stderr
-              and "; interleaved: " in r.stderr and "; zbv: " in r.stderr
+              and "; interleaved x2: " in r.stderr and "; zbv: " in r.stderr
               and not os.path.exists(os.path.join(T, "tiny.pipe")), "a limit no schedule fits: refused naming each one's reason, nothing written",
               r.stderr.strip()[-300:])
         r = subprocess.run([PIPECC, os.path.join(ROOT, "onnx_models", "lenet.onnx"), "--schedule", "Auto"], capture_output=True, text=True)
