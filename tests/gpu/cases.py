@@ -23,14 +23,21 @@ MODELS = {
 SCHEDULES = ("gpipe", "1f1b", "zb1")
 
 
+# Virtual stages: two chunks per rank (the rank's chunks joined into one GPU program), at n = 2.
+CHUNKED = ("interleaved", "zbv")
+
+
 def parity_cases():
-    """(tag, model, n, schedule, extra pipecc flags): n = 1 once, n = 2 and 4 under every schedule."""
+    """(tag, model, n, schedule, extra pipecc flags): n = 1 once, n = 2 and 4 under every schedule, and n = 2
+    with two chunks per rank under interleaved and zbv."""
     out = []
     for m in MODELS:
         out.append((f"{m}_n1", m, 1, "1f1b", ()))
         for n in (2, 4):
             for s in SCHEDULES:
                 out.append((f"{m}_{s}_n{n}", m, n, s, ()))
+        for s in CHUNKED:
+            out.append((f"{m}_{s}_n2", m, 2, s, ()))
     return out
 
 

@@ -172,7 +172,7 @@ def main():
     for m, runs in weights.items():
         base_tag, base = runs[0]
         odd = [t for t, w in runs[1:] if set(w) != set(base) or any(not np.array_equal(w[k].view(np.uint32), base[k].view(np.uint32)) for k in base)]
-        check(len(runs) >= 2 and not odd, f"{m}: trained weights bit-identical across {len(runs)} runs (n = 1, 2, 4; gpipe, 1f1b, zb1)"
+        check(len(runs) >= 2 and not odd, f"{m}: trained weights bit-identical across {len(runs)} runs (n = 1, 2, 4; gpipe, 1f1b, zb1; interleaved and zbv at n = 2)"
               + (f"; differ: {odd}" if odd else ""))
     for o in meta.get("offload", []):
         tag, m = o["tag"], o["model"]
