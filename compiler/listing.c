@@ -139,7 +139,10 @@ static void stage_text(const Plan *p, int s, Buf *b) {
   const StageCost *c = &p->part.cost[s];
   double params = 0, ff = 0, bf = 0;
   for (int k = a; k < e; k++) params += p->cost[k].param_count, ff += p->cost[k].fwd_flops, bf += p->cost[k].bwd_flops;
-  buf_printf(b, "stage %d (rank %d%s): nodes %d..%d, %d node%s: %s .. %s\n", s, s,
+  char rank[48];
+  if (p->sched.nchunks > 1) snprintf(rank, sizeof rank, "rank %d, chunk %d", sched_rank_of(&p->sched, s), sched_chunk_of(&p->sched, s));
+  else snprintf(rank, sizeof rank, "rank %d", s);
+  buf_printf(b, "stage %d (%s%s): nodes %d..%d, %d node%s: %s .. %s\n", s, rank,
              p->role[s] == ROLE_FWD ? ", pipefb forward rank: only their forwards" : p->role[s] == ROLE_BWD ? ", pipefb backward rank: only their backwards" : "",
              a, e - 1, e - a, e - a == 1 ? "" : "s", node_name(p, a), node_name(p, e - 1));
   double pbytes = 0;
@@ -209,18 +212,38 @@ static void spec_messages_json(const StageSpec *sp, Buf *b) {
   buf_printf(b, "}");
 }
 
+/* "stages 0 and 3": the stages rank r runs, its chunks in order. */
+static void rank_stages_text(const Plan *p, int r, Buf *b) {
+  int st[TL_MAX_CHUNKS], v = p->sched.nchunks < TL_MAX_CHUNKS ? p->sched.nchunks : TL_MAX_CHUNKS;
+  for (int c = 0; c < v; c++) st[c] = sched_stage(&p->sched, r, c);
+  buf_printf(b, "stage%s ", v == 1 ? "" : "s");
+  timeline_stage_list(b, st, v);
+}
+
+/* With chunks: the table's columns are ranks, and what "@c" says and which stages each rank's chunks are. */
+static void chunks_legend(const Plan *p, Buf *b) {
+  int n = opt_ranks(&p->opt);
+  buf_printf(b, "  a column per rank, which runs its chunks' stages: F<k>@c = F<k> of its chunk c (no @: chunk 0);");
+  for (int r = 0; r < n; r++) {
+    buf_printf(b, "%s rank %d runs ", r % 3 ? ";" : r ? ";\n   " : "\n   ", r);
+    rank_stages_text(p, r, b);
+  }
+  buf_printf(b, "\n");
+}
+
 static void schedule_table(const Plan *p, Buf *b) {
   const Schedule *u = &p->slots;
-  int slots = (int)lround(u->step_time);
+  int slots = (int)lround(u->step_time), chunked = u->nchunks > 1;
   if (u->unroll > 0) /* async: the whole unrolled run, fill and drain included */
     for (int s = 0; s < u->nstages; s++)
       if (u->nact[s]) slots = (int)fmax(slots, lround(u->act[s][u->nact[s] - 1].end));
   buf_printf(b, "\nschedule (%s, %d micro-batches; one slot per unit of time, F<k>/B<k> = forward/backward of micro-batch k%s)\n",
              schedule_name(p->opt.schedule), p->opt.microbatches,
-             p->opt.schedule == SCHED_ZB1 ? ", I<k>/W<k> = its input-/weight-gradient halves"
+             sched_splits(p->opt.schedule) ? ", I<k>/W<k> = its input-/weight-gradient halves"
              : u->unroll > 0 ? pool_printf((Pool *)&p->g.pool, ";\n  the run's micro-batches over %d steps, k = step * %d + i; U = that rank's update", u->unroll, p->opt.microbatches) : "");
+  if (chunked) chunks_legend(p, b);
   buf_printf(b, "  slot |");
-  for (int s = 0; s < u->nstages; s++) buf_printf(b, " stage %-3d|", s);
+  for (int s = 0; s < u->nstages; s++) buf_printf(b, chunked ? " rank %-4d|" : " stage %-3d|", s);
   buf_printf(b, "\n  -----+");
   for (int s = 0; s < u->nstages; s++) buf_printf(b, "----------+");
   buf_printf(b, "\n");
@@ -247,9 +270,15 @@ static void action_lists(const Plan *p, Buf *b) {
                   "  the run's micro-batch modulo the ring's size)\n", u->lookahead, p->opt.microbatches, p->opt.microbatches);
   else
     buf_printf(b, "\nactions per rank (one step, in order; [k] = forward ring slot, {k} = gradient ring slot)\n");
+  if (u->nchunks > 1) buf_printf(b, "  @c = of the rank's chunk c; each chunk has rings of its own, its stage's\n");
   for (int s = 0; s < u->nstages; s++) {
-    buf_printf(b, "  rank %d (%d slot%s, %d gslot%s):", s, u->nslots[s], u->nslots[s] == 1 ? "" : "s", u->ngslots[s],
-               u->ngslots[s] == 1 ? "" : "s");
+    buf_printf(b, "  rank %d (", s);
+    for (int c = 0; c < (u->nchunks > 1 ? u->nchunks : 1); c++) {
+      int st = sched_stage(u, s, c); /* the ring sizes are per stage: a rank's chunk has its stage's */
+      if (u->nchunks > 1) buf_printf(b, "%schunk %d, stage %d: ", c ? "; " : "", c, st);
+      buf_printf(b, "%d slot%s, %d gslot%s", u->nslots[st], u->nslots[st] == 1 ? "" : "s", u->ngslots[st], u->ngslots[st] == 1 ? "" : "s");
+    }
+    buf_printf(b, "):");
     for (int k = 0; k < (async ? u->nbody[s] : u->nact[s]); k++) {
       const Action *a = async ? &u->body[s][k] : &u->act[s][k];
       char name[32];
@@ -474,6 +503,40 @@ static void auto_json(const Plan *p, Buf *b) {
   buf_printf(b, "\n  ],\n");
 }
 
+/* With chunks the memory a rank has is its program's arena, its chunks' stage programs joined (chunks.c):
+ * each stage's weights, gradients, optimizer state and rings side by side, one region of temporaries
+ * they share, since the rank runs one chunk's action at a time. */
+static void rank_memory_text(const Plan *p, Buf *b) {
+  buf_printf(b, "\nmemory: each rank's arena, exactly: its static buffer ARENA_BYTES in stage_<r>.c, which holds everything its\n"
+                "        chunks keep (weights, constants, gradients, optimizer state, rings, temporaries); the runtime adds only\n"
+                "        its per-rank bookkeeping (MPI requests, one micro-batch of loader input) and the data set.  A rank's\n"
+                "        arena is its chunks' programs joined: each stage's weights, gradients, optimizer state and rings side by\n"
+                "        side, the temporaries one region they share (a rank runs one chunk's action at a time).  The stages'\n"
+                "        memory above is each stage's own arena, as if it had a rank; --mem-limit is decided against the ranks'.\n");
+  for (int r = 0; r < opt_ranks(&p->opt); r++) {
+    const StageProg *sp = &p->rprogs[r];
+    int64_t rest = sp->arena_bytes - (sp->mem_weights + sp->mem_grads + sp->mem_opt + sp->mem_stash + sp->mem_cross + sp->mem_temps);
+    buf_printf(b, "  rank %d (", r);
+    rank_stages_text(p, r, b);
+    buf_printf(b, "): %s (%lld bytes) = weights %s + grads %s + optimizer %s + kept for backward %s + crossing values %s + temporaries %s",
+               fmt_bytes((double)sp->arena_bytes), (long long)sp->arena_bytes, fmt_bytes((double)sp->mem_weights),
+               fmt_bytes((double)sp->mem_grads), fmt_bytes((double)sp->mem_opt), fmt_bytes((double)sp->mem_stash),
+               fmt_bytes((double)sp->mem_cross), fmt_bytes((double)sp->mem_temps));
+    if (rest) buf_printf(b, " + other %s", fmt_bytes((double)rest)); /* weight versions, leaving values, a peer's store */
+    buf_printf(b, "\n");
+  }
+}
+
+/* The bubble a balanced pipeline of this schedule leaves: (p-1)/(m+p-1) over p stages; interleaved over n
+ * ranks of V chunks (n-1)/(V m + n-1), its fill and drain a chunk's time; zbv has no formula here: the
+ * unit-time lists' own (every forward and backward half one unit). */
+static double ideal_bubble(const Plan *p) {
+  int n = opt_ranks(&p->opt), m = p->opt.microbatches, v = p->sched.nchunks;
+  if (v > 1 && p->opt.schedule == SCHED_ZBV) return p->slots.bubble;
+  if (v > 1) return (double)(n - 1) / (double)(v * m + n - 1);
+  return schedule_ideal_bubble(p->opt.nstages, m);
+}
+
 /* The step: predicted time, bubble, imbalance, and why the cuts are where they are. */
 static void step_text(const Plan *p, Buf *b) {
   int n = p->opt.nstages;
@@ -505,6 +568,12 @@ static void step_text(const Plan *p, Buf *b) {
                   "               weights; the first stage runs forwards up to %d step%s ahead of its update\n",
                p->sched.staleness, p->sched.staleness, p->sched.staleness, p->sched.staleness, p->sched.staleness == 1 ? "y" : "ies",
                p->sched.lookahead, p->sched.lookahead == 1 ? "" : "s");
+  } else if (p->sched.nchunks > 1 && p->opt.schedule == SCHED_ZBV) {
+    buf_printf(b, "  bubble       %.1f%% predicted (with every forward and backward half one unit of time, the lists below\n"
+                  "               leave %.1f%% idle)\n", 100 * p->sched.bubble, 100 * ideal_bubble(p));
+  } else if (p->sched.nchunks > 1) {
+    buf_printf(b, "  bubble       %.1f%% predicted (a balanced interleaved pipeline of n = %d ranks, V = %d chunks each:\n"
+                  "               (n-1)/(V m + n-1) = %.1f%%)\n", 100 * p->sched.bubble, opt_ranks(&p->opt), p->sched.nchunks, 100 * ideal_bubble(p));
   } else {
     buf_printf(b, "  bubble       %.1f%% predicted (a balanced pipeline: (p-1)/(m+p-1) = %.1f%%)\n", 100 * p->sched.bubble,
                100 * schedule_ideal_bubble(n, p->opt.microbatches));
@@ -536,9 +605,10 @@ void listing_text(const Plan *p, Buf *b) {
   }
   buf_printf(b, "  batch        %lld samples per step = %d micro-batches x %lld\n", (long long)p->batch, p->opt.microbatches,
              (long long)p->mb_size);
-  buf_printf(b, "  schedule     %s over %d stage%s, optimizer %s (%.0f state slot%s per parameter)\n",
-             schedule_name(p->opt.schedule), n, n == 1 ? "" : "s", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots,
-             p->opt_slots == 1 ? "" : "s");
+  buf_printf(b, "  schedule     %s over %d stage%s%s, optimizer %s (%.0f state slot%s per parameter)\n",
+             schedule_name(p->opt.schedule), n, n == 1 ? "" : "s",
+             p->sched.nchunks > 1 ? pool_printf((Pool *)&p->g.pool, " on %d ranks (%d chunks each)", opt_ranks(&p->opt), p->sched.nchunks) : "",
+             p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots, p->opt_slots == 1 ? "" : "s");
   if (p->opt.frozen) frozen_text(p, b);
   machine_text(p, b);
   costs_text(p, b);
@@ -558,6 +628,8 @@ void listing_text(const Plan *p, Buf *b) {
   initializers_text(p, b);
   if (p->mem_note)
     buf_printf(b, "\nmemory: %s; the partitioner's upper bound, not the arena\n", p->mem_note);
+  else if (p->rprogs)
+    rank_memory_text(p, b);
   else
     buf_printf(b, "\nmemory: each stage's arena, exactly: its static buffer ARENA_BYTES in stage_<k>.c, which holds everything\n"
                   "        the stage keeps (weights, constants, gradients, optimizer state, rings, temporaries); the runtime adds\n"
@@ -801,7 +873,7 @@ void listing_json(const Plan *p, Buf *b) {
   buf_printf(b, "  \"convolutions\": \"%s\",\n", conv_impl_name(&p->g));
   machine_json(p, b);
   buf_printf(b, "  \"predicted_step_time_s\": %.9g,\n  \"bubble\": %.6f,\n  \"ideal_bubble\": %.6f,\n  \"max_stage_time_s\": %.9g,\n",
-             p->sched.step_time, p->sched.bubble, schedule_ideal_bubble(n, p->opt.microbatches), p->part.max_time);
+             p->sched.step_time, p->sched.bubble, ideal_bubble(p), p->part.max_time);
   buf_printf(b, "  \"jitter\": %.6f,\n  \"step_time_at_medians_s\": %.9g,\n  \"bubble_at_medians\": %.6f,\n", p->sched.jitter,
              at_medians(p), p->sched.jitter > 0 ? p->sched.bubble_fixed : p->sched.bubble);
   buf_printf(b, "  \"imbalance\": %.6f,\n  \"ties\": [", p->part.max_time / mean_time(p));
@@ -825,15 +897,18 @@ void listing_timeline(const Plan *p, Buf *b) {
   for (int s = 0; s < sc->nstages; s++) n += sc->nact[s];
   TlSpan *spans = calloc((size_t)(n ? n : 1), sizeof *spans);
   if (!spans) abort();
-  int k = 0;
+  int k = 0, chunked = sc->nchunks > 1;
   for (int s = 0; s < sc->nstages; s++)
     for (int i = 0; i < sc->nact[s]; i++) {
       const Action *a = &sc->act[s][i];
-      spans[k++] = (TlSpan){s, a->kind - ACT_F + TL_F, a->mb, 0, a->start, a->end};
+      /* With chunks an UPDATE is the whole rank's: no chunk, no stage. */
+      int whole = chunked && a->kind == ACT_UPDATE, ch = whole ? -1 : a->chunk;
+      spans[k++] = (TlSpan){s, a->kind - ACT_F + TL_F, a->mb, 0, a->start, a->end, ch, whole ? -1 : sched_stage(sc, s, ch)};
     }
-  char title[512];
-  snprintf(title, sizeof title, "%s: planned step, %s, %d stages, %d micro-batches, predicted %s, bubble %.0f%%", p->g.path,
-           schedule_name(p->opt.schedule), sc->nstages, sc->m, fmt_time(sc->step_time), 100 * sc->bubble);
+  char title[512], stages[64] = "";
+  if (chunked) snprintf(stages, sizeof stages, " on %d ranks", sc->nstages);
+  snprintf(title, sizeof title, "%s: planned step, %s, %d stages%s, %d micro-batches, predicted %s, bubble %.0f%%", p->g.path,
+           schedule_name(p->opt.schedule), sched_nvstages(sc), stages, sc->m, fmt_time(sc->step_time), 100 * sc->bubble);
   timeline_svg(b, spans, k, sc->nstages, title);
   free(spans);
 }

@@ -6,9 +6,11 @@
  * kinds present.  Within a row, "wait" boxes are drawn first, compute boxes
  * (F, B, I, W, UPDATE) over them at full height, communication boxes (SEND,
  * RECV, SEND_GRAD, RECV_GRAD) over those as a band along the bottom of the row,
- * and actions narrower than a pixel last, as ticks across the row.  Every
- * number is printed with a fixed format, so the output is a pure function of
- * the input. */
+ * and actions narrower than a pixel last, as ticks across the row.  A chunked
+ * chart (pipecc --chunks: a rank runs several stages) adds a key under the
+ * legend: each chunk's shade and the stages each rank runs.  Every number is
+ * printed with a fixed format, so the output is a pure function of the
+ * input. */
 #include "timeline.h"
 
 #include "../runtime/actions.h" /* the kinds' names and legends */
@@ -151,8 +153,8 @@ static int cmp_step(const void *a, const void *b) {
 }
 
 static int span_ok(const TlSpan *s, int nranks) {
-  return s->rank >= 0 && s->rank < nranks && s->kind >= 0 && s->kind < TL_NKINDS && isfinite(s->start) &&
-         isfinite(s->end);
+  return s->rank >= 0 && s->rank < nranks && s->kind >= 0 && s->kind < TL_NKINDS && s->chunk < TL_MAX_CHUNKS &&
+         isfinite(s->start) && isfinite(s->end);
 }
 
 /* What the drawing is laid out by: the time range and its unit, the rows, and where each part goes. */
@@ -162,9 +164,121 @@ typedef struct Frame {
   double t0, t1, range, unit, pw, pitch, rows_end, axis_y, legend_y, height;
   const char *uname;
   double legend_x[TL_NKINDS], legend_row_y[TL_NKINDS];
+  /* Chunked: the chunks a rank runs (0: not chunked) and stage_of[rank * nchunks + chunk] (-1: unknown). */
+  int nchunks, *stage_of;
+  double key_y; /* the baseline of the chunks' key's first line */
 } Frame;
 
 static double fx(const Frame *f, double t) { return LEFT + (t - f->t0) / f->range * f->pw; }
+
+/* A chunked chart's chunks: the highest chunk + 1 of the spans drawn, and each rank's chunks' stages as the
+ * first span of each names them.  Nothing when no span is past chunk 0. */
+static void frame_chunks(Frame *f) {
+  int v = 0;
+  for (int i = 0; i < f->n; i++)
+    if (span_ok(&f->spans[i], f->nranks) && f->spans[i].chunk + 1 > v) v = f->spans[i].chunk + 1;
+  if (v <= 1) return;
+  size_t cells = (size_t)f->nranks * (size_t)v;
+  f->nchunks = v;
+  f->stage_of = malloc(sizeof(int) * (cells + 1));
+  if (!f->stage_of) abort();
+  for (size_t i = 0; i < cells; i++) f->stage_of[i] = -1;
+  for (int i = 0; i < f->n; i++) {
+    const TlSpan *s = &f->spans[i];
+    int *at = span_ok(s, f->nranks) && s->chunk >= 0 ? &f->stage_of[(size_t)s->rank * (size_t)v + (size_t)s->chunk] : NULL;
+    if (at && *at < 0 && s->stage >= 0) *at = s->stage;
+  }
+}
+
+void timeline_stage_list(Buf *o, const int *stages, int n) {
+  for (int i = 0; i < n; i++) {
+    buf_printf(o, "%s", !i ? "" : i == n - 1 ? " and " : ", ");
+    if (stages[i] >= 0) buf_printf(o, "%d", stages[i]);
+    else buf_printf(o, "?");
+  }
+}
+
+static void rank_stages(Buf *o, const Frame *f, int r) {
+  buf_printf(o, "rank %d runs stages ", r);
+  timeline_stage_list(o, &f->stage_of[(size_t)r * (size_t)f->nchunks], f->nchunks);
+}
+
+int timeline_chunks_text(Buf *o, const TlSpan *spans, int n, int nranks) {
+  Frame f = {0};
+  f.spans = spans, f.n = n < 0 || !spans ? 0 : n;
+  f.nranks = nranks < 0 ? 0 : nranks > TL_MAX_RANKS ? TL_MAX_RANKS : nranks;
+  frame_chunks(&f);
+  for (int r = 0; f.nchunks && r < f.nranks; r++) {
+    if (r) buf_printf(o, "; ");
+    rank_stages(o, &f, r);
+  }
+  free(f.stage_of);
+  return f.nchunks;
+}
+
+/* Chunk c of a chunked chart's v, as a shade of a kind's colour: mixed with white, the more the later the
+ * chunk (up to 55%), so that a rank's chunks tell apart while every kind keeps its hue. */
+static void shade(char out[8], const char *hex, int c, int v) {
+  double w = v > 1 && c > 0 ? 0.55 * c / (v - 1) : 0;
+  unsigned long rgb = strtoul(hex + 1, NULL, 16);
+  int ch[3];
+  for (int k = 0; k < 3; k++) {
+    int x = (int)(rgb >> (16 - 8 * k) & 0xff);
+    ch[k] = (int)lround(x + (255 - x) * w);
+  }
+  snprintf(out, 8, "#%02x%02x%02x", ch[0], ch[1], ch[2]);
+}
+
+/* A span's fill and ink: its kind's; in a chunked chart a later chunk's shade of it, with dark ink (a wait
+ * and the whole rank's actions, chunk -1, keep their kind's). */
+static void span_colours(const Frame *f, const TlSpan *s, char fill[8], const char **ink) {
+  int later = f->nchunks && s->chunk > 0 && s->kind != TL_WAIT;
+  snprintf(fill, 8, "%s", KIND[s->kind].fill);
+  *ink = KIND[s->kind].ink;
+  if (later) shade(fill, KIND[s->kind].fill, s->chunk, f->nchunks), *ink = "#1a1a1a";
+}
+
+#define KEY_RANKS 256 /* a chunked chart's key names the stages of this many ranks at most */
+
+/* The next entry of a legend line, w px wide, at (*x, *y): on a new line when it would pass the right edge. */
+static void key_place(double w, double *x, double *y) {
+  if (*x > LEFT && *x + w > W_PX - RIGHT) *x = LEFT, *y += 22;
+}
+
+/* A chunked chart's key, its first line at baseline y, wrapped to the width like the legend: what "3@1"
+ * means, each chunk's shade (of a forward's colour) and the stages each rank runs.  o NULL: only measures.
+ * Returns the baseline of its last line. */
+static double chunk_key(Buf *o, const Frame *f, double y) {
+  double x = LEFT, w;
+  if (o) buf_printf(o, "<g id=\"chunks\" font-size=\"12\" fill=\"#1a1a1a\">\n");
+  static const char *head = "chunks: 3@1 = micro-batch 3 of the rank's chunk 1, drawn lighter;";
+  w = 6.6 * (double)strlen(head) + 22;
+  if (o) buf_printf(o, "<text x=\"%.2f\" y=\"%.2f\">%s</text>\n", x, y, head);
+  x += w;
+  for (int c = 0; c < f->nchunks; c++) {
+    char fill[8];
+    key_place(w = 22 + 6.6 * (7 + ndigits(c)) + 16, &x, &y);
+    shade(fill, KIND[TL_F].fill, c, f->nchunks);
+    if (o)
+      buf_printf(o, "<rect class=\"chunk-key\" data-chunk=\"%d\" x=\"%.2f\" y=\"%.2f\" width=\"16\" height=\"12\" fill=\"%s\"/>\n"
+                    "<text x=\"%.2f\" y=\"%.2f\">chunk %d</text>\n", c, x, y - 10, fill, x + 22, y, c);
+    x += w;
+  }
+  Buf t = {0};
+  int shown = f->nranks < KEY_RANKS ? f->nranks : KEY_RANKS;
+  for (int r = 0; r <= shown && r < f->nranks; r++) {
+    t.len = 0;
+    if (r < shown) rank_stages(&t, f, r);
+    else buf_printf(&t, "and %d more ranks", f->nranks - shown);
+    buf_printf(&t, "%s", r + 1 < f->nranks ? ";" : "");
+    key_place(w = 6.6 * (double)t.len + 16, &x, &y);
+    if (o) buf_printf(o, "<text class=\"rank-stages\" data-rank=\"%d\" x=\"%.2f\" y=\"%.2f\">%s</text>\n", r, x, y, t.s);
+    x += w;
+  }
+  buf_free(&t);
+  if (o) buf_printf(o, "</g>\n");
+  return y;
+}
 
 /* The time range, the kinds present, the rows' and the legend's places (the legend wrapped to the width). */
 static void frame_measure(Frame *f) {
@@ -194,6 +308,9 @@ static void frame_measure(Frame *f) {
     f->legend_row_y[k] = ly;
     lx += w;
   }
+  frame_chunks(f);
+  f->key_y = ly + 22;
+  if (f->nchunks) ly = chunk_key(NULL, f, f->key_y);
   f->height = ly + 28;
 }
 
@@ -303,33 +420,45 @@ static void svg_span(Buf *o, const Frame *f, const TlSpan *s, int layer) {
   int l = tick ? LAYER_TICK : s->kind == TL_WAIT ? LAYER_WAIT : is_comm(s->kind) ? LAYER_COMM : LAYER_COMPUTE;
   if (l != layer) return;
   double ytop = TOP + s->rank * f->pitch;
-  char mbtxt[32] = "";
+  int chunked = f->nchunks && s->chunk >= 0;
+  char mbtxt[64] = "", label[32] = "", chunk[80] = "", fill[8];
+  const char *ink;
+  span_colours(f, s, fill, &ink);
   if (s->mb >= 0) snprintf(mbtxt, sizeof mbtxt, " mb %d,", s->mb);
-  char tip[192];
-  snprintf(tip, sizeof tip, "%s (%s),%s step %d, rank %d: %.3f to %.3f %s (%.3f %s)", tl_kind_name(s->kind), kind_what(s->kind), mbtxt,
-           s->step, s->rank, (s->start - f->t0) / f->unit, (end - f->t0) / f->unit, f->uname, (end - s->start) / f->unit, f->uname);
+  /* The box's text is its micro-batch, and in a chunked chart its chunk as the listing writes it (F3@1). */
+  if (s->mb >= 0) snprintf(label, sizeof label, chunked && s->chunk > 0 ? "%d@%d" : "%d", s->mb, s->chunk);
+  if (chunked && s->stage >= 0) snprintf(chunk, sizeof chunk, " data-chunk=\"%d\" data-stage=\"%d\"", s->chunk, s->stage);
+  else if (chunked) snprintf(chunk, sizeof chunk, " data-chunk=\"%d\"", s->chunk);
+  char tip[320];
+  int k = snprintf(tip, sizeof tip, "%s (%s),%s", tl_kind_name(s->kind), kind_what(s->kind), mbtxt);
+  if (chunked && k < (int)sizeof tip)
+    k += s->stage >= 0 ? snprintf(tip + k, sizeof tip - (size_t)k, " chunk %d (stage %d),", s->chunk, s->stage)
+                       : snprintf(tip + k, sizeof tip - (size_t)k, " chunk %d,", s->chunk);
+  if (k < (int)sizeof tip)
+    snprintf(tip + k, sizeof tip - (size_t)k, " step %d, rank %d: %.3f to %.3f %s (%.3f %s)", s->step, s->rank, (s->start - f->t0) / f->unit,
+             (end - f->t0) / f->unit, f->uname, (end - s->start) / f->unit, f->uname);
   if (tick) {
     buf_printf(o,
-               "<line class=\"tick\" data-kind=\"%s\" data-rank=\"%d\" data-mb=\"%d\" data-step=\"%d\" "
+               "<line class=\"tick\" data-kind=\"%s\" data-rank=\"%d\" data-mb=\"%d\" data-step=\"%d\"%s "
                "x1=\"%.2f\" y1=\"%.2f\" x2=\"%.2f\" y2=\"%.2f\" stroke=\"%s\" stroke-width=\"1.5\">"
                "<title>%s</title></line>\n",
-               tl_kind_name(s->kind), s->rank, s->mb, s->step, x, ytop - 3, x, ytop + ROW_H + 3,
-               s->kind == TL_WAIT ? KIND[s->kind].ink : KIND[s->kind].fill, tip);
+               tl_kind_name(s->kind), s->rank, s->mb, s->step, chunk, x, ytop - 3, x, ytop + ROW_H + 3,
+               s->kind == TL_WAIT ? ink : fill, tip);
     return;
   }
   int comm = layer == LAYER_COMM;
   double y = comm ? ytop + ROW_H - COMM_H : ytop + 1, h = comm ? COMM_H : ROW_H - 2;
   buf_printf(o,
-             "<rect class=\"span\" data-kind=\"%s\" data-rank=\"%d\" data-mb=\"%d\" data-step=\"%d\" "
+             "<rect class=\"span\" data-kind=\"%s\" data-rank=\"%d\" data-mb=\"%d\" data-step=\"%d\"%s "
              "x=\"%.2f\" y=\"%.2f\" width=\"%.2f\" height=\"%.2f\" fill=\"%s\"%s><title>%s</title></rect>\n",
-             tl_kind_name(s->kind), s->rank, s->mb, s->step, x, y, w, h, KIND[s->kind].fill,
+             tl_kind_name(s->kind), s->rank, s->mb, s->step, chunk, x, y, w, h, fill,
              w >= 4 ? " stroke=\"#ffffff\" stroke-width=\"0.75\"" : "", tip);
   double font = comm ? FONT_COMM : FONT_BOX;
-  if (s->mb >= 0 && w >= ndigits(s->mb) * 0.62 * font + 4)
+  if (label[0] && w >= (double)strlen(label) * 0.62 * font + 4)
     buf_printf(o,
                "<text class=\"mb\" x=\"%.2f\" y=\"%.2f\" font-size=\"%.0f\" fill=\"%s\" "
-               "text-anchor=\"middle\">%d</text>\n",
-               x + w / 2, y + h / 2 + font * 0.36, font, KIND[s->kind].ink, s->mb);
+               "text-anchor=\"middle\">%s</text>\n",
+               x + w / 2, y + h / 2 + font * 0.36, font, ink, label);
 }
 
 /* The actions, layer by layer, each layer in input order. */
@@ -354,7 +483,7 @@ static void svg_legend(Buf *o, const Frame *f) {
   }
   if (!f->nvalid)
     buf_printf(o, "<text x=\"%.0f\" y=\"%.2f\" fill=\"#777777\">no actions</text>\n", LEFT, f->legend_y);
-  buf_printf(o, "</g>\n</svg>\n");
+  buf_printf(o, "</g>\n");
 }
 
 void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *title) {
@@ -368,4 +497,7 @@ void timeline_svg(Buf *o, const TlSpan *spans, int n, int nranks, const char *ti
   svg_steps(o, &f);
   svg_actions(o, &f);
   svg_legend(o, &f);
+  if (f.nchunks) chunk_key(o, &f, f.key_y);
+  buf_printf(o, "</svg>\n");
+  free(f.stage_of);
 }

@@ -110,7 +110,7 @@ double timed_action(Run *r, const PrAction *a, int64_t step) {
   double w0 = r->t_wait, a0 = now();
   double loss = run_action(r, a);
   double a1 = now();
-  trace_add(&r->trace, a->kind, a->mb, a->kind == PR_SEND_GRAD || a->kind == PR_RECV_GRAD ? a->gslot : a->slot, step, a0, a1);
+  trace_action(&r->trace, a, a->kind == PR_SEND_GRAD || a->kind == PR_RECV_GRAD ? a->gslot : a->slot, step, a0, a1);
   if (a->kind == PR_F || a->kind == PR_B || a->kind == PR_I || a->kind == PR_W || a->kind == PR_RECOMPUTE || a->kind == PR_UPDATE)
     r->t_busy += (a1 - a0) - (r->t_wait - w0);
   return loss;

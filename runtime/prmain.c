@@ -161,6 +161,7 @@ static void setup_run(Run *r, int argc, char **argv, int threads) {
   if (r->a.trace) {
     int64_t cap = (r->a.steps - r->step) * st->nactions * 4 + 16;
     trace_init(&r->trace, cap < (1 << 22) ? cap : (1 << 22));
+    r->trace.running = &r->cur, r->trace.chunks = r->chunk, r->trace.nchunks = r->nchunks; /* chunks_open made them */
   }
   r->idx = malloc(sizeof(int64_t) * (size_t)st->batch);
   if (!r->idx) die(2, "out of memory for the batch's sample indices%s", "");

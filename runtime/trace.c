@@ -1,7 +1,8 @@
 /* trace.c - gathering every rank's spans on rank 0 and writing them as one
- * Chrome trace event file: {"traceEvents": [...], "displayTimeUnit": "ms"},
- * complete events ("ph": "X", microseconds) on track tid = rank, named by
- * thread_name metadata events. */
+ * Chrome trace event file: {"otherData": {"pipecc_trace_version": 2},
+ * "traceEvents": [...], "displayTimeUnit": "ms"}, complete events ("ph": "X",
+ * microseconds) on track tid = rank, each with its chunk and stage, named by
+ * thread_name metadata events ("rank 0 (stages 0 and 3)" with chunks). */
 #include "trace.h"
 
 #include <errno.h>
@@ -24,22 +25,37 @@ void trace_init(PrTrace *t, int64_t cap) {
 
 void trace_free(PrTrace *t) { free(t->ev), memset(t, 0, sizeof *t); }
 
+/* The track's name: "rank 2 (stage 2)", with chunks "rank 0 (stages 0 and 3)" (the listing's words). */
+static void track_name(const PrTrace *t, int rank, char *buf, size_t len) {
+  size_t k = (size_t)snprintf(buf, len, "rank %d (stage%s ", rank, t->nchunks > 1 ? "s" : "");
+  for (int c = 0; c < t->nchunks && k < len; c++)
+    k += (size_t)snprintf(buf + k, len - k, "%s%d", !c ? "" : c == t->nchunks - 1 ? " and " : ", ", t->chunks[c].stage);
+  if (!t->nchunks && k < len) k += (size_t)snprintf(buf + k, len - k, "%d", rank);
+  if (k < len) snprintf(buf + k, len - k, ")");
+}
+
 /* This rank's events as JSON objects, each followed by ",\n". */
 static char *format_events(const PrTrace *t, int rank, long *len) {
-  size_t cap = 256 + (size_t)t->n * 260, n = 0;
+  char track[1024];
+  track_name(t, rank, track, sizeof track);
+  size_t cap = 256 + sizeof track + (size_t)t->n * 320, n = 0;
   char *s = malloc(cap);
   if (!s) return *len = 0, NULL;
   n += (size_t)snprintf(s + n, cap - n, "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 0, \"tid\": %d, "
-                                        "\"args\": {\"name\": \"rank %d (stage %d)\"}},\n", rank, rank, rank);
-  for (int64_t i = 0; i < t->n && n + 220 < cap; i++) {
+                                        "\"args\": {\"name\": \"%s\"}},\n", rank, track);
+  for (int64_t i = 0; i < t->n && n + 300 < cap; i++) {
     const PrEvent *e = &t->ev[i];
     const char *kind = e->kind < 0 ? "wait" : pr_kind_name(e->kind);
-    char name[32];
+    /* The stage the span ran: its chunk's (-1: the whole rank's, or a chunk the rank has not). */
+    int stage = e->chunk >= 0 && e->chunk < t->nchunks ? t->chunks[e->chunk].stage : -1;
+    char name[48];
     if (e->kind < 0 || e->mb < 0) snprintf(name, sizeof name, "%s", kind); /* UPDATE, the weights of pipefb */
+    else if (e->chunk > 0) snprintf(name, sizeof name, "%s%d@%d", kind, e->mb, e->chunk); /* as the listing writes it */
     else snprintf(name, sizeof name, "%s%d", kind, e->mb);
     n += (size_t)snprintf(s + n, cap - n, "{\"name\": \"%s\", \"cat\": \"%s\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 0, "
-                          "\"tid\": %d, \"args\": {\"step\": %lld, \"mb\": %d, \"kind\": \"%s\", \"slot\": %d", name, kind,
-                          e->t0 * 1e6, (e->t1 - e->t0) * 1e6, rank, (long long)e->step, e->mb, kind, e->slot);
+                          "\"tid\": %d, \"args\": {\"step\": %lld, \"mb\": %d, \"kind\": \"%s\", \"slot\": %d, \"chunk\": %d, "
+                          "\"stage\": %d", name, kind, e->t0 * 1e6, (e->t1 - e->t0) * 1e6, rank, (long long)e->step, e->mb, kind,
+                          e->slot, e->chunk, stage);
     /* A wait for a message: how much of it came after the sender had sent it (exposed communication). */
     if (e->kind == -1) n += (size_t)snprintf(s + n, cap - n, ", \"exposed_us\": %.3f", e->exposed * 1e6);
     n += (size_t)snprintf(s + n, cap - n, "}},\n");
@@ -63,7 +79,8 @@ static int write_file(const char *path, const char *events, long n, char *msg, s
   int err = f ? 0 : errno ? errno : EIO;
   if (f) {
     errno = 0;
-    if (fprintf(f, "{\"traceEvents\": [\n%.*s\n], \"displayTimeUnit\": \"ms\"}\n", (int)n, events) < 0 || fflush(f))
+    if (fprintf(f, "{\"otherData\": {\"pipecc_trace_version\": %d},\n\"traceEvents\": [\n%.*s\n], \"displayTimeUnit\": \"ms\"}\n",
+                PR_TRACE_VERSION, (int)n, events) < 0 || fflush(f))
       err = errno ? errno : EIO;
     if (!err && !direct && fsync(fileno(f))) err = errno;
     if (fclose(f) && !err) err = errno ? errno : EIO;

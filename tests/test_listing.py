@@ -10,7 +10,11 @@ one UPDATE, and ring slots within the stage's ring sizes.  Each stage's memory
 allocates (ARENA_BYTES), read from the generated code.  --mem-limit is decided
 against that arena: the leanest plan's need fits to the byte and one byte less
 does not.  A devices file with one rank twice as fast gives that rank about
-twice the work.  Run: /usr/bin/python3."""
+twice the work.  With --chunks 2 (interleaved, zbv; lenet and gpt at n = 2, 4) the listing says
+what each rank runs: each stage's rank and chunk, the ranks (not the stages) sharing cores, each rank's
+joined arena (its ARENA_BYTES) and breakdown, a schedule table with a column per rank and a legend of
+each rank's stages, the bubble against interleaved's own ideal or zbv's unit-time lists, each chunk's
+ring sizes; plan.json parses and agrees; timeline.svg marks each span's chunk.  Run: /usr/bin/python3."""
 import json
 import os
 import re
@@ -18,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import xml.etree.ElementTree as ET
 
 import numpy as np
 import onnx
@@ -155,6 +160,136 @@ def long_chain(tmp):
         check(contiguous, f"a chain of {n} ReLUs {' '.join(extra)}: 8 non-empty contiguous stages cover its {plan['compute_nodes']} nodes")
 
 
+def stage_of(sched, n, r, c):
+    """schedule.h's sched_stage: interleaved deals the stages round-robin, zbv folds them into a V."""
+    return (c + 1) * n - 1 - r if sched == "zbv" and c % 2 else c * n + r
+
+
+def unit_bubble(text, n):
+    """The idle share of the listing's unit-time table: empty cells over all cells of the n rank columns."""
+    table = text.split("\n  slot |", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    cells = [row.split("|")[1:1 + n] for row in table]
+    return sum(1 for row in cells for c in row if not c.strip()) / (len(cells) * n)
+
+
+def chunked_svg(tag, out, plan, n):
+    """timeline.svg of a chunked plan: every rank's spans carry chunks 0 and 1 with their stages, the
+    later chunk's labelled n@1, and the key says which stages each rank runs."""
+    try:
+        root = ET.parse(os.path.join(out, "timeline.svg")).getroot()
+    except ET.ParseError as e:
+        return check(False, f"{tag}: timeline.svg parses ({e})")
+    svg = "{http://www.w3.org/2000/svg}"
+    spans = [el for el in root.iter() if el.get("class") in ("span", "tick")]
+    want = {r: {c: stage_of(plan["schedule"], n, r, c) for c in (0, 1)} for r in range(n)}
+    got = {}
+    for el in spans:
+        if el.get("data-kind") != "UPDATE" and el.get("data-chunk") is not None:
+            got.setdefault(int(el.get("data-rank")), {})[int(el.get("data-chunk"))] = int(el.get("data-stage"))
+    check(got == want, f"{tag}: timeline.svg's spans carry each rank's chunks and their stages {got}, expected {want}")
+    labels = [el.text for el in root.iter(svg + "text") if el.get("class") == "mb"]
+    wide = any(el.get("data-chunk") == "1" and el.get("data-kind") in ("F", "B", "I", "W") and float(el.get("width", 0)) >= 40 for el in spans)
+    check(all(t.isdigit() or t.endswith("@1") for t in labels) and (not wide or any(t.endswith("@1") for t in labels)),
+          f"{tag}: timeline.svg labels chunk 1's boxes n@1, chunk 0's n ({labels[:8]})")
+    key = [el.text for el in root.iter(svg + "text") if el.get("class") == "rank-stages"]
+    check(key == [f"rank {r} runs stages {want[r][0]} and {want[r][1]}" + (";" if r + 1 < n else "") for r in range(n)],
+          f"{tag}: timeline.svg's key names each rank's stages {key}")
+    title = root.find(f"{svg}text[@id='title']")
+    check(title is not None and f"{2 * n} stages on {n} ranks" in title.text, f"{tag}: the title says {2 * n} stages on {n} ranks")
+
+
+def chunked_text(tag, text, plan, n, out):
+    """The listing of a --chunks 2 plan against its plan.json and generated code."""
+    sched, m, S = plan["schedule"], plan["microbatches"], 2 * n
+    heads = re.findall(r"^stage (\d+) \(rank (\d+), chunk (\d+)\)", text, re.M)
+    check(heads == [(str(s), str(s % n if sched != "zbv" or s < n else S - 1 - s), str(s // n)) for s in range(S)] and
+          all((st["rank"], st["chunk"]) == (int(h[1]), int(h[2])) for st, h in zip(plan["stage_plans"], heads)),
+          f"{tag}: each stage's heading names its rank and chunk, as plan.json ({heads})")
+    share = re.search(r"(\d+) ranks share (\d+) cores", text)
+    pins = plan["machine"]["pinned_core"]
+    check((not share or int(share.group(1)) == n) and (pins is None or len(pins) == n),
+          f"{tag}: the ranks that share cores are the {n} ranks ({share and share.group(0)}; pinned {pins})")
+    code = arenas_in_code(out, n)
+    rows = re.findall(r"^  rank (\d+) \(stages (\d+) and (\d+)\): \S+ \S+ \((\d+) bytes\) = weights .* temporaries", text, re.M)
+    ranks = plan["ranks"]
+    check([(int(r), int(a), int(b), int(x)) for r, a, b, x in rows] ==
+          [(r, ranks[r]["stages"][0], ranks[r]["stages"][1], code[r]) for r in range(n)] and
+          all(ranks[r]["arena_bytes"] == code[r] for r in range(n)),
+          f"{tag}: the memory paragraph states each rank's stages and joined arena, its ARENA_BYTES {code} ({rows})")
+    check(all(sum(r["memory"].values()) <= r["arena_bytes"] for r in ranks) and
+          "each rank's arena" in text and "temporaries one region they share" in text,
+          f"{tag}: each rank's arena is its chunks' programs joined, the temporaries shared")
+    legend = re.findall(r"rank (\d+) runs stages (\d+) and (\d+)", text.split("\nschedule (", 1)[1])
+    check([tuple(map(int, x)) for x in legend] == [(r, stage_of(sched, n, r, 0), stage_of(sched, n, r, 1)) for r in range(n)]
+          and "F<k>@c = F<k> of its chunk c" in text, f"{tag}: the table's legend names each rank's stages {legend}")
+    head = re.search(r"^  slot \|(.*)$", text, re.M).group(1)
+    check(head.split("|")[:-1] == [f" rank {r:<4d}" for r in range(n)], f"{tag}: the table's columns are ranks ({head})")
+    if sched == "interleaved":
+        ideal = (n - 1) / (2 * m + n - 1)
+        check(f"(n-1)/(V m + n-1) = {100 * ideal:.1f}%" in text and abs(plan["ideal_bubble"] - ideal) < 1e-6,
+              f"{tag}: the bubble is held against interleaved's ideal {100 * ideal:.1f}% (plan.json {plan['ideal_bubble']})")
+    else:
+        unit = unit_bubble(text, n)
+        check(f"the lists below\n               leave {100 * unit:.1f}% idle" in text and abs(plan["ideal_bubble"] - unit) < 1e-6,
+              f"{tag}: the bubble is held against the unit-time lists' {100 * unit:.1f}% (plan.json {plan['ideal_bubble']})")
+    check("(p-1)/(m+p-1)" not in text, f"{tag}: no (p-1)/(m+p-1) over the stages")
+    acts = text.split("\nactions per rank", 1)[1]
+    for r in range(n):
+        st = [plan["stage_plans"][stage_of(sched, n, r, c)] for c in (0, 1)]
+        want = f"  rank {r} (" + "; ".join(f"chunk {c}, stage {s['stage']}: {s['nslots']} slot{'s' * (s['nslots'] != 1)}, "
+                                            f"{s['ngslots']} gslot{'s' * (s['ngslots'] != 1)}" for c, s in enumerate(st)) + "):"
+        body = acts.split(want, 1)[1].split("\n  rank ", 1)[0] if want in acts else ""
+        ops = [re.sub(r"[\[{].*", "", x) for x in body.split()]
+        check(ops == [a["op"] for a in ranks[r]["actions"]], f"{tag}: rank {r}'s actions, headed by its chunks' rings ({want})")
+
+
+def chunked_listings(tmp, devices):
+    """--chunks 2: the listing, plan.json and timeline.svg say what each rank runs (see the docstring)."""
+    for name, batch in (("lenet", 32), ("gpt", 16)):
+        for n in (2, 4):
+            for sched in ("interleaved", "zbv"):
+                out = os.path.join(tmp, f"{name}-{n}-{sched}-x2.pipe")
+                tag = f"{name} -n {n} --schedule {sched} --chunks 2"
+                r = subprocess.run([PIPECC, os.path.join(ROOT, "onnx_models", name + ".onnx"), "-n", str(n), "--schedule", sched,
+                                    "--chunks", "2", "--batch", str(batch), "--microbatches", "4", "--devices", devices, "-o", out,
+                                    "--listing"], capture_output=True, text=True)
+                if not check(r.returncode == 0, f"{tag}: {r.stderr.strip()}"):
+                    continue
+                text = open(os.path.join(out, "schedule.txt")).read()
+                check(r.stdout == text, f"{tag}: --listing output differs from schedule.txt")
+                try:
+                    plan = json.load(open(os.path.join(out, "plan.json")))
+                except ValueError as e:
+                    check(False, f"{tag}: plan.json is not valid JSON ({e})")
+                    continue
+                check(plan.get("chunks") == 2 and len(plan["ranks"]) == n and len(plan["stage_plans"]) == 2 * n and
+                      all(plan["ranks"][r]["stages"] == [stage_of(sched, n, r, c) for c in (0, 1)] for r in range(n)),
+                      f"{tag}: plan.json has {n} ranks of 2 stages each")
+                chunked_text(tag, text, plan, n, out)
+                chunked_svg(tag, out, plan, n)
+    # On 2 cores the 4 ranks (not the 8 stages) share them, each pinned to one.
+    shared = os.path.join(tmp, "cores2.txt")
+    with open(shared, "w") as f:
+        f.write(open(devices).read() + "host cores=2\n")
+    out = os.path.join(tmp, "lenet-4-x2-cores.pipe")
+    r, _ = run(os.path.join(ROOT, "onnx_models", "lenet.onnx"), 4, out, "--schedule", "interleaved", "--chunks", "2", "--batch", "32",
+               "--microbatches", "4", "--devices", shared, "--listing")
+    if check(r.returncode == 0, f"lenet -n 4 --chunks 2 on 2 cores: {r.stderr.strip()}"):
+        pins = json.load(open(os.path.join(out, "plan.json")))["machine"]["pinned_core"]
+        check("4 ranks share 2 cores" in r.stdout and pins is not None and len(pins) == 4,
+              f"lenet -n 4 --chunks 2 on 2 cores: the listing says 4 ranks share 2 cores, plan.json pins 4 ({pins})")
+    # Without chunks plan.json parses too, and names no ranks or chunks.
+    out = os.path.join(tmp, "lenet-2-1f1b-plain.pipe")
+    r, _ = run(os.path.join(ROOT, "onnx_models", "lenet.onnx"), 2, out, "--devices", devices)
+    if check(r.returncode == 0, f"lenet -n 2: {r.stderr.strip()}"):
+        try:
+            plan = json.load(open(os.path.join(out, "plan.json")))
+            check("ranks" not in plan and all("chunk" not in s for s in plan["stage_plans"]),
+                  "lenet -n 2: plan.json is valid JSON with no ranks or chunks")
+        except ValueError as e:
+            check(False, f"lenet -n 2: plan.json is not valid JSON ({e})")
+
+
 def main():
     tmp = tempfile.mkdtemp(prefix="pipecc-listing.")
     os.environ["PIPECC_CACHE"] = os.path.join(tmp, "machine.txt")
@@ -281,6 +416,7 @@ def main():
             return m.group(1).strip() if m else None
         check(kind("MatMul") == "temporary" and kind("Softmax") == "one copy per micro-batch in flight",
               f"gpt: q k^T before its scale is a temporary ({kind('MatMul')}), the softmax kept ({kind('Softmax')})")
+    chunked_listings(tmp, devices)
     long_chain(tmp)
     return tally.finish()
 

@@ -6,9 +6,13 @@ one box or tick per action, rank rows, the legend, the title, --step, byte-for-
 byte determinism.  Then hostile inputs: each is refused with one line
 "pipecc-trace: error: FILE: ..." naming a byte offset or event index, exit 2,
 and no output file (nor a leftover temporary); a few hundred mutated traces run
-clean under the sanitizers.  Last, a real browser: headless Chromium renders the
-SVG to a PNG, which is decoded here (zlib + numpy) and checked for size and
-content.
+clean under the sanitizers.  A chunked trace (format version 2, pipecc
+--chunks: each span's chunk and stage) is drawn with each span's chunk, a
+lighter shade for chunk 1 and a key of each rank's stages, and says them on
+stdout; a version 1 trace (no version, no chunks) draws as before; a newer
+version or a bad chunk or stage is refused.  Last, a real browser: headless
+Chromium renders the SVG to a PNG, which is decoded here (zlib + numpy) and
+checked for size and content.
 Run with /usr/bin/python3.
   PIPECC_TRACE=bin/pipecc-trace   the tool to test (default: the ASan build)
   TIMELINE_PNG=DIR                 keep the rendered PNGs in DIR"""
@@ -98,6 +102,92 @@ def make_trace(nranks=4, m=8, steps=2, tf=100.0, tb=200.0, origin=1.7e15):
             end = max(end, t + 150.0)
         t_step = end + 50.0
     return {"traceEvents": ev, "displayTimeUnit": "ms"}
+
+
+def make_chunked_trace(steps=1, m=4, tf=100.0, tb=200.0):
+    """Interleaved over 2 ranks of 2 chunks as the runtime traces it (format 2): rank r runs stages r and r + 2;
+    per micro-batch F and B of each chunk (named F3@1 for chunk 1), a RECV of chunk 1, a wait in chunk 1's F,
+    and each rank's UPDATE, the whole rank's (chunk -1, stage -1)."""
+    ev = [{"name": "thread_name", "ph": "M", "pid": 0, "tid": r, "args": {"name": f"rank {r} (stages {r} and {r + 2})"}}
+          for r in range(2)]
+    for s in range(steps):
+        for r in range(2):
+            t = s * 10000.0 + r * tf
+
+            def x(cat, t0, dur, mb, c):
+                name = cat if mb < 0 or cat == "wait" else f"{cat}{mb}" + (f"@{c}" if c > 0 else "")
+                ev.append({"name": name, "cat": cat, "ph": "X", "ts": t0, "dur": dur, "pid": 0, "tid": r,
+                           "args": {"step": s, "mb": mb, "kind": cat, "slot": 0, "chunk": c, "stage": r + 2 * c if c >= 0 else -1}})
+            for mb in range(m):
+                for c in (0, 1):
+                    if c:
+                        x("RECV", t, 0.0, mb, c)
+                    if c and mb == 1:
+                        x("wait", t, 20.0, mb, c)
+                        t += 20.0
+                    x("F", t, tf, mb, c)
+                    x("B", t + tf, tb, mb, c)
+                    t += tf + tb
+            x("UPDATE", t, 150.0, -1, -1)
+    return {"otherData": {"pipecc_trace_version": 2}, "traceEvents": ev, "displayTimeUnit": "ms"}
+
+
+def chunked(tmp):
+    """A version 2 trace of --chunks 2: drawn with each span's chunk and stage, chunk 1 lighter, labelled 3@1, a key
+    and a stdout line of each rank's stages; a version 1 trace draws without; bad versions, chunks and stages refused."""
+    trace = make_chunked_trace()
+    src, out = os.path.join(tmp, "chunked.json"), os.path.join(tmp, "chunked.svg")
+    with open(src, "w") as f:
+        json.dump(trace, f)
+    r = run(TOOL, src, "-o", out)
+    if not check(r.returncode == 0 and not r.stderr, "a chunked trace (version 2) is drawn", r.stderr):
+        return
+    check(r.stdout.splitlines()[-1:] == ["pipecc-trace: 2 chunks a rank: rank 0 runs stages 0 and 2; rank 1 runs stages 1 and 3"],
+          "chunked: stdout says which stages each rank ran", r.stdout)
+    root = ET.parse(out).getroot()
+    sp = spans_of(root)
+    tags = {(el.get("data-rank"), el.get("data-chunk"), el.get("data-stage")) for el in sp if el.get("data-kind") != "UPDATE"}
+    check(len(sp) == n_x(trace) and tags == {("0", "0", "0"), ("0", "1", "2"), ("1", "0", "1"), ("1", "1", "3")} and
+          all(el.get("data-chunk") is None for el in sp if el.get("data-kind") == "UPDATE"),
+          "chunked: every span carries its chunk and stage (UPDATE, the whole rank's, none)", tags)
+    fills = {(el.get("data-kind"), el.get("data-chunk")): el.get("fill") for el in sp if el.get("class") == "span"}
+    check(fills.get(("F", "0")) == "#4e79a7" and fills.get(("F", "1")) == "#afc3d7" and fills.get(("B", "1")) not in (None, "#59a14f"),
+          "chunked: chunk 1's boxes are a lighter shade of their kind's colour", fills)
+    mbs = {el.text for el in root.iter(SVG + "text") if el.get("class") == "mb"}
+    check({"3@1", "3"} <= mbs and not any(t.endswith("@0") for t in mbs), "chunked: boxes labelled 3@1 (chunk 1) and 3 (chunk 0)", mbs)
+    key = [el.text for el in root.iter(SVG + "text") if el.get("class") == "rank-stages"]
+    check(key == ["rank 0 runs stages 0 and 2;", "rank 1 runs stages 1 and 3"], "chunked: the key names each rank's stages", key)
+    title = root.find(f"{SVG}text[@id='title']")
+    check(title is not None and title.text == "chunked.json: measured, step 0, 2 chunks a rank", "chunked: the title says 2 chunks a rank",
+          title is not None and title.text)
+    # Version 1, said or not: no chunks, drawn as always.
+    old = make_trace(nranks=2, m=2, steps=1)
+    old["otherData"] = {"pipecc_trace_version": 1, "note": "Chrome's metadata beside ours"}
+    with open(src, "w") as f:
+        json.dump(old, f)
+    r = run(TOOL, src, "-o", out)
+    data = open(out).read() if r.returncode == 0 else ""
+    check(r.returncode == 0 and "data-chunk" not in data and 'id="chunks"' not in data and len(r.stdout.splitlines()) == 1,
+          "a version 1 trace draws without chunks", r.stderr)
+    os.unlink(src), os.unlink(out)
+    good = json.dumps(trace)
+    ev = json.dumps(trace["traceEvents"][5])
+
+    def event(**args):
+        e = json.loads(ev)
+        e["args"].update(args)
+        return good.replace(ev, json.dumps(e), 1).encode()
+    for what, content, where in [
+        ("a newer trace format (version 3)", good.replace('"pipecc_trace_version": 2', '"pipecc_trace_version": 3').encode(),
+         "trace format version 3 is newer than this pipecc-trace reads (1 to 2)"),
+        ("a version that is a string", good.replace('"pipecc_trace_version": 2', '"pipecc_trace_version": "2"').encode(), "is a string"),
+        ("a version 0", good.replace('"pipecc_trace_version": 2', '"pipecc_trace_version": 0').encode(), "expected at least 1"),
+        ("chunk 64", event(chunk=64), "event 5"),
+        ("chunk -2", event(chunk=-2), "event 5"),
+        ("a fractional chunk", event(chunk=0.5), "event 5"),
+        ("a stage that is a string", event(stage="2"), "event 5"),
+    ]:
+        refused(tmp, what, content, where)
 
 
 def n_x(trace, step=None):
@@ -284,6 +374,9 @@ def body(tmp):
     check(r.returncode == 2 and open(keep).read() == "old", "a refused trace leaves an existing output untouched")
     os.unlink(keep)
     os.unlink(bp)
+
+    # ---- Chunks (trace format 2).
+    chunked(tmp)
 
     # ---- Mutations under the sanitizers: exit 0 or 2, never a crash or report.
     rng = random.Random(7)

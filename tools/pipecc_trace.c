@@ -3,13 +3,18 @@
  *   pipecc-trace FILE.json [-o FILE.svg] [--step K]
  *
  * Reads the Chrome trace-event JSON the runtime writes
- *   {"traceEvents": [{"name": "F3", "cat": "F", "ph": "X", "ts": 1234.5, "dur": 10.0,
- *                     "pid": 0, "tid": 2, "args": {"step": 0, "mb": 3, "kind": "F", "slot": 1}},
+ *   {"otherData": {"pipecc_trace_version": 2},
+ *    "traceEvents": [{"name": "F3", "cat": "F", "ph": "X", "ts": 1234.5, "dur": 10.0,
+ *                     "pid": 0, "tid": 2, "args": {"step": 0, "mb": 3, "kind": "F", "slot": 1,
+ *                                                  "chunk": 0, "stage": 2}},
  *                    {"name": "thread_name", "ph": "M", "pid": 0, "tid": 2,
  *                     "args": {"name": "rank 2 (stage 2)"}}, ...],
  *   "displayTimeUnit": "ms"}
- * (ts and dur in microseconds, cat an action kind or "wait", tid the rank) and
- * draws it with timeline_svg.  The file is untrusted: the JSON parser is strict
+ * (ts and dur in microseconds, cat an action kind or "wait", tid the rank,
+ * chunk and stage those of pipecc --chunks) and draws it with timeline_svg.
+ * A trace without a version is version 1, from before chunks: it has no chunk
+ * or stage, and is drawn as it always was; a newer version is refused.  The
+ * file is untrusted: the JSON parser is strict
  * (RFC 8259, valid UTF-8, bounded depth and size), every field is checked for
  * presence, type and range, and any problem is one line
  *   pipecc-trace: error: FILE: byte N: ...     (or: event I (byte N): ...)
@@ -33,6 +38,8 @@
 #define MAX_TS 1e16  /* us: 317 years (Unix-epoch timestamps fit) */
 #define MAX_DUR 1e12 /* us: 11.6 days */
 #define MAX_STEP 1000000000.0
+#define MAX_STAGE 65535
+#define TRACE_VERSION 2 /* the newest trace format this reads (runtime/trace.h's PR_TRACE_VERSION) */
 
 static const char *g_file = "";
 
@@ -465,6 +472,10 @@ static void event(Ctx *c, const JNode *e, Trace *t) {
   if (k && !(k->slen == cat->slen && !memcmp(c->p->sb + k->str, c->p->sb + cat->str, k->slen)))
     fail(c, k->off, "args \"kind\" %s differs from \"cat\"", show(c->p, k));
   if (member(c, args, "slot")) need_num(c, args, wa, "slot", -1, MAX_STEP, 1);
+  /* Version 2: the rank's chunk the span ran (-1: the whole rank's) and its stage (-1: none); a version 1
+   * trace has neither, one stage per rank. */
+  int chunk = member(c, args, "chunk") ? (int)need_num(c, args, wa, "chunk", -1, TL_MAX_CHUNKS - 1, 1) : 0;
+  int stage = member(c, args, "stage") ? (int)need_num(c, args, wa, "stage", -1, MAX_STAGE, 1) : -1;
 
   if (t->n == t->cap) {
     t->cap = t->cap ? 2 * t->cap : 1024;
@@ -472,9 +483,22 @@ static void event(Ctx *c, const JNode *e, Trace *t) {
     if (!s) abort();
     t->s = s;
   }
-  t->s[t->n++] = (TlSpan){rank, kind, mb, step, ts * 1e-6, (ts + dur) * 1e-6};
+  t->s[t->n++] = (TlSpan){rank, kind, mb, step, ts * 1e-6, (ts + dur) * 1e-6, chunk, stage};
   if (rank + 1 > t->nranks) t->nranks = rank + 1;
   t->have_events = 1;
+}
+
+/* "otherData": {"pipecc_trace_version": V}: a trace of a newer format than this reads is refused, not drawn
+ * wrong.  Other otherData (Chrome's metadata) is left alone. */
+static void other_data(JP *p, long v) {
+  const JNode *o = &p->nodes[v];
+  Ctx c = {p, -1, 0};
+  const JNode *ver = o->type == J_OBJ ? member(&c, o, "pipecc_trace_version") : NULL;
+  if (!ver) return;
+  double x = need_num(&c, o, "", "pipecc_trace_version", 1, INT_MAX, 1);
+  if (x > TRACE_VERSION)
+    fail(&c, ver->off, "trace format version %.0f is newer than this pipecc-trace reads (1 to %d); draw it with the pipecc that wrote it",
+         x, TRACE_VERSION);
 }
 
 static void jp_check(JP *p) {
@@ -509,9 +533,12 @@ static void parse_trace(JP *p, Trace *t) {
     p->pos++;
     ws(p);
     if (!is_events) {
+      int other = klen == 9 && !memcmp(p->sb + key, "otherData", 9);
       p->nn = 0;
       p->sblen = 0;
-      if (parse_value(p, 1) < 0) jp_check(p);
+      long v = parse_value(p, 1);
+      if (v < 0) jp_check(p);
+      if (other) other_data(p, v);
     } else {
       if (seen) die("%s: byte %zu: duplicate key \"traceEvents\"", g_file, koff);
       seen = 1;
@@ -704,15 +731,21 @@ int main(int argc, char **argv) {
   /* The file name without its directory, in the title. */
   const char *base = strrchr(in, '/');
   base = base && base[1] ? base + 1 : in;
-  char title[600];
-  if (lo == hi) snprintf(title, sizeof title, "%.500s: measured, step %d", base, lo);
-  else snprintf(title, sizeof title, "%.500s: measured, steps %d to %d", base, lo, hi);
+  /* pipecc --chunks: which stages each rank ran, in the title and below the summary line. */
+  Buf chunks = {0};
+  int nchunks = timeline_chunks_text(&chunks, t.s, t.n, t.nranks);
+  char title[600], each[48] = "";
+  if (nchunks) snprintf(each, sizeof each, ", %d chunks a rank", nchunks);
+  if (lo == hi) snprintf(title, sizeof title, "%.500s: measured, step %d%s", base, lo, each);
+  else snprintf(title, sizeof title, "%.500s: measured, steps %d to %d%s", base, lo, hi, each);
 
   Buf o = {0};
   timeline_svg(&o, t.s, t.n, t.nranks, title);
   write_atomic(out, o.s, o.len);
   if (lo == hi) printf("pipecc-trace: wrote %s: %d actions on %d ranks, step %d\n", out, t.n, t.nranks, lo);
   else printf("pipecc-trace: wrote %s: %d actions on %d ranks, steps %d to %d\n", out, t.n, t.nranks, lo, hi);
+  if (nchunks) printf("pipecc-trace: %d chunks a rank: %s\n", nchunks, chunks.s);
+  buf_free(&chunks);
   buf_free(&o);
   free(t.s);
   free(out_owned);
