@@ -707,10 +707,10 @@ int stash_plan(Plan *p) {
   Schedule *sc = &p->sched;
   sc->nxslots = pool_alloc(&p->g.pool, sizeof(int) * (size_t)n);
   sc->nstore = pool_alloc(&p->g.pool, sizeof(int) * (size_t)n);
+  if (p->rprogs) return chunks_fit(p); /* no memory plan: nothing to compare a plain plan with */
   p->plain_arena = pool_alloc(&p->g.pool, sizeof(int64_t) * (size_t)n);
   p->plain_step = sc->step_time;
   for (int s = 0; s < n; s++) p->plain_arena[s] = p->arena[s];
-  if (p->rprogs) return chunks_fit(p);
   int over = 0;
   for (int s = 0; s < n; s++) {
     double lim = plan_stage_limit(p, s);
