@@ -341,6 +341,7 @@ static void times_open(Run *r) {
 void chunks_open(Run *r) {
   const PrStage *st = r->st;
   if (st->nchunks > 0) {
+    if (st->nchunks > PR_MAX_CHUNKS) die(2, "this program runs %d chunks; the runtime runs at most %d (regenerate with pipecc)", st->nchunks, PR_MAX_CHUNKS);
     r->chunk = st->chunks, r->nchunks = st->nchunks;
     return;
   }

@@ -69,6 +69,8 @@ typedef struct ChunkMsg {
   MPI_Request *tsreq_f, *trreq_f, *tsreq_g, *trreq_g;
 } ChunkMsg;
 
+#define PR_MAX_CHUNKS 16 /* pipecc --chunks' largest */
+
 typedef struct Run {
   const PrStage *st;
   /* The chunks this rank runs: the descriptor's (pipecc --chunks), or one made of its own functions
