@@ -4,7 +4,9 @@
 Each stage's spec (compiler/spec.c) gives every value it receives or sends per micro-batch a peer rank
 and a tag (its number among the values between the two ranks).  plan.json states them
 (stage_plans[s].messages) and the C renderer prints them into stage_<s>.c's RECV and SEND tables.
-For every sample model at n = 2 and 4, direct and relayed routes (and pipefb), this checks:
+For every sample model at n = 2 and 4, direct and relayed routes (and pipefb, and two chunks per rank
+under interleaved and zbv, where a rank's program is its stages' joined and plan.json's "ranks" state its
+messages; a value between two chunks of one rank is sent to the rank itself), this checks:
   * plan.json's messages are the programs' tables, value by value (name, bytes, peer, tag);
   * every send from s to p has exactly one receive on p from s with the same value, bytes and tag, and
     the other way round (so no message can be posted without its match);
@@ -25,7 +27,7 @@ import tally  # noqa: E402
 PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
 MODELS = {"lenet": "--batch 32 --microbatches 4", "gpt": "--batch 8 --microbatches 4", "resnet": "--batch 8 --microbatches 2",
           "densenet": "--batch 8 --microbatches 2", "inception": "--batch 8 --microbatches 2", "mlp": "--batch 32 --microbatches 4"}
-ROW = re.compile(r'^\s*\{"((?:[^"\\]|\\.)*)", (\d+), [^,]+, [^,]+, (PR_FROM_\w+), -?\d+, \d+, \{[^}]*\}, \d, (-?\d+), (\d+)\},$')
+ROW = re.compile(r'^\s*\{"((?:[^"\\]|\\.)*)", (\d+), [^,]+, [^,]+, (PR_FROM_\w+), -?\d+, \d+, \{[^}]*\}, \d, (-?\d+), (\d+), (\d+)\},$')
 
 
 def table(src, name):
@@ -44,7 +46,7 @@ def table(src, name):
 
 def check_plan(tag, out):
     plan = json.load(open(os.path.join(out, "plan.json")))
-    stages = plan["stage_plans"]
+    stages = plan.get("ranks", plan["stage_plans"])  # with chunks a program is a rank's
     msgs = [s.get("messages") for s in stages]
     tally.check(all(m is not None for m in msgs), f"{tag}: plan.json states every stage's messages")
     if any(m is None for m in msgs):
@@ -94,6 +96,11 @@ def main():
                     cases.append((f"{model} n={n} {route}", model, flags.split() + ["-n", str(n), "--route", route]))
         cases.append(("lenet n=4 pipefb", "lenet", MODELS["lenet"].split() + ["-n", "4", "--schedule", "pipefb"]))
         cases.append(("gpt n=4 zb1", "gpt", MODELS["gpt"].split() + ["-n", "4", "--schedule", "zb1"]))
+        for model in ("lenet", "gpt", "resnet"):
+            for n in (2, 4):
+                for sched in ("interleaved", "zbv"):
+                    cases.append((f"{model} n={n} {sched}", model, MODELS[model].replace("--microbatches 2", "--microbatches 4").split()
+                                  + ["-n", str(n), "--schedule", sched]))
         for tag, model, flags in cases:
             out = os.path.join(tmp, tag.replace(" ", "_").replace("=", ""))
             r = subprocess.run([PIPECC, os.path.join(ROOT, "onnx_models", model + ".onnx"), *flags, "-o", out], env=env,
