@@ -26,7 +26,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: test-parity bench-auto bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-pipefb test-async test-freeze test-same-bits test-chunks
+.PHONY: test-parity bench-auto bench-chunks docs-schedules bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-pipefb test-async test-freeze test-same-bits test-chunks
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 include runtime/cuda/build.mk
@@ -180,6 +180,16 @@ bench-freeze: all
 # planned from the FLOP model and from the kernel cache; about 10 minutes.
 bench-auto: all
 	/usr/bin/python3 bench/autobench.py
+
+# Virtual stages (bench/chunks.md, bench/chunks.svg): 1f1b, zb1, interleaved and zbv (--chunks 2) on lenet and gpt
+# at n = 2, m = 4 and 8, in interleaved rounds, measured bubble and samples/s beside the plan; about 15-25 minutes.
+bench-chunks: all
+	/usr/bin/python3 bench/chunkbench.py
+
+# docs/schedules.md's pictures and lists (docs/schedules/*.svg, *.txt, table.md): every schedule planned by pipecc
+# itself on 16 equal layers at n = 4, m = 8 (--plan-only; a few seconds).
+docs-schedules: bin/pipecc
+	/usr/bin/python3 docs/schedules/gen.py
 
 # --threads (bench/threads.md): one rank on 2 threads against PyTorch on 2 threads, and against one thread
 # and two stages; about 8 minutes.

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Virtual stages (issue 36): --schedule interleaved and zbv, each rank running several stages (chunks).
 
-For each sample model, pipecc plans it at -n 1 (1f1b) and, with --chunks 2, at n = 2 and 4 under
+For each sample model (all seven in the whole matrix), pipecc plans it at -n 1 (1f1b) and, with --chunks 2, at n = 2 and 4 under
 interleaved and zbv (interleaved needs m a multiple of n: M = 4); make builds the stages; run.sh trains
 STEPS steps with --save and --log.  Checks:
 
@@ -39,9 +39,9 @@ import tally  # noqa: E402
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
 DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
-MODELS = ["mlp", "lenet", "gpt", "resnet"]
-DATA = {"mlp": "mnist", "lenet": "mnist", "gpt": "tokens", "resnet": "cifar"}
-SIZES = {"mlp": (32, 4), "lenet": (32, 4), "gpt": (8, 4), "resnet": (16, 4)}
+MODELS = ["mlp", "lenet", "gpt", "gpt_opset17", "resnet", "densenet", "inception"]
+DATA = {"mlp": "mnist", "lenet": "mnist", "gpt": "tokens", "gpt_opset17": "tokens", "resnet": "cifar", "densenet": "cifar", "inception": "cifar"}
+SIZES = {"mlp": (32, 4), "lenet": (32, 4), "gpt": (8, 4), "gpt_opset17": (8, 4), "resnet": (16, 4), "densenet": (16, 4), "inception": (16, 4)}
 STEPS = 3
 ENV = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMPI_MCA_rmaps_base_oversubscribe="1")
 
