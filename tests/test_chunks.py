@@ -21,8 +21,8 @@ STEPS steps with --save and --log.  Checks:
   /usr/bin/python3 tests/test_chunks.py [--ci | --quick] [--keep] [--model NAME]
   make test-chunks     # the whole matrix (every model at n = 2 and 4, both schedules)
 
---ci (make test): lenet at n = 2 and 4 under both schedules, mlp and gpt at n = 2 under zbv; --quick: lenet
-and gpt, the whole matrix.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py).
+--ci (make test): lenet at n = 2 under both schedules and at n = 4 under zbv, gpt at n = 2 under zbv; --quick:
+lenet and gpt, the whole matrix.  Ends with "N passed, M failed, K skipped, R refused" (tests/tally.py).
 """
 import argparse
 import json
@@ -184,7 +184,7 @@ def main():
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--model", action="append")
     args = ap.parse_args()
-    models = args.model or (["lenet", "gpt"] if args.quick else ["lenet", "mlp", "gpt"] if args.ci else MODELS)
+    models = args.model or (["lenet", "gpt"] if args.quick or args.ci else MODELS)
     work = tempfile.mkdtemp(prefix="pipecc-chunks-")
     data = make_data(work)
     refusals(work)
@@ -193,8 +193,8 @@ def main():
         if not ref:
             continue
         cases = [(n, sched) for n in (2, 4) for sched in ("interleaved", "zbv")]
-        if args.ci and model != "lenet":
-            cases = [(2, "zbv")]
+        if args.ci:
+            cases = [(2, "interleaved"), (2, "zbv"), (4, "zbv")] if model == "lenet" else [(2, "zbv")]
         for n, sched in cases:
                 got = run(work, data, model, n, sched, 2)
                 if not got:
