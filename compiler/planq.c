@@ -122,19 +122,20 @@ int plan_limited(const Plan *p) {
 
 /* What stage s's arena may take: the limit, less what its convolutions' library holds beside the arena
  * once the cut is made (the partitioner's prices add it instead). */
+/* The smaller of a device's memory and --mem-limit, either 0 for none. */
+static double capped(double dev, double limit) { return limit > 0 && (dev <= 0 || limit < dev) ? limit : dev; }
+
 double plan_stage_limit(const Plan *p, int s) {
   /* --chunks V: a rank holds V stages, each cut to its share (machine_spread gives each stage 1/V of its rank's
    * memory; the joined arena is checked whole, plan_rank_limit). */
-  double lim = p->machine.dev[s].mem_bytes, ml = p->opt.chunks > 1 ? p->opt.mem_limit / p->opt.chunks : p->opt.mem_limit;
-  if (ml > 0 && (lim <= 0 || ml < lim)) lim = ml;
+  double lim = capped(p->machine.dev[s].mem_bytes, p->opt.chunks > 1 ? p->opt.mem_limit / p->opt.chunks : p->opt.mem_limit);
   if (lim > 0 && p->progs && p->part.start) lim -= plan_lib_bytes(p, p->part.start[s], p->part.start[s + 1]);
   return lim;
 }
 
 double plan_rank_limit(const Plan *p, int r) {
   if (p->opt.chunks <= 1) return plan_stage_limit(p, r);
-  double lim = p->machine.dev[sched_stage(&p->sched, r, 0)].mem_bytes * p->opt.chunks;
-  if (p->opt.mem_limit > 0 && (lim <= 0 || p->opt.mem_limit < lim)) lim = p->opt.mem_limit;
+  double lim = capped(p->machine.dev[sched_stage(&p->sched, r, 0)].mem_bytes * p->opt.chunks, p->opt.mem_limit);
   for (int c = 0; lim > 0 && p->progs && p->part.start && c < p->opt.chunks; c++) {
     int s = sched_stage(&p->sched, r, c);
     lim -= plan_lib_bytes(p, p->part.start[s], p->part.start[s + 1]);

@@ -121,13 +121,16 @@ static int has_eval_variant(const StageProg *sp) {
   return 0;
 }
 
+/* The functions' names in the C a renderer prints (a chunk's: NAME_c<c>). */
+static const char *const FN_NAMES[FN_COUNT] = {"forward",         "forward_eval", "recompute", "backward", "backward_input",
+                                              "backward_weight", "zero_grads",   "sum_ties",  "update"};
+
 /* A rank of chunks: chunk c's forward and backward functions, from its calls alone. */
 static void spec_chunk_fns(const Plan *p, const StageProg *sp, StageSpec *o, const int *local, int c, Pool *pool) {
   static const char *const docs[FN_ZERO_GRADS] = {"Chunk %d (stage %d): the forward of the micro-batch in its ring slot `slot`.",
                                                   "Chunk %d (stage %d): the eval forward (run.sh --val).", "", "Chunk %d (stage %d): the backward.",
                                                   "Chunk %d (stage %d): the input-gradient half (I).",
                                                   "Chunk %d (stage %d): the weight-gradient half (W), run later for the same slots."};
-  static const char *const names[FN_ZERO_GRADS] = {"forward", "forward_eval", "recompute", "backward", "backward_input", "backward_weight"};
   int split = sched_splits(p->opt.schedule), nf = 0, nb = 0, eval = 0;
   Call *fwd = pool_alloc(pool, sizeof(Call) * (size_t)(sp->nfwd + 1)), *bwd = pool_alloc(pool, sizeof(Call) * (size_t)(sp->nbwd + 1));
   for (int i = 0; i < sp->nfwd; i++)
@@ -137,7 +140,7 @@ static void spec_chunk_fns(const Plan *p, const StageProg *sp, StageSpec *o, con
   int want[FN_ZERO_GRADS] = {1, eval, 0, 1, split, split};
   for (int fn = 0; fn < FN_ZERO_GRADS; fn++) {
     SpecFn *f = &o->chunk_fn[c * FN_COUNT + fn];
-    f->name = pool_printf(pool, "%s_c%d", names[fn], c), f->doc = pool_printf(pool, docs[fn], c, sp->cstage[c]);
+    f->name = pool_printf(pool, "%s_c%d", FN_NAMES[fn], c), f->doc = pool_printf(pool, docs[fn], c, sp->cstage[c]);
     f->args = fn >= FN_BACKWARD ? FN_ARGS_BACKWARD : FN_ARGS_FORWARD;
     if (!want[fn]) continue;
     if (f->args == FN_ARGS_BACKWARD) spec_fn(sp, f, bwd, nb, fn, local, pool);
@@ -155,8 +158,7 @@ static void mark_shapes(StageSpec *o, const SpecFn *f) {
 }
 
 static void spec_functions(const Plan *p, const StageProg *sp, StageSpec *o, const int *local, Pool *pool) {
-  static const char *const names[FN_COUNT] = {"forward",         "forward_eval", "recompute", "backward", "backward_input",
-                                              "backward_weight", "zero_grads",   "sum_ties",  "update"};
+
   static const char *const docs[FN_COUNT] = {
       "The forward of the micro-batch in ring slot `slot` (unused by a stage that reads only weights and constants).",
       "The eval forward (run.sh --val): training-mode BatchNorm normalises with its running statistics and\n"
@@ -179,7 +181,7 @@ static void spec_functions(const Plan *p, const StageProg *sp, StageSpec *o, con
   }
   for (int fn = 0; fn < FN_COUNT; fn++) {
     SpecFn *f = &o->fn[fn];
-    f->name = names[fn], f->doc = docs[fn];
+    f->name = FN_NAMES[fn], f->doc = docs[fn];
     f->args = fn >= FN_ZERO_GRADS ? FN_ARGS_NONE : fn >= FN_BACKWARD ? FN_ARGS_BACKWARD : FN_ARGS_FORWARD;
     if (!want[fn]) continue;
     if (fn >= FN_ZERO_GRADS) spec_fn(sp, f, sp->step, sp->nstep, fn, NULL, pool);

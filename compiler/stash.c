@@ -690,15 +690,14 @@ static void probe_dir(Work *w, const char *dir) {
 /* --chunks V: nothing leaves yet (args.c refuses --offload and --recompute); each rank's joined arena
  * against the limit, the smallest that fits named when one is over. */
 static int chunks_fit(const Plan *p) {
-  int n = opt_ranks(&p->opt), worst = 0;
-  for (int r = 1; r < n; r++)
-    if (p->rarena[r] > p->rarena[worst]) worst = r;
-  double lim = plan_rank_limit(p, worst);
-  if (lim > 0 && (double)p->rarena[worst] > lim)
-    return err_set("rank %d runs %d stages (--chunks %d) in %lld bytes (%s), over its memory limit of %s; stages of several "
-                   "chunks per rank do not offload or recompute yet: the smallest --mem-limit for this plan is %s (or use fewer "
-                   "--chunks, or --schedule 1f1b)", worst, p->opt.chunks, p->opt.chunks, (long long)p->rarena[worst],
-                   fmt_bytes((double)p->rarena[worst]), fmt_bytes(lim), fmt_bytes((double)p->rarena[worst] + (p->opt.mem_limit - lim)));
+  for (int r = 0; r < opt_ranks(&p->opt); r++) {
+    double lim = plan_rank_limit(p, r);
+    if (lim > 0 && (double)p->rarena[r] > lim)
+      return err_set("rank %d runs %d stages (--chunks %d) in %lld bytes (%s), over its memory limit of %s; stages of several "
+                     "chunks per rank do not offload or recompute yet: the smallest --mem-limit for this plan is %s (or use fewer "
+                     "--chunks, or --schedule 1f1b)", r, p->opt.chunks, p->opt.chunks, (long long)p->rarena[r],
+                     fmt_bytes((double)p->rarena[r]), fmt_bytes(lim), fmt_bytes((double)p->rarena[r] + (p->opt.mem_limit - lim)));
+  }
   return 0;
 }
 

@@ -65,11 +65,21 @@ void wait_grad_sends(Run *r, const PrAction *a) {
  * into (the compiler's lists post the receive first; the validator checks it). */
 static int is_local(const PrValue *pv) { return pv->peer == g_rank && pv->source == PR_FROM_PREV; }
 
-/* The row of the other table that a local value of row v of `from` lands in (the same tag). */
+/* The row of the other table that a local value lands in (the same tag): found once, at msg_open. */
 static int local_row(const PrValue *to, int nto, const PrValue *pv) {
   for (int i = 0; i < nto; i++)
     if (is_local(&to[i]) && to[i].tag == pv->tag) return i;
   die(2, "internal error: local value '%s' has no row to land in (regenerate with pipecc)", pv->name);
+}
+
+/* Per SEND row (and RECV row) of a local value, the RECV (SEND) row it lands in; -1 for the others. */
+static void local_rows_open(Run *r) {
+  const PrStage *st = r->st;
+  r->lto_send = malloc(sizeof(int) * (size_t)(st->nsend + st->nrecv + 1));
+  if (!r->lto_send) die(2, "out of memory for the message bookkeeping%s", "");
+  r->lto_recv = r->lto_send + st->nsend;
+  for (int v = 0; v < st->nsend; v++) r->lto_send[v] = is_local(&st->send[v]) ? local_row(st->recv, st->nrecv, &st->send[v]) : -1;
+  for (int v = 0; v < st->nrecv; v++) r->lto_recv[v] = is_local(&st->recv[v]) ? local_row(st->send, st->nsend, &st->recv[v]) : -1;
 }
 
 static void local_copy(Run *r, int *posted, int mb, unsigned char *dst_base, int64_t bytes, const unsigned char *src, const char *name) {
@@ -183,7 +193,7 @@ void do_send(Run *r, const PrAction *a) {
     const PrValue *pv = &st->send[v];
     unsigned char *src = ring(r, pv->offset, pv->bytes, a->slot);
     if (is_local(pv)) {
-      int to = local_row(st->recv, st->nrecv, pv);
+      int to = r->lto_send[v];
       local_copy(r, r->lslot + to * m, a->mb, dev_at(r, st->recv[to].offset), pv->bytes, src, pv->name);
       continue;
     }
@@ -226,7 +236,7 @@ void do_send_grad(Run *r, const PrAction *a) {
     if (pv->goffset < 0 || pv->source != PR_FROM_PREV) continue;
     unsigned char *src = ring(r, pv->goffset, pv->bytes, a->gslot);
     if (is_local(pv)) {
-      int to = local_row(st->send, st->nsend, pv);
+      int to = r->lto_recv[v];
       local_copy(r, r->lgslot + to * m, a->mb, dev_at(r, st->send[to].goffset), pv->bytes, src, pv->name);
       continue;
     }
@@ -359,6 +369,7 @@ void msg_open(Run *r) {
   if (!r->lslot) die(2, "out of memory for the message bookkeeping%s", "");
   r->lgslot = r->lslot + st->nrecv * m;
   for (int i = 0; i < (st->nrecv + st->nsend) * m; i++) r->lslot[i] = -1;
+  local_rows_open(r);
   r->rreq = requests(ns * st->nrecv), r->sreq = requests(ns * st->nsend);
   r->greq = requests(ngs * st->nsend), r->gsreq = requests(ngs * st->nrecv);
   r->slot_done = calloc((size_t)(ns + ngs + 1), sizeof(PrDevEvent));
@@ -415,5 +426,5 @@ void msg_drain(Run *r) {
 void msg_close(Run *r) {
   free(r->rreq), free(r->sreq), free(r->greq), free(r->gsreq), free(r->ssreq);
   for (int c = 0; c < r->nchunks; c++) free(r->cm[c].tsent_f), free(r->cm[c].tsreq_f), free(r->cm[c].fsrc);
-  free(r->cm), free(r->slot_done), free(r->lslot);
+  free(r->cm), free(r->slot_done), free(r->lslot), free(r->lto_send);
 }

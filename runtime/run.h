@@ -81,6 +81,7 @@ typedef struct Run {
   PrChunk one;
   ChunkMsg *cm;
   int *lslot, *lgslot; /* local copies: per RECV (SEND) row and micro-batch, the slot (gslot) its receive was posted into, -1 */
+  int *lto_send, *lto_recv; /* ... and per SEND (RECV) row of a local value, the RECV (SEND) row it lands in, -1 */
   Args a;
   int rank;
   /* The arena on the device (device.h): every offset of the stage table is into it.  The CPU's is
