@@ -63,6 +63,9 @@ static void usage(FILE *f) {
         "  --offload WHERE       where stashed activations may go to fit --mem-limit: auto (a peer rank with\n"
         "                        room, else recompute; default), none, peer, or file:DIR (a local directory)\n"
         "  --recompute auto|none whether stashed activations may be recomputed to fit --mem-limit (default auto)\n"
+        "  --offload-optimizer WHERE  where a stage's optimizer state (momentum, Adam's moments) may live between\n"
+        "                        updates to fit --mem-limit: none (default) or file:DIR; the update streams it\n"
+        "                        through a small buffer, overlapping the copies with its compute (docs/memory.md)\n"
         "  --devices FILE        per-rank speed/memory and per-link figures (docs/devices.md)\n"
         "  --profile             stage programs that time each node (run.sh --profile FILE writes the times)\n"
         "  --costs FILE          plan with the node times of such a profile instead of FLOPs (docs/cost.md)\n"
@@ -223,6 +226,14 @@ static int flag_plan(Options *o, const char *a, const char *val, int *i, const c
     else if (!strcmp(val, "peer")) o->offload = OFFLOAD_PEER;
     else if (!strncmp(val, "file:", 5) && val[5]) o->offload = OFFLOAD_FILE, o->offload_dir = val + 5;
     else return bad("--offload '%s': expected auto, none, peer or file:DIR%s", val, "");
+  } else if (!strcmp(a, "--offload-optimizer")) {
+    NEEDVAL();
+    if (!strcmp(val, "none")) o->opt_offload = OPTOFF_NONE;
+    else if (!strncmp(val, "file:", 5) && val[5]) o->opt_offload = OPTOFF_FILE, o->opt_offload_dir = val + 5;
+    else if (!strcmp(val, "host") || !strcmp(val, "peer"))
+      return bad("--offload-optimizer %s: not supported yet (a CPU stage's arena is already in host memory, and a peer's "
+                 "memory cannot serve it while the peer runs its own update); use file:DIR%s", val, "");
+    else return bad("--offload-optimizer '%s': expected none or file:DIR%s", val, "");
   } else if (!strcmp(a, "--recompute")) {
     NEEDVAL();
     *moves_given = a;
@@ -389,6 +400,18 @@ static int check_flags(Options *o, const char *moves_given) {
     if (o->profile)
       return bad("--profile with --target cuda: the profile's marks time the host's calls, which on a GPU only queue "
                  "the kernels; not supported yet%s%s", "", "");
+  }
+  if (o->opt_offload != OPTOFF_NONE) {
+    const char *why = o->forward_only ? "--forward-only programs have no optimizer"
+                      : o->schedule == SCHED_ASYNC ? "--schedule async is not supported yet"
+                      : o->schedule == SCHED_PIPEFB ? "--schedule pipefb is not supported yet"
+                      : sched_chunked(o->schedule) ? "stages of several chunks per rank have no memory plan yet"
+                      : !strcmp(o->target, "cuda") ? "--target cuda streams nothing to a file yet"
+                      : NULL;
+    if (why) return bad("--offload-optimizer with %s%s", why, "");
+    struct stat st;
+    if (stat(o->opt_offload_dir, &st) || !S_ISDIR(st.st_mode) || access(o->opt_offload_dir, W_OK | X_OK))
+      return bad("--offload-optimizer file:%s: not a writable directory%s", o->opt_offload_dir, "");
   }
   if (o->offload == OFFLOAD_FILE) {
     struct stat st;

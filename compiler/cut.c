@@ -91,7 +91,7 @@ static int cut_stages(Plan *p, PartProblem *pr) {
   int limited = plan_limited(p);
   /* Async and the chunked schedules do not move stashed activations (their lists are not the memory plan's). */
   int may_leave = limited && pr->stage_mem && !p->opt.forward_only && p->opt.schedule != SCHED_ASYNC && !sched_chunked(p->opt.schedule) &&
-                  (p->opt.offload != OFFLOAD_NONE || p->opt.recompute);
+                  (p->opt.offload != OFFLOAD_NONE || p->opt.recompute || p->opt.opt_offload != OPTOFF_NONE);
   int plain_fits = partition_solve(pr, &p->part, &g->pool) == 0;
   if (!plain_fits && !may_leave) return -1;
   if (may_leave) {
@@ -106,6 +106,8 @@ static int cut_stages(Plan *p, PartProblem *pr) {
     int *zero = pool_alloc(&g->pool, sizeof(int) * (size_t)p->opt.nstages);
     const int *copies = pr->ring_copies;
     pr->ring_copies = zero; /* the lower bound counts no ring copies now */
+    double param_copies = pr->param_copies;
+    if (p->opt.opt_offload != OPTOFF_NONE && pr->param_copies > 2) pr->param_copies = 2; /* nor optimizer state that may leave */
     struct PriceMemo *memo = p->memo;
     p->memo = price_memo_new();
     int floor_fits = partition_solve(pr, &p->part, &g->pool) == 0;
@@ -115,7 +117,7 @@ static int cut_stages(Plan *p, PartProblem *pr) {
     }
     if (!floor_fits || (plain_fits && !(p->part.max_time < plain.max_time * (1 - 1e-6)))) {
       /* The plain cut: priced as it stands. */
-      p->part = plain, p->floor_pricing = 0, pr->ring_copies = copies;
+      p->part = plain, p->floor_pricing = 0, pr->ring_copies = copies, pr->param_copies = param_copies;
       price_memo_free(p->memo);
       p->memo = memo;
       err_clear();

@@ -3,7 +3,8 @@
  * Layout: weights | older weight versions (async) | weight gradients | optimizer state | rings (one copy per
  * slot of the schedule) | gradient rings (one per gslot) | labels | the
  * leaving values (one block per xslot: offloaded, then recomputed; stash.c) |
- * a peer's store | temporaries.
+ * a peer's store | temporaries (and, under --offload-optimizer, the update's staging blocks at their start;
+ * the optimizer state itself then lives in a file, each buffer's offset its place there).
  * Temporaries live within one forward or backward action; two of them share
  * memory when their lifetimes (first and last call that touches them) do not
  * overlap - greedy first fit, largest first. */
@@ -128,6 +129,7 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
     for (int i = 0; i < sp->nbufs; i++) {
       Buffer *b = &sp->bufs[i];
       if (b->kind != order[o] || (b->kind == BUF_RING && b->fate != FATE_KEEP) || b->unused) continue;
+      if (b->kind == BUF_OPT && sp->opt_out) continue; /* in the store (below) */
       b->offset = off;
       int copies = copies_of(sp, b);
       if (b->kind == BUF_PARAM) {
@@ -148,6 +150,11 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
       off += sp->mem_versions;
     }
   }
+  /* --offload-optimizer: the state's place in the store, in the same order. */
+  sp->opt_store_bytes = 0;
+  for (int i = 0; i < sp->nbufs && sp->opt_out; i++)
+    if (sp->bufs[i].kind == BUF_OPT && !sp->bufs[i].unused)
+      sp->bufs[i].offset = sp->opt_store_bytes, sp->opt_store_bytes = up(sp->opt_store_bytes + sp->bufs[i].bytes);
   /* The leaving values: one block per xslot, the offloaded ones first so
    * that an OFFLOAD is one contiguous copy. */
   sp->xbase = off, sp->xout = sp->xstride = 0;
@@ -194,6 +201,10 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
   }
   free(live);
   free(idx);
+  /* The update's staging blocks: at the region's start, since no temporary is alive during the update. */
+  for (int i = 0; i < sp->nbufs; i++)
+    if (sp->bufs[i].kind == BUF_OPTSTAGE) sp->bufs[i].offset = base;
+  if (sp->opt_out && base + up(sp->opt_stage_bytes) > end) end = base + up(sp->opt_stage_bytes);
   sp->arena_bytes = end;
   sp->mem_temps = end - base;
 }

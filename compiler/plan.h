@@ -16,6 +16,8 @@ typedef struct Options {
   int offload;       /* --offload: OFFLOAD_* */
   const char *offload_dir; /* --offload file:DIR */
   int recompute;     /* --recompute auto (1) or none (0) */
+  int opt_offload;   /* --offload-optimizer: OPTOFF_* (optstore.c) */
+  const char *opt_offload_dir; /* --offload-optimizer file:DIR */
   int partition;     /* --partition: PARTITION_DAG (the default) or PARTITION_CHAIN */
   int relay;         /* --route relay: a value crossing several cuts passes through every stage between */
   int fb_split;      /* --fb-split NF: pipefb's forward ranks (0: the planner chooses) */
@@ -68,6 +70,8 @@ enum { PREC_FP32 = 0, PREC_TF32 = 1, PREC_BF16 = 2 };
 enum { PARTITION_DAG = 0, PARTITION_CHAIN = 1 };
 
 enum { OFFLOAD_AUTO, OFFLOAD_NONE, OFFLOAD_PEER, OFFLOAD_FILE };
+/* --offload-optimizer: where a stage's optimizer state may live between updates to fit --mem-limit. */
+enum { OPTOFF_NONE, OPTOFF_FILE };
 
 /* What a rank's program runs: forwards and backwards (every schedule but
  * pipefb), or under pipefb only forwards or only backwards. */

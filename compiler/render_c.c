@@ -198,6 +198,13 @@ static void render_constants(Buf *o, const StageSpec *s) {
                   "#define STORE_BASE %lldLL\n#define STORE_BYTES %lldLL\n\n", s->nxslots, s->nstore, (long long)s->xbase,
                (long long)s->xstride, (long long)s->xout, (long long)s->store_base, (long long)s->store_stride);
   }
+  if (s->opt_store_bytes) {
+    buf_printf(o, "/* --offload-optimizer: the optimizer state lives in a file of OPT_STORE_BYTES in %s (each state's OFF_ is\n"
+                  " * its place there), not in the arena.  The update streams each weight's state through two staging\n"
+                  " * blocks of OPT_BLOCK floats per state (OPT_STAGING, in the temporaries' region): block b + 1 is read\n"
+                  " * and b - 1 written back while b is updated. */\n", *s->opt_dir ? s->opt_dir : ".");
+    buf_printf(o, "#define OPT_STORE_BYTES %lldLL\nenum { OPT_BLOCK = %lld };\n\n", (long long)s->opt_store_bytes, (long long)s->opt_block);
+  }
 }
 
 static void render_buffers(Buf *o, const StageSpec *s) {
@@ -206,8 +213,14 @@ static void render_buffers(Buf *o, const StageSpec *s) {
     const SpecBuffer *b = &s->bufs[i];
     const char *ct = b->is_int64 ? "int64_t" : "float";
     if (!b->name) continue;
-    buf_printf(o, "#define OFF_%s %lldLL\n#define SIZE_%s %lldLL /* %s */\n", b->name, (long long)b->offset, b->name, (long long)b->bytes,
-               b->what);
+    if (b->view != VIEW_STORE)
+      buf_printf(o, "#define OFF_%s %lldLL\n#define SIZE_%s %lldLL /* %s */\n", b->name, (long long)b->offset, b->name, (long long)b->bytes,
+                 b->what);
+    if (b->view == VIEW_STORE) {
+      buf_printf(o, "#define OFF_%s %lldLL /* its place in the optimizer state's file (not the arena) */\n", b->name,
+                 (long long)b->offset);
+      continue;
+    }
     if (b->view == VIEW_XSLOT)
       buf_printf(o, "#define %s(k) ((%s *)(arena + OFF_%s + (int64_t)(k) * XSLOT_BYTES)) /* %s */\n", b->name, ct, b->name, b->leaves);
     else if (b->view == VIEW_SLOT || b->view == VIEW_GSLOT)
@@ -363,14 +376,22 @@ static void render_chunks(Buf *o, const StageSpec *s) {
 
 /* The descriptor's optional fields, each group a string of ".field = value," for the template. */
 static const char *memory_fields(const StageSpec *s, Pool *tp) {
-  if (!s->memory_plan) return "";
+  const char *opt = "";
+  if (s->opt_store_bytes) {
+    Buf d = {0};
+    buf_printf(&d, "%s", "");
+    put_cstring(&d, s->opt_dir);
+    opt = pool_printf(tp, "\n    .opt_store_bytes = OPT_STORE_BYTES, .opt_dir = \"%s\",", d.s);
+    buf_free(&d);
+  }
+  if (!s->memory_plan) return opt;
   Buf dir = {0};
   buf_printf(&dir, "%s", "");
   put_cstring(&dir, s->offload_dir);
   const char *f = pool_printf(tp, "\n    .nxslots = NXSLOTS, .xslot_base = XSLOT_BASE, .xslot_bytes = XSLOT_BYTES, .xout_bytes = XOUT_BYTES,"
                                   "\n    .offload_to = %d, .offload_dir = \"%s\", .nstore = NSTORE, .store_base = STORE_BASE, .store_bytes = STORE_BYTES,"
-                                  " .store_owner = %d, .recompute = %s,",
-                              s->offload_to, dir.s, s->store_owner, s->recomputes ? "recompute" : "NULL");
+                                  " .store_owner = %d, .recompute = %s,%s",
+                              s->offload_to, dir.s, s->store_owner, s->recomputes ? "recompute" : "NULL", opt);
   buf_free(&dir);
   return f;
 }

@@ -26,6 +26,7 @@ static const char *kind_name(int k) {
   case BUF_RING: return "one copy per micro-batch in flight";
   case BUF_GRING: return "gradient, one copy per gradient slot";
   case BUF_LABELS: return "labels";
+  case BUF_OPTSTAGE: return "the update's staging blocks of the optimizer state it streams from its file";
   default: return "temporary";
   }
 }
@@ -49,6 +50,7 @@ static const char *buf_what(const Graph *g, const Buffer *b, Pool *pool) {
 static int buf_view(const StageProg *sp, const Buffer *b) {
   if (b->kind == BUF_RING) return b->fate != FATE_KEEP ? VIEW_XSLOT : VIEW_SLOT;
   if (b->kind == BUF_GRING) return VIEW_GSLOT;
+  if (b->kind == BUF_OPT && sp->opt_out) return VIEW_STORE;
   if (sp->nwversions && b->offset < sp->weights_bytes) return VIEW_WEIGHTS;
   return VIEW_PLAIN;
 }
@@ -321,6 +323,9 @@ static void spec_memory(const Plan *p, const StageProg *sp, StageSpec *o) {
   for (int q = 0; p->host_of && q < p->opt.nstages; q++)
     if (p->host_of[q] == s) o->store_owner = q;
   o->offload_dir = p->opt.offload_dir ? p->opt.offload_dir : "";
+  o->opt_store_bytes = sp->opt_out ? sp->opt_store_bytes : 0;
+  o->opt_block = sp->opt_block, o->opt_stage_bytes = sp->opt_stage_bytes;
+  o->opt_dir = p->opt.opt_offload_dir ? p->opt.opt_offload_dir : "";
 }
 
 static void spec_loss(const StageProg *sp, StageSpec *o) {

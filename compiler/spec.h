@@ -15,7 +15,7 @@
 /* How a function reaches a buffer: one copy, the copy of the micro-batch's
  * ring slot, gradient slot or leaving-value slot, or (async) the weights
  * version the running step computes on. */
-enum { VIEW_PLAIN, VIEW_SLOT, VIEW_GSLOT, VIEW_XSLOT, VIEW_WEIGHTS };
+enum { VIEW_PLAIN, VIEW_SLOT, VIEW_GSLOT, VIEW_XSLOT, VIEW_WEIGHTS, VIEW_STORE };
 
 typedef struct SpecBuffer {
   const char *name;      /* identifier; OFF_name and SIZE_name are its offset and size */
@@ -107,6 +107,9 @@ typedef struct StageSpec {
   int memory_plan, nxslots, nstore, offload_to, store_owner, recomputes;
   int64_t xbase, xstride, xout, store_base, store_stride;
   const char *offload_dir;
+  /* --offload-optimizer: the optimizer state's file (bytes, the directory) and the update's block. */
+  int64_t opt_store_bytes, opt_block, opt_stage_bytes;
+  const char *opt_dir;
   SpecBuffer *bufs;       /* one per program buffer, in order; unused ones have name NULL */
   int nbufs;
   char *shape_used;       /* per shape constant: some printed call names it */

@@ -16,6 +16,8 @@ enum {
   BUF_GRING,  /* one copy per gradient slot of the schedule: gradients received from the next stage or sent to the previous */
   BUF_TEMP,   /* lives within one forward or backward action; shares memory by lifetime */
   BUF_LABELS, /* int64 labels of one micro-batch (last stage) */
+  BUF_OPTSTAGE, /* --offload-optimizer: the update's staging blocks for the state it streams (optstore.c); in the
+                 * temporaries' region, which no forward or backward temporary holds during the update */
 };
 
 typedef struct Buffer {
@@ -164,6 +166,11 @@ typedef struct StageProg {
    * crossing a cut (received, sent, the loss's logits and their gradient)
    * with the gradient rings and labels, and the temporaries' shared region. */
   int64_t mem_weights, mem_grads, mem_opt, mem_stash, mem_cross, mem_temps;
+  /* --offload-optimizer (optstore.c): the optimizer state lives in a file of opt_store_bytes (each BUF_OPT
+   * buffer's offset is its place there), streamed by the update through opt_stage_bytes of staging
+   * blocks of opt_block floats per state. */
+  int opt_out;
+  int64_t opt_block, opt_stage_bytes, opt_store_bytes;
   /* A rank program of --chunks V (chunks.c): its chunks' stages, each chunk's ring and gradient ring
    * sizes (a ring copy count is its chunk's), and the chunk the loss follows (-1: none).  nchunks 0:
    * a stage's own program. */

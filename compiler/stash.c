@@ -32,6 +32,7 @@
 
 #include "autodiff.h"
 #include "memplan.h"
+#include "optstore.h"
 #include "planq.h"
 
 /* ---- which values can leave ---- */
@@ -240,7 +241,16 @@ typedef struct Work {
   Shape *shape;
   double file_bw, file_lat;
   const char *file_note;
+  double opt_bw, opt_lat;  /* --offload-optimizer file:DIR: the store's speed */
+  double *upd0;            /* per rank: its update's predicted seconds with the state in its arena */
 } Work;
+
+/* Rank s's optimizer state in its arena (out 0) or the store (1), and its update's time with it. */
+static void set_opt_out(Work *w, int s, int out) {
+  StageProg *sp = &w->p->progs[s];
+  optstore_set(sp, out);
+  w->cost[s].update = w->upd0[s] + optstore_time(sp, w->upd0[s], w->opt_bw, w->opt_lat);
+}
 
 
 /* Lays out rank s with fates f and the current xslots/store. */
@@ -565,9 +575,24 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
   Saved start, best;
   save(w, &start, maxact);
   double best_t = INFINITY;
-  int have = 0, fit_no_host = 0;
+  int have = 0, fit_no_host = 0, best_oo = 0;
   int64_t host_need = 0;
   int64_t floor = sp->arena_bytes;
+  /* With its optimizer state in the store (oo 1) when --offload-optimizer allows, and without. */
+  for (int oo = 0; oo <= optstore_allowed(p, sp); oo++) {
+  restore(w, &start);
+  set_opt_out(w, s, oo);
+  if (oo) { /* the state alone leaves: the lists stay as they are */
+    layout(w, s, NULL);
+    if ((int64_t)sp->arena_bytes < floor) floor = sp->arena_bytes;
+    if ((double)sp->arena_bytes <= lim && !schedule_time(&w->sc, w->cost) && !schedule_validate(&w->sc) && w->sc.step_time < best_t) {
+      if (have) saved_free(&best, p->opt.nstages);
+      save(w, &best, maxact);
+      memset(bestf, FATE_KEEP, (size_t)sp->nbufs);
+      best_t = w->sc.step_time, have = 1, best_oo = oo;
+    }
+    err_clear();
+  }
   for (int ti = 0; ti < nt; ti++) {
     int tgt = targets[ti];
     int peer = tgt >= 0 ? tgt : -1;
@@ -576,6 +601,7 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
     for (int lead = 1; lead >= 0; lead--)
       for (int strat = 0; strat < ST_N; strat++) {
         restore(w, &start);
+        set_opt_out(w, s, oo);
         int fits = fill(w, s, strat, lead, peer, lim, cand, nc, fw, f) == 0;
         if ((int64_t)sp->arena_bytes < floor) floor = sp->arena_bytes;
         if (!fits) continue;
@@ -614,14 +640,16 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
           if (have) saved_free(&best, p->opt.nstages);
           save(w, &best, maxact);
           memcpy(bestf, f, (size_t)sp->nbufs);
-          best_t = w->sc.step_time, have = 1;
+          best_t = w->sc.step_time, have = 1, best_oo = oo;
         }
       }
     p->opt.offload = saved_off;
   }
+  }
   int rc = 0;
   if (have) {
     restore(w, &best);
+    set_opt_out(w, s, best_oo);
     memcpy(w->fates[s], bestf, (size_t)sp->nbufs);
     int q = w->shape[s].peer, moves = 0;
     for (int k = 0; k < w->sc.nact[s]; k++) moves += w->sc.act[s][k].kind == ACT_OFFLOAD;
@@ -634,11 +662,16 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
                  "more stages", s, fmt_bytes(lim), fmt_bytes((double)host_need));
   } else {
     restore(w, &start);
+    set_opt_out(w, s, 0);
     rc = err_set("stage %d does not fit --mem-limit %s: its arena is %s, and offloading or recomputing every stashed "
-                 "activation it may (--offload %s, --recompute %s) leaves %s; raise --mem-limit to at least %lldK, or use more "
-                 "stages or smaller micro-batches", s, fmt_bytes(lim), fmt_bytes((double)p->arena[s]),
-                 offload_name(p->opt.offload), p->opt.recompute ? "auto" : "none", fmt_bytes((double)floor),
-                 (long long)((floor + 1023) / 1024));
+                 "activation it may (--offload %s, --recompute %s%s) leaves %s; raise --mem-limit to at least %lldK, or use more "
+                 "stages or smaller micro-batches%s", s, fmt_bytes(lim), fmt_bytes((double)p->arena[s]),
+                 offload_name(p->opt.offload), p->opt.recompute ? "auto" : "none",
+                 optstore_allowed(p, sp) ? ", --offload-optimizer file" : "", fmt_bytes((double)floor),
+                 (long long)((floor + 1023) / 1024),
+                 optstore_allowed(p, sp) || !optstore_state_bytes(sp) ? ""
+                 : pool_printf(&p->g.pool, " (its optimizer state, %s, could leave with --offload-optimizer file:DIR)",
+                               fmt_bytes((double)optstore_state_bytes(sp))));
   }
   /* Every rank's layout as planned: owners first (a host's store slot is
    * its owner's copy-out, known once the owner is laid out), then again. */
@@ -662,8 +695,8 @@ const char *offload_name(int o) {
 /* Write and read bandwidth of DIR: a 16 MiB block written and read back,
  * three times; the best round counts, since the runtime rewrites the same
  * blocks every step (the first write of a block also allocates it). */
-static void probe_dir(Work *w, const char *dir) {
-  w->file_bw = 1e9, w->file_lat = 50e-6;
+static void probe_dir(const char *dir, double *bw, double *lat) {
+  *bw = 1e9, *lat = 50e-6;
   char path[4096];
   snprintf(path, sizeof path, "%s/.pipecc-probe-%ld", dir, (long)getpid());
   int fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
@@ -682,7 +715,7 @@ static void probe_dir(Work *w, const char *dir) {
     double t = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
     if (rd == (ssize_t)n && t > 0 && t < best) best = t;
   }
-  if (best < INFINITY) w->file_bw = 2.0 * (double)n / best; /* bytes moved (out and back) per second */
+  if (best < INFINITY) *bw = 2.0 * (double)n / best; /* bytes moved (out and back) per second */
   free(buf);
   close(fd);
 }
@@ -725,7 +758,7 @@ int stash_plan(Plan *p) {
     }
   }
   if (!over || !p->progs || p->opt.forward_only) return 0;
-  if (p->opt.offload == OFFLOAD_NONE && !p->opt.recompute) return 0; /* the partitioner's error stands */
+  if (p->opt.offload == OFFLOAD_NONE && !p->opt.recompute && p->opt.opt_offload == OPTOFF_NONE) return 0; /* the partitioner's error stands */
   Work w;
   memset(&w, 0, sizeof w);
   w.p = p, w.sc = *sc, w.cost = p->part.cost;
@@ -749,8 +782,12 @@ int stash_plan(Plan *p) {
     w.fates[s] = pool_alloc(&p->g.pool, (size_t)p->progs[s].nbufs + 1);
     w.shape[s] = (Shape){0, 0, 0, 0, -1};
   }
-  if (p->opt.offload == OFFLOAD_FILE) probe_dir(&w, p->opt.offload_dir);
+  if (p->opt.offload == OFFLOAD_FILE) probe_dir(p->opt.offload_dir, &w.file_bw, &w.file_lat);
   else w.file_bw = 1e9, w.file_lat = 50e-6;
+  w.opt_bw = 1e9, w.opt_lat = 50e-6;
+  if (p->opt.opt_offload == OPTOFF_FILE) probe_dir(p->opt.opt_offload_dir, &w.opt_bw, &w.opt_lat);
+  w.upd0 = pool_alloc(&p->g.pool, sizeof(double) * (size_t)n);
+  for (int s = 0; s < n; s++) w.upd0[s] = w.cost[s].update;
   /* The fullest stages first: they need the most room on a peer. */
   int *order = pool_alloc(&p->g.pool, sizeof(int) * (size_t)n);
   for (int s = 0; s < n; s++) order[s] = s;
@@ -793,6 +830,10 @@ int stash_plan(Plan *p) {
       closure(sp, w.fates[s], fw, sp->recompute);
       free(fw);
     }
+    if (sp->opt_out) { /* the update streams the state: its calls name the store's offsets and the staging buffer */
+      optstore_finish(sp, &p->g.pool);
+      layout(&w, s, w.fates[s]);
+    }
     plan_stage_memory(p, s);
   }
   sc->step_time = w.sc.step_time, sc->bubble = w.sc.bubble;
@@ -827,6 +868,7 @@ double stash_floor(Plan *p, int s, int a, int e) {
     }
     for (int b = 0; b < sp.nbufs; b++) sp.bufs[b].fate = f[b];
     if (!offload_all && !p->opt.recompute) memset(f, FATE_KEEP, (size_t)sp.nbufs);
+    optstore_set(&sp, optstore_allowed(p, &sp)); /* --offload-optimizer: the state may leave too */
     sp.nxslots = xrecv ? p->floor_nx[2 * s + 1] : p->floor_nx[2 * s];
     memplan(p, &sp, xrecv ? p->floor_nslots[2 * s + 1] : p->floor_nslots[2 * s], p->slots.ngslots[s]);
     v = (double)sp.arena_bytes;

@@ -147,10 +147,33 @@ static void ckpt_regions(const PrStage *st, int64_t *off, int64_t *len, int *n) 
   off[(*n)] = 0, len[(*n)++] = st->weights_bytes;
   /* async: the older weight versions a resumed step computes on */
   if (st->nwversions) off[*n] = st->wversion_base, len[(*n)++] = st->nwversions * st->wversion_bytes;
+  /* --offload-optimizer: the state's places in its file, as -1 - offset (region_view). */
+  int64_t in_file = st->opt_store_bytes ? -1 : 0;
   for (int i = 0; i < st->nparams; i++) {
-    if (st->params[i].m1offset >= 0) off[*n] = st->params[i].m1offset, len[(*n)++] = st->params[i].count * 4;
-    if (st->params[i].m2offset >= 0) off[*n] = st->params[i].m2offset, len[(*n)++] = st->params[i].count * 4;
+    const PrParam *p = &st->params[i];
+    if (p->m1offset >= 0) off[*n] = in_file ? -1 - p->m1offset : p->m1offset, len[(*n)++] = p->count * 4;
+    if (p->m2offset >= 0) off[*n] = in_file ? -1 - p->m2offset : p->m2offset, len[(*n)++] = p->count * 4;
   }
+}
+
+/* A region's bytes on the host: the arena's through a view (device.h), the optimizer state's file's
+ * (off < 0) through a copy, read from the file for PR_VIEW_READ and written back to it at release for
+ * PR_VIEW_WRITE. */
+static void *region_view(const Run *r, int64_t off, int64_t len, int mode) {
+  if (off >= 0) return pr_dev_view(dev_at(r, off), len, mode);
+  void *h = malloc((size_t)len + 1);
+  if (!h) die(2, "out of memory for a checkpoint's copy of the optimizer state (%lld bytes)", (long long)len);
+  if (mode == PR_VIEW_READ) optstore_io((Run *)r, 0, h, len, -1 - off);
+  return h;
+}
+
+static void region_release(const Run *r, void *v, int64_t off, int64_t len, int mode) {
+  if (off >= 0) {
+    pr_dev_release(v, dev_at(r, off), len, mode);
+    return;
+  }
+  if (mode == PR_VIEW_WRITE) optstore_io((Run *)r, 1, v, len, -1 - off);
+  free(v);
 }
 
 /* Each rank: its stage file in DIR/SUB, and the manifest line that describes it. */
@@ -172,9 +195,9 @@ static CkptInfo write_stage_file(const Run *r, const char *dir, const char *sub)
   if (w.fd < 0) die(2, "cannot write checkpoint file %s: %s", tmp, strerror(errno));
   ck_write(&w, &h, sizeof h);
   for (int i = 0; i < n; i++) { /* through host views: a device's bytes are copied out */
-    void *v = pr_dev_view(dev_at(r, off[i]), len[i], PR_VIEW_READ);
+    void *v = region_view(r, off[i], len[i], PR_VIEW_READ);
     ck_write(&w, v, len[i]);
-    pr_dev_release(v, dev_at(r, off[i]), len[i], PR_VIEW_READ);
+    region_release(r, v, off[i], len[i], PR_VIEW_READ);
   }
   free(off), free(len);
   ck_finish(&w, tmp, path, d);
@@ -444,10 +467,10 @@ static int read_stage_file(Run *r, const char *dir, const Manifest *m, char *msg
   uint64_t fnv = fnv1a(FNV_INIT, &h, sizeof h);
   ckpt_regions(st, off, ln, &n);
   for (int i = 0; i < n && ok; i++) {
-    void *v = pr_dev_view(dev_at(r, off[i]), ln[i], PR_VIEW_WRITE);
+    void *v = region_view(r, off[i], ln[i], PR_VIEW_WRITE);
     ok = fread(v, 1, (size_t)ln[i], f) == (size_t)ln[i];
     fnv = fnv1a(fnv, v, (size_t)ln[i]);
-    pr_dev_release(v, dev_at(r, off[i]), ln[i], PR_VIEW_WRITE);
+    region_release(r, v, off[i], ln[i], PR_VIEW_WRITE);
   }
   fclose(f);
   free(off), free(ln);

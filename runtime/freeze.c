@@ -42,6 +42,23 @@ static int write_dev(int fd, unsigned char *dev, int64_t bytes) {
   return rc;
 }
 
+/* Writes an optimizer state's bytes to fd: from the arena, or from its file (--offload-optimizer). */
+static int write_state(const Run *r, int fd, int64_t off, int64_t bytes) {
+  if (!r->st->opt_store_bytes) return write_dev(fd, dev_at(r, off), bytes);
+  void *h = malloc((size_t)bytes + 1);
+  if (!h) return -1;
+  optstore_io((Run *)r, 0, h, bytes, off);
+  int rc = write_all(fd, h, (size_t)bytes);
+  free(h);
+  return rc;
+}
+
+/* An optimizer state's bytes from the host: into the arena, or into its file. */
+static void state_from_host(Run *r, int64_t off, const void *src, int64_t bytes) {
+  if (r->st->opt_store_bytes) optstore_io(r, 1, (void *)src, bytes, off);
+  else pr_dev_from_host(dev_at(r, off), src, bytes);
+}
+
 /* This rank's optimizer state: "PIPEOPT1 <n>\n", then per weight "<name length> <count> <m1> <m2>\n<name>" and its slots. */
 static int write_opt_file(const Run *r, const char *sub, char *msg, size_t len) {
   const PrStage *st = r->st;
@@ -55,8 +72,8 @@ static int write_opt_file(const Run *r, const char *sub, char *msg, size_t len) 
     const PrParam *p = &st->params[i];
     snprintf(head, sizeof head, "%zu %lld %d %d\n", strlen(p->name), (long long)p->count, p->m1offset >= 0, p->m2offset >= 0);
     ok = !write_all(fd, head, strlen(head)) && !write_all(fd, p->name, strlen(p->name));
-    if (ok && p->m1offset >= 0) ok = !write_dev(fd, dev_at(r, p->m1offset), p->count * 4);
-    if (ok && p->m2offset >= 0) ok = !write_dev(fd, dev_at(r, p->m2offset), p->count * 4);
+    if (ok && p->m1offset >= 0) ok = !write_state(r, fd, p->m1offset, p->count * 4);
+    if (ok && p->m2offset >= 0) ok = !write_state(r, fd, p->m2offset, p->count * 4);
   }
   ok = ok && fsync(fd) == 0;
   if (fd >= 0) close(fd);
@@ -152,8 +169,8 @@ static int read_opt_state(const Run *r, const char *sub, char *msg, size_t len) 
           return snprintf(msg, len, "--resume-freeze %s: weight '%s' has %lld elements and %d optimizer slots there, this plan "
                                     "%lld and %d", sub, p->name, count, h1 + h2, (long long)p->count, (p->m1offset >= 0) + (p->m2offset >= 0)), -1;
         }
-        if (h1) pr_dev_from_host(dev_at(r, p->m1offset), b + pos, count * 4);
-        if (h2) pr_dev_from_host(dev_at(r, p->m2offset), b + pos + (size_t)h1 * (size_t)count * 4, count * 4);
+        if (h1) state_from_host((Run *)r, p->m1offset, b + pos, count * 4);
+        if (h2) state_from_host((Run *)r, p->m2offset, b + pos + (size_t)h1 * (size_t)count * 4, count * 4);
         found[i] = 1;
       }
       pos += (size_t)(h1 + h2) * (size_t)count * 4;

@@ -131,7 +131,7 @@ void offload_open(Run *r) {
      * whichever core idles (the plan does not charge them to the rank's core). */
     cpu_set_t mine;
     int repin = r->pinned_cpu >= 0 && !sched_getaffinity(0, sizeof mine, &mine) && !sched_setaffinity(0, sizeof r->cpus, &r->cpus);
-    r->xfer = xfer_open(dir && *dir ? dir : ".", st->stage, nx, r->timeout, msg, sizeof msg);
+    r->xfer = xfer_open(dir && *dir ? dir : ".", "offload", st->stage, nx, r->timeout, msg, sizeof msg);
     if (repin) sched_setaffinity(0, sizeof mine, &mine);
     agree(r->xfer != NULL, msg);
   } else {

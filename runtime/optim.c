@@ -89,6 +89,7 @@ static void optimizer_step(Run *r) {
   unsigned char *was = pr_weights;
   pr_weights = r->dev; /* async: the update writes the newest weights (the device's arena) */
   if (st->update) st->update();
+  optstore_drain(r); /* --offload-optimizer: the state's last blocks are back in its file */
   pr_weights = was;
 }
 

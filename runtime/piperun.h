@@ -142,6 +142,10 @@ typedef struct PrStage {
   int64_t store_base, store_bytes;
   int store_owner;
   void (*recompute)(int slot, int xslot); /* NULL if nothing is recomputed */
+  /* pipecc --offload-optimizer: the optimizer state lives in a file of opt_store_bytes in opt_dir (0: in
+   * the arena); each parameter's m1offset and m2offset are its places there. */
+  int64_t opt_store_bytes;
+  const char *opt_dir;
   /* pipecc --profile: "K OP NAME" of each node the forward and backward mark
    * (PR_PROF(i, dir), i indexing this table); NULL / 0 otherwise.  rate: the
    * FLOP/s the compiling pipecc planned with, written into the profile.

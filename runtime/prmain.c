@@ -150,6 +150,7 @@ static void setup_run(Run *r, int argc, char **argv, int threads) {
   /* The watchdog: far beyond any wait a healthy step has, never under a minute. */
   r->timeout = r->a.timeout > 0 ? r->a.timeout : fmax(60, 100 * st->predicted_step_s);
   r->run_id = make_run_id();
+  optstore_open(r);
   if (r->a.resume) load_checkpoint(r, r->a.resume);
   if (r->a.val) val_open(r);
   freeze_start(r);
@@ -212,6 +213,7 @@ static void finish_run(Run *r, StepLog *sl, int threads) {
   msg_drain(r);
   pr_dev_sync(); /* the last step's work, and any bad input its kernels recorded (device.h, pr_dev_check) */
   offload_close(r);
+  optstore_close(r);
   /* The arena is static and the step loop allocates nothing: the end is the
    * peak.  What is not the arena (MPI's buffers, BLAS's, the loader's, the
    * libraries') is the runtime's overhead, the same whatever the plan. */

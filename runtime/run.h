@@ -253,6 +253,12 @@ void landed_stash(Run *r, const PrAction *a);
 /* offload.c */
 void offload_open(Run *r);
 void offload_close(Run *r);
+/* --offload-optimizer: the optimizer state's file (optstore.c), opened before a checkpoint is resumed. */
+void optstore_open(Run *r);
+void optstore_drain(Run *r);
+void optstore_close(Run *r);
+/* Copies bytes of the state's file at off to host (write 0) or from it (1), once the update's copies are done. */
+void optstore_io(Run *r, int write, void *host, int64_t bytes, int64_t off);
 void wait_xslot_free(Run *r, int xslot);
 void wait_xslot_in(Run *r, int xslot);
 void do_offload(Run *r, const PrAction *a);

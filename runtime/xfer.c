@@ -238,14 +238,15 @@ static int uring_start(PrXfer *x) {
 
 /* ---- the interface ---- */
 
-PrXfer *xfer_open(const char *dir, int stage, int nxslots, double timeout_s, char *msg, size_t len) {
+PrXfer *xfer_open(const char *dir, const char *what, int stage, int nxslots, double timeout_s, char *msg, size_t len) {
   PrXfer *x = calloc(1, sizeof *x);
   if (!x) return snprintf(msg, len, "out of memory"), NULL;
   x->timeout = timeout_s;
-  snprintf(x->path, sizeof x->path, "%s/pipecc-offload-%d-%ld.bin", dir, stage, (long)getpid());
+  snprintf(x->path, sizeof x->path, "%s/pipecc-%s-%d-%ld.bin", dir, what, stage, (long)getpid());
   x->fd = open(x->path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (x->fd < 0) {
-    snprintf(msg, len, "cannot create the offload file %s: %s (run.sh --offload-dir DIR names another directory)", x->path, strerror(errno));
+    snprintf(msg, len, "cannot create the %s file %s: %s (run.sh --offload-dir DIR names another directory)",
+             strcmp(what, "optstate") ? "offload" : "optimizer state's", x->path, strerror(errno));
     free(x);
     return NULL;
   }
@@ -265,6 +266,11 @@ PrXfer *xfer_open(const char *dir, int stage, int nxslots, double timeout_s, cha
     return close(x->fd), free(x->q), free(x->pending), free(x), NULL;
   }
   return x;
+}
+
+int xfer_size(PrXfer *x, int64_t bytes, char *msg, size_t len) {
+  if (!ftruncate(x->fd, (off_t)bytes)) return 0;
+  return snprintf(msg, len, "cannot size %s to %lld bytes: %s", x->path, (long long)bytes, strerror(errno)), -1;
 }
 
 const char *xfer_kind(const PrXfer *x) { return x->uring ? "io_uring" : "an I/O thread"; }

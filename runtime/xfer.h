@@ -8,11 +8,14 @@
 
 typedef struct PrXfer PrXfer;
 
-/* Opens DIR/pipecc-offload-<stage>-<pid>.bin (removed from the directory at
- * once: nothing is left behind, even by a crash) and sets up the copies; a
+/* Opens DIR/pipecc-<what>-<stage>-<pid>.bin (what: "offload" for the
+ * activations, "optstate" for the optimizer state; removed from the directory
+ * at once: nothing is left behind, even by a crash) and sets up the copies; a
  * copy that waits timeout_s for the ones before it fails (xfer_error).
  * NULL with msg set on failure. */
-PrXfer *xfer_open(const char *dir, int stage, int nxslots, double timeout_s, char *msg, size_t len);
+PrXfer *xfer_open(const char *dir, const char *what, int stage, int nxslots, double timeout_s, char *msg, size_t len);
+/* Sizes the file to bytes (zeros where nothing was written); 0, or -1 with msg naming the file. */
+int xfer_size(PrXfer *x, int64_t bytes, char *msg, size_t len);
 /* "io_uring" or "an I/O thread": what runs the copies. */
 const char *xfer_kind(const PrXfer *x);
 /* Queues a copy of bytes from buf to the file at off (write) or back (read);
