@@ -26,7 +26,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: test-parity bench-auto bench-chunks docs-schedules bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-pipefb test-async test-freeze test-same-bits test-chunks
+.PHONY: test-parity bench-auto bench-chunks docs-schedules bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-optstate test-pipefb test-async test-freeze test-same-bits test-chunks
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 include runtime/cuda/build.mk
@@ -217,6 +217,9 @@ test-parity: bin/pipecc
 # at n = 2 and 4, 1f1b and zb1, offloaded to a peer, to a file, recomputed.
 test-memory: bin/pipecc bin/piperun-data
 	$(PY) tests/test_memory.py
+
+test-optstate: bin/pipecc bin/piperun-data
+	$(PY) tests/test_optstate.py
 
 # PipeFB's whole matrix (not part of make test): every sample model at n = 2, 4, 6,
 # an even split and the planner's, bit-identical to -n 1.

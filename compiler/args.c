@@ -402,11 +402,11 @@ static int check_flags(Options *o, const char *moves_given) {
                  "the kernels; not supported yet%s%s", "", "");
   }
   if (o->opt_offload != OPTOFF_NONE) {
-    const char *why = o->forward_only ? "--forward-only programs have no optimizer"
-                      : o->schedule == SCHED_ASYNC ? "--schedule async is not supported yet"
-                      : o->schedule == SCHED_PIPEFB ? "--schedule pipefb is not supported yet"
-                      : sched_chunked(o->schedule) ? "stages of several chunks per rank have no memory plan yet"
-                      : !strcmp(o->target, "cuda") ? "--target cuda streams nothing to a file yet"
+    const char *why = o->forward_only ? "--forward-only: its programs have no optimizer"
+                      : o->schedule == SCHED_ASYNC ? "--schedule async: not supported yet"
+                      : o->schedule == SCHED_PIPEFB ? "--schedule pipefb: not supported yet"
+                      : sched_chunked(o->schedule) ? "--schedule interleaved or zbv: stages of several chunks per rank have no memory plan yet"
+                      : !strcmp(o->target, "cuda") ? "--target cuda: the GPU streams nothing to a file yet"
                       : NULL;
     if (why) return bad("--offload-optimizer with %s%s", why, "");
     struct stat st;

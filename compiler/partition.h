@@ -95,6 +95,7 @@ typedef struct StageCost {
    * offloaded values out and back in, and to recompute the recomputed ones. */
   double xfer_out, xfer_in, recompute;
   double update;                /* seconds of the optimizer step (once per step) */
+  double opt_stream;            /* of update: what streaming the optimizer state from its file adds (optstore.c) */
   double mem_versions;          /* async: the older weight versions (schedasync.c) */
 } StageCost;
 

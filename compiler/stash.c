@@ -249,7 +249,8 @@ typedef struct Work {
 static void set_opt_out(Work *w, int s, int out) {
   StageProg *sp = &w->p->progs[s];
   optstore_set(sp, out);
-  w->cost[s].update = w->upd0[s] + optstore_time(sp, w->upd0[s], w->opt_bw, w->opt_lat);
+  w->cost[s].opt_stream = optstore_time(sp, w->upd0[s], w->opt_bw, w->opt_lat);
+  w->cost[s].update = w->upd0[s] + w->cost[s].opt_stream;
 }
 
 

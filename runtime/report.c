@@ -137,8 +137,9 @@ void report_open(Run *r, StepLog *sl) {
   sl->log = fopen(r->a.log, cont ? "a" : "w");
   if (!sl->log) die(2, "cannot write --log %s: %s", r->a.log, strerror(errno));
   fseeko(sl->log, 0, SEEK_END); /* ftello is the rows' end from the start (log_row_end), appending too */
-  if (!cont) fprintf(sl->log, "step,loss,samples_per_s,time_s\n");
-  log_row_end(sl->log, cont ? -1 : 0, r->a.log, "its header");
+  int fresh = !cont || ftello(sl->log) == 0; /* a resumed run's log in a new file gets its header too */
+  if (fresh) fprintf(sl->log, "step,loss,samples_per_s,time_s\n");
+  log_row_end(sl->log, fresh ? 0 : -1, r->a.log, "its header");
   if (r->a.val) { /* LOG.val.csv: the held-out set's loss and accuracy */
     size_t n = strlen(r->a.log) + sizeof ".val.csv";
     r->val_log_path = malloc(n);
@@ -146,8 +147,9 @@ void report_open(Run *r, StepLog *sl) {
     r->val_log = fopen(r->val_log_path, cont ? "a" : "w");
     if (!r->val_log) die(2, "cannot write %s: %s", r->val_log_path, strerror(errno));
     fseeko(r->val_log, 0, SEEK_END);
-    if (!cont) fprintf(r->val_log, "step,val_loss,val_accuracy\n");
-    log_row_end(r->val_log, cont ? -1 : 0, r->val_log_path, "its header");
+    int vfresh = !cont || ftello(r->val_log) == 0;
+    if (vfresh) fprintf(r->val_log, "step,val_loss,val_accuracy\n");
+    log_row_end(r->val_log, vfresh ? 0 : -1, r->val_log_path, "its header");
   }
 }
 

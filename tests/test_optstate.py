@@ -1,0 +1,245 @@
+"""The optimizer state leaves the arena (issue 37): pipecc --offload-optimizer file:DIR.
+
+For each case - a model, n, a schedule, an optimizer - the plain plan is compiled and trained
+first.  The limit is the least that fits every stage once its optimizer state is in a file
+(its arena less the state, plus the update's staging blocks), under the busiest plain arena,
+so the plan must move the state of at least the busiest stage and can move nothing else
+(--offload none --recompute none).  The case then checks that:
+  - pipecc plans under the limit, and plan.json says which stages keep their state in a file
+    (memory_plan.optimizer_in_file_bytes), the busiest among them; the stage programs stream it
+    (k_sgd_stream / k_adam_stream) and every arena (ARENA_BYTES) is at most the limit;
+  - the trained losses and the saved weights are bit-identical to the plain plan's over 3 steps;
+  - a checkpoint after step 2 resumed to step 3 gives the same weights and losses again (the state
+    is written from the file and read back into it);
+  - a directory that fills up stops the job naming the file, leaving nothing behind (as root).
+Refusals: host and peer (not yet), a directory that is not one, the schedules with no memory plan
+(async, pipefb, chunks), --target cuda, and a limit under what moving the state can reach names the
+smallest limit that fits.
+
+A case that cannot be planned is a failure.  --quick (make test) runs LeNet with AdamW at n = 2
+under 1f1b and the deep MLP of the issue (16 Linear layers of width 384) with SGD and momentum at
+n = 4 under zb1; with no flag (make test-optstate) every sample model at n = 2 and 4, 1f1b and zb1,
+SGD with momentum and AdamW.  Run with /usr/bin/python3."""
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
+DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
+DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
+STEPS = 3
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tally  # noqa: E402
+
+DATA = {"mlp": "mnist", "lenet": "mnist", "resnet": "cifar", "gpt": "tokens", "gpt_opset17": "tokens", "densenet": "cifar",
+        "inception": "cifar", "deep_mlp": "npz"}
+OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--momentum", "0.9"], "adamw": ["--optimizer", "adamw", "--lr", "0.001"]}
+
+
+def check(cond, what):
+    tally.count(cond)
+    print(("ok - " if cond else "not ok - ") + what, flush=True)
+    return cond
+
+
+def run(cmd, **kw):
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def deep_mlp(tmp):
+    """The issue's MLP: 16 Linear layers of width 384 with ReLUs between, and its data (512 samples, 384 classes)."""
+    import numpy as np
+    import torch
+    torch.manual_seed(0)
+    layers = []
+    for i in range(16):
+        layers.append(torch.nn.Linear(384, 384))
+        if i < 15:
+            layers.append(torch.nn.ReLU())
+    path = os.path.join(tmp, "deep_mlp.onnx")
+    torch.onnx.export(torch.nn.Sequential(*layers), torch.randn(4, 384), path, input_names=["x"], output_names=["y"],
+                      dynamic_axes={"x": {0: "b"}, "y": {0: "b"}}, opset_version=14)
+    rng = np.random.default_rng(0)
+    np.savez(os.path.join(tmp, "deep_mlp.npz"), x=rng.standard_normal((512, 384)).astype(np.float32),
+             y=rng.integers(0, 384, 512).astype(np.int64))
+    return path
+
+
+def model_path(model, tmp):
+    return os.path.join(tmp, "deep_mlp.onnx") if model == "deep_mlp" else os.path.join(ROOT, "onnx_models", model + ".onnx")
+
+
+def compile_plan(model, n, sched, opt, out, tmp, extra=()):
+    return run([PIPECC, model_path(model, tmp), "-n", str(n), "--schedule", sched, "--batch", "32", "--microbatches", "8",
+                "--devices", DEVICES, "-o", out, *OPTIMIZERS[opt], *extra])
+
+
+def arenas(out):
+    got = []
+    for k in range(64):
+        p = os.path.join(out, f"stage_{k}.c")
+        if not os.path.exists(p):
+            break
+        got.append(int(re.search(r"#define ARENA_BYTES (\d+)LL", open(p).read()).group(1)))
+    return got
+
+
+def train(out, data, tmp, tag, extra=()):
+    """Trains 3 steps (or as extra says); (losses, saved model bytes, stdout) or None."""
+    b = run(["make", "-s", "-C", out, "-j2"])
+    if not check(b.returncode == 0, f"{tag}: the stages build" + ("" if b.returncode == 0 else f" ({b.stderr.strip()[-300:]})")):
+        return None
+    log, saved = os.path.join(tmp, tag + ".csv"), os.path.join(tmp, tag + ".onnx")
+    x = run([os.path.join(out, "run.sh"), "--data", data, "--steps", str(STEPS), "--log", log, "--save", saved, "--timeout", "120",
+             *extra], timeout=600)
+    if not check(x.returncode == 0, f"{tag}: trains" + ("" if x.returncode == 0 else f" ({(x.stderr or x.stdout).strip()[-400:]})")):
+        return None
+    losses = [row["loss"] for row in csv.DictReader(open(log))]
+    return losses, open(saved, "rb").read(), x.stdout
+
+
+def stage_facts(out):
+    """Per stage of plan.json: (arena, optimizer state in the arena, state in a file, staging bytes)."""
+    plan = json.load(open(os.path.join(out, "plan.json")))
+    got = []
+    for st in plan["stage_plans"]:
+        mp = st.get("memory_plan") or {}
+        got.append((st["arena_bytes"], st["memory"]["optimizer"], mp.get("optimizer_in_file_bytes", 0), mp.get("optimizer_staging_bytes", 0)))
+    return got
+
+
+def resumed(out, data, tmp, tag, plain_losses, plain_model):
+    """Two steps with a checkpoint, then resumed to the third: the plain plan's weights and last loss."""
+    ck = os.path.join(tmp, tag + ".ckpt")
+    log1, log2, saved = (os.path.join(tmp, tag + s) for s in (".r1.csv", ".r2.csv", ".r.onnx"))
+    a = run([os.path.join(out, "run.sh"), "--data", data, "--steps", "2", "--checkpoint", ck, "--checkpoint-every", "2", "--log", log1,
+             "--timeout", "120"], timeout=600)
+    if not check(a.returncode == 0, f"{tag}: 2 steps with a checkpoint" + ("" if a.returncode == 0 else f" ({(a.stderr or a.stdout).strip()[-300:]})")):
+        return
+    b = run([os.path.join(out, "run.sh"), "--data", data, "--steps", "3", "--resume", ck, "--log", log2, "--save", saved,
+             "--timeout", "120"], timeout=600)
+    if not check(b.returncode == 0, f"{tag}: resumed to step 3" + ("" if b.returncode == 0 else f" ({(b.stderr or b.stdout).strip()[-300:]})")):
+        return
+    losses = [r["loss"] for r in csv.DictReader(open(log1))] + [r["loss"] for r in csv.DictReader(open(log2))]
+    check(losses[-1:] == plain_losses[-1:] and open(saved, "rb").read() == plain_model,
+          f"{tag}: checkpointed at step 2 and resumed, the plain plan's step-3 loss and weights ({losses[-1:]} vs {plain_losses[-1:]})")
+
+
+def full_disk(out, data, tmp, tag):
+    tiny = os.path.join(tmp, "tiny")
+    os.makedirs(tiny, exist_ok=True)
+    if os.geteuid() != 0:
+        tally.skip(f"{tag}: a full directory stops the job", "the full-disk case needs root to mount a tmpfs")
+        return
+    if not check(run(["mount", "-t", "tmpfs", "-o", "size=4k", "tmpfs", tiny]).returncode == 0, f"{tag}: a one-page tmpfs mounts"):
+        return
+    try:
+        x = run([os.path.join(out, "run.sh"), "--data", data, "--steps", str(STEPS), "--offload-dir", tiny, "--timeout", "60"], timeout=300)
+        msg = (x.stderr + x.stdout).strip()
+        check(x.returncode != 0 and "moving the optimizer state failed: writing " + tiny + "/pipecc-optstate-" in msg
+              and "No space left on device" in msg and not os.listdir(tiny),
+              f"{tag}: a full directory stops the job naming the optimizer state's file, nothing left behind (rc {x.returncode}: {msg[-300:]!r})")
+    finally:
+        run(["umount", tiny])
+
+
+def case(model, n, sched, opt, tmp, data, store, deep=False):
+    tag = f"{model} n={n} {sched} {opt}"
+    base = os.path.join(tmp, f"{model}.{n}.{sched}.{opt}")
+    r = compile_plan(model, n, sched, opt, base + ".plain", tmp)
+    if not check(r.returncode == 0, f"{tag}: the plain plan compiles ({r.stderr.strip()[-300:]})"):
+        return
+    facts = stage_facts(base + ".plain")
+    busiest = max(a for a, _, _, _ in facts)
+    # The least every stage can take with its state in a file: its arena less the state, plus two blocks of each
+    # state (at most 16384 floats each: 256 KiB for Adam, 128 KiB for SGD), aligned.
+    nstates = 2 if opt == "adamw" else 1
+    lim = max(a - int(o) + 2 * nstates * 16384 * 4 + 4096 for a, o, _, _ in facts)
+    if not check(lim < busiest, f"{tag}: moving the state can go under the busiest plain arena ({lim} < {busiest})"):
+        return
+    out = base + ".opt"
+    r = compile_plan(model, n, sched, opt, out, tmp, ["--mem-limit", str(lim), "--offload", "none", "--recompute", "none",
+                                                     "--offload-optimizer", "file:" + store])
+    if not check(r.returncode == 0, f"{tag}: plans under --mem-limit {lim} with --offload-optimizer ({r.stderr.strip()[-300:]})"):
+        return
+    got = stage_facts(out)
+    moved = [k for k, (_, _, f, _) in enumerate(got) if f > 0]
+    check(moved and all(got[k][1] == 0 for k in moved) and any(facts[k][0] == busiest for k in moved),
+          f"{tag}: plan.json says stages {moved} keep their optimizer state in a file, the busiest among them")
+    text = "".join(open(os.path.join(out, f"stage_{k}.c")).read() for k in moved)
+    step, stream = ("k_adam_step(", "k_adam_stream(") if opt == "adamw" else ("k_sgd_step(", "k_sgd_stream(")
+    check(stream in text and step not in text,
+          f"{tag}: the moved stages' updates stream their state")
+    ar = arenas(out)
+    check(all(a <= lim for a in ar), f"{tag}: every arena fits the limit ({ar} <= {lim})")
+    p = train(base + ".plain", data, tmp, tag.replace(" ", ".") + ".plain")
+    q = train(out, data, tmp, tag.replace(" ", ".") + ".opt")
+    if not p or not q:
+        return
+    check(p[0] == q[0] and p[1] == q[1], f"{tag}: bit-identical losses and weights with the state in a file ({q[0][-1:]} vs {p[0][-1:]})")
+    if deep:
+        resumed(out, data, tmp, tag.replace(" ", "."), p[0], p[1])
+        full_disk(out, data, tmp, tag)
+
+
+def refusals(tmp, store):
+    lenet = os.path.join(ROOT, "onnx_models", "lenet.onnx")
+    cases = [
+        (["--offload-optimizer", "host"], "--offload-optimizer host: not supported yet"),
+        (["--offload-optimizer", "peer"], "--offload-optimizer peer: not supported yet"),
+        (["--offload-optimizer", "disk"], "--offload-optimizer 'disk': expected none or file:DIR"),
+        (["--offload-optimizer", "file:" + os.path.join(tmp, "nowhere")], "not a writable directory"),
+        (["--offload-optimizer", "file:" + store, "--schedule", "async"], "--schedule async: not supported yet"),
+        (["--offload-optimizer", "file:" + store, "--schedule", "pipefb"], "--schedule pipefb: not supported yet"),
+        (["--offload-optimizer", "file:" + store, "--schedule", "interleaved"], "--schedule interleaved or zbv: stages of several chunks"),
+        (["--offload-optimizer", "file:" + store, "--target", "cuda"], "--target cuda: the GPU streams nothing"),
+    ]
+    for extra, want in cases:
+        out = os.path.join(tmp, "refused")
+        r = run([PIPECC, lenet, "-n", "2", "--optimizer", "adamw", "-o", out, *extra])
+        check(r.returncode == 2 and want in r.stderr and not os.path.exists(out),
+              f"refused: {' '.join(extra[:2])}{' ' + ' '.join(extra[2:]) if extra[2:] else ''} (rc {r.returncode}: {r.stderr.strip()[-200:]!r})")
+    # A limit under what moving the state reaches: the error names the smallest that fits, which then plans.
+    out = os.path.join(tmp, "low")
+    r = run([PIPECC, lenet, "-n", "2", "--optimizer", "adamw", "--mem-limit", "1K", "--offload", "none", "--recompute", "none",
+             "--offload-optimizer", "file:" + store, "-o", out])
+    m = re.search(r"at least (\d+)K", r.stderr)
+    if check(r.returncode != 0 and m is not None and not os.path.exists(out), f"--mem-limit 1K is refused naming the smallest limit ({r.stderr.strip()[-200:]!r})"):
+        r2 = run([PIPECC, lenet, "-n", "2", "--optimizer", "adamw", "--mem-limit", m.group(1) + "K", "--offload", "none", "--recompute",
+                  "none", "--offload-optimizer", "file:" + store, "-o", out])
+        check(r2.returncode == 0, f"the limit it named, {m.group(1)}K, plans ({r2.stderr.strip()[-200:]})")
+
+
+def main():
+    quick = "--quick" in sys.argv
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
+    os.environ.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    os.environ.setdefault("OMPI_MCA_rmaps_base_oversubscribe", "1")
+    with tempfile.TemporaryDirectory(prefix="pipecc-optstate-") as tmp:
+        store = os.path.join(tmp, "store")
+        os.makedirs(store)
+        deep_mlp(tmp)
+        data = {"npz": os.path.join(tmp, "deep_mlp.npz")}
+        for kind in ("mnist", "cifar"):
+            data[kind] = os.path.join(tmp, kind)
+            run([DATAGEN, kind, data[kind], "--n", "512"])
+        data["tokens"] = os.path.join(tmp, "tokens.bin")
+        run([DATAGEN, "tokens", data["tokens"], "--n", "20000"])
+        refusals(tmp, store)
+        if quick:
+            cases = [("lenet", 2, "1f1b", "adamw"), ("deep_mlp", 4, "zb1", "sgd")]
+        else:
+            cases = [(m, n, s, o) for m in DATA for n in (2, 4) for s in ("1f1b", "zb1") for o in OPTIMIZERS]
+        for model, n, sched, opt in cases:
+            case(model, n, sched, opt, tmp, data[DATA[model]], store, deep=(model == "deep_mlp"))
+        check(not os.listdir(store), f"nothing is left in the store directory ({os.listdir(store)})")
+    return tally.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
