@@ -107,7 +107,7 @@ static int cut_stages(Plan *p, PartProblem *pr) {
     const int *copies = pr->ring_copies;
     pr->ring_copies = zero; /* the lower bound counts no ring copies now */
     double param_copies = pr->param_copies;
-    if (p->opt.opt_offload != OPTOFF_NONE && pr->param_copies > 2) pr->param_copies = 2; /* nor optimizer state that may leave */
+    if (p->opt.opt_offload != OPTOFF_NONE && pr->param_copies > 1) pr->param_copies = 1; /* nor state and gradients that may leave */
     struct PriceMemo *memo = p->memo;
     p->memo = price_memo_new();
     int floor_fits = partition_solve(pr, &p->part, &g->pool) == 0;

@@ -109,14 +109,22 @@ static void memory_plan_text(const Plan *p, int s, Buf *b) {
   if (sp->nxslots && sp->nstore)
     buf_printf(b, "               and holds another stage's offloaded activations in %d store slot%s of %s\n", sp->nstore,
                sp->nstore == 1 ? "" : "s", fmt_bytes((double)sp->store_stride));
-  if (sp->opt_out)
-    buf_printf(b, "  %s%s -> %s: the optimizer state (%s) lives in the file %s/pipecc-optstate-%d-PID.bin between updates; "
-                  "the update streams it through %s of staging blocks (%lld floats of each state at a time, in the temporaries' "
-                  "region), predicted %s more per step\n",
+  if (sp->opt_out) {
+    int64_t state = 0, grads = 0;
+    for (int i = 0; i < sp->nbufs; i++)
+      if (sp->bufs[i].in_store) *(sp->bufs[i].kind == BUF_PGRAD ? &grads : &state) += sp->bufs[i].bytes;
+    buf_printf(b, "  %s%s -> %s: %s%s%s%s (%s) live%s in the file %s/pipecc-optstate-%d-PID.bin; the update streams "
+                  "%s through %s of staging blocks (%lld floats at a time, in the temporaries' region), predicted %s more per step\n",
                sp->nxslots || sp->nstore ? "             " : "memory plan  ", fmt_bytes((double)p->plain_arena[s]),
-               fmt_bytes((double)sp->arena_bytes), fmt_bytes((double)sp->opt_store_bytes),
-               p->opt.opt_offload_dir ? p->opt.opt_offload_dir : ".", s, fmt_bytes((double)sp->opt_stage_bytes),
-               (long long)sp->opt_block, fmt_time(c->opt_stream));
+               fmt_bytes((double)sp->arena_bytes), state ? "the optimizer state" : "", state && grads ? " and " : "",
+               grads ? "the weight gradients" : "", "", fmt_bytes((double)sp->opt_store_bytes), state && !grads ? "s" : "",
+               p->opt.opt_offload_dir ? p->opt.opt_offload_dir : ".", s, state && grads ? "both" : "it",
+               fmt_bytes((double)sp->opt_stage_bytes), (long long)sp->opt_block, fmt_time(c->opt_stream));
+    if (grads)
+      buf_printf(b, "               each backward brings one weight's gradient at a time into one of two staging copies of %s "
+                    "(the next one's read meanwhile) and writes it back: predicted %s more per micro-batch\n",
+                 fmt_bytes((double)sp->grad_stage_bytes / 2), fmt_time(c->grad_stream));
+  }
 }
 
 static void memory_plan_json(const Plan *p, int s, Buf *b) {
@@ -128,11 +136,13 @@ static void memory_plan_json(const Plan *p, int s, Buf *b) {
   buf_printf(b, "     \"memory_plan\": {\"plain_arena_bytes\": %lld, \"arena_bytes\": %lld, \"xslots\": %d, \"xslot_bytes\": %lld, "
                 "\"offloaded_bytes\": %lld, \"offload_to\": %s, \"store_slots\": %d, \"store_bytes\": %lld, \"holds_for\": %d, "
                 "\"copy_out_s\": %.9g, \"copy_in_s\": %.9g, \"recompute_s\": %.9g, \"optimizer_in_file_bytes\": %lld, "
-                "\"optimizer_staging_bytes\": %lld, \"optimizer_stream_s\": %.9g, \"values\": [",
+                "\"optimizer_staging_bytes\": %lld, \"optimizer_stream_s\": %.9g, \"gradients_in_file\": %s, "
+                "\"gradient_staging_bytes\": %lld, \"gradient_stream_s\": %.9g, \"values\": [",
              (long long)p->plain_arena[s], (long long)sp->arena_bytes, sp->nxslots, (long long)sp->xstride, (long long)sp->xout,
              !sp->xout || !stash_offloads(p, s) ? "null" : p->host_of && p->host_of[s] >= 0 ? pool_printf((Pool *)&p->g.pool, "%d", p->host_of[s]) : "\"file\"",
              sp->nstore, (long long)sp->store_stride, owner, c->xfer_out, c->xfer_in, c->recompute,
-             (long long)(sp->opt_out ? sp->opt_store_bytes : 0), (long long)sp->opt_stage_bytes, sp->opt_out ? c->opt_stream : 0);
+             (long long)(sp->opt_out ? sp->opt_store_bytes : 0), (long long)sp->opt_stage_bytes, sp->opt_out ? c->opt_stream : 0,
+             sp->grad_out ? "true" : "false", (long long)sp->grad_stage_bytes, sp->grad_out ? c->grad_stream : 0);
   int first = 1;
   for (int i = 0; i < sp->nbufs; i++) {
     const Buffer *x = &sp->bufs[i];

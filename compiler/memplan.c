@@ -129,7 +129,7 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
     for (int i = 0; i < sp->nbufs; i++) {
       Buffer *b = &sp->bufs[i];
       if (b->kind != order[o] || (b->kind == BUF_RING && b->fate != FATE_KEEP) || b->unused) continue;
-      if (b->kind == BUF_OPT && sp->opt_out) continue; /* in the store (below) */
+      if (b->in_store) continue; /* in the stage's file (below) */
       b->offset = off;
       int copies = copies_of(sp, b);
       if (b->kind == BUF_PARAM) {
@@ -152,8 +152,8 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
   }
   /* --offload-optimizer: the state's place in the store, in the same order. */
   sp->opt_store_bytes = 0;
-  for (int i = 0; i < sp->nbufs && sp->opt_out; i++)
-    if (sp->bufs[i].kind == BUF_OPT && !sp->bufs[i].unused)
+  for (int i = 0; i < sp->nbufs; i++)
+    if (sp->bufs[i].in_store && !sp->bufs[i].unused)
       sp->bufs[i].offset = sp->opt_store_bytes, sp->opt_store_bytes = up(sp->opt_store_bytes + sp->bufs[i].bytes);
   /* The leaving values: one block per xslot, the offloaded ones first so
    * that an OFFLOAD is one contiguous copy. */
@@ -177,6 +177,13 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
    * placed temporary alive at the same time.  Those are swept by offset (a gap before the next one
    * that fits ends the sweep), so a stage of many short-lived temporaries is planned in about
    * n log n, not the n^2 passes of moving past each in turn. */
+  /* The backward's two staging copies of the stored gradients first: alive through every backward. */
+  int64_t base0 = off, gs = 0;
+  for (int i = 0; i < sp->nbufs; i++)
+    if (sp->bufs[i].kind == BUF_GSTAGE) sp->bufs[i].offset = off + gs, gs += up(sp->bufs[i].bytes);
+  if (sp->grad_out && gs < sp->grad_stage_bytes) gs = sp->grad_stage_bytes; /* planning: not made yet */
+  off += gs;
+  sp->mem_grads += gs;
   int64_t base = off, end = off;
   int *idx = malloc(sizeof(int) * (size_t)sp->nbufs), nt = 0;
   Span *live = malloc(sizeof(Span) * (size_t)(sp->nbufs ? sp->nbufs : 1));
@@ -203,8 +210,8 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
   free(idx);
   /* The update's staging blocks: at the region's start, since no temporary is alive during the update. */
   for (int i = 0; i < sp->nbufs; i++)
-    if (sp->bufs[i].kind == BUF_OPTSTAGE) sp->bufs[i].offset = base;
-  if (sp->opt_out && base + up(sp->opt_stage_bytes) > end) end = base + up(sp->opt_stage_bytes);
+    if (sp->bufs[i].kind == BUF_OPTSTAGE) sp->bufs[i].offset = base0;
+  if (sp->opt_out && base0 + up(sp->opt_stage_bytes) > end) end = base0 + up(sp->opt_stage_bytes);
   sp->arena_bytes = end;
   sp->mem_temps = end - base;
 }

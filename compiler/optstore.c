@@ -1,4 +1,4 @@
-/* optstore.c - the optimizer state leaves the arena: --offload-optimizer file:DIR.
+/* optstore.c - the weights' side leaves the arena: --offload-optimizer file:DIR.
  *
  * SGD's momentum and Adam's two moments are read and written once a step, by
  * the update, and by nothing else; between updates they only take room.  A
@@ -11,10 +11,22 @@
  * updating it whole.  The staging blocks live in the temporaries' region: no
  * forward or backward temporary is alive during the update.
  *
- * Whether a stage's state leaves is the memory plan's choice (stash.c): it
- * tries each over-limit stage with and without, and keeps the faster plan that
- * fits, the update's predicted time lengthened by the copies that the update's
- * compute does not hide (optstore_time). */
+ * The weight gradients can follow (mode OPTSTORE_GRADS).  A gradient is summed
+ * over a step's micro-batches by the one backward call that writes it; in the
+ * store, each backward brings the gradient into one of two staging copies just
+ * before that call (the next weight's is read meanwhile), and writes it back
+ * after: the call adds into the same numbers as in the arena, so the sums are
+ * the same bits.  A step's first backward starts from zeros instead of reading
+ * (the runtime marks every stored gradient fresh where the arena's are
+ * zeroed), and the update streams the gradient with the state.  Only a weight
+ * that one call writes, alone, qualifies: a tied weight's parts and a call that
+ * writes several gradients (an LSTM's) stay in the arena.
+ *
+ * Whether a stage's state (and gradients) leave is the memory plan's choice
+ * (stash.c): it tries each over-limit stage without, with the state, and with
+ * both, and keeps the fastest plan that fits, the update and the backward
+ * lengthened by the copies their compute does not hide (optstore_time). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "optstore.h"
@@ -31,43 +43,103 @@ int64_t optstore_state_bytes(const StageProg *sp) {
   return n;
 }
 
-int optstore_allowed(const Plan *p, const StageProg *sp) {
-  return p->opt.opt_offload != OPTOFF_NONE && !p->opt.forward_only && optstore_state_bytes(sp) > 0;
+/* Does call k write buffer id? */
+static int writes(const Call *k, int id) {
+  for (int q = 0; q < k->nwrites; q++)
+    if (k->writes[q] == id) return 1;
+  return 0;
 }
 
-/* Floats per block: the largest weight's state, rounded up to 64 floats (a cache line of each of 4 SIMD
- * lanes' widths), at most OPT_BLOCK_MAX. */
-static int64_t block_floats(const StageProg *sp, int *nstates) {
-  int64_t most = 0;
-  *nstates = 1;
-  for (int i = 0; i < sp->nparams; i++) {
-    if (!has_state(sp, i)) continue;
-    int64_t n = sp->bufs[sp->params[i]].bytes / 4;
-    if (n > most) most = n;
-    if (sp->opt2[i] >= 0) *nstates = 2;
+/* The one backward call that writes weight i's gradient, and no other gradient; -1 otherwise (tied,
+ * none, several). */
+static int grad_writer(const StageProg *sp, int i) {
+  int g = sp->pgrad[i], at = -1;
+  if (g < 0 || (sp->nparts && sp->nparts[i])) return -1;
+  for (int j = 0; j < sp->nbwd; j++) {
+    if (!writes(&sp->bwd[j], g)) continue;
+    if (at >= 0) return -1;
+    at = j;
+    for (int q = 0; q < sp->bwd[j].nwrites; q++)
+      if (sp->bwd[j].writes[q] != g && sp->bufs[sp->bwd[j].writes[q]].kind == BUF_PGRAD) return -1;
   }
+  for (int j = 0; j < sp->nfwd && at >= 0; j++)
+    for (int q = 0; q < sp->fwd[j].nreads; q++)
+      if (sp->fwd[j].reads[q] == g) return -1;
+  return at;
+}
+
+int optstore_grad_ok(const StageProg *sp, int i) { return grad_writer(sp, i) >= 0; }
+
+int64_t optstore_grad_bytes(const StageProg *sp) {
+  int64_t n = 0;
+  for (int i = 0; i < sp->nparams; i++)
+    if (optstore_grad_ok(sp, i)) n += sp->bufs[sp->pgrad[i]].bytes;
+  return n;
+}
+
+int optstore_modes(const Plan *p, const StageProg *sp) {
+  if (p->opt.opt_offload == OPTOFF_NONE || p->opt.forward_only) return 0;
+  return optstore_grad_bytes(sp) > 0 ? OPTSTORE_GRADS : optstore_state_bytes(sp) > 0 ? OPTSTORE_STATE : 0;
+}
+
+/* Floats per block: the largest weight, rounded up to 64 floats (whole vectors of every width), at most
+ * OPT_BLOCK_MAX. */
+static int64_t block_floats(const StageProg *sp) {
+  int64_t most = 0;
+  for (int i = 0; i < sp->nparams; i++)
+    if (has_state(sp, i) || (sp->grad_out && optstore_grad_ok(sp, i))) {
+      int64_t n = sp->bufs[sp->params[i]].bytes / 4;
+      if (n > most) most = n;
+    }
   most = (most + 63) / 64 * 64;
   return most < OPT_BLOCK_MAX ? most : OPT_BLOCK_MAX;
 }
 
-void optstore_set(StageProg *sp, int out) {
-  int nst;
-  sp->opt_out = out && optstore_state_bytes(sp) > 0;
-  sp->opt_block = sp->opt_out ? block_floats(sp, &nst) : 0;
-  sp->opt_stage_bytes = sp->opt_out ? 2 * (int64_t)nst * sp->opt_block * 4 : 0;
+static int64_t align64(int64_t x) { return (x + 63) / 64 * 64; }
+
+void optstore_set(StageProg *sp, int mode) {
+  int64_t state = optstore_state_bytes(sp), grads = optstore_grad_bytes(sp);
+  sp->opt_out = mode >= OPTSTORE_STATE && (state > 0 || (mode >= OPTSTORE_GRADS && grads > 0));
+  sp->grad_out = mode >= OPTSTORE_GRADS && grads > 0;
+  int nst = 0, most = 0;
+  for (int i = 0; i < sp->nparams; i++) nst = has_state(sp, i) ? (sp->opt2[i] >= 0 ? 2 : nst > 1 ? nst : 1) : nst;
+  sp->opt_block = sp->opt_out ? block_floats(sp) : 0;
+  /* Per slot the kernels' [m | g] (SGD) or [m | v | g] (Adam) blocks, whichever parts a weight has (cpu/optim.h). */
+  sp->opt_stage_bytes = sp->opt_out ? 2 * (int64_t)(nst == 2 ? 3 : 2) * sp->opt_block * 4 : 0;
+  for (int i = 0; i < sp->nparams; i++)
+    if (sp->grad_out && optstore_grad_ok(sp, i) && sp->bufs[sp->pgrad[i]].bytes > most) most = (int)sp->bufs[sp->pgrad[i]].bytes;
+  sp->grad_stage_bytes = sp->grad_out ? 2 * align64(most) : 0;
+  for (int b = 0; b < sp->nbufs; b++) sp->bufs[b].in_store = 0;
+  for (int i = 0; i < sp->nparams; i++) {
+    if (sp->opt_out && has_state(sp, i)) {
+      sp->bufs[sp->opt1[i]].in_store = 1;
+      if (sp->opt2[i] >= 0) sp->bufs[sp->opt2[i]].in_store = 1;
+    }
+    if (sp->grad_out && optstore_grad_ok(sp, i)) sp->bufs[sp->pgrad[i]].in_store = 1;
+  }
 }
 
 double optstore_time(const StageProg *sp, double update_s, double bw, double lat) {
   if (!sp->opt_out) return 0;
-  double bytes = (double)optstore_state_bytes(sp), t = 2 * bytes / bw, first = 0;
-  int weights = 0;
-  for (int i = 0; i < sp->nparams; i++) weights += has_state(sp, i);
+  double bytes = (double)optstore_state_bytes(sp), weights = 0;
+  for (int i = 0; i < sp->nparams; i++)
+    if (has_state(sp, i) || (sp->grad_out && sp->bufs[sp->pgrad[i]].in_store)) weights++;
+  if (sp->grad_out) bytes += (double)optstore_grad_bytes(sp) / 2; /* the update reads the gradients, writes nothing back */
+  double t = 2 * bytes / bw;
   /* Each weight's first block is read before its update starts, and its last written after. */
-  first = weights * (2 * lat + 2.0 * (double)sp->opt_stage_bytes / 2 / bw);
+  double first = weights * (2 * lat + (double)sp->opt_stage_bytes / 2 / bw);
   return (t > update_s ? t - update_s : 0) + first;
 }
 
-/* A buffer appended to sp (its name unique among sp's). */
+double optstore_bwd_time(const StageProg *sp, double bwd_s, double bw, double lat) {
+  if (!sp->grad_out) return 0;
+  double t = 2 * (double)optstore_grad_bytes(sp) / bw; /* read and written back, once per micro-batch */
+  /* The first gradient's read and the last one's write are not hidden behind the backward's compute. */
+  double edges = 2 * lat + (double)sp->grad_stage_bytes / bw;
+  return (t > bwd_s ? t - bwd_s : 0) + edges;
+}
+
+/* A buffer appended to sp. */
 static int add_buf(StageProg *sp, Pool *pool, const char *name, int kind, int64_t bytes) {
   if (sp->nbufs == sp->capbufs) {
     sp->capbufs = sp->capbufs ? 2 * sp->capbufs : 64;
@@ -80,25 +152,109 @@ static int add_buf(StageProg *sp, Pool *pool, const char *name, int kind, int64_
   return sp->nbufs++;
 }
 
-void optstore_finish(StageProg *sp, Pool *pool) {
-  if (!sp->opt_out) return;
+static int param_of_buf(const StageProg *sp, int buf) {
+  for (int q = 0; q < sp->nparams; q++)
+    if (sp->params[q] == buf) return q;
+  return -1;
+}
+
+/* The update's calls: each weight with state or a stored gradient streams them. */
+static void finish_update(StageProg *sp, Pool *pool) {
   int stage = add_buf(sp, pool, "OPT_STAGING", BUF_OPTSTAGE, sp->opt_stage_bytes);
   for (int k = 0; k < sp->nstep; k++) {
     Call *c = &sp->step[k];
     if (c->phase != PH_UPDATE || (c->kernel != K_SGD_STEP && c->kernel != K_ADAM_STEP)) continue;
-    int i = -1;
-    for (int q = 0; q < sp->nparams && i < 0; q++)
-      if (sp->params[q] == c->args[0].buf) i = q;
-    if (i < 0 || !has_state(sp, i)) continue;
-    int64_t n = sp->bufs[sp->params[i]].bytes / 4;
-    /* The state's arguments become its offsets in the store (memplan: the buffers' offsets there). */
+    int i = param_of_buf(sp, c->args[0].buf);
+    int gin = i >= 0 && sp->bufs[sp->pgrad[i]].in_store;
+    if (i < 0 || (!has_state(sp, i) && !gin)) continue;
+    int64_t n = sp->bufs[sp->params[i]].bytes / 4, gf = gin ? sp->bufs[sp->pgrad[i]].offset : -1;
+    int64_t m1 = has_state(sp, i) ? sp->bufs[sp->opt1[i]].offset : -1;
+    int g = gin ? -1 : sp->pgrad[i];
     if (c->kernel == K_SGD_STEP)
       *c = *call_new(sp, pool, PH_UPDATE, K_SGD_STREAM, c->node, c->comment,
-                     (Arg[]){A_BUF(sp->params[i]), A_BUF(sp->pgrad[i]), A_BUF(stage), A_INT(sp->bufs[sp->opt1[i]].offset), A_INT(n),
-                             A_INT(sp->opt_block), A_SYM("&pr_opt")}, 7);
+                     (Arg[]){A_BUF(sp->params[i]), A_BUF(g), A_BUF(stage), A_INT(i), A_INT(m1), A_INT(gf), A_INT(n), A_INT(sp->opt_block),
+                             A_SYM("&pr_opt")}, 9);
     else
       *c = *call_new(sp, pool, PH_UPDATE, K_ADAM_STREAM, c->node, c->comment,
-                     (Arg[]){A_BUF(sp->params[i]), A_BUF(sp->pgrad[i]), A_BUF(stage), A_INT(sp->bufs[sp->opt1[i]].offset),
-                             A_INT(sp->bufs[sp->opt2[i]].offset), A_INT(n), c->args[5], A_INT(sp->opt_block), A_SYM("&pr_opt")}, 9);
+                     (Arg[]){A_BUF(sp->params[i]), A_BUF(g), A_BUF(stage), A_INT(i), A_INT(m1), A_INT(sp->bufs[sp->opt2[i]].offset),
+                             A_INT(gf), A_INT(n), c->args[5], A_INT(sp->opt_block), A_SYM("&pr_opt")}, 11);
   }
+}
+
+/* The zeroing of the stored gradients goes: the runtime marks them fresh instead (a step's first backward
+ * starts from zeros without reading). */
+static void drop_zeroing(StageProg *sp) {
+  int n = 0;
+  for (int k = 0; k < sp->nstep; k++) {
+    const Call *c = &sp->step[k];
+    if (c->phase == PH_ZERO && c->kernel == K_ZERO && c->args[0].kind == ARG_BUF && sp->bufs[c->args[0].buf].in_store) continue;
+    sp->step[n++] = *c;
+  }
+  sp->nstep = n;
+}
+
+/* Replaces buffer `from` by `to` in call c's arguments (its accesses follow). */
+static void retarget(StageProg *sp, Pool *pool, Call *c, int from, int to) {
+  Arg *args = pool_alloc(pool, sizeof(Arg) * (size_t)(c->nargs + 1));
+  memcpy(args, c->args, sizeof(Arg) * (size_t)c->nargs);
+  for (int a = 0; a < c->nargs; a++)
+    if (args[a].kind == ARG_BUF && args[a].buf == from) args[a].buf = to;
+  Call *eval = c->eval, *rc = c->recompute;
+  *c = *call_new(sp, pool, c->phase, c->kernel, c->node, c->comment, args, c->nargs);
+  c->eval = eval, c->recompute = rc;
+}
+
+static Call glue(StageProg *sp, Pool *pool, int kernel, const char *comment, const Arg *args, int nargs) {
+  return *call_new(sp, pool, PH_WGRAD, kernel, -1, comment, args, nargs);
+}
+
+/* The backward's calls: each stored gradient's writer works on a staging copy, fetched one writer ahead
+ * and written back after it; the backward ends when the last copy is back. */
+static void finish_backward(StageProg *sp, Pool *pool) {
+  int half = (int)(sp->grad_stage_bytes / 2);
+  int gs[2] = {add_buf(sp, pool, "GRAD_STAGING_0", BUF_GSTAGE, half), add_buf(sp, pool, "GRAD_STAGING_1", BUF_GSTAGE, half)};
+  int nw = 0, *who = malloc(sizeof(int) * (size_t)(sp->nbwd + 1)), *param = malloc(sizeof(int) * (size_t)(sp->nbwd + 1));
+  if (!who || !param) abort();
+  for (int j = 0; j < sp->nbwd; j++) {
+    param[j] = -1;
+    for (int i = 0; i < sp->nparams; i++)
+      if (sp->pgrad[i] >= 0 && sp->bufs[sp->pgrad[i]].in_store && grad_writer(sp, i) == j) param[j] = i;
+    if (param[j] >= 0) who[nw++] = j;
+  }
+  Call *out = pool_alloc(pool, sizeof(Call) * (size_t)(sp->nbwd + 4 * nw + 4));
+  int n = 0, t = 0;
+#define FETCH(w, slot)                                                                                                    \
+  do {                                                                                                                    \
+    const Buffer *gb = &sp->bufs[sp->pgrad[param[w]]];                                                                    \
+    out[n++] = glue(sp, pool, K_GRAD_FETCH, pool_printf(pool, "bring the gradient of '%s' from the file", gb->name),     \
+                    (Arg[]){A_BUF(gs[slot]), A_INT(slot), A_INT(param[w]), A_INT(gb->offset), A_INT(gb->bytes / 4)}, 5);    \
+  } while (0)
+  if (nw) FETCH(who[0], 0);
+  for (int j = 0; j < sp->nbwd; j++) {
+    if (param[j] < 0) {
+      out[n++] = sp->bwd[j];
+      continue;
+    }
+    int slot = t & 1;
+    const Buffer *gb = &sp->bufs[sp->pgrad[param[j]]];
+    out[n++] = glue(sp, pool, K_GRAD_WAIT, "its gradient is here", (Arg[]){A_BUF(gs[slot]), A_INT(slot)}, 2);
+    if (t + 1 < nw) FETCH(who[t + 1], slot ^ 1);
+    Call c = sp->bwd[j];
+    retarget(sp, pool, &c, sp->pgrad[param[j]], gs[slot]);
+    out[n++] = c;
+    out[n++] = glue(sp, pool, K_GRAD_PUT, pool_printf(pool, "the gradient of '%s' back to the file", gb->name),
+                    (Arg[]){A_BUF(gs[slot]), A_INT(slot), A_INT(gb->offset), A_INT(gb->bytes / 4)}, 4);
+    t++;
+  }
+#undef FETCH
+  for (int slot = 0; slot < 2 && nw; slot++)
+    out[n++] = glue(sp, pool, K_GRAD_WAIT, "the last gradients are back in the file", (Arg[]){A_BUF(gs[slot]), A_INT(slot)}, 2);
+  sp->bwd = out, sp->nbwd = sp->capbwd = n;
+  free(who), free(param);
+}
+
+void optstore_finish(StageProg *sp, Pool *pool) {
+  if (!sp->opt_out) return;
+  if (sp->grad_out) finish_backward(sp, pool), drop_zeroing(sp);
+  finish_update(sp, pool);
 }

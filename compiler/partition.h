@@ -96,6 +96,7 @@ typedef struct StageCost {
   double xfer_out, xfer_in, recompute;
   double update;                /* seconds of the optimizer step (once per step) */
   double opt_stream;            /* of update: what streaming the optimizer state from its file adds (optstore.c) */
+  double grad_stream;           /* of bwd (and bwd_w): what waiting for stored gradients adds per micro-batch */
   double mem_versions;          /* async: the older weight versions (schedasync.c) */
 } StageCost;
 

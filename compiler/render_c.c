@@ -199,10 +199,12 @@ static void render_constants(Buf *o, const StageSpec *s) {
                (long long)s->xstride, (long long)s->xout, (long long)s->store_base, (long long)s->store_stride);
   }
   if (s->opt_store_bytes) {
-    buf_printf(o, "/* --offload-optimizer: the optimizer state lives in a file of OPT_STORE_BYTES in %s (each state's OFF_ is\n"
-                  " * its place there), not in the arena.  The update streams each weight's state through two staging\n"
-                  " * blocks of OPT_BLOCK floats per state (OPT_STAGING, in the temporaries' region): block b + 1 is read\n"
-                  " * and b - 1 written back while b is updated. */\n", *s->opt_dir ? s->opt_dir : ".");
+    buf_printf(o, "/* --offload-optimizer: the optimizer state%s lives in a file of OPT_STORE_BYTES in %s (each one's OFF_\n"
+                  " * is its place there), not in the arena.  The update streams each weight's through two staging blocks\n"
+                  " * of OPT_BLOCK floats per part (OPT_STAGING, in the temporaries' region): block b + 1 is read and b - 1\n"
+                  " * written back while b is updated.%s */\n", s->grad_out ? " and the gradients" : "", *s->opt_dir ? s->opt_dir : ".",
+               s->grad_out ? "\n * Each backward brings a gradient into GRAD_STAGING_0 or _1 before the call that adds into it\n"
+                             " * (the next one's is read meanwhile) and writes it back after (k_grad_fetch, k_grad_put)." : "");
     buf_printf(o, "#define OPT_STORE_BYTES %lldLL\nenum { OPT_BLOCK = %lld };\n\n", (long long)s->opt_store_bytes, (long long)s->opt_block);
   }
 }
@@ -337,7 +339,8 @@ static void render_params(Buf *o, const StageSpec *s) {
     buf_printf(o, "};\n\n");
   }
   if (!s->nparams) return;
-  buf_printf(o, "/* {name, floats, offset, gradient, optimizer slots, tied parts, layer: its parameterised layer from 0} */\n"
+  buf_printf(o, "/* {name, floats, offset, gradient, optimizer slots, tied parts, layer: its parameterised layer from 0, gradient in\n"
+                " * the file (--offload-optimizer: then the gradient's offset is its place there)} */\n"
                 "static const PrParam PARAMS[] = {\n");
   for (int i = 0; i < s->nparams; i++) {
     const SpecParam *q = &s->params[i];
@@ -351,7 +354,7 @@ static void render_params(Buf *o, const StageSpec *s) {
     put_off(o, s, q->m2);
     if (q->nparts) buf_printf(o, ", PARTS_%s, %d", s->bufs[q->buf].name, q->nparts);
     else buf_printf(o, ", NULL, 0");
-    buf_printf(o, ", %d},\n", q->layer);
+    buf_printf(o, ", %d, %d},%s\n", q->layer, q->grad_in_file, q->grad_in_file ? " /* its gradient in the file */" : "");
   }
   buf_printf(o, "};\n\n");
 }

@@ -27,6 +27,7 @@ static const char *kind_name(int k) {
   case BUF_GRING: return "gradient, one copy per gradient slot";
   case BUF_LABELS: return "labels";
   case BUF_OPTSTAGE: return "the update's staging blocks of the optimizer state it streams from its file";
+  case BUF_GSTAGE: return "a staging copy of the gradients the backward keeps in the file";
   default: return "temporary";
   }
 }
@@ -50,7 +51,7 @@ static const char *buf_what(const Graph *g, const Buffer *b, Pool *pool) {
 static int buf_view(const StageProg *sp, const Buffer *b) {
   if (b->kind == BUF_RING) return b->fate != FATE_KEEP ? VIEW_XSLOT : VIEW_SLOT;
   if (b->kind == BUF_GRING) return VIEW_GSLOT;
-  if (b->kind == BUF_OPT && sp->opt_out) return VIEW_STORE;
+  if (b->in_store) return VIEW_STORE;
   if (sp->nwversions && b->offset < sp->weights_bytes) return VIEW_WEIGHTS;
   return VIEW_PLAIN;
 }
@@ -305,7 +306,8 @@ static void spec_params(const Plan *p, const StageProg *sp, StageSpec *o, Pool *
     int tied = sp->nparts && sp->nparts[i];
     o->params[i] = (SpecParam){.name = p->g.t[b->tensor].name, .buf = sp->params[i], .gbuf = sp->pgrad[i], .m1 = sp->opt1[i],
                                .m2 = sp->opt2[i], .floats = b->bytes / 4, .parts = tied ? sp->parts[i] : NULL,
-                               .nparts = tied ? sp->nparts[i] : 0, .layer = freeze_layer_of(p, b->tensor)};
+                               .nparts = tied ? sp->nparts[i] : 0, .layer = freeze_layer_of(p, b->tensor),
+                               .grad_in_file = sp->pgrad[i] >= 0 && sp->bufs[sp->pgrad[i]].in_store};
   }
 }
 
@@ -324,7 +326,7 @@ static void spec_memory(const Plan *p, const StageProg *sp, StageSpec *o) {
     if (p->host_of[q] == s) o->store_owner = q;
   o->offload_dir = p->opt.offload_dir ? p->opt.offload_dir : "";
   o->opt_store_bytes = sp->opt_out ? sp->opt_store_bytes : 0;
-  o->opt_block = sp->opt_block, o->opt_stage_bytes = sp->opt_stage_bytes;
+  o->opt_block = sp->opt_block, o->opt_stage_bytes = sp->opt_stage_bytes, o->grad_out = sp->grad_out;
   o->opt_dir = p->opt.opt_offload_dir ? p->opt.opt_offload_dir : "";
 }
 

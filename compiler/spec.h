@@ -77,6 +77,7 @@ typedef struct SpecParam {
   const struct TiePart *parts; /* a tied weight's parts in graph order ({buf, stage}), NULL */
   int nparts;
   int layer;
+  int grad_in_file;      /* --offload-optimizer: its gradient lives in the stage's file */
 } SpecParam;
 
 enum { OPT_SGD, OPT_ADAM, OPT_ADAMW };
@@ -109,6 +110,7 @@ typedef struct StageSpec {
   const char *offload_dir;
   /* --offload-optimizer: the optimizer state's file (bytes, the directory) and the update's block. */
   int64_t opt_store_bytes, opt_block, opt_stage_bytes;
+  int grad_out;
   const char *opt_dir;
   SpecBuffer *bufs;       /* one per program buffer, in order; unused ones have name NULL */
   int nbufs;

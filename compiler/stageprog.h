@@ -16,6 +16,8 @@ enum {
   BUF_GRING,  /* one copy per gradient slot of the schedule: gradients received from the next stage or sent to the previous */
   BUF_TEMP,   /* lives within one forward or backward action; shares memory by lifetime */
   BUF_LABELS, /* int64 labels of one micro-batch (last stage) */
+  BUF_GSTAGE, /* --offload-optimizer: one of the backward's two staging copies of the gradients kept in the file (optstore.c),
+               * at the temporaries' region start */
   BUF_OPTSTAGE, /* --offload-optimizer: the update's staging blocks for the state it streams (optstore.c); in the
                  * temporaries' region, which no forward or backward temporary holds during the update */
 };
@@ -32,6 +34,8 @@ typedef struct Buffer {
   int fate;             /* BUF_RING kept for backward: FATE_* (stash.c) */
   int unused;           /* not in this rank's arena: pipefb runs only this program's forward or only its backward */
   int chunk;            /* a rank program of --chunks V (chunks.c): the chunk whose program it came from (0 otherwise) */
+  int in_store;         /* --offload-optimizer (optstore.c): optimizer state or a gradient kept in the stage's file; offset is
+                         * its place there */
 } Buffer;
 
 /* What happens to a stashed activation between a micro-batch's forward and
@@ -171,6 +175,10 @@ typedef struct StageProg {
    * blocks of opt_block floats per state. */
   int opt_out;
   int64_t opt_block, opt_stage_bytes, opt_store_bytes;
+  /* ... and the gradients of the weights optstore_grad_ok allows, accumulated over the micro-batches in the same file:
+   * each backward brings one weight's gradient at a time into one of two staging copies of grad_stage_bytes / 2. */
+  int grad_out;
+  int64_t grad_stage_bytes;
   /* A rank program of --chunks V (chunks.c): its chunks' stages, each chunk's ring and gradient ring
    * sizes (a ring copy count is its chunk's), and the chunk the loss follows (-1: none).  nchunks 0:
    * a stage's own program. */

@@ -242,15 +242,19 @@ typedef struct Work {
   double file_bw, file_lat;
   const char *file_note;
   double opt_bw, opt_lat;  /* --offload-optimizer file:DIR: the store's speed */
-  double *upd0;            /* per rank: its update's predicted seconds with the state in its arena */
+  double *upd0, *bwd0, *bwdw0; /* per rank: its update's, backward's and W half's predicted seconds with all in its arena */
 } Work;
 
-/* Rank s's optimizer state in its arena (out 0) or the store (1), and its update's time with it. */
-static void set_opt_out(Work *w, int s, int out) {
+/* What of rank s's weights' side lives in the store (mode OPTSTORE_*), and its update's and backward's times with it. */
+static void set_opt_out(Work *w, int s, int mode) {
   StageProg *sp = &w->p->progs[s];
-  optstore_set(sp, out);
-  w->cost[s].opt_stream = optstore_time(sp, w->upd0[s], w->opt_bw, w->opt_lat);
-  w->cost[s].update = w->upd0[s] + w->cost[s].opt_stream;
+  StageCost *c = &w->cost[s];
+  optstore_set(sp, mode);
+  c->opt_stream = optstore_time(sp, w->upd0[s], w->opt_bw, w->opt_lat);
+  c->update = w->upd0[s] + c->opt_stream;
+  c->grad_stream = optstore_bwd_time(sp, w->bwdw0[s], w->opt_bw, w->opt_lat);
+  c->time += w->bwd0[s] + c->grad_stream - c->bwd;
+  c->bwd = w->bwd0[s] + c->grad_stream, c->bwd_w = w->bwdw0[s] + c->grad_stream;
 }
 
 
@@ -580,7 +584,7 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
   int64_t host_need = 0;
   int64_t floor = sp->arena_bytes;
   /* With its optimizer state in the store (oo 1) when --offload-optimizer allows, and without. */
-  for (int oo = 0; oo <= optstore_allowed(p, sp); oo++) {
+  for (int oo = 0; oo <= optstore_modes(p, sp); oo++) {
   restore(w, &start);
   set_opt_out(w, s, oo);
   if (oo) { /* the state alone leaves: the lists stay as they are */
@@ -668,11 +672,11 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
                  "activation it may (--offload %s, --recompute %s%s) leaves %s; raise --mem-limit to at least %lldK, or use more "
                  "stages or smaller micro-batches%s", s, fmt_bytes(lim), fmt_bytes((double)p->arena[s]),
                  offload_name(p->opt.offload), p->opt.recompute ? "auto" : "none",
-                 optstore_allowed(p, sp) ? ", --offload-optimizer file" : "", fmt_bytes((double)floor),
+                 optstore_modes(p, sp) ? ", --offload-optimizer file" : "", fmt_bytes((double)floor),
                  (long long)((floor + 1023) / 1024),
-                 optstore_allowed(p, sp) || !optstore_state_bytes(sp) ? ""
-                 : pool_printf(&p->g.pool, " (its optimizer state, %s, could leave with --offload-optimizer file:DIR)",
-                               fmt_bytes((double)optstore_state_bytes(sp))));
+                 optstore_modes(p, sp) || !(optstore_state_bytes(sp) + optstore_grad_bytes(sp)) ? ""
+                 : pool_printf(&p->g.pool, " (its optimizer state and gradients, %s, could leave with --offload-optimizer file:DIR)",
+                               fmt_bytes((double)(optstore_state_bytes(sp) + optstore_grad_bytes(sp)))));
   }
   /* Every rank's layout as planned: owners first (a host's store slot is
    * its owner's copy-out, known once the owner is laid out), then again. */
@@ -787,8 +791,9 @@ int stash_plan(Plan *p) {
   else w.file_bw = 1e9, w.file_lat = 50e-6;
   w.opt_bw = 1e9, w.opt_lat = 50e-6;
   if (p->opt.opt_offload == OPTOFF_FILE) probe_dir(p->opt.opt_offload_dir, &w.opt_bw, &w.opt_lat);
-  w.upd0 = pool_alloc(&p->g.pool, sizeof(double) * (size_t)n);
-  for (int s = 0; s < n; s++) w.upd0[s] = w.cost[s].update;
+  w.upd0 = pool_alloc(&p->g.pool, sizeof(double) * (size_t)n * 3);
+  w.bwd0 = w.upd0 + n, w.bwdw0 = w.upd0 + 2 * n;
+  for (int s = 0; s < n; s++) w.upd0[s] = w.cost[s].update, w.bwd0[s] = w.cost[s].bwd, w.bwdw0[s] = w.cost[s].bwd_w;
   /* The fullest stages first: they need the most room on a peer. */
   int *order = pool_alloc(&p->g.pool, sizeof(int) * (size_t)n);
   for (int s = 0; s < n; s++) order[s] = s;
@@ -831,8 +836,13 @@ int stash_plan(Plan *p) {
       closure(sp, w.fates[s], fw, sp->recompute);
       free(fw);
     }
-    if (sp->opt_out) { /* the update streams the state: its calls name the store's offsets and the staging buffer */
+    if (sp->opt_out) { /* the update streams the state: its calls name the store's offsets and the staging buffers */
+      int nb = sp->nbufs;
       optstore_finish(sp, &p->g.pool);
+      char *f = pool_alloc(&p->g.pool, (size_t)sp->nbufs + 1); /* the staging buffers it added are kept, as every non-ring */
+      memset(f, FATE_KEEP, (size_t)sp->nbufs + 1);
+      memcpy(f, w.fates[s], (size_t)nb);
+      w.fates[s] = f;
       layout(&w, s, w.fates[s]);
     }
     plan_stage_memory(p, s);
@@ -869,7 +879,7 @@ double stash_floor(Plan *p, int s, int a, int e) {
     }
     for (int b = 0; b < sp.nbufs; b++) sp.bufs[b].fate = f[b];
     if (!offload_all && !p->opt.recompute) memset(f, FATE_KEEP, (size_t)sp.nbufs);
-    optstore_set(&sp, optstore_allowed(p, &sp)); /* --offload-optimizer: the state may leave too */
+    optstore_set(&sp, optstore_modes(p, &sp)); /* --offload-optimizer: the state and gradients may leave too */
     sp.nxslots = xrecv ? p->floor_nx[2 * s + 1] : p->floor_nx[2 * s];
     memplan(p, &sp, xrecv ? p->floor_nslots[2 * s + 1] : p->floor_nslots[2 * s], p->slots.ngslots[s]);
     v = (double)sp.arena_bytes;

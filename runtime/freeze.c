@@ -240,6 +240,9 @@ void auto_freeze(Run *r) {
   for (int i = 0; i < st->nparams; i++) {
     const PrParam *p = &st->params[i];
     if (p->goffset < 0 || p->layer < 0 || p->layer >= L) continue;
+    if (p->grad_in_file)
+      die(2, "run.sh --freeze auto measures the gradients, and this stage keeps '%s''s in a file (pipecc --offload-optimizer); "
+             "freeze at given steps (--freeze-at), or compile with the gradients in the arena", p->name);
     sq[p->layer] += pr_dev_kernels.sumsq((const float *)dev_at(r, p->goffset), p->count);
   }
   for (int l = 0; l < L; l++) r->gnorm[l] += sqrt(sq[l]);

@@ -80,7 +80,8 @@ static void optimizer_step(Run *r) {
   float mom = r->a.have_momentum ? (float)r->a.momentum : st->momentum;
   for (int i = 0; i < st->nparams; i++) {
     const PrParam *p = &st->params[i];
-    check_finite(r, "the gradient", p->name, (const float *)dev_at(r, p->goffset), p->count);
+    if (!p->grad_in_file) /* else the update's stream checks it (pr_optstore_check) */
+      check_finite(r, "the gradient", p->name, (const float *)dev_at(r, p->goffset), p->count);
     if (st->optimizer == PR_SGD && mom != 0 && p->m1offset < 0) die(2, "--momentum needs the optimizer state: compile with pipecc --momentum X");
   }
   pr_opt = (OptCtx){.lr = (float)lr_at(r, r->step), .momentum = mom,
@@ -113,6 +114,7 @@ int weights_finite(const Run *r, const char *what, char *msg, size_t len) {
  * zero_grads(). */
 void zero_grads(Run *r) {
   if (r->st->zero_grads) r->st->zero_grads();
+  optstore_fresh(r); /* --offload-optimizer: the gradients in the file start from zeros too */
 }
 
 /* UPDATE: the optimizer step, once the weights the last one sent have left. */

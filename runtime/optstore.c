@@ -9,6 +9,7 @@
  * (xfer.c: io_uring requests, or an I/O thread), and wait here for a block's
  * copies.  Checkpoints, --resume and freeze events read and write the state
  * through optstore_io, after the update's copies are done. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +17,7 @@
 
 static Run *g_run;
 static PrXfer *g_store;
+static unsigned char *g_fresh; /* per weight (PARAMS row): its stored gradient is zeros this step, not yet read */
 
 enum { SLOT_SYNC = 2 }; /* slots 0 and 1: the two staging blocks; 2: checkpoint and resume copies */
 
@@ -73,4 +75,42 @@ void optstore_close(Run *r) {
   optstore_drain(r);
   xfer_close(g_store);
   g_store = NULL;
+  free(g_fresh);
+  g_fresh = NULL;
+}
+
+/* ---- the gradients in the file ---- */
+
+
+void optstore_fresh(Run *r) {
+  if (!g_store) return;
+  if (!g_fresh) {
+    g_fresh = malloc((size_t)r->st->nparams + 1);
+    if (!g_fresh) die(2, "out of memory for the stored gradients' flags%s", "");
+  }
+  memset(g_fresh, 1, (size_t)r->st->nparams + 1);
+}
+
+void k_grad_fetch(float *stage, int slot, int id, int64_t off, int64_t n) {
+  pr_optstore_wait(slot); /* the copy this slot held last is back in the file */
+  if (g_fresh[id]) {
+    memset(stage, 0, (size_t)n * 4);
+    g_fresh[id] = 0;
+    return;
+  }
+  pr_optstore_read(slot, stage, off, n);
+}
+
+void k_grad_wait(const float *stage, int slot) {
+  (void)stage;
+  pr_optstore_wait(slot);
+}
+
+void k_grad_put(const float *stage, int slot, int64_t off, int64_t n) { pr_optstore_write(slot, stage, off, n); }
+
+void pr_optstore_check(int id, const float *g, int64_t n, int64_t at) {
+  for (int64_t i = 0; i < n; i++)
+    if (!isfinite(g[i]))
+      die(3, "step %lld: the gradient of '%s' is %s at element %lld; stopping (lower --lr?)", (long long)g_run->step + 1,
+          g_run->st->params[id].name, isnan(g[i]) ? "NaN" : "Inf", (long long)(at + i));
 }

@@ -59,6 +59,7 @@ typedef struct PrParam {
   const PrPart *parts;
   int nparts;
   int layer;           /* its parameterised layer (its first reader), from 0 in the loaded order, frozen ones counted */
+  int grad_in_file;    /* pipecc --offload-optimizer: goffset is the gradient's place in the stage's file (PrStage.opt_store_bytes) */
 } PrParam;
 
 enum { PR_SGD = 0, PR_ADAM = 1, PR_ADAMW = 2 };

@@ -256,6 +256,7 @@ void offload_close(Run *r);
 /* --offload-optimizer: the optimizer state's file (optstore.c), opened before a checkpoint is resumed. */
 void optstore_open(Run *r);
 void optstore_drain(Run *r);
+void optstore_fresh(Run *r); /* a step begins: the stored gradients are zeros until their first backward */
 void optstore_close(Run *r);
 /* Copies bytes of the state's file at off to host (write 0) or from it (1), once the update's copies are done. */
 void optstore_io(Run *r, int write, void *host, int64_t bytes, int64_t off);

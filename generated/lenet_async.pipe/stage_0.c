@@ -117,10 +117,11 @@ static const PrValue RECV[] = {
 static const PrValue SEND[] = {
     {"/conv1/Conv_output_0", 150528, OFF_v__conv1_Conv_output_0, OFF_d__conv1_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 6, 28, 28}, 0, 1, 0, 0},
 };
-/* {name, floats, offset, gradient, optimizer slots, tied parts, layer: its parameterised layer from 0} */
+/* {name, floats, offset, gradient, optimizer slots, tied parts, layer: its parameterised layer from 0, gradient in
+ * the file (--offload-optimizer: then the gradient's offset is its place there)} */
 static const PrParam PARAMS[] = {
-    {"conv1.weight", 150, OFF_W_conv1_weight, OFF_dW_conv1_weight, -1, -1, NULL, 0, 0},
-    {"conv1.bias", 6, OFF_W_conv1_bias, OFF_dW_conv1_bias, -1, -1, NULL, 0, 0},
+    {"conv1.weight", 150, OFF_W_conv1_weight, OFF_dW_conv1_weight, -1, -1, NULL, 0, 0, 0},
+    {"conv1.bias", 6, OFF_W_conv1_bias, OFF_dW_conv1_bias, -1, -1, NULL, 0, 0, 0},
 };
 
 static const PrStage THIS_STAGE = {

@@ -131,10 +131,11 @@ static const PrValue RECV[] = {
 static const PrValue SEND[] = {
     {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}, 0, 3, 0, 0},
 };
-/* {name, floats, offset, gradient, optimizer slots, tied parts, layer: its parameterised layer from 0} */
+/* {name, floats, offset, gradient, optimizer slots, tied parts, layer: its parameterised layer from 0, gradient in
+ * the file (--offload-optimizer: then the gradient's offset is its place there)} */
 static const PrParam PARAMS[] = {
-    {"conv2.weight", 2400, OFF_W_conv2_weight, OFF_dW_conv2_weight, -1, -1, NULL, 0, 1},
-    {"conv2.bias", 16, OFF_W_conv2_bias, OFF_dW_conv2_bias, -1, -1, NULL, 0, 1},
+    {"conv2.weight", 2400, OFF_W_conv2_weight, OFF_dW_conv2_weight, -1, -1, NULL, 0, 1, 0},
+    {"conv2.bias", 16, OFF_W_conv2_bias, OFF_dW_conv2_bias, -1, -1, NULL, 0, 1, 0},
 };
 
 static const PrStage THIS_STAGE = {

@@ -244,14 +244,15 @@ static const PrAction SCHEDULE[] = {
 static const PrValue RECV[] = {
     {"/conv2/Conv_output_0", 51200, OFF_v__conv2_Conv_output_0, OFF_d__conv2_Conv_output_0, PR_FROM_PREV, 1, 4, {8, 16, 10, 10}, 0, 2, 0, 0},
 };
-/* {name, floats, offset, gradient, optimizer slots, tied parts, layer: its parameterised layer from 0} */
+/* {name, floats, offset, gradient, optimizer slots, tied parts, layer: its parameterised layer from 0, gradient in
+ * the file (--offload-optimizer: then the gradient's offset is its place there)} */
 static const PrParam PARAMS[] = {
-    {"fc1.weight", 48000, OFF_W_fc1_weight, OFF_dW_fc1_weight, -1, -1, NULL, 0, 2},
-    {"fc1.bias", 120, OFF_W_fc1_bias, OFF_dW_fc1_bias, -1, -1, NULL, 0, 2},
-    {"fc2.weight", 10080, OFF_W_fc2_weight, OFF_dW_fc2_weight, -1, -1, NULL, 0, 3},
-    {"fc2.bias", 84, OFF_W_fc2_bias, OFF_dW_fc2_bias, -1, -1, NULL, 0, 3},
-    {"fc3.weight", 840, OFF_W_fc3_weight, OFF_dW_fc3_weight, -1, -1, NULL, 0, 4},
-    {"fc3.bias", 10, OFF_W_fc3_bias, OFF_dW_fc3_bias, -1, -1, NULL, 0, 4},
+    {"fc1.weight", 48000, OFF_W_fc1_weight, OFF_dW_fc1_weight, -1, -1, NULL, 0, 2, 0},
+    {"fc1.bias", 120, OFF_W_fc1_bias, OFF_dW_fc1_bias, -1, -1, NULL, 0, 2, 0},
+    {"fc2.weight", 10080, OFF_W_fc2_weight, OFF_dW_fc2_weight, -1, -1, NULL, 0, 3, 0},
+    {"fc2.bias", 84, OFF_W_fc2_bias, OFF_dW_fc2_bias, -1, -1, NULL, 0, 3, 0},
+    {"fc3.weight", 840, OFF_W_fc3_weight, OFF_dW_fc3_weight, -1, -1, NULL, 0, 4, 0},
+    {"fc3.bias", 10, OFF_W_fc3_bias, OFF_dW_fc3_bias, -1, -1, NULL, 0, 4, 0},
 };
 
 static const PrStage THIS_STAGE = {

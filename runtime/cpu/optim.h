@@ -52,51 +52,66 @@ static inline void k_adam_step(float *p, const float *g, float *m, float *v, int
   k_adam(p, g, m, v, n, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, decoupled, o->step + 1);
 }
 
-/* ---- the state streamed from its file (pipecc --offload-optimizer; runtime/optstore.c) ----
+/* ---- the state (and gradients) streamed from the stage's file (pipecc --offload-optimizer; runtime/optstore.c) ----
  *
- * The weight is updated a block of `block` floats at a time, its state read into one of two staging
- * blocks while the other is updated, and written back after: the same elementwise rule on the same
- * numbers as k_sgd_step / k_adam_step (blocks start at multiples of 64 floats, so every vector lane
- * sees what it sees in the whole-tensor loop).  `stage` holds both blocks of each state: [m | v] per
- * block; the state's places in the file are byte offsets m1, m2. */
+ * The weight is updated a block of `block` floats at a time, its state (and, gf >= 0, its gradient)
+ * read into one of two staging blocks while the other is updated, and the state written back after:
+ * the same elementwise rule on the same numbers as k_sgd_step / k_adam_step (blocks start at multiples
+ * of 64 floats, so every vector lane sees what it sees in the whole-tensor loop).  `stage` holds per
+ * slot [m | v | g], each `block` floats, as the weight has them; m1, m2, gf are byte offsets in the file
+ * (-1: none; g then in the arena).  id: the weight's row of PARAMS (a gradient read from the file is
+ * checked to be finite there, naming it). */
 void pr_optstore_read(int slot, float *dst, int64_t off, int64_t n);
 void pr_optstore_write(int slot, const float *src, int64_t off, int64_t n);
 void pr_optstore_wait(int slot);
+void pr_optstore_check(int id, const float *g, int64_t n, int64_t at);
 
 static inline int64_t opt_block_len(int64_t b, int64_t n, int64_t block) { return n - b * block < block ? n - b * block : block; }
 
-static inline void k_sgd_stream(float *p, const float *g, float *stage, int64_t m1, int64_t n, int64_t block, const OptCtx *o) {
-  int64_t nb = (n + block - 1) / block;
-  pr_optstore_read(0, stage, m1, opt_block_len(0, n, block));
+/* Reads block b's state and gradient into slot k's staging (each part as present). */
+static inline void opt_block_read(float *stage, int parts, int k, int64_t b, int64_t n, int64_t block, const int64_t *off) {
+  int64_t len = opt_block_len(b, n, block);
+  for (int q = 0; q < parts; q++)
+    if (off[q] >= 0) pr_optstore_read(k, stage + ((int64_t)k * parts + q) * block, off[q] + 4 * b * block, len);
+}
+
+static inline void k_sgd_stream(float *p, const float *g, float *stage, int id, int64_t m1, int64_t gf, int64_t n, int64_t block,
+                                const OptCtx *o) {
+  int64_t nb = (n + block - 1) / block, off[2] = {m1, gf};
+  opt_block_read(stage, 2, 0, 0, n, block, off);
   for (int64_t b = 0; b < nb; b++) {
     int k = (int)(b & 1);
-    float *buf = stage + k * block;
+    float *buf = stage + 2 * k * block, *gb = buf + block;
     int64_t at = b * block, len = opt_block_len(b, n, block);
-    if (b + 1 < nb) pr_optstore_read(k ^ 1, stage + (k ^ 1) * block, m1 + 4 * (at + block), opt_block_len(b + 1, n, block));
+    if (b + 1 < nb) opt_block_read(stage, 2, k ^ 1, b + 1, n, block, off);
     pr_optstore_wait(k);
-    k_sgd(p + at, g + at, buf, len, o->lr, o->momentum, o->weight_decay, o->step == 0);
-    pr_optstore_write(k, buf, m1 + 4 * at, len);
+    if (gf >= 0) pr_optstore_check(id, gb, len, at);
+    k_sgd(p + at, gf >= 0 ? gb : g + at, m1 >= 0 ? buf : NULL, len, o->lr, o->momentum, o->weight_decay, o->step == 0);
+    if (m1 >= 0) pr_optstore_write(k, buf, m1 + 4 * at, len);
   }
 }
 
-static inline void k_adam_stream(float *p, const float *g, float *stage, int64_t m1, int64_t m2, int64_t n, int decoupled, int64_t block,
-                                 const OptCtx *o) {
-  int64_t nb = (n + block - 1) / block;
-  pr_optstore_read(0, stage, m1, opt_block_len(0, n, block));
-  pr_optstore_read(0, stage + block, m2, opt_block_len(0, n, block));
+static inline void k_adam_stream(float *p, const float *g, float *stage, int id, int64_t m1, int64_t m2, int64_t gf, int64_t n, int decoupled,
+                                 int64_t block, const OptCtx *o) {
+  int64_t nb = (n + block - 1) / block, off[3] = {m1, m2, gf};
+  opt_block_read(stage, 3, 0, 0, n, block, off);
   for (int64_t b = 0; b < nb; b++) {
     int k = (int)(b & 1);
-    float *m = stage + 2 * k * block, *v = m + block;
+    float *m = stage + 3 * k * block, *v = m + block, *gb = v + block;
     int64_t at = b * block, len = opt_block_len(b, n, block);
-    if (b + 1 < nb) {
-      float *m_next = stage + 2 * (k ^ 1) * block;
-      pr_optstore_read(k ^ 1, m_next, m1 + 4 * (at + block), opt_block_len(b + 1, n, block));
-      pr_optstore_read(k ^ 1, m_next + block, m2 + 4 * (at + block), opt_block_len(b + 1, n, block));
-    }
+    if (b + 1 < nb) opt_block_read(stage, 3, k ^ 1, b + 1, n, block, off);
     pr_optstore_wait(k);
-    k_adam(p + at, g + at, m, v, len, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, decoupled, o->step + 1);
+    if (gf >= 0) pr_optstore_check(id, gb, len, at);
+    k_adam(p + at, gf >= 0 ? gb : g + at, m, v, len, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, decoupled, o->step + 1);
     pr_optstore_write(k, m, m1 + 4 * at, len);
     pr_optstore_write(k, v, m2 + 4 * at, len);
   }
 }
+
+/* The backward's stored gradients (slot 0 or 1 of two staging copies): brought in before the call that
+ * adds into one (zeros at a step's first backward: the runtime marks them fresh where the arena's are
+ * zeroed), and written back after it. */
+void k_grad_fetch(float *stage, int slot, int id, int64_t off, int64_t n);
+void k_grad_wait(const float *stage, int slot);
+void k_grad_put(const float *stage, int slot, int64_t off, int64_t n);
 #endif
