@@ -560,6 +560,34 @@ static int hosts_for(Work *w, int s, int *out) {
   return n;
 }
 
+/* Where rank s's values may go, each tried in turn: the file (-1), peers with room, recompute alone (-2). */
+static int targets_for(Work *w, int s, int *targets) {
+  const Plan *p = w->p;
+  int hostlist[MAX_RANKS], nt = 0;
+  if (p->opt.offload == OFFLOAD_FILE) targets[nt++] = -1;
+  if (p->opt.offload == OFFLOAD_PEER || p->opt.offload == OFFLOAD_AUTO) {
+    int nh = hosts_for(w, s, hostlist);
+    for (int i = 0; i < nh; i++) targets[nt++] = hostlist[i];
+  }
+  if (p->opt.offload == OFFLOAD_NONE || p->opt.offload == OFFLOAD_AUTO) targets[nt++] = -2; /* recompute only */
+  return nt;
+}
+
+/* Rank s fits no plan under lim: the error names the least arena any reached (floor). */
+static int refuse_stage(Plan *p, int s, double lim, int64_t floor) {
+  const StageProg *sp = &p->progs[s];
+  int64_t side = optstore_state_bytes(sp) + optstore_grad_bytes(sp);
+  return err_set("stage %d does not fit --mem-limit %s: its arena is %s, and offloading or recomputing every stashed "
+                 "activation it may (--offload %s, --recompute %s%s) leaves %s; raise --mem-limit to at least %lldK, or use more "
+                 "stages or smaller micro-batches%s", s, fmt_bytes(lim), fmt_bytes((double)p->arena[s]),
+                 offload_name(p->opt.offload), p->opt.recompute ? "auto" : "none",
+                 optstore_modes(p, sp) ? ", --offload-optimizer file" : "", fmt_bytes((double)floor),
+                 (long long)((floor + 1023) / 1024),
+                 optstore_modes(p, sp) || !side ? ""
+                 : pool_printf(&p->g.pool, " (its optimizer state and gradients, %s, could leave with --offload-optimizer file:DIR)",
+                               fmt_bytes((double)side)));
+}
+
 /* Plans rank s to fit `lim`; 0, or -1 with err_set naming the smallest limit it could fit. */
 static int plan_stage(Work *w, int s, double lim, int maxact) {
   Plan *p = w->p;
@@ -569,14 +597,7 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
   char *f = malloc((size_t)sp->nbufs + 1), *bestf = malloc((size_t)sp->nbufs + 1);
   if (!cand || !f || !bestf) abort();
   int nc = candidates(sp, fw, cand);
-  int hostlist[MAX_RANKS], nh = 0;
-  int targets[MAX_RANKS + 1], nt = 0;
-  if (p->opt.offload == OFFLOAD_FILE) targets[nt++] = -1;
-  if (p->opt.offload == OFFLOAD_PEER || p->opt.offload == OFFLOAD_AUTO) {
-    nh = hosts_for(w, s, hostlist);
-    for (int i = 0; i < nh; i++) targets[nt++] = hostlist[i];
-  }
-  if (p->opt.offload == OFFLOAD_NONE || p->opt.offload == OFFLOAD_AUTO) targets[nt++] = -2; /* recompute only */
+  int targets[MAX_RANKS + 1], nt = targets_for(w, s, targets);
   Saved start, best;
   save(w, &start, maxact);
   double best_t = INFINITY;
@@ -668,15 +689,7 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
   } else {
     restore(w, &start);
     set_opt_out(w, s, 0);
-    rc = err_set("stage %d does not fit --mem-limit %s: its arena is %s, and offloading or recomputing every stashed "
-                 "activation it may (--offload %s, --recompute %s%s) leaves %s; raise --mem-limit to at least %lldK, or use more "
-                 "stages or smaller micro-batches%s", s, fmt_bytes(lim), fmt_bytes((double)p->arena[s]),
-                 offload_name(p->opt.offload), p->opt.recompute ? "auto" : "none",
-                 optstore_modes(p, sp) ? ", --offload-optimizer file" : "", fmt_bytes((double)floor),
-                 (long long)((floor + 1023) / 1024),
-                 optstore_modes(p, sp) || !(optstore_state_bytes(sp) + optstore_grad_bytes(sp)) ? ""
-                 : pool_printf(&p->g.pool, " (its optimizer state and gradients, %s, could leave with --offload-optimizer file:DIR)",
-                               fmt_bytes((double)(optstore_state_bytes(sp) + optstore_grad_bytes(sp)))));
+    rc = refuse_stage(p, s, lim, floor);
   }
   /* Every rank's layout as planned: owners first (a host's store slot is
    * its owner's copy-out, known once the owner is laid out), then again. */
