@@ -892,10 +892,14 @@ double stash_floor(Plan *p, int s, int a, int e) {
     }
     for (int b = 0; b < sp.nbufs; b++) sp.bufs[b].fate = f[b];
     if (!offload_all && !p->opt.recompute) memset(f, FATE_KEEP, (size_t)sp.nbufs);
-    optstore_set(&sp, optstore_modes(p, &sp)); /* --offload-optimizer: the state and gradients may leave too */
     sp.nxslots = xrecv ? p->floor_nx[2 * s + 1] : p->floor_nx[2 * s];
-    memplan(p, &sp, xrecv ? p->floor_nslots[2 * s + 1] : p->floor_nslots[2 * s], p->slots.ngslots[s]);
-    v = (double)sp.arena_bytes;
+    /* --offload-optimizer: the state and gradients may leave too, whichever leaves least (moving the gradients
+     * keeps two copies of the largest, more than all of them where one weight is most) */
+    for (int mode = 0; mode <= optstore_modes(p, &sp); mode++) {
+      optstore_set(&sp, mode);
+      memplan(p, &sp, xrecv ? p->floor_nslots[2 * s + 1] : p->floor_nslots[2 * s], p->slots.ngslots[s]);
+      if ((double)sp.arena_bytes < v) v = (double)sp.arena_bytes;
+    }
     free(fw), free(cand), free(f), free(call);
   } else {
     err_clear();
