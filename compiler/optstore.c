@@ -77,9 +77,32 @@ int64_t optstore_grad_bytes(const StageProg *sp) {
   return n;
 }
 
+/* Rows of a band of weight i's gradient when its writer is a Gemm's dB with more rows than a band (*cols: its
+ * columns); 0 when it comes whole. */
+static int band_rows(const StageProg *sp, int i, int64_t *cols) {
+  int j = grad_writer(sp, i);
+  if (j < 0 || sp->bwd[j].kernel != K_GEMM_DB) return 0;
+  const Arg *a = sp->bwd[j].args;
+  int64_t rows = a[7].i ? a[4].i : a[5].i;
+  *cols = a[7].i ? a[5].i : a[4].i;
+  return rows > GRAD_BAND_ROWS ? GRAD_BAND_ROWS : 0;
+}
+
+/* The bytes of the largest piece of weight i's gradient the backward brings in at once. */
+static int64_t piece_bytes(const StageProg *sp, int i, int banded) {
+  int64_t cols = 0;
+  int r = banded ? band_rows(sp, i, &cols) : 0;
+  return r ? (int64_t)r * cols * 4 : sp->bufs[sp->pgrad[i]].bytes;
+}
+
 int optstore_modes(const Plan *p, const StageProg *sp) {
   if (p->opt.opt_offload == OPTOFF_NONE || p->opt.forward_only) return 0;
-  return optstore_grad_bytes(sp) > 0 ? OPTSTORE_GRADS : optstore_state_bytes(sp) > 0 ? OPTSTORE_STATE : 0;
+  int bands = 0;
+  for (int i = 0; i < sp->nparams; i++) {
+    int64_t cols;
+    bands |= optstore_grad_ok(sp, i) && band_rows(sp, i, &cols);
+  }
+  return bands ? OPTSTORE_BANDS : optstore_grad_bytes(sp) > 0 ? OPTSTORE_GRADS : optstore_state_bytes(sp) > 0 ? OPTSTORE_STATE : 0;
 }
 
 /* Floats per block: the largest weight, rounded up to 64 floats (whole vectors of every width), at most
@@ -101,13 +124,15 @@ void optstore_set(StageProg *sp, int mode) {
   int64_t state = optstore_state_bytes(sp), grads = optstore_grad_bytes(sp);
   sp->opt_out = mode >= OPTSTORE_STATE && (state > 0 || (mode >= OPTSTORE_GRADS && grads > 0));
   sp->grad_out = mode >= OPTSTORE_GRADS && grads > 0;
-  int nst = 0, most = 0;
+  sp->grad_banded = sp->grad_out && mode >= OPTSTORE_BANDS;
+  int nst = 0;
+  int64_t most = 0;
   for (int i = 0; i < sp->nparams; i++) nst = has_state(sp, i) ? (sp->opt2[i] >= 0 ? 2 : nst > 1 ? nst : 1) : nst;
   sp->opt_block = sp->opt_out ? block_floats(sp) : 0;
   /* Per slot the kernels' [m | g] (SGD) or [m | v | g] (Adam) blocks, whichever parts a weight has (cpu/optim.h). */
   sp->opt_stage_bytes = sp->opt_out ? 2 * (int64_t)(nst == 2 ? 3 : 2) * sp->opt_block * 4 : 0;
   for (int i = 0; i < sp->nparams; i++)
-    if (sp->grad_out && optstore_grad_ok(sp, i) && sp->bufs[sp->pgrad[i]].bytes > most) most = (int)sp->bufs[sp->pgrad[i]].bytes;
+    if (sp->grad_out && optstore_grad_ok(sp, i) && piece_bytes(sp, i, sp->grad_banded) > most) most = piece_bytes(sp, i, sp->grad_banded);
   sp->grad_stage_bytes = sp->grad_out ? 2 * align64(most) : 0;
   for (int b = 0; b < sp->nbufs; b++) sp->bufs[b].in_store = 0;
   for (int i = 0; i < sp->nparams; i++) {
@@ -134,8 +159,11 @@ double optstore_time(const StageProg *sp, double update_s, double bw, double lat
 double optstore_bwd_time(const StageProg *sp, double bwd_s, double bw, double lat) {
   if (!sp->grad_out) return 0;
   double t = 2 * (double)optstore_grad_bytes(sp) / bw; /* read and written back, once per micro-batch */
-  /* The first gradient's read and the last one's write are not hidden behind the backward's compute. */
-  double edges = 2 * lat + (double)sp->grad_stage_bytes / bw;
+  int pieces = 0;
+  for (int i = 0; i < sp->nparams; i++)
+    if (optstore_grad_ok(sp, i)) pieces += (int)((sp->bufs[sp->pgrad[i]].bytes + piece_bytes(sp, i, sp->grad_banded) - 1) / piece_bytes(sp, i, sp->grad_banded));
+  /* The first piece's read and the last one's write are not hidden behind the backward's compute; each piece waits once. */
+  double edges = 2 * lat * pieces + (double)sp->grad_stage_bytes / bw;
   return (t > bwd_s ? t - bwd_s : 0) + edges;
 }
 
@@ -208,49 +236,86 @@ static Call glue(StageProg *sp, Pool *pool, int kernel, const char *comment, con
   return *call_new(sp, pool, PH_WGRAD, kernel, -1, comment, args, nargs);
 }
 
-/* The backward's calls: each stored gradient's writer works on a staging copy, fetched one writer ahead
- * and written back after it; the backward ends when the last copy is back. */
+/* A piece the backward brings in: rows [r0, r1) of weight i's gradient, written by backward call j (r1 0: all of it). */
+typedef struct Piece {
+  int j, i, r0, r1;
+  int64_t off, floats;
+} Piece;
+
+/* The stored gradients' pieces in the order their writers run (out NULL: only counted). */
+static int pieces_of(const StageProg *sp, Piece *out) {
+  int n = 0;
+  for (int j = 0; j < sp->nbwd; j++)
+    for (int i = 0; i < sp->nparams; i++) {
+      if (sp->pgrad[i] < 0 || !sp->bufs[sp->pgrad[i]].in_store || grad_writer(sp, i) != j) continue;
+      const Buffer *g = &sp->bufs[sp->pgrad[i]];
+      int64_t cols = 0;
+      int band = sp->grad_banded ? band_rows(sp, i, &cols) : 0;
+      if (!band) {
+        if (out) out[n] = (Piece){j, i, 0, 0, g->offset, g->bytes / 4};
+        n++;
+        continue;
+      }
+      int64_t rows = g->bytes / 4 / cols;
+      for (int64_t r = 0; r < rows; r += band, n++) {
+        int64_t r1 = r + band < rows ? r + band : rows;
+        if (out) out[n] = (Piece){j, i, (int)r, (int)r1, g->offset + r * cols * 4, (r1 - r) * cols};
+      }
+    }
+  return n;
+}
+
+/* Piece t's writer, on staging copy gs: the whole call retargeted, or its rows alone (k_gemm_dB_rows). */
+static Call piece_call(StageProg *sp, Pool *pool, const Piece *pc, int gs) {
+  Call c = sp->bwd[pc->j];
+  if (!pc->r1) {
+    retarget(sp, pool, &c, sp->pgrad[pc->i], gs);
+    return c;
+  }
+  const Arg *a = c.args;
+  return *call_new(sp, pool, c.phase, K_GEMM_DB_ROWS, c.node, pool_printf(pool, "%s, rows %d..%d", c.comment, pc->r0, pc->r1 - 1),
+                   (Arg[]){a[0], a[1], A_BUF(gs), a[3], a[4], a[5], a[6], a[7], a[8], a[9], A_INT(pc->r0), A_INT(pc->r1)}, 12);
+}
+
+static Call fetch_call(StageProg *sp, Pool *pool, const Piece *pc, int gs, int slot, int id) {
+  const Buffer *gb = &sp->bufs[sp->pgrad[pc->i]];
+  const char *what = pc->r1 ? pool_printf(pool, "rows %d..%d of the gradient of '%s'", pc->r0, pc->r1 - 1, gb->name)
+                            : pool_printf(pool, "the gradient of '%s'", gb->name);
+  return glue(sp, pool, K_GRAD_FETCH, pool_printf(pool, "bring %s from the file", what),
+              (Arg[]){A_BUF(gs), A_INT(slot), A_INT(id), A_INT(pc->off), A_INT(pc->floats)}, 5);
+}
+
+/* The backward's calls: each stored gradient's writer works on a staging copy of the gradient (or of each of
+ * its bands in turn), fetched one piece ahead and written back after it; the backward ends when the last copy
+ * is back.  The pieces' writers keep their places among the other calls, in their order. */
 static void finish_backward(StageProg *sp, Pool *pool) {
   int half = (int)(sp->grad_stage_bytes / 2);
   int gs[2] = {add_buf(sp, pool, "GRAD_STAGING_0", BUF_GSTAGE, half), add_buf(sp, pool, "GRAD_STAGING_1", BUF_GSTAGE, half)};
-  int nw = 0, *who = malloc(sizeof(int) * (size_t)(sp->nbwd + 1)), *param = malloc(sizeof(int) * (size_t)(sp->nbwd + 1));
-  if (!who || !param) abort();
+  Piece *pc = malloc(sizeof(Piece) * (size_t)(pieces_of(sp, NULL) + 1));
+  if (!pc) abort();
+  int np = pieces_of(sp, pc), t = 0;
+  sp->ngrad_units = np;
+  Call *out = pool_alloc(pool, sizeof(Call) * (size_t)(sp->nbwd + 4 * np + 4));
+  int n = 0;
+  if (np) out[n++] = fetch_call(sp, pool, &pc[0], gs[0], 0, 0);
   for (int j = 0; j < sp->nbwd; j++) {
-    param[j] = -1;
-    for (int i = 0; i < sp->nparams; i++)
-      if (sp->pgrad[i] >= 0 && sp->bufs[sp->pgrad[i]].in_store && grad_writer(sp, i) == j) param[j] = i;
-    if (param[j] >= 0) who[nw++] = j;
-  }
-  Call *out = pool_alloc(pool, sizeof(Call) * (size_t)(sp->nbwd + 4 * nw + 4));
-  int n = 0, t = 0;
-#define FETCH(w, slot)                                                                                                    \
-  do {                                                                                                                    \
-    const Buffer *gb = &sp->bufs[sp->pgrad[param[w]]];                                                                    \
-    out[n++] = glue(sp, pool, K_GRAD_FETCH, pool_printf(pool, "bring the gradient of '%s' from the file", gb->name),     \
-                    (Arg[]){A_BUF(gs[slot]), A_INT(slot), A_INT(param[w]), A_INT(gb->offset), A_INT(gb->bytes / 4)}, 5);    \
-  } while (0)
-  if (nw) FETCH(who[0], 0);
-  for (int j = 0; j < sp->nbwd; j++) {
-    if (param[j] < 0) {
+    if (t >= np || pc[t].j != j) {
       out[n++] = sp->bwd[j];
       continue;
     }
-    int slot = t & 1;
-    const Buffer *gb = &sp->bufs[sp->pgrad[param[j]]];
-    out[n++] = glue(sp, pool, K_GRAD_WAIT, "its gradient is here", (Arg[]){A_BUF(gs[slot]), A_INT(slot)}, 2);
-    if (t + 1 < nw) FETCH(who[t + 1], slot ^ 1);
-    Call c = sp->bwd[j];
-    retarget(sp, pool, &c, sp->pgrad[param[j]], gs[slot]);
-    out[n++] = c;
-    out[n++] = glue(sp, pool, K_GRAD_PUT, pool_printf(pool, "the gradient of '%s' back to the file", gb->name),
-                    (Arg[]){A_BUF(gs[slot]), A_INT(slot), A_INT(gb->offset), A_INT(gb->bytes / 4)}, 4);
-    t++;
+    for (; t < np && pc[t].j == j; t++) {
+      int slot = t & 1;
+      out[n++] = glue(sp, pool, K_GRAD_WAIT, "its gradient is here", (Arg[]){A_BUF(gs[slot]), A_INT(slot)}, 2);
+      if (t + 1 < np) out[n++] = fetch_call(sp, pool, &pc[t + 1], gs[slot ^ 1], slot ^ 1, t + 1);
+      out[n++] = piece_call(sp, pool, &pc[t], gs[slot]);
+      out[n++] = glue(sp, pool, K_GRAD_PUT, "back to the file",
+                      (Arg[]){A_BUF(gs[slot]), A_INT(slot), A_INT(pc[t].off), A_INT(pc[t].floats)}, 4);
+    }
   }
-#undef FETCH
-  for (int slot = 0; slot < 2 && nw; slot++)
+  for (int slot = 0; slot < 2 && np; slot++)
     out[n++] = glue(sp, pool, K_GRAD_WAIT, "the last gradients are back in the file", (Arg[]){A_BUF(gs[slot]), A_INT(slot)}, 2);
   sp->bwd = out, sp->nbwd = sp->capbwd = n;
-  free(who), free(param);
+  free(pc);
 }
 
 void optstore_finish(StageProg *sp, Pool *pool) {

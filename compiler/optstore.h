@@ -6,8 +6,10 @@
 /* The most floats of one weight's state the update streams at a time (a block; two are in flight). */
 #define OPT_BLOCK_MAX 16384
 
-/* What leaves: nothing, the optimizer state, or the state and the gradients optstore_grad_ok allows. */
-enum { OPTSTORE_NONE, OPTSTORE_STATE, OPTSTORE_GRADS };
+/* What leaves: nothing, the optimizer state, the state and the gradients optstore_grad_ok allows, or those with
+ * a Gemm's weight gradient brought in bands of GRAD_BAND_ROWS rows. */
+enum { OPTSTORE_NONE, OPTSTORE_STATE, OPTSTORE_GRADS, OPTSTORE_BANDS };
+#define GRAD_BAND_ROWS 96
 
 /* Bytes of optimizer state stage sp keeps (momentum, Adam's moments), 0 when none. */
 int64_t optstore_state_bytes(const StageProg *sp);

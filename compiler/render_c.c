@@ -384,7 +384,7 @@ static const char *memory_fields(const StageSpec *s, Pool *tp) {
     Buf d = {0};
     buf_printf(&d, "%s", "");
     put_cstring(&d, s->opt_dir);
-    opt = pool_printf(tp, "\n    .opt_store_bytes = OPT_STORE_BYTES, .opt_dir = \"%s\",", d.s);
+    opt = pool_printf(tp, "\n    .opt_store_bytes = OPT_STORE_BYTES, .opt_dir = \"%s\", .ngrad_pieces = %d,", d.s, s->ngrad_pieces);
     buf_free(&d);
   }
   if (!s->memory_plan) return opt;

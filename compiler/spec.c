@@ -326,7 +326,7 @@ static void spec_memory(const Plan *p, const StageProg *sp, StageSpec *o) {
     if (p->host_of[q] == s) o->store_owner = q;
   o->offload_dir = p->opt.offload_dir ? p->opt.offload_dir : "";
   o->opt_store_bytes = sp->opt_out ? sp->opt_store_bytes : 0;
-  o->opt_block = sp->opt_block, o->opt_stage_bytes = sp->opt_stage_bytes, o->grad_out = sp->grad_out;
+  o->opt_block = sp->opt_block, o->opt_stage_bytes = sp->opt_stage_bytes, o->grad_out = sp->grad_out, o->ngrad_pieces = sp->ngrad_units;
   o->opt_dir = p->opt.opt_offload_dir ? p->opt.opt_offload_dir : "";
 }
 

@@ -110,7 +110,7 @@ typedef struct StageSpec {
   const char *offload_dir;
   /* --offload-optimizer: the optimizer state's file (bytes, the directory) and the update's block. */
   int64_t opt_store_bytes, opt_block, opt_stage_bytes;
-  int grad_out;
+  int grad_out, ngrad_pieces;
   const char *opt_dir;
   SpecBuffer *bufs;       /* one per program buffer, in order; unused ones have name NULL */
   int nbufs;

@@ -177,8 +177,9 @@ typedef struct StageProg {
   int64_t opt_block, opt_stage_bytes, opt_store_bytes;
   /* ... and the gradients of the weights optstore_grad_ok allows, accumulated over the micro-batches in the same file:
    * each backward brings one weight's gradient at a time into one of two staging copies of grad_stage_bytes / 2. */
-  int grad_out;
+  int grad_out, grad_banded; /* banded: a Gemm's weight gradient comes in bands of GRAD_BAND_ROWS rows */
   int64_t grad_stage_bytes;
+  int ngrad_units;      /* the pieces the backward brings in (a gradient or a band), each fresh at a step's start */
   /* A rank program of --chunks V (chunks.c): its chunks' stages, each chunk's ring and gradient ring
    * sizes (a ring copy count is its chunk's), and the chunk the loss follows (-1: none).  nchunks 0:
    * a stage's own program. */

@@ -17,7 +17,7 @@
 
 static Run *g_run;
 static PrXfer *g_store;
-static unsigned char *g_fresh; /* per weight (PARAMS row): its stored gradient is zeros this step, not yet read */
+static unsigned char *g_fresh; /* per piece of a stored gradient (k_grad_fetch's id): zeros this step, not yet read */
 
 enum { SLOT_SYNC = 2 }; /* slots 0 and 1: the two staging blocks; 2: checkpoint and resume copies */
 
@@ -85,10 +85,10 @@ void optstore_close(Run *r) {
 void optstore_fresh(Run *r) {
   if (!g_store) return;
   if (!g_fresh) {
-    g_fresh = malloc((size_t)r->st->nparams + 1);
+    g_fresh = malloc((size_t)r->st->ngrad_pieces + 1);
     if (!g_fresh) die(2, "out of memory for the stored gradients' flags%s", "");
   }
-  memset(g_fresh, 1, (size_t)r->st->nparams + 1);
+  memset(g_fresh, 1, (size_t)r->st->ngrad_pieces + 1);
 }
 
 void k_grad_fetch(float *stage, int slot, int id, int64_t off, int64_t n) {

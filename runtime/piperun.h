@@ -147,6 +147,7 @@ typedef struct PrStage {
    * the arena); each parameter's m1offset and m2offset are its places there. */
   int64_t opt_store_bytes;
   const char *opt_dir;
+  int ngrad_pieces;            /* ... the pieces of gradients its backward brings in (k_grad_fetch's ids) */
   /* pipecc --profile: "K OP NAME" of each node the forward and backward mark
    * (PR_PROF(i, dir), i indexing this table); NULL / 0 otherwise.  rate: the
    * FLOP/s the compiling pipecc planned with, written into the profile.

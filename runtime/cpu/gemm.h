@@ -41,6 +41,18 @@ static inline void k_gemm_dB(const float *dY, const float *A, float *dB, int M, 
                 acc ? 1.0f : 0.0f, dB, K);
 }
 
+/* Rows [r0, r1) of k_gemm_dB's dB into dBr (those rows alone, contiguous): a gradient kept in the stage's file
+ * (pipecc --offload-optimizer) comes into memory a band at a time.  The rows of C in whole 96-row blocks are
+ * one product to every OpenBLAS kernel set, cut or not (gemm.c), so the bands' bits are the whole call's. */
+static inline void k_gemm_dB_rows(const float *dY, const float *A, float *dBr, int M, int N, int K, int ta, int tb, float alpha,
+                                  int acc, int r0, int r1) {
+  if (!tb) /* rows of op(A)^T: A's rows when ta, else its columns */
+    pr_sgemm(ta ? CblasNoTrans : CblasTrans, CblasNoTrans, r1 - r0, N, M, alpha, ta ? A + (int64_t)r0 * M : A + r0, ta ? M : K, dY,
+             N, acc ? 1.0f : 0.0f, dBr, N);
+  else /* rows of dY^T: dY's columns */
+    pr_sgemm(CblasTrans, ta ? CblasTrans : CblasNoTrans, r1 - r0, K, M, alpha, dY + r0, N, A, ta ? M : K, acc ? 1.0f : 0.0f, dBr, K);
+}
+
 /* dC = beta * dY summed over the broadcast axes. */
 static inline void k_gemm_dC(const float *dY, float *dC, int M, int N, int cm, int cn, float beta, int acc) {
   if (!acc) memset(dC, 0, sizeof(float) * (size_t)cm * (size_t)cn);
