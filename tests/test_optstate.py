@@ -1,25 +1,29 @@
-"""The optimizer state leaves the arena (issue 37): pipecc --offload-optimizer file:DIR.
+"""The optimizer state and the gradients leave the arena (issue 37): pipecc --offload-optimizer file:DIR.
 
 For each case - a model, n, a schedule, an optimizer - the plain plan is compiled and trained
-first.  The limit is the least that fits every stage once its optimizer state is in a file
-(its arena less the state, plus the update's staging blocks), under the busiest plain arena,
-so the plan must move the state of at least the busiest stage and can move nothing else
-(--offload none --recompute none).  The case then checks that:
-  - pipecc plans under the limit, and plan.json says which stages keep their state in a file
-    (memory_plan.optimizer_in_file_bytes), the busiest among them; the stage programs stream it
-    (k_sgd_stream / k_adam_stream) and every arena (ARENA_BYTES) is at most the limit;
-  - the trained losses and the saved weights are bit-identical to the plain plan's over 3 steps;
-  - a checkpoint after step 2 resumed to step 3 gives the same weights and losses again (the state
-    is written from the file and read back into it);
-  - a directory that fills up stops the job naming the file, leaving nothing behind (as root).
+first.  The case's limit is the least one pipecc names when it refuses --mem-limit 1K with only
+these moves allowed (--offload none --recompute none): everything that can leave must.  A case
+whose least limit is not under the busiest plain arena is skipped, saying so.  The case checks that:
+  - pipecc plans under the limit, plan.json says which stages keep their state or gradients in a
+    file (memory_plan.optimizer_in_file_bytes, gradients_in_file), their updates stream them
+    (k_sgd_stream / k_adam_stream), the gradients move where there is no state (k_grad_fetch,
+    k_grad_put), and every arena (ARENA_BYTES) is at most the limit;
+  - the trained losses and the saved weights are bit-identical to the plain plan's over 3 steps
+    (on the same convolutions: a plan that fits only with im2col is compared with --conv gemm's);
+  - the deep MLP: a checkpoint after step 2 resumed to step 3 gives the same weights and loss again
+    (the state is written from the file and read back into it), and a directory that fills up stops
+    the job naming the file, leaving nothing behind (as root).
 Refusals: host and peer (not yet), a directory that is not one, the schedules with no memory plan
-(async, pipefb, chunks), --target cuda, and a limit under what moving the state can reach names the
-smallest limit that fits.
+(async, pipefb, chunks), --target cuda, and a limit under what moving can reach names the smallest
+limit that fits, which then plans.
 
-A case that cannot be planned is a failure.  --quick (make test) runs LeNet with AdamW at n = 2
-under 1f1b and the deep MLP of the issue (16 Linear layers of width 384) with SGD and momentum at
-n = 4 under zb1; with no flag (make test-optstate) every sample model at n = 2 and 4, 1f1b and zb1,
-SGD with momentum and AdamW.  Run with /usr/bin/python3."""
+For the issue's deep MLP with plain SGD it must be at most 60% of
+the busiest plain arena (its gradients come in 96-row bands).
+
+A case that cannot be planned is a failure.  --quick (make test) runs the deep MLP of the issue (16
+Linear layers of width 384) with AdamW at n = 4 under zb1 (state, gradients in bands, checkpoint and
+resume, a full disk); with no flag (make test-optstate) every sample model and the deep MLP at n = 2
+and 4, 1f1b and zb1, SGD with momentum, AdamW and SGD without state.  Run with /usr/bin/python3."""
 import csv
 import json
 import os
@@ -164,6 +168,9 @@ def case(model, n, sched, opt, tmp, data, store, deep=False):
     if not check(r.returncode != 0 and m is not None, f"{tag}: --mem-limit 1K is refused naming the least limit ({r.stderr.strip()[-200:]!r})"):
         return
     lim = int(m.group(1)) * 1024
+    if model == "deep_mlp" and opt == "sgd0":  # the issue's case: its busiest stage at 60% of the plain arena
+        check(lim <= 0.6 * busiest, f"{tag}: the least limit that plans is at most 60% of the busiest plain arena "
+                                    f"({lim} = {100 * lim / busiest:.1f}% of {busiest})")
     if lim >= busiest:
         tally.skip(f"{tag}: the state and gradients in a file", f"moving them cannot take the busiest plain arena ({busiest}) lower "
                    f"(the least limit is {lim}: the busiest stage holds little of them)")
@@ -248,7 +255,7 @@ def main():
         run([DATAGEN, "tokens", data["tokens"], "--n", "20000"])
         refusals(tmp, store)
         if quick:
-            cases = [("lenet", 2, "1f1b", "adamw"), ("deep_mlp", 4, "zb1", "sgd0")]
+            cases = [("deep_mlp", 4, "zb1", "adamw")]
         else:
             cases = [(m, n, s, o) for m in DATA for n in (2, 4) for s in ("1f1b", "zb1") for o in OPTIMIZERS]
         for model, n, sched, opt in cases:
