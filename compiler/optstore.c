@@ -225,8 +225,10 @@ static void drop_zeroing(StageProg *sp) {
 static void retarget(StageProg *sp, Pool *pool, Call *c, int from, int to) {
   Arg *args = pool_alloc(pool, sizeof(Arg) * (size_t)(c->nargs + 1));
   memcpy(args, c->args, sizeof(Arg) * (size_t)c->nargs);
-  for (int a = 0; a < c->nargs; a++)
+  for (int a = 0; a < c->nargs; a++) {
+    if (args[a].kind == ARG_NULL) args[a] = A_BUF(-1); /* as it was given: call_new makes it NULL again */
     if (args[a].kind == ARG_BUF && args[a].buf == from) args[a].buf = to;
+  }
   Call *eval = c->eval, *rc = c->recompute;
   *c = *call_new(sp, pool, c->phase, c->kernel, c->node, c->comment, args, c->nargs);
   c->eval = eval, c->recompute = rc;
