@@ -210,6 +210,28 @@ def case(model, n, sched, opt, tmp, data, store, deep=False):
         full_disk(out, data, tmp, tag)
 
 
+def gpt_target(tmp, data, store):
+    """The issue's GPT case: AdamW at n = 4 (1f1b, B = 32, m = 8) with its busiest stage at 40% of the plain arena,
+    the activations and the weights' side in files: plans, every arena under, bit-identical."""
+    tag = "gpt n=4 1f1b adamw at 40%"
+    base = os.path.join(tmp, "gpt40")
+    r = compile_plan("gpt", 4, "1f1b", "adamw", base + ".plain", tmp)
+    if not check(r.returncode == 0, f"{tag}: the plain plan compiles ({r.stderr.strip()[-300:]})"):
+        return
+    busiest = max(arenas(base + ".plain"))
+    lim = int(0.4 * busiest)
+    r = compile_plan("gpt", 4, "1f1b", "adamw", base + ".moved", tmp, ["--mem-limit", str(lim), "--offload", "file:" + store,
+                                                                      "--offload-optimizer", "file:" + store])
+    if not check(r.returncode == 0, f"{tag}: plans under --mem-limit {lim} ({r.stderr.strip()[-300:]})"):
+        return
+    ar = arenas(base + ".moved")
+    check(all(a <= lim for a in ar), f"{tag}: every arena fits ({ar} <= {lim}, the busiest {100 * max(ar) / busiest:.1f}% of {busiest})")
+    p = train(base + ".plain", data, tmp, "gpt40.plain")
+    q = train(base + ".moved", data, tmp, "gpt40.moved")
+    if p and q:
+        check(p[0] == q[0] and p[1] == q[1], f"{tag}: bit-identical losses and weights ({q[0][-1:]} vs {p[0][-1:]})")
+
+
 def refusals(tmp, store):
     lenet = os.path.join(ROOT, "onnx_models", "lenet.onnx")
     cases = [
@@ -260,6 +282,8 @@ def main():
             cases = [(m, n, s, o) for m in DATA for n in (2, 4) for s in ("1f1b", "zb1") for o in OPTIMIZERS]
         for model, n, sched, opt in cases:
             case(model, n, sched, opt, tmp, data[DATA[model]], store, deep=(model == "deep_mlp"))
+        if not quick:
+            gpt_target(tmp, data["tokens"], store)
         check(not os.listdir(store), f"nothing is left in the store directory ({os.listdir(store)})")
     return tally.finish()
 
