@@ -113,6 +113,16 @@ static int cut_stages(Plan *p, PartProblem *pr) {
     int floor_fits = partition_solve(pr, &p->part, &g->pool) == 0;
     if (!floor_fits && !plain_fits) {
       price_memo_free(memo); /* p->memo (the floor prices) goes with plan_free */
+      /* The leanest cut's fullest stage: what it holds when everything that can move does. */
+      int full = 0;
+      for (int s = 1; s < p->opt.nstages; s++)
+        if (price_stage(p, s, p->part.start[s], p->part.start[s + 1]) > price_stage(p, full, p->part.start[full], p->part.start[full + 1])) full = s;
+      const char *what = stash_floor_what(p, full, p->part.start[full], p->part.start[full + 1]);
+      if (*what) {
+        char *msg = pool_printf(&g->pool, "%s%s", err_msg(), what);
+        err_clear();
+        err_set("%s", msg);
+      }
       return -1;
     }
     if (!floor_fits || (plain_fits && !(p->part.max_time < plain.max_time * (1 - 1e-6)))) {

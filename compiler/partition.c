@@ -407,6 +407,7 @@ static int no_fit(PartCtx *c, const Grid *whole, int blocked, Partition *out, Po
   double need = 0;
   for (int s = 0; s < p->nstages; s++) need = fmax(need, part_stage_mem(c, s, tmp[s], tmp[s + 1]));
   out->max_time = need; /* the caller may weigh it (pipefb's splits) */
+  if (out->start) memcpy(out->start, tmp, sizeof(int) * (size_t)(p->nstages + 1)); /* ... and say what its fullest stage holds */
   return err_set("no partition into %d stage%s fits the memory limit (%s per rank); the leanest plan needs %.0f bytes "
                  "(%s) on its fullest rank: raise --mem-limit to at least %.0fK, or use more stages, fewer "
                  "micro-batches or 1f1b", p->nstages, p->nstages == 1 ? "" : "s",

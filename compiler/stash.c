@@ -866,6 +866,45 @@ int stash_plan(Plan *p) {
   return 0;
 }
 
+/* stash_floor_what's request: where stash_floor describes the least arena it finds (NULL: it does not). */
+static char *floor_what;
+static size_t floor_what_len;
+
+/* What a stage's least arena holds, by region, and what would take it lower: a flag that moves more, or else
+ * the largest region that stays. */
+static void describe_floor(const Plan *p, const StageProg *sp) {
+  struct { const char *name; int64_t bytes; const char *how; } r[] = {
+      {"weights", sp->mem_weights, " (no plan moves weights: use more stages)"},
+      {"gradients", sp->mem_grads, ""},
+      {"optimizer state", sp->mem_opt, ""},
+      {"kept activations", sp->mem_stash + sp->mem_leaving,
+       p->opt.offload == OFFLOAD_FILE ? " (what one micro-batch's backward reads: use more stages or smaller micro-batches)"
+                                      : " (--offload file:DIR moves every one)"},
+      {"values at the cuts", sp->mem_cross, ""},
+      {"temporaries", sp->mem_temps, " (they live within one action: use more stages or smaller micro-batches)"}};
+  int most = 0, n = (int)(sizeof r / sizeof r[0]);
+  for (int i = 1; i < n; i++)
+    if (r[i].bytes > r[most].bytes) most = i;
+  int k = snprintf(floor_what, floor_what_len, "; with every move its flags allow, the fullest stage holds");
+  for (int i = 0; i < n && k < (int)floor_what_len; i++)
+    if (r[i].bytes) k += snprintf(floor_what + k, floor_what_len - (size_t)k, "%s %s %s", i ? "," : "", r[i].name, fmt_bytes((double)r[i].bytes));
+  if (k >= (int)floor_what_len) return;
+  if (p->opt.opt_offload == OPTOFF_NONE && optstore_state_bytes(sp) + optstore_grad_bytes(sp) > 0)
+    snprintf(floor_what + k, floor_what_len - (size_t)k, "; --offload-optimizer file:DIR would move its gradients%s",
+             optstore_state_bytes(sp) ? " and optimizer state" : "");
+  else
+    snprintf(floor_what + k, floor_what_len - (size_t)k, ": to go lower its %s would have to move%s", r[most].name, r[most].how);
+}
+
+const char *stash_floor_what(Plan *p, int s, int a, int e) {
+  static char buf[600];
+  buf[0] = 0;
+  floor_what = buf, floor_what_len = sizeof buf;
+  stash_floor(p, s, a, e);
+  floor_what = NULL;
+  return buf;
+}
+
 double stash_floor(Plan *p, int s, int a, int e) {
   Pool tmp = {0};
   StageProg sp;
@@ -898,6 +937,7 @@ double stash_floor(Plan *p, int s, int a, int e) {
     for (int mode = 0; mode <= optstore_modes(p, &sp); mode++) {
       optstore_set(&sp, mode);
       memplan(p, &sp, xrecv ? p->floor_nslots[2 * s + 1] : p->floor_nslots[2 * s], p->slots.ngslots[s]);
+      if ((double)sp.arena_bytes < v && floor_what) describe_floor(p, &sp);
       if ((double)sp.arena_bytes < v) v = (double)sp.arena_bytes;
     }
     free(fw), free(cand), free(f), free(call);

@@ -12,6 +12,9 @@ int stash_plan(Plan *p);
 /* The smallest arena stage s can have holding [a, e) if every value that
  * may leave does (the partitioner's price once no plain plan fits); builds
  * the stage's program. */
+/* stash_floor's stage described: what its least arena holds by region, and what would have to move to go lower
+ * ("; with every move allowed it holds ...", for an error; "" when the stage does not build). */
+const char *stash_floor_what(Plan *p, int s, int a, int e);
 double stash_floor(Plan *p, int s, int a, int e);
 /* Per stage, the ring slots and xslots of the leanest lists (for stash_floor). */
 void stash_floor_slots(Plan *p);
