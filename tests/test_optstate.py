@@ -249,6 +249,14 @@ def refusals(tmp, store):
         r = run([PIPECC, lenet, "-n", "2", "--optimizer", "adamw", "-o", out, *extra])
         check(r.returncode == 2 and want in r.stderr and not os.path.exists(out),
               f"refused: {' '.join(extra[:2])}{' ' + ' '.join(extra[2:]) if extra[2:] else ''} (rc {r.returncode}: {r.stderr.strip()[-200:]!r})")
+    # What would take an impossible limit lower: the flag that moves more, or the region that stays.
+    r = run([PIPECC, lenet, "-n", "2", "--optimizer", "adamw", "--mem-limit", "1K", "-o", os.path.join(tmp, "low0")])
+    check(r.returncode != 0 and "--offload-optimizer file:DIR would move its gradients and optimizer state" in r.stderr,
+          f"--mem-limit 1K without --offload-optimizer: the error says it would move the gradients and state ({r.stderr.strip()[-160:]!r})")
+    r = run([PIPECC, lenet, "-n", "2", "--optimizer", "adamw", "--mem-limit", "1K", "--offload", "file:" + store, "--offload-optimizer",
+             "file:" + store, "-o", os.path.join(tmp, "low1")])
+    check(r.returncode != 0 and re.search(r"the fullest stage holds weights [0-9.]+ [KM]iB.*: to go lower its [a-z ]+ would have to move", r.stderr),
+          f"--mem-limit 1K with every move: the error says what the fullest stage holds and what would have to move ({r.stderr.strip()[-200:]!r})")
     # A limit under what moving the state reaches: the error names the smallest that fits, which then plans.
     out = os.path.join(tmp, "low")
     r = run([PIPECC, lenet, "-n", "2", "--optimizer", "adamw", "--mem-limit", "1K", "--offload", "none", "--recompute", "none",
