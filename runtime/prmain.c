@@ -213,7 +213,6 @@ static void finish_run(Run *r, StepLog *sl, int threads) {
   msg_drain(r);
   pr_dev_sync(); /* the last step's work, and any bad input its kernels recorded (device.h, pr_dev_check) */
   offload_close(r);
-  optstore_close(r);
   /* The arena is static and the step loop allocates nothing: the end is the
    * peak.  What is not the arena (MPI's buffers, BLAS's, the loader's, the
    * libraries') is the runtime's overhead, the same whatever the plan. */
@@ -228,6 +227,7 @@ static void finish_run(Run *r, StepLog *sl, int threads) {
     weights_to_host(r);
     pr_save_onnx(st, r->a.save, pr_stage_dir());
   }
+  optstore_close(r); /* after a freeze event's checkpoint, which writes the optimizer state from its file */
   write_trace(r);
   report_close(r, sl);
   write_profile(r, threads);

@@ -135,6 +135,20 @@ def resumed(out, data, tmp, tag, plain_losses, plain_model):
           f"{tag}: checkpointed at step 2 and resumed, the plain plan's step-3 loss and weights ({losses[-1:]} vs {plain_losses[-1:]})")
 
 
+def frozen(plain, out, data, tmp, tag):
+    """A freeze event after step 2 (the first 2 layers): its checkpoint writes the state from the file, the re-planned
+    program continues; 4 steps give the plain plan's weights and losses."""
+    got = []
+    for d, name in ((plain, "plain"), (out, "moved")):
+        log, saved = os.path.join(tmp, f"fz.{name}.csv"), os.path.join(tmp, f"fz.{name}.onnx")
+        x = run([os.path.join(d, "run.sh"), "--data", data, "--steps", "4", "--freeze-at", "2:2", "--log", log, "--save", saved,
+                 "--timeout", "120"], timeout=600)
+        if not check(x.returncode == 0, f"{tag}: a freeze event after step 2 ({name})" + ("" if x.returncode == 0 else f" ({(x.stderr or x.stdout).strip()[-300:]})")):
+            return
+        got.append(([r["loss"] for r in csv.DictReader(open(log))], open(saved, "rb").read()))
+    check(got[0] == got[1], f"{tag}: with a freeze event the plain plan's losses and weights ({got[1][0][-1:]} vs {got[0][0][-1:]})")
+
+
 def full_disk(out, data, tmp, tag):
     tiny = os.path.join(tmp, "tiny")
     os.makedirs(tiny, exist_ok=True)
@@ -217,6 +231,7 @@ def case(model, n, sched, opt, tmp, data, store, deep=False):
     check(p[0] == q[0] and p[1] == q[1], f"{tag}: bit-identical losses and weights with the state in a file ({q[0][-1:]} vs {p[0][-1:]})")
     if deep:
         resumed(out, data, tmp, tag.replace(" ", "."), p[0], p[1])
+        frozen(base + ".plain", out, data, tmp, tag)
         full_disk(out, data, tmp, tag)
 
 
