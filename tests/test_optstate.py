@@ -39,21 +39,13 @@ DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
 STEPS = 3
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tally  # noqa: E402
+import test_memory as tm  # noqa: E402  (its check, run, arenas and train: one copy of each)
+from test_memory import arenas, check, run  # noqa: E402
 
 DATA = {"mlp": "mnist", "lenet": "mnist", "resnet": "cifar", "gpt": "tokens", "gpt_opset17": "tokens", "densenet": "cifar",
         "inception": "cifar", "deep_mlp": "npz"}
 OPTIMIZERS = {"sgd": ["--optimizer", "sgd", "--momentum", "0.9"], "adamw": ["--optimizer", "adamw", "--lr", "0.001"],
               "sgd0": ["--optimizer", "sgd"]}  # sgd0: no state, only the gradients can leave
-
-
-def check(cond, what):
-    tally.count(cond)
-    print(("ok - " if cond else "not ok - ") + what, flush=True)
-    return cond
-
-
-def run(cmd, **kw):
-    return subprocess.run(cmd, capture_output=True, text=True, **kw)
 
 
 def deep_mlp(tmp):
@@ -84,28 +76,10 @@ def compile_plan(model, n, sched, opt, out, tmp, extra=()):
                 "--devices", DEVICES, "-o", out, *OPTIMIZERS[opt], *extra])
 
 
-def arenas(out):
-    got = []
-    for k in range(64):
-        p = os.path.join(out, f"stage_{k}.c")
-        if not os.path.exists(p):
-            break
-        got.append(int(re.search(r"#define ARENA_BYTES (\d+)LL", open(p).read()).group(1)))
-    return got
-
-
-def train(out, data, tmp, tag, extra=()):
-    """Trains 3 steps (or as extra says); (losses, saved model bytes, stdout) or None."""
-    b = run(["make", "-s", "-C", out, "-j2"])
-    if not check(b.returncode == 0, f"{tag}: the stages build" + ("" if b.returncode == 0 else f" ({b.stderr.strip()[-300:]})")):
-        return None
-    log, saved = os.path.join(tmp, tag + ".csv"), os.path.join(tmp, tag + ".onnx")
-    x = run([os.path.join(out, "run.sh"), "--data", data, "--steps", str(STEPS), "--log", log, "--save", saved, "--timeout", "120",
-             *extra], timeout=600)
-    if not check(x.returncode == 0, f"{tag}: trains" + ("" if x.returncode == 0 else f" ({(x.stderr or x.stdout).strip()[-400:]})")):
-        return None
-    losses = [row["loss"] for row in csv.DictReader(open(log))]
-    return losses, open(saved, "rb").read(), x.stdout
+def train(out, data, tmp, tag):
+    """Trains 3 steps (test_memory's train): (losses, saved model bytes, stdout) or None."""
+    got = tm.train(out, data, tmp, tag)
+    return got and (got[0], got[1], got[3])
 
 
 def stage_facts(out):
