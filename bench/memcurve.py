@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """Section 5 of `make bench`: the memory / speed curve (bench.py calls section_memcurve()).
 
-For the GPT and the ResNet sample models at -n 4 (1f1b, B=32, m=8) it compiles the plain plan,
-then the same model under --mem-limit at 100/75/50/35% of the plain plan's busiest stage arena for
-three targets (peer offload, file offload, recompute), builds and runs every plan that compiles,
+For the GPT (AdamW, lr 0.001) and the ResNet (SGD) sample models at -n 4 (1f1b, B=32, m=8) it
+compiles the plain plan, then the same model under --mem-limit at 100/75/50/35/25% of the plain
+plan's busiest stage arena for five kinds of move (peer offload, file offload, recompute, the
+optimizer state and gradients in a file, everything), builds and runs every plan that compiles,
 and compares each with the plain run (same invocation, runs in alternating order, best median of
 BENCH_MEMCURVE_REPEATS rounds).  Beside it, PyTorch's own answer on the same model in one process:
 torch_bench.py ckpt (activation checkpointing over layers_of(), K segments) against K = 0.
@@ -11,6 +12,7 @@ Plots: bench/memcurve_gpt.svg, bench/memcurve_resnet.svg (bench/svgplot.py).
 
 Standalone (writes bench/work/memcurve.md and .csv and the SVGs, nothing else):
     /usr/bin/python3 bench/memcurve.py [gpt] [resnet]
+    /usr/bin/python3 bench/memcurve.py --report-only [gpt] [resnet]   # again from the last run's measurements
 See bench/README.md, section 5.
 """
 import csv
@@ -21,6 +23,7 @@ import re
 import shutil
 import statistics
 import sys
+import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -29,7 +32,7 @@ import svgplot  # noqa: E402
 SEC = "5_memory_curve"
 N = 4
 SCHEDULE = "1f1b"
-LIMITS = [100, 75, 50, 35]            # percent of the plain plan's busiest stage arena
+LIMITS = [100, 75, 50, 35, 25]        # percent of the plain plan's busiest stage arena
 # (model, batch, micro-batches, data kind, pipecc steps, torch steps).  The pipeline section runs
 # -n 2 only, so -n 4 uses B = 32, m = 8 (pipecc's default m for n = 4: the smallest divisor >= 2n).
 MODELS = [("gpt", 32, 8, "tokens", 25, 20), ("resnet", 32, 8, "cifar", 15, 10)]
@@ -37,10 +40,34 @@ TORCH_WARMUP = 3
 TARGET_MEM, TARGET_SLOW = 50.0, 1.10  # "the busiest stage's memory -50% at most 10% slower"
 
 
+# The optimizer each model trains with in this section (pipecc flags; torch_bench.py gets the same
+# optimizer and learning rate): the GPT with AdamW (its two moments are twice its weights: issue 37's
+# case for moving the optimizer state), the ResNet as the other sections train it (plain SGD, no
+# momentum: no optimizer state, only its gradients can move).
+OPTIMIZER = {"gpt": ("adamw", 0.001)}
+
+
+def optimizer_of(b, model):
+    """(optimizer name, learning rate) of model in this section."""
+    return OPTIMIZER.get(model, ("sgd", b.LR[model]))
+
+
+def opt_flags(b, model):
+    name, lr = optimizer_of(b, model)
+    return (["--optimizer", name] if name != "sgd" else []) + ["--lr", str(lr)]
+
+
 def targets_flags(work):
+    """The kinds of move, each a set of pipecc flags beside --mem-limit: the activations to a peer's
+    memory, to a file, or recomputed; only the optimizer state and the weight gradients to a file
+    (optimizer); everything that may move (all)."""
+    act = "file:" + os.path.join(work, "offload")
+    opt = "file:" + os.path.join(work, "optstate")
     return {"peer": ["--offload", "peer", "--recompute", "none"],
-            "file": ["--offload", "file:" + os.path.join(work, "offload"), "--recompute", "none"],
-            "recompute": ["--offload", "none", "--recompute", "auto"]}
+            "file": ["--offload", act, "--recompute", "none"],
+            "recompute": ["--offload", "none", "--recompute", "auto"],
+            "optimizer": ["--offload", "none", "--recompute", "none", "--offload-optimizer", opt],
+            "all": ["--offload", act, "--recompute", "auto", "--offload-optimizer", opt]}
 
 
 def torch_segments(nlayers):
@@ -121,7 +148,7 @@ def compile_variant(b, model, B, m, out, extra):
     if os.path.isdir(out):   # pipecc refuses a directory holding files it did not write (logs, objects)
         shutil.rmtree(out)
     cmd = [b.PIPECC, os.path.join(b.ROOT, "onnx_models", f"{model}.onnx"), "-n", str(N), "--batch", str(B),
-           "--microbatches", str(m), "--schedule", SCHEDULE, "--lr", str(b.LR[model]), "-o", out] + extra
+           "--microbatches", str(m), "--schedule", SCHEDULE, *opt_flags(b, model), "-o", out] + extra
     rc, out_, err, _ = b.run_cmd(cmd, b.TIMEOUT_COMPILE, check=False)
     if rc != 0:
         lines = [ln.strip() for ln in (err + "\n" + out_).splitlines() if ln.strip()]
@@ -214,16 +241,18 @@ def runtime_arena_peak(r):
 # ---------------------------------------------------------------- one model
 def curve_model(b, data, model, B, m, kind, steps, tsteps, repeats):
     work = os.path.join(b.WORK, "memcurve")
-    os.makedirs(os.path.join(work, "offload"), exist_ok=True)
+    for sub in ("offload", "optstate"):
+        os.makedirs(os.path.join(work, sub), exist_ok=True)
     res = {"model": model, "B": B, "m": m, "steps": steps, "tsteps": tsteps, "repeats": repeats,
-           "points": [], "torch": []}
+           "points": [], "torch": [], "optimizer": optimizer_of(b, model), "load_start": os.getloadavg(), "cpu0": cpu_mark(),
+           "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
     b.log(f"memory curve: {model} -n {N} B={B} m={m}: pipecc-probe --kernels, then the plain plan")
     # Every plan is predicted from the kernel cache: the probe times each node at this batch and these
     # micro-batches, with the cores as busy as in the pipeline; a model with convolutions is probed with
     # im2col's too, since a plan under a memory limit may run them that way (the listing's `convolution`).
     res["profile_n"] = max(1, min(N, os.cpu_count() or 1))
     res["probed_im2col"] = has_conv(b, model)
-    sched = ["--schedule", SCHEDULE]
+    sched = ["--schedule", SCHEDULE, *opt_flags(b, model)]
     b.probe_kernels(model, res["profile_n"], B, m, data[kind], sched)
     if res["probed_im2col"]:
         b.probe_kernels(model, res["profile_n"], B, m, data[kind], sched + ["--conv", "gemm"])
@@ -311,7 +340,7 @@ def curve_model(b, data, model, B, m, kind, steps, tsteps, repeats):
     def torch_ckpt(k):
         return b.attempt(b.torch_run, ["ckpt", "--model", model, "--batch", str(B), "--segments", str(k),
                                        "--steps", str(tsteps), "--warmup", str(TORCH_WARMUP), "--threads", "1",
-                                       "--lr", str(b.LR[model])])
+                                       "--optimizer", optimizer_of(b, model)[0], "--lr", str(optimizer_of(b, model)[1])])
     first = torch_ckpt(0)   # K = 0 first: it says how many layers there are
     ks = torch_segments(first["layers"]) if isinstance(first, dict) else []
     order = []
@@ -336,7 +365,30 @@ def curve_model(b, data, model, B, m, kind, steps, tsteps, repeats):
                                 if t0["rss_peak_minus_baseline_bytes"] > 0 else None),
                        same_loss=(t["loss_first"] == t0["loss_first"] and t["loss_last"] == t0["loss_last"]))
         res["torch"].append(row)
+    res["load_end"] = os.getloadavg()
+    res["others_cores"] = others_share(res["cpu0"], cpu_mark())
+    res["wall_s"] = time.time() - res["cpu0"][0]
     return res
+
+
+def cpu_mark():
+    """(wall s, the machine's busy CPU s from /proc/stat, this process's and its reaped children's CPU s)."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        busy = (sum(v[:8]) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")   # all but idle and iowait
+    except (OSError, ValueError):
+        busy = None
+    t = os.times()
+    return time.time(), busy, t.user + t.system + t.children_user + t.children_system
+
+
+def others_share(m0, m1):
+    """The CPU other jobs of this shared machine used between two cpu_mark()s, in cores: the machine's
+    busy time less this bench's own (its processes, MPI ranks and compilers included, all reaped)."""
+    if m0[1] is None or m1[1] is None or m1[0] <= m0[0]:
+        return None
+    return max(0.0, ((m1[1] - m0[1]) - (m1[2] - m0[2])) / (m1[0] - m0[0]))
 
 
 # ---------------------------------------------------------------- report
@@ -359,6 +411,8 @@ def target_met(points, key_mem):
 def report(b, res, svg_dir):
     mib = 2 ** 20
     model, sec = res["model"], SEC
+    pred0 = res["plain_plan"].get("predicted_step_time_s")
+    k0p = res["plain_busiest_stage"]
     case0 = f"{model} n={N} B={res['B']} m={res['m']} {SCHEDULE}"
     p0 = res["plain_run"]
     meas0 = measured_peak(p0)
@@ -367,19 +421,25 @@ def report(b, res, svg_dir):
     b.add_row(sec, case0, "plain_step_time", p0["median_s"] * 1e3, "ms")
     b.add_row(sec, case0, "plain_busiest_measured", meas0, "bytes",
               note="max over stages of the runtime summary's rss_peak_bytes - rss_overhead_bytes")
-    lines = [f"**{model}** (`-n {N} --batch {res['B']} --microbatches {res['m']} --schedule {SCHEDULE}`): plain plan's "
+    optn, lr = res["optimizer"]
+    lines = [f"**{model}** (`-n {N} --batch {res['B']} --microbatches {res['m']} --schedule {SCHEDULE} "
+             f"{' '.join(opt_flags_of(optn, lr))}`): plain plan's "
              f"busiest stage {res['plain_busiest_stage']}, arena {res['plain_arena'] / mib:.2f} MiB, step "
-             f"{p0['median_s'] * 1e3:.1f} ms, measured peak {fmt_mib(meas0)} MiB (rss_peak - rss_overhead of the runtime summary). "
+             f"{p0['median_s'] * 1e3:.1f} ms (predicted {b.fmt(pred0 * 1e3 if pred0 else None, '.1f')} ms), measured peak "
+             f"{fmt_mib(meas0)} MiB (rss_peak - rss_overhead of the runtime summary); its regions: {regions_of(res['plain_plan'], k0p)}. "
              f"pipecc runs {res['steps']} steps, PyTorch {res['tsteps']} after {TORCH_WARMUP} warm-up, "
              f"{res['repeats']} round(s).  Every plan is predicted from the kernel cache, which `pipecc-probe --kernels` "
              f"filled first at n = {res['profile_n']} (this machine's cores), the same batch and micro-batches"
              + (", once with oneDNN's convolutions and once with im2col's (`--conv gemm`: a plan under a memory limit "
-                "may fall back to them)." if res.get("probed_im2col") else "."), "",
-             "| limit (% of plain arena) | --mem-limit bytes | target | busiest arena MiB (predicted) | predicted % | "
-             "measured peak MiB | measured % | VmHWM MiB | step ms | plain step ms (beside it) | step / plain | "
-             "predicted step ms | measured / predicted | note |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    pred0 = res["plain_plan"].get("predicted_step_time_s")
+                "may fall back to them)." if res.get("probed_im2col") else "."),
+             "", f"This machine is shared (2 cores): load average {fmt_load(res.get('load_start'))} when this model began, "
+             f"{fmt_load(res.get('load_end'))} when it ended ({res.get('wall_s', 0) / 60:.1f} min); other jobs used "
+             f"{b.fmt(res.get('others_cores'), '.2f')} cores on average meanwhile (the machine's busy CPU time, /proc/stat, "
+             "less this bench's own processes').", "",
+             "| limit (% of plain arena) | --mem-limit bytes | kind | busiest arena MiB (plan) | arena % of plain | "
+             "measured peak MiB | measured % of plain | VmHWM MiB | predicted step ms | predicted / plain predicted | "
+             "measured step ms | plain step ms (beside it) | measured / plain | measured / predicted | note |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     if pred0:
         b.add_row(sec, case0, "plain_measured_over_predicted", p0["median_s"] / pred0, "x",
                   target="0.85..1.15", met=b.yes(abs(p0["median_s"] / pred0 - 1) <= 0.15))
@@ -388,11 +448,11 @@ def report(b, res, svg_dir):
         case = f"{model} {pt['target']} {pt['pct']}%"
         if pt["status"] == "infeasible":
             b.add_row(sec, case, "status", "infeasible", note=pt["note"])
-            lines.append(f"| {pt['pct']} | {pt['limit']} | {pt['target']} | infeasible ||||||||  {pt['note'][:160]} |")
+            lines.append(f"| {pt['pct']} | {pt['limit']} | {pt['target']} | infeasible ||||||||||| {pt['note'][:160]} |")
             continue
         if pt["status"] == "ERROR":
             b.add_row(sec, case, "status", "ERROR", note=pt["note"])
-            lines.append(f"| {pt['pct']} | {pt['limit']} | {pt['target']} | ERROR ||||||||  {pt['note'][:160]} |")
+            lines.append(f"| {pt['pct']} | {pt['limit']} | {pt['target']} | ERROR ||||||||||| {pt['note'][:160]} |")
             continue
         mp = measured_peak(pt["run"], p0)
         note = f"same program as {pt['same_as']}" if pt.get("same_as") else ""
@@ -416,10 +476,16 @@ def report(b, res, svg_dir):
             b.add_row(sec, case, "measured_over_predicted", err, "x", target="0.85..1.15", met=b.yes(abs(err - 1) <= 0.15),
                       note=f"predicted {pred * 1e3:.2f} ms (plan.json predicted_step_time_s)")
             res["pred_errors"].append(err)
+        pratio = pred / pred0 if pred and pred0 else None
+        pt["pred_ratio"] = pratio
+        if pratio is not None:
+            b.add_row(sec, case, "predicted_step_over_plain_predicted", pratio, "x")
+        moved = moved_of(pt["plan"], pt["pred_stage"])
+        note = "; ".join(x for x in (moved, note) if x)
         lines.append(f"| {pt['pct']} | {pt['limit']} | {pt['target']} | {pt['pred_arena'] / mib:.2f} | {pt['pred_pct']:.0f} | "
-                     f"{fmt_mib(mp)} | {b.fmt(pt['meas_pct'], '.0f')} | {fmt_mib(pt['hwm'])} | {pt['step_s'] * 1e3:.1f} | "
-                     f"{pt['plain_s'] * 1e3:.1f} | {pt['ratio']:.2f} | {b.fmt(pred * 1e3 if pred else None, '.1f')} | "
-                     f"{b.fmt(err, '.2f')} | {note} |")
+                     f"{fmt_mib(mp)} | {b.fmt(pt['meas_pct'], '.0f')} | {fmt_mib(pt['hwm'])} | "
+                     f"{b.fmt(pred * 1e3 if pred else None, '.1f')} | {b.fmt(pratio, '.2f')} | {pt['step_s'] * 1e3:.1f} | "
+                     f"{pt['plain_s'] * 1e3:.1f} | {pt['ratio']:.2f} | {b.fmt(err, '.2f')} | {note} |")
     lines += ["", f"PyTorch, one process, 1 thread, activation checkpointing over {len_layers(res)} layers "
               "(`torch_bench.py ckpt`): memory = weights + the peak of live tensor bytes in a step (torch.profiler), "
               "RSS = sampled RssAnon peak - baseline, both against K = 0.", "",
@@ -457,6 +523,49 @@ def report(b, res, svg_dir):
                   "memory <= 50%, step <= 1.10x", b.yes(ok), desc)
         b.targets.append((f"memory curve {model} {tgt}: busiest stage -50% memory, <= 10% slower", desc, b.yes(ok)))
         lines.append(f"| pipecc {tgt} | {b.yes(ok)} | {desc} |")
+    per_kind = {tgt: target_met([p for p in res["points"] if p["target"] == tgt], mem_of) for tgt in targets_flags("")}
+    met_by = [t for t, (ok, _) in per_kind.items() if ok]
+    if met_by:
+        best_t = min(met_by, key=lambda t: per_kind[t][1]["ratio"])
+        bp = per_kind[best_t][1]
+        verdict = (f"**{model}: the target (-50% memory at most 10% slower) is met** by the kind(s) {', '.join(met_by)}; the fastest "
+                   f"such point: {best_t} at the {bp['pct']}% limit, memory {mem_of(bp):.0f}% "
+                   f"({'measured' if bp.get('meas_pct') is not None else 'predicted'}), step {bp['ratio']:.2f}x the plain one "
+                   f"(predicted {b.fmt(bp.get('pred_ratio'), '.2f')}x).")
+    else:
+        ok_pts = [p for p in res["points"] if p.get("status") == "ok" and mem_of(p) is not None and p.get("ratio") is not None]
+        half = [p for p in ok_pts if mem_of(p) <= TARGET_MEM + 1e-9]
+        if half:
+            bp = min(half, key=lambda p: p["ratio"])
+            why = (f"the fastest point at <= {TARGET_MEM:.0f}% memory is {bp['target']} at the {bp['pct']}% limit: memory "
+                   f"{mem_of(bp):.0f}%, step {bp['ratio']:.2f}x (predicted {b.fmt(bp.get('pred_ratio'), '.2f')}x)")
+        elif ok_pts:
+            bp = min(ok_pts, key=lambda p: (mem_of(p), p["ratio"]))
+            why = (f"no kind reached {TARGET_MEM:.0f}% memory; the leanest point is {bp['target']} at the {bp['pct']}% limit: "
+                   f"memory {mem_of(bp):.0f}%, step {bp['ratio']:.2f}x")
+        else:
+            why = "no point ran"
+        verdict = f"**{model}: the target (-50% memory at most 10% slower) is NOT met** by any kind: {why}."
+    caution = reliability(res, pred0)
+    if caution:
+        verdict = verdict.replace("is met**", "is met on this run's figures**").replace("is NOT met**", "is NOT met on this run's figures**")
+        verdict += " " + caution
+    # the same question asked of the plans' predictions (measured memory, predicted step ratio): no noise
+    pp = [p for p in res["points"] if p.get("status") == "ok" and mem_of(p) is not None and p.get("pred_ratio") is not None
+          and mem_of(p) <= TARGET_MEM + 1e-9]
+    pgood = [p for p in pp if p["pred_ratio"] <= TARGET_SLOW]
+    if pgood:
+        bp = min(pgood, key=lambda p: p["pred_ratio"])
+        verdict += (f" By the plans' predicted steps it is met by {', '.join(sorted({p['target'] for p in pgood}))} "
+                    f"({bp['target']} at {bp['pct']}%: {bp['pred_ratio']:.2f}x predicted, memory {mem_of(bp):.0f}%).")
+    elif pp:
+        bp = min(pp, key=lambda p: p["pred_ratio"])
+        verdict += (f" By the plans' predicted steps it is not met: the fastest point at <= {TARGET_MEM:.0f}% memory "
+                    f"is predicted {bp['pred_ratio']:.2f}x ({bp['target']} at {bp['pct']}%).")
+    else:
+        verdict += f" No plan reached {TARGET_MEM:.0f}% memory."
+    b.add_row(sec, f"{model} any kind", "target_mem_minus50_at_most_10pct_slower", yes_no(bool(met_by)), "",
+              "memory <= 50%, step <= 1.10x", b.yes(bool(met_by)), verdict.replace("**", ""))
     tpts = [dict(r, status="ok", pct=f"K={r['segments']}") for r in res["torch"] if r["status"] == "ok" and r["segments"]]
     ok, bp = target_met(tpts, lambda p: p["mem_pct"])
     desc = (f"{'' if ok else 'leanest point: '}{bp['pct']}: memory {bp['mem_pct']:.0f}%, step {bp['ratio']:.2f}x"
@@ -464,9 +573,11 @@ def report(b, res, svg_dir):
     b.add_row(sec, f"{model} torch", "target_mem_minus50_at_most_10pct_slower", yes_no(ok), "",
               "memory <= 50%, step <= 1.10x", b.yes(ok), desc + " (reference, PyTorch)")
     lines.append(f"| torch checkpoint (reference) | {b.yes(ok)} | {desc} |")
+    lines += ["", verdict]
     # the plot
     series, notes = [], []
-    for tgt, marker, size in (("peer", "circle", 7.5), ("file", "square", 5.5), ("recompute", "triangle", 4.0)):
+    for tgt, marker, size in (("peer", "circle", 7.5), ("file", "square", 5.5), ("recompute", "triangle", 4.0),
+                              ("optimizer", "cross", 6.0), ("all", "plus", 6.5)):
         pts = [(100.0, 1.0)] + [(mem_of(p), p["ratio"]) for p in res["points"]
                                 if p["target"] == tgt and p["status"] == "ok"]
         series.append({"name": f"pipecc {tgt}", "points": sorted(pts, reverse=True), "marker": marker, "size": size})
@@ -478,6 +589,10 @@ def report(b, res, svg_dir):
     notes.insert(0, "pipecc memory: " + ("measured (busiest stage's peak RssAnon - the plain run's overhead)" if measured else
                                          "the plan's busiest arena (the runtime printed no rss_peak_bytes)")
                  + "; torch: weights + peak live tensor bytes; all vs plain / K=0.")
+    if caution:
+        oc, r0 = res.get("others_cores"), (p0["median_s"] / pred0 if pred0 else None)
+        notes.append(f"caution: other jobs used {b.fmt(oc, '.2f')} cores, the plain step ran {b.fmt(r0, '.2f')}x its "
+                     "prediction: these step ratios do not measure the moves' cost (see the report)")
     svg = os.path.join(svg_dir, f"memcurve_{model}.svg")
     try:
         svgplot.plot(svg, series, title=f"{model}: memory vs step time (-n {N}, B={res['B']}, m={res['m']}, {SCHEDULE})",
@@ -488,6 +603,67 @@ def report(b, res, svg_dir):
         b.log(f"  error: plot: {e}")
         svg = None
     return lines, svg
+
+
+def reliability(res, pred0):
+    """A caution for the verdict where the run cannot carry it: other jobs took a share of the cores,
+    the plain program ran far from its prediction, or a moved plan measured much faster than the plain
+    one while predicted no faster (the plain runs, not the moves, are then the outlier)."""
+    why = []
+    oc = res.get("others_cores")
+    if oc is not None and oc >= 0.25:
+        why.append(f"other jobs used {oc:.2f} of the 2 cores meanwhile")
+    p0 = res["plain_run"]["median_s"]
+    if pred0 and not 0.67 <= p0 / pred0 <= 1.5:
+        why.append(f"the plain program ran {p0 / pred0:.2f}x its predicted step ({p0 * 1e3:.1f} against {pred0 * 1e3:.1f} ms)")
+    odd = [p for p in res["points"] if p.get("status") == "ok" and not p.get("same_as") and p.get("ratio") is not None
+           and p.get("pred_ratio") is not None and p["ratio"] < 0.8 and p["pred_ratio"] >= 0.95]
+    if odd:
+        why.append("moved plans measured faster than the plain one though predicted no faster ("
+                   + ", ".join(f"{p['target']} {p['pct']}%: {p['ratio']:.2f}x measured, {p['pred_ratio']:.2f}x predicted"
+                               for p in odd) + ")")
+    if not why:
+        return ""
+    return ("Caution: " + "; ".join(why) + ". The step ratios of this run do not measure what the moves cost; "
+            "the memory figures stand.")
+
+
+def opt_flags_of(name, lr):
+    return (["--optimizer", name] if name != "sgd" else []) + ["--lr", str(lr)]
+
+
+def regions_of(plan, k):
+    """The memory regions of stage k of plan.json, in KiB, as far as it has them."""
+    sp = plan["stage_plans"][k]
+    mem = sp.get("memory") or {}
+    parts = [f"{key} {mem[key] / 1024:.0f} KiB" for key in ("params", "grads", "optimizer", "stash", "received", "workspace")
+             if isinstance(mem.get(key), (int, float))]
+    return ", ".join(parts) if parts else "n/a"
+
+
+def moved_of(plan, k):
+    """What the busiest stage of a plan moves (per micro-batch for the stash), from plan.json's memory_plan."""
+    mp = plan["stage_plans"][k].get("memory_plan") or {}
+    out = []
+    vals = mp.get("values") or []
+    off = sum(v.get("bytes", 0) for v in vals if v.get("fate") == "offloaded")
+    rec = sum(v.get("bytes", 0) for v in vals if v.get("fate") == "recomputed")
+    if off:
+        to = mp.get("offload_to", "?")
+        out.append(f"stash offloaded ({'rank ' + str(to) if isinstance(to, int) else to}) {off / 1024:.0f} KiB")
+    if rec:
+        out.append(f"stash recomputed {rec / 1024:.0f} KiB")
+    if mp.get("optimizer_in_file_bytes"):
+        out.append(f"optimizer state in file {mp['optimizer_in_file_bytes'] / 1024:.0f} KiB")
+    if mp.get("gradients_in_file"):
+        out.append("gradients in file")
+    if plan.get("convolutions") == "im2col":
+        out.append("im2col convolutions")
+    return ", ".join(out)
+
+
+def fmt_load(la):
+    return "n/a" if not la else " ".join(f"{x:.2f}" for x in la)
 
 
 def len_layers(res):
@@ -503,8 +679,10 @@ def yes_no(ok):
     return "n/a" if ok is None else ("yes" if ok else "no")
 
 
-def section_memcurve(b, data, models=None, svg_dir=HERE):
-    """bench.py's section 5: b is the bench module (its helpers, rows, md_sections, targets)."""
+def section_memcurve(b, data, models=None, svg_dir=HERE, saved=False):
+    """bench.py's section 5: b is the bench module (its helpers, rows, md_sections, targets).
+    saved: report the measurements the last run saved (bench/work/memcurve/MODEL_res.pickle) instead
+    of measuring (the standalone --report-only)."""
     repeats = max(1, int(os.environ.get("BENCH_MEMCURVE_REPEATS", "1" if b.QUICK else "2")))
     body = []
     for model, B, m, kind, steps, tsteps in MODELS:
@@ -513,7 +691,20 @@ def section_memcurve(b, data, models=None, svg_dir=HERE):
         if b.QUICK:
             steps, tsteps = max(10, steps // 2), max(4, tsteps // 2)
         try:
-            res = curve_model(b, data, model, B, m, kind, steps, tsteps, repeats)
+            if saved:
+                import pickle
+                with open(os.path.join(b.WORK, "memcurve", f"{model}_res.pickle"), "rb") as f:
+                    res = pickle.load(f)
+                repeats = res["repeats"]
+            else:
+                res = curve_model(b, data, model, B, m, kind, steps, tsteps, repeats)
+            if not saved:
+                try:   # the measurements, so that a report can be redone without rerunning them (--report-only)
+                    import pickle
+                    with open(os.path.join(b.WORK, "memcurve", f"{model}_res.pickle"), "wb") as f:
+                        pickle.dump(res, f)
+                except Exception as e:  # noqa: BLE001
+                    b.log(f"  note: could not save {model}'s measurements: {e}")
             lines, svg = report(b, res, svg_dir)
             body += lines + [""]
             if svg:
@@ -523,9 +714,13 @@ def section_memcurve(b, data, models=None, svg_dir=HERE):
             b.add_row(SEC, f"{model} n={N}", "case", "ERROR", note=str(e))
             body += [f"**{model}**: ERROR: {e}", ""]
     body += ["Each pipecc point: the plan compiled with `--mem-limit` at that share of the plain plan's busiest "
-             "stage arena and `--offload peer --recompute none` (peer), `--offload file:DIR --recompute none` "
-             "(file) or `--offload none --recompute auto` (recompute); infeasible = pipecc refused the limit for "
-             "that target (its error line is the note). Predicted = the largest arena in plan.json; measured = the "
+             "stage arena and one kind of move: `--offload peer --recompute none` (peer), `--offload file:DIR "
+             "--recompute none` (file), `--offload none --recompute auto` (recompute), `--offload none --recompute none "
+             "--offload-optimizer file:DIR` (optimizer: only the optimizer state and the weight gradients may move) or "
+             "`--offload file:DIR --recompute auto --offload-optimizer file:DIR` (all: everything that may move); "
+             "DIR is under bench/work/memcurve. Infeasible = pipecc refused the limit for "
+             "that kind (its error line is the note). The note names what the busiest stage moves (plan.json's "
+             "memory_plan; the stash per micro-batch in flight). Arena = the largest arena in plan.json; measured = the "
              "largest, over the stages, of the runtime summary's rss_peak_bytes (the stage's peak anonymous RSS) "
              "less the plain run's rss_overhead_bytes for that stage (what is not the arena: MPI, BLAS, the loader), "
              "so what a plan adds outside its arena (the file offload's io_uring ring, or its I/O thread where no ring can be had; copy buffers) counts and the "
@@ -533,12 +728,13 @@ def section_memcurve(b, data, models=None, svg_dir=HERE):
              "polled from /proc (Open MPI and OpenBLAS included). Step = median step after warm-up, best of "
              f"{repeats} round(s); in each the plain program runs before the first variant and after every one (P V1 P V2 "
              "... P, the variants' order reversed every other round), and a variant's ratio is its best median over "
-             "the best median of the plain runs beside it. Plans that compile to the same programs are measured "
+             "the best median of the plain runs beside it; predicted step = plan.json's predicted_step_time_s, its "
+             "ratio against the plain plan's own prediction. Plans that compile to the same programs are measured "
              "once; one that compiles to the plain program is the plain run (ratio 1). PyTorch checkpointing: "
              "`torch_bench.py ckpt` (checkpoint_sequential's segments, use_reentrant=False), in alternation with "
-             "its K = 0."]
-    b.md_sections.append(("5. Memory / speed curve: `--mem-limit` with peer offload, file offload, recompute, "
-                          "vs PyTorch activation checkpointing", "\n".join(body)))
+             "its K = 0, with the model's optimizer (AdamW for the GPT, its moments counted in the memory)."]
+    b.md_sections.append(("5. Memory / speed curve: `--mem-limit` with peer offload, file offload, recompute, the "
+                          "optimizer state in a file, everything, vs PyTorch activation checkpointing", "\n".join(body)))
 
 
 if __name__ == "__main__":
@@ -547,9 +743,11 @@ if __name__ == "__main__":
     os.environ["PIPECC_KERNEL_CACHE"] = os.path.join(b.WORK, "memcurve_kernels.txt")   # the probes' times, this run's
     if os.path.exists(os.environ["PIPECC_KERNEL_CACHE"]):
         os.remove(os.environ["PIPECC_KERNEL_CACHE"])
-    want = sys.argv[1:] or None
-    data = b.make_data()
-    section_memcurve(b, data, want)
+    args = sys.argv[1:]
+    report_only = "--report-only" in args
+    want = [a for a in args if a != "--report-only"] or None
+    data = None if report_only else b.make_data()
+    section_memcurve(b, data, want, saved=report_only)
     with open(os.path.join(b.WORK, "memcurve.md"), "w") as f:
         for title, text in b.md_sections:
             f.write(f"## {title}\n\n{text}\n\n")

@@ -167,6 +167,13 @@ def time_steps(step, steps, warmup):
     return statistics.median(ts[warmup:]), ts
 
 
+def make_opt(a, params):
+    """torch.optim.SGD (plain) or AdamW (torch's defaults but the learning rate), as pipecc's --optimizer."""
+    if a.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=a.lr)
+    return torch.optim.SGD(params, lr=a.lr)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["eager", "pipe", "ckpt"])
@@ -179,6 +186,7 @@ def main():
     ap.add_argument("--split", type=int, default=0)
     ap.add_argument("--segments", type=int, default=0)
     ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     rss0 = rss_anon()
@@ -187,7 +195,7 @@ def main():
     x, y = batch_of(a.model, a.batch)
     info = {"mode": a.mode, "model": a.model, "batch": a.batch, "threads": torch.get_num_threads()}
     if a.mode == "eager":
-        opt = torch.optim.SGD(model.parameters(), lr=a.lr)
+        opt = make_opt(a, model.parameters())
 
         def step():
             opt.zero_grad(set_to_none=True)
@@ -196,7 +204,7 @@ def main():
     elif a.mode == "ckpt":
         if a.segments < 0:
             raise SystemExit("torch_bench: --segments must be >= 0")
-        opt = torch.optim.SGD(model.parameters(), lr=a.lr)
+        opt = make_opt(a, model.parameters())
         layers = layers_of(a.model, model)
         forward, cuts = sequential_checkpointed(layers, a.segments) if a.segments else (model, [])
         peak = {"rss": 0, "fwd": 0, "bwd": 0}
@@ -250,8 +258,12 @@ def main():
         # not depend on what glibc keeps of freed memory (RssAnon does).
         tpeak, nev = tensor_peak(step)
         param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        # the optimizer's state (AdamW's moments) was allocated before the profiled step: count it
+        state_bytes = sum(t.numel() * t.element_size() for st in opt.state.values() for t in st.values()
+                          if torch.is_tensor(t))
         info.update(tensor_step_peak_bytes=tpeak, tensor_events=nev, param_bytes=param_bytes,
-                    tensor_peak_bytes=param_bytes + tpeak)
+                    optimizer_state_bytes=state_bytes, optimizer=a.optimizer,
+                    tensor_peak_bytes=param_bytes + state_bytes + tpeak)
         info.update(rss_baseline_bytes=rss0, rss_peak_bytes=peak["rss"], rss_peak_minus_baseline_bytes=peak["rss"] - rss0,
                     rss_after_forward_bytes=peak["fwd"], rss_after_backward_bytes=peak["bwd"],
                     loss_first=losses[0], loss_last=losses[-1])
