@@ -122,6 +122,7 @@ typedef struct Run {
    * peer's data coming or going; the file's I/O thread. */
   MPI_Comm ocomm;
   MPI_Request *oreq, *ireq, *hreq;
+  MPI_Request *xsreq;  /* [nxslots][nsend]: the sends of a value that leaves, from its xslot (SEND) */
   /* PipeFB: stashed values to and from the other chain, per slot, and the weights; their own communicator. */
   MPI_Comm fcomm;
   MPI_Request *ssreq, *srreq, *wreq; /* [nslots][nstash_send], [nslots][nstash_recv], [max(nwsend, nwrecv)] */
@@ -254,6 +255,7 @@ void landed_stash(Run *r, const PrAction *a);
 void offload_open(Run *r);
 void offload_close(Run *r);
 void wait_xslot_free(Run *r, int xslot);
+void wait_xslot_sends(Run *r, int xslot);
 void wait_xslot_in(Run *r, int xslot);
 void do_offload(Run *r, const PrAction *a);
 void do_prefetch(Run *r, const PrAction *a);
