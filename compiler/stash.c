@@ -453,7 +453,8 @@ static int rc_extra(const Plan *p, const StageProg *sp, int s, char *f, const ch
   return ok;
 }
 
-static int fill(Work *w, int s, int strat, int lead, int peer, double lim, const Cand *cand, int nc, const char *fw, char *f) {
+static int fill(Work *w, int s, int strat, int lead, int peer, int rxkeep, double lim, const Cand *cand, int nc, const char *fw,
+                char *f) {
   Plan *p = w->p;
   StageProg *sp = &p->progs[s];
   int allow_out = p->opt.offload != OFFLOAD_NONE, allow_rc = p->opt.recompute;
@@ -465,10 +466,14 @@ static int fill(Work *w, int s, int strat, int lead, int peer, double lim, const
   int ok = -1;
   double rc_now = 0;
   /* The cut's values that the backward does not read go first: in flight they cost no copy and no
-   * recomputation, only the ring copies they no longer take. */
+   * recomputation, only the ring copies they no longer take.  rxkeep: a received one is kept instead,
+   * for recomputation to start from (a value in flight is gone by the backward). */
   int ntr = 0;
   for (int c = 0; c < nc; c++)
-    if (cand[c].transit && (allow_out || allow_rc)) f[cand[c].buf] = FATE_TRANSIT, used[c] = 1, ntr++;
+    if (cand[c].transit) {
+      used[c] = 1;
+      if ((allow_out || allow_rc) && !(rxkeep && cand[c].recv)) f[cand[c].buf] = FATE_TRANSIT, ntr++;
+    }
   if (ntr) {
     Shape sh = shape_of(sp, f, lead, peer);
     apply(w, s, &sh, f, fw);
@@ -620,10 +625,13 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
     int peer = tgt >= 0 ? tgt : -1;
     int saved_off = p->opt.offload;
     if (tgt == -2) p->opt.offload = OFFLOAD_NONE;
+    int rxkeeps = 0; /* with recomputation, also try keeping the received values the backward does not read (fill) */
+    for (int c = 0; c < nc; c++) rxkeeps |= cand[c].transit && cand[c].recv && p->opt.recompute;
+    for (int rxkeep = 0; rxkeep <= rxkeeps; rxkeep++)
     for (int lead = 1; lead >= 0; lead--)
       for (int strat = 0; strat < ST_N; strat++) {
         restore(w, &start);
-        int fits = fill(w, s, strat, lead, peer, lim, cand, nc, fw, f) == 0;
+        int fits = fill(w, s, strat, lead, peer, rxkeep, lim, cand, nc, fw, f) == 0;
         if ((int64_t)sp->arena_bytes < floor) floor = sp->arena_bytes;
         if (!fits) continue;
         const char *dbg = getenv("PIPECC_DEBUG_STASH");
@@ -857,28 +865,34 @@ double stash_floor(Plan *p, int s, int a, int e) {
     Cand *cand = malloc(sizeof(Cand) * (size_t)(sp.nbufs + 1));
     char *f = calloc((size_t)sp.nbufs + 1, 1), *call = malloc((size_t)sp.nfwd + 1);
     if (!cand || !f || !call) abort();
-    int nc = candidates(&sp, fw, cand), xrecv = 0;
+    int nc = candidates(&sp, fw, cand);
     /* With a place that always has room (a file), or only a peer, every value
      * may be offloaded; under auto only what recomputation alone reaches is
      * sure to be reachable (a peer may have no room), so the floor - and the
-     * smallest limit an error names - is what recomputation gives. */
+     * smallest limit an error names - is what recomputation gives.  The cut's
+     * values the backward does not read are in flight; a received one may
+     * rather be kept where recomputation starts from it (rxkeep, as fill). */
     int offload_all = p->opt.offload == OFFLOAD_FILE || p->opt.offload == OFFLOAD_PEER || (p->opt.offload == OFFLOAD_AUTO && !p->opt.recompute);
-    for (int i = 0; i < nc; i++) {
-      int b = cand[i].buf;
-      if (cand[i].transit) {
-        f[b] = FATE_TRANSIT, xrecv |= cand[i].recv;
-      } else if (offload_all) {
-        f[b] = FATE_OFFLOAD, xrecv |= cand[i].recv;
-      } else if (p->opt.recompute && !cand[i].recv) {
-        f[b] = FATE_RECOMPUTE;
-        if (closure(&sp, f, fw, call)) f[b] = FATE_KEEP;
+    int any = offload_all || p->opt.recompute;
+    for (int rxkeep = 0; rxkeep <= (!offload_all && p->opt.recompute); rxkeep++) {
+      int xrecv = 0;
+      memset(f, FATE_KEEP, (size_t)sp.nbufs);
+      for (int i = 0; i < nc && any; i++) {
+        int b = cand[i].buf;
+        if (cand[i].transit) {
+          if (!(rxkeep && cand[i].recv)) f[b] = FATE_TRANSIT, xrecv |= cand[i].recv;
+        } else if (offload_all) {
+          f[b] = FATE_OFFLOAD, xrecv |= cand[i].recv;
+        } else if (p->opt.recompute && !cand[i].recv) {
+          f[b] = FATE_RECOMPUTE;
+          if (closure(&sp, f, fw, call)) f[b] = FATE_KEEP;
+        }
       }
+      for (int b = 0; b < sp.nbufs; b++) sp.bufs[b].fate = f[b];
+      sp.nxslots = xrecv ? p->floor_nx[2 * s + 1] : p->floor_nx[2 * s];
+      memplan(p, &sp, xrecv ? p->floor_nslots[2 * s + 1] : p->floor_nslots[2 * s], p->slots.ngslots[s]);
+      if ((double)sp.arena_bytes < v) v = (double)sp.arena_bytes;
     }
-    for (int b = 0; b < sp.nbufs; b++) sp.bufs[b].fate = f[b];
-    if (!offload_all && !p->opt.recompute) memset(f, FATE_KEEP, (size_t)sp.nbufs);
-    sp.nxslots = xrecv ? p->floor_nx[2 * s + 1] : p->floor_nx[2 * s];
-    memplan(p, &sp, xrecv ? p->floor_nslots[2 * s + 1] : p->floor_nslots[2 * s], p->slots.ngslots[s]);
-    v = (double)sp.arena_bytes;
     free(fw), free(cand), free(f), free(call);
   } else {
     err_clear();
