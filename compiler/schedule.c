@@ -598,8 +598,6 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch, int b
     if (s < 0) {
       sim_resolve(sim);
       if ((s = pick_pinned(sim, next, has_pre, core_free, &st)) < 0) {
-        if (getenv("PIPECC_DEBUG_SIM"))
-          for (int q = 0; q < p; q++) fprintf(stderr, "sim stall: rank %d at action %d\n", q, next[q]);
         rc = err_set("schedule: the timing simulation stalls (rank 0 at action %d)", next[0]);
         break;
       }
