@@ -162,6 +162,15 @@ def cut_values_moved(out, sent_only=False):
     return got
 
 
+def passed_through(out):
+    """(stage, tensor, fate) of each value a stage receives and sends on whose fate is not kept."""
+    got = []
+    for sp in json.load(open(os.path.join(out, "plan.json")))["stage_plans"]:
+        through = {v["name"] for v in sp.get("recv", [])} & {v["name"] for v in sp.get("send", [])}
+        got += [(sp["stage"], v["tensor"], v["fate"]) for v in (sp.get("memory_plan") or {}).get("values", []) if v["tensor"] in through]
+    return got
+
+
 def arenas(out):
     got = []
     for k in range(64):
@@ -253,12 +262,13 @@ def file_copies(tag, out, data, tmp, odir, p_losses, p_model, stdout):
 def case(model, n, sched, target, fracs, tmp, data, plain_cache, at_fracs=False, want=None, copies=True):
     """at_fracs: the limits are the fractions `fracs` of the busiest plain arena for this target too (not
     its floor to the plain need), and values at the cuts must be among those that move.  want: a fate
-    ("offloaded", "recomputed") that a value this stage sends (and its backward reads) must have in the plan:
-    the first of the fractions whose plan has one is taken.  copies: a file target's copies are checked by both
+    ("offloaded", "recomputed") that a value this stage sends (and its backward reads) must have in the plan,
+    or "through": a value a stage receives and sends on leaves its ring (offloaded or in flight); the first of
+    the fractions whose plan has one is taken.  copies: a file target's copies are checked by both
     backends and against a full directory too (file_copies)."""
     at_fracs = at_fracs or want is not None
     tag = f"{model} n={n} {sched} {target}" + (f" at {', '.join(f'{f:.0%}' for f in fracs)}" if at_fracs else "")
-    tag += f", a sent value {want}" if want else ""
+    tag += ", a value passed through" if want == "through" else f", a sent value {want}" if want else ""
     key = (model, n, sched)
 
     def plain(conv):
@@ -309,12 +319,13 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache, at_fracs=False,
             r = compile_plan(model, n, sched, out, flags, half_limited(tmp, n, lim))
         else:
             r = compile_plan(model, n, sched, out, ["--mem-limit", str(lim), *flags])
-        sent = want is None or (r.returncode == 0 and any(f == want for _, _, f in cut_values_moved(out, sent_only=True)))
+        sent = want is None or (r.returncode == 0 and (passed_through(out) if want == "through" else
+                                                        any(f == want for _, _, f in cut_values_moved(out, sent_only=True))))
         if r.returncode == 0 and memory_actions(out) and sent:
             limit = lim
             break
         if r.returncode == 0 and not sent:
-            errors.append(f"{lim}: no sent value {want}")
+            errors.append(f"{lim}: no " + ("value passed through leaves" if want == "through" else f"sent value {want}"))
             continue
         if r.returncode == 0 and fallback is None and any(s.get("memory_plan", {}).get("xslots", 0) for s in
                                                            json.load(open(os.path.join(out, "plan.json")))["stage_plans"]):
@@ -417,7 +428,8 @@ def main():
                       ("rescnn", 4, "1f1b", "recompute", (0.6, 0.7), True, "recomputed"),
                       ("rescnn", 4, "zb1", "file", (0.6, 0.65), True, "offloaded"),
                       ("rescnn", 4, "zb1", "peer", (0.5, 0.55), True, "offloaded"),
-                      ("rescnn", 4, "zb1", "recompute", (0.7, 0.75), True, "recomputed")]
+                      ("rescnn", 4, "zb1", "recompute", (0.7, 0.75), True, "recomputed"),
+                      ("rescnn", 8, "1f1b", "file", (0.5, 0.6), True, "through")]  # n = 8: stages that pass values on
             cases += [("rescnn", 4, s, t, (0.9, 0.8, 0.7, 0.6)) for s in ("1f1b", "zb1") for t in ("file", "recompute", "peer")]
         for model, n, sched, target, fracs, *at in cases:
             if only and model not in only:
