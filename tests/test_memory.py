@@ -73,8 +73,6 @@ MADE_DATA = {"rescnn": "img16"}
 
 # Cases with no memory plan to check, and why (each is still run: it must be refused or move nothing).
 EXPECTED = {
-    ("mlp", 4, "1f1b", "recompute"): "its recompute floor equals the plain need: the fullest stage's stash is its received "
-                                     "input, which cannot be recomputed, so no limit lies between",
     ("lenet", 2, "1f1b", "peer"): "with rank 1 unlimited the plain cut fits at every limit tried by moving nodes onto rank 1, "
                                   "and no offloading cut is faster",
     ("rescnn", 4, "zb1", "file@"): "under zb1 the leanest file plan needs 58% of the busiest plain arena (1822976 of 3126592 "
