@@ -64,7 +64,17 @@ static double mean_time(const Plan *p) {
 static void json_str(Buf *b, const char *s);
 
 /* The memory plan of stage s (stash.c): each stashed value's fate. */
-static const char *fate_name(int f) { return f == FATE_OFFLOAD ? "offloaded" : f == FATE_RECOMPUTE ? "recomputed" : "kept"; }
+static const char *fate_name(int f) {
+  return f == FATE_OFFLOAD ? "offloaded" : f == FATE_RECOMPUTE ? "recomputed" : f == FATE_TRANSIT ? "in flight" : "kept";
+}
+
+/* Bytes of stage s's values of fate f (one copy). */
+static int64_t fate_bytes(const StageProg *sp, int f) {
+  int64_t n = 0;
+  for (int i = 0; i < sp->nbufs; i++)
+    if (sp->bufs[i].kind == BUF_RING && sp->bufs[i].fate == f) n += sp->bufs[i].bytes;
+  return n;
+}
 
 static int plan_moves(const Plan *p, int s) {
   return p->progs && p->plain_arena && (p->progs[s].nxslots || p->progs[s].nstore || p->progs[s].opt_out);
@@ -88,11 +98,14 @@ static void memory_plan_text(const Plan *p, int s, Buf *b) {
   const StageCost *c = &p->part.cost[s];
   char where[512];
   if (sp->nxslots) {
-    buf_printf(b, "  memory plan  %s -> %s under the limit: %d xslot cop%s of %s (%s offloaded to %s, %s recomputed); "
-                  "predicted per micro-batch: copy out %s, back %s, recompute %s\n",
+    int64_t transit = fate_bytes(sp, FATE_TRANSIT);
+    /* (fmt_bytes and fmt_time share 8 rotating buffers: two printfs) */
+    buf_printf(b, "  memory plan  %s -> %s under the limit: %d xslot cop%s of %s (%s offloaded to %s, %s recomputed",
                fmt_bytes((double)p->plain_arena[s]), fmt_bytes((double)sp->arena_bytes), sp->nxslots, sp->nxslots == 1 ? "y" : "ies",
                fmt_bytes((double)sp->xstride), fmt_bytes((double)sp->xout), target_text(p, s, where, sizeof where),
-               fmt_bytes((double)(sp->xstride - sp->xout)), fmt_time(c->xfer_out), fmt_time(c->xfer_in), fmt_time(c->recompute));
+               fmt_bytes((double)fate_bytes(sp, FATE_RECOMPUTE)));
+    buf_printf(b, "%s%s); predicted per micro-batch: copy out %s, back %s, recompute %s\n", transit ? ", in flight " : "",
+               transit ? fmt_bytes((double)transit) : "", fmt_time(c->xfer_out), fmt_time(c->xfer_in), fmt_time(c->recompute));
     for (int i = 0; i < sp->nbufs; i++) {
       const Buffer *x = &sp->bufs[i];
       if (x->kind != BUF_RING || x->fate == FATE_KEEP) continue;

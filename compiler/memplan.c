@@ -156,9 +156,10 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
     if (sp->bufs[i].in_store && !sp->bufs[i].unused)
       sp->bufs[i].offset = sp->opt_store_bytes, sp->opt_store_bytes = up(sp->opt_store_bytes + sp->bufs[i].bytes);
   /* The leaving values: one block per xslot, the offloaded ones first so
-   * that an OFFLOAD is one contiguous copy. */
+   * that an OFFLOAD is one contiguous copy (then the recomputed ones, then
+   * the cut's values in flight). */
   sp->xbase = off, sp->xout = sp->xstride = 0;
-  for (int f = FATE_OFFLOAD; f <= FATE_RECOMPUTE; f++) {
+  for (int f = FATE_OFFLOAD; f <= FATE_TRANSIT; f++) {
     for (int i = 0; i < sp->nbufs; i++) {
       Buffer *b = &sp->bufs[i];
       if (b->kind != BUF_RING || b->fate != f) continue;

@@ -125,6 +125,9 @@ static int check_memory_actions(Chk *c, int s) {
     if ((o >= 0) != (f >= 0))
       return err_set("schedule: rank %d has %s%d without %s%d", s, o >= 0 ? "OFFLOAD" : "PREFETCH", mb, o >= 0 ? "PREFETCH" : "OFFLOAD", mb);
     if (o < 0) continue;
+    int snd = at(c, s, ACT_SEND, mb);
+    if (snd > o && sc->act[s][snd].xslot >= 0)
+      return err_set("schedule: rank %d: OFFLOAD%d (action %d) comes before SEND%d (action %d), which sends from its xslot", s, mb, o, mb, snd);
     int q = sc->act[s][o].peer;
     if (q != sc->act[s][f].peer) return err_set("schedule: rank %d: OFFLOAD%d and PREFETCH%d go to different places", s, mb, mb);
     if (q >= p || q == s) return err_set("schedule: rank %d: OFFLOAD%d names rank %d", s, mb, q);
@@ -203,7 +206,8 @@ static int check_rank(Chk *c, int s) {
 
 /* The xslots (and a peer's store slots): a micro-batch holds one from the
  * first action touching its leaving values until its OFFLOAD or its last
- * such action; none is taken while another holds it. */
+ * such action (with its values recomputed, none offloaded: its forward, or
+ * the SEND of a value that leaves); none is taken while another holds it. */
 static int check_xring(const Schedule *sc, int s) {
   int m = sched_mbs(sc), n = sc->nact[s];
   int nx = sc->nxslots ? sc->nxslots[s] : 0, ns = sc->nstore ? sc->nstore[s] : 0;
@@ -241,15 +245,17 @@ static int check_xring(const Schedule *sc, int s) {
       rc = err_set("schedule: rank %d: %s (action %d) uses xslot %d, but micro-batch %d holds xslot %d", s, action_str(a, b, sizeof b), k, x, a->mb, slot[a->mb]);
     }
     if (a->kind == ACT_OFFLOAD || last[a->mb] == k) owner[x] = -1, slot[a->mb] = -1;
-    /* A forward whose leaving values are all recomputed (a RECOMPUTE follows, no OFFLOAD) lets go of them at once. */
-    if (a->kind == ACT_F) {
-      int recomputed = 0, offloaded = 0;
+    /* A forward whose leaving values are all recomputed (a RECOMPUTE follows, no OFFLOAD) lets go of them at once,
+     * or at its SEND when that sends from the xslot. */
+    if (a->kind == ACT_F || a->kind == ACT_SEND) {
+      int recomputed = 0, offloaded = 0, xsend = 0;
       for (int j = k + 1; j < n; j++) {
         const Action *c = &sc->act[s][j];
         if (c->mb != a->mb || c->kind == ACT_HOLD || c->kind == ACT_RETURN) continue;
         recomputed |= c->kind == ACT_RECOMPUTE, offloaded |= c->kind == ACT_OFFLOAD;
+        xsend |= c->kind == ACT_SEND && c->xslot >= 0;
       }
-      if (recomputed && !offloaded) owner[x] = -1, slot[a->mb] = -1;
+      if (recomputed && !offloaded && !xsend) owner[x] = -1, slot[a->mb] = -1;
     }
   }
   free(last), free(owner);
@@ -368,6 +374,22 @@ static int can_run(const Chk *c, int s, int k, char *why, size_t len) {
         break;
       }
     }
+  /* A value sent from an xslot: the send completes once every next stage has posted its RECV; the
+   * micro-batch's OFFLOAD waits for that, and so does the xslot's next holder. */
+  if (a->kind == ACT_OFFLOAD) {
+    int j = at(c, st, ACT_SEND, a->mb);
+    if (j >= 0 && sc->act[s][j].xslot >= 0 && (peer = peer_missing(c, st, 0, ACT_RECV, a->mb)) >= 0)
+      return snprintf(why, len, "RECV%d on %s (its SEND leaves xslot %d)", a->mb, who_stage(sc, peer, w, sizeof w), a->xslot), 0;
+  } else if (a->xslot >= 0 && a->kind != ACT_HOLD && a->kind != ACT_RETURN) {
+    for (int j = k - 1; j >= 0; j--) {
+      const Action *b = &sc->act[s][j];
+      if (b->kind == ACT_SEND && b->xslot == a->xslot && b->mb != a->mb) {
+        if ((peer = peer_missing(c, st, 0, ACT_RECV, b->mb)) >= 0)
+          return snprintf(why, len, "RECV%d on %s (its SEND leaves xslot %d)", b->mb, who_stage(sc, peer, w, sizeof w), a->xslot), 0;
+        break;
+      }
+    }
+  }
   if (action_is_compute(a->kind) || a->kind == ACT_RECOMPUTE) {
     int f = at(c, st, ACT_PREFETCH, a->mb);
     if (f >= 0 && f < k && sc->act[s][f].peer >= 0 && !c->done[sc->act[s][f].peer][ACT_RETURN * m + a->mb])

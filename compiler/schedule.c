@@ -320,7 +320,9 @@ static double compute_part(const Action *a, const StageCost *c) {
  * peer) that carries its OFFLOADs and PREFETCHes in the order they are
  * posted; a peer's copy leaves once the peer has posted its HOLD and comes
  * back once it has posted its RETURN (which waits for the data to be there).
- * An action that reuses an xslot waits for the offload out of it; the
+ * An action that reuses an xslot waits for the offload out of it, and for
+ * the SEND of a value that leaves from it to have met its receive (posted by
+ * the next stages' RECV); so does that micro-batch's own OFFLOAD; the
  * backward of a micro-batch waits for its prefetch. */
 typedef struct Sim {
   const Schedule *sc;
@@ -329,9 +331,11 @@ typedef struct Sim {
   double *fdone, *bdone;     /* [stage*m+mb] */
   double *rs_post, *upd_end; /* pipefb: RECV_STASH posted [s*m+mb]; UPDATE done, per rank */
   double *off_post, *off_end, *hold_t, *ret_t, *pre_post, *pre_end, *ret_slot;
+  double *rv_post, *sent_x; /* [stage*m+mb]: RECV posted; 1: its SEND sent from its xslot */
   double *chan, *free_at;    /* per rank */
   double **xfree, **sfree;   /* per rank, per xslot / store slot: when its last transfer out completes (-1 unknown) */
   int **xowner;              /* per rank, per xslot: the micro-batch whose offload leaves it last (-1 none) */
+  int **xsent;               /* per rank, per xslot: the micro-batch whose SEND left from it last (-1 none) */
 } Sim;
 
 #define IDX(s, mb) ((s) * sim->m + (mb))
@@ -423,12 +427,23 @@ static double sim_ready(Sim *sim, const Action *a, int s, const int *has_pre) {
     return a->xslot >= 0 ? sim->sfree[s][a->xslot] : 0;
   }
   if (a->kind == ACT_RETURN) return sim->off_end[IDX(a->peer, a->mb)];
+  if (a->kind == ACT_OFFLOAD && sim->sent_x[IDX(st, a->mb)] > 0) { /* after its SEND from the xslot completed */
+    double t = peers_done(sim, st, a->mb, 0, sim->rv_post, 0);
+    if (t < 0) return -1;
+    r = fmax(r, t);
+  }
   if (a->xslot >= 0 && a->kind != ACT_OFFLOAD) {
     if (sim->xowner[s][a->xslot] != a->mb) { /* a new holder: the offload out of it must be done */
       if (sim->xfree[s][a->xslot] < 0) return -1;
       r = fmax(r, sim->xfree[s][a->xslot]);
+      int o = sim->xsent[s][a->xslot]; /* and the last send from it */
+      if (o >= 0 && o != a->mb) {
+        double t = peers_done(sim, st, o, 0, sim->rv_post, 0);
+        if (t < 0) return -1;
+        r = fmax(r, t);
+      }
     }
-    if (has_pre[a->mb] && a->kind != ACT_PREFETCH && a->kind != ACT_RECV && a->kind != ACT_F) {
+    if (has_pre[a->mb] && a->kind != ACT_PREFETCH && a->kind != ACT_RECV && a->kind != ACT_F && a->kind != ACT_SEND) {
       double e = sim->pre_end[IDX(s, a->mb)];
       if (e < 0) return -1;
       r = fmax(r, e);
@@ -447,6 +462,10 @@ static void sim_run(Sim *sim, Action *a, int s) {
   switch (a->kind) {
   case ACT_F: sim->fdone[i] = a->end; break;
   case ACT_B: case ACT_I: sim->bdone[i] = a->end; break;
+  case ACT_RECV: sim->rv_post[i] = a->start; break;
+  case ACT_SEND:
+    if (a->xslot >= 0) sim->sent_x[i] = 1, sim->xsent[s][a->xslot] = a->mb;
+    break;
   case ACT_OFFLOAD:
     sim->off_post[i] = a->start;
     sim->xfree[s][a->xslot] = -1; /* until the copy is out */
@@ -546,14 +565,15 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch, int b
   memset(&sv, 0, sizeof sv);
   StageCost *own = chunk_costs(sc, cost);
   sv.sc = sc, sv.cost = own ? own : cost, sv.p = p, sv.m = m, sv.S = S;
-  double *all = malloc(sizeof(double) * (size_t)(10 * S * m + 3 * p));
+  double *all = malloc(sizeof(double) * (size_t)(12 * S * m + 3 * p));
   int *next = calloc((size_t)p, sizeof(int)), remaining = 0, *has_pre = calloc((size_t)(p * m + 1), sizeof(int));
   sim->xfree = calloc((size_t)p, sizeof(double *)), sim->sfree = calloc((size_t)p, sizeof(double *));
-  sim->xowner = calloc((size_t)p, sizeof(int *));
-  if (!all || !next || !has_pre || !sim->xfree || !sim->sfree || !sim->xowner) abort();
+  sim->xowner = calloc((size_t)p, sizeof(int *)), sim->xsent = calloc((size_t)p, sizeof(int *));
+  if (!all || !next || !has_pre || !sim->xfree || !sim->sfree || !sim->xowner || !sim->xsent) abort();
   double *at = all;
   double **arr[] = {&sim->fdone, &sim->bdone,    &sim->off_post, &sim->off_end,  &sim->hold_t,
-                    &sim->ret_t, &sim->pre_post, &sim->pre_end,  &sim->ret_slot, &sim->rs_post};
+                    &sim->ret_t, &sim->pre_post, &sim->pre_end,  &sim->ret_slot, &sim->rs_post,
+                    &sim->rv_post, &sim->sent_x};
   for (size_t k = 0; k < sizeof arr / sizeof arr[0]; k++, at += S * m) {
     *arr[k] = at;
     for (int q = 0; q < S * m; q++) at[q] = -1;
@@ -562,9 +582,9 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch, int b
   for (int s = 0; s < p; s++) {
     int nx = sc->nxslots ? sc->nxslots[s] : 0, ns = sc->nstore ? sc->nstore[s] : 0;
     sim->xfree[s] = malloc(sizeof(double) * (size_t)(nx + 1)), sim->sfree[s] = malloc(sizeof(double) * (size_t)(ns + 1));
-    sim->xowner[s] = malloc(sizeof(int) * (size_t)(nx + 1));
-    if (!sim->xfree[s] || !sim->sfree[s] || !sim->xowner[s]) abort();
-    for (int x = 0; x <= nx; x++) sim->xfree[s][x] = 0, sim->xowner[s][x] = -1;
+    sim->xowner[s] = malloc(sizeof(int) * (size_t)(nx + 1)), sim->xsent[s] = malloc(sizeof(int) * (size_t)(nx + 1));
+    if (!sim->xfree[s] || !sim->sfree[s] || !sim->xowner[s] || !sim->xsent[s]) abort();
+    for (int x = 0; x <= nx; x++) sim->xfree[s][x] = 0, sim->xowner[s][x] = -1, sim->xsent[s][x] = -1;
     for (int x = 0; x <= ns; x++) sim->sfree[s][x] = 0;
     sim->chan[s] = sim->free_at[s] = 0, sim->upd_end[s] = -1, sc->busy[s] = 0, remaining += sc->nact[s];
     for (int k = 0; k < sc->nact[s]; k++)
@@ -632,8 +652,8 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch, int b
     sc->bubble = sc->step_time > 0 ? 1 - busy / ((double)p * sc->step_time) : 0;
     if (sc->unroll > 0) schedule_async_period(sc); /* the step of a pipeline that never drains */
   }
-  for (int s = 0; s < p; s++) free(sim->xfree[s]), free(sim->sfree[s]), free(sim->xowner[s]);
-  free(sim->xfree), free(sim->sfree), free(sim->xowner), free(all), free(next), free(has_pre), free(own);
+  for (int s = 0; s < p; s++) free(sim->xfree[s]), free(sim->sfree[s]), free(sim->xowner[s]), free(sim->xsent[s]);
+  free(sim->xfree), free(sim->sfree), free(sim->xowner), free(sim->xsent), free(all), free(next), free(has_pre), free(own);
   return rc;
 }
 

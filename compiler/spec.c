@@ -68,7 +68,9 @@ static void spec_buffers(const Plan *p, const StageProg *sp, StageSpec *o, Pool 
     x->view = buf_view(sp, b);
     x->what = buf_what(&p->g, b, pool);
     if (x->view == VIEW_XSLOT)
-      x->leaves = b->fate == FATE_OFFLOAD ? "offloaded between its forward and backward" : "recomputed before its backward";
+      x->leaves = b->fate == FATE_OFFLOAD     ? "offloaded between its forward and backward"
+                  : b->fate == FATE_RECOMPUTE ? "recomputed before its backward"
+                                              : "crosses the cut, held only while in flight";
   }
 }
 

@@ -42,8 +42,11 @@ typedef struct Buffer {
  * its backward (stash.c decides, memplan.c lays out).  A kept one has a ring
  * copy per slot; the others live in the stage's xslot copies (few), and
  * leave when a micro-batch waits for its backward behind other forwards:
- * copied out and prefetched back, or recomputed from what stays. */
-enum { FATE_KEEP, FATE_OFFLOAD, FATE_RECOMPUTE };
+ * copied out and prefetched back, or recomputed from what stays.  A value
+ * crossing a cut that the backward does not read (FATE_TRANSIT, "in flight")
+ * lives in the xslot only from its RECV (or the forward that makes it) until
+ * the forward that reads it is done or its SEND has completed. */
+enum { FATE_KEEP, FATE_OFFLOAD, FATE_RECOMPUTE, FATE_TRANSIT };
 
 /* The kernels a call can name (kernels.def). */
 enum {

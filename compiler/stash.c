@@ -37,11 +37,15 @@
 
 /* ---- which values can leave ---- */
 
+/* A value sent to the next stage (the loss's logits and their gradient are not: the loss reads them
+ * in their ring slot). */
 static int is_sent(const StageProg *sp, int id) {
   for (int i = 0; i < sp->nsend; i++)
     if (sp->send[i].buf == id) return 1;
-  return id == sp->loss_buf || id == sp->dloss_buf;
+  return 0;
 }
+
+static int is_loss(const StageProg *sp, int id) { return id == sp->loss_buf || id == sp->dloss_buf; }
 
 static int is_received(const StageProg *sp, int id) {
   for (int i = 0; i < sp->nrecv; i++)
@@ -96,6 +100,11 @@ static int closure(const StageProg *sp, const char *fates, const char *fw, char 
         need[id] = 1;
       } else if (b->kind == BUF_RING) {
         if (fates[id] == FATE_RECOMPUTE) need[id] = 1;
+        /* a cut's value in flight is gone by then: made again if it was made here */
+        if (fates[id] == FATE_TRANSIT) {
+          if (is_received(sp, id)) rc = -1;
+          else need[id] = 1;
+        }
         /* kept or offloaded: there at RECOMPUTE time */
       } else {
         rc = -1;
@@ -112,6 +121,7 @@ typedef struct Cand {
   int buf;
   int64_t bytes;
   int recv;        /* received from the previous stage */
+  int transit;     /* crosses a cut (received or sent) and the backward does not read it: in flight only */
 } Cand;
 
 static int by_bytes(const void *a, const void *b) {
@@ -120,7 +130,11 @@ static int by_bytes(const void *a, const void *b) {
 }
 
 /* The stage's values that could leave: rings of the forward's values (made
- * here or received) that the backward reads and that are not sent on. */
+ * here or received, sent on or not) that the backward reads, and the values
+ * crossing a cut that it does not read (they wait in a ring copy per slot only
+ * because the ring's slot is held until the backward: in flight, they need an
+ * xslot from their RECV or forward until that forward is done and their SEND
+ * has completed).  The loss's logits stay: the loss reads them in their slot. */
 static int candidates(const StageProg *sp, const char *fw, Cand *out) {
   char *bread = calloc((size_t)sp->nbufs + 1, 1);
   if (!bread) abort();
@@ -129,9 +143,11 @@ static int candidates(const StageProg *sp, const char *fw, Cand *out) {
   int n = 0;
   for (int b = 0; b < sp->nbufs; b++) {
     const Buffer *x = &sp->bufs[b];
-    if (x->kind != BUF_RING || x->is_grad || !bread[b] || is_sent(sp, b)) continue;
-    if (!fw[b] && !is_received(sp, b)) continue;
-    out[n++] = (Cand){b, x->bytes, is_received(sp, b)};
+    if (x->kind != BUF_RING || x->is_grad || is_loss(sp, b)) continue;
+    int recv = is_received(sp, b), cut = recv || is_sent(sp, b);
+    if (!fw[b] && !recv) continue;
+    if (!bread[b] && !cut) continue;
+    out[n++] = (Cand){b, x->bytes, recv, !bread[b]};
   }
   free(bread);
   qsort(out, (size_t)n, sizeof *out, by_bytes);
@@ -145,9 +161,34 @@ typedef struct Shape {
   int has_out, has_rc, xrecv; /* offloaded values, recomputed values, a received value leaves */
   int lead;                   /* 1: RECV and PREFETCH one compute action early; 0: just before */
   int peer;                   /* where OFFLOAD goes: a rank, or -1 the file */
+  int xsend;                  /* a sent value leaves: SEND sends it from the xslot */
+  int has_tr;                 /* values in flight (FATE_TRANSIT) */
 } Shape;
 
 static int is_compute(int kind) { return action_is_compute(kind); }
+
+/* The actions that use mb's xslot: its RECV (a received value leaves), its forward, its SEND (a sent
+ * value leaves), its backward's (values come back or are made again for it), the transfers. */
+static int touches_x(const Shape *sh, int kind) {
+  if (kind == ACT_RECV) return sh->xrecv;
+  if (kind == ACT_SEND) return sh->xsend;
+  if (kind == ACT_F) return 1;
+  if (is_compute(kind)) return sh->has_out || sh->has_rc;
+  return kind == ACT_OFFLOAD || kind == ACT_PREFETCH || kind == ACT_RECOMPUTE;
+}
+
+/* The shape of fates f. */
+static Shape shape_of(const StageProg *sp, const char *f, int lead, int peer) {
+  Shape sh = {0, 0, 0, lead, peer, 0, 0};
+  for (int x = 0; x < sp->nbufs; x++) {
+    sh.has_out |= f[x] == FATE_OFFLOAD;
+    sh.has_rc |= f[x] == FATE_RECOMPUTE;
+    sh.has_tr |= f[x] == FATE_TRANSIT;
+    sh.xrecv |= (f[x] == FATE_OFFLOAD || f[x] == FATE_TRANSIT) && is_received(sp, x);
+    sh.xsend |= f[x] != FATE_KEEP && is_sent(sp, x);
+  }
+  return sh;
+}
 
 /* Rank s's list with the memory plan's actions, from its plain list `in`;
  * xslots assigned.  Returns the length; *nx the xslot copies. */
@@ -194,23 +235,22 @@ static int rebuild(const Action *in, int n, int m, const Shape *sh, Action *out,
     }
   }
   /* xslots: a holding starts at the first action touching mb's leaving values
-   * and ends at its OFFLOAD, or at the last one (the backward). */
+   * and ends at its OFFLOAD, or at the last one (the backward; the SEND or
+   * the forward when only values in flight leave). */
   int *last = malloc(sizeof(int) * (size_t)(m + 1)), *slot = malloc(sizeof(int) * (size_t)(m + 1)), *owner = calloc((size_t)m + 2, sizeof(int));
   if (!last || !slot || !owner) abort();
   for (int i = 0; i < m; i++) last[i] = -1, slot[i] = -1;
   *nx = 0;
-  if (sh->has_out || sh->has_rc) {
+  if (sh->has_out || sh->has_rc || sh->has_tr) {
     for (int k = 0; k < k2; k++) {
       int kind = out[k].kind, mb = out[k].mb;
-      int touches = (kind == ACT_RECV && sh->xrecv) || is_compute(kind) || kind == ACT_OFFLOAD || kind == ACT_PREFETCH || kind == ACT_RECOMPUTE;
-      if (mb >= 0 && touches) last[mb] = k;
+      if (mb >= 0 && touches_x(sh, kind)) last[mb] = k;
     }
     for (int x = 0; x <= m; x++) owner[x] = -1;
     for (int k = 0; k < k2; k++) {
       Action *a = &out[k];
       int kind = a->kind, mb = a->mb;
-      int touches = (kind == ACT_RECV && sh->xrecv) || is_compute(kind) || kind == ACT_OFFLOAD || kind == ACT_PREFETCH || kind == ACT_RECOMPUTE;
-      if (mb < 0 || !touches) continue;
+      if (mb < 0 || !touches_x(sh, kind)) continue;
       if (slot[mb] < 0) {
         int x = 0;
         while (owner[x] >= 0) x++;
@@ -219,8 +259,9 @@ static int rebuild(const Action *in, int n, int m, const Shape *sh, Action *out,
       }
       a->xslot = slot[mb];
       if (kind == ACT_OFFLOAD || last[mb] == k) owner[slot[mb]] = -1, slot[mb] = -1;
-      /* After an R-only leave, the holding ends with the forward. */
-      if (kind == ACT_F && leaves[mb] && !sh->has_out) owner[a->xslot] = -1, slot[mb] = -1;
+      /* After an R-only leave, the holding ends with the forward, or with the SEND of a sent value
+       * that leaves (the xslot's next holder waits for that send to complete). */
+      if (kind == (sh->xsend ? ACT_SEND : ACT_F) && leaves[mb] && !sh->has_out && slot[mb] >= 0) owner[a->xslot] = -1, slot[mb] = -1;
     }
   }
   free(cpos), free(leaves), free(had_recv), free(last), free(slot), free(owner);
@@ -427,7 +468,8 @@ static int rc_extra(const Plan *p, const StageProg *sp, int s, char *f, const ch
   return ok;
 }
 
-static int fill(Work *w, int s, int strat, int lead, int peer, double lim, const Cand *cand, int nc, const char *fw, char *f) {
+static int fill(Work *w, int s, int strat, int lead, int peer, int rxkeep, double lim, const Cand *cand, int nc, const char *fw,
+                char *f) {
   Plan *p = w->p;
   StageProg *sp = &p->progs[s];
   int allow_out = p->opt.offload != OFFLOAD_NONE, allow_rc = p->opt.recompute;
@@ -438,9 +480,24 @@ static int fill(Work *w, int s, int strat, int lead, int peer, double lim, const
   if (peer >= 0) bw = link_between(p, s, peer).bandwidth;
   int ok = -1;
   double rc_now = 0;
-  for (int step = 0; step < nc; step++) {
+  /* The cut's values that the backward does not read go first: in flight they cost no copy and no
+   * recomputation, only the ring copies they no longer take.  rxkeep: a received one is kept instead,
+   * for recomputation to start from (a value in flight is gone by the backward). */
+  int ntr = 0;
+  for (int c = 0; c < nc; c++)
+    if (cand[c].transit) {
+      used[c] = 1;
+      if ((allow_out || allow_rc) && !(rxkeep && cand[c].recv)) f[cand[c].buf] = FATE_TRANSIT, ntr++;
+    }
+  if (ntr) {
+    Shape sh = shape_of(sp, f, lead, peer);
+    apply(w, s, &sh, f, fw);
+    if ((double)sp->arena_bytes <= lim) ok = 0;
+  }
+  for (int step = 0; step < nc && ok; step++) {
     int i = step, can_rc = 0;
     double extra = 0;
+    if (strat != ST_CHEAPEST && used[i]) continue;
     if (strat == ST_CHEAPEST) {
       /* The unused value whose cheaper way out costs least per byte (its recomputation kept). */
       double best = INFINITY;
@@ -464,12 +521,7 @@ static int fill(Work *w, int s, int strat, int lead, int peer, double lim, const
     if (fate < 0) continue;
     f[b] = (char)fate;
     if (fate == FATE_RECOMPUTE) rc_now += extra;
-    Shape sh = {0, 0, 0, lead, peer};
-    for (int x = 0; x < sp->nbufs; x++) {
-      sh.has_out |= f[x] == FATE_OFFLOAD;
-      sh.has_rc |= f[x] == FATE_RECOMPUTE;
-      sh.xrecv |= f[x] == FATE_OFFLOAD && is_received(sp, x);
-    }
+    Shape sh = shape_of(sp, f, lead, peer);
     apply(w, s, &sh, f, fw);
     if ((double)sp->arena_bytes <= lim) {
       ok = 0;
@@ -624,11 +676,14 @@ static int plan_stage(Work *w, int s, double lim, int maxact) {
     int peer = tgt >= 0 ? tgt : -1;
     int saved_off = p->opt.offload;
     if (tgt == -2) p->opt.offload = OFFLOAD_NONE;
+    int rxkeeps = 0; /* with recomputation, also try keeping the received values the backward does not read (fill) */
+    for (int c = 0; c < nc; c++) rxkeeps |= cand[c].transit && cand[c].recv && p->opt.recompute;
+    for (int rxkeep = 0; rxkeep <= rxkeeps; rxkeep++)
     for (int lead = 1; lead >= 0; lead--)
       for (int strat = 0; strat < ST_N; strat++) {
         restore(w, &start);
         set_opt_out(w, s, oo);
-        int fits = fill(w, s, strat, lead, peer, lim, cand, nc, fw, f) == 0;
+        int fits = fill(w, s, strat, lead, peer, rxkeep, lim, cand, nc, fw, f) == 0;
         if ((int64_t)sp->arena_bytes < floor) floor = sp->arena_bytes;
         if (!fits) continue;
         const char *dbg = getenv("PIPECC_DEBUG_STASH");
@@ -798,7 +853,7 @@ int stash_plan(Plan *p) {
     w.sc.nact[s] = sc->nact[s];
     w.host_of[s] = w.hosts[s] = -1;
     w.fates[s] = pool_alloc(&p->g.pool, (size_t)p->progs[s].nbufs + 1);
-    w.shape[s] = (Shape){0, 0, 0, 0, -1};
+    w.shape[s] = (Shape){0, 0, 0, 0, -1, 0, 0};
   }
   if (p->opt.offload == OFFLOAD_FILE) probe_dir(p->opt.offload_dir, &w.file_bw, &w.file_lat);
   else w.file_bw = 1e9, w.file_lat = 50e-6;
@@ -914,31 +969,39 @@ double stash_floor(Plan *p, int s, int a, int e) {
     Cand *cand = malloc(sizeof(Cand) * (size_t)(sp.nbufs + 1));
     char *f = calloc((size_t)sp.nbufs + 1, 1), *call = malloc((size_t)sp.nfwd + 1);
     if (!cand || !f || !call) abort();
-    int nc = candidates(&sp, fw, cand), xrecv = 0;
+    int nc = candidates(&sp, fw, cand);
     /* With a place that always has room (a file), or only a peer, every value
      * may be offloaded; under auto only what recomputation alone reaches is
      * sure to be reachable (a peer may have no room), so the floor - and the
-     * smallest limit an error names - is what recomputation gives. */
+     * smallest limit an error names - is what recomputation gives.  The cut's
+     * values the backward does not read are in flight; a received one may
+     * rather be kept where recomputation starts from it (rxkeep, as fill). */
     int offload_all = p->opt.offload == OFFLOAD_FILE || p->opt.offload == OFFLOAD_PEER || (p->opt.offload == OFFLOAD_AUTO && !p->opt.recompute);
-    for (int i = 0; i < nc; i++) {
-      int b = cand[i].buf;
-      if (offload_all) {
-        f[b] = FATE_OFFLOAD, xrecv |= cand[i].recv;
-      } else if (p->opt.recompute && !cand[i].recv) {
-        f[b] = FATE_RECOMPUTE;
-        if (closure(&sp, f, fw, call)) f[b] = FATE_KEEP;
+    int any = offload_all || p->opt.recompute;
+    for (int rxkeep = 0; rxkeep <= (!offload_all && p->opt.recompute); rxkeep++) {
+      int xrecv = 0;
+      memset(f, FATE_KEEP, (size_t)sp.nbufs);
+      for (int i = 0; i < nc && any; i++) {
+        int b = cand[i].buf;
+        if (cand[i].transit) {
+          if (!(rxkeep && cand[i].recv)) f[b] = FATE_TRANSIT, xrecv |= cand[i].recv;
+        } else if (offload_all) {
+          f[b] = FATE_OFFLOAD, xrecv |= cand[i].recv;
+        } else if (p->opt.recompute && !cand[i].recv) {
+          f[b] = FATE_RECOMPUTE;
+          if (closure(&sp, f, fw, call)) f[b] = FATE_KEEP;
+        }
       }
-    }
-    for (int b = 0; b < sp.nbufs; b++) sp.bufs[b].fate = f[b];
-    if (!offload_all && !p->opt.recompute) memset(f, FATE_KEEP, (size_t)sp.nbufs);
-    sp.nxslots = xrecv ? p->floor_nx[2 * s + 1] : p->floor_nx[2 * s];
-    /* --offload-optimizer: the state and gradients may leave too, whichever leaves least (moving the gradients
-     * keeps two copies of the largest, more than all of them where one weight is most) */
-    for (int mode = 0; mode <= optstore_modes(p, &sp); mode++) {
-      optstore_set(&sp, mode);
-      memplan(p, &sp, xrecv ? p->floor_nslots[2 * s + 1] : p->floor_nslots[2 * s], p->slots.ngslots[s]);
-      if ((double)sp.arena_bytes < v && floor_what) describe_floor(p, &sp);
-      if ((double)sp.arena_bytes < v) v = (double)sp.arena_bytes;
+      for (int b = 0; b < sp.nbufs; b++) sp.bufs[b].fate = f[b];
+      sp.nxslots = xrecv ? p->floor_nx[2 * s + 1] : p->floor_nx[2 * s];
+      /* --offload-optimizer: the state and gradients may leave too, whichever leaves least (moving the gradients
+       * keeps two copies of the largest, more than all of them where one weight is most) */
+      for (int mode = 0; mode <= optstore_modes(p, &sp); mode++) {
+        optstore_set(&sp, mode);
+        memplan(p, &sp, xrecv ? p->floor_nslots[2 * s + 1] : p->floor_nslots[2 * s], p->slots.ngslots[s]);
+        if ((double)sp.arena_bytes < v && floor_what) describe_floor(p, &sp);
+        if ((double)sp.arena_bytes < v) v = (double)sp.arena_bytes;
+      }
     }
     free(fw), free(cand), free(f), free(call);
   } else {
@@ -960,7 +1023,7 @@ void stash_floor_slots(Plan *p) {
   for (int s = 0; s < n; s++) {
     t.act[s] = pool_alloc(&p->g.pool, sizeof(Action) * (size_t)(p->slots.nact[s] + 6 * p->slots.m + 8));
     for (int xr = 0; xr < 2; xr++) {
-      Shape sh = {1, 0, xr, 0, -1};
+      Shape sh = {1, 0, xr, 0, -1, 1, 1};
       int nx;
       t.nact[s] = rebuild(p->slots.act[s], p->slots.nact[s], p->slots.m, &sh, t.act[s], &nx);
       schedule_assign_slots(&t, s);

@@ -46,6 +46,7 @@ double do_forward(Run *r, const PrAction *a) {
 }
 
 static void do_recompute(Run *r, const PrAction *a) {
+  wait_xslot_sends(r, a->xslot); /* a value sent from it by the micro-batch before */
   wait_xslot_in(r, a->xslot);
   double t0 = now();
   r->st->recompute(a->slot, a->xslot);

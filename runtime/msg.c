@@ -160,6 +160,7 @@ void pr_poll(void) {
   MPI_Testall(ngs * st->nsend, r->greq, &flag, MPI_STATUSES_IGNORE);
   MPI_Testall(ns * st->nsend, r->sreq, &flag, MPI_STATUSES_IGNORE);
   MPI_Testall(ngs * st->nrecv, r->gsreq, &flag, MPI_STATUSES_IGNORE);
+  if (r->xsreq) MPI_Testall(st->nxslots * st->nsend, r->xsreq, &flag, MPI_STATUSES_IGNORE);
 }
 
 void do_recv(Run *r, const PrAction *a) {
@@ -191,15 +192,16 @@ void do_send(Run *r, const PrAction *a) {
   pr_dev_await(&r->slot_done[e]); /* the forward that filled the slot */
   for (int v = c->send_lo; v < c->send_hi; v++) {
     const PrValue *pv = &st->send[v];
-    unsigned char *src = ring(r, pv->offset, pv->bytes, a->slot);
+    unsigned char *src = value_at(r, pv, a);
     if (is_local(pv)) {
       int to = r->lto_send[v];
       local_copy(r, r->lslot + to * m, a->mb, dev_at(r, st->recv[to].offset), pv->bytes, src, pv->name);
       continue;
     }
     r->sent_bytes += (double)pv->bytes;
-    MPI_Isend(pr_dev_msg_out(src, pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 0), MPI_COMM_WORLD,
-              &r->sreq[(size_t)e * st->nsend + v]);
+    /* A value that leaves is sent from the xslot: the xslot's next holder (and its OFFLOAD) waits for it. */
+    MPI_Request *q = pv->xring ? &r->xsreq[(size_t)a->xslot * st->nsend + v] : &r->sreq[(size_t)e * st->nsend + v];
+    MPI_Isend(pr_dev_msg_out(src, pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 0), MPI_COMM_WORLD, q);
   }
   send_times(r, cm->tsent_f + a->slot * cm->nfdst, cm->tsreq_f + a->slot * cm->nfdst, cm->fdst, cm->nfdst,
              tag_of(r->step, a->mb, time_tag(r, c->stage), 0));

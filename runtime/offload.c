@@ -48,9 +48,18 @@ static void wait_file(Run *r, int xslot, const char *what) {
   trace_add(&r->trace, -1, r->cur->mb, r->cur->slot, r->step, t0, t1);
 }
 
-/* Before an xslot takes another micro-batch's values: the copy out of it is done. */
+/* The sends of values that leave (SEND from the xslot: the cut's values) are done: before the xslot's
+ * OFFLOAD copies it out, and before another micro-batch takes it. */
+void wait_xslot_sends(Run *r, int xslot) {
+  const PrStage *st = r->st;
+  if (!r->xsreq || !st->nsend) return;
+  wait_all(r, &r->xsreq[(size_t)xslot * st->nsend], st->nsend, st->send[0].peer, "to take the forward values it was sent");
+}
+
+/* Before an xslot takes another micro-batch's values: the copy out of it is done, and the sends from it. */
 void wait_xslot_free(Run *r, int xslot) {
   const PrStage *st = r->st;
+  wait_xslot_sends(r, xslot);
   if (st->offload_to >= 0) {
     double t0 = now();
     wait_all(r, &r->oreq[xslot], 1, st->offload_to, "to take offloaded activations");
@@ -76,6 +85,7 @@ void wait_xslot_in(Run *r, int xslot) {
 
 void do_offload(Run *r, const PrAction *a) {
   const PrStage *st = r->st;
+  wait_xslot_sends(r, a->xslot); /* its SEND from the xslot (the compiler's simulation and validator know it waits) */
   pr_dev_sync(); /* the forward that wrote the leaving values */
   if (st->offload_to >= 0) {
     wait_all(r, &r->oreq[a->xslot], 1, st->offload_to, "to take offloaded activations");
@@ -125,6 +135,9 @@ void offload_open(Run *r) {
   if (!r->oreq || !r->xview || !r->xview_mode) die(2, "out of memory for the memory plan's requests%s", "");
   r->ireq = r->oreq + nx, r->hreq = r->oreq + 2 * nx;
   for (int i = 0; i < 2 * nx + nst; i++) r->oreq[i] = MPI_REQUEST_NULL;
+  r->xsreq = malloc(sizeof(MPI_Request) * (size_t)(nx * st->nsend + 1));
+  if (!r->xsreq) die(2, "out of memory for the memory plan's requests%s", "");
+  for (int i = 0; i < nx * st->nsend; i++) r->xsreq[i] = MPI_REQUEST_NULL;
   if (nx && st->offload_to == -1) {
     const char *dir = r->a.offload_dir ? r->a.offload_dir : st->offload_dir;
     /* The I/O thread may run on any of the CPUs the rank had before pin_rank: its copies fill
@@ -143,9 +156,11 @@ void offload_open(Run *r) {
 void offload_close(Run *r) {
   const PrStage *st = r->st;
   wait_all(r, r->oreq, 2 * st->nxslots + st->nstore, -1, "to finish moving offloaded activations");
+  wait_all(r, r->xsreq, st->nxslots * st->nsend, -1, "to take the last forward values sent from an xslot");
   for (int x = 0; r->xfer && x < st->nxslots; x++) wait_file(r, x, "the last offloaded activations");
   r->xfer_how = !r->xfer ? 0 : !strcmp(xfer_kind(r->xfer), "io_uring") ? 1 : 2;
   xfer_close(r->xfer);
   MPI_Comm_free(&r->ocomm);
-  free(r->oreq), free(r->xview), free(r->xview_mode);
+  free(r->oreq), free(r->xview), free(r->xview_mode), free(r->xsreq);
+  r->xsreq = NULL;
 }

@@ -122,6 +122,7 @@ typedef struct Run {
    * peer's data coming or going; the file's I/O thread. */
   MPI_Comm ocomm;
   MPI_Request *oreq, *ireq, *hreq;
+  MPI_Request *xsreq;  /* [nxslots][nsend]: the sends of a value that leaves, from its xslot (SEND) */
   /* PipeFB: stashed values to and from the other chain, per slot, and the weights; their own communicator. */
   MPI_Comm fcomm;
   MPI_Request *ssreq, *srreq, *wreq; /* [nslots][nstash_send], [nslots][nstash_recv], [max(nwsend, nwrecv)] */
@@ -261,6 +262,7 @@ void optstore_close(Run *r);
 /* Copies bytes of the state's file at off to host (write 0) or from it (1), once the update's copies are done. */
 void optstore_io(Run *r, int write, void *host, int64_t bytes, int64_t off);
 void wait_xslot_free(Run *r, int xslot);
+void wait_xslot_sends(Run *r, int xslot);
 void wait_xslot_in(Run *r, int xslot);
 void do_offload(Run *r, const PrAction *a);
 void do_prefetch(Run *r, const PrAction *a);

@@ -31,7 +31,15 @@ with its reason: then it is counted as a pinned refusal ("refused (pinned) -
 CASE: REASON", tests/tally.py), never as passed, and a pinned case that plans
 fails ("unpin it").  --quick (make test) runs a few cases; with no flag (make
 test-memory) every sample model at n = 2 and 4 under 1f1b and zb1 with each
-target.  Run with /usr/bin/python3."""
+target.
+
+Values at the cuts (issue 37): a residual CNN made here (make_rescnn: a stem and three
+residual blocks of 16 channels on 16x16 inputs, written with torch) whose busiest stage
+is dominated by the values it receives and sends.  Its cases plan at 50% of the busiest
+plain arena (the limit on every rank for the file target, on the first half of the ranks
+for peer), and check besides the above that the plan moves values at the cuts (a sent or
+received value offloaded or recomputed, or held only while in flight).  Run with
+/usr/bin/python3."""
 import csv
 import json
 import os
@@ -59,13 +67,18 @@ TARGETS = {
 # Every sample model and the data it trains on; the full matrix (make test-memory) runs each.
 DATA = {"mlp": "mnist", "lenet": "mnist", "resnet": "cifar", "gpt": "tokens", "gpt_opset17": "tokens", "densenet": "cifar",
         "inception": "cifar"}
+# Models this suite writes itself (name -> path, filled by main) and the data they train on.
+MADE = {}
+MADE_DATA = {"rescnn": "img16"}
 
 # Cases with no memory plan to check, and why (each is still run: it must be refused or move nothing).
 EXPECTED = {
-    ("mlp", 4, "1f1b", "recompute"): "its recompute floor equals the plain need: the fullest stage's stash is its received "
-                                     "input, which cannot be recomputed, so no limit lies between",
     ("lenet", 2, "1f1b", "peer"): "with rank 1 unlimited the plain cut fits at every limit tried by moving nodes onto rank 1, "
                                   "and no offloading cut is faster",
+    ("rescnn", 4, "zb1", "file@"): "under zb1 the leanest file plan needs 58% of the busiest plain arena (1822976 of 3126592 "
+                                   "bytes), and what fills it is not at the cuts: the gradients zb1's I passes to W (one ring copy "
+                                   "per slot, 512 KiB), the cut's gradients waiting for W (3 gslot copies, 384 KiB), 3 xslot "
+                                   "copies (W reads stashed values, so a micro-batch holds its xslot until W) and the temporaries",
 }
 
 
@@ -80,7 +93,7 @@ def run(cmd, **kw):
 
 
 def compile_plan(model, n, sched, out, extra=(), devices=DEVICES):
-    return run([PIPECC, os.path.join(ROOT, "onnx_models", model + ".onnx"), "-n", str(n), "--schedule", sched,
+    return run([PIPECC, MADE.get(model) or os.path.join(ROOT, "onnx_models", model + ".onnx"), "-n", str(n), "--schedule", sched,
                 "--batch", "32", "--microbatches", "8", "--devices", devices, "-o", out, *extra])
 
 
@@ -92,6 +105,68 @@ def half_limited(tmp, n, lim):
         f.write("rank * flops=50G\n" + "".join(f"rank {r} flops=50G mem={lim}\n" for r in range((n + 1) // 2)) +
                 "link * bandwidth=5G latency=2us\nmemcpy bandwidth=10G\n")
     return path
+
+
+def make_rescnn(path):
+    """A small residual CNN (issue 37's case): stem Conv(3->16, 3x3, pad 1) + Relu on 16x16 inputs, three
+    blocks relu(x + conv2(relu(conv1(x)))) of 16 channels, flatten, Linear(16*16*16 -> 10); ONNX opset 14 with a
+    dynamic batch axis.  Its stages' busiest arena is mostly the values crossing its cuts."""
+    import torch
+    import torch.nn as nn
+
+    class Block(nn.Module):
+        def __init__(self, c):
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, c, 3, padding=1)
+
+        def forward(self, x):
+            return torch.relu(x + self.c2(torch.relu(self.c1(x))))
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Conv2d(3, 16, 3, padding=1)
+            self.blocks = nn.Sequential(*[Block(16) for _ in range(3)])
+            self.fc = nn.Linear(16 * 16 * 16, 10)
+
+        def forward(self, x):
+            return self.fc(torch.flatten(self.blocks(torch.relu(self.stem(x))), 1))
+
+    torch.manual_seed(0)
+    torch.onnx.export(Net(), torch.randn(2, 3, 16, 16), path, opset_version=14, input_names=["input"], output_names=["logits"],
+                      dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}})
+    return path
+
+
+def make_img16(path, n=512):
+    """NumPy data for make_rescnn's model: x.npy float32 [n, 3, 16, 16], y.npy int64 labels (0..3, learnable from x)."""
+    import numpy as np
+    os.makedirs(path, exist_ok=True)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, 3, 16, 16)).astype(np.float32)
+    y = 2 * (x[:, 0, :4, :4].sum(axis=(1, 2)) > 0) + (x[:, 1, :4, :4].sum(axis=(1, 2)) > 0)
+    np.save(os.path.join(path, "x.npy"), x)
+    np.save(os.path.join(path, "y.npy"), y.astype(np.int64))
+    return path
+
+
+def cut_values_moved(out, sent_only=False):
+    """The values at the cuts the plan moves: (stage, tensor, fate) for each sent or received value (sent_only: sent)
+    whose fate is not kept (plan.json's memory_plan values against each stage's send and recv lists)."""
+    got = []
+    for sp in json.load(open(os.path.join(out, "plan.json")))["stage_plans"]:
+        cut = {v["name"] for v in sp.get("send", []) + ([] if sent_only else sp.get("recv", []))}
+        got += [(sp["stage"], v["tensor"], v["fate"]) for v in (sp.get("memory_plan") or {}).get("values", []) if v["tensor"] in cut]
+    return got
+
+
+def passed_through(out):
+    """(stage, tensor, fate) of each value a stage receives and sends on whose fate is not kept."""
+    got = []
+    for sp in json.load(open(os.path.join(out, "plan.json")))["stage_plans"]:
+        through = {v["name"] for v in sp.get("recv", [])} & {v["name"] for v in sp.get("send", [])}
+        got += [(sp["stage"], v["tensor"], v["fate"]) for v in (sp.get("memory_plan") or {}).get("values", []) if v["tensor"] in through]
+    return got
 
 
 def arenas(out):
@@ -182,8 +257,16 @@ def file_copies(tag, out, data, tmp, odir, p_losses, p_model, stdout):
         run(["umount", tiny])
 
 
-def case(model, n, sched, target, fracs, tmp, data, plain_cache):
-    tag = f"{model} n={n} {sched} {target}"
+def case(model, n, sched, target, fracs, tmp, data, plain_cache, at_fracs=False, want=None, copies=True):
+    """at_fracs: the limits are the fractions `fracs` of the busiest plain arena for this target too (not
+    its floor to the plain need), and values at the cuts must be among those that move.  want: a fate
+    ("offloaded", "recomputed") that a value this stage sends (and its backward reads) must have in the plan,
+    or "through": a value a stage receives and sends on leaves its ring (offloaded or in flight); the first of
+    the fractions whose plan has one is taken.  copies: a file target's copies are checked by both
+    backends and against a full directory too (file_copies)."""
+    at_fracs = at_fracs or want is not None
+    tag = f"{model} n={n} {sched} {target}" + (f" at {', '.join(f'{f:.0%}' for f in fracs)}" if at_fracs else "")
+    tag += ", a value passed through" if want == "through" else f", a sent value {want}" if want else ""
     key = (model, n, sched)
 
     def plain(conv):
@@ -210,7 +293,7 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache):
     odir = os.path.join(tmp, "offload")
     os.makedirs(odir, exist_ok=True)
     flags = [f.format(dir=odir) for f in TARGETS[target]]
-    if target == "auto":
+    if target == "auto" or at_fracs:
         limits = [int(busiest * f) for f in fracs]
         base = f"{', '.join(f'{f:.0%}' for f in fracs)} of the busiest plain arena ({busiest} bytes)"
     else:
@@ -227,15 +310,21 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache):
     # The first limit whose plan moves something (OFFLOAD or RECOMPUTE actions); failing that, the first
     # whose plan keeps values in xslots (a stage whose micro-batches go straight to their backward
     # needs one copy instead of a ring: memory saved, nothing moved).
-    out, limit, errors, fallback = os.path.join(tmp, f"{model}.{n}.{sched}.{target}"), None, [], None
+    suffix = ('.at' if at_fracs else '') + (f'.{want}' if want else '')
+    out, limit, errors, fallback = os.path.join(tmp, f"{model}.{n}.{sched}.{target}{suffix}"), None, [], None
     for lim in limits:
         if target == "peer":  # the limit on the first half of the ranks, none on the rest (their hosts)
             r = compile_plan(model, n, sched, out, flags, half_limited(tmp, n, lim))
         else:
             r = compile_plan(model, n, sched, out, ["--mem-limit", str(lim), *flags])
-        if r.returncode == 0 and memory_actions(out):
+        sent = want is None or (r.returncode == 0 and (passed_through(out) if want == "through" else
+                                                        any(f == want for _, _, f in cut_values_moved(out, sent_only=True))))
+        if r.returncode == 0 and memory_actions(out) and sent:
             limit = lim
             break
+        if r.returncode == 0 and not sent:
+            errors.append(f"{lim}: no " + ("value passed through leaves" if want == "through" else f"sent value {want}"))
+            continue
         if r.returncode == 0 and fallback is None and any(s.get("memory_plan", {}).get("xslots", 0) for s in
                                                            json.load(open(os.path.join(out, "plan.json")))["stage_plans"]):
             fallback = lim
@@ -245,11 +334,12 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache):
         r = compile_plan(model, n, sched, out, ["--mem-limit", str(limit), *flags] if target != "peer" else flags,
                          DEVICES if target != "peer" else half_limited(tmp, n, limit))
         print(f"# {tag}: nothing moves at any limit tried; checking the plan at {limit}, which keeps values in xslots")
-    if key + (target,) in EXPECTED:   # pinned: no memory plan (a refusal, counted as one, never as passed)
+    pin = key + (target + ("@" if at_fracs else "") + (want or ""),)
+    if pin in EXPECTED:   # pinned: no memory plan (a refusal, counted as one, never as passed)
         if limit is None:
-            tally.refused(f"{tag}: no memory plan", f"{EXPECTED[key + (target,)]} ({'; '.join(errors) or 'no limit between'})")
+            tally.refused(f"{tag}: no memory plan", f"{EXPECTED[pin]} ({'; '.join(errors) or 'no limit between'})")
         else:
-            check(False, f"{tag}: pinned as having no memory plan ({EXPECTED[key + (target,)]}), but it plans at {limit}: unpin it")
+            check(False, f"{tag}: pinned as having no memory plan ({EXPECTED[pin]}), but it plans at {limit}: unpin it")
         return
     if not check(limit is not None, f"{tag}: plans under one of {base} and moves something ({'; '.join(errors) or 'no limit between'})"):
         return
@@ -264,7 +354,11 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache):
     plan = json.load(open(os.path.join(out, "plan.json")))
     mp = [s.get("memory_plan", {}) for s in plan["stage_plans"]]
     check(any(m.get("xslots", 0) for m in mp), f"{tag}: plan.json states the memory plan (xslots, fates)")
-    res = train(out, data, tmp, f"{model}.{n}.{sched}.{target}")
+    if at_fracs:
+        moved = cut_values_moved(out)
+        check(moved, f"{tag} limit {limit} ({limit / busiest:.1%} of the busiest plain arena {busiest}): values at the cuts leave "
+                     f"their rings ({moved})")
+    res = train(out, data, tmp, f"{model}.{n}.{sched}.{target}{suffix}")
     if not res:
         return
     losses, saved, rows, stdout = res
@@ -274,7 +368,7 @@ def case(model, n, sched, target, fracs, tmp, data, plain_cache):
             if r["rss_peak_bytes"] > b + p["rss_overhead_bytes"] + SLACK]
     check(not over and len(rows) == n, f"{tag}: every stage's peak RSS is at most the limit plus the plain run's overhead "
                                        f"(stage, peak, allowed: {over})")
-    if target == "file":
+    if target == "file" and copies:
         file_copies(tag, out, data, tmp, odir, p_losses, p_model, stdout)
 
 
@@ -309,19 +403,36 @@ def main():
         data["tokens"] = os.path.join(tmp, "tokens.bin")
         run([DATAGEN, "tokens", data["tokens"], "--n", "20000"])
         infeasible(tmp)
+        only = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")]  # --only=gpt: one model's cases
+        if not only or "rescnn" in only:
+            MADE["rescnn"] = make_rescnn(os.path.join(tmp, "rescnn.onnx"))
+            data["img16"] = make_img16(os.path.join(tmp, "img16"))
         plain = {}
         if quick:
             cases = [("lenet", 4, "1f1b", t, (0.9, 0.8, 0.7)) for t in ("peer", "file", "recompute", "peer-all")]
             cases += [("gpt", 2, "zb1", "recompute", (0.9, 0.8)), ("resnet", 4, "1f1b", "auto", (0.5,))]
+            # (the file copies' backends and a full directory: LeNet's file case above)
+            cases += [("rescnn", 4, "1f1b", "file", (0.5,), True, None, False),
+                      ("rescnn", 4, "1f1b", "recompute", (0.6, 0.7), True, "recomputed")]
         else:
             cases = [(m, n, s, t, (0.9, 0.8, 0.7, 0.6)) for m in DATA for n in (2, 4)
                      for s in ("1f1b", "zb1") for t in ("peer", "file", "recompute")]
             cases += [(m, 4, "1f1b", "auto", (0.5,)) for m in ("gpt", "resnet")]
-        only = [a.split("=", 1)[1] for a in sys.argv if a.startswith("--only=")]  # --only=gpt: one model's cases
-        for model, n, sched, target, fracs in cases:
+            # Values at the cuts: the residual CNN at 50% of its busiest plain arena; a value it sends offloaded (to
+            # the file, to a peer) or recomputed; and each target from its floor.
+            cases += [("rescnn", 4, s, t, (0.5,), True) for s in ("1f1b", "zb1") for t in ("file", "peer")]
+            cases += [("rescnn", 4, "1f1b", "file", (0.55, 0.6, 0.65), True, "offloaded"),
+                      ("rescnn", 4, "1f1b", "peer", (0.5, 0.6), True, "offloaded"),
+                      ("rescnn", 4, "1f1b", "recompute", (0.6, 0.7), True, "recomputed"),
+                      ("rescnn", 4, "zb1", "file", (0.6, 0.65), True, "offloaded"),
+                      ("rescnn", 4, "zb1", "peer", (0.5, 0.55), True, "offloaded"),
+                      ("rescnn", 4, "zb1", "recompute", (0.7, 0.75), True, "recomputed"),
+                      ("rescnn", 8, "1f1b", "file", (0.5, 0.6), True, "through")]  # n = 8: stages that pass values on
+            cases += [("rescnn", 4, s, t, (0.9, 0.8, 0.7, 0.6)) for s in ("1f1b", "zb1") for t in ("file", "recompute", "peer")]
+        for model, n, sched, target, fracs, *at in cases:
             if only and model not in only:
                 continue
-            case(model, n, sched, target, fracs, tmp, data[DATA[model]], plain)
+            case(model, n, sched, target, fracs, tmp, data[MADE_DATA.get(model) or DATA[model]], plain, *at)
     return tally.finish()
 
 

@@ -156,6 +156,38 @@ static void deadlock(Schedule *sc) {
   sc->act[1][f] = moved;
 }
 
+/* The memory plan on rank 1: micro-batch 0's values, a sent one among them, leave through xslot 0
+ * (F0 and SEND0 in it, OFFLOAD0 after the SEND, or before it when `early`, PREFETCH0 before B0). */
+static void xslot_send(Schedule *sc, int early) {
+  static int nx[4];
+  static Action buf[256];
+  nx[1] = 1, sc->nxslots = nx;
+  int n = 0;
+  for (int k = 0; k < sc->nact[1]; k++) {
+    Action a = sc->act[1][k];
+    int mine = a.mb == 0 && (a.kind == ACT_F || a.kind == ACT_SEND || a.kind == ACT_B);
+    if (mine) a.xslot = 0;
+    if (a.kind == ACT_B && a.mb == 0) buf[n] = action_make(ACT_PREFETCH, 0), buf[n].xslot = 0, buf[n++].peer = -1;
+    if (early && a.kind == ACT_SEND && a.mb == 0) buf[n] = action_make(ACT_OFFLOAD, 0), buf[n].xslot = 0, buf[n++].peer = -1;
+    buf[n++] = a;
+    if (!early && a.kind == ACT_SEND && a.mb == 0) buf[n] = action_make(ACT_OFFLOAD, 0), buf[n].xslot = 0, buf[n++].peer = -1;
+  }
+  sc->act[1] = buf, sc->nact[1] = n;
+}
+static void xslot_offload_early(Schedule *sc) { xslot_send(sc, 1); }
+
+static void xslot_send_case(void) {
+  Pool pool = {0};
+  StageCost c[4];
+  unit_costs(c, 4, 1);
+  Schedule sc;
+  schedule_build(&sc, SCHED_1F1B, 4, 8, 0, c, &pool);
+  xslot_send(&sc, 0);
+  CHECK(!schedule_validate(&sc), "a value sent from an xslot, OFFLOAD after its SEND, passes the validator (%s)\n", err_msg());
+  err_clear();
+  pool_free(&pool);
+}
+
 /* The paper's figure: n = 4, m = 8, F = I = W = 1 takes 27 units (1F1B 33). */
 static void zb1_paper_case(void) {
   Pool pool = {0};
@@ -704,6 +736,8 @@ int main(void) {
   rejects("a missing SEND", drop_send, 1, "SEND3");
   rejects("a slot reused while live", reuse_slot, 1, "still holds");
   rejects("a deadlock", deadlock, 2, "deadlock");
+  xslot_send_case();
+  rejects("an OFFLOAD before the SEND from its xslot", xslot_offload_early, 1, "comes before SEND0");
   chunked_case();
   return check_finish();
 }
