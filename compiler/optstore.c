@@ -162,8 +162,10 @@ double optstore_bwd_time(const StageProg *sp, double bwd_s, double bw, double la
   int pieces = 0;
   for (int i = 0; i < sp->nparams; i++)
     if (optstore_grad_ok(sp, i)) pieces += (int)((sp->bufs[sp->pgrad[i]].bytes + piece_bytes(sp, i, sp->grad_banded) - 1) / piece_bytes(sp, i, sp->grad_banded));
-  /* The first piece's read and the last one's write are not hidden behind the backward's compute; each piece waits once. */
-  double edges = 2 * lat * pieces + (double)sp->grad_stage_bytes / bw;
+  /* Each piece's copies (and their latency) run beside the calls before it: only what exceeds the backward's compute
+   * shows, and the first piece's read and the last one's write, which nothing hides. */
+  t += 2 * lat * pieces;
+  double edges = 2 * lat + (double)sp->grad_stage_bytes / bw;
   return (t > bwd_s ? t - bwd_s : 0) + edges;
 }
 
