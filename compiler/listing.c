@@ -191,10 +191,16 @@ static void stage_text(const Plan *p, int s, Buf *b) {
     for (int k = a; k < e; k++) hit += p->costs->src[k];
     buf_printf(b, "  costs        %d of %d nodes from the kernel cache, %d from the FLOP model\n", hit, e - a, e - a - hit);
   }
+  /* The memory plan's xslot copies and a peer's store are parts of the arena too (memplan.c). */
+  const StageProg *mp = p->progs && !p->rprogs ? &p->progs[s] : NULL;
+  const char *more = !mp || !(mp->mem_leaving + mp->mem_store) ? ""
+      : pool_printf((Pool *)&p->g.pool, "%s%s%s%s", mp->mem_leaving ? " + leaving values' xslots " : "",
+                    mp->mem_leaving ? fmt_bytes((double)mp->mem_leaving) : "", mp->mem_store ? " + a peer's store " : "",
+                    mp->mem_store ? fmt_bytes((double)mp->mem_store) : "");
   buf_printf(b, "  memory       %s (%.0f bytes) = weights %s + grads %s + optimizer %s + %s %s + crossing values %s + "
-                "temporaries %s (%d ring cop%s, %d micro-batch%s in flight)\n",
+                "temporaries %s%s (%d ring cop%s, %d micro-batch%s in flight)\n",
              fmt_bytes(c->mem_total), c->mem_total, fmt_bytes(c->mem_params), fmt_bytes(c->mem_grads), fmt_bytes(c->mem_opt),
-             p->role[s] == ROLE_FWD ? "stash on its way to the backward ranks" : "kept for backward", fmt_bytes(c->mem_stash), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work), c->copies, c->copies == 1 ? "y" : "ies",
+             p->role[s] == ROLE_FWD ? "stash on its way to the backward ranks" : "kept for backward", fmt_bytes(c->mem_stash), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work), more, c->copies, c->copies == 1 ? "y" : "ies",
              c->inflight, c->inflight == 1 ? "" : "es");
   if (c->mem_versions > 0)
     buf_printf(b, "  versions     + %s: %d older cop%s of the weights region for the steps still computing on them (async)\n",
