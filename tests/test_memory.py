@@ -412,8 +412,7 @@ def main():
             cases = [("lenet", 4, "1f1b", t, (0.9, 0.7)) for t in ("peer", "file", "recompute", "peer-all")]
             cases += [("gpt", 2, "zb1", "recompute", (0.9, 0.8)), ("resnet", 4, "1f1b", "auto", (0.5,))]
             # (the file copies' backends and a full directory: LeNet's file case above)
-            cases += [("rescnn", 4, "1f1b", "file", (0.5,), True, None, False),
-                      ("rescnn", 4, "1f1b", "recompute", (0.6,), True, "recomputed")]
+            cases += [("rescnn", 4, "1f1b", "file", (0.5,), True, None, False)]  # a sent value recomputed: the full run
         else:
             cases = [(m, n, s, t, (0.9, 0.8, 0.7, 0.6)) for m in DATA for n in (2, 4)
                      for s in ("1f1b", "zb1") for t in ("peer", "file", "recompute")]
