@@ -248,10 +248,12 @@ typedef struct Piece {
 
 /* The stored gradients' pieces in the order their writers run (out NULL: only counted). */
 static int pieces_of(const StageProg *sp, Piece *out) {
-  int n = 0;
+  int n = 0, *wr = malloc(sizeof(int) * (size_t)(sp->nparams + 1)); /* each stored gradient's writer, found once */
+  if (!wr) abort();
+  for (int i = 0; i < sp->nparams; i++) wr[i] = sp->pgrad[i] >= 0 && sp->bufs[sp->pgrad[i]].in_store ? grad_writer(sp, i) : -1;
   for (int j = 0; j < sp->nbwd; j++)
     for (int i = 0; i < sp->nparams; i++) {
-      if (sp->pgrad[i] < 0 || !sp->bufs[sp->pgrad[i]].in_store || grad_writer(sp, i) != j) continue;
+      if (wr[i] != j) continue;
       const Buffer *g = &sp->bufs[sp->pgrad[i]];
       int64_t cols = 0;
       int band = sp->grad_banded ? band_rows(sp, i, &cols) : 0;
@@ -266,6 +268,7 @@ static int pieces_of(const StageProg *sp, Piece *out) {
         if (out) out[n] = (Piece){j, i, (int)r, (int)r1, g->offset + r * cols * 4, (r1 - r) * cols};
       }
     }
+  free(wr);
   return n;
 }
 
