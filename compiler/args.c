@@ -28,6 +28,9 @@ static void usage(FILE *f) {
         "\n"
         "  -n N                  pipeline stages, one MPI rank each (default 1)\n"
         "  -o DIR                output directory (default: MODEL.pipe)\n"
+        "  --replicas R          R copies of the pipeline side by side (N x R ranks), each training B / R of the\n"
+        "                        batch; a stage's weight gradients are summed over its R ranks in replica order\n"
+        "                        before the update, overlapped with the last backward (default 1; docs/replicas.md)\n"
         "  --schedule KIND       gpipe, 1f1b, zb1 (zero-bubble ZB-H1), pipefb (forwards and backwards on\n"
         "                        different ranks), async (never drains; weights --staleness K old), or auto (gpipe,\n"
         "                        1f1b and zb1 each planned, the fastest predicted that fits kept); default 1f1b;\n"
@@ -177,6 +180,10 @@ static int flag_plan(Options *o, const char *a, const char *val, int *i, const c
     NEEDVAL();
     if (parse_int(val, 1, MAX_RANKS, &v)) return bad("-n '%s': expected a whole number of stages from 1 to 1024%s", val, "");
     o->nstages = (int)v;
+  } else if (!strcmp(a, "--replicas")) {
+    NEEDVAL();
+    if (parse_int(val, 1, MAX_RANKS, &v)) return bad("--replicas '%s': expected a whole number of pipeline copies from 1 to 1024%s", val, "");
+    o->replicas = (int)v;
   } else if (!strcmp(a, "-o")) {
     NEEDVAL();
     if (!*val) return bad("-o needs a directory name%s%s", "", "");
@@ -360,6 +367,24 @@ static int check_chunks(Options *o, const char *moves_given) {
   return -1;
 }
 
+/* --replicas R: S x R ranks, and the combinations not supported yet.  -1 when all is well, else the exit status. */
+static int check_replicas(Options *o) {
+  if (!o->replicas) o->replicas = 1;
+  if (o->replicas == 1) return -1;
+  char rbuf[32], nbuf[32];
+  snprintf(rbuf, sizeof rbuf, "%d", o->replicas), snprintf(nbuf, sizeof nbuf, "%d", opt_ranks(o));
+  if ((long)opt_ranks(o) * o->replicas > MAX_RANKS) return bad("-n %s x --replicas %s: more than 1024 ranks", nbuf, rbuf);
+  const char *why = o->forward_only ? "--forward-only: its programs do not train"
+                    : o->schedule == SCHED_ASYNC ? "--schedule async: its updates are not summed over replicas yet"
+                    : o->schedule == SCHED_PIPEFB ? "--schedule pipefb: its backward ranks are not replicated yet"
+                    : sched_chunked(o->schedule) ? "--schedule interleaved or zbv: stages of several chunks per rank are not replicated yet"
+                    : o->opt_offload != OPTOFF_NONE ? "--offload-optimizer: gradients in a file are not summed over replicas yet"
+                    : !strcmp(o->target, "cuda") ? "--target cuda: the GPU's gradients are not summed over replicas yet"
+                    : NULL;
+  if (why) return bad("--replicas %s with %s", rbuf, why);
+  return -1;
+}
+
 /* A model given, the flags that only some schedules take, and --offload file:'s directory: -1 when
  * all is well, else the exit status. */
 static int check_flags(Options *o, const char *moves_given) {
@@ -413,6 +438,7 @@ static int check_flags(Options *o, const char *moves_given) {
     if (stat(o->opt_offload_dir, &st) || !S_ISDIR(st.st_mode) || access(o->opt_offload_dir, W_OK | X_OK))
       return bad("--offload-optimizer file:%s: not a writable directory%s", o->opt_offload_dir, "");
   }
+  if (check_replicas(o) >= 0) return 2;
   if (o->offload == OFFLOAD_FILE) {
     struct stat st;
     if (stat(o->offload_dir, &st) || !S_ISDIR(st.st_mode) || access(o->offload_dir, W_OK | X_OK))

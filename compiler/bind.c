@@ -13,20 +13,29 @@ int bind_inputs(Plan *p) {
     if (t->declared_rank >= 1 && t->declared_dims[0] > 0) declared = t->declared_dims[0];
   }
   int64_t batch = p->opt.batch > 0 ? p->opt.batch : declared > 0 ? declared : 32;
+  /* --replicas R: each copy of the pipeline trains batch / R of the (global) batch, in M micro-batches. */
+  int R = p->opt.replicas > 1 ? p->opt.replicas : 1;
+  if (batch % R)
+    return err_set("--batch %lld is not divisible by --replicas %d (each replica trains an equal share of the batch)", (long long)batch, R);
+  int64_t share = batch / R;
   int m = p->opt.microbatches;
   if (m <= 0) {
-    /* Default: one micro-batch per stage twice over, as a divisor of the batch. */
+    /* Default: one micro-batch per stage twice over, as a divisor of the batch (a replica's share). */
     m = 1;
     if (p->opt.nstages > 1)
-      for (m = 2 * p->opt.nstages; m < batch && batch % m; m++) {
+      for (m = 2 * p->opt.nstages; m < share && share % m; m++) {
       }
-    if (m > batch) m = (int)batch;
+    if (m > share) m = (int)share;
   }
-  if (batch % m)
+  if (share % m) {
+    if (R > 1)
+      return err_set("--batch %lld over --replicas %d is %lld samples per replica, not divisible by --microbatches %d", (long long)batch, R,
+                     (long long)share, m);
     return err_set("--batch %lld is not divisible by --microbatches %d", (long long)batch, m);
+  }
   p->batch = batch;
   p->opt.microbatches = m;
-  p->mb_size = batch / m;
+  p->mb_size = share / m;
   for (int i = 0; i < g->ninputs; i++) {
     Tensor *t = &g->t[g->inputs[i]];
     t->rank = t->declared_rank;

@@ -37,6 +37,7 @@
 #include "pipefb.h"
 #include "planq.h"
 #include "price.h"
+#include "replica.h"
 #include "profile.h"
 #include "rtpath.h"
 #include "spec.h"
@@ -136,6 +137,7 @@ static void set_problem(Plan *p, double *arr[6]) {
   if (p->direct) pr->gaps = p->gaps, pr->ngaps = p->ngaps;
   pr->nstages = o->nstages, pr->microbatches = p->opt.microbatches, pr->schedule = o->schedule;
   pr->opt_state_per_param = p->opt_slots;
+  pr->reduce_share = p->opt.replicas > 1 ? (double)(p->opt.replicas - 1) / p->opt.replicas : 0;
   pr->machine = &p->machine;
   /* --chunks V: a rank's V stages share its limit; each is cut to its share (plan_stage_limit), the joined
    * arena checked whole (stash.c). */
@@ -257,6 +259,8 @@ static int pass_partition(Plan *p) {
 static int pass_schedule(Plan *p) {
   const Options *o = &p->opt;
   if (build_schedule(p, &p->sched, p->part.cost)) return -1;
+  replica_costs(p, p->part.cost, o->nstages);
+  replica_actions(&p->sched, o->replicas, &p->g.pool);
   p->sched.cores = plan_core_groups(p);
   if (p->direct) plan_route_peers(p, &p->sched);
   /* A rank of several threads is not pinned to one core (the runtime pins only single-threaded ranks). */
@@ -456,6 +460,7 @@ static int pass_programs(Plan *p, int more) {
   if (side == SIDE_PROGRAMS) return report_error("%s: %s (--plan-only writes the plan and listing alone)", model, err_msg());
   if (side) return report_error("%s: %s", model, err_msg());
   int rc = arena_guard(p);
+  for (int s = 0; !rc && p->progs && s < p->opt.nstages; s++) replica_buckets(p, &p->progs[s], &p->g.pool);
   /* What each stage's program states, decided once: the renderers print it, plan.json states its messages. */
   if (!rc) spec_all(p);
   return rc;
@@ -506,6 +511,7 @@ static int compile(const Options *o, int more) {
 /* Why a chunked candidate is not planned where args.c would refuse its flags ("" when it is planned). */
 static const char *chunked_unplanned(const Options *o) {
   if (o->forward_only) return "--forward-only";
+  if (o->replicas > 1) return "stages of several chunks per rank are not replicated yet";
   if (o->offload != OFFLOAD_AUTO || !o->recompute) return "stages of several chunks per rank do not offload or recompute yet";
   return "";
 }

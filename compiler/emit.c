@@ -129,8 +129,10 @@ static int emit_scripts(const Plan *p, const StageProg *progs, OutDir *d) {
   for (int s = 0; s < n; s++) {
     buf_printf(&stages, " stage_%d", s);
     if (progs[s].arena_bytes >= (int64_t)1 << 30) buf_printf(&large, " stage_%d", s); /* the Makefile's LARGE_STAGES */
-    buf_printf(&mpmd, " %s-n 1 \"$here/stage_%d\" ${prog[@]+\"${prog[@]}\"}", s ? ": " : "", s);
   }
+  /* --replicas R: world rank k x n + s runs stage s of replica k (runtime/replica.c). */
+  for (int k = 0; k < (p->opt.replicas > 1 ? p->opt.replicas : 1); k++)
+    for (int s = 0; s < n; s++) buf_printf(&mpmd, " %s-n 1 \"$here/stage_%d\" ${prog[@]+\"${prog[@]}\"}", k || s ? ": " : "", s);
   char nst[16];
   snprintf(nst, sizeof nst, "%d", n);
   /* For a freeze event's re-plan: the directory pipecc ran in (relative to DIR, so that the directory

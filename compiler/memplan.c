@@ -113,6 +113,19 @@ static int by_start(const void *a, const void *b) {
   return (x->lo > y->lo) - (x->lo < y->lo);
 }
 
+/* --replicas R: after the weight gradients [grad_lo, off), room for the other R - 1 replicas' copies of
+ * this rank's shard of them (replica.c): the region's end. */
+static int64_t place_reduce(const Plan *p, StageProg *sp, int64_t off) {
+  int R = p->opt.replicas;
+  sp->grad_hi = off;
+  sp->reduce_base = off, sp->reduce_bytes = 0;
+  if (R <= 1 || off == sp->grad_lo) return off;
+  int64_t floats = (off - sp->grad_lo) / 4, shard = (floats + R - 1) / R;
+  sp->reduce_bytes = up((R - 1) * shard * 4);
+  sp->mem_grads += sp->reduce_bytes;
+  return off + sp->reduce_bytes;
+}
+
 void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
   sp->nslots = nslots;
   sp->ngslots = ngslots;
@@ -126,6 +139,7 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
   int64_t off = 0;
   static const int order[] = {BUF_PARAM, BUF_PGRAD, BUF_OPT, BUF_RING, BUF_GRING, BUF_LABELS};
   for (size_t o = 0; o < sizeof order / sizeof order[0]; o++) {
+    if (order[o] == BUF_PGRAD) sp->grad_lo = off;
     for (int i = 0; i < sp->nbufs; i++) {
       Buffer *b = &sp->bufs[i];
       if (b->kind != order[o] || (b->kind == BUF_RING && b->fate != FATE_KEEP) || b->unused) continue;
@@ -149,6 +163,7 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
       sp->mem_versions = sp->wversion_stride * sp->nwversions;
       off += sp->mem_versions;
     }
+    if (order[o] == BUF_PGRAD) off = place_reduce(p, sp, off);
   }
   /* --offload-optimizer: the state's place in the store, in the same order. */
   sp->opt_store_bytes = 0;

@@ -243,7 +243,7 @@ void part_cost_sums(const PartProblem *p, int s, const PartSums *lo, const PartS
   o->copies = stage_copies(p->schedule, s, p->nstages, p->microbatches);
   o->gcopies = stage_gcopies(p->schedule, s, p->nstages, p->microbatches);
   o->mem_params = hi->param - lo->param;
-  o->mem_grads = o->mem_params;
+  o->mem_grads = o->mem_params * (1 + p->reduce_share);
   o->mem_opt = o->mem_params * p->opt_state_per_param;
   o->mem_stash = o->copies * (hi->stash - lo->stash);
   double last = hi->last ? hi->cut_bytes : 0; /* d(logits); the labels take no more than the logits */

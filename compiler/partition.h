@@ -42,6 +42,7 @@ typedef struct PartProblem {
   int nedges;
   int nstages, microbatches, schedule;
   double opt_state_per_param; /* optimizer slots per parameter: sgd 0, momentum 1, adam 2 */
+  double reduce_share;        /* --replicas R: (R - 1) / R, the other replicas' shards a rank sums, per gradient byte */
   const Machine *machine;
   double mem_limit;             /* per rank, bytes; 0 = none beyond the devices' own */
   /* The exact memory of stage s holding [i, j): the arena its program lays
@@ -98,6 +99,8 @@ typedef struct StageCost {
   double opt_stream;            /* of update: what streaming the optimizer state from its file adds (optstore.c) */
   double grad_stream;           /* of bwd (and bwd_w): what waiting for stored gradients adds per micro-batch */
   double mem_versions;          /* async: the older weight versions (schedasync.c) */
+  double reduce;                /* --replicas: the gradients' sum over replicas that the last backward does not hide (REDUCE_WAIT) */
+  double reduce_total;          /* ... and all of its time */
 } StageCost;
 
 typedef struct Partition {

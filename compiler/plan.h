@@ -43,6 +43,9 @@ typedef struct Options {
   /* --chunks V (interleaved, zbv): nstages is the V x nranks stages the model is cut into, rank r running
    * V of them (schedule.h, sched_stage); nranks is -n.  Every other schedule: chunks 1, nranks = nstages. */
   int chunks, nranks;
+  /* --replicas R: R copies of the S-stage pipeline side by side (S x R ranks), each training batch / R of
+   * the global batch, their weight gradients summed across a stage's R ranks before the update (replica.c). */
+  int replicas;
   int schedule_auto;      /* --schedule auto: each synchronous schedule planned, the fastest that fits kept (driver.c) */
   const struct SchedCand *cands; /* ... what each candidate's plan predicted, for the listing */
   int ncands;

@@ -169,6 +169,23 @@ static void render_header(Buf *o, const StageSpec *s) {
              (long long)s->arena_bytes, (long long)s->weights_bytes, s->nslots, s->ngslots);
 }
 
+/* --replicas: the region summed over the replicas and its buckets. */
+static void render_replicas(Buf *o, const StageSpec *s) {
+  buf_printf(o, "/* --replicas: REPLICAS copies of this stage run side by side, each on BATCH / MICROBATCHES x REPLICAS of\n"
+                " * the batch.  Before the update, the weight gradients [GRAD_LO, GRAD_HI) are summed over them in replica\n"
+                " * order: cut into REPLICAS shards, each summed by its owner, the other replicas' copies of this rank's\n"
+                " * shard landing from REDUCE_BASE.  A bucket's exchange starts in the step's last backward, at the\n"
+                " * k_grad_ready call after the last call that writes its gradients. */\n");
+  buf_printf(o, "enum { REPLICAS = %d, NBUCKETS = %d };\n#define GRAD_LO %lldLL\n#define GRAD_HI %lldLL\n#define REDUCE_BASE %lldLL\n\n",
+             s->replicas, s->nbuckets, (long long)s->grad_lo, (long long)s->grad_hi, (long long)s->reduce_base);
+  if (!s->nbuckets) return;
+  buf_printf(o, "/* The buckets, in the order the backward finishes them: {first byte, end byte} of the arena. */\n"
+                "static const PrBucket BUCKETS[NBUCKETS] = {\n");
+  for (int b = 0; b < s->nbuckets; b++)
+    buf_printf(o, "    {%lldLL, %lldLL},\n", (long long)s->buckets[b].lo, (long long)s->buckets[b].hi);
+  buf_printf(o, "};\n\n");
+}
+
 static void render_constants(Buf *o, const StageSpec *s) {
   buf_printf(o, "#include \"piperun.h\"\n%s\n", D->includes);
   buf_printf(o, "enum { STAGE = %d, NSTAGES = %d, MICROBATCHES = %d, MB_SIZE = %lld, BATCH = %lld, NSLOTS = %d, NGSLOTS = %d };\n",
@@ -207,6 +224,7 @@ static void render_constants(Buf *o, const StageSpec *s) {
                              " * (the next one's is read meanwhile) and writes it back after (k_grad_fetch, k_grad_put)." : "");
     buf_printf(o, "#define OPT_STORE_BYTES %lldLL\nenum { OPT_BLOCK = %lld };\n\n", (long long)s->opt_store_bytes, (long long)s->opt_block);
   }
+  if (s->replicas > 1) render_replicas(o, s);
 }
 
 static void render_buffers(Buf *o, const StageSpec *s) {
@@ -407,8 +425,11 @@ static const char *chain_fields(const StageSpec *s, Pool *tp) {
                     s->nstash_send ? "STASH_SEND" : "NULL", s->nstash_send, s->nstash_recv ? "STASH_RECV" : "NULL", s->nstash_recv,
                     s->nwsend ? "WSEND" : "NULL", s->nwsend, s->nwrecv ? "WRECV" : "NULL", s->nwrecv);
   const char *chunks = !s->nchunks ? "" : pool_printf(tp, "\n    .chunks = CHUNKS, .nchunks = %d,", s->nchunks);
-  return pool_printf(tp, "\n    .role = %s, .prev_rank = %d, .next_rank = %d, .loss_rank = %d, .nfrozen = %d, .nlayers = %d,%s%s", role[s->role],
-                     s->prev_rank, s->next_rank, s->loss_rank, s->nfrozen, s->nlayers, fb, chunks);
+  const char *rep = s->replicas <= 1 ? ""
+      : pool_printf(tp, "\n    .replicas = REPLICAS, .buckets = %s, .nbuckets = NBUCKETS, .grad_lo = GRAD_LO, .grad_hi = GRAD_HI, .reduce_base = REDUCE_BASE,",
+                    s->nbuckets ? "BUCKETS" : "NULL");
+  return pool_printf(tp, "\n    .role = %s, .prev_rank = %d, .next_rank = %d, .loss_rank = %d, .nfrozen = %d, .nlayers = %d,%s%s%s", role[s->role],
+                     s->prev_rank, s->next_rank, s->loss_rank, s->nfrozen, s->nlayers, fb, chunks, rep);
 }
 
 static const char *fn_or_null(const StageSpec *s, int fn) { return s->fn[fn].present ? s->fn[fn].name : "NULL"; }

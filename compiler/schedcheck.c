@@ -79,6 +79,7 @@ static int index_actions(Chk *c, int s) {
       if (k != sc->nact[s] - 1 || nupd++) return err_set("schedule: rank %d: UPDATE at action %d must be once and last", s, k);
       continue;
     }
+    if (a->kind == ACT_REDUCE || a->kind == ACT_REDUCE_WAIT) continue; /* check_reduce */
     if (a->kind < 0 || a->kind >= ACT_NKINDS || a->mb < 0 || a->mb >= m)
       return err_set("schedule: rank %d: action %d (%s) is not a valid action of %d micro-batches", s, k, action_str(a, b, sizeof b), m);
     if (chunk_ok(sc, s, k)) return -1;
@@ -193,10 +194,40 @@ static int check_local(Chk *c, int lo) {
   return 0;
 }
 
+/* --replicas: a rank that trains sums its weight gradients over the replicas once per step: REDUCE after
+ * every weight-gradient action (B, W) but the step's last and before that one (whose backward posts the
+ * buckets), REDUCE_WAIT after it and right before the UPDATE; with one replica neither. */
+static int check_reduce(const Schedule *sc, int s) {
+  int red = -1, wait = -1, last = -1, prev = -1, n = sc->nact[s];
+  for (int k = 0; k < n; k++) {
+    int kind = sc->act[s][k].kind;
+    if (kind == ACT_B || kind == ACT_W) prev = last, last = k;
+    if (kind != ACT_REDUCE && kind != ACT_REDUCE_WAIT) continue;
+    if (!sc->replicas) return err_set("schedule: rank %d: %s at action %d, but the plan has one replica", s, action_kind_name(kind), k);
+    if (sc->act[s][k].mb != -1) return err_set("schedule: rank %d: %s at action %d names micro-batch %d (it is once per step)", s, action_kind_name(kind), k, sc->act[s][k].mb);
+    int *at = kind == ACT_REDUCE ? &red : &wait;
+    if (*at >= 0) return err_set("schedule: rank %d: %s twice (actions %d and %d)", s, action_kind_name(kind), *at, k);
+    *at = k;
+  }
+  if (!sc->replicas || sc->forward_only || last < 0) {
+    if (sc->replicas && (red >= 0 || wait >= 0)) return err_set("schedule: rank %d: REDUCE or REDUCE_WAIT, but no weight-gradient action", s);
+    return 0;
+  }
+  if (red < 0 || wait < 0) return err_set("schedule: rank %d: %s missing: its weight gradients are never summed over the %d replicas", s,
+                                          red < 0 ? "REDUCE" : "REDUCE_WAIT", sc->replicas);
+  if (red > last || red < prev)
+    return err_set("schedule: rank %d: REDUCE at action %d must come after the weight-gradient action %d and before the step's last one (%d)",
+                   s, red, prev, last);
+  if (wait < last || wait != n - 2 || sc->act[s][n - 1].kind != ACT_UPDATE)
+    return err_set("schedule: rank %d: REDUCE_WAIT at action %d must come after the last weight-gradient action (%d) and right before the UPDATE",
+                   s, wait, last);
+  return 0;
+}
+
 static int check_rank(Chk *c, int s) {
   const Schedule *sc = c->sc;
   int V = sc->nchunks > 1 ? sc->nchunks : 1, S = sched_nvstages(sc);
-  if (index_actions(c, s)) return -1;
+  if (index_actions(c, s) || check_reduce(sc, s)) return -1;
   for (int ch = 0; ch < V; ch++)
     if (check_stage(c, s, ch)) return -1;
   for (int st = 0; st + 1 < S && V > 1; st++)

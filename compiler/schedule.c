@@ -304,6 +304,7 @@ static double duration(const Action *a, const StageCost *c) {
   case ACT_W: return c->bwd_w;
   case ACT_RECOMPUTE: return c->recompute;
   case ACT_UPDATE: return c->update;
+  case ACT_REDUCE_WAIT: return c->reduce;
   default: return 0; /* posting a message or a transfer: not modelled */
   }
 }

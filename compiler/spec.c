@@ -330,6 +330,9 @@ static void spec_memory(const Plan *p, const StageProg *sp, StageSpec *o) {
   o->opt_store_bytes = sp->opt_out ? sp->opt_store_bytes : 0;
   o->opt_block = sp->opt_block, o->opt_stage_bytes = sp->opt_stage_bytes, o->grad_out = sp->grad_out, o->ngrad_pieces = sp->ngrad_units;
   o->opt_dir = p->opt.opt_offload_dir ? p->opt.opt_offload_dir : "";
+  o->replicas = p->opt.replicas > 1 ? p->opt.replicas : 1;
+  o->nbuckets = o->replicas > 1 ? sp->nbuckets : 0, o->buckets = sp->buckets;
+  o->grad_lo = sp->grad_lo, o->grad_hi = sp->grad_hi, o->reduce_base = sp->reduce_base;
 }
 
 static void spec_loss(const StageProg *sp, StageSpec *o) {
@@ -346,7 +349,7 @@ static void spec_facts(const Plan *p, const StageProg *sp, StageSpec *o, int64_t
   int s = o->stage, n = p->opt.nstages, a = p->rbegin[s], e = p->rend[s];
   const StageCost *c = &p->part.cost[s];
   o->nstages = n, o->microbatches = p->opt.microbatches, o->role = p->role[s];
-  o->mb_size = p->mb_size, o->batch = p->batch, o->nslots = sp->nslots, o->ngslots = sp->ngslots;
+  o->mb_size = p->mb_size, o->batch = p->batch / (p->opt.replicas > 1 ? p->opt.replicas : 1), o->nslots = sp->nslots, o->ngslots = sp->ngslots;
   o->threads = p->opt.threads > 1 ? p->opt.threads : 1;
   o->arena_bytes = sp->arena_bytes, o->weights_bytes = sp->weights_bytes;
   o->model = g->path, o->version = PIPECC_VERSION;

@@ -112,6 +112,11 @@ typedef struct StageSpec {
   int64_t opt_store_bytes, opt_block, opt_stage_bytes;
   int grad_out, ngrad_pieces;
   const char *opt_dir;
+  /* --replicas R > 1 (replica.c): the weight gradients' region, where the other replicas' shards land, and
+   * the buckets it is summed in (replicas 1: none of it). */
+  int replicas, nbuckets;
+  int64_t grad_lo, grad_hi, reduce_base;
+  const Bucket *buckets;
   SpecBuffer *bufs;       /* one per program buffer, in order; unused ones have name NULL */
   int nbufs;
   char *shape_used;       /* per shape constant: some printed call names it */

@@ -124,6 +124,12 @@ typedef struct Crossing {
   int chunk;            /* a rank program of --chunks V: the chunk that receives or sends it */
 } Crossing;
 
+/* --replicas (replica.c): a bucket of the weight-gradient region, bytes [lo, hi) of the arena, final after
+ * backward call `ready` (-1: before the backward's first). */
+typedef struct Bucket {
+  int64_t lo, hi;
+  int ready;
+} Bucket;
 typedef struct StageProg {
   int stage;
   Buffer *bufs;
@@ -188,6 +194,12 @@ typedef struct StageProg {
    * a stage's own program. */
   int nchunks, loss_chunk;
   int *cstage, *cslots, *cgslots;
+  /* --replicas R (replica.c, memplan.c): the weight gradients' region [grad_lo, grad_hi) of the arena, summed
+   * over the replicas in buckets; the other replicas' copies of this rank's shard land in (R - 1) shards from
+   * reduce_base (reduce_bytes in all, counted in mem_grads). */
+  int64_t grad_lo, grad_hi, reduce_base, reduce_bytes;
+  Bucket *buckets;
+  int nbuckets;
 } StageProg;
 
 /* Appends a call to the forward (PH_FWD) or backward list, checking the

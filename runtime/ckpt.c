@@ -368,11 +368,12 @@ void save_checkpoint(Run *r, const char *dir) {
   char msg[1024] = "";
   /* Every stage checks before any writes: no stage file of a refused checkpoint is left behind. */
   agree(weights_finite(r, "a checkpoint", msg, sizeof msg) == 0, msg);
+  if (g_replica) return; /* --replicas: every replica holds the same weights and state; replica 0's stages write them */
   char sub[64];
   snprintf(sub, sizeof sub, "step-%08lld-%08x", (long long)r->step, r->run_id);
   CkptInfo mine = write_stage_file(r, dir, sub), *all = st->stage == 0 ? malloc(sizeof mine * (size_t)st->nstages) : NULL;
   MPI_Request req;
-  MPI_Igather(&mine, sizeof mine, MPI_BYTE, all, sizeof mine, MPI_BYTE, 0, MPI_COMM_WORLD, &req);
+  MPI_Igather(&mine, sizeof mine, MPI_BYTE, all, sizeof mine, MPI_BYTE, 0, g_pipe, &req);
   wait_watched(r, &req, 1, -1, "for every stage's checkpoint file");
   if (st->stage == 0) commit_manifest(r, dir, sub, all);
   free(all);

@@ -26,6 +26,14 @@ static void end_progress_line(void) {
 
 /* Writes one message line: tensor names come from the model, so a newline or
  * a terminal escape in one is printed as \n or \xNN, never raw. */
+/* "stage S", or with replicas "stage S of replica K": who a message is from (a static buffer). */
+const char *who_am_i(void) {
+  static char b[48];
+  if (g_nreplicas > 1) snprintf(b, sizeof b, "stage %d of replica %d", g_rank, g_replica);
+  else snprintf(b, sizeof b, "stage %d", g_rank);
+  return b;
+}
+
 void put_line(const char *prefix, const char *msg) {
   /* One write() per line: stderr is unbuffered and the stages share one
      terminal or pipe, so a line written piecewise interleaves with another
@@ -57,7 +65,7 @@ void die(int code, const char *fmt, ...) {
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
   va_end(ap);
-  snprintf(prefix, sizeof prefix, "piperun: stage %d: error: ", g_rank);
+  snprintf(prefix, sizeof prefix, "piperun: %s: error: ", who_am_i());
   put_line(prefix, msg);
   MPI_Abort(MPI_COMM_WORLD, code);
   exit(code);
@@ -65,14 +73,14 @@ void die(int code, const char *fmt, ...) {
 
 /* All ranks learn whether any failed, and print the first failure's message. */
 void agree(int ok, const char *msg) {
-  int bad = ok ? INT32_MAX : g_rank, first;
+  int bad = ok ? INT32_MAX : g_world_rank, first; /* the world's numbering: the Bcast's root */
   MPI_Allreduce(&bad, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (first == INT32_MAX) return;
   char buf[1024];
   snprintf(buf, sizeof buf, "%s", msg ? msg : "");
   MPI_Bcast(buf, sizeof buf, MPI_CHAR, first, MPI_COMM_WORLD);
   char prefix[96];
-  snprintf(prefix, sizeof prefix, "piperun: stage %d: error: %s", g_rank, first == g_rank ? "" : "(reported by another stage) ");
+  snprintf(prefix, sizeof prefix, "piperun: %s: error: %s", who_am_i(), first == g_world_rank ? "" : "(reported by another stage) ");
   put_line(prefix, buf);
   MPI_Finalize();
   exit(2);
@@ -98,7 +106,7 @@ void pr_bad_index(const char *node, const char *what, int64_t at, int64_t index,
 void on_signal(int sig) {
   char msg[96];
   if (g_line_open && write(1, "\n", 1) < 0) _exit(1); /* the progress line ends before the message */
-  int n = snprintf(msg, sizeof msg, "piperun: stage %d: stopped by signal %d (another stage failed?)\n", g_rank, sig);
+  int n = snprintf(msg, sizeof msg, "piperun: %s: stopped by signal %d (another stage failed?)\n", who_am_i(), sig);
   if (write(2, msg, (size_t)n) < 0) _exit(1);
   _exit(1);
 }

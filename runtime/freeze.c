@@ -214,7 +214,7 @@ static void load_freeze(Run *r, const char *sub) {
   agree(ok, msg);
   r->step = step;
   /* Begun: a later --resume of that directory is of this plan's checkpoints, not a re-plan. */
-  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Barrier(g_pipe);
   if (r->rank == 0) {
     char done[4500];
     snprintf(done, sizeof done, "%s.done", path);
@@ -247,7 +247,7 @@ void auto_freeze(Run *r) {
   }
   for (int l = 0; l < L; l++) r->gnorm[l] += sqrt(sq[l]);
   if ((r->step + 1) % r->a.freeze_every) return;
-  MPI_Allreduce(MPI_IN_PLACE, r->gnorm, L, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, r->gnorm, L, MPI_DOUBLE, MPI_SUM, g_pipe);
   int k = st->nfrozen;
   if (r->have_prev)
     while (k < L - 1 && r->gprev[k] > 0 && fabs(r->gnorm[k] - r->gprev[k]) / r->gprev[k] < r->a.freeze_threshold) k++;

@@ -99,6 +99,8 @@ static double run_action(Run *r, const PrAction *a) {
   case PR_RECV_STASH: do_recv_stash(r, a); break;
   case PR_SEND_WEIGHTS: do_send_weights(r); break;
   case PR_RECV_WEIGHTS: do_recv_weights(r); break;
+  case PR_REDUCE: do_reduce(r); break;
+  case PR_REDUCE_WAIT: do_reduce_wait(r); break;
   default: die(2, "action kind %d is not supported by this runtime (regenerate with pipecc)", a->kind);
   }
   return 0;
@@ -129,7 +131,10 @@ void run_sync(Run *r, StepLog *sl) {
   const PrStage *st = r->st;
   for (; r->step < r->a.steps; r->step++) {
     double t0 = now(), loss = 0, busy0 = r->t_busy;
-    if (r->have_data && r->data.kind != DATA_TOKENS) data_batch_indices(&r->data, r->step, st->batch, r->a.seed, r->a.shuffle, r->idx);
+    if (r->have_data && r->data.kind != DATA_TOKENS) {
+      data_batch_indices(&r->data, r->step, global_batch(st), r->a.seed, r->a.shuffle, r->idx);
+      replica_indices(r->idx, st->batch); /* --replicas: this replica's share */
+    }
     zero_grads(r);
     for (int k = 0; k < st->nactions; k++) loss += timed_action(r, &st->actions[k], r->step);
     double dt = now() - t0;

@@ -98,6 +98,10 @@ static void data_changed(const Run *r, const char *msg) {
   die(5, "step %lld: %s; stopping", (long long)r->step + 1, msg);
 }
 
+/* Token data: the first sequence of micro-batch mb in the global batch (its replica's share first; a --val
+ * pass reads the held-out batches whole, of one replica's size). */
+static int first_seq(const Run *r, int mb) { return (r->in_val ? 0 : g_replica * r->st->batch) + mb * r->st->mb_size; }
+
 /* Fills a loader input of micro-batch mb. */
 static void load_input(Run *r, const PrValue *pv, int mb, int slot) {
   const PrStage *st = r->st;
@@ -111,7 +115,7 @@ static void load_input(Run *r, const PrValue *pv, int mb, int slot) {
                            pv->source == PR_FROM_TOKENS ? (int64_t *)to : NULL, NULL, msg, sizeof msg)
            : pv->source == PR_FROM_IMAGES
                ? data_images(&r->data, idx, st->mb_size, (float *)to, r->in_labels, msg, sizeof msg)
-               : data_tokens(&r->data, r->step, st->batch, (int)pv->dims[1], mb * st->mb_size, st->mb_size, (int64_t *)to, r->in_y, msg,
+               : data_tokens(&r->data, r->step, global_batch(st), (int)pv->dims[1], first_seq(r, mb), st->mb_size, (int64_t *)to, r->in_y, msg,
                              sizeof msg);
   if (rc) data_changed(r, msg);
   pr_dev_release(to, dev, pv->bytes, PR_VIEW_WRITE);
@@ -123,7 +127,7 @@ static void load_labels(Run *r, int mb, int64_t *labels) {
   int rc = r->data.kind == DATA_ARRAYS
                ? data_rows(&r->data, r->idx + (int64_t)mb * st->mb_size, st->mb_size, NULL, NULL, labels, msg, sizeof msg)
            : r->data.kind == DATA_TOKENS
-               ? data_tokens(&r->data, r->step, st->batch, (int)(st->loss_rows / st->mb_size), mb * st->mb_size, st->mb_size, r->lab_x,
+               ? data_tokens(&r->data, r->step, global_batch(st), (int)(st->loss_rows / st->mb_size), first_seq(r, mb), st->mb_size, r->lab_x,
                              labels, msg, sizeof msg)
                : data_images(&r->data, r->idx + (int64_t)mb * st->mb_size, st->mb_size, r->lab_img, labels, msg, sizeof msg);
   if (rc) data_changed(r, msg);

@@ -178,7 +178,7 @@ void do_recv(Run *r, const PrAction *a) {
       continue;
     }
     MPI_Irecv(pr_dev_msg_in(value_at(r, pv, a), pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 0),
-              MPI_COMM_WORLD, &r->rreq[(size_t)e * st->nrecv + v]);
+              g_pipe, &r->rreq[(size_t)e * st->nrecv + v]);
   }
   recv_times(r, cm->tgot_f + a->slot * cm->nfsrc, cm->trreq_f + a->slot * cm->nfsrc, cm->fsrc, cm->nfsrc,
              tag_of(r->step, a->mb, time_tag(r, c->stage - 1), 0));
@@ -201,7 +201,7 @@ void do_send(Run *r, const PrAction *a) {
     r->sent_bytes += (double)pv->bytes;
     /* A value that leaves is sent from the xslot: the xslot's next holder (and its OFFLOAD) waits for it. */
     MPI_Request *q = pv->xring ? &r->xsreq[(size_t)a->xslot * st->nsend + v] : &r->sreq[(size_t)e * st->nsend + v];
-    MPI_Isend(pr_dev_msg_out(src, pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 0), MPI_COMM_WORLD, q);
+    MPI_Isend(pr_dev_msg_out(src, pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 0), g_pipe, q);
   }
   send_times(r, cm->tsent_f + a->slot * cm->nfdst, cm->tsreq_f + a->slot * cm->nfdst, cm->fdst, cm->nfdst,
              tag_of(r->step, a->mb, time_tag(r, c->stage), 0));
@@ -221,7 +221,7 @@ void do_recv_grad(Run *r, const PrAction *a) {
       continue;
     }
     MPI_Irecv(pr_dev_msg_in(ring(r, pv->goffset, pv->bytes, a->gslot), pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 1),
-              MPI_COMM_WORLD, &r->greq[(size_t)e * st->nsend + v]);
+              g_pipe, &r->greq[(size_t)e * st->nsend + v]);
   }
   recv_times(r, cm->tgot_g + a->gslot * cm->ngsrc, cm->trreq_g + a->gslot * cm->ngsrc, cm->gsrc, cm->ngsrc,
              tag_of(r->step, a->mb, time_tag(r, c->stage + 1), 1));
@@ -243,7 +243,7 @@ void do_send_grad(Run *r, const PrAction *a) {
       continue;
     }
     r->sent_bytes += (double)pv->bytes;
-    MPI_Isend(pr_dev_msg_out(src, pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 1), MPI_COMM_WORLD,
+    MPI_Isend(pr_dev_msg_out(src, pv->bytes), (int)pv->bytes, MPI_BYTE, pv->peer, tag_of(r->step, a->mb, pv->tag, 1), g_pipe,
               &r->gsreq[(size_t)e * st->nrecv + v]);
   }
   send_times(r, cm->tsent_g + a->gslot * cm->ngdst, cm->tsreq_g + a->gslot * cm->ngdst, cm->gdst, cm->ngdst,
@@ -343,7 +343,7 @@ static void times_open_chunk(Run *r, int c) {
 }
 
 static void times_open(Run *r) {
-  MPI_Comm_dup(MPI_COMM_WORLD, &r->tcomm);
+  MPI_Comm_dup(g_pipe, &r->tcomm);
   r->cm = calloc((size_t)r->nchunks, sizeof(ChunkMsg));
   if (!r->cm) die(2, "out of memory for the message bookkeeping%s", "");
   for (int c = 0; c < r->nchunks; c++) times_open_chunk(r, c);
@@ -379,7 +379,7 @@ void msg_open(Run *r) {
   r->gslot_done = r->slot_done + ns;
   times_open(r);
   measure_clocks(r);
-  MPI_Comm_dup(MPI_COMM_WORLD, &r->fcomm);
+  MPI_Comm_dup(g_pipe, &r->fcomm);
   int nw = st->nwsend > st->nwrecv ? st->nwsend : st->nwrecv;
   r->ssreq = requests(ns * st->nstash_send + ns * st->nstash_recv + nw);
   r->srreq = r->ssreq + ns * st->nstash_send, r->wreq = r->srreq + ns * st->nstash_recv;

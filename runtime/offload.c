@@ -127,7 +127,7 @@ void do_return(Run *r, const PrAction *a) {
 void offload_open(Run *r) {
   const PrStage *st = r->st;
   char msg[1024] = "";
-  MPI_Comm_dup(MPI_COMM_WORLD, &r->ocomm);
+  MPI_Comm_dup(g_pipe, &r->ocomm);
   int nx = st->nxslots, nst = st->nstore;
   r->oreq = malloc(sizeof(MPI_Request) * (size_t)(2 * nx + nst + 1));
   r->xview = calloc((size_t)nx + 1, sizeof(void *));

@@ -53,7 +53,7 @@ static void exchange_ties(Run *r) {
       unsigned char *dev = dev_at(r, p->parts[j].offset);
       if (p->parts[j].stage != st->stage) {
         unsigned char *buf = pr_dev_msg_in(dev, bytes);
-        MPI_Irecv(buf, bytes, MPI_BYTE, p->parts[j].stage, tie_tag(p, j), MPI_COMM_WORLD, &req[n++]);
+        MPI_Irecv(buf, bytes, MPI_BYTE, p->parts[j].stage, tie_tag(p, j), g_pipe, &req[n++]);
         continue;
       }
       /* To every other holder, once each. */
@@ -61,7 +61,7 @@ static void exchange_ties(Run *r) {
       for (int h = 0; h < p->nparts; h++) {
         int to = p->parts[h].stage, seen = to == st->stage;
         for (int e = 0; e < h && !seen; e++) seen = p->parts[e].stage == to;
-        if (!seen) MPI_Isend(buf, bytes, MPI_BYTE, to, tie_tag(p, j), MPI_COMM_WORLD, &req[n++]), r->sent_bytes += bytes;
+        if (!seen) MPI_Isend(buf, bytes, MPI_BYTE, to, tie_tag(p, j), g_pipe, &req[n++]), r->sent_bytes += bytes;
       }
     }
     wait_all(r, req, n, -1, "to exchange a tied weight's gradient parts");

@@ -49,6 +49,11 @@ typedef struct PrPart {
   int stage;           /* the stage that computes it */
 } PrPart;
 
+/* pipecc --replicas: a bucket of the weight gradients, bytes [lo, hi) of the arena (runtime/replica.c). */
+typedef struct PrBucket {
+  int64_t lo, hi;
+} PrBucket;
+
 typedef struct PrParam {
   const char *name;    /* the ONNX initializer */
   int64_t count;       /* floats */
@@ -183,6 +188,13 @@ typedef struct PrStage {
   int precision;
   const PrChunk *chunks;       /* pipecc --chunks: this rank's chunks (NULL, 0: one stage, the functions above) */
   int nchunks;
+  /* pipecc --replicas R (runtime/replica.c): R copies of the pipeline (world rank = replica x nstages +
+   * stage), `batch` being one replica's share; the weight gradients [grad_lo, grad_hi) summed over them in
+   * buckets, the other replicas' copies of this rank's shard landing from reduce_base.  0 or 1: one. */
+  int replicas;
+  const PrBucket *buckets;
+  int nbuckets;
+  int64_t grad_lo, grad_hi, reduce_base;
 } PrStage;
 
 /* The weights region the running F or B computes on: the arena's own, or

@@ -68,15 +68,13 @@ static int start_mpi(int *argc, char ***argv, const PrStage *st) {
   int size;
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
   signal(SIGTERM, on_signal);
   /* Past a file size limit (ulimit -f) a write fails with EFBIG, and the file's writer says so, removing
    * its temporary file; the signal's default would kill the rank mid-write with neither. */
   signal(SIGXFSZ, SIG_IGN);
   guard_data_reads();
-  if (size != st->nstages || g_rank != st->stage) {
-    if (g_rank == 0)
-      fprintf(stderr, "piperun: error: this is a %d-stage program; start it with run.sh (mpirun started %d ranks, stage %d got rank %d)\n",
-              st->nstages, size, st->stage, g_rank);
+  if (replica_start(st, size)) { /* --replicas: S x R ranks; g_rank becomes the stage within its replica */
     MPI_Finalize();
     return 2;
   }
@@ -87,7 +85,6 @@ static int start_mpi(int *argc, char ***argv, const PrStage *st) {
 #ifdef PR_DNNL
   pr_conv_lib_init(openblas_get_corename(), 1);
 #endif
-  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
   int *tag_ub, flag;
   MPI_Comm_get_attr(MPI_COMM_WORLD, MPI_TAG_UB, &tag_ub, &flag);
   if (flag && *tag_ub < TAG_SPAN + 4096 * 1024)
@@ -102,6 +99,8 @@ static void check_flags(const Args *a, const PrStage *st) {
   if (a->profile && a->steps < 2) usage_error("--profile needs --steps 2 or more (the first quarter, at least one step, only warms up)%s", "");
   if ((a->nfreeze || a->freeze_auto) && (st->staleness || st->role != PR_ROLE_BOTH))
     usage_error("--freeze-at / --freeze auto: async and pipefb programs do not freeze layers yet%s", "");
+  if ((a->nfreeze || a->freeze_auto) && st->replicas > 1)
+    usage_error("--freeze-at / --freeze auto: programs of several replicas (pipecc --replicas) do not freeze layers yet%s", "");
   if ((a->nfreeze || a->freeze_auto) && !a->freeze_dir) usage_error("--freeze-at and --freeze auto need --freeze-dir DIR (run.sh gives it)%s", "");
 }
 
@@ -155,6 +154,7 @@ static void setup_run(Run *r, int argc, char **argv, int threads) {
   if (r->a.val) val_open(r);
   freeze_start(r);
   msg_open(r);
+  replica_open(r);
   alloc_scratch(r);
   offload_open(r);
   optim_open(r);
@@ -164,7 +164,7 @@ static void setup_run(Run *r, int argc, char **argv, int threads) {
     trace_init(&r->trace, cap < (1 << 22) ? cap : (1 << 22));
     r->trace.running = &r->cur, r->trace.chunks = r->chunk, r->trace.nchunks = r->nchunks; /* chunks_open made them */
   }
-  r->idx = malloc(sizeof(int64_t) * (size_t)st->batch);
+  r->idx = malloc(sizeof(int64_t) * (size_t)global_batch(st)); /* the global batch's, then this replica's share first */
   if (!r->idx) die(2, "out of memory for the batch's sample indices%s", "");
 }
 
@@ -173,7 +173,7 @@ static void setup_run(Run *r, int argc, char **argv, int threads) {
 static void start_clocks(Run *r, StepLog *sl) {
   MPI_Barrier(MPI_COMM_WORLD);
   double t_start = now(), start0 = t_start + r->clock[0];
-  MPI_Allreduce(MPI_IN_PLACE, &start0, 1, MPI_DOUBLE, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &start0, 1, MPI_DOUBLE, MPI_MIN, g_pipe);
   r->trace.start = start0 - r->clock[0];
   sl->t_start = t_start, sl->first_step = r->step, sl->first_loss = sl->last_loss = NAN;
   r->prof_warm = (r->a.steps - sl->first_step) / 4 > 1 ? (r->a.steps - sl->first_step) / 4 : 1;
@@ -182,6 +182,10 @@ static void start_clocks(Run *r, StepLog *sl) {
 /* --trace FILE: every rank's spans. */
 static void write_trace(Run *r) {
   if (!r->a.trace) return;
+  if (g_replica) { /* --replicas: replica 0's ranks write it (the others' lists are the same) */
+    trace_free(&r->trace);
+    return;
+  }
   char msg[4400] = "";
   if (r->trace.dropped && g_rank == 0) fprintf(stderr, "piperun: the trace kept its first %lld events\n", (long long)r->trace.cap);
   /* Not a warning and exit 0: a run asked for its trace, and a script reading it must learn it is missing. */
@@ -193,7 +197,7 @@ static void write_trace(Run *r) {
 static void write_profile(Run *r, int threads) {
   const PrStage *st = r->st;
   char msg[1024] = "";
-  if (!r->a.profile) return;
+  if (!r->a.profile || g_replica) return; /* --replicas: replica 0's */
   if (prof_steps() == 0)
     die(2, "--profile: no step was measured (the run's first %lld step%s only warm up); run more --steps", (long long)r->prof_warm,
         r->prof_warm == 1 ? "" : "s");
@@ -224,8 +228,10 @@ static void finish_run(Run *r, StepLog *sl, int threads) {
   if (r->freeze_to) freeze_write(r); /* and no --save: the run goes on in the re-planned program */
   else if (r->a.save) {
     agree(weights_finite(r, "the model (--save)", msg, sizeof msg) == 0, msg);
-    weights_to_host(r);
-    pr_save_onnx(st, r->a.save, pr_stage_dir());
+    if (!g_replica) { /* --replicas: every replica holds the same weights; replica 0's stages write them */
+      weights_to_host(r);
+      pr_save_onnx(st, r->a.save, pr_stage_dir());
+    }
   }
   optstore_close(r); /* after a freeze event's checkpoint, which writes the optimizer state from its file */
   write_trace(r);
@@ -262,6 +268,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   if (r.have_data) data_close(&r.data);
   data_close(&r.val);
   msg_close(&r);
+  replica_close();
   free(r.idx), free(r.in_labels), free(r.in_y), free(r.lab_x), free(r.lab_img), free(r.tie_req);
   pr_dev_arena_free(r.dev, st->arena);
   MPI_Finalize();

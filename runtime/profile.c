@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+extern MPI_Comm g_pipe; /* replica.c: this replica's stages (MPI_COMM_WORLD with one replica) */
+
 double pr_prof_t;
 double *pr_prof_acc;
 static int prof_n;
@@ -170,14 +172,14 @@ int prof_write(const char *path, const char *model, const char *const *names, in
     lens = calloc((size_t)nranks, sizeof(int)), offs = calloc((size_t)nranks, sizeof(int));
     if (!lens || !offs) exit(2);
   }
-  MPI_Gather(&mine, 1, MPI_INT, lens, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  MPI_Gather(&mine, 1, MPI_INT, lens, 1, MPI_INT, 0, g_pipe);
   int total = 0;
   if (rank == 0) {
     for (int r = 0; r < nranks; r++) offs[r] = total, total += lens[r];
     all = malloc((size_t)total + 1);
     if (!all) exit(2);
   }
-  MPI_Gatherv(t.s ? t.s : "", mine, MPI_CHAR, all, lens, offs, MPI_CHAR, 0, MPI_COMM_WORLD);
+  MPI_Gatherv(t.s ? t.s : "", mine, MPI_CHAR, all, lens, offs, MPI_CHAR, 0, g_pipe);
   free(t.s);
   int rc = 0;
   if (rank == 0) {

@@ -62,7 +62,7 @@ static void compose_tty(const Run *r, StepLog *sl, int64_t s, double loss, doubl
   char right[192], left[64], eta_s[32], bar[64];
   sl->shown = s, sl->shown_loss = loss, sl->shown_elapsed = elapsed, sl->shown_eta = eta;
   fmt_secs(eta_s, sizeof eta_s, eta);
-  double rate = elapsed > 0 ? (double)(s - sl->first_step) * r->st->batch / elapsed : 0;
+  double rate = elapsed > 0 ? (double)(s - sl->first_step) * global_batch(r->st) / elapsed : 0;
   int nr = snprintf(right, sizeof right, " loss %.6f  %.1f samples/s  eta %s", loss, rate, eta_s);
   if (nr < 0 || nr >= (int)sizeof right) nr = (int)sizeof right - 1; /* a loss of 1e300 prints 300 digits: cut, not past the end */
   if (r->have_val_acc) snprintf(right + nr, sizeof right - (size_t)nr, "  val acc %.2f%%", 100 * r->val_acc);
@@ -121,7 +121,7 @@ static void write_picture(const Run *r) {
   /* Without --val a LOG.val.csv there is an older run's, unless this run continues one. */
   int with_val = r->a.val || r->a.resume || r->a.resume_freeze;
   if (plot_log(r->a.log, with_val ? val : NULL, svg, msg, sizeof msg) == 0) return;
-  snprintf(prefix, sizeof prefix, "piperun: stage %d: warning: ", g_rank);
+  snprintf(prefix, sizeof prefix, "piperun: %s: warning: ", who_am_i());
   put_line(prefix, msg);
 }
 
@@ -132,7 +132,7 @@ void report_open(Run *r, StepLog *sl) {
   sl->every = r->a.log_every ? r->a.log_every : default_every(r->a.steps);
   sl->line[0] = 0;
   g_tty = r->a.tty_cols > 0 && !r->a.quiet;
-  if (!st->loss || !r->a.log) return;
+  if (!reports(st) || !r->a.log) return;
   int cont = r->a.resume || r->a.resume_freeze;
   sl->log = fopen(r->a.log, cont ? "a" : "w");
   if (!sl->log) die(2, "cannot write --log %s: %s", r->a.log, strerror(errno));
@@ -166,12 +166,13 @@ void report_close(Run *r, StepLog *sl) {
  * rank, dt its seconds): the log line, the profile's warm-up, the checkpoint. */
 void end_step(Run *r, StepLog *sl, double loss, double dt) {
   const PrStage *st = r->st;
-  if (st->loss) {
-    loss /= (double)(st->loss_rows * st->microbatches);
+  if (st->loss) loss = replica_loss(loss); /* --replicas: every replica's part of the batch, on replica 0 */
+  if (reports(st)) {
+    loss /= (double)(st->loss_rows * st->microbatches) * (g_nreplicas > 1 ? g_nreplicas : 1);
     if (!isfinite(loss)) die(3, "step %lld: the loss is %s; stopping (lower --lr?)", (long long)r->step + 1, isnan(loss) ? "NaN" : "Inf");
     if (r->step == sl->first_step) sl->first_loss = loss;
     sl->last_loss = loss;
-    double elapsed = now() - sl->t_start, sps = st->batch / dt;
+    double elapsed = now() - sl->t_start, sps = global_batch(st) / dt;
     double eta = elapsed / (double)(r->step + 1 - sl->first_step) * (double)(r->a.steps - r->step - 1);
     if (sl->log) {
       char what[64];
@@ -202,7 +203,7 @@ void end_step(Run *r, StepLog *sl, double loss, double dt) {
 }
 
 /* What each rank sends the summary: its own wall time (another rank's would make comm+other negative). */
-enum { NSUM = 14 };
+enum { NSUM = 15 };
 
 /* The summary's lines before the table: the run, the bubble, threads, pinning, the offload file's copies. */
 static void summary_head(const Run *r, const StepLog *sl, const double *all) {
@@ -212,7 +213,8 @@ static void summary_head(const Run *r, const StepLog *sl, const double *all) {
   double busy = 0, wall = 0;
   for (int s = 0; s < st->nstages; s++) busy += all[NSUM * s + 10], wall += all[NSUM * s + 11];
   printf("done: %lld steps in %.2f s, %.1f samples/s, loss %.6f -> %.6f\n", (long long)steps, r->t_total,
-         steps ? (double)steps * st->batch / r->t_total : 0, sl->first_loss, sl->last_loss);
+         steps ? (double)steps * global_batch(st) / r->t_total : 0, sl->first_loss, sl->last_loss);
+  if (g_nreplicas > 1) printf("%d replicas of %d stages, %d samples per step each (pipecc --replicas)\n", g_nreplicas, st->nstages, st->batch);
   printf("step time %.3f ms measured, %.3f ms predicted; bubble %.1f%% measured\n", steps ? 1e3 * r->t_total / (double)steps : 0,
          1e3 * st->predicted_step_s, wall > 0 ? 100 * (1 - busy / wall) : 0);
   if (st->threads > 1) printf("each rank computes on %d threads (pipecc --threads)\n", st->threads);
@@ -234,22 +236,25 @@ void report_summary(Run *r, StepLog *sl) {
   const PrStage *st = r->st;
   double mine[NSUM] = {r->t_compute, r->t_wait, (double)st->arena_bytes, st->predicted_bytes, r->t_total, (double)r->rss_peak,
                        (double)r->rss_overhead, r->t_xfer_wait, r->sent_bytes, r->t_exposed, r->bub_busy, r->bub_wall, r->pinned_cpu,
-                       r->xfer_how}, *all = NULL;
-  if (st->loss && g_tty && sl->line[0]) { /* the last step's line, drawn again (a message may have erased it; the last --val) and ended */
+                       r->xfer_how, replica_exposed()}, *all = NULL;
+  if (reports(st) && g_tty && sl->line[0]) { /* the last step's line, drawn again (a message may have erased it; the last --val) and ended */
     compose_tty(r, sl, sl->shown, sl->shown_loss, sl->shown_elapsed, sl->shown_eta);
     printf("\r%s\033[K\n", sl->line);
     g_line_open = 0;
   }
   if (st->loss) all = malloc(sizeof(double) * NSUM * (size_t)st->nstages);
-  MPI_Gather(mine, NSUM, MPI_DOUBLE, all, NSUM, MPI_DOUBLE, st->loss_rank, MPI_COMM_WORLD);
-  if (st->loss && !r->a.quiet) {
+  MPI_Gather(mine, NSUM, MPI_DOUBLE, all, NSUM, MPI_DOUBLE, st->loss_rank, g_pipe);
+  if (reports(st) && !r->a.quiet) {
     summary_head(r, sl, all);
+    /* --replicas: reduce_s is REDUCE_WAIT's time, the gradients' sum over the replicas that the last backward did not hide. */
     printf("stage  compute_s  wait_s  comm+other_s  arena_bytes  predicted_bytes  rss_peak_bytes  rss_overhead_bytes  xfer_wait_s"
-           "  sent_bytes  exposed_s\n");
+           "  sent_bytes  exposed_s%s\n", g_nreplicas > 1 ? "  reduce_s" : "");
     for (int s = 0; s < st->nstages; s++) {
       const double *x = &all[NSUM * s];
-      printf("%5d  %9.3f  %6.3f  %12.3f  %11.0f  %15.0f  %14.0f  %18.0f  %11.3f  %10.0f  %9.3f\n", s, x[0], x[1], fmax(0, x[4] - x[0] - x[1]),
+      printf("%5d  %9.3f  %6.3f  %12.3f  %11.0f  %15.0f  %14.0f  %18.0f  %11.3f  %10.0f  %9.3f", s, x[0], x[1], fmax(0, x[4] - x[0] - x[1]),
              x[2], x[3], x[5], x[6], x[7], x[8], x[9]);
+      if (g_nreplicas > 1) printf("  %8.3f", x[14]);
+      printf("\n");
     }
   }
   free(all);

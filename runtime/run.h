@@ -187,6 +187,7 @@ extern volatile sig_atomic_t g_line_open;
 
 /* fail.c */
 void put_line(const char *prefix, const char *msg);
+const char *who_am_i(void);
 void die(int code, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 void agree(int ok, const char *msg);
 void on_signal(int sig);
@@ -297,6 +298,23 @@ void auto_freeze(Run *r);
 /* val.c */
 void val_open(Run *r);
 void val_pass(Run *r, int64_t after);
+
+/* replica.c: pipecc --replicas.  g_pipe: this replica's stages (a rank's number there, g_rank, is its stage);
+ * g_replica of g_nreplicas; g_world_rank: its rank in MPI_COMM_WORLD. */
+extern MPI_Comm g_pipe;
+extern int g_replica, g_nreplicas, g_world_rank;
+int replica_start(const PrStage *st, int size);
+void replica_open(Run *r);
+void do_reduce(Run *r);
+void do_reduce_wait(Run *r);
+double replica_exposed(void);
+double replica_loss(double mine);
+void replica_indices(int64_t *idx, int batch);
+void replica_close(void);
+/* The samples of a global batch (every replica's share). */
+static inline int global_batch(const PrStage *st) { return st->batch * (g_nreplicas > 1 ? g_nreplicas : 1); }
+/* Whether this rank reports the run: the loss rank of replica 0. */
+static inline int reports(const PrStage *st) { return st->loss != NULL && g_replica == 0; }
 
 /* report.c */
 void report_open(Run *r, StepLog *sl);

@@ -19,6 +19,8 @@
 #include "onnx.pb-c.h"
 #include "piperun.h"
 
+extern MPI_Comm g_pipe; /* replica.c: this replica's stages (MPI_COMM_WORLD with one replica) */
+
 static void fail(const char *fmt, const char *a, const char *b) {
   fprintf(stderr, "piperun: stage 0: error: --save: ");
   fprintf(stderr, fmt, a, b);
@@ -186,7 +188,7 @@ static int read_manifest(const char *dir, Onnx__ModelProto *m, int nstages, cons
 
 int pr_check_manifest(const PrStage *st, const char *dir, char *msg, size_t len) {
   int64_t *wb = st->stage == 0 ? calloc((size_t)st->nstages, sizeof *wb) : NULL;
-  MPI_Gather(&st->weights_bytes, 1, MPI_INT64_T, wb, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
+  MPI_Gather(&st->weights_bytes, 1, MPI_INT64_T, wb, 1, MPI_INT64_T, 0, g_pipe);
   if (st->stage != 0) return 0;
   ManEntry *e = NULL;
   int n = 0, rc = -1;
@@ -200,18 +202,18 @@ int pr_check_manifest(const PrStage *st, const char *dir, char *msg, size_t len)
 void pr_save_onnx(const PrStage *st, const char *path, const char *dir) {
   int64_t bytes = st->weights_bytes;
   if (st->stage != 0) {
-    MPI_Send(&bytes, 1, MPI_INT64_T, 0, 9001, MPI_COMM_WORLD);
-    MPI_Send(st->arena, (int)bytes, MPI_BYTE, 0, 9002, MPI_COMM_WORLD);
-    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Send(&bytes, 1, MPI_INT64_T, 0, 9001, g_pipe);
+    MPI_Send(st->arena, (int)bytes, MPI_BYTE, 0, 9002, g_pipe);
+    MPI_Barrier(g_pipe);
     return;
   }
   unsigned char **w = calloc((size_t)st->nstages, sizeof *w);
   int64_t *wb = calloc((size_t)st->nstages, sizeof *wb);
   w[0] = st->arena, wb[0] = bytes;
   for (int s = 1; s < st->nstages; s++) {
-    MPI_Recv(&wb[s], 1, MPI_INT64_T, s, 9001, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Recv(&wb[s], 1, MPI_INT64_T, s, 9001, g_pipe, MPI_STATUS_IGNORE);
     w[s] = malloc((size_t)wb[s] + 1);
-    MPI_Recv(w[s], (int)wb[s], MPI_BYTE, s, 9002, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    MPI_Recv(w[s], (int)wb[s], MPI_BYTE, s, 9002, g_pipe, MPI_STATUS_IGNORE);
   }
   char msg[4400];
   Onnx__ModelProto *m = load_model(dir, msg, sizeof msg);
@@ -246,5 +248,5 @@ void pr_save_onnx(const PrStage *st, const char *path, const char *dir) {
   free(out);
   for (int s = 1; s < st->nstages; s++) free(w[s]);
   free(w);
-  MPI_Barrier(MPI_COMM_WORLD);
+  MPI_Barrier(g_pipe);
 }

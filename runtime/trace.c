@@ -16,6 +16,8 @@
 
 #include "piperun.h"
 
+extern MPI_Comm g_pipe; /* replica.c: this replica's stages (MPI_COMM_WORLD with one replica) */
+
 void trace_init(PrTrace *t, int64_t cap) {
   memset(t, 0, sizeof *t);
   if (cap <= 0) return;
@@ -97,13 +99,13 @@ int trace_write(PrTrace *t, const char *path, int rank, int nranks, char *msg, s
   int ilen = len > 1 << 30 ? 1 << 30 : (int)len, *lens = NULL, *displs = NULL;
   char *all = NULL;
   if (rank == 0) lens = calloc((size_t)nranks, sizeof(int)), displs = calloc((size_t)nranks, sizeof(int));
-  MPI_Gather(&ilen, 1, MPI_INT, lens, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  MPI_Gather(&ilen, 1, MPI_INT, lens, 1, MPI_INT, 0, g_pipe);
   long total = 0;
   if (rank == 0) {
     for (int r = 0; r < nranks; r++) displs[r] = (int)total, total += lens[r];
     all = malloc((size_t)total + 1);
   }
-  MPI_Gatherv(mine, ilen, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, MPI_COMM_WORLD);
+  MPI_Gatherv(mine, ilen, MPI_CHAR, all, lens, displs, MPI_CHAR, 0, g_pipe);
   int rc = 0;
   if (rank == 0) {
     /* Drop the last ",\n" so the array is valid JSON. */

@@ -74,7 +74,7 @@ void val_pass(Run *r, int64_t after) {
     if (st->recv[v].source == PR_FROM_TOKENS) T = st->recv[v].dims[1];
   if (st->loss && r->val.kind == DATA_TOKENS) T = st->loss_rows / st->mb_size;
   if (needs_data(st)) nb = r->val.kind == DATA_TOKENS ? (r->val.n - 1) / ((int64_t)st->batch * T) : r->val.n / st->batch;
-  MPI_Allreduce(MPI_IN_PLACE, &nb, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+  MPI_Allreduce(MPI_IN_PLACE, &nb, 1, MPI_INT64_T, MPI_MAX, g_pipe);
   DataSet train = r->data;
   int64_t step = r->step, *idx = r->idx;
   r->data = r->val;
@@ -107,7 +107,7 @@ void val_pass(Run *r, int64_t after) {
   }
   r->data = train, r->step = step, r->idx = idx, r->in_val = 0;
   g_val_at.after = -1;
-  if (!st->loss || !nb) return;
+  if (!reports(st) || !nb) return; /* --replicas: each replica evaluates the whole held-out set; replica 0 reports */
   double rows = (double)nb * st->microbatches * st->loss_rows;
   loss /= rows;
   r->val_acc = hits / rows, r->have_val_acc = 1; /* shown on the terminal's progress line from now on */

@@ -9,7 +9,8 @@
 
 void loss_call(const Plan *p, StageProg *sp, Pool *pool) {
   if (sp->loss_buf < 0) return;
-  int64_t rows = sp->loss_rows * p->opt.microbatches, classes = sp->loss_classes;
+  /* The whole batch: every replica's micro-batches (each replica's gradients are summed before the update). */
+  int64_t rows = sp->loss_rows * p->opt.microbatches * (p->opt.replicas > 1 ? p->opt.replicas : 1), classes = sp->loss_classes;
   const char *what = p->opt.loss_mse
       ? pool_printf(pool, "Mean squared error against one-hot labels, mean over the %lld x %lld outputs of the whole batch\n"
                           " * (the runtime divides the returned sum by rows x classes).", (long long)rows, (long long)classes)

@@ -114,4 +114,7 @@ static inline void k_adam_stream(float *p, const float *g, float *stage, int id,
 void k_grad_fetch(float *stage, int slot, int id, int64_t off, int64_t n);
 void k_grad_wait(const float *stage, int slot);
 void k_grad_put(const float *stage, int slot, int64_t off, int64_t n);
+/* --replicas (runtime/replica.c): bucket `bucket` of the weight gradients is final in this backward; in the
+ * step's last one (after a REDUCE) its sum over the replicas starts. */
+void k_grad_ready(int bucket);
 #endif
