@@ -26,7 +26,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: test-parity bench-auto bench-chunks docs-schedules bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-optstate test-pipefb test-async test-freeze test-same-bits test-chunks
+.PHONY: test-parity bench-auto bench-chunks docs-schedules bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-optstate test-replicas test-pipefb test-async test-freeze test-same-bits test-chunks
 all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
 
 include runtime/cuda/build.mk
@@ -220,6 +220,11 @@ test-memory: bin/pipecc bin/piperun-data
 
 test-optstate: bin/pipecc bin/piperun-data
 	$(PY) tests/test_optstate.py
+
+# Replicas' whole matrix (not part of make test): mlp, lenet, resnet, gpt at (S, R) = (1, 2), (2, 2), (1, 4),
+# (4, 2), gpipe and 1f1b, SGD and AdamW, against PyTorch on the global batch.
+test-replicas: bin/pipecc bin/piperun-data
+	$(PY) tests/test_replicas.py
 
 # PipeFB's whole matrix (not part of make test): every sample model at n = 2, 4, 6,
 # an even split and the planner's, bit-identical to -n 1.

@@ -435,6 +435,48 @@ static int fusion_kinds(const Plan *p, const char **kind, int *count) {
 }
 
 /* --frozen: which layers, and where the backward starts. */
+/* --replicas: a stage's weight gradients (bytes) and the buckets they are summed in (0 before the programs). */
+static double replica_grads(const Plan *p, int s, int *nbuckets) {
+  *nbuckets = 0;
+  if (p->progs && !p->rprogs) {
+    *nbuckets = p->progs[s].nbuckets;
+    return (double)(p->progs[s].grad_hi - p->progs[s].grad_lo);
+  }
+  return p->part.cost[s].mem_grads / (1 + p->prob.reduce_share);
+}
+
+/* --replicas: the layout, and each stage's sum over the replicas. */
+static void replicas_text(const Plan *p, Buf *b) {
+  int R = p->opt.replicas, n = p->opt.nstages;
+  buf_printf(b, "  batch        %lld samples per step = %d replicas x %d micro-batches x %lld\n", (long long)p->batch, R,
+             p->opt.microbatches, (long long)p->mb_size);
+  buf_printf(b, "  replicas     %d replicas of the %d-stage pipeline on %d ranks (world rank k x %d + s runs stage s of replica k);\n"
+                "               each stage's weight gradients are summed over its %d ranks in replica order before the update,\n"
+                "               bucket by bucket from the last backward on (REDUCE, REDUCE_WAIT):\n", R, n, n * R, n, R);
+  for (int s = 0; s < n; s++) {
+    int nb;
+    double bytes = replica_grads(p, s, &nb);
+    const StageCost *c = &p->part.cost[s];
+    double room = p->progs && !p->rprogs ? (double)p->progs[s].reduce_bytes : bytes * p->prob.reduce_share;
+    buf_printf(b, "               stage %d: %s of gradients%s (and %s for the other replicas' copies of its shard, in its grads),\n"
+                  "                 summed in %s, %s of it not hidden\n", s, fmt_bytes(bytes),
+               nb ? pool_printf((Pool *)&p->g.pool, " in %d bucket%s", nb, nb == 1 ? "" : "s") : "", fmt_bytes(room),
+               fmt_time(c->reduce_total), fmt_time(c->reduce));
+  }
+}
+
+static void replicas_json(const Plan *p, Buf *b) {
+  buf_printf(b, "  \"replicas\": %d,\n  \"replica_batch\": %lld,\n  \"replica_sums\": [", p->opt.replicas,
+             (long long)(p->batch / p->opt.replicas));
+  for (int s = 0; s < p->opt.nstages; s++) {
+    int nb;
+    double bytes = replica_grads(p, s, &nb);
+    buf_printf(b, "%s{\"stage\": %d, \"gradient_bytes\": %.0f, \"buckets\": %d, \"sum_s\": %.9g, \"exposed_s\": %.9g}", s ? ", " : "", s,
+               bytes, nb, p->part.cost[s].reduce_total, p->part.cost[s].reduce);
+  }
+  buf_printf(b, "],\n");
+}
+
 static void frozen_text(const Plan *p, Buf *b) {
   const Graph *g = &p->g;
   const char *need = plan_needs((Plan *)p);
@@ -644,8 +686,10 @@ void listing_text(const Plan *p, Buf *b) {
     for (int i = 0; i < nk; i++)
       buf_printf(b, "%s%d x %s%s", i ? "; " : "  fused        ", count[i], kind[i], i == nk - 1 ? " (--no-fuse: apart)\n" : "");
   }
-  buf_printf(b, "  batch        %lld samples per step = %d micro-batches x %lld\n", (long long)p->batch, p->opt.microbatches,
-             (long long)p->mb_size);
+  if (p->opt.replicas > 1) replicas_text(p, b);
+  else
+    buf_printf(b, "  batch        %lld samples per step = %d micro-batches x %lld\n", (long long)p->batch, p->opt.microbatches,
+               (long long)p->mb_size);
   buf_printf(b, "  schedule     %s over %d stage%s%s, optimizer %s (%.0f state slot%s per parameter)\n",
              schedule_name(p->opt.schedule), n, n == 1 ? "" : "s",
              p->sched.nchunks > 1 ? pool_printf((Pool *)&p->g.pool, " on %d ranks (%d chunks each)", opt_ranks(&p->opt), p->sched.nchunks) : "",
@@ -907,6 +951,7 @@ void listing_json(const Plan *p, Buf *b) {
   if (p->part_note) json_str(b, p->part_note);
   else buf_printf(b, "null");
   buf_printf(b, ",\n  \"partition_blocks\": %d,\n  \"chain_max_stage_time_s\": %.9g,\n", p->part.blocks, p->chain_time);
+  if (p->opt.replicas > 1) replicas_json(p, b);
   buf_printf(b, "  \"batch\": %lld,\n  \"microbatches\": %d,\n  \"microbatch_size\": %lld,\n  \"schedule\": \"%s\",\n  \"stages\": %d,\n",
              (long long)p->batch, p->opt.microbatches, (long long)p->mb_size, schedule_name(p->opt.schedule), n);
   buf_printf(b, "  \"optimizer\": \"%s\",\n  \"optimizer_slots_per_param\": %.0f,\n", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots);

@@ -254,7 +254,7 @@ int pr_main(int argc, char **argv, const PrStage *st) {
   Run r;
   memset(&r, 0, sizeof r);
   r.st = st;
-  r.rank = g_rank;
+  r.rank = g_world_rank; /* 0: the one rank that checks the outputs (args.c) */
   chunks_open(&r);
   setup_run(&r, argc, argv, threads);
   StepLog sl;

@@ -1,0 +1,299 @@
+#!/usr/bin/python3
+"""Data-parallel replicas (pipecc -n S --replicas R, docs/replicas.md) against PyTorch on the global batch.
+
+Each case compiles a sample model for S stages and R replicas (S x R ranks), trains it, and checks it
+against PyTorch trained on the same global batch from the same ONNX initializers:
+
+  * every step's loss (LOG.csv, replica 0's sum of every replica's part) within 1e-5 relative;
+  * every trained weight within 1e-5 absolute.
+
+The reference computes each replica's gradient on its own copy of the model (its share of the global
+batch, replica-major, in micro-batches), adds the R gradients, and steps once, as DistributedDataParallel
+would: BatchNorm's running statistics are replica 0's (DDP's broadcast_buffers keeps rank 0's), and the
+trained model pipecc saves is replica 0's.
+
+Bits: for a fixed R and M, every S gives the same weights (the sum over replicas runs in replica order);
+the same flags give the same bits twice.  A checkpoint taken with replicas resumes to the bits of the run
+that did not stop.  Refusals are pinned with their reasons.
+
+  /usr/bin/python3 tests/test_replicas.py            # everything (make test-replicas)
+  /usr/bin/python3 tests/test_replicas.py --quick    # make test: a few layouts, bits, resume, refusals
+  --keep    keep the temp dir
+"""
+import argparse
+import copy
+import csv
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+import torch
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+import tally  # noqa: E402
+
+PIPECC = os.environ.get("PIPECC", os.path.join(ROOT, "bin", "pipecc"))
+DATAGEN = os.path.join(ROOT, "bin", "piperun-data")
+DEVICES = os.path.join(ROOT, "tests", "devices_equal.txt")
+LOSS_RTOL = 1e-5
+WEIGHT_ATOL = 1e-5
+
+# model: (onnx file, export class, data kind, global batch, micro-batches per replica, steps)
+MODELS = {
+    "mlp": ("mlp.onnx", "MLP", "mnist", 32, 4, 10),
+    "lenet": ("lenet.onnx", "LeNet5", "mnist", 32, 4, 10),
+    "resnet": ("resnet.onnx", "SmallResNet", "cifar", 16, 2, 6),
+    "gpt": ("gpt.onnx", "GPT", "tokens", 8, 2, 6),
+}
+T = 32        # the GPT's positions
+LR = {"sgd": 0.05, "adamw": 0.002}
+
+
+def load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+par = load("parity_helpers", os.path.join(ROOT, "tests", "test_parity.py"))
+ex = load("export", os.path.join(ROOT, "onnx_models", "export.py"))
+
+
+class Data:
+    """The data set of one kind, written once, and the global batch of a step as tensors."""
+
+    def __init__(self, tmp, kind, n):
+        self.kind = kind
+        self.path = os.path.join(tmp, kind)
+        if kind == "mnist":
+            imgs, labels = par.make_dataset(n, seed=1)
+            par.write_dataset(self.path, imgs, labels)
+            self.x = torch.from_numpy(imgs.astype(np.float32) / np.float32(255.0)).reshape(-1, 1, 28, 28)
+            self.y = torch.from_numpy(labels.astype(np.int64))
+        elif kind == "cifar":
+            subprocess.run([DATAGEN, "cifar", self.path, "--n", str(n), "--seed", "3"], check=True, capture_output=True)
+            raw = np.fromfile(os.path.join(self.path, "data_batch_1.bin"), dtype=np.uint8).reshape(-1, 3073)[:n]
+            self.x = torch.from_numpy(raw[:, 1:].reshape(-1, 3, 32, 32).astype(np.float32) / np.float32(255.0))
+            self.y = torch.from_numpy(raw[:, 0].astype(np.int64))
+        else:
+            self.path += ".bin"
+            subprocess.run([DATAGEN, "tokens", self.path, "--n", str(n), "--vocab", "64", "--seed", "5"], check=True, capture_output=True)
+            self.tok = np.fromfile(self.path, dtype=np.uint16).astype(np.int64)
+
+    def micro(self, step, B, first, count):
+        """Samples [first, first + count) of step's global batch of B (no shuffling)."""
+        if self.kind == "tokens":
+            nb = (len(self.tok) - 1) // (B * T)
+            lo = (step % nb) * B * T + first * T
+            x = self.tok[lo:lo + count * T].reshape(count, T)
+            y = self.tok[lo + 1:lo + 1 + count * T].reshape(count, T)
+            return torch.from_numpy(x), torch.from_numpy(y)
+        nb = len(self.y) // B
+        lo = (step % nb) * B + first
+        return self.x[lo:lo + count], self.y[lo:lo + count]
+
+
+def reference(model_name, data, R, opt_name):
+    """PyTorch on the global batch: per replica its share in micro-batches on its own copy of the model,
+    the R gradients added in replica order, one step.  Returns (losses, expected initializers)."""
+    fname, cls, _, B, M, steps = MODELS[model_name]
+    path = os.path.join(ROOT, "onnx_models", fname)
+    om = onnx.load(path)
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    model = getattr(ex, cls)()
+    mapping, _ = par.load_weights_from_onnx(model, om)
+    model.train()
+    lr = LR[opt_name]
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0) if opt_name == "adamw" else torch.optim.SGD(model.parameters(), lr=lr)
+    share, losses = B // R, []
+    mb = share // M
+    for s in range(steps):
+        copies = [model] + [copy.deepcopy(model) for _ in range(R - 1)]
+        total = 0.0
+        for k, m in enumerate(copies):
+            m.zero_grad(set_to_none=False)
+            for j in range(M):
+                x, y = data.micro(s, B, k * share + j * mb, mb)
+                out = m(x)
+                loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)) * (mb / B)
+                loss.backward()
+                total += loss.item()
+        with torch.no_grad():
+            for p, *others in zip(model.parameters(), *[c.parameters() for c in copies[1:]]):
+                for q in others:
+                    p.grad += q.grad
+        opt.step()
+        losses.append(total)
+    return np.array(losses), par.expected_initializers(om, model, mapping)
+
+
+def run(cmd, what, env=None, timeout=900):
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    return r.returncode == 0, (r.stdout + r.stderr).strip()
+
+
+BUILT = {}
+
+
+def compile_build(tmp, tag, model_name, S, R, sched, opt_name, extra=()):
+    """The stage programs for these flags, compiled once (later calls get the first's directory)."""
+    key = (model_name, S, R, sched, opt_name, tuple(extra))
+    if key in BUILT:
+        return BUILT[key], ""
+    fname, _, _, B, M, _ = MODELS[model_name]
+    out = os.path.join(tmp, tag + ".pipe")
+    ok, text = run([PIPECC, os.path.join(ROOT, "onnx_models", fname), "-n", str(S), "--replicas", str(R), "--batch", str(B),
+                    "--microbatches", str(M), "--schedule", sched, "--optimizer", opt_name, "--lr", repr(LR[opt_name]),
+                    "--devices", DEVICES, "-o", out, *extra], "pipecc")
+    if not ok:
+        return None, "pipecc: " + text[-400:]
+    ok, text = run(["make", "-s", "-C", out, "-j2"], "make")
+    if ok:
+        BUILT[key] = out
+    return (out, "") if ok else (None, "make: " + text[-400:])
+
+
+def train(out, data, steps, tag, tmp, flags=()):
+    log, saved = os.path.join(tmp, tag + ".csv"), os.path.join(tmp, tag + ".onnx")
+    ok, text = run([os.path.join(out, "run.sh"), "--data", data.path, "--steps", str(steps), "--no-shuffle", "--quiet", "--log", log,
+                    "--save", saved, *flags], "run.sh")
+    if not ok:
+        return None, None, "run.sh: " + text[-600:]
+    losses = np.array([float(row["loss"]) for row in csv.DictReader(open(log))])
+    got = {t.name: numpy_helper.to_array(t) for t in onnx.load(saved).graph.initializer}
+    return losses, got, text
+
+
+def parity_case(tmp, model_name, data, S, R, sched, opt_name, refs):
+    tag = f"{model_name}-S{S}R{R}-{sched}-{opt_name}"
+    key = (model_name, R, opt_name)
+    if key not in refs:
+        refs[key] = reference(model_name, data, R, opt_name)
+    want_losses, want = refs[key]
+    out, why = compile_build(tmp, tag, model_name, S, R, sched, opt_name)
+    if not tally.check(out is not None, f"{tag}: compiles and builds ({why})"):
+        return None
+    losses, got, text = train(out, data, MODELS[model_name][5], tag, tmp)
+    if not tally.check(losses is not None, f"{tag}: trains ({text if losses is None else ''})"):
+        return None
+    rel = float(np.max(np.abs(losses - want_losses) / np.maximum(np.abs(want_losses), 1e-12))) if len(losses) == len(want_losses) else np.inf
+    tally.check(rel <= LOSS_RTOL, f"{tag}: per-step losses within {LOSS_RTOL:g} relative of PyTorch on the global batch (max {rel:.2e})")
+    err, worst = 0.0, ""
+    for k, w in want.items():
+        if k not in got or got[k].shape != w.shape:
+            err, worst = np.inf, k + " (missing or reshaped)"
+            break
+        e = float(np.abs(got[k].astype(np.float64) - w.astype(np.float64)).max()) if w.size else 0.0
+        if e > err or not worst:
+            err, worst = e, k
+    tally.check(err <= WEIGHT_ATOL, f"{tag}: weights within {WEIGHT_ATOL:g} of PyTorch (max {err:.2e} at {worst})")
+    with open(os.path.join(out, "schedule.txt")) as f:
+        listing = f.read()
+    tally.check(f"{R} replicas" in listing, f"{tag}: the listing states the replicas")
+    return got
+
+
+def same_bits(runs, what):
+    runs = {k: v for k, v in runs.items() if v is not None}
+    if len(runs) < 2:
+        tally.check(False, f"{what}: fewer than two successful runs to compare ({sorted(runs)})")
+        return
+    items = list(runs.items())
+    (k0, a) = items[0]
+    bad = [k for k, b in items[1:] if set(a) != set(b) or any(not np.array_equal(a[n], b[n]) for n in a)]
+    tally.check(not bad, f"{what}: {', '.join(str(k) for k, _ in items)} bit-identical" + (f" (differ: {bad})" if bad else ""))
+
+
+def resume_case(tmp, data):
+    """A run of 10 steps against 6 steps with a checkpoint, resumed to 10: the same bits."""
+    out, why = compile_build(tmp, "resume", "lenet", 2, 2, "gpipe", "adamw")
+    if not tally.check(out is not None, f"resume: compiles ({why})"):
+        return
+    _, whole, text = train(out, data, 10, "resume-whole", tmp)
+    ck = os.path.join(tmp, "ck")
+    _, _, text1 = train(out, data, 6, "resume-first", tmp, flags=("--checkpoint", ck, "--checkpoint-every", "3"))
+    _, resumed, text2 = train(out, data, 10, "resume-second", tmp, flags=("--resume", ck))
+    if not tally.check(whole is not None and resumed is not None, f"resume: the runs succeed ({text1[-300:]} {text2[-300:]})"):
+        return
+    same_bits({"uninterrupted": whole, "checkpointed at 6, resumed": resumed}, "resume with 2 replicas")
+
+
+def refusals(tmp):
+    mlp = os.path.join(ROOT, "onnx_models", "mlp.onnx")
+    cases = [
+        (["--replicas", "3", "--batch", "32"], "not divisible by --replicas 3"),
+        (["--replicas", "2", "--batch", "32", "--microbatches", "3"], "16 samples per replica, not divisible by --microbatches 3"),
+        (["--replicas", "2", "--schedule", "async"], "--replicas 2 with --schedule async"),
+        (["--replicas", "2", "-n", "2", "--schedule", "pipefb"], "--replicas 2 with --schedule pipefb"),
+        (["--replicas", "2", "-n", "2", "--schedule", "interleaved"], "--replicas 2 with --schedule interleaved or zbv"),
+        (["--replicas", "0"], "--replicas '0': expected a whole number"),
+        (["--replicas", "2", "--target", "cuda"], "--replicas 2 with --target cuda"),
+        (["--replicas", "512", "-n", "4"], "more than 1024 ranks"),
+    ]
+    for flags, want in cases:
+        r = subprocess.run([PIPECC, mlp, *flags, "-o", os.path.join(tmp, "refused.pipe")], capture_output=True, text=True)
+        tally.check(r.returncode == 2 and want in r.stderr and not os.path.exists(os.path.join(tmp, "refused.pipe")),
+                    f"pipecc {' '.join(flags)}: refused with '{want}' ({r.stderr.strip()[:200]})")
+    out, why = compile_build(tmp, "refuse-run", "mlp", 1, 2, "1f1b", "sgd")
+    if out is None:
+        return
+    if True:
+        r = subprocess.run([os.path.join(out, "run.sh"), "--data", "x", "--steps", "2", "--freeze-at", "1:1"], capture_output=True, text=True)
+        want = "programs of several replicas (pipecc --replicas) do not freeze layers yet"
+        tally.check(r.returncode == 2 and want in r.stderr, f"run.sh --freeze-at with replicas: refused ({r.stderr.strip()[:200]})")
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="pipecc-replicas.")
+    os.environ["PIPECC_CACHE"] = os.path.join(tmp, "machine.txt")
+    os.environ["OMPI_ALLOW_RUN_AS_ROOT"] = os.environ["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+    os.environ["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
+    datas = {"mnist": Data(tmp, "mnist", 320)}
+    if not args.quick:
+        datas.update(cifar=Data(tmp, "cifar", 16 * 6), tokens=Data(tmp, "tokens", 4000))
+    refs = {}
+    if args.quick:
+        plan = [("mlp", (1, 2), ("1f1b",), ("sgd",)), ("mlp", (2, 2), ("1f1b",), ("sgd",)), ("lenet", (2, 2), ("gpipe",), ("adamw",))]
+    else:
+        plan = [(m, sr, ("gpipe", "1f1b"), ("sgd", "adamw")) for m in MODELS for sr in ((1, 2), (2, 2), (1, 4), (4, 2))]
+    bits = {}
+    for model_name, (S, R), scheds, opts in plan:
+        data = datas[MODELS[model_name][2]]
+        for sched in scheds:
+            for opt_name in opts:
+                got = parity_case(tmp, model_name, data, S, R, sched, opt_name, refs)
+                bits.setdefault((model_name, R, opt_name), {})[f"S={S} {sched}"] = got
+    for (model_name, R, opt_name), runs in bits.items():
+        if len(runs) > 1:
+            same_bits(runs, f"{model_name} R={R} {opt_name}: every S and schedule")
+    # The same flags twice.
+    first = bits[("lenet", 2, "adamw")].get("S=2 gpipe")
+    out, why = compile_build(tmp, "twice", "lenet", 2, 2, "gpipe", "adamw")
+    if first is not None and tally.check(out is not None, f"twice: compiles ({why})"):
+        again = train(out, datas["mnist"], MODELS["lenet"][5], "twice", tmp)[1]
+        same_bits({"run 1": first, "run 2": again}, "lenet S=2 R=2 AdamW, the same flags twice")
+    resume_case(tmp, datas["mnist"])
+    refusals(tmp)
+    if args.keep:
+        print(f"# kept {tmp}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tally.finish()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
