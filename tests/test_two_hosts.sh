@@ -1,5 +1,6 @@
 #!/bin/bash
-# A 4-stage job across two hosts gives the bits it gives on one.
+# A 4-stage job across two hosts gives the bits it gives on one; so does a job of 2 stages and 2 replicas
+# (pipecc --replicas 2: a replica on each host, the weight gradients summed over TCP).
 #
 # The two hosts are built on this machine: two network namespaces joined by a
 # veth pair, each with its own host name (a UTS namespace).  mpirun runs on
@@ -32,10 +33,15 @@ if ! bin/pipecc onnx_models/lenet.onnx -n 4 --batch 32 --microbatches 8 --lr 0.0
    ! make -s -C "$T/lenet.pipe" >/dev/null 2>"$T/build.err"; then
   cat "$T/build.err"; bad "compile and build the 4-stage LeNet"; finish
 fi
+if ! bin/pipecc onnx_models/lenet.onnx -n 2 --replicas 2 --batch 32 --microbatches 4 --lr 0.05 -o "$T/rep.pipe" >/dev/null ||
+   ! make -s -C "$T/rep.pipe" >/dev/null 2>"$T/build.err"; then
+  cat "$T/build.err"; bad "compile and build LeNet for 2 stages and 2 replicas"; finish
+fi
 mkdir "$T/wd"
-run() { # run NAME [launcher...]: 12 steps, log and save
+PIPE=lenet.pipe
+run() { # run NAME [launcher...]: 12 steps of $PIPE, log and save
   local name=$1; shift
-  (cd "$T/wd" && "$@" "$T/lenet.pipe/run.sh" --data "$T/mnist" --steps 12 --shuffle --quiet --timeout 60 \
+  (cd "$T/wd" && "$@" "$T/$PIPE/run.sh" --data "$T/mnist" --steps 12 --shuffle --quiet --timeout 60 \
      --log "$T/$name.csv" --save "$T/$name.onnx" "${RUNARGS[@]}") >"$T/$name.out" 2>&1
 }
 
@@ -44,8 +50,12 @@ RUNARGS=()
 run one
 rc1=$?
 [ $rc1 = 0 ] && ok "the single-host run trains" || { bad "the single-host run failed (rc $rc1)"; cat "$T/one.out"; }
+PIPE=rep.pipe run rep-one
+rcr1=$?
+[ $rcr1 = 0 ] && ok "the single-host run of 2 stages x 2 replicas trains" || { bad "the single-host replicas run failed (rc $rcr1)"; cat "$T/rep-one.out"; }
 TWO_HOST_CHECKS=("the two-host run trains" "losses are bit-identical on one host and on two"
-                 "the trained weights (--save) are bit-identical" "ranks on hosts with other BLAS kernels are refused")
+                 "the trained weights (--save) are bit-identical" "ranks on hosts with other BLAS kernels are refused"
+                 "2 stages x 2 replicas on two hosts: the same losses and weights as on one")
 skip_two_hosts() { # WHY
   local c
   for c in "${TWO_HOST_CHECKS[@]}"; do t_skip "$c" "$1"; done
@@ -97,6 +107,17 @@ if [ $rc1 = 0 ] && [ $rc2 = 0 ]; then
   fi
   if cmp -s "$T/one.onnx" "$T/two.onnx"; then ok "the trained weights (--save) are bit-identical"
   else bad "the trained weights differ between one host and two"; fi
+fi
+
+# 2 stages x 2 replicas: world ranks 0-1 (replica 0) on host A, 2-3 (replica 1) on host B (the hostfile's
+# slots, in order), so every gradient sum between the replicas crosses the link.
+PIPE=rep.pipe run rep-two on_a
+rcr2=$?
+if [ $rcr1 = 0 ] && [ $rcr2 = 0 ] && cmp -s <(cut -d, -f1,2 "$T/rep-one.csv") <(cut -d, -f1,2 "$T/rep-two.csv") &&
+   [ "$(wc -l < "$T/rep-one.csv")" = 13 ] && cmp -s "$T/rep-one.onnx" "$T/rep-two.onnx"; then
+  ok "2 stages x 2 replicas on two hosts (a replica on each, the gradient sums over TCP): the same losses and weights as on one"
+else
+  bad "2 stages x 2 replicas on two hosts differ from one host (rc $rcr1, $rcr2)"; tail -20 "$T/rep-two.out"
 fi
 
 # Without run.sh's kernel choice, host B runs other kernels: the stages must
