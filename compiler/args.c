@@ -28,6 +28,8 @@ static void usage(FILE *f) {
         "\n"
         "  -n N                  pipeline stages, one MPI rank each (default 1)\n"
         "  -o DIR                output directory (default: MODEL.pipe)\n"
+        "  --ranks P             the planner chooses: every S stages x R replicas = P planned in full (each of\n"
+        "                        gpipe, 1f1b, zb1 under --schedule auto), the fastest predicted step that fits kept\n"
         "  --replicas R          R copies of the pipeline side by side (N x R ranks), each training B / R of the\n"
         "                        batch; a stage's weight gradients are summed over its R ranks in replica order\n"
         "                        before the update, overlapped with the last backward (default 1; docs/replicas.md)\n"
@@ -179,7 +181,11 @@ static int flag_plan(Options *o, const char *a, const char *val, int *i, const c
   if (!strcmp(a, "-n")) {
     NEEDVAL();
     if (parse_int(val, 1, MAX_RANKS, &v)) return bad("-n '%s': expected a whole number of stages from 1 to 1024%s", val, "");
-    o->nstages = (int)v;
+    o->nstages = (int)v, o->nstages_given = 1;
+  } else if (!strcmp(a, "--ranks")) {
+    NEEDVAL();
+    if (parse_int(val, 1, MAX_RANKS, &v)) return bad("--ranks '%s': expected a whole number of ranks from 1 to 1024%s", val, "");
+    o->ranks = (int)v;
   } else if (!strcmp(a, "--replicas")) {
     NEEDVAL();
     if (parse_int(val, 1, MAX_RANKS, &v)) return bad("--replicas '%s': expected a whole number of pipeline copies from 1 to 1024%s", val, "");
@@ -368,12 +374,7 @@ static int check_chunks(Options *o, const char *moves_given) {
 }
 
 /* --replicas R: S x R ranks, and the combinations not supported yet.  -1 when all is well, else the exit status. */
-static int check_replicas(Options *o) {
-  if (!o->replicas) o->replicas = 1;
-  if (o->replicas == 1) return -1;
-  char rbuf[32], nbuf[32];
-  snprintf(rbuf, sizeof rbuf, "%d", o->replicas), snprintf(nbuf, sizeof nbuf, "%d", opt_ranks(o));
-  if ((long)opt_ranks(o) * o->replicas > MAX_RANKS) return bad("-n %s x --replicas %s: more than 1024 ranks", nbuf, rbuf);
+int args_check_replicas(const Options *o, char *out, size_t len) {
   const char *why = o->forward_only ? "--forward-only: its programs do not train"
                     : o->schedule == SCHED_ASYNC ? "--schedule async: its updates are not summed over replicas yet"
                     : o->schedule == SCHED_PIPEFB ? "--schedule pipefb: its backward ranks are not replicated yet"
@@ -381,7 +382,26 @@ static int check_replicas(Options *o) {
                     : o->opt_offload != OPTOFF_NONE ? "--offload-optimizer: gradients in a file are not summed over replicas yet"
                     : !strcmp(o->target, "cuda") ? "--target cuda: the GPU's gradients are not summed over replicas yet"
                     : NULL;
-  if (why) return bad("--replicas %s with %s", rbuf, why);
+  if (!why) return 0;
+  snprintf(out, len, "--replicas %d with %s", o->replicas, why);
+  return -1;
+}
+
+static int check_replicas(Options *o) {
+  if (!o->replicas) o->replicas = 1;
+  char rbuf[32], nbuf[32], why[320];
+  if (o->ranks) {
+    snprintf(rbuf, sizeof rbuf, "%d", o->ranks);
+    if (o->nstages_given || o->replicas > 1) return bad("--ranks %s chooses -n and --replicas itself; give either --ranks or those%s", rbuf, "");
+    if (sched_chunked(o->schedule) || o->schedule == SCHED_ASYNC || o->schedule == SCHED_PIPEFB || o->forward_only)
+      return bad("--ranks %s: the planner compares gpipe, 1f1b and zb1 layouts (--schedule auto: all three); not %s", rbuf,
+                 o->forward_only ? "--forward-only" : schedule_name(o->schedule));
+    return -1;
+  }
+  if (o->replicas == 1) return -1;
+  snprintf(rbuf, sizeof rbuf, "%d", o->replicas), snprintf(nbuf, sizeof nbuf, "%d", opt_ranks(o));
+  if ((long)opt_ranks(o) * o->replicas > MAX_RANKS) return bad("-n %s x --replicas %s: more than 1024 ranks", nbuf, rbuf);
+  if (args_check_replicas(o, why, sizeof why)) return bad("%s%s", why, "");
   return -1;
 }
 

@@ -27,6 +27,7 @@
 #include "freeze.h"
 #include "fuse.h"
 #include "kcache.h"
+#include "layout.h"
 #include "listing.h"
 #include "memplan.h"
 #include "onnx_load.h"
@@ -187,6 +188,7 @@ static int pass_costs(Plan *p) {
     return err_set("-n %d is larger than the number of compute nodes in %s (%d after constant folding): each stage needs "
                    "at least one", o->nstages, g->path, p->N);
   if (machine_load(&p->machine, opt_ranks(o), o->devices, &g->pool)) return -1;
+  if (o->replicas > 1 && machine_load(&p->rmachine, opt_ranks(o) * o->replicas, o->devices, &g->pool)) return -1;
   if (o->chunks > 1) spread_machine(p);
   /* --threads T on this machine's probe: GEMM, which most of the FLOPs are, splits over T cores about
    * evenly, so the FLOP model takes T times the one-core rate (a --devices file gives each rank's own
@@ -262,6 +264,9 @@ static int pass_schedule(Plan *p) {
   replica_costs(p, p->part.cost, o->nstages);
   replica_actions(&p->sched, o->replicas, &p->g.pool);
   p->sched.cores = plan_core_groups(p);
+  /* --replicas R on a host of fewer cores than R x threads: each replica computes on a fraction of a core. */
+  int tr = (o->threads > 1 ? o->threads : 1) * o->replicas, cores = p->machine.cores;
+  p->sched.share = o->replicas > 1 && cores > 0 && tr > cores ? (double)tr / cores : 1;
   if (p->direct) plan_route_peers(p, &p->sched);
   /* A rank of several threads is not pinned to one core (the runtime pins only single-threaded ranks). */
   if (!schedule_time(&p->sched, p->part.cost) && o->threads <= 1) schedule_pin(&p->sched, p->part.cost, &p->g.pool);
@@ -518,7 +523,7 @@ static const char *chunked_unplanned(const Options *o) {
 
 /* Candidate c planned as compile() plans (stage programs, memory plan, jitter; the next convolution
  * implementation where one does not fit), written nowhere: its figures, or why it does not plan. */
-static void plan_candidate(Options t, SchedCand *c) {
+void driver_candidate(Options t, SchedCand *c) {
   int choice[2], n = conv_impl_choices(t.conv_impl, choice);
   t.schedule = c->kind, t.schedule_auto = 0;
   if (c->chunks > 1) {
@@ -579,7 +584,7 @@ static int choose_schedule(Options *o) {
   for (int k = 0; k < NCAND; k++) {
     memset(&cand[k], 0, sizeof cand[k]);
     cand[k].kind = kinds[k], cand[k].chunks = chunks[k];
-    plan_candidate(*o, &cand[k]);
+    driver_candidate(*o, &cand[k]);
     if (cand[k].fits && (best < 0 || cand[k].step < cand[best].step)) best = k;
   }
   if (best < 0) {
@@ -601,6 +606,7 @@ int driver_run(Options *o) {
    * without the target's library, is said before the planning, not after it. */
   RtPath rt;
   if (!o->plan_only && !o->dump_shapes && rtpath_find(o->target, &rt)) return report_error("%s", err_msg());
+  if (o->ranks && !o->dump_shapes && layout_choose(o)) return 2;
   if (o->schedule_auto && !o->dump_shapes && choose_schedule(o)) return 2;
   int choice[2], n = conv_impl_choices(o->conv_impl, choice), rc = RETRY;
   for (int i = 0; i < n && rc == RETRY; i++) {

@@ -22,4 +22,7 @@ int plan_programs(Plan *p);
  * memory plan, which settles the lists.  0, or -1 with err_set. */
 int plan_jitter(Plan *p);
 void plan_free(Plan *p);
+/* A candidate plan with t's flags and c->kind's schedule (c->chunks per rank), planned as compile() plans and
+ * written nowhere: c's figures, or why it does not plan (--schedule auto, --ranks). */
+void driver_candidate(Options t, SchedCand *c);
 #endif

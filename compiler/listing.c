@@ -6,6 +6,8 @@
  * plan.json carries the same numbers for scripts and tests. */
 #include "listing.h"
 
+#include "layout.h"
+
 #include <stdlib.h>
 
 #include "ops/conv.h"
@@ -566,6 +568,53 @@ static void auto_text(const Plan *p, Buf *b) {
   }
 }
 
+/* --ranks P: every layout compared, and why the kept one won. */
+static void layout_text(const Plan *p, Buf *b) {
+  const Options *o = &p->opt;
+  if (!o->nlayouts) return;
+  const LayoutCand *k = &o->layouts[o->layout_kept];
+  int next = -1;
+  for (int i = 0; i < o->nlayouts; i++)
+    if (i != o->layout_kept && o->layouts[i].c.fits && (next < 0 || o->layouts[i].c.step < o->layouts[next].c.step)) next = i;
+  buf_printf(b, "  layout       --ranks %d: %d stage%s x %d replica%s, %s; every S x R = %d planned in full, the fastest predicted\n"
+                "               step that fits kept (within 0.5%%: the smallest busiest arena); all train the same batch:\n",
+             o->ranks, k->stages, k->stages == 1 ? "" : "s", k->replicas, k->replicas == 1 ? "" : "s", schedule_name(k->c.kind), o->ranks);
+  for (int i = 0; i < o->nlayouts; i++) {
+    const LayoutCand *L = &o->layouts[i];
+    char name[48];
+    snprintf(name, sizeof name, "%d x %d %s", L->stages, L->replicas, schedule_name(L->c.kind));
+    if (L->c.fits)
+      buf_printf(b, "                 %-16s %s per step, %.1f%% bubble, busiest arena %s%s\n", name, fmt_time(L->c.step), 100 * L->c.bubble,
+                 L->c.peak >= 0 ? fmt_bytes((double)L->c.peak) : "(not built: --plan-only)", i == o->layout_kept ? "  <- kept" : "");
+    else
+      buf_printf(b, "                 %-16s does not plan: %.200s\n", name, L->c.why);
+  }
+  if (next >= 0)
+    buf_printf(b, "               kept: predicted %.2fx the step of the next best (%d x %d %s)%s\n", k->c.step / o->layouts[next].c.step,
+               o->layouts[next].stages, o->layouts[next].replicas, schedule_name(o->layouts[next].c.kind),
+               k->c.step > o->layouts[next].c.step ? ", as fast within 0.5% and leaner" : "");
+}
+
+static void layout_json(const Plan *p, Buf *b) {
+  const Options *o = &p->opt;
+  if (!o->nlayouts) return;
+  buf_printf(b, "  \"ranks\": %d,\n  \"layouts\": [", o->ranks);
+  for (int i = 0; i < o->nlayouts; i++) {
+    const LayoutCand *L = &o->layouts[i];
+    buf_printf(b, "%s\n    {\"stages\": %d, \"replicas\": %d, \"schedule\": \"%s\", \"plans\": %s, ", i ? "," : "", L->stages, L->replicas,
+               schedule_name(L->c.kind), L->c.fits ? "true" : "false");
+    if (L->c.fits)
+      buf_printf(b, "\"predicted_step_time_s\": %.9g, \"bubble\": %.6f, \"busiest_arena_bytes\": %lld, \"kept\": %s}", L->c.step, L->c.bubble,
+                 (long long)L->c.peak, i == o->layout_kept ? "true" : "false");
+    else {
+      buf_printf(b, "\"why\": ");
+      json_str(b, L->c.why);
+      buf_printf(b, "}");
+    }
+  }
+  buf_printf(b, "\n  ],\n");
+}
+
 /* plan.json's "schedule_auto": each candidate's figures, or why it did not plan. */
 static void auto_json(const Plan *p, Buf *b) {
   if (!p->opt.ncands) return;
@@ -635,6 +684,7 @@ static void step_text(const Plan *p, Buf *b) {
                fmt_time(p->plain_step), fmt_time(at_medians(p)), 100 * (at_medians(p) / p->plain_step - 1));
   buf_printf(b, "  predicted    %s per step, %.1f samples/s\n", fmt_time(p->sched.step_time), (double)p->batch / p->sched.step_time);
   auto_text(p, b);
+  layout_text(p, b);
   if (p->sched.core_of && p->sched.step_unpinned > 0)
     buf_printf(b, "               with ranks pinned as above; unpinned (run.sh --no-pin), about %s (the ranks computing at once share "
                   "the cores)\n", fmt_time(p->sched.step_unpinned));
@@ -956,6 +1006,7 @@ void listing_json(const Plan *p, Buf *b) {
              (long long)p->batch, p->opt.microbatches, (long long)p->mb_size, schedule_name(p->opt.schedule), n);
   buf_printf(b, "  \"optimizer\": \"%s\",\n  \"optimizer_slots_per_param\": %.0f,\n", p->opt.optimizer ? p->opt.optimizer : "sgd", p->opt_slots);
   auto_json(p, b);
+  layout_json(p, b);
   buf_printf(b, "  \"convolutions\": \"%s\",\n", conv_impl_name(&p->g));
   machine_json(p, b);
   buf_printf(b, "  \"predicted_step_time_s\": %.9g,\n  \"bubble\": %.6f,\n  \"ideal_bubble\": %.6f,\n  \"max_stage_time_s\": %.9g,\n",

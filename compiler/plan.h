@@ -46,6 +46,10 @@ typedef struct Options {
   /* --replicas R: R copies of the S-stage pipeline side by side (S x R ranks), each training batch / R of
    * the global batch, their weight gradients summed across a stage's R ranks before the update (replica.c). */
   int replicas;
+  /* --ranks P: the planner chooses -n and --replicas (layout.c); every layout it compared, the one kept. */
+  int ranks, nstages_given;
+  const struct LayoutCand *layouts;
+  int nlayouts, layout_kept;
   int schedule_auto;      /* --schedule auto: each synchronous schedule planned, the fastest that fits kept (driver.c) */
   const struct SchedCand *cands; /* ... what each candidate's plan predicted, for the listing */
   int ncands;
@@ -121,6 +125,8 @@ typedef struct Plan {
   int nfused;        /* nodes fuse.c absorbed into another */
   double params, opt_slots;
   Machine machine;
+  Machine rmachine;    /* --replicas R: the figures of all S x R ranks (world rank k S + s runs stage s of replica k), whose links
+                        * the sums over the replicas cross (replica.c) */
   PartProblem prob;
   Partition part;
   const char *part_note;   /* which partitioner decided the cuts, and why (the listing's "partition" line) */

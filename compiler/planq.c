@@ -110,7 +110,8 @@ double plan_lib_bytes(const Plan *p, int i, int j) {
 }
 
 int plan_core_groups(const Plan *p) {
-  int c = p->machine.cores, t = p->opt.threads > 1 ? p->opt.threads : 1;
+  /* --replicas R: the replicas share the host's cores evenly, each its R-th (run.sh starts them all on it). */
+  int c = p->machine.cores, t = (p->opt.threads > 1 ? p->opt.threads : 1) * (p->opt.replicas > 1 ? p->opt.replicas : 1);
   return c <= 0 ? 0 : c / t > 0 ? c / t : 1;
 }
 

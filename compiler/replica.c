@@ -51,12 +51,14 @@ void replica_actions(Schedule *sc, int replicas, Pool *pool) {
   }
 }
 
-/* Seconds to sum `bytes` of gradients over R replicas: each rank sends (R - 1) shards and receives as many,
- * twice (the copies to their owners, the sums back), over the slowest link the machine describes. */
-static double sum_time(const Machine *m, double bytes, int R) {
-  double bw = m->link[0].bandwidth, lat = m->link[0].latency;
-  for (int s = 1; s < m->nranks && s < MAX_RANKS; s++)
-    if (m->link[s].bandwidth > 0 && m->link[s].bandwidth < bw) bw = m->link[s].bandwidth, lat = m->link[s].latency;
+/* Seconds to sum `bytes` of stage s's gradients over R replicas of S stages: each rank sends (R - 1) shards and
+ * receives as many, twice (the copies to their owners, the sums back), over the slowest link between its
+ * replicas (world ranks s, S + s, ...: links s .. (R - 1) S + s - 1 of the S x R ranks' figures). */
+static double sum_time(const Machine *m, int s, int S, double bytes, int R) {
+  double bw = 0, lat = 0;
+  for (int w = s; w < (R - 1) * S + s && w < MAX_RANKS; w++)
+    if (m->link[w].bandwidth > 0 && (bw <= 0 || m->link[w].bandwidth < bw)) bw = m->link[w].bandwidth, lat = m->link[w].latency;
+  if (!(bw > 0)) bw = m->memcpy_bw / 2, lat = 2e-6; /* no figure: a copy through shared memory, as the probe's fallback */
   if (!(bw > 0)) return 0;
   double moved = 2.0 * bytes * (R - 1) / R;
   /* The owner's sum reads R shards and writes one: memory-bound. */
@@ -69,7 +71,7 @@ void replica_costs(const Plan *p, StageCost *c, int n) {
   for (int s = 0; s < n; s++) {
     c[s].reduce = c[s].reduce_total = 0;
     if (R <= 1 || !(c[s].mem_grads > 0)) continue;
-    double t = sum_time(&p->machine, c[s].mem_grads / (1 + p->prob.reduce_share), R); /* the gradients, not the shards' room */
+    double t = sum_time(&p->rmachine, s, n, c[s].mem_grads / (1 + p->prob.reduce_share), R); /* the gradients, not the shards' room */
     /* The buckets' first half (the copies to their owners) runs beside the last micro-batch's backward
      * (its weight-gradient part under zb1); what it does not cover, and the sums' way back, wait. */
     double hide = sched_splits(p->opt.schedule) ? c[s].bwd_w : c[s].bwd;

@@ -536,6 +536,12 @@ static StageCost *chunk_costs(const Schedule *sc, const StageCost *cost) {
 /* Busy CPU: compute, recomputation and the update (a transfer runs beside them). */
 static int uses_cpu(int kind) { return action_is_compute(kind) || kind == ACT_RECOMPUTE || kind == ACT_UPDATE; }
 
+/* An action's duration where more replicas share the host than it has cores (sc->share > 1: each replica's
+ * ranks get that fraction of one core, replica.c): its compute takes that much longer. */
+static double shared(const Schedule *sc, const Action *a, const StageCost *c) {
+  return duration(a, c) * (sc->share > 1 && uses_cpu(a->kind) ? sc->share : 1);
+}
+
 /* Pinned ranks (sc->core_of): the next action to run is the one, over all
  * ranks, that can start first; a CPU action also waits for its core, which
  * runs one action at a time at its own speed (Linux's time slices are longer
@@ -604,7 +610,7 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch, int b
       }
     }
     Action *a = &sc->act[s][next[s]];
-    a->start = st, a->end = st + duration(a, cost_of(sim, a, s));
+    a->start = st, a->end = st + shared(sc, a, cost_of(sim, a, s));
     sim->free_at[s] = a->end;
     if (uses_cpu(a->kind)) core_free[sc->core_of[s]] = a->end;
     sc->busy[s] += compute_part(a, cost_of(sim, a, s));
@@ -619,7 +625,7 @@ static int simulate(Schedule *sc, const StageCost *cost, double **stretch, int b
         Action *a = &sc->act[s][next[s]];
         double ready = sim_ready(sim, a, s, has_pre + s * m);
         if (ready < 0) break;
-        double k = stretch ? stretch[s][next[s]] : 1, dur = duration(a, cost_of(sim, a, s)) * k;
+        double k = stretch ? stretch[s][next[s]] : 1, dur = shared(sc, a, cost_of(sim, a, s)) * k;
         a->start = fmax(ready, sim->free_at[s]);
         a->end = a->start + dur;
         sim->free_at[s] = a->end;

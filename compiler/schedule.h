@@ -74,6 +74,7 @@ typedef struct Schedule {
   int staleness;     /* K: step t computes on the weights W_max(0, t-K) (0: synchronous) */
   int unroll;        /* steps in act[] (0: one, the synchronous lists) */
   int replicas;      /* --replicas R > 1: each rank's list sums its gradients over the replicas (REDUCE, REDUCE_WAIT) */
+  double share;      /* > 1: the replicas outnumber the host's cores (x threads), and compute takes this much longer */
   int lookahead;     /* L: body actions reach micro-batches of up to L steps later */
   Action **body;     /* per rank: one step's actions */
   int *nbody;

@@ -71,9 +71,11 @@ int pin_rank(const PrStage *st, const Args *a, cpu_set_t *before) {
   int here = host_ranks(), world = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   cpu_set_t set, one;
-  if (here != world || sched_getaffinity(0, sizeof set, &set) || CPU_COUNT(&set) != st->pin_cores) return -1;
+  /* --replicas R: the plan shared pin_cores among one replica's stages; replica k takes the k-th R-th of the CPUs. */
+  int R = g_nreplicas > 1 ? g_nreplicas : 1, at = g_replica * st->pin_cores + st->pin_core;
+  if (here != world || sched_getaffinity(0, sizeof set, &set) || CPU_COUNT(&set) != st->pin_cores * R) return -1;
   for (int cpu = 0, k = 0; cpu < CPU_SETSIZE; cpu++) {
-    if (!CPU_ISSET(cpu, &set) || k++ != st->pin_core) continue;
+    if (!CPU_ISSET(cpu, &set) || k++ != at) continue;
     CPU_ZERO(&one);
     CPU_SET(cpu, &one);
     *before = set;
