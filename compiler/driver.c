@@ -606,7 +606,7 @@ int driver_run(Options *o) {
    * without the target's library, is said before the planning, not after it. */
   RtPath rt;
   if (!o->plan_only && !o->dump_shapes && rtpath_find(o->target, &rt)) return report_error("%s", err_msg());
-  if (o->ranks && !o->dump_shapes && layout_choose(o)) return 2;
+  if (o->ranks && !o->dump_shapes && layout_choose(o, driver_candidate)) return 2;
   if (o->schedule_auto && !o->dump_shapes && choose_schedule(o)) return 2;
   int choice[2], n = conv_impl_choices(o->conv_impl, choice), rc = RETRY;
   for (int i = 0; i < n && rc == RETRY; i++) {

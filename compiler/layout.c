@@ -17,7 +17,6 @@
 #include <string.h>
 
 #include "args.h"
-#include "driver.h"
 #include "util.h"
 
 /* The schedules compared per layout: the synchronous ones that replicate (interleaved and zbv do not yet). */
@@ -36,7 +35,7 @@ static const char *unfit_batch(const Options *o, int S, int R, char *buf, size_t
   return "";
 }
 
-int layout_choose(Options *o) {
+int layout_choose(Options *o, void (*plan)(Options t, SchedCand *c)) {
   static LayoutCand cand[MAX_LAYOUTS];
   int n = 0, best = -1, P = o->ranks;
   int nk = o->schedule_auto ? NKINDS : 1;
@@ -51,7 +50,7 @@ int layout_choose(Options *o) {
       const char *why = unfit_batch(&t, S, P / S, L->c.why, sizeof L->c.why);
       if (!*why && P / S > 1 && args_check_replicas(&t, L->c.why, sizeof L->c.why)) why = L->c.why;
       if (*why) continue;
-      driver_candidate(t, &L->c);
+      plan(t, &L->c);
       if (L->c.fits && (best < 0 || L->c.step < cand[best].c.step)) best = n;
     }
   }

@@ -10,7 +10,7 @@ typedef struct LayoutCand {
 } LayoutCand;
 
 /* --ranks P: every S x R = P (each synchronous schedule under --schedule auto, else the one given) planned in
- * full; o->nstages, o->replicas and o->schedule become the fastest predicted step that fits (within 0.5%: the
+ * full by `plan` (driver.c's driver_candidate); o->nstages, o->replicas and o->schedule become the fastest predicted step that fits (within 0.5%: the
  * smallest busiest arena), o->layouts says what each predicted.  0, or 2 after the error line when none plans. */
-int layout_choose(Options *o);
+int layout_choose(Options *o, void (*plan)(Options t, SchedCand *c));
 #endif
