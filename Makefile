@@ -26,7 +26,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: test-parity bench-auto bench-chunks docs-schedules bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-optstate test-pipefb test-async test-freeze test-same-bits test-chunks
+.PHONY: test-costprobe test-parity bench-auto bench-chunks docs-schedules bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-optstate test-pipefb test-async test-freeze test-same-bits test-chunks
 all: bin/pipecc bin/pipecc-probe bin/pipecc-opprobe bin/piperun-data bin/pipecc-trace
 
 include runtime/cuda/build.mk
@@ -51,7 +51,7 @@ bin/pipecc-opprobe: tools/probe_ops.c runtime/kernels.h $(wildcard runtime/cpu/*
 	  tools/probe_ops.c runtime/conv_dnnl.c runtime/broadcast.c runtime/par.c runtime/gemm.c -o $@ \
 	  -lopenblas -lm -lpthread $(OPPROBE_DNNL_LIB) $(MVEC_LIB)
 probe: bin/pipecc-probe bin/pipecc bin/pipecc-opprobe
-	rm -f $${PIPECC_CACHE:-$$HOME/.cache/pipecc/machine.txt}
+	rm -f $${PIPECC_CACHE:-$$HOME/.cache/pipecc/machine.txt} $${PIPECC_OPS_CACHE:-$$(dirname $${PIPECC_CACHE:-$$HOME/.cache/pipecc/machine.txt})/ops.txt}
 	bin/pipecc onnx_models/mlp.onnx -n 2 -o build/probe.pipe >/dev/null
 	cat $${PIPECC_CACHE:-$$HOME/.cache/pipecc/machine.txt}
 
@@ -224,6 +224,11 @@ test-parity: bin/pipecc
 
 # The memory plan's whole matrix (not part of make test): every sample model
 # at n = 2 and 4, 1f1b and zb1, offloaded to a peer, to a file, recomputed.
+# The op probe (docs/cost.md): the synthetic-grid checks, then the real probe on a fresh cache (its time), and
+# --conv auto's choice against its measurements.  About 30 s.  bench/costprobe.py measures the predictions.
+test-costprobe: bin/pipecc bin/pipecc-opprobe
+	$(PY) tests/test_costprobe.py
+
 test-memory: bin/pipecc bin/piperun-data
 	$(PY) tests/test_memory.py
 

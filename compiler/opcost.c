@@ -56,6 +56,7 @@ const char *opcost_path(char *buf, size_t len) {
 static double work(const char *fam, const double x[4]) {
   if (!strncmp(fam, "conv@", 5)) return 2 * x[0] * x[1] * x[2] * x[2] * x[3];
   if (!strncmp(fam, "dwconv@", 7)) return 2 * x[0] * x[1] * x[1] * x[2];
+  if (!strcmp(fam, "pointconv")) return 2 * x[0] * x[1] * x[2] + x[1] * x[2] * x[3] * x[3]; /* the GEMM and the packed weights */
   if (!strcmp(fam, "gemm")) return 2 * x[0] * x[1] * x[2];
   return x[0];
 }
@@ -208,6 +209,10 @@ double opcost_at(const OpTable *t, const char *fam, const double x[4], int part)
     lo[d] = k, hi[d] = k + 1 < m && x[d] > f->ax[d][k] ? k + 1 : k;
     w[d] = hi[d] == lo[d] ? 0 : log(x[d] / f->ax[d][lo[d]]) / log(f->ax[d][hi[d]] / f->ax[d][lo[d]]);
   }
+  /* Below an axis's first value the time is held (a call's own overhead does not shrink with it); above
+   * its last it grows with the work. */
+  double xe[4];
+  for (int d = 0; d < 4; d++) xe[d] = x[d] < f->ax[d][0] ? f->ax[d][0] : x[d];
   double v = 0;
   for (int corner = 0; corner < 16; corner++) {
     int i[4];
@@ -219,7 +224,7 @@ double opcost_at(const OpTable *t, const char *fam, const double x[4], int part)
     }
     if (wt > 0) v += wt * f->spw[cell(f, i) * 3 + part];
   }
-  return exp(v) * work(f->name, x);
+  return exp(v) * work(f->name, xe);
 }
 
 const char *opcost_source(const OpTable *t, double *probe_s) {
@@ -232,8 +237,9 @@ const char *opcost_source(const OpTable *t, double *probe_s) {
 static const struct {
   const char *fam, *ops;
 } MEM_FAMS[] = {
-    {"relu", ",Relu,LeakyRelu,Abs,Neg,Clip,HardSigmoid,HardSwish,Reciprocal,Sqrt,Dropout,"},
-    {"gelu", ",Gelu,Erf,Exp,Log,Tanh,Sigmoid,Pow,"},
+    {"relu", ",Relu,LeakyRelu,Sqrt,Dropout,"},
+    {"unary", ",Abs,Neg,Clip,HardSigmoid,HardSwish,Reciprocal,Exp,Log,"},
+    {"gelu", ",Gelu,Erf,Tanh,Sigmoid,Pow,"},
     {"binary", ",Add,Sub,Mul,Div,Max,Min,Where,ReduceMean,ReduceSum,ReduceMax,"},
     {"softmax", ",Softmax,LogSoftmax,"},
     {"layernorm", ",LayerNormalization,"},
@@ -251,9 +257,9 @@ static const char *conv_family(const Graph *g, const Node *n, double x[4], doubl
   if (!X || !W || !Y || X->rank < 3 || W->rank != X->rank) return NULL;
   double group = (double)attr_int(n, "group", 1), cg = (double)X->dims[1] / group, mg = (double)W->dims[0] / group, taps = 1, P = (double)Y->dims[0];
   for (int i = 2; i < W->rank; i++) taps *= (double)W->dims[i], P *= (double)Y->dims[i];
-  if (conv_is_point(g, n)) { /* a GEMM per group over the one tap: [N, C/g] x [C/g, M/g] */
-    x[0] = (double)X->dims[0], x[1] = mg, x[2] = cg, x[3] = 1, *mult = group;
-    return "gemm";
+  if (conv_is_point(g, n)) { /* its tap's weights packed, then a GEMM per group: [N, C/g] x [C/g, M/g] */
+    x[0] = (double)X->dims[0], x[1] = cg, x[2] = mg, x[3] = sqrt(taps), *mult = group;
+    return "pointconv";
   }
   int lib = conv_uses_lib(g, n);
   *mult = group, x[3] = 1;
@@ -288,6 +294,8 @@ static const char *node_family(const Graph *g, const Node *n, double x[4], doubl
     if (strstr(MEM_FAMS[i].ops, key)) {
       double a = numel(node_in((Graph *)g, n, 0)), b = numel(node_out((Graph *)g, n, 0));
       x[0] = a > b ? a : b, x[1] = x[2] = x[3] = 1, *mult = 1;
+      const Tensor *X = node_in((Graph *)g, n, 0);
+      if (!strcmp(MEM_FAMS[i].fam, "batchnorm") && X && X->rank >= 2) x[1] = (double)X->dims[1]; /* and its channels */
       return x[0] >= 1 ? MEM_FAMS[i].fam : NULL;
     }
   return NULL;
@@ -304,6 +312,8 @@ int opcost_node(const OpTable *t, const Graph *g, const char *need, int node, do
   out[0] = mult * opcost_at(t, fam, x, 0);
   out[1] = gin ? mult * opcost_at(t, fam, x, 1) : 0;
   out[2] = gw ? mult * opcost_at(t, fam, x, 2) : 0;
+  if (getenv("PIPECC_OPCOST_DEBUG"))
+    fprintf(stderr, "opcost %s %s x=%g,%g,%g,%g *%g: %.3g %.3g %.3g\n", n->name, fam, x[0], x[1], x[2], x[3], mult, out[0], out[1], out[2]);
   return 0;
 }
 

@@ -14,10 +14,12 @@
  *   conv@onednn, conv@im2col      CIN COUT K P   a KxK convolution, stride 1, padded to keep its size,
  *                                                 P = batch x output pixels
  *   dwconv@onednn, dwconv@im2col  C K P 1        depthwise (group = C)
+ *   pointconv                     N CIN COUT K   a convolution of one point (k_conv_point) on N images
  *   gemm                          M N K 1        Y[M,N] = X[M,K] W[N,K]^T (nn.Linear's Gemm)
- *   relu gelu binary softmax layernorm batchnorm maxpool avgpool copy
+ *   relu gelu unary binary softmax layernorm maxpool avgpool copy
  *                                 ELEMS 1 1 1    a memory-bound kernel over ELEMS floats (the larger of
  *                                                 its input and output)
+ *   batchnorm                     ELEMS C 1 1    8 images of C channels
  * Then `done SECONDS`: the probe's own time. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +42,12 @@ static double now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* Written before each timed call, untimed: a stage's kernel finds its operands where the layers before it
+ * left them, mostly outside the caches, and so does the probe's (warm caches made small shapes 2-3x
+ * faster than in a model). */
+enum { FLUSH_FLOATS = 2 << 20 };
+static float *flush;
+
 /* Eight buffers of floats, each large enough for any shape below; the last, a convolution's workspace,
  * larger. */
 enum { NBUF = 8 };
@@ -51,6 +59,7 @@ static void buffers(size_t floats, size_t work_floats) {
     size_t n = i == NBUF - 1 ? work_floats : floats;
     buf[i] = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
     if (!buf[i]) exit(1);
+    if (!flush && !(flush = calloc(FLUSH_FLOATS, sizeof(float)))) exit(1);
     for (size_t k = 0; k < n; k++) buf[i][k] = (float)((k * 2654435761u + (unsigned)i * 97u) % 1000u) * 1e-3f + (i == 6 ? 0.5f : -0.5f);
   }
 }
@@ -63,6 +72,7 @@ static double timed(Call f, const void *arg, int part) {
   f(arg, part);
   double best = 1e30;
   for (int r = 0; r < reps; r++) {
+    for (int k = 0; k < FLUSH_FLOATS; k += 16) flush[k] += 1.0f;
     double t0 = now();
     f(arg, part);
     double t = now() - t0;
@@ -107,25 +117,40 @@ static ConvShape *conv_shape(int n, int c, int m, int k, int hw, int group, int 
 }
 
 static void conv_grid(int quick) {
-  static const int cin[] = {3, 16, 64, 256}, cout[] = {16, 64, 256}, ks[] = {1, 3, 5}, hws[] = {8, 32};
+  static const int cin[] = {3, 16, 64, 256}, cout[] = {16, 64, 256}, ks[] = {1, 3, 5}, hws[] = {2, 8, 32};
   const int nimg = 4;
   for (int lib = 1; lib >= 0; lib--)
     for (int a = 0; a < 4; a++)
       for (int b = 0; b < 3; b++)
         for (int kk = 0; kk < 3; kk++)
-          for (int h = 0; h < 2; h++) {
-            if (quick && (a % 3 || b % 2 || kk == 2)) continue;
+          for (int h = 0; h < 3; h++) {
+            if (quick && (a % 3 || b % 2 || kk == 2 || h == 1)) continue;
             ConvShape *s = conv_shape(nimg, cin[a], cout[b], ks[kk], hws[h], 1, lib);
             emit(lib ? "conv@onednn" : "conv@im2col", cin[a], cout[b], ks[kk], (double)nimg * hws[h] * hws[h], conv_call, s, 7);
           }
-  static const int dc[] = {16, 64, 256}, dk[] = {3, 5};
+  static const int dc[] = {16, 64, 256, 1024}, dk[] = {3, 5};
   for (int lib = 1; lib >= 0; lib--)
-    for (int a = 0; a < 3; a++)
+    for (int a = 0; a < 4; a++)
       for (int kk = 0; kk < 2; kk++)
-        for (int h = 0; h < 2; h++) {
-          if (quick && (a == 1 || kk)) continue;
+        for (int h = 0; h < 3; h++) {
+          if (quick && (a % 3 || kk || h == 1)) continue;
           ConvShape *s = conv_shape(nimg, dc[a], dc[a], dk[kk], hws[h], dc[a], lib);
           emit(lib ? "dwconv@onednn" : "dwconv@im2col", dc[a], dk[kk], (double)nimg * hws[h] * hws[h], 1, conv_call, s, 7);
+        }
+}
+
+/* Convolutions of one point (k_conv_point: its tap's weights packed, then a GEMM per group): N images,
+ * C in, M out, KxK taps. */
+static void point_grid(int quick) {
+  static const int ns[] = {8, 64}, cs[] = {1, 16, 128, 1024}, ks[] = {1, 3}; /* 1: a depthwise one's groups */
+  for (int a = 0; a < 2; a++)
+    for (int b = 0; b < 4; b++)
+      for (int c = 0; c < 4; c++)
+        for (int kk = 0; kk < 2; kk++) {
+          if ((quick && (b % 2 || c % 2)) || (int64_t)cs[b] * cs[c] * ks[kk] * ks[kk] > (1 << 22)) continue;
+          ConvShape *s = conv_shape(ns[a], cs[b], cs[c], ks[kk], 1, 1, 0);
+          s->lib_work = (int64_t)cs[b] * cs[c] * 4;
+          emit("pointconv", ns[a], cs[b], cs[c], ks[kk], conv_call, s, 7);
         }
 }
 
@@ -157,14 +182,15 @@ static void gemm_grid(int quick) {
 
 typedef struct Mem {
   int kind, size; /* size: which of the grid's element counts (the pools' constant shapes) */
+  int64_t c;      /* BatchNorm's channels (8 images of c channels) */
   int64_t n;      /* elements */
   BcastShape bs;
   PermShape ps;
   BnShape bn;
 } Mem;
 
-enum { M_RELU, M_GELU, M_BINARY, M_SOFTMAX, M_LAYERNORM, M_BATCHNORM, M_MAXPOOL, M_AVGPOOL, M_COPY, NMEM };
-static const char *const mem_name[NMEM] = {"relu", "gelu", "binary", "softmax", "layernorm", "batchnorm", "maxpool", "avgpool", "copy"};
+enum { M_RELU, M_GELU, M_BINARY, M_SOFTMAX, M_LAYERNORM, M_BATCHNORM, M_MAXPOOL, M_AVGPOOL, M_COPY, M_UNARY, NMEM };
+static const char *const mem_name[NMEM] = {"relu", "gelu", "binary", "softmax", "layernorm", "batchnorm", "maxpool", "avgpool", "copy", "unary"};
 
 /* Pools of 64 channels of HWxHW, as constants: the stage programs' shapes are, and the pool kernels
  * are inlined and specialised on them (at run-time shapes they ran 5-10x slower).  3x3 stride 2
@@ -200,6 +226,7 @@ static void mem_call(const void *arg, int part) {
     if (part) k_batchnorm_grad(b[0], b[1], b[5], b[6], b[2], NULL, b[4], b[5] + 1024, b[6] + 1024, &m->bn, 0);
     else k_batchnorm(b[0], b[1], b[1] + 1024, b[5], b[6], b[3], &m->bn);
     break;
+  case M_UNARY: part ? k_unary_grad(UN_CLIP, b[0], b[3], b[2], b[4], m->n, 0.0f, 6.0f, 0) : k_unary(UN_CLIP, b[0], b[3], m->n, 0.0f, 6.0f); break;
   case M_MAXPOOL: case M_AVGPOOL: pool_call(m->size, m->kind == M_AVGPOOL, part); break;
   default: part ? k_transpose_grad(b[2], b[4], &m->ps, 0) : k_transpose(b[0], b[3], &m->ps); break;
   }
@@ -211,7 +238,7 @@ static void mem_shapes(Mem *m) {
   int64_t n = m->n;
   m->bs = (BcastShape){.rank = 1, .out = {n}, .sa = {1}, .sb = {1}, .na = n, .nb = n, .ny = n};
   m->ps = (PermShape){.rank = 3, .out = {n / 1024, 16, 64}, .st = {64, n / 16, 1}, .n = n};
-  m->bn = (BnShape){.n = 1, .c = 64, .sp = n / 64, .eps = 1e-5f, .momentum = 0.9, .relu = 0, .training = 1};
+  m->bn = (BnShape){.n = 8, .c = m->c, .sp = m->c ? n / 8 / m->c : 1, .eps = 1e-5f, .momentum = 0.9, .relu = 0, .training = 1};
 }
 
 static void mem_grid(int quick) {
@@ -223,7 +250,15 @@ static void mem_grid(int quick) {
       mem_shapes(&m);
       static const int pool_hw[] = {8, 22, 64, 181}; /* the pools' input: 64 channels of HWxHW */
       double elems = k == M_MAXPOOL || k == M_AVGPOOL ? 64.0 * pool_hw[i] * pool_hw[i] : (double)m.n;
-      emit(mem_name[k], elems, 1, 1, 1, mem_call, &m, 3);
+      if (k != M_BATCHNORM) emit(mem_name[k], elems, 1, 1, 1, mem_call, &m, 3);
+      /* BatchNorm loops over channels and images: few points a channel cost more each */
+      static const int64_t bc[] = {16, 128, 1024};
+      for (int j = 0; j < 3 && k == M_BATCHNORM; j++) {
+        if (ns[i] < 8 * bc[j] || (quick && j == 1)) continue;
+        m.c = bc[j];
+        mem_shapes(&m);
+        emit(mem_name[k], elems, (double)bc[j], 1, 1, mem_call, &m, 3);
+      }
     }
 }
 
@@ -244,10 +279,11 @@ int main(int argc, char **argv) {
 #endif
   /* The largest: a 5x5 256-channel weight, 2^21 elements; im2col's columns of a 256-channel 5x5 image of
    * 32x32 (oneDNN's blocked copies need less). */
-  buffers((size_t)1 << 21, (size_t)256 * 25 * 32 * 32 + 4096);
+  buffers((size_t)1 << 22, (size_t)256 * 25 * 32 * 32 + 4096);
   gemm_grid(quick);
   mem_grid(quick);
   conv_grid(quick);
+  point_grid(quick);
   printf("done %.2f\n", now() - t0);
   return 0;
 }
