@@ -1,6 +1,6 @@
 /* probe_ops.c - pipecc-opprobe: times the runtime's own kernels on a grid of shapes, once per machine.
  *
- *   pipecc-opprobe [--quick]
+ *   pipecc-opprobe [--quick] [--cold]
  *
  * pipecc runs it (compiler/opcost.c) when its op cache has no section for this machine, and keeps what
  * it prints.  It calls the kernels the stage programs call (runtime/kernels.h, gemm.c, conv_dnnl.c,
@@ -42,11 +42,13 @@ static double now(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* Written before each timed call, untimed: a stage's kernel finds its operands where the layers before it
- * left them, mostly outside the caches, and so does the probe's (warm caches made small shapes 2-3x
- * faster than in a model). */
+/* With --cold: written before each timed call, untimed, so that the kernel's operands are outside the
+ * caches.  Not the default: on bench/costprobe.py's models it made the predictions 1.2-1.8x the
+ * measured steps (a model's small weights and activations stay in the caches between micro-batches),
+ * against 0.85-1.0x warm. */
 enum { FLUSH_FLOATS = 2 << 20 };
 static float *flush;
+static int flush_caches;
 
 /* Eight buffers of floats, each large enough for any shape below; the last, a convolution's workspace,
  * larger. */
@@ -72,7 +74,8 @@ static double timed(Call f, const void *arg, int part) {
   f(arg, part);
   double best = 1e30;
   for (int r = 0; r < reps; r++) {
-    for (int k = 0; k < FLUSH_FLOATS; k += 16) flush[k] += 1.0f;
+    if (flush_caches)
+      for (int k = 0; k < FLUSH_FLOATS; k += 16) flush[k] += 1.0f;
     double t0 = now();
     f(arg, part);
     double t = now() - t0;
@@ -267,10 +270,11 @@ int main(int argc, char **argv) {
   const char *omp = getenv("OMP_NUM_THREADS");
   if ((!omp || strcmp(omp, "1")) && !setenv("OMP_NUM_THREADS", "1", 1)) execv("/proc/self/exe", argv);
   blas_core_pin(argv, NULL);
-  int quick = argc > 1 && !strcmp(argv[1], "--quick");
-  if (argc > 1 && !quick) {
-    fprintf(stderr, "usage: pipecc-opprobe [--quick]\n");
-    return 2;
+  int quick = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--quick")) quick = 1;
+    else if (!strcmp(argv[i], "--cold")) flush_caches = 1;
+    else return fprintf(stderr, "usage: pipecc-opprobe [--quick] [--cold]\n"), 2;
   }
   if (quick) reps = 1;
   double t0 = now();
