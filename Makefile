@@ -26,8 +26,8 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: test-parity bench-auto bench-chunks docs-schedules bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-optstate test-replicas test-pipefb test-async test-freeze test-same-bits test-chunks
-all: bin/pipecc bin/pipecc-probe bin/piperun-data bin/pipecc-trace
+.PHONY: test-costprobe test-parity bench-auto bench-chunks docs-schedules bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-optstate test-replicas test-pipefb test-async test-freeze test-same-bits test-chunks
+all: bin/pipecc bin/pipecc-probe bin/pipecc-opprobe bin/piperun-data bin/pipecc-trace
 
 include runtime/cuda/build.mk
 include install.mk
@@ -41,8 +41,17 @@ bin/piperun-data: tools/datagen.c runtime/data.c runtime/data.h runtime/npy.c ru
 bin/pipecc-probe: tools/probe_mpi.c tools/probe_kernels.c
 	@mkdir -p $(@D)
 	mpicc $(CFLAGS) $(WARN) tools/probe_mpi.c tools/probe_kernels.c -o $@
-probe: bin/pipecc-probe bin/pipecc
-	rm -f $${PIPECC_CACHE:-$$HOME/.cache/pipecc/machine.txt}
+# Times the runtime's kernels on a grid of shapes (compiler/opcost.c runs it once per machine): built as the
+# stage programs are (templates/Makefile.in's flags), with the kernels they link.
+OPPROBE_DNNL := $(if $(wildcard /usr/include/dnnl.h),-DPR_DNNL,)
+OPPROBE_DNNL_LIB := $(if $(OPPROBE_DNNL),-ldnnl -lgomp,)
+bin/pipecc-opprobe: tools/probe_ops.c runtime/kernels.h $(wildcard runtime/cpu/*.h runtime/*.def) runtime/blas_core.h runtime/conv_dnnl.c runtime/broadcast.c runtime/par.c runtime/par.h runtime/gemm.c
+	@mkdir -p $(@D)
+	clang -O2 -march=native -g $(WARN) -D_GNU_SOURCE -Iruntime $(OPPROBE_DNNL) $(if $(MVEC),-DPR_MVEC -fno-math-errno -fveclib=libmvec,) \
+	  tools/probe_ops.c runtime/conv_dnnl.c runtime/broadcast.c runtime/par.c runtime/gemm.c -o $@ \
+	  -lopenblas -lm -lpthread $(OPPROBE_DNNL_LIB) $(MVEC_LIB)
+probe: bin/pipecc-probe bin/pipecc bin/pipecc-opprobe
+	rm -f $${PIPECC_CACHE:-$$HOME/.cache/pipecc/machine.txt} $${PIPECC_OPS_CACHE:-$$(dirname $${PIPECC_CACHE:-$$HOME/.cache/pipecc/machine.txt})/ops.txt}
 	bin/pipecc onnx_models/mlp.onnx -n 2 -o build/probe.pipe >/dev/null
 	cat $${PIPECC_CACHE:-$$HOME/.cache/pipecc/machine.txt}
 
@@ -215,6 +224,11 @@ test-parity: bin/pipecc
 
 # The memory plan's whole matrix (not part of make test): every sample model
 # at n = 2 and 4, 1f1b and zb1, offloaded to a peer, to a file, recomputed.
+# The op probe (docs/cost.md): the synthetic-grid checks, then the real probe on a fresh cache (its time), and
+# --conv auto's choice against its measurements.  About 30 s.  bench/costprobe.py measures the predictions.
+test-costprobe: bin/pipecc bin/pipecc-opprobe
+	$(PY) tests/test_costprobe.py
+
 test-memory: bin/pipecc bin/piperun-data
 	$(PY) tests/test_memory.py
 

@@ -1,7 +1,7 @@
 # install.mk - make install and make uninstall (the Makefile includes it; docs/install.md):
 #   make install [PREFIX=/usr/local] [DESTDIR=STAGING] [NVCC=]
 #   make uninstall [PREFIX=/usr/local] [DESTDIR=STAGING]
-# install puts bin/{pipecc,pipecc-probe,pipecc-trace,piperun-data} under PREFIX, and the runtime under
+# install puts bin/{pipecc,pipecc-probe,pipecc-opprobe,pipecc-trace,piperun-data} under PREFIX, and the runtime under
 # PREFIX/lib/pipecc/runtime: its headers and a library built here for this machine (CPU, and CUDA where
 # nvcc is; NVCC= leaves the CUDA one out).  tools/install.sh copies the files and keeps the manifest
 # uninstall removes them by.
@@ -47,7 +47,7 @@ $(IB)/%/prebuilt.mk: $(IB)/%/Makefile templates/prebuilt.mk.in $(PB_DIR)/onnx.pb
 
 install-runtime: $(foreach d,$(INSTALL_DEVICES),$(IB)/$(d)/prebuilt.mk)
 
-install: bin/pipecc bin/pipecc-probe bin/pipecc-trace bin/piperun-data install-runtime
+install: bin/pipecc bin/pipecc-probe bin/pipecc-opprobe bin/pipecc-trace bin/piperun-data install-runtime
 	bash tools/install.sh install "$(DESTDIR)" "$(PREFIX)" $(INSTALL_DEVICES)
 
 uninstall:

@@ -38,6 +38,7 @@
 #include "pipefb.h"
 #include "planq.h"
 #include "price.h"
+#include "opcost.h"
 #include "replica.h"
 #include "profile.h"
 #include "rtpath.h"
@@ -178,6 +179,10 @@ static int pass_costs(Plan *p) {
   const Options *o = &p->opt;
   Graph *g = &p->g;
   if (freeze_apply(p)) return -1; /* the layers; with --frozen, the first N frozen */
+  if (machine_load(&p->machine, opt_ranks(o), o->devices, &g->pool)) return -1;
+  /* --conv auto: each convolution through the implementation the op probe measured faster for its shape
+   * (opcost.c), before anything sizes its workspace. */
+  if (!o->devices && !o->forward_only) opcost_choose_convs(p);
   double *arr[6];
   node_costs(p, arr);
   plan_edges(p);
@@ -187,7 +192,6 @@ static int pass_costs(Plan *p) {
   if (o->nstages > p->N)
     return err_set("-n %d is larger than the number of compute nodes in %s (%d after constant folding): each stage needs "
                    "at least one", o->nstages, g->path, p->N);
-  if (machine_load(&p->machine, opt_ranks(o), o->devices, &g->pool)) return -1;
   if (o->replicas > 1 && machine_load(&p->rmachine, opt_ranks(o) * o->replicas, o->devices, &g->pool)) return -1;
   if (o->chunks > 1) spread_machine(p);
   /* --threads T on this machine's probe: GEMM, which most of the FLOPs are, splits over T cores about

@@ -69,6 +69,7 @@ typedef struct Node {
   int fused;           /* absorbed into the node that feeds it (fuse.c); folded is set too, so no pass runs it */
   const char *fusion;  /* what this node runs since fuse.c gave it other nodes' work ("BatchNormalization+Relu"), or NULL */
   const struct OpDef *def; /* its row of the operator table (set by infer_and_fold) */
+  int conv_gemm;       /* a convolution that --conv auto runs as im2col + GEMM: measured faster here (opcost.c) */
 } Node;
 
 typedef struct Graph {

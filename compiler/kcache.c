@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "opcost.h"
 #include "partition.h"
 #include "ops/conv.h"
 #include "plan.h"
@@ -404,20 +405,22 @@ void kcache_apply(Plan *p, PartProblem *pr) {
   if (o->costs || o->devices || o->forward_only) return;
   char buf[1024];
   const char *path = kcache_path(buf, sizeof buf);
-  if (!path) return;
+  const OpTable *ops = opcost_table(p); /* the op probe's grid: nodes the cache does not have */
   Graph *g = &p->g;
   double flops;
-  const char *id = section_id(p, &g->pool, &flops);
-  if (!id) return;
+  const char *id = path ? section_id(p, &g->pool, &flops) : NULL;
   Cache c;
-  cache_load(&c, path, id);
-  warn_bad(&c, path, " (their nodes are costed from FLOPs)");
-  if (!c.n) {
+  memset(&c, 0, sizeof c);
+  if (id) {
+    cache_load(&c, path, id);
+    warn_bad(&c, path, " (their nodes are costed from FLOPs)");
+  }
+  if (!c.n && !ops) {
     cache_free(&c);
     return;
   }
   const char *need = plan_needs(p);
-  int N = p->N, hits = 0;
+  int N = p->N, hits = 0, probed = 0;
   Costs *k = pool_alloc(&g->pool, sizeof *k);
   k->fwd = pool_alloc(&g->pool, sizeof(double) * (size_t)(N + 1));
   k->bwd_input = pool_alloc(&g->pool, sizeof(double) * (size_t)(N + 1));
@@ -428,14 +431,17 @@ void kcache_apply(Plan *p, PartProblem *pr) {
   KB *key = malloc(sizeof *key);
   if (!key) abort();
   for (int q = 0; q < N; q++) {
-    const Entry *e = node_key(p, need, p->node[q], key) ? NULL : cache_find(&c, key->s);
+    const Entry *e = !c.n || node_key(p, need, p->node[q], key) ? NULL : cache_find(&c, key->s);
+    double t[3];
     if (e) {
       k->fwd[q] = e->t[0], k->bwd_input[q] = e->t[1], k->bwd_weight[q] = e->t[2], k->src[q] = 1, hits++;
+    } else if (ops && !opcost_node(ops, g, need, p->node[q], t)) {
+      k->fwd[q] = t[0], k->bwd_input[q] = t[1], k->bwd_weight[q] = t[2], k->src[q] = 2, probed++;
     } else {
       kcache_flop_node(pr, q, rate, mbw, &k->fwd[q], &k->bwd_input[q], &k->bwd_weight[q]);
     }
   }
-  if (!hits) {
+  if (!hits && !probed) {
     free(key);
     cache_free(&c);
     return;
@@ -450,7 +456,8 @@ void kcache_apply(Plan *p, PartProblem *pr) {
   const Entry *jit = cache_find(&c, JITTER_KEY);
   k->jitter = jit ? jit->t[0] : 0;
   k->rate = rate, k->profile_mb = p->mb_size;
-  k->ncached = hits, k->cache_path = pool_strdup(&g->pool, path);
+  k->ncached = hits, k->cache_path = path ? pool_strdup(&g->pool, path) : NULL;
+  k->nprobed = probed, k->ops_path = ops ? pool_strdup(&g->pool, opcost_source(ops, NULL)) : NULL;
   cache_free(&c);
   p->costs = k;
   pr->fwd_s = k->fwd, pr->bwdi_s = k->bwd_input, pr->bwdw_s = k->bwd_weight;

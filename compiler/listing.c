@@ -189,9 +189,13 @@ static void stage_text(const Plan *p, int s, Buf *b) {
   buf_printf(b, "  predicted    forward %s + backward %s + communication %s = %s per micro-batch (%.2fx the mean)\n",
              fmt_time(c->fwd), fmt_time(c->bwd), fmt_time(c->comm), fmt_time(c->time), c->time / mean_time(p));
   if (p->costs && p->costs->src) {
-    int hit = 0;
-    for (int k = a; k < e; k++) hit += p->costs->src[k];
-    buf_printf(b, "  costs        %d of %d nodes from the kernel cache, %d from the FLOP model\n", hit, e - a, e - a - hit);
+    int hit = 0, probed = 0;
+    for (int k = a; k < e; k++) hit += p->costs->src[k] == 1, probed += p->costs->src[k] == 2;
+    if (p->costs->nprobed)
+      buf_printf(b, "  costs        %d of %d nodes from the kernel cache, %d from the op probe, %d from the FLOP model\n", hit, e - a, probed,
+                 e - a - hit - probed);
+    else
+      buf_printf(b, "  costs        %d of %d nodes from the kernel cache, %d from the FLOP model\n", hit, e - a, e - a - hit);
   }
   /* The memory plan's xslot copies and a peer's store are parts of the arena too (memplan.c). */
   const StageProg *mp = p->progs && !p->rprogs ? &p->progs[s] : NULL;
@@ -533,6 +537,13 @@ static void costs_text(const Plan *p, Buf *b) {
                  c->conv == 2 ? "through oneDNN" : "as im2col + GEMM", c->conv == 2 ? "as im2col + GEMM" : "through oneDNN");
     if (c->merged) buf_printf(b, "               merged into the kernel cache %s (%d node times)\n", c->cache_path, c->merged);
     else if (c->merge_note) buf_printf(b, "               not merged into the kernel cache: %s\n", c->merge_note);
+  } else if (p->costs && p->costs->nprobed) {
+    const Costs *c = p->costs;
+    buf_printf(b, "  node costs   %d of %d nodes from the kernel cache%s%s, %d from the op probe's grid %s (interpolated), %d from\n"
+                  "               the FLOP model; the loader, the loss and the update: %d of 3 from the cache (measure them:\n"
+                  "               pipecc-probe --kernels MODEL, or --costs FILE)\n",
+               c->ncached, p->N, c->cache_path ? " " : "", c->cache_path ? c->cache_path : "", c->nprobed, c->ops_path,
+               p->N - c->ncached - c->nprobed, c->aux);
   } else if (p->costs) {
     const Costs *c = p->costs;
     buf_printf(b, "  node costs   %d of %d nodes from the kernel cache %s, %d from the FLOP model; the loader, the loss and\n"
@@ -830,9 +841,15 @@ static void machine_json(const Plan *p, Buf *b) {
   else buf_printf(b, "null");
   if (p->costs && p->costs->src) {
     buf_printf(b, ", \"kernel_cache\": {\"path\": ");
-    json_str(b, p->costs->cache_path);
+    if (p->costs->cache_path) json_str(b, p->costs->cache_path);
+    else buf_printf(b, "null");
     buf_printf(b, ", \"nodes_from_cache\": %d, \"nodes_from_flops\": %d, \"aux_from_cache\": %d}", p->costs->ncached,
-               p->N - p->costs->ncached, p->costs->aux);
+               p->N - p->costs->ncached - p->costs->nprobed, p->costs->aux);
+    if (p->costs->nprobed) {
+      buf_printf(b, ", \"op_probe\": {\"path\": ");
+      json_str(b, p->costs->ops_path);
+      buf_printf(b, ", \"nodes_from_probe\": %d}", p->costs->nprobed);
+    }
   } else if (p->costs && p->costs->merged) {
     buf_printf(b, ", \"kernel_cache_merged\": {\"path\": ");
     json_str(b, p->costs->cache_path);
@@ -913,9 +930,10 @@ static void stage_json(const Plan *p, int s, Buf *b) {
   buf_printf(b, "],\n     \"parameters\": %.0f, \"fwd_flops\": %.0f, \"bwd_flops\": %.0f,\n", params, ff, bf);
   buf_printf(b, "     \"fwd_time_s\": %.9g, \"bwd_time_s\": %.9g, \"comm_time_s\": %.9g, \"time_s\": %.9g,\n", c->fwd, c->bwd, c->comm, c->time);
   if (p->costs && p->costs->src) {
-    int hit = 0;
-    for (int k = a; k < e; k++) hit += p->costs->src[k];
-    buf_printf(b, "     \"costs_from_cache\": %d, \"costs_from_flops\": %d,\n", hit, e - a - hit);
+    int hit = 0, probed = 0;
+    for (int k = a; k < e; k++) hit += p->costs->src[k] == 1, probed += p->costs->src[k] == 2;
+    buf_printf(b, "     \"costs_from_cache\": %d, \"costs_from_flops\": %d,%s\n", hit, e - a - hit - probed,
+               probed ? pool_printf((Pool *)&p->g.pool, " \"costs_from_probe\": %d,", probed) : "");
   }
   buf_printf(b, "     \"memory\": {\"params\": %.0f, \"grads\": %.0f, \"optimizer\": %.0f, \"stash\": %.0f, \"received\": %.0f, "
                 "\"workspace\": %.0f, \"total\": %.0f, \"inflight\": %d, \"copies\": %d, \"estimate\": %.0f, \"exact\": %s},\n",

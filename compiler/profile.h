@@ -29,8 +29,10 @@ typedef struct Costs {
    * the loss and the update were found there.  With --costs: merged, how
    * many entries the profile wrote into the cache (merge_note: why none). */
   const char *cache_path;
-  char *src;
+  char *src;               /* 1 the kernel cache's, 2 the op probe's (opcost.c), 0 the FLOP model's */
   int ncached, aux, merged;
+  int nprobed;             /* nodes costed from the op probe's grid (ops_path: its cache) */
+  const char *ops_path;
   const char *merge_note;
 } Costs;
 

@@ -13,6 +13,8 @@ trap 'rm -rf "$T"' EXIT
 export PIPECC_CACHE=$T/machine.txt
 export PIPERUN_OBJ_CACHE=$T/rt  # libpiperun objects built once for every plan the suites build (templates/Makefile.in)
 export PIPECC_KERNEL_CACHE=$T/kernels.txt  # the kernel-time cache (docs/cost.md): empty, so plans are the FLOP model's
+export PIPECC_OPS_CACHE=off  # the op probe (docs/cost.md): not run, so plans stay the FLOP model's and --conv auto takes oneDNN
+                             # (tests/test_costprobe.py sets its own)
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 
@@ -129,6 +131,7 @@ suite "Slice, Expand, Tile, Cast at run time: a torch.nn model trained against P
 suite "frozen layers: --frozen and run.sh --freeze-at (a freeze event re-plans and continues) against PyTorch with requires_grad=False, a re-plan killed and resumed, hostile --frozen files (ASan build; the whole suite: make test-freeze)" env PIPECC=bin/pipecc-asan $PY tests/test_freeze.py --quick
 suite "Dropout: Philox masks, keep rate and scaling, training against PyTorch fed pipecc's masks, bit-identity across n and schedules" env PIPECC=bin/pipecc $PY tests/test_dropout.py
 suite "fuzzing the loader through code generation" fuzz
+suite "the op probe: its grid's times exact at measured shapes, monotone between, --conv auto per convolution by the grid, the listing says so (synthetic cache; the real probe: make test-costprobe)" env PIPECC=bin/pipecc $PY tests/test_costprobe.py --quick
 suite "measured node costs: pipecc --profile, run.sh --profile, --costs (hostile profiles refused), the kernel cache and pipecc-probe --kernels (hostile caches warned about) (ASan build)" env PIPECC=bin/pipecc-asan $PY tests/test_profile.py
 suite "make install into a temporary prefix: LeNet compiled, built and trained at n = 2 by the installed tools with the checkout hidden; DESTDIR, a moved install, make uninstall (tests/test_install.sh --cuda: the CUDA runtime too)" bash tests/test_install.sh
 suite "async: a pipeline that never drains, against a PyTorch simulation of its staleness rule (mlp, lenet, gpt; K = 1, 2), n = 2 and 4 bit-identical, refusals (ASan build; the whole matrix: make test-async)" env PIPECC=bin/pipecc-asan $PY tests/test_async.py --quick

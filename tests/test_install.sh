@@ -56,7 +56,7 @@ else
   exit 1
 fi
 missing=
-for f in bin/pipecc bin/pipecc-probe bin/pipecc-trace bin/piperun-data; do [ -x "$PREFIX/$f" ] || missing+=" $f"; done
+for f in bin/pipecc bin/pipecc-probe bin/pipecc-opprobe bin/pipecc-trace bin/piperun-data; do [ -x "$PREFIX/$f" ] || missing+=" $f"; done
 for f in piperun.h kernels.h cpu/gemm.h actions.def onnx.pb-c.h libpiperun.a prebuilt-cpu.mk; do
   [ -f "$PREFIX/lib/pipecc/runtime/$f" ] || missing+=" lib/pipecc/runtime/$f"
 done

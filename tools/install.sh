@@ -92,7 +92,7 @@ do_install() {
   mkdirs "$LIB"
   # ${a[@]+...}: an empty array under set -u is an error in bash before 4.4 (CentOS 7's 4.2)
   { for d in ${old_dirs[@]+"${old_dirs[@]}"} ${made_dirs[@]+"${made_dirs[@]}"}; do echo "dir $d"; done; } | awk '!seen[$0]++' >"$MAN"
-  for f in pipecc pipecc-probe pipecc-trace piperun-data; do put 755 "bin/$f" "bin/$f"; done
+  for f in pipecc pipecc-probe pipecc-opprobe pipecc-trace piperun-data; do put 755 "bin/$f" "bin/$f"; done
   # The runtime's headers and lists, which the stage programs include (templates/Makefile.in), and
   # protobuf-c's onnx.pb-c.h, which its PIPECC_GEN names.
   for f in runtime/*.h runtime/*.def runtime/cpu/*.h; do put 644 "$f" "$LIB/$f"; done

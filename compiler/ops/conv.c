@@ -9,14 +9,21 @@ static int64_t conv_workspace(Graph *g, const Node *n);
 /* Whether a convolution runs through oneDNN.  Measured here (docs/kernels.md): oneDNN's blocked-layout
  * convolutions, reorders in and out included, take 0.4-0.7x the time of im2col + SGEMM per sample on
  * the sample ResNet's shapes (3x3 and 1x1, 16-64 channels), and LeNet's 5x5 convolutions of 1-16
- * channels still gain (its step's CPU time 5.4 -> 4.2 ms); no sample shape measured slower, so auto
- * takes oneDNN for every convolution but those of one point (conv_is_point: a GEMM over the one tap that
- * does any work, runtime/kernels.h). */
+ * channels still gain (its step's CPU time 5.4 -> 4.2 ms).  Not every shape does, so under auto the op
+ * probe's grid decides per convolution (opcost.c, opcost_choose_convs: Node.conv_gemm), by its shape
+ * on this machine; without a probe (--devices, PIPECC_OPS_CACHE=off) auto takes oneDNN for every
+ * convolution.  Those of one point run as a GEMM over the one tap that does any work
+ * (conv_is_point, runtime/kernels.h) whatever --conv says. */
 static int conv_lib(Graph *g, const Node *n) { return conv_uses_lib(g, n); }
 
 int conv_node(const Node *n) { return !strcmp(n->op, "Conv"); }
 
-const char *conv_impl_name(const Graph *g) { return g->conv_impl == CONV_GEMM ? "im2col" : "onednn"; }
+const char *conv_impl_name(const Graph *g) {
+  if (g->conv_impl == CONV_GEMM) return "im2col";
+  for (int j = 0; j < g->nn; j++)
+    if (!g->n[j].folded && g->n[j].conv_gemm) return "mixed";
+  return "onednn";
+}
 
 int conv_profile_kind(const Graph *g, const int *node, int n) {
   for (int k = 0; k < n; k++)
@@ -34,12 +41,14 @@ int conv_is_point(const Graph *g, const Node *n) {
 }
 
 const char *conv_cache_key(const Graph *g, const Node *n) {
-  return !conv_node(n) ? NULL : conv_is_point(g, n) ? "point" : conv_impl_name(g);
+  return !conv_node(n) ? NULL : conv_is_point(g, n) ? "point" : conv_uses_lib(g, n) ? "onednn" : "im2col";
 }
 
 int conv_by_impl(const Graph *g, const Node *n) { return conv_node(n) && !conv_is_point(g, n); }
 
-int conv_uses_lib(const Graph *g, const Node *n) { return conv_by_impl(g, n) && g->conv_impl != CONV_GEMM; }
+int conv_uses_lib(const Graph *g, const Node *n) {
+  return conv_by_impl(g, n) && g->conv_impl != CONV_GEMM && !(g->conv_impl == CONV_AUTO && n->conv_gemm);
+}
 
 /* oneDNN's convolutions hold their code and descriptors outside the arena (conv_dnnl.c; their scratch
  * memory is in the arena): 70 KiB a convolution measured on the sample ResNet (its -n 1 run's overhead
@@ -48,9 +57,29 @@ enum { DNNL_CONV_BYTES = 96 << 10 };
 
 double conv_beside_bytes(const Graph *g, const Node *n) { return conv_uses_lib(g, n) ? DNNL_CONV_BYTES : 0; }
 
+/* Under --conv auto with some convolutions chosen for im2col + GEMM: how many of each, and the first
+ * few of those by name. */
+static const char *conv_mixed_note(const Graph *g, const int *node, int N, int lib, int gemm) {
+  Pool *pool = (Pool *)&g->pool;
+  const char *names = "";
+  int shown = 0;
+  for (int k = 0; k < N && shown < 4; k++) {
+    const Node *n = &g->n[node[k]];
+    if (conv_by_impl(g, n) && !conv_uses_lib(g, n))
+      names = pool_printf(pool, "%s%s%s", names, shown++ ? ", " : "", n->name && *n->name ? n->name : "(unnamed)");
+  }
+  return pool_printf(pool, "--conv auto, by the op probe's times on this machine: %d through oneDNN, %d as im2col + GEMM (%s%s), "
+                           "each measured faster for its shape; oneDNN's scratch memory in the arena, code and descriptors "
+                           "beside it, 96 KiB a convolution, counted against a memory limit", lib - gemm, gemm, names, gemm > shown ? ", ..." : "");
+}
+
 const char *conv_note(const Graph *g, const int *node, int N, int fallback) {
-  int lib = 0;
-  for (int k = 0; k < N; k++) lib += conv_by_impl(g, &g->n[node[k]]);
+  int lib = 0, gemm = 0;
+  for (int k = 0; k < N; k++) {
+    lib += conv_by_impl(g, &g->n[node[k]]);
+    gemm += conv_by_impl(g, &g->n[node[k]]) && !conv_uses_lib(g, &g->n[node[k]]);
+  }
+  if (lib && gemm && g->conv_impl == CONV_AUTO) return conv_mixed_note(g, node, N, lib, gemm);
   if (lib && g->conv_impl != CONV_GEMM)
     return "oneDNN: scratch memory in the arena; code and descriptors beside it, 96 KiB a convolution, "
            "counted against a memory limit";

@@ -1,0 +1,293 @@
+/* probe_ops.c - pipecc-opprobe: times the runtime's own kernels on a grid of shapes, once per machine.
+ *
+ *   pipecc-opprobe [--quick] [--cold]
+ *
+ * pipecc runs it (compiler/opcost.c) when its op cache has no section for this machine, and keeps what
+ * it prints.  It calls the kernels the stage programs call (runtime/kernels.h, gemm.c, conv_dnnl.c,
+ * broadcast.c), built with the stage programs' flags, on one thread, with OpenBLAS's kernels and
+ * oneDNN's thread count pinned as a stage pins them.  Each line it prints is one measured shape:
+ *
+ *     o FAMILY X1 X2 X3 X4 FWD BWD_INPUT BWD_WEIGHT
+ *
+ * seconds of the forward, the backward's input-gradient call and its weight-gradient call, the best of
+ * a few repeats after a warm-up call.  Families and their coordinates (unused ones are 1):
+ *   conv@onednn, conv@im2col      CIN COUT K P   a KxK convolution, stride 1, padded to keep its size,
+ *                                                 P = batch x output pixels
+ *   dwconv@onednn, dwconv@im2col  C K P 1        depthwise (group = C)
+ *   pointconv                     N CIN COUT K   a convolution of one point (k_conv_point) on N images
+ *   gemm                          M N K 1        Y[M,N] = X[M,K] W[N,K]^T (nn.Linear's Gemm)
+ *   relu gelu unary binary softmax layernorm maxpool avgpool copy
+ *                                 ELEMS 1 1 1    a memory-bound kernel over ELEMS floats (the larger of
+ *                                                 its input and output)
+ *   batchnorm                     ELEMS C 1 1    8 images of C channels
+ * Then `done SECONDS`: the probe's own time. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "blas_core.h"
+#include "kernels.h"
+
+RandCtx pr_rand = {1, 0, 0};
+void pr_bad_index(const char *node, const char *what, int64_t at, int64_t index, int64_t rows, const RandCtx *when) {
+  (void)when;
+  fprintf(stderr, "pipecc-opprobe: %s %s: index %lld at %lld of %lld rows\n", node, what, (long long)index, (long long)at, (long long)rows);
+  exit(3);
+}
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* With --cold: written before each timed call, untimed, so that the kernel's operands are outside the
+ * caches.  Not the default: on bench/costprobe.py's models it made the predictions 1.2-1.8x the
+ * measured steps (a model's small weights and activations stay in the caches between micro-batches),
+ * against 0.85-1.0x warm. */
+enum { FLUSH_FLOATS = 2 << 20 };
+static float *flush;
+static int flush_caches;
+
+/* Eight buffers of floats, each large enough for any shape below; the last, a convolution's workspace,
+ * larger. */
+enum { NBUF = 8 };
+static float *buf[NBUF];
+static int reps = 3;
+
+static void buffers(size_t floats, size_t work_floats) {
+  for (int i = 0; i < NBUF; i++) {
+    size_t n = i == NBUF - 1 ? work_floats : floats;
+    buf[i] = aligned_alloc(64, (n * sizeof(float) + 63) / 64 * 64);
+    if (!buf[i]) exit(1);
+    if (!flush && !(flush = calloc(FLUSH_FLOATS, sizeof(float)))) exit(1);
+    for (size_t k = 0; k < n; k++) buf[i][k] = (float)((k * 2654435761u + (unsigned)i * 97u) % 1000u) * 1e-3f + (i == 6 ? 0.5f : -0.5f);
+  }
+}
+
+/* One kernel call to time: which part (0 forward, 1 input gradient, 2 weight gradient) of what. */
+typedef void (*Call)(const void *arg, int part);
+
+/* The best of `reps` timed calls after one warm-up (oneDNN makes its primitives at the first). */
+static double timed(Call f, const void *arg, int part) {
+  f(arg, part);
+  double best = 1e30;
+  for (int r = 0; r < reps; r++) {
+    if (flush_caches)
+      for (int k = 0; k < FLUSH_FLOATS; k += 16) flush[k] += 1.0f;
+    double t0 = now();
+    f(arg, part);
+    double t = now() - t0;
+    if (t < best) best = t;
+  }
+  return best;
+}
+
+static void emit(const char *fam, double x1, double x2, double x3, double x4, Call f, const void *arg, int parts) {
+  double t[3] = {0, 0, 0};
+  for (int p = 0; p < 3; p++)
+    if (parts & (1 << p)) t[p] = timed(f, arg, p);
+  printf("o %s %.0f %.0f %.0f %.0f %.4g %.4g %.4g\n", fam, x1, x2, x3, x4, t[0], t[1], t[2]);
+  fflush(stdout);
+}
+
+/* ---- convolutions ---- */
+
+static void conv_call(const void *arg, int part) {
+  const ConvShape *s = arg;
+  float *col = buf[7];
+  if (part == 0) k_conv(buf[0], buf[1], buf[2], buf[3], col, s);
+  else if (part == 1) k_conv_grad(buf[0], buf[1], buf[3], buf[4], NULL, NULL, col, s, 0, 1);
+  else k_conv_grad(buf[0], buf[1], buf[3], NULL, buf[5], buf[6], col, s, 0, 1);
+}
+
+static int64_t pad16(int64_t v) { return (v + 15) / 16 * 16; }
+
+/* A KxK convolution of N images of HxW, C in, M out, `group` groups, stride 1, size kept; lib: oneDNN.
+ * Its workspace as the compiler sizes it (ops/conv.c). */
+static ConvShape *conv_shape(int n, int c, int m, int k, int hw, int group, int lib) {
+  ConvShape *s = calloc(1, sizeof *s); /* kept: oneDNN keys its primitives by this address */
+  if (!s) exit(1);
+  *s = (ConvShape){.n = n, .c = c, .d = 1, .h = hw, .w = hw, .m = m, .kd = 1, .kh = k, .kw = k, .group = group,
+                   .od = 1, .oh = hw, .ow = hw, .sd = 1, .sh = 1, .sw = 1, .pd = 0, .ph = k / 2, .pw = k / 2,
+                   .dd = 1, .dh = 1, .dw = 1, .lib = lib};
+  int64_t sp = (int64_t)hw * hw, cols = (int64_t)(c / group) * k * k * sp * 4;
+  int64_t xs = n * pad16(c) * sp, ys = n * pad16(m) * sp, ws = group * pad16(m / group) * pad16(c / group) * k * k;
+  int64_t libb = 4 * (xs + ys + ws + pad16(c) * sp) + 4 * 64 + 128;
+  s->lib_work = lib && libb > cols ? libb : cols;
+  return s;
+}
+
+static void conv_grid(int quick) {
+  static const int cin[] = {3, 16, 64, 256}, cout[] = {16, 64, 256}, ks[] = {1, 3, 5}, hws[] = {2, 8, 32};
+  const int nimg = 4;
+  for (int lib = 1; lib >= 0; lib--)
+    for (int a = 0; a < 4; a++)
+      for (int b = 0; b < 3; b++)
+        for (int kk = 0; kk < 3; kk++)
+          for (int h = 0; h < 3; h++) {
+            if (quick && (a % 3 || b % 2 || kk == 2 || h == 1)) continue;
+            ConvShape *s = conv_shape(nimg, cin[a], cout[b], ks[kk], hws[h], 1, lib);
+            emit(lib ? "conv@onednn" : "conv@im2col", cin[a], cout[b], ks[kk], (double)nimg * hws[h] * hws[h], conv_call, s, 7);
+          }
+  static const int dc[] = {16, 64, 256, 1024}, dk[] = {3, 5};
+  for (int lib = 1; lib >= 0; lib--)
+    for (int a = 0; a < 4; a++)
+      for (int kk = 0; kk < 2; kk++)
+        for (int h = 0; h < 3; h++) {
+          if (quick && (a % 3 || kk || h == 1)) continue;
+          ConvShape *s = conv_shape(nimg, dc[a], dc[a], dk[kk], hws[h], dc[a], lib);
+          emit(lib ? "dwconv@onednn" : "dwconv@im2col", dc[a], dk[kk], (double)nimg * hws[h] * hws[h], 1, conv_call, s, 7);
+        }
+}
+
+/* Convolutions of one point (k_conv_point: its tap's weights packed, then a GEMM per group): N images,
+ * C in, M out, KxK taps. */
+static void point_grid(int quick) {
+  static const int ns[] = {8, 64}, cs[] = {1, 16, 128, 1024}, ks[] = {1, 3}; /* 1: a depthwise one's groups */
+  for (int a = 0; a < 2; a++)
+    for (int b = 0; b < 4; b++)
+      for (int c = 0; c < 4; c++)
+        for (int kk = 0; kk < 2; kk++) {
+          if ((quick && (b % 2 || c % 2)) || (int64_t)cs[b] * cs[c] * ks[kk] * ks[kk] > (1 << 22)) continue;
+          ConvShape *s = conv_shape(ns[a], cs[b], cs[c], ks[kk], 1, 1, 0);
+          s->lib_work = (int64_t)cs[b] * cs[c] * 4;
+          emit("pointconv", ns[a], cs[b], cs[c], ks[kk], conv_call, s, 7);
+        }
+}
+
+/* ---- GEMMs ---- */
+
+typedef struct G {
+  int M, N, K;
+} G;
+
+static void gemm_call(const void *arg, int part) {
+  const G *g = arg;
+  if (part == 0) k_gemm(buf[0], buf[1], NULL, buf[3], g->M, g->N, g->K, 0, 1, 1.0f, 0.0f, 1, 1);
+  else if (part == 1) k_gemm_dA(buf[3], buf[1], buf[4], g->M, g->N, g->K, 0, 1, 1.0f, 0);
+  else k_gemm_dB(buf[3], buf[0], buf[5], g->M, g->N, g->K, 0, 1, 1.0f, 1);
+}
+
+static void gemm_grid(int quick) {
+  static const int d[] = {16, 64, 256, 1024};
+  for (int a = 0; a < 4; a++)
+    for (int b = 0; b < 4; b++)
+      for (int c = 0; c < 4; c++) {
+        if (quick && (a % 3 || b % 3 || c % 3)) continue;
+        G g = {d[a], d[b], d[c]};
+        emit("gemm", g.M, g.N, g.K, 1, gemm_call, &g, 7);
+      }
+}
+
+/* ---- memory-bound kernels, by elements ---- */
+
+typedef struct Mem {
+  int kind, size; /* size: which of the grid's element counts (the pools' constant shapes) */
+  int64_t c;      /* BatchNorm's channels (8 images of c channels) */
+  int64_t n;      /* elements */
+  BcastShape bs;
+  PermShape ps;
+  BnShape bn;
+} Mem;
+
+enum { M_RELU, M_GELU, M_BINARY, M_SOFTMAX, M_LAYERNORM, M_BATCHNORM, M_MAXPOOL, M_AVGPOOL, M_COPY, M_UNARY, NMEM };
+static const char *const mem_name[NMEM] = {"relu", "gelu", "binary", "softmax", "layernorm", "batchnorm", "maxpool", "avgpool", "copy", "unary"};
+
+/* Pools of 64 channels of HWxHW, as constants: the stage programs' shapes are, and the pool kernels
+ * are inlined and specialised on them (at run-time shapes they ran 5-10x slower).  3x3 stride 2
+ * max pooling (ResNet's), and global average pooling. */
+#define POOLS(X) X(0, 8) X(1, 22) X(2, 64) X(3, 181)
+#define POOL_FN(i, hw)                                                                                                            \
+  static const PoolShape MAXP_##i = {1, 64, 1, hw, hw, 1, (hw - 1) / 2 + 1, (hw - 1) / 2 + 1, 1, 3, 3, 1, 2, 2, 0, 1, 1, 1, 1, 1, 0, 1, 1, 0}; \
+  static const PoolShape GAP_##i = {1, 64, 1, hw, hw, 1, 1, 1, 1, hw, hw, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0};                      \
+  static void pool_##i(int avg, int part) {                                                                                        \
+    if (avg) part ? k_avgpool_grad(buf[2], buf[4], &GAP_##i, 0) : k_avgpool(buf[0], buf[3], &GAP_##i);                           \
+    else part ? k_maxpool_grad(buf[0], buf[2], buf[4], &MAXP_##i, 0) : k_maxpool(buf[0], buf[3], &MAXP_##i);                      \
+  }
+POOLS(POOL_FN)
+#define POOL_CASE(i, hw) case i: pool_##i(avg, part); break;
+static void pool_call(int size, int avg, int part) {
+  switch (size) { POOLS(POOL_CASE) }
+}
+
+static void mem_call(const void *arg, int part) {
+  const Mem *m = arg;
+  float **b = buf;
+  int64_t rows = m->n / 256;
+  switch (m->kind) {
+  case M_RELU: part ? k_relu_grad(b[3], b[2], b[4], m->n, 0) : k_relu(b[0], b[3], m->n); break;
+  case M_GELU: part ? k_gelu_grad(b[0], b[2], b[4], m->n, 0, 0) : k_gelu(b[0], b[3], m->n, 0); break;
+  case M_BINARY: part ? k_binary_grad(BIN_ADD, 0, b[0], b[1], b[2], b[4], &m->bs, 0) : k_binary(BIN_ADD, b[0], b[1], b[3], &m->bs); break;
+  case M_SOFTMAX: part ? k_softmax_grad(b[3], b[2], b[4], rows, 256, 0, 0) : k_softmax(b[0], b[3], rows, 256, 0); break;
+  case M_LAYERNORM:
+    if (part) k_layernorm_grad(b[0], b[1], b[2], b[4], b[5], b[6], rows, 256, 1e-5f, 1);
+    else k_layernorm(b[0], b[1], b[1] + 256, b[3], rows, 256, 1e-5f);
+    break;
+  case M_BATCHNORM:
+    if (part) k_batchnorm_grad(b[0], b[1], b[5], b[6], b[2], NULL, b[4], b[5] + 1024, b[6] + 1024, &m->bn, 0);
+    else k_batchnorm(b[0], b[1], b[1] + 1024, b[5], b[6], b[3], &m->bn);
+    break;
+  case M_UNARY: part ? k_unary_grad(UN_CLIP, b[0], b[3], b[2], b[4], m->n, 0.0f, 6.0f, 0) : k_unary(UN_CLIP, b[0], b[3], m->n, 0.0f, 6.0f); break;
+  case M_MAXPOOL: case M_AVGPOOL: pool_call(m->size, m->kind == M_AVGPOOL, part); break;
+  default: part ? k_transpose_grad(b[2], b[4], &m->ps, 0) : k_transpose(b[0], b[3], &m->ps); break;
+  }
+}
+
+/* The shapes of a memory kernel over n floats: 64 channels for BatchNorm, rows of 256 for the row
+ * kernels, and for copies attention's head split, [16, n/1024, 64] to [n/1024, 16, 64]. */
+static void mem_shapes(Mem *m) {
+  int64_t n = m->n;
+  m->bs = (BcastShape){.rank = 1, .out = {n}, .sa = {1}, .sb = {1}, .na = n, .nb = n, .ny = n};
+  m->ps = (PermShape){.rank = 3, .out = {n / 1024, 16, 64}, .st = {64, n / 16, 1}, .n = n};
+  m->bn = (BnShape){.n = 8, .c = m->c, .sp = m->c ? n / 8 / m->c : 1, .eps = 1e-5f, .momentum = 0.9, .relu = 0, .training = 1};
+}
+
+static void mem_grid(int quick) {
+  static const int64_t ns[] = {1 << 12, 1 << 15, 1 << 18, 1 << 21};
+  for (int k = 0; k < NMEM; k++)
+    for (int i = 0; i < 4; i++) {
+      if (quick && i % 3) continue;
+      Mem m = {.kind = k, .size = i, .n = ns[i]};
+      mem_shapes(&m);
+      static const int pool_hw[] = {8, 22, 64, 181}; /* the pools' input: 64 channels of HWxHW */
+      double elems = k == M_MAXPOOL || k == M_AVGPOOL ? 64.0 * pool_hw[i] * pool_hw[i] : (double)m.n;
+      if (k != M_BATCHNORM) emit(mem_name[k], elems, 1, 1, 1, mem_call, &m, 3);
+      /* BatchNorm loops over channels and images: few points a channel cost more each */
+      static const int64_t bc[] = {16, 128, 1024};
+      for (int j = 0; j < 3 && k == M_BATCHNORM; j++) {
+        if (ns[i] < 8 * bc[j] || (quick && j == 1)) continue;
+        m.c = bc[j];
+        mem_shapes(&m);
+        emit(mem_name[k], elems, (double)bc[j], 1, 1, mem_call, &m, 3);
+      }
+    }
+}
+
+int main(int argc, char **argv) {
+  /* As a stage program runs: its OpenBLAS kernels pinned, oneDNN on one OpenMP thread (prmain.c). */
+  const char *omp = getenv("OMP_NUM_THREADS");
+  if ((!omp || strcmp(omp, "1")) && !setenv("OMP_NUM_THREADS", "1", 1)) execv("/proc/self/exe", argv);
+  blas_core_pin(argv, NULL);
+  int quick = 0;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--quick")) quick = 1;
+    else if (!strcmp(argv[i], "--cold")) flush_caches = 1;
+    else return fprintf(stderr, "usage: pipecc-opprobe [--quick] [--cold]\n"), 2;
+  }
+  if (quick) reps = 1;
+  double t0 = now();
+#ifdef PR_DNNL
+  pr_conv_lib_init(getenv("OPENBLAS_CORETYPE"), 1);
+#endif
+  /* The largest: a 5x5 256-channel weight, 2^21 elements; im2col's columns of a 256-channel 5x5 image of
+   * 32x32 (oneDNN's blocked copies need less). */
+  buffers((size_t)1 << 22, (size_t)256 * 25 * 32 * 32 + 4096);
+  gemm_grid(quick);
+  mem_grid(quick);
+  conv_grid(quick);
+  point_grid(quick);
+  printf("done %.2f\n", now() - t0);
+  return 0;
+}
