@@ -30,6 +30,8 @@ static void usage(FILE *f) {
         "  -o DIR                output directory (default: MODEL.pipe)\n"
         "  --ranks P             the planner chooses: every S stages x R replicas = P planned in full (each of\n"
         "                        gpipe, 1f1b, zb1 under --schedule auto), the fastest predicted step that fits kept\n"
+        "  --zero 0|1            with replicas: 1 shards the optimizer state over them (ZeRO stage 1), each replica\n"
+        "                        updating its shard and sending the new weights; the same bits as 0 (default 0)\n"
         "  --replicas R          R copies of the pipeline side by side (N x R ranks), each training B / R of the\n"
         "                        batch; a stage's weight gradients are summed over its R ranks in replica order\n"
         "                        before the update, overlapped with the last backward (default 1; docs/replicas.md)\n"
@@ -186,6 +188,10 @@ static int flag_plan(Options *o, const char *a, const char *val, int *i, const c
     NEEDVAL();
     if (parse_int(val, 1, MAX_RANKS, &v)) return bad("--ranks '%s': expected a whole number of ranks from 1 to 1024%s", val, "");
     o->ranks = (int)v;
+  } else if (!strcmp(a, "--zero")) {
+    NEEDVAL();
+    if (strcmp(val, "0") && strcmp(val, "1")) return bad("--zero '%s': expected 0 (every replica keeps all the optimizer state) or 1 (each its shard)%s", val, "");
+    o->zero = val[0] == '1';
   } else if (!strcmp(a, "--replicas")) {
     NEEDVAL();
     if (parse_int(val, 1, MAX_RANKS, &v)) return bad("--replicas '%s': expected a whole number of pipeline copies from 1 to 1024%s", val, "");
@@ -398,7 +404,10 @@ static int check_replicas(Options *o) {
                  o->forward_only ? "--forward-only" : schedule_name(o->schedule));
     return -1;
   }
-  if (o->replicas == 1) return -1;
+  if (o->replicas == 1) {
+    if (o->zero) return bad("--zero 1 shards the optimizer state over replicas: it needs --replicas 2 or more (or --ranks)%s%s", "", "");
+    return -1;
+  }
   snprintf(rbuf, sizeof rbuf, "%d", o->replicas), snprintf(nbuf, sizeof nbuf, "%d", opt_ranks(o));
   if ((long)opt_ranks(o) * o->replicas > MAX_RANKS) return bad("-n %s x --replicas %s: more than 1024 ranks", nbuf, rbuf);
   if (args_check_replicas(o, why, sizeof why)) return bad("%s%s", why, "");

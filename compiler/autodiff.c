@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "autodiff.h"
+
+#include "replica.h"
 #include "ops/loss.h"
 #include "update.h"
 
@@ -164,9 +166,11 @@ static void add_weight_state(Emit *c) {
     }
     sp->pgrad[i] = c->gbuf[t];
     if (build_is_tied(c, t)) tie_parts(c, i, t);
-    sp->opt1[i] = slots >= 1 ? build_buf(c, "M1_", t, BUF_OPT, tensor_bytes(&g->t[t]), DT_FLOAT) : -1;
-    sp->opt2[i] = slots >= 2 ? build_buf(c, "M2_", t, BUF_OPT, tensor_bytes(&g->t[t]), DT_FLOAT) : -1;
+    int zero = p->opt.zero && p->opt.replicas > 1; /* --zero 1: the shard's state instead (replica_zero_state) */
+    sp->opt1[i] = slots >= 1 && !zero ? build_buf(c, "M1_", t, BUF_OPT, tensor_bytes(&g->t[t]), DT_FLOAT) : -1;
+    sp->opt2[i] = slots >= 2 && !zero ? build_buf(c, "M2_", t, BUF_OPT, tensor_bytes(&g->t[t]), DT_FLOAT) : -1;
   }
+  replica_zero_state(p, sp, slots, c->pool);
 }
 
 static int build_stage(Emit *c) {

@@ -240,6 +240,11 @@ static int chunked_no_fit(Plan *p) {
 static int pass_partition(Plan *p) {
   const Options *o = &p->opt;
   Graph *g = &p->g;
+  if (o->zero && o->replicas > 1)
+    for (int t = 0; t < g->nt; t++)
+      if (g->t[t].is_param && p->nreaders[t] > 1)
+        return err_set("--zero 1: weight '%s' is read by %d nodes (tied); the sharded update does not sum a tied weight's parts yet "
+                       "(use --zero 0, or --untie if an exporter merged them)", g->t[t].name, p->nreaders[t]);
   if (o->schedule == SCHED_ASYNC)
     for (int t = 0; t < g->nt; t++)
       if (g->t[t].is_param && p->nreaders[t] > 1)

@@ -459,6 +459,9 @@ static void replicas_text(const Plan *p, Buf *b) {
   buf_printf(b, "  replicas     %d replicas of the %d-stage pipeline on %d ranks (world rank k x %d + s runs stage s of replica k);\n"
                 "               each stage's weight gradients are summed over its %d ranks in replica order before the update,\n"
                 "               bucket by bucket from the last backward on (REDUCE, REDUCE_WAIT):\n", R, n, n * R, n, R);
+  if (p->opt.zero)
+    buf_printf(b, "               --zero 1: the optimizer state is sharded over the replicas: each keeps and updates its 1/%d of\n"
+                  "               the region's elements (ZERO_M1, ZERO_M2) and sends the new weights to the others\n", R);
   for (int s = 0; s < n; s++) {
     int nb;
     double bytes = replica_grads(p, s, &nb);

@@ -13,8 +13,11 @@
 
 #include "memplan.h"
 
+#include "replica.h"
+
 #define ALIGN 64
 static int64_t up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
+int64_t memplan_up(int64_t bytes) { return up(bytes); }
 
 static void touch(StageProg *sp, const Call *k, int when) {
   for (int r = 0; r < k->nreads + k->nwrites; r++) {
@@ -120,7 +123,8 @@ static int64_t place_reduce(const Plan *p, StageProg *sp, int64_t off) {
   sp->grad_hi = off;
   sp->reduce_base = off, sp->reduce_bytes = 0;
   if (R <= 1 || off == sp->grad_lo) return off;
-  int64_t floats = (off - sp->grad_lo) / 4, shard = (floats + R - 1) / R;
+  int64_t shard = replica_shard_floats(R, sp);
+  if (shard * R < (off - sp->grad_lo) / 4) abort(); /* replica_shard_floats counts the region as laid out here */
   sp->reduce_bytes = up((R - 1) * shard * 4);
   sp->mem_grads += sp->reduce_bytes;
   return off + sp->reduce_bytes;

@@ -10,5 +10,7 @@ void memplan(Plan *p, StageProg *sp, int nslots, int ngslots);
 void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role);
 /* A backward call that only adds into weight gradients (besides its own
  * scratch workspace): zb1 runs it in W, after the input-gradient calls. */
+/* A buffer's bytes as the arena lays it out (a multiple of its alignment). */
+int64_t memplan_up(int64_t bytes);
 int call_is_weight(const StageProg *sp, const Call *k);
 #endif

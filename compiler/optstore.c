@@ -170,18 +170,6 @@ double optstore_bwd_time(const StageProg *sp, double bwd_s, double bw, double la
 }
 
 /* A buffer appended to sp. */
-static int add_buf(StageProg *sp, Pool *pool, const char *name, int kind, int64_t bytes) {
-  if (sp->nbufs == sp->capbufs) {
-    sp->capbufs = sp->capbufs ? 2 * sp->capbufs : 64;
-    sp->bufs = pool_realloc(pool, sp->bufs, sizeof(Buffer) * (size_t)sp->capbufs);
-  }
-  Buffer *b = &sp->bufs[sp->nbufs];
-  memset(b, 0, sizeof *b);
-  b->name = name, b->tensor = -1, b->kind = kind, b->bytes = bytes, b->dtype = DT_FLOAT;
-  b->first = b->last = -1, b->offset = -1;
-  return sp->nbufs++;
-}
-
 static int param_of_buf(const StageProg *sp, int buf) {
   for (int q = 0; q < sp->nparams; q++)
     if (sp->params[q] == buf) return q;
@@ -190,7 +178,7 @@ static int param_of_buf(const StageProg *sp, int buf) {
 
 /* The update's calls: each weight with state or a stored gradient streams them. */
 static void finish_update(StageProg *sp, Pool *pool) {
-  int stage = add_buf(sp, pool, "OPT_STAGING", BUF_OPTSTAGE, sp->opt_stage_bytes);
+  int stage = buf_add(sp, pool, "OPT_STAGING", BUF_OPTSTAGE, sp->opt_stage_bytes);
   for (int k = 0; k < sp->nstep; k++) {
     Call *c = &sp->step[k];
     if (c->phase != PH_UPDATE || (c->kernel != K_SGD_STEP && c->kernel != K_ADAM_STEP)) continue;
@@ -297,7 +285,7 @@ static Call fetch_call(StageProg *sp, Pool *pool, const Piece *pc, int gs, int s
  * is back.  The pieces' writers keep their places among the other calls, in their order. */
 static void finish_backward(StageProg *sp, Pool *pool) {
   int half = (int)(sp->grad_stage_bytes / 2);
-  int gs[2] = {add_buf(sp, pool, "GRAD_STAGING_0", BUF_GSTAGE, half), add_buf(sp, pool, "GRAD_STAGING_1", BUF_GSTAGE, half)};
+  int gs[2] = {buf_add(sp, pool, "GRAD_STAGING_0", BUF_GSTAGE, half), buf_add(sp, pool, "GRAD_STAGING_1", BUF_GSTAGE, half)};
   Piece *pc = malloc(sizeof(Piece) * (size_t)(pieces_of(sp, NULL) + 1));
   if (!pc) abort();
   int np = pieces_of(sp, pc), t = 0;

@@ -176,8 +176,12 @@ static void render_replicas(Buf *o, const StageSpec *s) {
                 " * order: cut into REPLICAS shards, each summed by its owner, the other replicas' copies of this rank's\n"
                 " * shard landing from REDUCE_BASE.  A bucket's exchange starts in the step's last backward, at the\n"
                 " * k_grad_ready call after the last call that writes its gradients. */\n");
-  buf_printf(o, "enum { REPLICAS = %d, NBUCKETS = %d };\n#define GRAD_LO %lldLL\n#define GRAD_HI %lldLL\n#define REDUCE_BASE %lldLL\n\n",
-             s->replicas, s->nbuckets, (long long)s->grad_lo, (long long)s->grad_hi, (long long)s->reduce_base);
+  if (s->zero)
+    buf_printf(o, "/* --zero 1: this replica keeps the optimizer state of its shard of the region only (ZERO_M1, ZERO_M2: SHARD_FLOATS\n"
+                  " * each), updates the weights' elements there, and the new weights travel in the gradients' places. */\n");
+  buf_printf(o, "enum { REPLICAS = %d, NBUCKETS = %d };\n#define GRAD_LO %lldLL\n#define GRAD_HI %lldLL\n#define REDUCE_BASE %lldLL\n"
+                "#define SHARD_FLOATS %lldLL\n\n", s->replicas, s->nbuckets, (long long)s->grad_lo, (long long)s->grad_hi,
+             (long long)s->reduce_base, (long long)s->shard_floats);
   if (!s->nbuckets) return;
   buf_printf(o, "/* The buckets, in the order the backward finishes them: {first byte, end byte} of the arena. */\n"
                 "static const PrBucket BUCKETS[NBUCKETS] = {\n");
@@ -426,8 +430,8 @@ static const char *chain_fields(const StageSpec *s, Pool *tp) {
                     s->nwsend ? "WSEND" : "NULL", s->nwsend, s->nwrecv ? "WRECV" : "NULL", s->nwrecv);
   const char *chunks = !s->nchunks ? "" : pool_printf(tp, "\n    .chunks = CHUNKS, .nchunks = %d,", s->nchunks);
   const char *rep = s->replicas <= 1 ? ""
-      : pool_printf(tp, "\n    .replicas = REPLICAS, .buckets = %s, .nbuckets = NBUCKETS, .grad_lo = GRAD_LO, .grad_hi = GRAD_HI, .reduce_base = REDUCE_BASE,",
-                    s->nbuckets ? "BUCKETS" : "NULL");
+      : pool_printf(tp, "\n    .replicas = REPLICAS, .buckets = %s, .nbuckets = NBUCKETS, .grad_lo = GRAD_LO, .grad_hi = GRAD_HI, .reduce_base = REDUCE_BASE,"
+                        "\n    .shard_floats = SHARD_FLOATS, .zero = %d,", s->nbuckets ? "BUCKETS" : "NULL", s->zero);
   return pool_printf(tp, "\n    .role = %s, .prev_rank = %d, .next_rank = %d, .loss_rank = %d, .nfrozen = %d, .nlayers = %d,%s%s%s", role[s->role],
                      s->prev_rank, s->next_rank, s->loss_rank, s->nfrozen, s->nlayers, fb, chunks, rep);
 }

@@ -23,6 +23,8 @@
  * (R - 1) shards, is laid out by memplan.c after the gradients. */
 #include "replica.h"
 
+#include "memplan.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -145,4 +147,25 @@ void replica_buckets(const Plan *p, StageProg *sp, Pool *pool) {
   make_buckets(sp, pool, ids, n);
   free(ids);
   add_ready_calls(sp, pool);
+}
+
+int64_t replica_shard_floats(int R, const StageProg *sp) {
+  int64_t n = 0;
+  for (int i = 0; i < sp->nbufs; i++)
+    if (sp->bufs[i].kind == BUF_PGRAD && !sp->bufs[i].unused && !sp->bufs[i].in_store) n += memplan_up(sp->bufs[i].bytes) / 4;
+  int64_t sh = (n + R - 1) / (R > 0 ? R : 1);
+  return (sh + REPLICA_SHARD_ALIGN - 1) / REPLICA_SHARD_ALIGN * REPLICA_SHARD_ALIGN;
+}
+
+/* --zero 1 (ZeRO stage 1): replica k keeps the optimizer state of shard k of the weight-gradient region
+ * only, and updates only the weights' elements there; the new weights travel to the other replicas in the
+ * shards' places of the region, where the gradients were (runtime/replica.c).  Each element gets the
+ * update it gets without sharding, so the bits are the same. */
+void replica_zero_state(const Plan *p, StageProg *sp, int slots, Pool *pool) {
+  sp->zero = p->opt.zero && p->opt.replicas > 1;
+  sp->zero_state[0] = sp->zero_state[1] = -1;
+  if (!sp->zero) return;
+  sp->shard_floats = replica_shard_floats(p->opt.replicas, sp);
+  static const char *const names[2] = {"ZERO_M1", "ZERO_M2"};
+  for (int k = 0; k < slots && k < 2; k++) sp->zero_state[k] = buf_add(sp, pool, names[k], BUF_OPT, sp->shard_floats * 4);
 }

@@ -15,6 +15,7 @@
 #include "pipefb.h"
 #include "planq.h"
 #include "profile.h"
+#include "replica.h"
 #include "spec.h"
 #include "stash.h"
 
@@ -332,7 +333,8 @@ static void spec_memory(const Plan *p, const StageProg *sp, StageSpec *o) {
   o->opt_dir = p->opt.opt_offload_dir ? p->opt.opt_offload_dir : "";
   o->replicas = p->opt.replicas > 1 ? p->opt.replicas : 1;
   o->nbuckets = o->replicas > 1 ? sp->nbuckets : 0, o->buckets = sp->buckets;
-  o->grad_lo = sp->grad_lo, o->grad_hi = sp->grad_hi, o->reduce_base = sp->reduce_base;
+  o->grad_lo = sp->grad_lo, o->grad_hi = sp->grad_hi, o->reduce_base = sp->reduce_base, o->zero = sp->zero;
+  o->shard_floats = o->replicas > 1 ? replica_shard_floats(o->replicas, sp) : 0;
 }
 
 static void spec_loss(const StageProg *sp, StageSpec *o) {

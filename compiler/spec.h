@@ -114,8 +114,8 @@ typedef struct StageSpec {
   const char *opt_dir;
   /* --replicas R > 1 (replica.c): the weight gradients' region, where the other replicas' shards land, and
    * the buckets it is summed in (replicas 1: none of it). */
-  int replicas, nbuckets;
-  int64_t grad_lo, grad_hi, reduce_base;
+  int replicas, nbuckets, zero;
+  int64_t grad_lo, grad_hi, reduce_base, shard_floats;
   const Bucket *buckets;
   SpecBuffer *bufs;       /* one per program buffer, in order; unused ones have name NULL */
   int nbufs;

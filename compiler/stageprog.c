@@ -128,3 +128,15 @@ int shape_find(const StageProg *sp, const char *name) {
     if (!strcmp(sp->shapes[i].name, name)) return i;
   return -1;
 }
+
+int buf_add(StageProg *sp, Pool *pool, const char *name, int kind, int64_t bytes) {
+  if (sp->nbufs == sp->capbufs) {
+    sp->capbufs = sp->capbufs ? 2 * sp->capbufs : 64;
+    sp->bufs = pool_realloc(pool, sp->bufs, sizeof(Buffer) * (size_t)sp->capbufs);
+  }
+  Buffer *b = &sp->bufs[sp->nbufs];
+  memset(b, 0, sizeof *b);
+  b->name = name, b->tensor = -1, b->kind = kind, b->bytes = bytes, b->dtype = DT_FLOAT;
+  b->first = b->last = -1, b->offset = -1;
+  return sp->nbufs++;
+}

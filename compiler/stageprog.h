@@ -200,11 +200,17 @@ typedef struct StageProg {
   int64_t grad_lo, grad_hi, reduce_base, reduce_bytes;
   Bucket *buckets;
   int nbuckets;
+  /* --zero 1 (replica.c): the optimizer state of this replica's shard of the region, shard_floats per slot
+   * (zero_state[k], -1 none); the per-weight state (opt1, opt2) is then -1. */
+  int zero, zero_state[2];
+  int64_t shard_floats;
 } StageProg;
 
 /* Appends a call to the forward (PH_FWD) or backward list, checking the
  * arguments against the kernel's signature and deriving its accesses. */
 Call *call_add(StageProg *sp, Pool *pool, int phase, int kernel, int node, const char *comment, const Arg *args, int nargs);
+/* A float buffer of no tensor (a kernel's staging, a shard's state) named `name`, of kind BUF_*: its id. */
+int buf_add(StageProg *sp, Pool *pool, const char *name, int kind, int64_t bytes);
 /* A call of no list (the loss), checked like call_add. */
 Call *call_new(StageProg *sp, Pool *pool, int phase, int kernel, int node, const char *comment, const Arg *args, int nargs);
 /* Attaches a variant (VAR_*) to forward call `of`, checked like call_add; its accesses must be among the call's. */

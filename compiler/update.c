@@ -42,6 +42,16 @@ void update_calls(const Plan *p, StageProg *sp, Pool *pool) {
     const char *name = p->g.t[w->tensor].name;
     int64_t n = w->bytes / 4;
     if (sp->pgrad[i] < 0) continue;
+    if (sp->zero) { /* --zero 1: this replica's shard of it (replica.c) */
+      if (sgd)
+        step_call(sp, pool, PH_UPDATE, K_SGD_SHARD, "SGD on this replica's shard of", name,
+                  (Arg[]){A_BUF(sp->params[i]), A_BUF(sp->pgrad[i]), A_BUF(sp->zero_state[0]), A_INT(n), A_SYM("&pr_opt")}, 5);
+      else
+        step_call(sp, pool, PH_UPDATE, K_ADAM_SHARD, adamw ? "AdamW on this replica's shard of" : "Adam on this replica's shard of", name,
+                  (Arg[]){A_BUF(sp->params[i]), A_BUF(sp->pgrad[i]), A_BUF(sp->zero_state[0]), A_BUF(sp->zero_state[1]), A_INT(n),
+                          A_INT(adamw), A_SYM("&pr_opt")}, 7);
+      continue;
+    }
     if (sgd)
       step_call(sp, pool, PH_UPDATE, K_SGD_STEP, "SGD on", name,
                 (Arg[]){A_BUF(sp->params[i]), A_BUF(sp->pgrad[i]), A_BUF(sp->opt1[i]), A_INT(n), A_SYM("&pr_opt")}, 5);

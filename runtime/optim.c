@@ -78,19 +78,26 @@ static void optimizer_step(Run *r) {
   exchange_ties(r);
   if (st->sum_ties) st->sum_ties();
   float mom = r->a.have_momentum ? (float)r->a.momentum : st->momentum;
+  const float *gbase;
+  int64_t lo, hi;
+  replica_shard(r, &gbase, &lo, &hi); /* --zero 1: this replica's shard of the gradients, the only part summed here */
   for (int i = 0; i < st->nparams; i++) {
     const PrParam *p = &st->params[i];
-    if (!p->grad_in_file) /* else the update's stream checks it (pr_optstore_check) */
-      check_finite(r, "the gradient", p->name, (const float *)dev_at(r, p->goffset), p->count);
-    if (st->optimizer == PR_SGD && mom != 0 && p->m1offset < 0) die(2, "--momentum needs the optimizer state: compile with pipecc --momentum X");
+    const float *g = (const float *)dev_at(r, p->goffset);
+    int64_t at = g - gbase, a = lo > at ? lo - at : 0, b = hi - at < p->count ? hi - at : p->count;
+    if (!p->grad_in_file && b > a) /* else the update's stream checks it (pr_optstore_check) */
+      check_finite(r, "the gradient", p->name, g + a, b - a);
+    if (st->optimizer == PR_SGD && mom != 0 && p->m1offset < 0 && !st->zero)
+      die(2, "--momentum needs the optimizer state: compile with pipecc --momentum X");
   }
   pr_opt = (OptCtx){.lr = (float)lr_at(r, r->step), .momentum = mom,
                     .weight_decay = r->a.have_wd ? (float)r->a.weight_decay : st->weight_decay, .beta1 = st->beta1,
-                    .beta2 = st->beta2, .eps = st->eps, .step = r->step};
+                    .beta2 = st->beta2, .eps = st->eps, .step = r->step, .grad_base = gbase, .shard_lo = lo, .shard_hi = hi};
   unsigned char *was = pr_weights;
   pr_weights = r->dev; /* async: the update writes the newest weights (the device's arena) */
   if (st->update) st->update();
   optstore_drain(r); /* --offload-optimizer: the state's last blocks are back in its file */
+  replica_gather(r); /* --zero 1: the other replicas' new weights */
   pr_weights = was;
 }
 

@@ -195,6 +195,8 @@ typedef struct PrStage {
   const PrBucket *buckets;
   int nbuckets;
   int64_t grad_lo, grad_hi, reduce_base;
+  int64_t shard_floats;        /* one replica's shard of the region (the last one shorter) */
+  int zero;                    /* pipecc --zero 1: each replica keeps and updates its shard's optimizer state only */
 } PrStage;
 
 /* The weights region the running F or B computes on: the arena's own, or

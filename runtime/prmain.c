@@ -99,6 +99,9 @@ static void check_flags(const Args *a, const PrStage *st) {
   if (a->profile && a->steps < 2) usage_error("--profile needs --steps 2 or more (the first quarter, at least one step, only warms up)%s", "");
   if ((a->nfreeze || a->freeze_auto) && (st->staleness || st->role != PR_ROLE_BOTH))
     usage_error("--freeze-at / --freeze auto: async and pipefb programs do not freeze layers yet%s", "");
+  if ((a->checkpoint || a->resume) && st->zero)
+    usage_error("--checkpoint / --resume: programs of pipecc --zero 1 keep each replica's shard of the optimizer state, which a "
+                "checkpoint does not gather yet (compile with --zero 0 to checkpoint)%s", "");
   if ((a->nfreeze || a->freeze_auto) && st->replicas > 1)
     usage_error("--freeze-at / --freeze auto: programs of several replicas (pipecc --replicas) do not freeze layers yet%s", "");
   if ((a->nfreeze || a->freeze_auto) && !a->freeze_dir) usage_error("--freeze-at and --freeze auto need --freeze-dir DIR (run.sh gives it)%s", "");

@@ -69,7 +69,9 @@ void replica_open(Run *r) {
   Red *d = &g_red;
   d->r = r, d->R = g_nreplicas, d->me = g_replica;
   if (d->R <= 1 || !st->nbuckets) return;
-  d->n = (st->grad_hi - st->grad_lo) / 4, d->shard = (d->n + d->R - 1) / d->R;
+  d->n = (st->grad_hi - st->grad_lo) / 4, d->shard = st->shard_floats; /* the compiler's, as it laid the region out */
+  if (d->shard * d->R < d->n) die(2, "the program's shard of %lld floats does not cover its gradients' %lld over %d replicas (regenerate with pipecc)",
+                                   (long long)d->shard, (long long)d->n, d->R);
   d->state = calloc((size_t)st->nbuckets, sizeof(int));
   d->req = malloc(sizeof(MPI_Request) * (size_t)st->nbuckets * 4 * (size_t)(d->R - 1));
   if (!d->state || !d->req) die(2, "out of memory for the replicas' gradient buckets%s", "");
@@ -145,7 +147,8 @@ static int advance(Red *d) {
     }
     if (d->state[b] == B_SUMMED) {
       MPI_Testall(d->R - 1, reqs(d, b, 0), &ok, MPI_STATUSES_IGNORE); /* this rank's copies left */
-      if (ok) post_back(d, b);
+      if (ok && d->r->st->zero) d->state[b] = B_DONE; /* --zero 1: the update goes first; the new weights come back after */
+      else if (ok) post_back(d, b);
     }
     if (d->state[b] == B_BACK) {
       MPI_Testall(n, reqs(d, b, 1), &ok, MPI_STATUSES_IGNORE);
@@ -192,6 +195,49 @@ void do_reduce_wait(Run *r) {
 }
 
 double replica_exposed(void) { return g_red.t_exposed; }
+
+/* --zero 1: this replica's shard, [lo, hi) floats of the region, for the update's kernels (pr_opt). */
+void replica_shard(const Run *r, const float **base, int64_t *lo, int64_t *hi) {
+  const Red *d = &g_red;
+  *base = (const float *)dev_at(r, r->st->grad_lo);
+  *lo = 0, *hi = INT64_MAX;
+  if (!r->st->zero || d->R <= 1) return;
+  *lo = (int64_t)d->me * d->shard, *hi = *lo + d->shard < d->n ? *lo + d->shard : d->n;
+}
+
+/* --zero 1, after the update: the new weights, which each replica wrote over its shard of the region, go to
+ * the other replicas (every shard to every replica), and each weight's elements outside this replica's shard
+ * are copied from the region into the weights. */
+void replica_gather(Run *r) {
+  Red *d = &g_red;
+  const PrStage *st = r->st;
+  if (!st->zero || d->R <= 1 || !st->nbuckets) return;
+  double t0 = now();
+  MPI_Request *q = d->req; /* the buckets' requests are all done by now */
+  int n = 0;
+  float *g = region(d);
+  for (int k = 0; k < d->R; k++) {
+    int64_t lo = k * d->shard, hi = lo + d->shard < d->n ? lo + d->shard : d->n;
+    if (k == d->me || hi <= lo) continue;
+    int64_t mlo = d->me * d->shard, mhi = mlo + d->shard < d->n ? mlo + d->shard : d->n;
+    if (mhi > mlo) MPI_Isend(g + mlo, (int)((mhi - mlo) * 4), MPI_BYTE, k, 1 << 20, d->dcomm, &q[n++]), r->sent_bytes += (double)(mhi - mlo) * 4;
+    MPI_Irecv(g + lo, (int)((hi - lo) * 4), MPI_BYTE, k, 1 << 20, d->dcomm, &q[n++]);
+  }
+  wait_watched(r, q, n, -1, "for the other replicas' new weights (--zero 1)");
+  int64_t mlo = d->me * d->shard, mhi = mlo + d->shard < d->n ? mlo + d->shard : d->n;
+  for (int i = 0; i < st->nparams; i++) {
+    const PrParam *p = &st->params[i];
+    if (p->goffset < 0) continue;
+    int64_t at = (p->goffset - st->grad_lo) / 4;
+    float *w = (float *)dev_at(r, p->offset);
+    /* The parts before and after this replica's shard. */
+    int64_t a0 = at, a1 = at + p->count < mlo ? at + p->count : mlo, b0 = at > mhi ? at : mhi, b1 = at + p->count;
+    if (a1 > a0) memcpy(w + (a0 - at), g + a0, sizeof(float) * (size_t)(a1 - a0));
+    if (b1 > b0) memcpy(w + (b0 - at), g + b0, sizeof(float) * (size_t)(b1 - b0));
+  }
+  double t1 = now();
+  d->t_exposed += t1 - t0, r->t_wait += t1 - t0;
+}
 
 /* The step's loss over the whole batch, on the loss rank of replica 0: each replica's sum over its rows, added
  * in replica order (the other replicas' loss ranks get their own back, and report nothing). */

@@ -308,6 +308,8 @@ void replica_open(Run *r);
 void do_reduce(Run *r);
 void do_reduce_wait(Run *r);
 double replica_exposed(void);
+void replica_shard(const Run *r, const float **base, int64_t *lo, int64_t *hi);
+void replica_gather(Run *r);
 double replica_loss(double mine);
 void replica_indices(int64_t *idx, int batch);
 void replica_close(void);

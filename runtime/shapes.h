@@ -106,6 +106,10 @@ typedef struct BnShape {
 typedef struct OptCtx {
   float lr, momentum, weight_decay, beta1, beta2, eps;
   int64_t step;
+  /* pipecc --zero 1 (runtime/replica.c): the weight-gradient region's first float, and this replica's shard of
+   * it, [shard_lo, shard_hi) floats from there; the shard kernels update those elements only. */
+  const float *grad_base;
+  int64_t shard_lo, shard_hi;
 } OptCtx;
 
 /* ---- pool ---- */

@@ -50,11 +50,19 @@ WEIGHT_ATOL = 1e-5
 MODELS = {
     "mlp": ("mlp.onnx", "MLP", "mnist", 32, 4, 10),
     "lenet": ("lenet.onnx", "LeNet5", "mnist", 32, 4, 10),
-    "resnet": ("resnet.onnx", "SmallResNet", "cifar", 16, 2, 6),
+    "resnet": ("resnet.onnx", "SmallResNet", "cifar", 32, 2, 6),
     "gpt": ("gpt.onnx", "GPT", "tokens", 8, 2, 6),
 }
 T = 32        # the GPT's positions
 LR = {"sgd": 0.05, "adamw": 0.002}
+# BatchNorm over micro-batches of 4 at lr 0.05 is chaotic (float32 rounding grows 700x in a step): the ResNet
+# trains at test_parity_models' rate.
+LR_OF = {"resnet": {"sgd": 0.002, "adamw": 0.001}}
+STATS_RTOL = 1e-3   # running statistics: test_parity_models' bound (every micro-batch's rounding, relative to 1 + |x|)
+
+
+def lr_of(model_name, opt_name):
+    return LR_OF.get(model_name, LR)[opt_name]
 
 
 def load(name, path):
@@ -102,7 +110,7 @@ class Data:
         return self.x[lo:lo + count], self.y[lo:lo + count]
 
 
-def reference(model_name, data, R, opt_name):
+def reference(model_name, data, R, opt_name, dtype=torch.float32):
     """PyTorch on the global batch: per replica its share in micro-batches on its own copy of the model,
     the R gradients added in replica order, one step.  Returns (losses, expected initializers)."""
     fname, cls, _, B, M, steps = MODELS[model_name]
@@ -112,8 +120,14 @@ def reference(model_name, data, R, opt_name):
     torch.set_num_threads(1)
     model = getattr(ex, cls)()
     mapping, _ = par.load_weights_from_onnx(model, om)
+    init = {t.name: numpy_helper.to_array(t) for t in om.graph.initializer}
+    with torch.no_grad():   # BatchNorm's running statistics too
+        for k, b in model.named_buffers():
+            if k in init:
+                b.copy_(torch.from_numpy(init[k].copy()))
     model.train()
-    lr = LR[opt_name]
+    model.to(dtype)
+    lr = lr_of(model_name, opt_name)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0) if opt_name == "adamw" else torch.optim.SGD(model.parameters(), lr=lr)
     share, losses = B // R, []
     mb = share // M
@@ -124,7 +138,7 @@ def reference(model_name, data, R, opt_name):
             m.zero_grad(set_to_none=False)
             for j in range(M):
                 x, y = data.micro(s, B, k * share + j * mb, mb)
-                out = m(x)
+                out = m(x.to(dtype) if x.is_floating_point() else x)
                 loss = F.cross_entropy(out.reshape(-1, out.shape[-1]), y.reshape(-1)) * (mb / B)
                 loss.backward()
                 total += loss.item()
@@ -134,7 +148,22 @@ def reference(model_name, data, R, opt_name):
                     p.grad += q.grad
         opt.step()
         losses.append(total)
-    return np.array(losses), par.expected_initializers(om, model, mapping)
+    model.float()
+    want = par.expected_initializers(om, model, mapping)
+    for k, b in model.named_buffers():   # replica 0's running statistics (it is the saved model)
+        if k in want and "running" in k:
+            want[k] = b.detach().numpy().copy()
+    return np.array(losses), want
+
+
+def weight_tolerance(model_name, data, R, opt_name, want):
+    """WEIGHT_ATOL; for a model with BatchNorm, at least twice PyTorch's own float32 spread (float32 against
+    float64, the same steps): BatchNorm over micro-batches of a few samples carries float32 rounding far."""
+    if model_name != "resnet":
+        return WEIGHT_ATOL, ""
+    _, w64 = reference(model_name, data, R, opt_name, torch.float64)
+    spread = max(float(np.abs(want[k].astype(np.float64) - w64[k].astype(np.float64)).max()) for k in want if "running" not in k)
+    return max(WEIGHT_ATOL, 2 * spread), f", PyTorch's float32 against float64 {spread:.2e}"
 
 
 def run(cmd, what, env=None, timeout=900):
@@ -153,7 +182,7 @@ def compile_build(tmp, tag, model_name, S, R, sched, opt_name, extra=()):
     fname, _, _, B, M, _ = MODELS[model_name]
     out = os.path.join(tmp, tag + ".pipe")
     ok, text = run([PIPECC, os.path.join(ROOT, "onnx_models", fname), "-n", str(S), "--replicas", str(R), "--batch", str(B),
-                    "--microbatches", str(M), "--schedule", sched, "--optimizer", opt_name, "--lr", repr(LR[opt_name]),
+                    "--microbatches", str(M), "--schedule", sched, "--optimizer", opt_name, "--lr", repr(lr_of(model_name, opt_name)),
                     "--devices", DEVICES, "-o", out, *extra], "pipecc")
     if not ok:
         return None, "pipecc: " + text[-400:]
@@ -174,13 +203,14 @@ def train(out, data, steps, tag, tmp, flags=()):
     return losses, got, text
 
 
-def parity_case(tmp, model_name, data, S, R, sched, opt_name, refs):
-    tag = f"{model_name}-S{S}R{R}-{sched}-{opt_name}"
+def parity_case(tmp, model_name, data, S, R, sched, opt_name, refs, extra=()):
+    tag = f"{model_name}-S{S}R{R}-{sched}-{opt_name}" + "".join(extra).replace("--", "-").replace(" ", "")
     key = (model_name, R, opt_name)
     if key not in refs:
         refs[key] = reference(model_name, data, R, opt_name)
-    want_losses, want = refs[key]
-    out, why = compile_build(tmp, tag, model_name, S, R, sched, opt_name)
+        refs[key] += weight_tolerance(model_name, data, R, opt_name, refs[key][1])
+    want_losses, want, atol, why_tol = refs[key]
+    out, why = compile_build(tmp, tag, model_name, S, R, sched, opt_name, extra)
     if not tally.check(out is not None, f"{tag}: compiles and builds ({why})"):
         return None
     losses, got, text = train(out, data, MODELS[model_name][5], tag, tmp)
@@ -188,18 +218,27 @@ def parity_case(tmp, model_name, data, S, R, sched, opt_name, refs):
         return None
     rel = float(np.max(np.abs(losses - want_losses) / np.maximum(np.abs(want_losses), 1e-12))) if len(losses) == len(want_losses) else np.inf
     tally.check(rel <= LOSS_RTOL, f"{tag}: per-step losses within {LOSS_RTOL:g} relative of PyTorch on the global batch (max {rel:.2e})")
-    err, worst = 0.0, ""
+    err, worst, serr = 0.0, "", 0.0
     for k, w in want.items():
         if k not in got or got[k].shape != w.shape:
             err, worst = np.inf, k + " (missing or reshaped)"
             break
-        e = float(np.abs(got[k].astype(np.float64) - w.astype(np.float64)).max()) if w.size else 0.0
+        diff = np.abs(got[k].astype(np.float64) - w.astype(np.float64))
+        if "running" in k:
+            serr = max(serr, float((diff / (1 + np.abs(w))).max()) if w.size else 0.0)
+            continue
+        e = float(diff.max()) if w.size else 0.0
         if e > err or not worst:
             err, worst = e, k
-    tally.check(err <= WEIGHT_ATOL, f"{tag}: weights within {WEIGHT_ATOL:g} of PyTorch (max {err:.2e} at {worst})")
+    tally.check(err <= atol, f"{tag}: weights within {atol:.2g} of PyTorch (max {err:.2e} at {worst}{why_tol})")
+    if any("running" in k for k in want):
+        tally.check(serr <= STATS_RTOL, f"{tag}: BatchNorm running statistics (replica 0's) within {STATS_RTOL:g} of PyTorch's "
+                                        f"replica 0, relative to 1 + |x| (max {serr:.2e})")
     with open(os.path.join(out, "schedule.txt")) as f:
         listing = f.read()
     tally.check(f"{R} replicas" in listing, f"{tag}: the listing states the replicas")
+    if extra:
+        tally.check("--zero 1: the optimizer state" in listing, f"{tag}: the listing states the sharded optimizer state")
     return got
 
 
@@ -214,8 +253,9 @@ def same_bits(runs, what):
     tally.check(not bad, f"{what}: {', '.join(str(k) for k, _ in items)} bit-identical" + (f" (differ: {bad})" if bad else ""))
 
 
-def resume_case(tmp, data):
-    """A run of 10 steps against 6 steps with a checkpoint, resumed to 10: the same bits."""
+def resume_case(tmp, data, first):
+    """A run of 10 steps against 6 steps with a checkpoint, resumed to 10: the same bits; and the run of 10 against the
+    parity case's of the same flags (first): the same bits twice."""
     out, why = compile_build(tmp, "resume", "lenet", 2, 2, "gpipe", "adamw")
     if not tally.check(out is not None, f"resume: compiles ({why})"):
         return
@@ -226,6 +266,7 @@ def resume_case(tmp, data):
     if not tally.check(whole is not None and resumed is not None, f"resume: the runs succeed ({text1[-300:]} {text2[-300:]})"):
         return
     same_bits({"uninterrupted": whole, "checkpointed at 6, resumed": resumed}, "resume with 2 replicas")
+    same_bits({"run 1": first, "run 2": whole}, "lenet S=2 R=2 AdamW, the same flags twice")
 
 
 def refusals(tmp):
@@ -239,11 +280,34 @@ def refusals(tmp):
         (["--replicas", "0"], "--replicas '0': expected a whole number"),
         (["--replicas", "2", "--target", "cuda"], "--replicas 2 with --target cuda"),
         (["--replicas", "512", "-n", "4"], "more than 1024 ranks"),
+        (["--zero", "1"], "--zero 1 shards the optimizer state over replicas: it needs --replicas 2 or more"),
+        (["--zero", "2", "--replicas", "2"], "--zero '2': expected 0"),
+        (["--ranks", "4", "-n", "2"], "--ranks 4 chooses -n and --replicas itself"),
+        (["--ranks", "4", "--schedule", "async"], "--ranks 4: the planner compares gpipe, 1f1b and zb1 layouts"),
+        (["--ranks", "0"], "--ranks '0': expected a whole number of ranks"),
     ]
     for flags, want in cases:
         r = subprocess.run([PIPECC, mlp, *flags, "-o", os.path.join(tmp, "refused.pipe")], capture_output=True, text=True)
         tally.check(r.returncode == 2 and want in r.stderr and not os.path.exists(os.path.join(tmp, "refused.pipe")),
                     f"pipecc {' '.join(flags)}: refused with '{want}' ({r.stderr.strip()[:200]})")
+    # A weight two MatMuls read (tied): the sharded update does not sum its parts.
+    from onnx import helper, TensorProto
+    w = numpy_helper.from_array(np.eye(4, dtype=np.float32), "shared_w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "shared_w"], ["h"]), helper.make_node("MatMul", ["h", "shared_w"], ["y"])],
+                          "tied", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [8, 4])], [w])
+    tied = os.path.join(tmp, "tied.onnx")
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), tied)
+    r = subprocess.run([PIPECC, tied, "--replicas", "2", "--zero", "1", "--batch", "8", "-o", os.path.join(tmp, "refused.pipe")],
+                       capture_output=True, text=True)
+    tally.check(r.returncode == 2 and "--zero 1: weight 'shared_w' is read by 2 nodes (tied)" in r.stderr,
+                f"--zero 1 on a model with a tied weight: refused, naming the weight ({r.stderr.strip()[:200]})")
+    out, why = compile_build(tmp, "refuse-zero", "lenet", 2, 2, "gpipe", "adamw", ("--zero", "1"))
+    if out is not None:
+        r = subprocess.run([os.path.join(out, "run.sh"), "--data", "x", "--steps", "2", "--checkpoint", os.path.join(tmp, "ckz")],
+                           capture_output=True, text=True)
+        want = "programs of pipecc --zero 1 keep each replica's shard of the optimizer state"
+        tally.check(r.returncode == 2 and want in r.stderr, f"run.sh --checkpoint with --zero 1: refused ({r.stderr.strip()[:200]})")
     out, why = compile_build(tmp, "refuse-run", "mlp", 1, 2, "1f1b", "sgd")
     if out is None:
         return
@@ -251,6 +315,32 @@ def refusals(tmp):
         r = subprocess.run([os.path.join(out, "run.sh"), "--data", "x", "--steps", "2", "--freeze-at", "1:1"], capture_output=True, text=True)
         want = "programs of several replicas (pipecc --replicas) do not freeze layers yet"
         tally.check(r.returncode == 2 and want in r.stderr, f"run.sh --freeze-at with replicas: refused ({r.stderr.strip()[:200]})")
+
+
+def ranks_case(tmp):
+    """--ranks 4 --schedule auto: every S x R = 4 under gpipe, 1f1b and zb1 in the listing and plan.json, one kept, and
+    the plan is that layout's."""
+    out = os.path.join(tmp, "ranks.pipe")
+    r = subprocess.run([PIPECC, os.path.join(ROOT, "onnx_models", "lenet.onnx"), "--ranks", "4", "--batch", "32", "--schedule", "auto",
+                        "--devices", DEVICES, "--plan-only", "-o", out], capture_output=True, text=True)
+    if not tally.check(r.returncode == 0, f"--ranks 4: plans ({r.stderr.strip()[-300:]})"):
+        return
+    import json
+    pj = json.load(open(os.path.join(out, "plan.json")))
+    lay = pj.get("layouts", [])
+    got = sorted((L["stages"], L["replicas"], L["schedule"]) for L in lay)
+    want = sorted((S, 4 // S, k) for S in (1, 2, 4) for k in ("gpipe", "1f1b", "zb1"))
+    tally.check(got == want, f"--ranks 4: plan.json lists every S x R = 4 under each schedule ({got})")
+    kept = [L for L in lay if L.get("kept")]
+    fits = [L for L in lay if L.get("plans")]
+    ok = len(kept) == 1 and fits and kept[0]["predicted_step_time_s"] <= min(L["predicted_step_time_s"] for L in fits) * 1.005
+    tally.check(ok, f"--ranks 4: one layout kept, the fastest predicted within 0.5% ({kept})")
+    if kept:
+        k = kept[0]
+        same = pj["stages"] == k["stages"] and pj.get("replicas", 1) == k["replicas"] and pj["schedule"] == k["schedule"]
+        tally.check(same, f"--ranks 4: the plan is the kept layout's ({pj['stages']} stages, {pj.get('replicas', 1)} replicas, {pj['schedule']})")
+    listing = open(os.path.join(out, "schedule.txt")).read()
+    tally.check("layout       --ranks 4:" in listing and "<- kept" in listing, "--ranks 4: the listing shows the layouts and the one kept")
 
 
 def main():
@@ -264,7 +354,7 @@ def main():
     os.environ["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
     datas = {"mnist": Data(tmp, "mnist", 320)}
     if not args.quick:
-        datas.update(cifar=Data(tmp, "cifar", 16 * 6), tokens=Data(tmp, "tokens", 4000))
+        datas.update(cifar=Data(tmp, "cifar", 32 * 6), tokens=Data(tmp, "tokens", 4000))
     refs = {}
     if args.quick:
         plan = [("mlp", (1, 2), ("1f1b",), ("sgd",)), ("mlp", (2, 2), ("1f1b",), ("sgd",)), ("lenet", (2, 2), ("gpipe",), ("adamw",))]
@@ -277,16 +367,17 @@ def main():
             for opt_name in opts:
                 got = parity_case(tmp, model_name, data, S, R, sched, opt_name, refs)
                 bits.setdefault((model_name, R, opt_name), {})[f"S={S} {sched}"] = got
+        # --zero 1 (the optimizer state sharded over the replicas): the bits of --zero 0, each optimizer once.
+        for opt_name in opts:
+            if args.quick and model_name != "lenet":
+                continue
+            got = parity_case(tmp, model_name, data, S, R, scheds[-1], opt_name, refs, extra=("--zero", "1"))
+            bits.setdefault((model_name, R, opt_name), {})[f"S={S} {scheds[-1]} --zero 1"] = got
     for (model_name, R, opt_name), runs in bits.items():
         if len(runs) > 1:
             same_bits(runs, f"{model_name} R={R} {opt_name}: every S and schedule")
-    # The same flags twice.
-    first = bits[("lenet", 2, "adamw")].get("S=2 gpipe")
-    out, why = compile_build(tmp, "twice", "lenet", 2, 2, "gpipe", "adamw")
-    if first is not None and tally.check(out is not None, f"twice: compiles ({why})"):
-        again = train(out, datas["mnist"], MODELS["lenet"][5], "twice", tmp)[1]
-        same_bits({"run 1": first, "run 2": again}, "lenet S=2 R=2 AdamW, the same flags twice")
-    resume_case(tmp, datas["mnist"])
+    resume_case(tmp, datas["mnist"], bits[("lenet", 2, "adamw")].get("S=2 gpipe"))
+    ranks_case(tmp)
     refusals(tmp)
     if args.keep:
         print(f"# kept {tmp}")

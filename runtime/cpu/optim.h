@@ -52,6 +52,33 @@ static inline void k_adam_step(float *p, const float *g, float *m, float *v, int
   k_adam(p, g, m, v, n, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, decoupled, o->step + 1);
 }
 
+/* ---- pipecc --zero 1: one replica's shard (runtime/replica.c) ----
+ *
+ * Of a weight whose gradient g lies in the region from o->grad_base, the elements in [shard_lo, shard_hi):
+ * updated by the same rule as the whole tensor's (elementwise, the same bits), the state read at their place
+ * in the shard's state (m, v: shard_hi - shard_lo floats at most), and the new weights written over the
+ * gradient, which is spent, for the other replicas to fetch from there. */
+static inline int64_t shard_span(const float *g, int64_t n, const OptCtx *o, int64_t *lo, int64_t *hi) {
+  int64_t at = g - o->grad_base;
+  *lo = o->shard_lo > at ? o->shard_lo - at : 0;
+  *hi = o->shard_hi - at < n ? o->shard_hi - at : n;
+  return at + *lo - o->shard_lo; /* the span's first element's place in the shard's state */
+}
+
+static inline void k_sgd_shard(float *p, float *g, float *m, int64_t n, const OptCtx *o) {
+  int64_t lo, hi, s = shard_span(g, n, o, &lo, &hi);
+  if (lo >= hi) return;
+  k_sgd(p + lo, g + lo, m ? m + s : NULL, hi - lo, o->lr, o->momentum, o->weight_decay, o->step == 0);
+  memcpy(g + lo, p + lo, sizeof(float) * (size_t)(hi - lo));
+}
+
+static inline void k_adam_shard(float *p, float *g, float *m, float *v, int64_t n, int decoupled, const OptCtx *o) {
+  int64_t lo, hi, s = shard_span(g, n, o, &lo, &hi);
+  if (lo >= hi) return;
+  k_adam(p + lo, g + lo, m + s, v + s, hi - lo, o->lr, o->beta1, o->beta2, o->eps, o->weight_decay, decoupled, o->step + 1);
+  memcpy(g + lo, p + lo, sizeof(float) * (size_t)(hi - lo));
+}
+
 /* ---- the state (and gradients) streamed from the stage's file (pipecc --offload-optimizer; runtime/optstore.c) ----
  *
  * The weight is updated a block of `block` floats at a time, its state (and, gf >= 0, its gradient)

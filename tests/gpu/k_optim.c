@@ -24,7 +24,7 @@ static void check_run(int kind, int64_t n, float momentum, float wd) {
   float *dp = kc_up(p, n), *ds1 = kc_up(s1, n), *ds2 = kc_up(s2, n);
   for (int64_t step = 0; step < NSTEPS; step++) {
     float *g = kc_rand(n, -1, 1), *dg = kc_up(g, n);
-    OptCtx o = {kind ? 1e-3f : 0.1f, momentum, wd, 0.9f, 0.999f, 1e-8f, step};
+    OptCtx o = {kind ? 1e-3f : 0.1f, momentum, wd, 0.9f, 0.999f, 1e-8f, step, NULL, 0, 0};
     o.lr *= 1.0f - 0.05f * (float)step;
     if (kind) {
       k_adam_step(p, g, s1, s2, n, kind == 2, &o);
