@@ -13,11 +13,16 @@
 
 #include "memplan.h"
 
-#include "replica.h"
-
 #define ALIGN 64
 static int64_t up(int64_t x) { return (x + ALIGN - 1) / ALIGN * ALIGN; }
-int64_t memplan_up(int64_t bytes) { return up(bytes); }
+
+int64_t replica_shard_floats(int R, const StageProg *sp) {
+  int64_t n = 0;
+  for (int i = 0; i < sp->nbufs; i++)
+    if (sp->bufs[i].kind == BUF_PGRAD && !sp->bufs[i].unused && !sp->bufs[i].in_store) n += up(sp->bufs[i].bytes) / 4;
+  int64_t sh = (n + R - 1) / (R > 0 ? R : 1);
+  return (sh + REPLICA_SHARD_ALIGN - 1) / REPLICA_SHARD_ALIGN * REPLICA_SHARD_ALIGN;
+}
 
 static void touch(StageProg *sp, const Call *k, int when) {
   for (int r = 0; r < k->nreads + k->nwrites; r++) {

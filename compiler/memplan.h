@@ -10,7 +10,9 @@ void memplan(Plan *p, StageProg *sp, int nslots, int ngslots);
 void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role);
 /* A backward call that only adds into weight gradients (besides its own
  * scratch workspace): zb1 runs it in W, after the input-gradient calls. */
-/* A buffer's bytes as the arena lays it out (a multiple of its alignment). */
-int64_t memplan_up(int64_t bytes);
+/* --replicas R (replica.c): floats of one replica's shard of sp's weight-gradient region as memplan lays it
+ * out, a multiple of REPLICA_SHARD_ALIGN (the last shard shorter). */
+int64_t replica_shard_floats(int R, const StageProg *sp);
+#define REPLICA_SHARD_ALIGN 64
 int call_is_weight(const StageProg *sp, const Call *k);
 #endif

@@ -149,14 +149,6 @@ void replica_buckets(const Plan *p, StageProg *sp, Pool *pool) {
   add_ready_calls(sp, pool);
 }
 
-int64_t replica_shard_floats(int R, const StageProg *sp) {
-  int64_t n = 0;
-  for (int i = 0; i < sp->nbufs; i++)
-    if (sp->bufs[i].kind == BUF_PGRAD && !sp->bufs[i].unused && !sp->bufs[i].in_store) n += memplan_up(sp->bufs[i].bytes) / 4;
-  int64_t sh = (n + R - 1) / (R > 0 ? R : 1);
-  return (sh + REPLICA_SHARD_ALIGN - 1) / REPLICA_SHARD_ALIGN * REPLICA_SHARD_ALIGN;
-}
-
 /* --zero 1 (ZeRO stage 1): replica k keeps the optimizer state of shard k of the weight-gradient region
  * only, and updates only the weights' elements there; the new weights travel to the other replicas in the
  * shards' places of the region, where the gradients were (runtime/replica.c).  Each element gets the

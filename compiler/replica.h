@@ -16,10 +16,6 @@ void replica_costs(const Plan *p, StageCost *c, int n);
 /* Stage sp's buckets (sp->buckets) over its laid-out gradient region, and the k_grad_ready call after the
  * backward call that finishes each.  Nothing when p has one replica. */
 void replica_buckets(const Plan *p, StageProg *sp, Pool *pool);
-/* Floats of one replica's shard of sp's weight-gradient region (as memplan lays it out) over R replicas: a
- * multiple of REPLICA_SHARD_ALIGN, the last shard shorter. */
-int64_t replica_shard_floats(int R, const StageProg *sp);
-#define REPLICA_SHARD_ALIGN 64
 /* --zero 1: the stage's optimizer state for one replica's shard, one buffer per state slot (momentum; Adam's
  * two moments), made where the per-weight state would have been (autodiff.c): sp->zero_state[0..slots). */
 void replica_zero_state(const Plan *p, StageProg *sp, int slots, Pool *pool);

@@ -15,7 +15,6 @@
 #include "pipefb.h"
 #include "planq.h"
 #include "profile.h"
-#include "replica.h"
 #include "spec.h"
 #include "stash.h"
 
