@@ -456,9 +456,11 @@ static void replicas_text(const Plan *p, Buf *b) {
   int R = p->opt.replicas, n = p->opt.nstages;
   buf_printf(b, "  batch        %lld samples per step = %d replicas x %d micro-batches x %lld\n", (long long)p->batch, R,
              p->opt.microbatches, (long long)p->mb_size);
-  buf_printf(b, "  replicas     %d replicas of the %d-stage pipeline on %d ranks (world rank k x %d + s runs stage s of replica k);\n"
+  buf_printf(b, "  replicas     %d replicas of the %d-stage pipeline on %d ranks (world rank k x %d + s runs stage s of replica k;\n"
+                "               run.sh --hostfile H: mpirun fills each host's slots in that order, so hosts of a multiple of %d\n"
+                "               slots hold whole replicas and only the sums below cross hosts);\n"
                 "               each stage's weight gradients are summed over its %d ranks in replica order before the update,\n"
-                "               bucket by bucket from the last backward on (REDUCE, REDUCE_WAIT):\n", R, n, n * R, n, R);
+                "               bucket by bucket from the last backward on (REDUCE, REDUCE_WAIT):\n", R, n, n * R, n, n, R);
   if (p->opt.zero)
     buf_printf(b, "               --zero 1: the optimizer state is sharded over the replicas: each keeps and updates its 1/%d of\n"
                   "               the region's elements (ZERO_M1, ZERO_M2) and sends the new weights to the others\n", R);
