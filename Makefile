@@ -26,7 +26,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: test-costprobe test-parity bench-auto bench-chunks docs-schedules bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-optstate test-replicas test-pipefb test-async test-freeze test-same-bits test-chunks
+.PHONY: test-costprobe test-parity bench-replicas bench-auto bench-chunks docs-schedules bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-optstate test-replicas test-pipefb test-async test-freeze test-same-bits test-chunks
 all: bin/pipecc bin/pipecc-probe bin/pipecc-opprobe bin/piperun-data bin/pipecc-trace
 
 include runtime/cuda/build.mk
@@ -182,6 +182,11 @@ bench-predict: all
 
 # Section 9 of make bench alone (bench/freeze.md, bench/freeze_*.svg; not results.md): time to a held-out
 # accuracy with --freeze auto, without freezing and with torch's GPipe Pipe; about 7 minutes.
+# 4 ranks as stages or replicas (bench/replicas.md): LeNet and the GPT at (S, R) = (4, 1), (2, 2), (1, 4)
+# beside torch DDP over gloo, and the layout --ranks 4 chose; about 5 minutes.
+bench-replicas: all
+	/usr/bin/python3 bench/replicabench.py
+
 bench-freeze: all
 	/usr/bin/python3 bench/freezebench.py
 
