@@ -17,7 +17,7 @@ the same flags give the same bits twice.  A checkpoint taken with replicas resum
 that did not stop.  Refusals are pinned with their reasons.
 
   /usr/bin/python3 tests/test_replicas.py            # everything (make test-replicas)
-  /usr/bin/python3 tests/test_replicas.py --quick    # make test: a few layouts, bits, resume, refusals
+  /usr/bin/python3 tests/test_replicas.py --quick    # make test: mlp (1f1b, zb1) and lenet (gpipe, --zero 1), bits, resume, --ranks, refusals
   --keep    keep the temp dir
 """
 import argparse
@@ -357,9 +357,10 @@ def main():
         datas.update(cifar=Data(tmp, "cifar", 32 * 6), tokens=Data(tmp, "tokens", 4000))
     refs = {}
     if args.quick:
-        plan = [("mlp", (1, 2), ("1f1b",), ("sgd",)), ("mlp", (2, 2), ("1f1b",), ("sgd",)), ("lenet", (2, 2), ("gpipe",), ("adamw",))]
+        plan = [("mlp", (1, 2), ("1f1b",), ("sgd",)), ("mlp", (2, 2), ("zb1",), ("sgd",)), ("lenet", (2, 2), ("gpipe",), ("adamw",))]
     else:
         plan = [(m, sr, ("gpipe", "1f1b"), ("sgd", "adamw")) for m in MODELS for sr in ((1, 2), (2, 2), (1, 4), (4, 2))]
+        plan.append(("lenet", (2, 2), ("zb1",), ("sgd", "adamw")))   # zb1: REDUCE before the step's last W
     bits = {}
     for model_name, (S, R), scheds, opts in plan:
         data = datas[MODELS[model_name][2]]
