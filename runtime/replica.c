@@ -251,6 +251,16 @@ double replica_loss(double mine) {
   return s;
 }
 
+/* --val: the held-out loss and hits of every replica's batches, added in replica order on replica 0's loss rank. */
+void replica_sums(double *loss, double *hits) {
+  if (g_nreplicas <= 1) return;
+  double mine[2] = {*loss, *hits}, all[2 * 1024];
+  MPI_Gather(mine, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, 0, g_red.dcomm);
+  if (g_replica) return;
+  *loss = all[0], *hits = all[1];
+  for (int k = 1; k < g_nreplicas; k++) *loss += all[2 * k], *hits += all[2 * k + 1];
+}
+
 /* The samples of replica g_replica's share, idx[0 .. batch) of the global batch's indices (idx has room for
  * all of them, batch x replicas). */
 void replica_indices(int64_t *idx, int batch) {

@@ -80,7 +80,7 @@ void val_pass(Run *r, int64_t after) {
   r->data = r->val;
   r->in_val = 1;
   double loss = 0, hits = 0;
-  for (int64_t v = 0; v < nb; v++) {
+  for (int64_t v = g_replica; v < nb; v += g_nreplicas) { /* --replicas: replica k evaluates batches k, k + R, ... */
     r->step = v; /* the tags and the token loader's batch; nothing of training is in flight between steps */
     for (int i = 0; i < st->batch; i++) r->idx[i] = v * st->batch + i;
     for (int k = 0; k < st->microbatches; k++) {
@@ -107,7 +107,8 @@ void val_pass(Run *r, int64_t after) {
   }
   r->data = train, r->step = step, r->idx = idx, r->in_val = 0;
   g_val_at.after = -1;
-  if (!reports(st) || !nb) return; /* --replicas: each replica evaluates the whole held-out set; replica 0 reports */
+  if (st->loss) replica_sums(&loss, &hits); /* --replicas: every replica's batches, added on replica 0, which reports */
+  if (!reports(st) || !nb) return;
   double rows = (double)nb * st->microbatches * st->loss_rows;
   loss /= rows;
   r->val_acc = hits / rows, r->have_val_acc = 1; /* shown on the terminal's progress line from now on */

@@ -259,7 +259,13 @@ def resume_case(tmp, data, first):
     out, why = compile_build(tmp, "resume", "lenet", 2, 2, "gpipe", "adamw")
     if not tally.check(out is not None, f"resume: compiles ({why})"):
         return
-    _, whole, text = train(out, data, 10, "resume-whole", tmp)
+    _, whole, text = train(out, data, 10, "resume-whole", tmp, flags=("--val", data.path, "--val-every", "5"))
+    # --val: replica k evaluates held-out batches k, k + 2, ...; replica 0 reports the sums (the same figures as a plain
+    # evaluation of the saved weights would give: each row's loss is over every held-out batch).
+    vpath = os.path.join(tmp, "resume-whole.csv.val.csv")
+    rows = list(csv.DictReader(open(vpath))) if os.path.exists(vpath) else []
+    tally.check(len(rows) == 2 and all(0 <= float(r["val_accuracy"]) <= 1 and np.isfinite(float(r["val_loss"])) for r in rows),
+                f"--val with 2 replicas: two rows of held-out loss and accuracy ({rows})")
     ck = os.path.join(tmp, "ck")
     _, _, text1 = train(out, data, 6, "resume-first", tmp, flags=("--checkpoint", ck, "--checkpoint-every", "3"))
     _, resumed, text2 = train(out, data, 10, "resume-second", tmp, flags=("--resume", ck))
