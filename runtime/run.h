@@ -13,6 +13,7 @@
  *   interp.c   the action interpreter and the synchronous step loop
  *   async.c    the async schedule's step loop
  *   optim.c    the optimizer step, tied weights' sums, NaN checks, zeroing the gradients
+ *   replica.c  --replicas: the communicators, the gradients' sum over the replicas, --zero 1's shards
  *   ckpt.c     checkpoints: write, commit, resume
  *   freeze.c   freezing layers: the freeze checkpoint, resuming it, --freeze auto
  *   val.c      run.sh --val: the held-out set
