@@ -191,7 +191,7 @@ static int flag_plan(Options *o, const char *a, const char *val, int *i, const c
   } else if (!strcmp(a, "--zero")) {
     NEEDVAL();
     if (strcmp(val, "0") && strcmp(val, "1")) return bad("--zero '%s': expected 0 (every replica keeps all the optimizer state) or 1 (each its shard)%s", val, "");
-    o->zero = val[0] == '1';
+    o->zero = val[0] == '1', o->zero_given = 1;
   } else if (!strcmp(a, "--replicas")) {
     NEEDVAL();
     if (parse_int(val, 1, MAX_RANKS, &v)) return bad("--replicas '%s': expected a whole number of pipeline copies from 1 to 1024%s", val, "");

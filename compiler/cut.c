@@ -76,7 +76,7 @@ static void setup_pricing(Plan *p, PartProblem *pr) {
     p->memo = price_memo_new();
     pr->stage_mem = price_stage, pr->mem_ctx = p;
     pr->ring_copies = p->slots.nslots;
-    pr->param_copies = p->opt.forward_only ? 1 : 2 + p->opt_slots + pr->reduce_share;
+    pr->param_copies = p->opt.forward_only ? 1 : 2 + pr->opt_state_per_param * (pr->zero_share > 0 ? pr->zero_share : 1) + pr->reduce_share;
     stash_pairs(p, &sp, pr);
   }
   pool_free(&tmp);

@@ -139,6 +139,7 @@ static void set_problem(Plan *p, double *arr[6]) {
   if (p->direct) pr->gaps = p->gaps, pr->ngaps = p->ngaps;
   pr->nstages = o->nstages, pr->microbatches = p->opt.microbatches, pr->schedule = o->schedule;
   pr->opt_state_per_param = p->opt_slots;
+  pr->zero_share = p->opt.zero && p->opt.replicas > 1 ? 1.0 / p->opt.replicas : 1; /* --zero 1: a replica keeps 1/R of the state */
   pr->reduce_share = p->opt.replicas > 1 ? (double)(p->opt.replicas - 1) / p->opt.replicas : 0;
   pr->machine = &p->machine;
   /* --chunks V: a rank's V stages share its limit; each is cut to its share (plan_stage_limit), the joined

@@ -51,6 +51,15 @@ int layout_choose(Options *o, void (*plan)(Options t, SchedCand *c)) {
       if (!*why && P / S > 1 && args_check_replicas(&t, L->c.why, sizeof L->c.why)) why = L->c.why;
       if (*why) continue;
       plan(t, &L->c);
+      L->zero = t.zero;
+      /* Over --mem-limit with every replica holding all the optimizer state: sharded, it may fit. */
+      char zwhy[320];
+      if (!L->c.fits && P / S > 1 && !t.zero && !o->zero_given && o->mem_limit > 0) {
+        SchedCand z = {.kind = L->c.kind, .chunks = 1};
+        t.zero = 1;
+        if (!args_check_replicas(&t, zwhy, sizeof zwhy)) plan(t, &z);
+        if (z.fits) L->c = z, L->zero = 1;
+      }
       if (L->c.fits && (best < 0 || L->c.step < cand[best].c.step)) best = n;
     }
   }
@@ -67,6 +76,7 @@ int layout_choose(Options *o, void (*plan)(Options t, SchedCand *c)) {
   for (int i = 0; i < n; i++)
     if (cand[i].c.fits && cand[i].c.step <= cand[best].c.step * LAYOUT_SAME_STEP && cand[i].c.peak < cand[keep].c.peak) keep = i;
   o->nstages = o->nranks = cand[keep].stages, o->replicas = cand[keep].replicas, o->schedule = cand[keep].c.kind;
+  o->zero = cand[keep].zero;
   o->schedule_auto = 0, o->layouts = cand, o->nlayouts = n, o->layout_kept = keep;
   return 0;
 }

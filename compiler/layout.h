@@ -6,6 +6,7 @@
 /* One layout the planner compared: S stages x R replicas under a schedule, as plan_candidate planned it. */
 typedef struct LayoutCand {
   int stages, replicas;
+  int zero;        /* planned with --zero 1: the user's, or the planner's where --zero 0 did not fit --mem-limit */
   SchedCand c;
 } LayoutCand;
 

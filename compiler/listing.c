@@ -598,7 +598,7 @@ static void layout_text(const Plan *p, Buf *b) {
   for (int i = 0; i < o->nlayouts; i++) {
     const LayoutCand *L = &o->layouts[i];
     char name[48];
-    snprintf(name, sizeof name, "%d x %d %s", L->stages, L->replicas, schedule_name(L->c.kind));
+    snprintf(name, sizeof name, "%d x %d %s%s", L->stages, L->replicas, schedule_name(L->c.kind), L->zero ? " zero" : "");
     if (L->c.fits)
       buf_printf(b, "                 %-16s %s per step, %.1f%% bubble, busiest arena %s%s\n", name, fmt_time(L->c.step), 100 * L->c.bubble,
                  L->c.peak >= 0 ? fmt_bytes((double)L->c.peak) : "(not built: --plan-only)", i == o->layout_kept ? "  <- kept" : "");
@@ -617,8 +617,8 @@ static void layout_json(const Plan *p, Buf *b) {
   buf_printf(b, "  \"ranks\": %d,\n  \"layouts\": [", o->ranks);
   for (int i = 0; i < o->nlayouts; i++) {
     const LayoutCand *L = &o->layouts[i];
-    buf_printf(b, "%s\n    {\"stages\": %d, \"replicas\": %d, \"schedule\": \"%s\", \"plans\": %s, ", i ? "," : "", L->stages, L->replicas,
-               schedule_name(L->c.kind), L->c.fits ? "true" : "false");
+    buf_printf(b, "%s\n    {\"stages\": %d, \"replicas\": %d, \"schedule\": \"%s\", \"zero\": %d, \"plans\": %s, ", i ? "," : "", L->stages,
+               L->replicas, schedule_name(L->c.kind), L->zero, L->c.fits ? "true" : "false");
     if (L->c.fits)
       buf_printf(b, "\"predicted_step_time_s\": %.9g, \"bubble\": %.6f, \"busiest_arena_bytes\": %lld, \"kept\": %s}", L->c.step, L->c.bubble,
                  (long long)L->c.peak, i == o->layout_kept ? "true" : "false");

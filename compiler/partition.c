@@ -244,7 +244,7 @@ void part_cost_sums(const PartProblem *p, int s, const PartSums *lo, const PartS
   o->gcopies = stage_gcopies(p->schedule, s, p->nstages, p->microbatches);
   o->mem_params = hi->param - lo->param;
   o->mem_grads = o->mem_params * (1 + p->reduce_share);
-  o->mem_opt = o->mem_params * p->opt_state_per_param;
+  o->mem_opt = o->mem_params * p->opt_state_per_param * (p->zero_share > 0 ? p->zero_share : 1);
   o->mem_stash = o->copies * (hi->stash - lo->stash);
   double last = hi->last ? hi->cut_bytes : 0; /* d(logits); the labels take no more than the logits */
   o->mem_recv = o->copies * (lo->cut_bytes + hi->cut_bytes - 2 * pb + last) + last + o->gcopies * (lo->cut_grad + hi->cut_grad - 2 * pg);

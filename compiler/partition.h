@@ -42,6 +42,7 @@ typedef struct PartProblem {
   int nedges;
   int nstages, microbatches, schedule;
   double opt_state_per_param; /* optimizer slots per parameter: sgd 0, momentum 1, adam 2 */
+  double zero_share;          /* --zero 1: 1/R, the part of the optimizer state (and of the update) a replica has; else 1 */
   double reduce_share;        /* --replicas R: (R - 1) / R, the other replicas' shards a rank sums, per gradient byte */
   const Machine *machine;
   double mem_limit;             /* per rank, bytes; 0 = none beyond the devices' own */

@@ -49,6 +49,7 @@ typedef struct Options {
   /* --ranks P: the planner chooses -n and --replicas (layout.c); every layout it compared, the one kept. */
   int ranks, nstages_given;
   int zero;          /* --zero 1: the optimizer state sharded over the replicas (replica.c) */
+  int zero_given;    /* --zero given (else --ranks may shard where a layout does not fit --mem-limit otherwise) */
   const struct LayoutCand *layouts;
   int nlayouts, layout_kept;
   int schedule_auto;      /* --schedule auto: each synchronous schedule planned, the fastest that fits kept (driver.c) */

@@ -79,6 +79,8 @@ void replica_costs(const Plan *p, StageCost *c, int n) {
     double hide = sched_splits(p->opt.schedule) ? c[s].bwd_w : c[s].bwd;
     double exposed = t - hide > t / 2 ? t - hide : t / 2;
     c[s].reduce_total = t, c[s].reduce = exposed;
+    /* --zero 1: each replica updates 1/R of the elements (however the update's time was found). */
+    if (p->opt.zero) c[s].update /= R;
   }
 }
 

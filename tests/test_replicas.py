@@ -347,6 +347,16 @@ def ranks_case(tmp):
         tally.check(same, f"--ranks 4: the plan is the kept layout's ({pj['stages']} stages, {pj.get('replicas', 1)} replicas, {pj['schedule']})")
     listing = open(os.path.join(out, "schedule.txt")).read()
     tally.check("layout       --ranks 4:" in listing and "<- kept" in listing, "--ranks 4: the listing shows the layouts and the one kept")
+    # Under --mem-limit a layout of replicas that does not fit with all the optimizer state on every replica is
+    # planned again with it sharded (--zero 1): the MLP with AdamW at 4300K fits 1 x 2 only so.
+    out2 = os.path.join(tmp, "ranks-zero.pipe")
+    r = subprocess.run([PIPECC, os.path.join(ROOT, "onnx_models", "mlp.onnx"), "--ranks", "2", "--batch", "32", "--optimizer", "adamw",
+                        "--mem-limit", "4300K", "--plan-only", "-o", out2], capture_output=True, text=True)
+    if tally.check(r.returncode == 0, f"--ranks 2 --mem-limit 4300K: plans ({r.stderr.strip()[-300:]})"):
+        pj = json.load(open(os.path.join(out2, "plan.json")))
+        one = [L for L in pj["layouts"] if L["stages"] == 1]
+        tally.check(one and one[0]["plans"] and one[0]["zero"] == 1,
+                    f"--ranks 2 --mem-limit 4300K: 1 x 2 fits with the optimizer state sharded ({one})")
 
 
 def main():
