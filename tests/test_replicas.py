@@ -19,6 +19,7 @@ that did not stop.  Refusals are pinned with their reasons.
   /usr/bin/python3 tests/test_replicas.py            # everything (make test-replicas)
   /usr/bin/python3 tests/test_replicas.py --quick    # make test: mlp (1f1b, zb1) and lenet (gpipe, --zero 1), bits, resume, --ranks, refusals
   --keep    keep the temp dir
+  --model NAME   the matrix for this model only (repeatable)
 """
 import argparse
 import copy
@@ -381,6 +382,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--model", action="append", help="the matrix for this model only (repeatable; not with --quick)")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="pipecc-replicas.")
     os.environ["PIPECC_CACHE"] = os.path.join(tmp, "machine.txt")
@@ -395,6 +397,8 @@ def main():
     else:
         plan = [(m, sr, ("gpipe", "1f1b"), ("sgd", "adamw")) for m in MODELS for sr in ((1, 2), (2, 2), (1, 4), (4, 2))]
         plan.append(("lenet", (2, 2), ("zb1",), ("sgd", "adamw")))   # zb1: REDUCE before the step's last W
+        if args.model:
+            plan = [c for c in plan if c[0] in args.model]
     bits = {}
     for model_name, (S, R), scheds, opts in plan:
         data = datas[MODELS[model_name][2]]
