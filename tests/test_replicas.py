@@ -168,15 +168,16 @@ def reference(model_name, data, R, opt_name, dtype=torch.float32):
 
 def tolerances(model_name, data, R, opt_name, losses, want):
     """(loss rtol, weight atol, statistics rtol, why): LOSS_RTOL, WEIGHT_ATOL, STATS_RTOL; for a model with BatchNorm,
-    at least twice PyTorch's own float32 spread on each (float32 against float64, the same steps): BatchNorm over
-    micro-batches of a few samples carries float32 rounding far, and AdamW's steps on near-zero gradients farther
-    (pipecc at R = 1 differs from PyTorch by as much: docs/replicas.md)."""
-    if model_name != "resnet":
+    and for the GPT under AdamW, at least twice PyTorch's own float32 spread on each (float32 against float64, the
+    same steps): BatchNorm over micro-batches of a few samples carries float32 rounding far, and AdamW's step on a
+    gradient that is zero but for rounding (the attention keys' bias: softmax ignores a constant per row) is about
+    lr times the rounding's sign."""
+    if model_name != "resnet" and not (model_name == "gpt" and opt_name == "adamw"):
         return LOSS_RTOL, WEIGHT_ATOL, STATS_RTOL, ""
     l64, w64 = reference(model_name, data, R, opt_name, torch.float64)
     d = {k: np.abs(want[k].astype(np.float64) - w64[k].astype(np.float64)) for k in want}
     ws = max(float(d[k].max()) for k in want if "running" not in k)
-    ss = max(float((d[k] / (1 + np.abs(w64[k]))).max()) for k in want if "running" in k)
+    ss = max([float((d[k] / (1 + np.abs(w64[k]))).max()) for k in want if "running" in k] or [0.0])
     ls = float(np.max(np.abs(losses - l64) / np.abs(l64)))
     return (max(LOSS_RTOL, 2 * ls), max(WEIGHT_ATOL, 2 * ws), max(STATS_RTOL, 2 * ss),
             f"; PyTorch's float32 against float64: losses {ls:.1e}, weights {ws:.1e}, statistics {ss:.1e}")
