@@ -39,7 +39,11 @@ torch.set_num_threads(1)
 dist.init_process_group("gloo", rank=rank, world_size=world)
 spec = importlib.util.spec_from_file_location("ex", sys.argv[9]); ex = importlib.util.module_from_spec(spec); spec.loader.exec_module(ex)
 torch.manual_seed(0)
-model = torch.nn.parallel.DistributedDataParallel(getattr(ex, cls)())
+net = getattr(ex, cls)()
+# gloo broadcasts no bool tensors: the GPT's causal mask (a constant buffer) stays out of DDP's start-up sync.
+torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+    net, [k for k, b in net.named_buffers() if not b.is_floating_point()])
+model = torch.nn.parallel.DistributedDataParallel(net)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 share = B // world
 if kind == "tokens":
@@ -97,7 +101,8 @@ def pipecc_step(tmp, model, S, R, data, steps):
         run(["make", "-s", "-C", out, "-j2"])
     logf = os.path.join(tmp, f"{model}-{S}x{R}.csv")
     text = run([os.path.join(out, "run.sh"), "--data", data[kind], "--steps", str(steps), "--quiet", "--log", logf])
-    pred = float(re.search(r"([\d.]+) ms predicted", text).group(1)) / 1e3
+    import json
+    pred = json.load(open(os.path.join(out, "plan.json")))["predicted_step_time_s"]
     t = [float(r["time_s"]) for r in csv.DictReader(open(logf))]
     d = [b - a for a, b in zip(t, t[1:])][steps // 4:]
     return statistics.median(d), pred
