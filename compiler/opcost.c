@@ -317,6 +317,56 @@ int opcost_node(const OpTable *t, const Graph *g, const char *need, int node, do
   return 0;
 }
 
+/* ---- the step's other work: the optimizer's update, the loss ---- */
+
+/* Each trained weight once (a tied one is updated once): its floats, into w (NULL: only counted). */
+static int trained_weights(const struct Plan *p, double *w) {
+  const Graph *g = &p->g;
+  char *seen = calloc((size_t)g->nt + 1, 1);
+  if (!seen) abort();
+  int nw = 0;
+  for (int q = 0; q < p->N; q++) {
+    const Node *nd = &g->n[p->node[q]];
+    for (int k = 0; k < nd->nin; k++) {
+      int t = nd->in[k];
+      if (t < 0 || !g->t[t].is_param || seen[t] || numel(&g->t[t]) < 1) continue;
+      seen[t] = 1;
+      if (w) w[nw] = numel(&g->t[t]);
+      nw++;
+    }
+  }
+  free(seen);
+  return nw;
+}
+
+double opcost_update(const OpTable *t, const struct Plan *p) {
+  const char *opt = p->opt.optimizer ? p->opt.optimizer : "sgd", *fam = strcmp(opt, "sgd") ? "adam" : p->opt_slots ? "sgdm" : "sgd";
+  double one[4] = {1, 1, 1, 1}, s = 0, total = 0;
+  if (opcost_at(t, fam, one, 0) < 0) return -1;
+  int nw = trained_weights(p, NULL);
+  double *w = malloc(sizeof(double) * (size_t)(nw + 1));
+  if (!w) abort();
+  trained_weights(p, w);
+  for (int i = 0; i < nw; i++) total += w[i];
+  for (int i = 0; i < nw; i++) s += opcost_at(t, fam, (double[4]){w[i], total, 1, 1}, 0);
+  free(w);
+  if (getenv("PIPECC_OPCOST_DEBUG")) fprintf(stderr, "opcost update %s: %.3g s for %d weights of %.0f floats\n", fam, s, nw, total);
+  return total > 0 ? s / total : -1;
+}
+
+double opcost_loss(const OpTable *t, const struct Plan *p) {
+  const Graph *g = &p->g;
+  if (p->opt.loss_mse) return -1;
+  for (int k = 0; k < g->nt; k++) {
+    const Tensor *L = &g->t[k];
+    if (!L->is_output || L->rank < 2 || L->dims[L->rank - 1] < 1) continue;
+    double x[4] = {numel(L), (double)L->dims[L->rank - 1], 1, 1}, s = opcost_at(t, "xent", x, 0);
+    if (getenv("PIPECC_OPCOST_DEBUG")) fprintf(stderr, "opcost loss xent x=%g,%g: %.3g\n", x[0], x[1], s);
+    return s;
+  }
+  return -1;
+}
+
 /* ---- the cache, and the probe that fills it ---- */
 
 static char *slurp(const char *path) {

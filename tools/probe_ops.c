@@ -15,11 +15,16 @@
  *                                                 P = batch x output pixels
  *   dwconv@onednn, dwconv@im2col  C K P 1        depthwise (group = C)
  *   pointconv                     N CIN COUT K   a convolution of one point (k_conv_point) on N images
- *   gemm                          M N K 1        Y[M,N] = X[M,K] W[N,K]^T (nn.Linear's Gemm)
+ *   gemm                          M N K 1        Y[M,N] = X[M,K] W[N,K]^T (nn.Linear's Gemm); M from 4
  *   relu gelu unary binary softmax layernorm maxpool avgpool copy
  *                                 ELEMS 1 1 1    a memory-bound kernel over ELEMS floats (the larger of
  *                                                 its input and output)
  *   batchnorm                     ELEMS C 1 1    8 images of C channels
+ *   sgd sgdm adam                 ELEMS TOTAL 1 1  one weight's optimizer update (k_sgd_step without and with
+ *                                                 momentum, k_adam_step, after the gradient's finite check), as
+ *                                                 the stage program's update() calls it, in a model of TOTAL
+ *                                                 trained floats; FWD only
+ *   xent                          ELEMS CLASSES 1 1  the loss: k_softmax_xent over ELEMS logits; FWD only
  * Then `done SECONDS`: the probe's own time. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,13 +175,15 @@ static void gemm_call(const void *arg, int part) {
   else k_gemm_dB(buf[3], buf[0], buf[5], g->M, g->N, g->K, 0, 1, 1.0f, 1);
 }
 
+/* M from 4: a micro-batch of 8 rows costs about half of 16's (MLP's layers), which holding the time below
+ * the grid's first value missed. */
 static void gemm_grid(int quick) {
-  static const int d[] = {16, 64, 256, 1024};
-  for (int a = 0; a < 4; a++)
+  static const int d[] = {16, 64, 256, 1024}, dm[] = {4, 8, 16, 64, 256, 1024};
+  for (int a = 0; a < 6; a++)
     for (int b = 0; b < 4; b++)
       for (int c = 0; c < 4; c++) {
-        if (quick && (a % 3 || b % 3 || c % 3)) continue;
-        G g = {d[a], d[b], d[c]};
+        if (quick && ((a != 2 && a != 5) || b % 3 || c % 3)) continue;
+        G g = {dm[a], d[b], d[c]};
         emit("gemm", g.M, g.N, g.K, 1, gemm_call, &g, 7);
       }
 }
@@ -265,6 +272,88 @@ static void mem_grid(int quick) {
     }
 }
 
+/* ---- the step's other work: the optimizer's update, the loss ---- */
+
+/* The finite check the runtime makes of every gradient before the update (runtime/optim.c check_finite:
+ * cpu/device.c's pass over the exponent bits), which the profile's `update` time includes. */
+static int64_t nonfinite(const float *x, int64_t n) {
+  const uint32_t *b = (const uint32_t *)x;
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; i++) bad |= (b[i] & 0x7f800000u) == 0x7f800000u;
+  return bad ? 0 : -1;
+}
+
+/* A model's update: weights of n floats, one after another over arrays of `total` (the weights, their
+ * gradients and the optimizer's slots), each gradient checked first, then each weight updated, as
+ * optimizer_step and the stage program's update() do; times divided by total / n.  Large models stream
+ * their weights from memory, small ones find them in the caches: the time per float depends on both. */
+typedef struct Step {
+  int kind; /* 0 sgd, 1 sgd with momentum, 2 adam; 3 the loss */
+  int64_t n, total, classes;
+  float *p, *g, *m, *v;
+  OptCtx o;
+  int64_t *labels;
+} Step;
+
+static volatile int64_t step_sink;
+
+static void step_call(const void *arg, int part) {
+  const Step *s = arg;
+  (void)part;
+  if (s->kind == 3) {
+    step_sink += (int64_t)k_softmax_xent(buf[0], s->labels, buf[3], s->n / s->classes, (int)s->classes, 1.0f / 64);
+    return;
+  }
+  for (int64_t at = 0; at + s->n <= s->total; at += s->n) step_sink += nonfinite(s->g + at, s->n);
+  for (int64_t at = 0; at + s->n <= s->total; at += s->n)
+    if (s->kind == 2) k_adam_step(s->p + at, s->g + at, s->m + at, s->v + at, s->n, 0, &s->o);
+    else k_sgd_step(s->p + at, s->g + at, s->m + at, s->n, &s->o);
+}
+
+static float *step_array(int64_t n, float v) {
+  float *a = aligned_alloc(64, (size_t)n * sizeof(float));
+  if (!a) exit(1);
+  for (int64_t i = 0; i < n; i++) a[i] = v * (float)(i % 7 + 1);
+  return a;
+}
+
+/*   sgd sgdm adam   ELEMS TOTAL 1 1   a weight of ELEMS floats in a model of TOTAL trained floats (from a
+ *                                     bias's 1K to a 3x3 512-channel convolution's 2.4M, in models of 256K
+ *                                     to 16M floats) */
+static void update_grid(int quick) {
+  static const char *const name[3] = {"sgd", "sgdm", "adam"};
+  static const int64_t ns[] = {1 << 10, 1 << 14, 1 << 18, 1 << 21}, tot[] = {1 << 18, 1 << 21, 1 << 24};
+  const int64_t big = tot[2];
+  float *p = step_array(big, 1e-3f), *g = step_array(big, 1e-4f), *m = step_array(big, 1e-5f), *v = step_array(big, 1e-8f);
+  for (int k = 0; k < 3; k++)
+    for (int j = 0; j < 3; j++)
+      for (int i = 0; i < 4; i++) {
+        if (ns[i] > tot[j] || (quick && (i % 2 || j == 1))) continue;
+        Step s = {.kind = k, .n = ns[i], .total = tot[j], .p = p, .g = g, .m = m, .v = v,
+                  .o = {.lr = 1e-6f, .momentum = k == 1 ? 0.9f : 0, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = 5}};
+        double t = timed(step_call, &s, 0) / (double)(tot[j] / ns[i]);
+        printf("o %s %lld %lld 1 1 %.4g 0 0\n", name[k], (long long)ns[i], (long long)tot[j], t);
+        fflush(stdout);
+      }
+  free(p), free(g), free(m), free(v);
+}
+
+/*   xent            ELEMS CLASSES 1 1  the loss, k_softmax_xent over ELEMS logits: a classifier's 10 classes,
+ *                                      256, a vocabulary's 32K */
+static void loss_grid(int quick) {
+  static const int64_t xn[] = {1 << 6, 1 << 9, 1 << 12, 1 << 15, 1 << 18}, xc[] = {10, 256, 32768};
+  int64_t *labels = calloc((size_t)(1 << 18) / 10 + 1, sizeof(int64_t));
+  if (!labels) exit(1);
+  for (int i = 0; i < (1 << 18) / 10 + 1; i++) labels[i] = i % 10;
+  for (int i = 0; i < 5; i++)
+    for (int c = 0; c < 3; c++) {
+      if ((quick && i % 2) || xn[i] < xc[c]) continue;
+      Step s = {.kind = 3, .n = xn[i] / xc[c] * xc[c], .classes = xc[c], .labels = labels};
+      emit("xent", (double)s.n, (double)xc[c], 1, 1, step_call, &s, 1);
+    }
+  free(labels);
+}
+
 int main(int argc, char **argv) {
   /* As a stage program runs: its OpenBLAS kernels pinned, oneDNN on one OpenMP thread (prmain.c). */
   const char *omp = getenv("OMP_NUM_THREADS");
@@ -288,6 +377,8 @@ int main(int argc, char **argv) {
   mem_grid(quick);
   conv_grid(quick);
   point_grid(quick);
+  update_grid(quick);
+  loss_grid(quick);
   printf("done %.2f\n", now() - t0);
   return 0;
 }
