@@ -55,7 +55,7 @@ const char *opcost_path(char *buf, size_t len) {
 /* The work a family's point does: FLOPs of a convolution or GEMM, elements of a memory kernel. */
 static double work(const char *fam, const double x[4]) {
   if (!strncmp(fam, "conv@", 5)) return 2 * x[0] * x[1] * x[2] * x[2] * x[3];
-  if (!strncmp(fam, "dwconv@", 7)) return 2 * x[0] * x[1] * x[1] * x[2];
+  if (!strncmp(fam, "dwconv@", 7)) return 2 * x[0] * x[1] * x[1] * x[2] * x[3];
   if (!strcmp(fam, "pointconv")) return 2 * x[0] * x[1] * x[2] + x[1] * x[2] * x[3] * x[3]; /* the GEMM and the packed weights */
   if (!strcmp(fam, "gemm")) return 2 * x[0] * x[1] * x[2];
   return x[0];
@@ -98,7 +98,7 @@ static int parse(OpTable *t, char *text, const char *id, char **other) {
     nl = strchr(line, '\n');
     if (nl) *nl++ = 0;
     if (!header) {
-      if (strcmp(line, "pipecc-ops 1")) return 0;
+      if (strcmp(line, "pipecc-ops 2")) return 0;
       header = 1;
       continue;
     }
@@ -263,8 +263,8 @@ static const char *conv_family(const Graph *g, const Node *n, double x[4], doubl
   }
   int lib = conv_uses_lib(g, n);
   *mult = group, x[3] = 1;
-  if (cg == 1 && mg == 1) {
-    x[0] = group, x[1] = sqrt(taps), x[2] = P, *mult = 1;
+  if (cg == 1 && mg == 1) { /* by pixels per image and images: oneDNN's weight gradient over 2x2 images costs per image */
+    x[0] = group, x[1] = sqrt(taps), x[2] = P / (double)Y->dims[0], x[3] = (double)Y->dims[0], *mult = 1;
     return lib ? "dwconv@onednn" : "dwconv@im2col";
   }
   x[0] = cg, x[1] = mg, x[2] = sqrt(taps), x[3] = P;
@@ -434,7 +434,7 @@ static void cache_store(const char *path, const char *id, const char *probe_out,
   for (int i = 0; i < scratch.nfam; i++) free(scratch.fam[i].x), free(scratch.fam[i].t);
   FILE *f = fopen(tmp, "w");
   if (f) {
-    fprintf(f, "pipecc-ops 1\n# pipecc's op cache (docs/cost.md, compiler/opcost.h): bin/pipecc-opprobe's times of the runtime's\n"
+    fprintf(f, "pipecc-ops 2\n# pipecc's op cache (docs/cost.md, compiler/opcost.h): bin/pipecc-opprobe's times of the runtime's\n"
                "# kernels on a grid of shapes, seconds of FWD BWD_INPUT BWD_WEIGHT; one section per machine.\n%s", other ? other : "");
     fprintf(f, "machine %s\n", id);
     for (const char *l = probe_out; *l;) {

@@ -7,7 +7,7 @@
  * backward's input-gradient and weight-gradient parts.  pipecc runs it once per machine, the first time
  * it plans without one, and keeps what it printed in the op cache:
  *
- *     pipecc-ops 1
+ *     pipecc-ops 2
  *     machine ID                   the machine probe's identity (cost.c, machine_identity)
  *     o FAMILY X1 X2 X3 X4 FWD BWD_INPUT BWD_WEIGHT
  *     probe SECONDS                how long the probe took

@@ -13,7 +13,8 @@
  * a few repeats after a warm-up call.  Families and their coordinates (unused ones are 1):
  *   conv@onednn, conv@im2col      CIN COUT K P   a KxK convolution, stride 1, padded to keep its size,
  *                                                 P = batch x output pixels
- *   dwconv@onednn, dwconv@im2col  C K P 1        depthwise (group = C)
+ *   dwconv@onednn, dwconv@im2col  C K Q N        depthwise (group = C): N images of Q output pixels (1: of
+ *                                                 stride 2 over 2x2 images)
  *   pointconv                     N CIN COUT K   a convolution of one point (k_conv_point) on N images
  *   gemm                          M N K 1        Y[M,N] = X[M,K] W[N,K]^T (nn.Linear's Gemm); M from 4
  *   relu gelu unary binary softmax layernorm maxpool avgpool copy
@@ -114,10 +115,13 @@ static int64_t pad16(int64_t v) { return (v + 15) / 16 * 16; }
 static ConvShape *conv_shape(int n, int c, int m, int k, int hw, int group, int lib) {
   ConvShape *s = calloc(1, sizeof *s); /* kept: oneDNN keys its primitives by this address */
   if (!s) exit(1);
-  *s = (ConvShape){.n = n, .c = c, .d = 1, .h = hw, .w = hw, .m = m, .kd = 1, .kh = k, .kw = k, .group = group,
-                   .od = 1, .oh = hw, .ow = hw, .sd = 1, .sh = 1, .sw = 1, .pd = 0, .ph = k / 2, .pw = k / 2,
+  /* hw 1: one output pixel, of stride 2 over 2x2 images (a depthwise convolution at stride 1 over one pixel
+   * is a convolution of one point, k_conv_point) */
+  int in = hw == 1 ? 2 : hw, st = hw == 1 ? 2 : 1;
+  *s = (ConvShape){.n = n, .c = c, .d = 1, .h = in, .w = in, .m = m, .kd = 1, .kh = k, .kw = k, .group = group,
+                   .od = 1, .oh = hw, .ow = hw, .sd = 1, .sh = st, .sw = st, .pd = 0, .ph = k / 2, .pw = k / 2,
                    .dd = 1, .dh = 1, .dw = 1, .lib = lib};
-  int64_t sp = (int64_t)hw * hw, cols = (int64_t)(c / group) * k * k * sp * 4;
+  int64_t sp = (int64_t)in * in, cols = (int64_t)(c / group) * k * k * sp * 4;
   int64_t xs = n * pad16(c) * sp, ys = n * pad16(m) * sp, ws = group * pad16(m / group) * pad16(c / group) * k * k;
   int64_t libb = 4 * (xs + ys + ws + pad16(c) * sp) + 4 * 64 + 128;
   s->lib_work = lib && libb > cols ? libb : cols;
@@ -136,14 +140,17 @@ static void conv_grid(int quick) {
             ConvShape *s = conv_shape(nimg, cin[a], cout[b], ks[kk], hws[h], 1, lib);
             emit(lib ? "conv@onednn" : "conv@im2col", cin[a], cout[b], ks[kk], (double)nimg * hws[h] * hws[h], conv_call, s, 7);
           }
-  static const int dc[] = {16, 64, 256, 1024}, dk[] = {3, 5};
+  /* Depthwise by pixels per image and images apart: oneDNN's weight gradient costs about as much per image
+   * and channel at 2x2 (and at one pixel of stride 2 from 2x2) as at 8x8, 16x its work; 4x4 is already cheap.
+   * Measured at 4 images: 8 cost twice that (above the grid the time grows with the work). */
+  static const int dc[] = {16, 64, 256, 1024}, dk[] = {3, 5}, dhw[] = {1, 2, 4, 8, 32};
   for (int lib = 1; lib >= 0; lib--)
     for (int a = 0; a < 4; a++)
       for (int kk = 0; kk < 2; kk++)
-        for (int h = 0; h < 3; h++) {
-          if (quick && (a % 3 || kk || h == 1)) continue;
-          ConvShape *s = conv_shape(nimg, dc[a], dc[a], dk[kk], hws[h], dc[a], lib);
-          emit(lib ? "dwconv@onednn" : "dwconv@im2col", dc[a], dk[kk], (double)nimg * hws[h] * hws[h], 1, conv_call, s, 7);
+        for (int h = 0; h < 5; h++) {
+          if (quick && (a % 3 || kk || h % 2)) continue;
+          ConvShape *s = conv_shape(nimg, dc[a], dc[a], dk[kk], dhw[h], dc[a], lib);
+          emit(lib ? "dwconv@onednn" : "dwconv@im2col", dc[a], dk[kk], (double)dhw[h] * dhw[h], nimg, conv_call, s, 7);
         }
 }
 
