@@ -115,9 +115,10 @@ static int64_t pad16(int64_t v) { return (v + 15) / 16 * 16; }
 static ConvShape *conv_shape(int n, int c, int m, int k, int hw, int group, int lib) {
   ConvShape *s = calloc(1, sizeof *s); /* kept: oneDNN keys its primitives by this address */
   if (!s) exit(1);
-  /* hw 1: one output pixel, of stride 2 over 2x2 images (a depthwise convolution at stride 1 over one pixel
-   * is a convolution of one point, k_conv_point) */
-  int in = hw == 1 ? 2 : hw, st = hw == 1 ? 2 : 1;
+  /* hw -1: one output pixel, of stride 2 over 2x2 images (a depthwise convolution at stride 1 over one
+   * pixel is a convolution of one point, k_conv_point); else stride 1, the size kept */
+  int in = hw < 0 ? 2 : hw, st = hw < 0 ? 2 : 1;
+  hw = hw < 0 ? 1 : hw;
   *s = (ConvShape){.n = n, .c = c, .d = 1, .h = in, .w = in, .m = m, .kd = 1, .kh = k, .kw = k, .group = group,
                    .od = 1, .oh = hw, .ow = hw, .sd = 1, .sh = st, .sw = st, .pd = 0, .ph = k / 2, .pw = k / 2,
                    .dd = 1, .dh = 1, .dw = 1, .lib = lib};
@@ -149,7 +150,7 @@ static void conv_grid(int quick) {
       for (int kk = 0; kk < 2; kk++)
         for (int h = 0; h < 5; h++) {
           if (quick && (a % 3 || kk || h % 2)) continue;
-          ConvShape *s = conv_shape(nimg, dc[a], dc[a], dk[kk], dhw[h], dc[a], lib);
+          ConvShape *s = conv_shape(nimg, dc[a], dc[a], dk[kk], dhw[h] == 1 ? -1 : dhw[h], dc[a], lib);
           emit(lib ? "dwconv@onednn" : "dwconv@im2col", dc[a], dk[kk], (double)dhw[h] * dhw[h], nimg, conv_call, s, 7);
         }
 }
@@ -355,8 +356,9 @@ static void loss_grid(int quick) {
   for (int i = 0; i < 5; i++)
     for (int c = 0; c < 3; c++) {
       if ((quick && i % 2) || xn[i] < xc[c]) continue;
+      /* the coordinate is the nominal count (one axis value per size), the call over its whole rows */
       Step s = {.kind = 3, .n = xn[i] / xc[c] * xc[c], .classes = xc[c], .labels = labels};
-      emit("xent", (double)s.n, (double)xc[c], 1, 1, step_call, &s, 1);
+      emit("xent", (double)xn[i], (double)xc[c], 1, 1, step_call, &s, 1);
     }
   free(labels);
 }
