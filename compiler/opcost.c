@@ -58,6 +58,7 @@ static double work(const char *fam, const double x[4]) {
   if (!strncmp(fam, "dwconv@", 7)) return 2 * x[0] * x[1] * x[1] * x[2] * x[3];
   if (!strcmp(fam, "pointconv")) return 2 * x[0] * x[1] * x[2] + x[1] * x[2] * x[3] * x[3]; /* the GEMM and the packed weights */
   if (!strcmp(fam, "gemm")) return 2 * x[0] * x[1] * x[2];
+  if (!strcmp(fam, "batchnorm")) return x[0] * x[1] * x[2]; /* points per channel and image, channels, images */
   return x[0];
 }
 
@@ -295,7 +296,8 @@ static const char *node_family(const Graph *g, const Node *n, double x[4], doubl
       double a = numel(node_in((Graph *)g, n, 0)), b = numel(node_out((Graph *)g, n, 0));
       x[0] = a > b ? a : b, x[1] = x[2] = x[3] = 1, *mult = 1;
       const Tensor *X = node_in((Graph *)g, n, 0);
-      if (!strcmp(MEM_FAMS[i].fam, "batchnorm") && X && X->rank >= 2) x[1] = (double)X->dims[1]; /* and its channels */
+      if (!strcmp(MEM_FAMS[i].fam, "batchnorm") && X && X->rank >= 2 && X->dims[0] > 0 && X->dims[1] > 0) /* by points, channels, images */
+        x[1] = (double)X->dims[1], x[2] = (double)X->dims[0], x[0] = a / x[1] / x[2];
       return x[0] >= 1 ? MEM_FAMS[i].fam : NULL;
     }
   return NULL;

@@ -20,7 +20,7 @@
  *   relu gelu unary binary softmax layernorm maxpool avgpool copy
  *                                 ELEMS 1 1 1    a memory-bound kernel over ELEMS floats (the larger of
  *                                                 its input and output)
- *   batchnorm                     ELEMS C 1 1    8 images of C channels
+ *   batchnorm                     SP C N 1       N images (8) of C channels of SP points
  *   sgd sgdm adam                 ELEMS TOTAL 1 1  one weight's optimizer update (k_sgd_step without and with
  *                                                 momentum, k_adam_step, after the gradient's finite check), as
  *                                                 the stage program's update() calls it, in a model of TOTAL
@@ -160,10 +160,12 @@ static void conv_grid(int quick) {
 /* Convolutions of one point (k_conv_point: its tap's weights packed, then a GEMM per group): N images,
  * C in, M out, KxK taps. */
 static void point_grid(int quick) {
-  static const int ns[] = {8, 64}, cs[] = {1, 16, 128, 1024}, ks[] = {1, 3}; /* 1: a depthwise one's groups */
+  /* 512: 3x3 weights of 512 x 512 (ResNet's last layers at 1x1) outgrow the caches, a step the grid from
+   * 128 to 1024 missed by 2x */
+  static const int ns[] = {8, 64}, cs[] = {1, 16, 128, 512, 1024}, ks[] = {1, 3}; /* 1: a depthwise one's groups */
   for (int a = 0; a < 2; a++)
-    for (int b = 0; b < 4; b++)
-      for (int c = 0; c < 4; c++)
+    for (int b = 0; b < 5; b++)
+      for (int c = 0; c < 5; c++)
         for (int kk = 0; kk < 2; kk++) {
           if ((quick && (b % 2 || c % 2)) || (int64_t)cs[b] * cs[c] * ks[kk] * ks[kk] > (1 << 22)) continue;
           ConvShape *s = conv_shape(ns[a], cs[b], cs[c], ks[kk], 1, 1, 0);
@@ -264,21 +266,23 @@ static void mem_shapes(Mem *m) {
 static void mem_grid(int quick) {
   static const int64_t ns[] = {1 << 12, 1 << 15, 1 << 18, 1 << 21};
   for (int k = 0; k < NMEM; k++)
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 4 && k != M_BATCHNORM; i++) {
       if (quick && i % 3) continue;
       Mem m = {.kind = k, .size = i, .n = ns[i]};
       mem_shapes(&m);
       static const int pool_hw[] = {8, 22, 64, 181}; /* the pools' input: 64 channels of HWxHW */
       double elems = k == M_MAXPOOL || k == M_AVGPOOL ? 64.0 * pool_hw[i] * pool_hw[i] : (double)m.n;
-      if (k != M_BATCHNORM) emit(mem_name[k], elems, 1, 1, 1, mem_call, &m, 3);
-      /* BatchNorm loops over channels and images: few points a channel cost more each */
-      static const int64_t bc[] = {16, 128, 1024};
-      for (int j = 0; j < 3 && k == M_BATCHNORM; j++) {
-        if (ns[i] < 8 * bc[j] || (quick && j == 1)) continue;
-        m.c = bc[j];
-        mem_shapes(&m);
-        emit(mem_name[k], elems, (double)bc[j], 1, 1, mem_call, &m, 3);
-      }
+      emit(mem_name[k], elems, 1, 1, 1, mem_call, &m, 3);
+    }
+  /* BatchNorm loops over channels and images: by points per channel and image (from one: a 1x1 feature
+   * map, where each channel's loop costs most per element), channels, and 8 images. */
+  static const int64_t bsp[] = {1, 4, 16, 64, 256}, bc[] = {16, 64, 256, 1024};
+  for (int i = 0; i < 5; i++)
+    for (int j = 0; j < 4; j++) {
+      if (quick && (i % 2 || j % 3)) continue;
+      Mem m = {.kind = M_BATCHNORM, .n = 8 * bc[j] * bsp[i], .c = bc[j]};
+      mem_shapes(&m);
+      emit(mem_name[M_BATCHNORM], (double)bsp[i], (double)bc[j], 8, 1, mem_call, &m, 3);
     }
 }
 
