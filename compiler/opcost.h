@@ -4,7 +4,8 @@
  * convolutions by channels in and out, kernel size and output pixels, through oneDNN and through
  * im2col + GEMM; GEMMs by M, N and K; depthwise convolutions; memory-bound kernels (elementwise,
  * activations, softmax, LayerNorm, BatchNorm, pooling, copies) by elements; each forward and its
- * backward's input-gradient and weight-gradient parts.  pipecc runs it once per machine, the first time
+ * backward's input-gradient and weight-gradient parts; and the step's other work, the optimizer's update
+ * (sgd, sgdm, adam) by weight and model size and the loss (xent) by logits and classes.  pipecc runs it once per machine, the first time
  * it plans without one, and keeps what it printed in the op cache:
  *
  *     pipecc-ops 2
