@@ -64,7 +64,7 @@ def main():
     os.environ["PIPECC_KERNEL_CACHE"] = "off"
     os.environ["PIPECC_OPS_CACHE"] = os.path.join(work, "ops.txt")
     data = b.make_data()
-    rows, load0, probe_note = [], loadavg(), ""
+    rows, load0, probe_note, within, date = [], loadavg(), "", [], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     for model, B, m, kind, steps in MODELS:
         try:
             path = model_file(model, work)
@@ -87,6 +87,8 @@ def main():
         pred, predf = p["predicted_step_time_s"], pf["predicted_step_time_s"]
         spread = max(x["median_s"] for x in ok) / min(x["median_s"] for x in ok) - 1
         probe = p["machine"].get("op_probe", {}).get("nodes_from_probe", 0)
+        if 0.85 <= pred / meas <= 1.15:
+            within.append(model)
         rows.append(f"| {model} | {B}/{m} | {probe} of {p['compute_nodes']} | {p.get('convolutions', '-')} | {pred * 1e3:.2f} | "
                     f"{meas * 1e3:.2f} | **{pred / meas:.2f}** | {predf / meas:.2f} | {spread * 100:.0f}% |")
         b.log(f"costprobe: {rows[-1]}")
@@ -94,7 +96,8 @@ def main():
             "predicted / measured | FLOP model's / measured | spread of the runs |\n|---|---|---|---|---|---|---|---|---|\n")
     text = (f"# Never-profiled models: the op probe's predictions (bench/costprobe.py)\n\n-n 1; no profile, no kernel cache; "
             f"{REPEATS} runs per plan; {probe_note}.  Load average {load0} at the start, {loadavg()} at the end "
-            f"(2-core VM, shared).\n\n" + head + "\n".join(rows) + "\n")
+            f"(2-core VM, shared); started {date}.\n\n" + head + "\n".join(rows) + "\n\n"
+            f"Within 15% (0.85-1.15): {len(within)} of {len(rows)} ({', '.join(within) or 'none'}).\n")
     with open(OUT_MD, "w") as f:
         f.write(text)
     print(text)

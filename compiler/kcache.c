@@ -449,10 +449,13 @@ void kcache_apply(Plan *p, PartProblem *pr) {
   const Entry *aux[NAUX];
   for (int a = 0; a < NAUX; a++) aux[a] = aux_key(p, a, key) ? NULL : cache_find(&c, key->s), k->aux += aux[a] != NULL;
   free(key);
+  /* The cache's (a profile's), else the op probe's, else the FLOP model's: the loader and the loss nothing,
+   * the update its weight, gradient and each slot read, weight and slots written. */
+  double upd = ops && !aux[AUX_UPDATE] ? opcost_update(ops, p) : -1, loss = ops && !aux[AUX_LOSS] ? opcost_loss(ops, p) : -1;
   k->load = aux[AUX_LOAD] ? aux[AUX_LOAD]->t[0] : 0;
-  k->loss = aux[AUX_LOSS] ? aux[AUX_LOSS]->t[0] : 0;
-  /* The FLOP model's update: weight, gradient and each slot read, weight and slots written. */
-  k->update_per_param = aux[AUX_UPDATE] ? aux[AUX_UPDATE]->t[0] : (3 + 2 * (double)p->opt_slots) * 4 / mbw;
+  k->loss = aux[AUX_LOSS] ? aux[AUX_LOSS]->t[0] : loss > 0 ? loss : 0;
+  k->update_per_param = aux[AUX_UPDATE] ? aux[AUX_UPDATE]->t[0] : upd > 0 ? upd : (3 + 2 * (double)p->opt_slots) * 4 / mbw;
+  k->aux_probed = (upd > 0) + (loss > 0);
   const Entry *jit = cache_find(&c, JITTER_KEY);
   k->jitter = jit ? jit->t[0] : 0;
   k->rate = rate, k->profile_mb = p->mb_size;

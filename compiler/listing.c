@@ -545,10 +545,10 @@ static void costs_text(const Plan *p, Buf *b) {
   } else if (p->costs && p->costs->nprobed) {
     const Costs *c = p->costs;
     buf_printf(b, "  node costs   %d of %d nodes from the kernel cache%s%s, %d from the op probe's grid %s (interpolated), %d from\n"
-                  "               the FLOP model; the loader, the loss and the update: %d of 3 from the cache (measure them:\n"
-                  "               pipecc-probe --kernels MODEL, or --costs FILE)\n",
+                  "               the FLOP model; the loader, the loss and the update: %d of 3 from the cache, %d from the op\n"
+                  "               probe (measure them: pipecc-probe --kernels MODEL, or --costs FILE)\n",
                c->ncached, p->N, c->cache_path ? " " : "", c->cache_path ? c->cache_path : "", c->nprobed, c->ops_path,
-               p->N - c->ncached - c->nprobed, c->aux);
+               p->N - c->ncached - c->nprobed, c->aux, c->aux_probed);
   } else if (p->costs) {
     const Costs *c = p->costs;
     buf_printf(b, "  node costs   %d of %d nodes from the kernel cache %s, %d from the FLOP model; the loader, the loss and\n"
@@ -853,7 +853,7 @@ static void machine_json(const Plan *p, Buf *b) {
     if (p->costs->nprobed) {
       buf_printf(b, ", \"op_probe\": {\"path\": ");
       json_str(b, p->costs->ops_path);
-      buf_printf(b, ", \"nodes_from_probe\": %d}", p->costs->nprobed);
+      buf_printf(b, ", \"nodes_from_probe\": %d, \"aux_from_probe\": %d}", p->costs->nprobed, p->costs->aux_probed);
     }
   } else if (p->costs && p->costs->merged) {
     buf_printf(b, ", \"kernel_cache_merged\": {\"path\": ");

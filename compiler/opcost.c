@@ -55,9 +55,10 @@ const char *opcost_path(char *buf, size_t len) {
 /* The work a family's point does: FLOPs of a convolution or GEMM, elements of a memory kernel. */
 static double work(const char *fam, const double x[4]) {
   if (!strncmp(fam, "conv@", 5)) return 2 * x[0] * x[1] * x[2] * x[2] * x[3];
-  if (!strncmp(fam, "dwconv@", 7)) return 2 * x[0] * x[1] * x[1] * x[2];
+  if (!strncmp(fam, "dwconv@", 7)) return 2 * x[0] * x[1] * x[1] * x[2] * x[3];
   if (!strcmp(fam, "pointconv")) return 2 * x[0] * x[1] * x[2] + x[1] * x[2] * x[3] * x[3]; /* the GEMM and the packed weights */
   if (!strcmp(fam, "gemm")) return 2 * x[0] * x[1] * x[2];
+  if (!strcmp(fam, "batchnorm")) return x[0] * x[1] * x[2]; /* points per channel and image, channels, images */
   return x[0];
 }
 
@@ -98,7 +99,7 @@ static int parse(OpTable *t, char *text, const char *id, char **other) {
     nl = strchr(line, '\n');
     if (nl) *nl++ = 0;
     if (!header) {
-      if (strcmp(line, "pipecc-ops 1")) return 0;
+      if (strcmp(line, "pipecc-ops 2")) return 0;
       header = 1;
       continue;
     }
@@ -263,8 +264,8 @@ static const char *conv_family(const Graph *g, const Node *n, double x[4], doubl
   }
   int lib = conv_uses_lib(g, n);
   *mult = group, x[3] = 1;
-  if (cg == 1 && mg == 1) {
-    x[0] = group, x[1] = sqrt(taps), x[2] = P, *mult = 1;
+  if (cg == 1 && mg == 1) { /* by pixels per image and images: oneDNN's weight gradient over 2x2 images costs per image */
+    x[0] = group, x[1] = sqrt(taps), x[2] = P / (double)Y->dims[0], x[3] = (double)Y->dims[0], *mult = 1;
     return lib ? "dwconv@onednn" : "dwconv@im2col";
   }
   x[0] = cg, x[1] = mg, x[2] = sqrt(taps), x[3] = P;
@@ -295,7 +296,8 @@ static const char *node_family(const Graph *g, const Node *n, double x[4], doubl
       double a = numel(node_in((Graph *)g, n, 0)), b = numel(node_out((Graph *)g, n, 0));
       x[0] = a > b ? a : b, x[1] = x[2] = x[3] = 1, *mult = 1;
       const Tensor *X = node_in((Graph *)g, n, 0);
-      if (!strcmp(MEM_FAMS[i].fam, "batchnorm") && X && X->rank >= 2) x[1] = (double)X->dims[1]; /* and its channels */
+      if (!strcmp(MEM_FAMS[i].fam, "batchnorm") && X && X->rank >= 2 && X->dims[0] > 0 && X->dims[1] > 0) /* by points, channels, images */
+        x[1] = (double)X->dims[1], x[2] = (double)X->dims[0], x[0] = a / x[1] / x[2];
       return x[0] >= 1 ? MEM_FAMS[i].fam : NULL;
     }
   return NULL;
@@ -315,6 +317,56 @@ int opcost_node(const OpTable *t, const Graph *g, const char *need, int node, do
   if (getenv("PIPECC_OPCOST_DEBUG"))
     fprintf(stderr, "opcost %s %s x=%g,%g,%g,%g *%g: %.3g %.3g %.3g\n", n->name, fam, x[0], x[1], x[2], x[3], mult, out[0], out[1], out[2]);
   return 0;
+}
+
+/* ---- the step's other work: the optimizer's update, the loss ---- */
+
+/* Each trained weight once (a tied one is updated once): its floats, into w (NULL: only counted). */
+static int trained_weights(const struct Plan *p, double *w) {
+  const Graph *g = &p->g;
+  char *seen = calloc((size_t)g->nt + 1, 1);
+  if (!seen) abort();
+  int nw = 0;
+  for (int q = 0; q < p->N; q++) {
+    const Node *nd = &g->n[p->node[q]];
+    for (int k = 0; k < nd->nin; k++) {
+      int t = nd->in[k];
+      if (t < 0 || !g->t[t].is_param || seen[t] || numel(&g->t[t]) < 1) continue;
+      seen[t] = 1;
+      if (w) w[nw] = numel(&g->t[t]);
+      nw++;
+    }
+  }
+  free(seen);
+  return nw;
+}
+
+double opcost_update(const OpTable *t, const struct Plan *p) {
+  const char *opt = p->opt.optimizer ? p->opt.optimizer : "sgd", *fam = strcmp(opt, "sgd") ? "adam" : p->opt_slots ? "sgdm" : "sgd";
+  double one[4] = {1, 1, 1, 1}, s = 0, total = 0;
+  if (opcost_at(t, fam, one, 0) < 0) return -1;
+  int nw = trained_weights(p, NULL);
+  double *w = malloc(sizeof(double) * (size_t)(nw + 1));
+  if (!w) abort();
+  trained_weights(p, w);
+  for (int i = 0; i < nw; i++) total += w[i];
+  for (int i = 0; i < nw; i++) s += opcost_at(t, fam, (double[4]){w[i], total, 1, 1}, 0);
+  free(w);
+  if (getenv("PIPECC_OPCOST_DEBUG")) fprintf(stderr, "opcost update %s: %.3g s for %d weights of %.0f floats\n", fam, s, nw, total);
+  return total > 0 ? s / total : -1;
+}
+
+double opcost_loss(const OpTable *t, const struct Plan *p) {
+  const Graph *g = &p->g;
+  if (p->opt.loss_mse) return -1;
+  for (int k = 0; k < g->nt; k++) {
+    const Tensor *L = &g->t[k];
+    if (!L->is_output || L->rank < 2 || L->dims[L->rank - 1] < 1) continue;
+    double x[4] = {numel(L), (double)L->dims[L->rank - 1], 1, 1}, s = opcost_at(t, "xent", x, 0);
+    if (getenv("PIPECC_OPCOST_DEBUG")) fprintf(stderr, "opcost loss xent x=%g,%g: %.3g\n", x[0], x[1], s);
+    return s;
+  }
+  return -1;
 }
 
 /* ---- the cache, and the probe that fills it ---- */
@@ -384,7 +436,7 @@ static void cache_store(const char *path, const char *id, const char *probe_out,
   for (int i = 0; i < scratch.nfam; i++) free(scratch.fam[i].x), free(scratch.fam[i].t);
   FILE *f = fopen(tmp, "w");
   if (f) {
-    fprintf(f, "pipecc-ops 1\n# pipecc's op cache (docs/cost.md, compiler/opcost.h): bin/pipecc-opprobe's times of the runtime's\n"
+    fprintf(f, "pipecc-ops 2\n# pipecc's op cache (docs/cost.md, compiler/opcost.h): bin/pipecc-opprobe's times of the runtime's\n"
                "# kernels on a grid of shapes, seconds of FWD BWD_INPUT BWD_WEIGHT; one section per machine.\n%s", other ? other : "");
     fprintf(f, "machine %s\n", id);
     for (const char *l = probe_out; *l;) {

@@ -4,10 +4,11 @@
  * convolutions by channels in and out, kernel size and output pixels, through oneDNN and through
  * im2col + GEMM; GEMMs by M, N and K; depthwise convolutions; memory-bound kernels (elementwise,
  * activations, softmax, LayerNorm, BatchNorm, pooling, copies) by elements; each forward and its
- * backward's input-gradient and weight-gradient parts.  pipecc runs it once per machine, the first time
+ * backward's input-gradient and weight-gradient parts; and the step's other work, the optimizer's update
+ * (sgd, sgdm, adam) by weight and model size and the loss (xent) by logits and classes.  pipecc runs it once per machine, the first time
  * it plans without one, and keeps what it printed in the op cache:
  *
- *     pipecc-ops 1
+ *     pipecc-ops 2
  *     machine ID                   the machine probe's identity (cost.c, machine_identity)
  *     o FAMILY X1 X2 X3 X4 FWD BWD_INPUT BWD_WEIGHT
  *     probe SECONDS                how long the probe took
@@ -33,6 +34,11 @@ const char *opcost_path(char *buf, size_t len);
 /* Seconds of graph node `node`'s forward, input-gradient and weight-gradient parts from t (need: which
  * tensors get a gradient); 0, or -1 for a node of no measured family. */
 int opcost_node(const OpTable *t, const Graph *g, const char *need, int node, double out[3]);
+/* The optimizer's seconds per trained float (sgd, sgdm or adam at each weight's size, averaged over the
+ * plan's weights), and the loss's seconds per micro-batch (k_softmax_xent at the graph output's size); -1
+ * when the table has no such family (an older cache) or the loss is MSE. */
+double opcost_update(const OpTable *t, const struct Plan *p);
+double opcost_loss(const OpTable *t, const struct Plan *p);
 /* Seconds of family `fam` at coordinates x (part 0..2): the interpolation itself (tests). */
 double opcost_at(const OpTable *t, const char *fam, const double x[4], int part);
 /* Under --conv auto, marks each convolution (Node.conv_gemm) that the table says runs faster as im2col +

@@ -32,6 +32,7 @@ typedef struct Costs {
   char *src;               /* 1 the kernel cache's, 2 the op probe's (opcost.c), 0 the FLOP model's */
   int ncached, aux, merged;
   int nprobed;             /* nodes costed from the op probe's grid (ops_path: its cache) */
+  int aux_probed;          /* of the loss and the update, how many the op probe costed (opcost_loss, opcost_update) */
   const char *ops_path;
   const char *merge_note;
 } Costs;

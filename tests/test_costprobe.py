@@ -63,7 +63,7 @@ def gemm_time(M, N, K):
 
 
 def synthetic_grid(ident, extra=""):
-    lines = ["pipecc-ops 1", "machine other-machine", "o gemm 16 16 16 1 9 9 9", f"machine {ident}"]
+    lines = ["pipecc-ops 2", "machine other-machine", "o gemm 16 16 16 1 9 9 9", f"machine {ident}"]
     for M in (16, 256):
         for N in (16, 256):
             for K in (16, 256):
@@ -148,6 +148,31 @@ def conv_cases(tmp, env):
             check("op_probe" not in p["machine"], "--devices: nothing from the op probe", str(p["machine"]))
 
 
+def update_cases(tmp, env, ident):
+    """The optimizer's update and the loss from the grid's sgd and xent families, when it has them."""
+    model = os.path.join(tmp, "gemm.onnx")
+    base, r = plan(env, model, os.path.join(tmp, "u0.pipe"))
+    if not check(base is not None, "the one-Gemm model plans", r.stderr[-300:]):
+        return
+    check(base["machine"].get("op_probe", {}).get("aux_from_probe") == 0, "a grid without sgd and xent costs neither", str(base["machine"]))
+    steps = []
+    for k in (1, 2):  # k ns a float for the update, k ns a logit for the loss
+        env2 = dict(env, PIPECC_OPS_CACHE=os.path.join(tmp, f"ops_upd{k}.txt"))
+        with open(env2["PIPECC_OPS_CACHE"], "w") as f:
+            f.write(synthetic_grid(ident, f"o sgd 100 100 1 1 {k}e-7 0 0\no sgd 1000000 1000000 1 1 {k}e-3 0 0\n"
+                                          f"o xent 100 16 1 1 {k}e-7 0 0\no xent 1000000 16 1 1 {k}e-3 0 0\n"))
+        p, r = plan(env2, model, os.path.join(tmp, f"u{k}.pipe"))
+        if not check(p is not None, f"the one-Gemm model plans on a grid with sgd and xent ({k} ns)", r.stderr[-300:]):
+            return
+        check(p["machine"].get("op_probe", {}).get("aux_from_probe") == 2, "plan.json: the update and the loss from the op probe",
+              str(p["machine"]))
+        steps.append(p["predicted_step_time_s"])
+    want = 256 * 16 * 1e-9 + 16 * 16 * 1e-9  # the weight's 4096 floats; the loss over [16, 16] logits
+    check(abs((steps[1] - steps[0]) / want - 1) < 0.01, "the step grows by the grid's update and loss", f"{steps} vs {want}")
+    listing = open(os.path.join(tmp, "u1.pipe", "schedule.txt")).read()
+    check("2 from the op\n               probe" in listing, "the listing says so", listing[:900])
+
+
 def quick(tmp):
     ident, blas = identity()
     env = dict(os.environ, PIPECC_CACHE=os.path.join(tmp, "machine.txt"), PIPECC_KERNEL_CACHE="off",
@@ -156,6 +181,7 @@ def quick(tmp):
     with open(env["PIPECC_OPS_CACHE"], "w") as f:
         f.write(synthetic_grid(ident, "o gemm 16 16 x 1 1 1 1\no bad\n"))
     gemm_cases(tmp, env)
+    update_cases(tmp, env, ident)
     conv_cases(tmp, env)
     return env
 
@@ -172,7 +198,7 @@ def full(tmp):
     text = open(env["PIPECC_OPS_CACHE"]).read() if os.path.exists(env["PIPECC_OPS_CACHE"]) else ""
     fams = set(re.findall(r"^o (\S+) ", text, re.M))
     want = {"gemm", "conv@onednn", "conv@im2col", "dwconv@onednn", "dwconv@im2col", "relu", "gelu", "binary", "softmax",
-            "layernorm", "batchnorm", "maxpool", "avgpool", "copy"}
+            "layernorm", "batchnorm", "maxpool", "avgpool", "copy", "sgd", "sgdm", "adam", "xent"}
     check(want <= fams, "the cache has every family", str(sorted(fams)))
     print(f"# op probe: {secs:.1f} s for the probe and one plan; {len(text.splitlines())} lines")
     # the choice at grid shapes: a one-conv model of 4 images of 32x32 (P = 4096)

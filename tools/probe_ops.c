@@ -13,13 +13,19 @@
  * a few repeats after a warm-up call.  Families and their coordinates (unused ones are 1):
  *   conv@onednn, conv@im2col      CIN COUT K P   a KxK convolution, stride 1, padded to keep its size,
  *                                                 P = batch x output pixels
- *   dwconv@onednn, dwconv@im2col  C K P 1        depthwise (group = C)
+ *   dwconv@onednn, dwconv@im2col  C K Q N        depthwise (group = C): N images of Q output pixels (1: of
+ *                                                 stride 2 over 2x2 images)
  *   pointconv                     N CIN COUT K   a convolution of one point (k_conv_point) on N images
- *   gemm                          M N K 1        Y[M,N] = X[M,K] W[N,K]^T (nn.Linear's Gemm)
+ *   gemm                          M N K 1        Y[M,N] = X[M,K] W[N,K]^T (nn.Linear's Gemm); M from 4
  *   relu gelu unary binary softmax layernorm maxpool avgpool copy
  *                                 ELEMS 1 1 1    a memory-bound kernel over ELEMS floats (the larger of
  *                                                 its input and output)
- *   batchnorm                     ELEMS C 1 1    8 images of C channels
+ *   batchnorm                     SP C N 1       N images (8) of C channels of SP points
+ *   sgd sgdm adam                 ELEMS TOTAL 1 1  one weight's optimizer update (k_sgd_step without and with
+ *                                                 momentum, k_adam_step, after the gradient's finite check), as
+ *                                                 the stage program's update() calls it, in a model of TOTAL
+ *                                                 trained floats; FWD only
+ *   xent                          ELEMS CLASSES 1 1  the loss: k_softmax_xent over ELEMS logits; FWD only
  * Then `done SECONDS`: the probe's own time. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,11 +75,13 @@ static void buffers(size_t floats, size_t work_floats) {
 /* One kernel call to time: which part (0 forward, 1 input gradient, 2 weight gradient) of what. */
 typedef void (*Call)(const void *arg, int part);
 
-/* The best of `reps` timed calls after one warm-up (oneDNN makes its primitives at the first). */
+/* The best of `reps` timed calls after one warm-up (oneDNN makes its primitives at the first); of up to
+ * 4 * reps when they are short (under 0.3 ms): on a loaded machine a short call's best of 3 still
+ * measured up to 2x its quiet time, and more tries cost little. */
 static double timed(Call f, const void *arg, int part) {
   f(arg, part);
   double best = 1e30;
-  for (int r = 0; r < reps; r++) {
+  for (int r = 0; r < reps || (r < 4 * reps && best < 3e-4); r++) {
     if (flush_caches)
       for (int k = 0; k < FLUSH_FLOATS; k += 16) flush[k] += 1.0f;
     double t0 = now();
@@ -109,10 +117,14 @@ static int64_t pad16(int64_t v) { return (v + 15) / 16 * 16; }
 static ConvShape *conv_shape(int n, int c, int m, int k, int hw, int group, int lib) {
   ConvShape *s = calloc(1, sizeof *s); /* kept: oneDNN keys its primitives by this address */
   if (!s) exit(1);
-  *s = (ConvShape){.n = n, .c = c, .d = 1, .h = hw, .w = hw, .m = m, .kd = 1, .kh = k, .kw = k, .group = group,
-                   .od = 1, .oh = hw, .ow = hw, .sd = 1, .sh = 1, .sw = 1, .pd = 0, .ph = k / 2, .pw = k / 2,
+  /* hw -1: one output pixel, of stride 2 over 2x2 images (a depthwise convolution at stride 1 over one
+   * pixel is a convolution of one point, k_conv_point); else stride 1, the size kept */
+  int in = hw < 0 ? 2 : hw, st = hw < 0 ? 2 : 1;
+  hw = hw < 0 ? 1 : hw;
+  *s = (ConvShape){.n = n, .c = c, .d = 1, .h = in, .w = in, .m = m, .kd = 1, .kh = k, .kw = k, .group = group,
+                   .od = 1, .oh = hw, .ow = hw, .sd = 1, .sh = st, .sw = st, .pd = 0, .ph = k / 2, .pw = k / 2,
                    .dd = 1, .dh = 1, .dw = 1, .lib = lib};
-  int64_t sp = (int64_t)hw * hw, cols = (int64_t)(c / group) * k * k * sp * 4;
+  int64_t sp = (int64_t)in * in, cols = (int64_t)(c / group) * k * k * sp * 4;
   int64_t xs = n * pad16(c) * sp, ys = n * pad16(m) * sp, ws = group * pad16(m / group) * pad16(c / group) * k * k;
   int64_t libb = 4 * (xs + ys + ws + pad16(c) * sp) + 4 * 64 + 128;
   s->lib_work = lib && libb > cols ? libb : cols;
@@ -131,24 +143,29 @@ static void conv_grid(int quick) {
             ConvShape *s = conv_shape(nimg, cin[a], cout[b], ks[kk], hws[h], 1, lib);
             emit(lib ? "conv@onednn" : "conv@im2col", cin[a], cout[b], ks[kk], (double)nimg * hws[h] * hws[h], conv_call, s, 7);
           }
-  static const int dc[] = {16, 64, 256, 1024}, dk[] = {3, 5};
+  /* Depthwise by pixels per image and images apart: oneDNN's weight gradient costs about as much per image
+   * and channel at 2x2 (and at one pixel of stride 2 from 2x2) as at 8x8, 16x its work; 4x4 is already cheap.
+   * Measured at 4 images: 8 cost twice that (above the grid the time grows with the work). */
+  static const int dc[] = {16, 64, 256, 1024}, dk[] = {3, 5}, dhw[] = {1, 2, 4, 8, 32};
   for (int lib = 1; lib >= 0; lib--)
     for (int a = 0; a < 4; a++)
       for (int kk = 0; kk < 2; kk++)
-        for (int h = 0; h < 3; h++) {
-          if (quick && (a % 3 || kk || h == 1)) continue;
-          ConvShape *s = conv_shape(nimg, dc[a], dc[a], dk[kk], hws[h], dc[a], lib);
-          emit(lib ? "dwconv@onednn" : "dwconv@im2col", dc[a], dk[kk], (double)nimg * hws[h] * hws[h], 1, conv_call, s, 7);
+        for (int h = 0; h < 5; h++) {
+          if (quick && (a % 3 || kk || h % 2)) continue;
+          ConvShape *s = conv_shape(nimg, dc[a], dc[a], dk[kk], dhw[h] == 1 ? -1 : dhw[h], dc[a], lib);
+          emit(lib ? "dwconv@onednn" : "dwconv@im2col", dc[a], dk[kk], (double)dhw[h] * dhw[h], nimg, conv_call, s, 7);
         }
 }
 
 /* Convolutions of one point (k_conv_point: its tap's weights packed, then a GEMM per group): N images,
  * C in, M out, KxK taps. */
 static void point_grid(int quick) {
-  static const int ns[] = {8, 64}, cs[] = {1, 16, 128, 1024}, ks[] = {1, 3}; /* 1: a depthwise one's groups */
+  /* 512: 3x3 weights of 512 x 512 (ResNet's last layers at 1x1) outgrow the caches, a step the grid from
+   * 128 to 1024 missed by 2x */
+  static const int ns[] = {8, 64}, cs[] = {1, 16, 128, 512, 1024}, ks[] = {1, 3}; /* 1: a depthwise one's groups */
   for (int a = 0; a < 2; a++)
-    for (int b = 0; b < 4; b++)
-      for (int c = 0; c < 4; c++)
+    for (int b = 0; b < 5; b++)
+      for (int c = 0; c < 5; c++)
         for (int kk = 0; kk < 2; kk++) {
           if ((quick && (b % 2 || c % 2)) || (int64_t)cs[b] * cs[c] * ks[kk] * ks[kk] > (1 << 22)) continue;
           ConvShape *s = conv_shape(ns[a], cs[b], cs[c], ks[kk], 1, 1, 0);
@@ -170,13 +187,15 @@ static void gemm_call(const void *arg, int part) {
   else k_gemm_dB(buf[3], buf[0], buf[5], g->M, g->N, g->K, 0, 1, 1.0f, 1);
 }
 
+/* M from 4: a micro-batch of 8 rows costs about half of 16's (MLP's layers), which holding the time below
+ * the grid's first value missed. */
 static void gemm_grid(int quick) {
-  static const int d[] = {16, 64, 256, 1024};
-  for (int a = 0; a < 4; a++)
+  static const int d[] = {16, 64, 256, 1024}, dm[] = {4, 8, 16, 64, 256, 1024};
+  for (int a = 0; a < 6; a++)
     for (int b = 0; b < 4; b++)
       for (int c = 0; c < 4; c++) {
-        if (quick && (a % 3 || b % 3 || c % 3)) continue;
-        G g = {d[a], d[b], d[c]};
+        if (quick && ((a != 2 && a != 5) || b % 3 || c % 3)) continue;
+        G g = {dm[a], d[b], d[c]};
         emit("gemm", g.M, g.N, g.K, 1, gemm_call, &g, 7);
       }
 }
@@ -247,22 +266,107 @@ static void mem_shapes(Mem *m) {
 static void mem_grid(int quick) {
   static const int64_t ns[] = {1 << 12, 1 << 15, 1 << 18, 1 << 21};
   for (int k = 0; k < NMEM; k++)
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < 4 && k != M_BATCHNORM; i++) {
       if (quick && i % 3) continue;
       Mem m = {.kind = k, .size = i, .n = ns[i]};
       mem_shapes(&m);
       static const int pool_hw[] = {8, 22, 64, 181}; /* the pools' input: 64 channels of HWxHW */
       double elems = k == M_MAXPOOL || k == M_AVGPOOL ? 64.0 * pool_hw[i] * pool_hw[i] : (double)m.n;
-      if (k != M_BATCHNORM) emit(mem_name[k], elems, 1, 1, 1, mem_call, &m, 3);
-      /* BatchNorm loops over channels and images: few points a channel cost more each */
-      static const int64_t bc[] = {16, 128, 1024};
-      for (int j = 0; j < 3 && k == M_BATCHNORM; j++) {
-        if (ns[i] < 8 * bc[j] || (quick && j == 1)) continue;
-        m.c = bc[j];
-        mem_shapes(&m);
-        emit(mem_name[k], elems, (double)bc[j], 1, 1, mem_call, &m, 3);
-      }
+      emit(mem_name[k], elems, 1, 1, 1, mem_call, &m, 3);
     }
+  /* BatchNorm loops over channels and images: by points per channel and image (from one: a 1x1 feature
+   * map, where each channel's loop costs most per element), channels, and 8 images. */
+  static const int64_t bsp[] = {1, 4, 16, 64, 256}, bc[] = {16, 64, 256, 1024};
+  for (int i = 0; i < 5; i++)
+    for (int j = 0; j < 4; j++) {
+      if (quick && (i % 2 || j % 3)) continue;
+      Mem m = {.kind = M_BATCHNORM, .n = 8 * bc[j] * bsp[i], .c = bc[j]};
+      mem_shapes(&m);
+      emit(mem_name[M_BATCHNORM], (double)bsp[i], (double)bc[j], 8, 1, mem_call, &m, 3);
+    }
+}
+
+/* ---- the step's other work: the optimizer's update, the loss ---- */
+
+/* The finite check the runtime makes of every gradient before the update (runtime/optim.c check_finite:
+ * cpu/device.c's pass over the exponent bits), which the profile's `update` time includes. */
+static int64_t nonfinite(const float *x, int64_t n) {
+  const uint32_t *b = (const uint32_t *)x;
+  uint32_t bad = 0;
+  for (int64_t i = 0; i < n; i++) bad |= (b[i] & 0x7f800000u) == 0x7f800000u;
+  return bad ? 0 : -1;
+}
+
+/* A model's update: weights of n floats, one after another over arrays of `total` (the weights, their
+ * gradients and the optimizer's slots), each gradient checked first, then each weight updated, as
+ * optimizer_step and the stage program's update() do; times divided by total / n.  Large models stream
+ * their weights from memory, small ones find them in the caches: the time per float depends on both. */
+typedef struct Step {
+  int kind; /* 0 sgd, 1 sgd with momentum, 2 adam; 3 the loss */
+  int64_t n, total, classes;
+  float *p, *g, *m, *v;
+  OptCtx o;
+  int64_t *labels;
+} Step;
+
+static volatile int64_t step_sink;
+
+static void step_call(const void *arg, int part) {
+  const Step *s = arg;
+  (void)part;
+  if (s->kind == 3) {
+    step_sink += (int64_t)k_softmax_xent(buf[0], s->labels, buf[3], s->n / s->classes, (int)s->classes, 1.0f / 64);
+    return;
+  }
+  for (int64_t at = 0; at + s->n <= s->total; at += s->n) step_sink += nonfinite(s->g + at, s->n);
+  for (int64_t at = 0; at + s->n <= s->total; at += s->n)
+    if (s->kind == 2) k_adam_step(s->p + at, s->g + at, s->m + at, s->v + at, s->n, 0, &s->o);
+    else k_sgd_step(s->p + at, s->g + at, s->m + at, s->n, &s->o);
+}
+
+static float *step_array(int64_t n, float v) {
+  float *a = aligned_alloc(64, (size_t)n * sizeof(float));
+  if (!a) exit(1);
+  for (int64_t i = 0; i < n; i++) a[i] = v * (float)(i % 7 + 1);
+  return a;
+}
+
+/*   sgd sgdm adam   ELEMS TOTAL 1 1   a weight of ELEMS floats in a model of TOTAL trained floats (from a
+ *                                     bias's 1K to a 3x3 512-channel convolution's 2.4M, in models of 256K
+ *                                     to 16M floats) */
+static void update_grid(int quick) {
+  static const char *const name[3] = {"sgd", "sgdm", "adam"};
+  static const int64_t ns[] = {1 << 10, 1 << 14, 1 << 18, 1 << 21}, tot[] = {1 << 18, 1 << 21, 1 << 24};
+  const int64_t big = tot[2];
+  float *p = step_array(big, 1e-3f), *g = step_array(big, 1e-4f), *m = step_array(big, 1e-5f), *v = step_array(big, 1e-8f);
+  for (int k = 0; k < 3; k++)
+    for (int j = 0; j < 3; j++)
+      for (int i = 0; i < 4; i++) {
+        if (ns[i] > tot[j] || (quick && (i % 2 || j == 1))) continue;
+        Step s = {.kind = k, .n = ns[i], .total = tot[j], .p = p, .g = g, .m = m, .v = v,
+                  .o = {.lr = 1e-6f, .momentum = k == 1 ? 0.9f : 0, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = 5}};
+        double t = timed(step_call, &s, 0) / (double)(tot[j] / ns[i]);
+        printf("o %s %lld %lld 1 1 %.4g 0 0\n", name[k], (long long)ns[i], (long long)tot[j], t);
+        fflush(stdout);
+      }
+  free(p), free(g), free(m), free(v);
+}
+
+/*   xent            ELEMS CLASSES 1 1  the loss, k_softmax_xent over ELEMS logits: a classifier's 10 classes,
+ *                                      256, a vocabulary's 32K */
+static void loss_grid(int quick) {
+  static const int64_t xn[] = {1 << 6, 1 << 9, 1 << 12, 1 << 15, 1 << 18}, xc[] = {10, 256, 32768};
+  int64_t *labels = calloc((size_t)(1 << 18) / 10 + 1, sizeof(int64_t));
+  if (!labels) exit(1);
+  for (int i = 0; i < (1 << 18) / 10 + 1; i++) labels[i] = i % 10;
+  for (int i = 0; i < 5; i++)
+    for (int c = 0; c < 3; c++) {
+      if ((quick && i % 2) || xn[i] < xc[c]) continue;
+      /* the coordinate is the nominal count (one axis value per size), the call over its whole rows */
+      Step s = {.kind = 3, .n = xn[i] / xc[c] * xc[c], .classes = xc[c], .labels = labels};
+      emit("xent", (double)xn[i], (double)xc[c], 1, 1, step_call, &s, 1);
+    }
+  free(labels);
 }
 
 int main(int argc, char **argv) {
@@ -288,6 +392,8 @@ int main(int argc, char **argv) {
   mem_grid(quick);
   conv_grid(quick);
   point_grid(quick);
+  update_grid(quick);
+  loss_grid(quick);
   printf("done %.2f\n", now() - t0);
   return 0;
 }
