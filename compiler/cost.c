@@ -101,6 +101,22 @@ void cost_nodes(Graph *g, NodeCost *c) {
 
 const char *machine_cache_path(char *buf, size_t len) { return cache_path(buf, len); }
 
+const char *cache_beside(const char *env_name, const char *name, char *buf, size_t len) {
+  const char *env = getenv(env_name);
+  if (env && !strcmp(env, "off")) return NULL;
+  if (env && *env) {
+    snprintf(buf, len, "%s", env);
+    return buf;
+  }
+  char mbuf[1024];
+  const char *m = machine_cache_path(mbuf, sizeof mbuf);
+  const char *slash = strrchr(m, '/');
+  if (slash) snprintf(buf, len, "%.*s/%s.txt", (int)(slash - m), m, name);
+  else snprintf(buf, len, "%s.txt", name);
+  if (!strcmp(buf, m)) snprintf(buf, len, "%s.%s", m, name); /* PIPECC_CACHE named NAME.txt itself */
+  return buf;
+}
+
 static const char *cache_path(char *buf, size_t len) {
   const char *env = getenv("PIPECC_CACHE");
   if (env && *env) return env;

@@ -58,6 +58,9 @@ int machine_parse(Machine *m, int n, const char *text, const char *name);
 const char *machine_identity(Pool *pool, double *flops);
 /* The machine cache's path: $PIPECC_CACHE, else ~/.cache/pipecc/machine.txt. */
 const char *machine_cache_path(char *buf, size_t len);
+/* A cache file beside the machine cache: $ENV_NAME if set (NULL when it is "off"), else NAME.txt in the machine
+ * cache's directory (kernels.txt, ops.txt). */
+const char *cache_beside(const char *env_name, const char *name, char *buf, size_t len);
 /* Runs the probe now: GEMM rate through OpenBLAS, memcpy bandwidth, cores. */
 void machine_probe(Machine *m);
 #endif

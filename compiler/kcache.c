@@ -20,21 +20,7 @@
 
 enum { KC_MAX_FILE = 64 << 20, KC_MAX_LINE = 8192, KC_MAX_KEY = 4096 };
 
-const char *kcache_path(char *buf, size_t len) {
-  const char *env = getenv("PIPECC_KERNEL_CACHE");
-  if (env && !strcmp(env, "off")) return NULL;
-  if (env && *env) {
-    snprintf(buf, len, "%s", env);
-    return buf;
-  }
-  char mbuf[1024];
-  const char *m = machine_cache_path(mbuf, sizeof mbuf);
-  const char *slash = strrchr(m, '/');
-  if (slash) snprintf(buf, len, "%.*s/kernels.txt", (int)(slash - m), m);
-  else snprintf(buf, len, "kernels.txt");
-  if (!strcmp(buf, m)) snprintf(buf, len, "%s.kernels", m); /* PIPECC_CACHE named kernels.txt itself */
-  return buf;
-}
+const char *kcache_path(char *buf, size_t len) { return cache_beside("PIPECC_KERNEL_CACHE", "kernels", buf, len); }
 
 /* ---- keys ---- */
 

@@ -36,21 +36,7 @@ struct OpTable {
   double probe_s;
 };
 
-const char *opcost_path(char *buf, size_t len) {
-  const char *env = getenv("PIPECC_OPS_CACHE");
-  if (env && !strcmp(env, "off")) return NULL;
-  if (env && *env) {
-    snprintf(buf, len, "%s", env);
-    return buf;
-  }
-  char mbuf[1024];
-  const char *m = machine_cache_path(mbuf, sizeof mbuf);
-  const char *slash = strrchr(m, '/');
-  if (slash) snprintf(buf, len, "%.*s/ops.txt", (int)(slash - m), m);
-  else snprintf(buf, len, "ops.txt");
-  if (!strcmp(buf, m)) snprintf(buf, len, "%s.ops", m);
-  return buf;
-}
+const char *opcost_path(char *buf, size_t len) { return cache_beside("PIPECC_OPS_CACHE", "ops", buf, len); }
 
 /* The work a family's point does: FLOPs of a convolution or GEMM, elements of a memory kernel. */
 static double work(const char *fam, const double x[4]) {
