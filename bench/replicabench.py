@@ -33,6 +33,7 @@ DDP = r'''
 import os, sys, time, importlib.util, numpy as np, torch, torch.nn.functional as F
 import torch.distributed as dist
 rank, world = int(sys.argv[1]), int(sys.argv[2])
+T = 32
 kind, cls, B, steps, data = sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), sys.argv[7]
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[8])
 torch.set_num_threads(1)
