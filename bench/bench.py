@@ -7,7 +7,7 @@ Each pipecc figure is measured in the same invocation as the figure it is compar
 alternating (pipecc, reference, pipecc, reference, ... BENCH_REPEATS rounds, best median kept).
 
 Environment: BENCH_REPEATS (default 4), BENCH_QUICK=1 (fewer steps, for trying the script out),
-BENCH_SKIP (comma list of sections to skip: single,pipeline,memcurve,pipefb,async,freeze,compiler), BENCH_PIPE_MODELS (comma list:
+BENCH_SKIP (comma list of sections to skip: single,pipeline,memcurve,pipefb,async,freeze,replicas,compiler), BENCH_PIPE_MODELS (comma list:
 only these pipeline models), BENCH_MS (comma list of micro-batch counts, default 4,8), BENCH_N4_MS (comma list of the
 micro-batch counts that also run at n = 4, default 8; empty: none), BENCH_N4_REPEATS (rounds with the n = 4 runs,
 default 2), BENCH_SINGLE_MODELS (comma list: only these
@@ -1012,6 +1012,9 @@ def main():
     if data and "freeze" not in SKIP:
         import freezebench   # section 9: time to accuracy with --freeze auto against no freezing and torch Pipe
         freezebench.section_freeze(sys.modules[__name__], data)
+    if "replicas" not in SKIP:
+        import replicabench   # section 10: 4 ranks as stages or replicas, beside torch DDP; --ranks 4's choice
+        replicabench.section_replicas(sys.modules[__name__])
     if "compiler" not in SKIP:
         log("compiler: gpt2_small -n 8 --plan-only")
         section_compiler()

@@ -170,7 +170,28 @@ def report(results, choices):
     return "\n".join(lines) + "\n"
 
 
-def main():
+def section_replicas(b):
+    """Section 10 of bench.py: the run above; bench/replicas.md, and its rows and targets in results.md."""
+    SEC = "10_replicas"
+    results, choices = run_all()
+    for model, (best, B) in results.items():
+        ddp = best["ddp"][0]
+        for l in LAYOUTS:
+            t, pred = best[l]
+            case = f"{model} B={B} {l[0]}x{l[1]}"
+            b.add_row(SEC, case, "step", t * 1e3, "ms", note=f"predicted {pred * 1e3:.3f} ms ({pred / t:.2f}x)")
+            b.add_row(SEC, case, "samples/s vs DDP", ddp / t, "x")
+        b.add_row(SEC, f"{model} B={B} DDP", "step", ddp * 1e3, "ms")
+        measured = [l for _, l in sorted((best[l][0], l) for l in LAYOUTS)]
+        S, R = choices[model]
+        rank = measured.index((S, R)) + 1 if (S, R) in measured else 0
+        b.targets.append((f"replicas {model}: the layout --ranks 4 chose ({S} x {R}) measured fastest of the three or within 5%",
+                          f"rank {rank}", "yes" if rank and best[(S, R)][0] <= best[measured[0]][0] * 1.05 else "no"))
+    with open(os.path.join(HERE, "replicas.md"), "w") as f:
+        f.write(report(results, choices))
+
+
+def run_all():
     tmp = tempfile.mkdtemp(prefix="pipecc-replicabench.")
     os.environ["OMPI_ALLOW_RUN_AS_ROOT"] = os.environ["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
     os.environ["OMPI_MCA_rmaps_base_oversubscribe"] = "1"
@@ -180,6 +201,11 @@ def main():
         log(f"replicas bench: {model}")
         results[model] = bench_model(tmp, model, data, 29500 + 10 * i)
         choices[model] = ranks_choice(tmp, model)
+    return results, choices
+
+
+def main():
+    results, choices = run_all()
     text = report(results, choices)
     with open(os.path.join(HERE, "replicas.md"), "w") as f:
         f.write(text)
