@@ -26,9 +26,8 @@ enum { NKINDS = 3, MAX_LAYOUTS = 64 * NKINDS };
 /* A candidate within this of the fastest's predicted step is as fast (driver.c's AUTO_SAME_STEP). */
 #define LAYOUT_SAME_STEP 1.005
 
-/* Why S x R cannot train o's batch ("" when it can). */
-static const char *unfit_batch(const Options *o, int S, int R, char *buf, size_t len) {
-  (void)S;
+/* Why R replicas cannot train o's batch ("" when they can). */
+static const char *unfit_batch(const Options *o, int R, char *buf, size_t len) {
   if (o->batch > 0 && o->batch % R) return snprintf(buf, len, "--batch %lld is not divisible by %d replicas", (long long)o->batch, R), buf;
   if (o->batch > 0 && o->microbatches > 0 && (o->batch / R) % o->microbatches)
     return snprintf(buf, len, "%lld samples per replica are not divisible by --microbatches %d", (long long)(o->batch / R), o->microbatches), buf;
@@ -47,7 +46,7 @@ int layout_choose(Options *o, void (*plan)(Options t, SchedCand *c)) {
       L->stages = S, L->replicas = P / S, L->c.kind = o->schedule_auto ? KINDS[k] : o->schedule, L->c.chunks = 1;
       Options t = *o;
       t.nstages = t.nranks = S, t.replicas = P / S, t.schedule_auto = 0, t.ranks = 0;
-      const char *why = unfit_batch(&t, S, P / S, L->c.why, sizeof L->c.why);
+      const char *why = unfit_batch(&t, P / S, L->c.why, sizeof L->c.why);
       if (!*why && P / S > 1 && args_check_replicas(&t, L->c.why, sizeof L->c.why)) why = L->c.why;
       if (*why) continue;
       plan(t, &L->c);

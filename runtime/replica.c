@@ -78,11 +78,16 @@ void replica_open(Run *r) {
   for (int64_t i = 0; i < (int64_t)st->nbuckets * 4 * (d->R - 1); i++) d->req[i] = MPI_REQUEST_NULL;
 }
 
+/* Shard j: floats [*lo, *hi) of the region (the last one shorter). */
+static void shard_of(const Red *d, int j, int64_t *lo, int64_t *hi) {
+  *lo = (int64_t)j * d->shard, *hi = *lo + d->shard < d->n ? *lo + d->shard : d->n;
+}
+
 /* Bucket b's floats within shard j: [*lo, *hi) of the region (empty: lo >= hi). */
 static void part_of(const Red *d, int b, int j, int64_t *lo, int64_t *hi) {
   const PrBucket *k = &d->r->st->buckets[b];
-  int64_t blo = (k->lo - d->r->st->grad_lo) / 4, bhi = (k->hi - d->r->st->grad_lo) / 4;
-  int64_t slo = j * d->shard, shi = slo + d->shard < d->n ? slo + d->shard : d->n;
+  int64_t blo = (k->lo - d->r->st->grad_lo) / 4, bhi = (k->hi - d->r->st->grad_lo) / 4, slo, shi;
+  shard_of(d, j, &slo, &shi);
   *lo = blo > slo ? blo : slo, *hi = bhi < shi ? bhi : shi;
 }
 
@@ -202,7 +207,7 @@ void replica_shard(const Run *r, const float **base, int64_t *lo, int64_t *hi) {
   *base = (const float *)dev_at(r, r->st->grad_lo);
   *lo = 0, *hi = INT64_MAX;
   if (!r->st->zero || d->R <= 1) return;
-  *lo = (int64_t)d->me * d->shard, *hi = *lo + d->shard < d->n ? *lo + d->shard : d->n;
+  shard_of(d, d->me, lo, hi);
 }
 
 /* --zero 1, after the update: the new weights, which each replica wrote over its shard of the region, go to
@@ -216,15 +221,15 @@ void replica_gather(Run *r) {
   MPI_Request *q = d->req; /* the buckets' requests are all done by now */
   int n = 0;
   float *g = region(d);
+  int64_t lo, hi, mlo, mhi;
+  shard_of(d, d->me, &mlo, &mhi);
   for (int k = 0; k < d->R; k++) {
-    int64_t lo = k * d->shard, hi = lo + d->shard < d->n ? lo + d->shard : d->n;
+    shard_of(d, k, &lo, &hi);
     if (k == d->me || hi <= lo) continue;
-    int64_t mlo = d->me * d->shard, mhi = mlo + d->shard < d->n ? mlo + d->shard : d->n;
     if (mhi > mlo) MPI_Isend(g + mlo, (int)((mhi - mlo) * 4), MPI_BYTE, k, 1 << 20, d->dcomm, &q[n++]), r->sent_bytes += (double)(mhi - mlo) * 4;
     MPI_Irecv(g + lo, (int)((hi - lo) * 4), MPI_BYTE, k, 1 << 20, d->dcomm, &q[n++]);
   }
   wait_watched(r, q, n, -1, "for the other replicas' new weights (--zero 1)");
-  int64_t mlo = d->me * d->shard, mhi = mlo + d->shard < d->n ? mlo + d->shard : d->n;
   for (int i = 0; i < st->nparams; i++) {
     const PrParam *p = &st->params[i];
     if (p->goffset < 0) continue;
@@ -239,26 +244,18 @@ void replica_gather(Run *r) {
   d->t_exposed += t1 - t0, r->t_wait += t1 - t0;
 }
 
-/* The step's loss over the whole batch, on the loss rank of replica 0: each replica's sum over its rows, added
- * in replica order (the other replicas' loss ranks get their own back, and report nothing). */
-double replica_loss(double mine) {
-  if (g_nreplicas <= 1) return mine;
-  double all[1024];
-  MPI_Gather(&mine, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, 0, g_red.dcomm);
-  if (g_replica) return mine;
-  double s = all[0];
-  for (int k = 1; k < g_nreplicas; k++) s += all[k];
-  return s;
-}
-
-/* --val: the held-out loss and hits of every replica's batches, added in replica order on replica 0's loss rank. */
+/* The step's loss (and --val's hits, unless NULL) over the whole batch: every replica's, added in replica order
+ * on replica 0's loss rank, which reports; the other replicas' loss ranks keep their own. */
 void replica_sums(double *loss, double *hits) {
   if (g_nreplicas <= 1) return;
-  double mine[2] = {*loss, *hits}, all[2 * 1024];
+  double mine[2] = {*loss, hits ? *hits : 0}, all[2 * 1024];
   MPI_Gather(mine, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, 0, g_red.dcomm);
   if (g_replica) return;
-  *loss = all[0], *hits = all[1];
-  for (int k = 1; k < g_nreplicas; k++) *loss += all[2 * k], *hits += all[2 * k + 1];
+  *loss = all[0];
+  for (int k = 1; k < g_nreplicas; k++) *loss += all[2 * k];
+  if (!hits) return;
+  *hits = all[1];
+  for (int k = 1; k < g_nreplicas; k++) *hits += all[2 * k + 1];
 }
 
 /* The samples of replica g_replica's share, idx[0 .. batch) of the global batch's indices (idx has room for

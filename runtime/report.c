@@ -166,7 +166,7 @@ void report_close(Run *r, StepLog *sl) {
  * rank, dt its seconds): the log line, the profile's warm-up, the checkpoint. */
 void end_step(Run *r, StepLog *sl, double loss, double dt) {
   const PrStage *st = r->st;
-  if (st->loss) loss = replica_loss(loss); /* --replicas: every replica's part of the batch, on replica 0 */
+  if (st->loss) replica_sums(&loss, NULL); /* --replicas: every replica's part of the batch, on replica 0 */
   if (reports(st)) {
     loss /= (double)(st->loss_rows * st->microbatches) * (g_nreplicas > 1 ? g_nreplicas : 1);
     if (!isfinite(loss)) die(3, "step %lld: the loss is %s; stopping (lower --lr?)", (long long)r->step + 1, isnan(loss) ? "NaN" : "Inf");

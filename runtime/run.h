@@ -311,7 +311,6 @@ void do_reduce_wait(Run *r);
 double replica_exposed(void);
 void replica_shard(const Run *r, const float **base, int64_t *lo, int64_t *hi);
 void replica_gather(Run *r);
-double replica_loss(double mine);
 void replica_sums(double *loss, double *hits);
 void replica_indices(int64_t *idx, int batch);
 void replica_close(void);
