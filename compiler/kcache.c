@@ -386,6 +386,17 @@ void kcache_flop_node(const PartProblem *pr, int q, double rate, double mbw, dou
   *bwd_input = b / 2, *bwd_weight = b / 2;
 }
 
+/* The bytes a stage's step cycles through between two uses of a weight, for the memory's rate that the
+ * op probe's times are held to: weights, gradients and optimizer slots, and the activations of the
+ * micro-batches in flight, of the whole model shared among the stages (node costs are found before the
+ * cuts; the partitioner balances the stages). */
+static double stage_working_set(const Plan *p, const PartProblem *pr) {
+  double params = 0, stash = 0;
+  for (int q = 0; q < pr->N; q++) params += pr->param_bytes[q], stash += pr->stash_bytes[q];
+  int n = pr->nstages > 0 ? pr->nstages : 1, inflight = pr->microbatches < n ? pr->microbatches : n;
+  return (params * (2 + p->opt_slots) + stash * inflight) / n;
+}
+
 void kcache_apply(Plan *p, PartProblem *pr) {
   const Options *o = &p->opt;
   if (o->costs || o->devices || o->forward_only) return;
@@ -437,7 +448,7 @@ void kcache_apply(Plan *p, PartProblem *pr) {
   free(key);
   /* The cache's (a profile's), else the op probe's, else the FLOP model's: the loader and the loss nothing,
    * the update its weight, gradient and each slot read, weight and slots written. */
-  double upd = ops && !aux[AUX_UPDATE] ? opcost_update(ops, p) : -1, loss = ops && !aux[AUX_LOSS] ? opcost_loss(ops, p) : -1;
+  double upd = ops && !aux[AUX_UPDATE] ? opcost_update(ops, p, stage_working_set(p, pr)) : -1, loss = ops && !aux[AUX_LOSS] ? opcost_loss(ops, p) : -1;
   k->load = aux[AUX_LOAD] ? aux[AUX_LOAD]->t[0] : 0;
   k->loss = aux[AUX_LOSS] ? aux[AUX_LOSS]->t[0] : loss > 0 ? loss : 0;
   k->update_per_param = aux[AUX_UPDATE] ? aux[AUX_UPDATE]->t[0] : upd > 0 ? upd : (3 + 2 * (double)p->opt_slots) * 4 / mbw;

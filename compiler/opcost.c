@@ -85,7 +85,7 @@ static int parse(OpTable *t, char *text, const char *id, char **other) {
     nl = strchr(line, '\n');
     if (nl) *nl++ = 0;
     if (!header) {
-      if (strcmp(line, "pipecc-ops 2")) return 0;
+      if (strcmp(line, "pipecc-ops 3")) return 0;
       header = 1;
       continue;
     }
@@ -327,7 +327,17 @@ static int trained_weights(const struct Plan *p, double *w) {
   return nw;
 }
 
-double opcost_update(const OpTable *t, const struct Plan *p) {
+double opcost_stream_bw(const OpTable *t, double ws) {
+  const Fam *f = NULL;
+  for (int i = 0; t && i < t->nfam && !f; i++)
+    if (!strcmp(t->fam[i].name, "stream")) f = &t->fam[i];
+  if (!f || !f->spw || !f->nax[0]) return -1;
+  double lo = f->ax[0][0], hi = f->ax[0][f->nax[0] - 1], x = ws < lo ? lo : ws > hi ? hi : ws;
+  double s = opcost_at(t, "stream", (double[4]){x, 1, 1, 1}, 0);
+  return s > 0 ? x / s : -1;
+}
+
+double opcost_update(const OpTable *t, const struct Plan *p, double ws) {
   const char *opt = p->opt.optimizer ? p->opt.optimizer : "sgd", *fam = strcmp(opt, "sgd") ? "adam" : p->opt_slots ? "sgdm" : "sgd";
   double one[4] = {1, 1, 1, 1}, s = 0, total = 0;
   if (opcost_at(t, fam, one, 0) < 0) return -1;
@@ -338,8 +348,22 @@ double opcost_update(const OpTable *t, const struct Plan *p) {
   for (int i = 0; i < nw; i++) total += w[i];
   for (int i = 0; i < nw; i++) s += opcost_at(t, fam, (double[4]){w[i], total, 1, 1}, 0);
   free(w);
-  if (getenv("PIPECC_OPCOST_DEBUG")) fprintf(stderr, "opcost update %s: %.3g s for %d weights of %.0f floats\n", fam, s, nw, total);
-  return total > 0 ? s / total : -1;
+  if (total <= 0) return -1;
+  /* The probe's update runs on arrays it has just touched; a stage's weights and gradients come from
+   * where its working set lives (bin/pipecc-opprobe's `stream`: on this VM 130 GB/s within the core's
+   * caches, 21 GB/s past 64 MiB).  Per float: the gradient's finite check, weight and gradient read,
+   * weight written, each slot read and written; and the zeroing of the gradient before the next step,
+   * written (and read for ownership). */
+  double bw = opcost_stream_bw(t, ws), per = s / total;
+  if (bw > 0) {
+    double bytes = 16 + 8 * (double)p->opt_slots;
+    if (per < bytes / bw) per = bytes / bw;
+    per += 8 / bw;
+  }
+  if (getenv("PIPECC_OPCOST_DEBUG"))
+    fprintf(stderr, "opcost update %s: %.3g s for %d weights of %.0f floats; %.3g s a float with the zeroing, at %.3g B/s over %.3g bytes\n",
+            fam, s, nw, total, per, bw, ws);
+  return per;
 }
 
 double opcost_loss(const OpTable *t, const struct Plan *p) {
@@ -422,7 +446,7 @@ static void cache_store(const char *path, const char *id, const char *probe_out,
   for (int i = 0; i < scratch.nfam; i++) free(scratch.fam[i].x), free(scratch.fam[i].t);
   FILE *f = fopen(tmp, "w");
   if (f) {
-    fprintf(f, "pipecc-ops 2\n# pipecc's op cache (docs/cost.md, compiler/opcost.h): bin/pipecc-opprobe's times of the runtime's\n"
+    fprintf(f, "pipecc-ops 3\n# pipecc's op cache (docs/cost.md, compiler/opcost.h): bin/pipecc-opprobe's times of the runtime's\n"
                "# kernels on a grid of shapes, seconds of FWD BWD_INPUT BWD_WEIGHT; one section per machine.\n%s", other ? other : "");
     fprintf(f, "machine %s\n", id);
     for (const char *l = probe_out; *l;) {

@@ -35,9 +35,14 @@ const char *opcost_path(char *buf, size_t len);
  * tensors get a gradient); 0, or -1 for a node of no measured family. */
 int opcost_node(const OpTable *t, const Graph *g, const char *need, int node, double out[3]);
 /* The optimizer's seconds per trained float (sgd, sgdm or adam at each weight's size, averaged over the
- * plan's weights), and the loss's seconds per micro-batch (k_softmax_xent at the graph output's size); -1
+ * plan's weights; at least the bytes it moves over the memory's rate at a stage's working set ws, where
+ * the weights and gradients wait between their uses), with the zeroing of its gradient before the step's
+ * first backward; and the loss's seconds per micro-batch (k_softmax_xent at the graph output's size); -1
  * when the table has no such family (an older cache) or the loss is MSE. */
-double opcost_update(const OpTable *t, const struct Plan *p);
+double opcost_update(const OpTable *t, const struct Plan *p, double ws);
+/* The memory's rate in bytes per second over a working set of ws bytes (the probe's `stream`); -1 when the
+ * table has none. */
+double opcost_stream_bw(const OpTable *t, double ws);
 double opcost_loss(const OpTable *t, const struct Plan *p);
 /* Seconds of family `fam` at coordinates x (part 0..2): the interpolation itself (tests). */
 double opcost_at(const OpTable *t, const char *fam, const double x[4], int part);

@@ -63,7 +63,7 @@ def gemm_time(M, N, K):
 
 
 def synthetic_grid(ident, extra=""):
-    lines = ["pipecc-ops 2", "machine other-machine", "o gemm 16 16 16 1 9 9 9", f"machine {ident}"]
+    lines = ["pipecc-ops 3", "machine other-machine", "o gemm 16 16 16 1 9 9 9", f"machine {ident}"]
     for M in (16, 256):
         for N in (16, 256):
             for K in (16, 256):
@@ -171,6 +171,20 @@ def update_cases(tmp, env, ident):
     check(abs((steps[1] - steps[0]) / want - 1) < 0.01, "the step grows by the grid's update and loss", f"{steps} vs {want}")
     listing = open(os.path.join(tmp, "u1.pipe", "schedule.txt")).read()
     check("2 from the op\n               probe" in listing, "the listing says so", listing[:900])
+    # The memory's rate (`stream`, 1 GB/s at every working set) holds the update to its bytes: 16 a float for
+    # SGD (the finite check, weight and gradient read, weight written) over the 1 ns the grid says, and the
+    # gradient's zeroing, 8 bytes a float, on top.
+    env3 = dict(env, PIPECC_OPS_CACHE=os.path.join(tmp, "ops_stream.txt"))
+    with open(env3["PIPECC_OPS_CACHE"], "w") as f:
+        f.write(synthetic_grid(ident, "o sgd 100 100 1 1 1e-7 0 0\no sgd 1000000 1000000 1 1 1e-3 0 0\n"
+                                      "o xent 100 16 1 1 1e-7 0 0\no xent 1000000 16 1 1 1e-3 0 0\n"
+                                      "o stream 1000 1 1 1 1e-6 0 0\no stream 1000000000 1 1 1 1 0 0\n"))
+    p, r = plan(env3, model, os.path.join(tmp, "u3.pipe"))
+    if check(p is not None, "the one-Gemm model plans on a grid with the memory's rate", r.stderr[-300:]):
+        want = 4096 * (16 + 8 - 1) * 1e-9
+        check(abs((p["predicted_step_time_s"] - steps[0]) / want - 1) < 0.01,
+              "the update is held to its bytes over the memory's rate, with the gradient's zeroing",
+              f"{p['predicted_step_time_s']} - {steps[0]} vs {want}")
 
 
 def quick(tmp):
@@ -198,7 +212,7 @@ def full(tmp):
     text = open(env["PIPECC_OPS_CACHE"]).read() if os.path.exists(env["PIPECC_OPS_CACHE"]) else ""
     fams = set(re.findall(r"^o (\S+) ", text, re.M))
     want = {"gemm", "conv@onednn", "conv@im2col", "dwconv@onednn", "dwconv@im2col", "relu", "gelu", "binary", "softmax",
-            "layernorm", "batchnorm", "maxpool", "avgpool", "copy", "sgd", "sgdm", "adam", "xent"}
+            "layernorm", "batchnorm", "maxpool", "avgpool", "copy", "sgd", "sgdm", "adam", "xent", "stream"}
     check(want <= fams, "the cache has every family", str(sorted(fams)))
     print(f"# op probe: {secs:.1f} s for the probe and one plan; {len(text.splitlines())} lines")
     # the choice at grid shapes: a one-conv model of 4 images of 32x32 (P = 4096)

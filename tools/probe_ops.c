@@ -1,6 +1,6 @@
 /* probe_ops.c - pipecc-opprobe: times the runtime's own kernels on a grid of shapes, once per machine.
  *
- *   pipecc-opprobe [--quick] [--cold]
+ *   pipecc-opprobe [--quick] [--cold] [--raw]
  *
  * pipecc runs it (compiler/opcost.c) when its op cache has no section for this machine, and keeps what
  * it prints.  It calls the kernels the stage programs call (runtime/kernels.h, gemm.c, conv_dnnl.c,
@@ -10,7 +10,7 @@
  *     o FAMILY X1 X2 X3 X4 FWD BWD_INPUT BWD_WEIGHT
  *
  * seconds of the forward, the backward's input-gradient call and its weight-gradient call, the best of
- * a few repeats after a warm-up call.  Families and their coordinates (unused ones are 1):
+ * a few repeats after a warm-up call, held to the machine's quick spells (print_points; --raw: as timed).  Families and their coordinates (unused ones are 1):
  *   conv@onednn, conv@im2col      CIN COUT K P   a KxK convolution, stride 1, padded to keep its size,
  *                                                 P = batch x output pixels
  *   dwconv@onednn, dwconv@im2col  C K Q N        depthwise (group = C): N images of Q output pixels (1: of
@@ -26,6 +26,7 @@
  *                                                 the stage program's update() calls it, in a model of TOTAL
  *                                                 trained floats; FWD only
  *   xent                          ELEMS CLASSES 1 1  the loss: k_softmax_xent over ELEMS logits; FWD only
+ *   stream                        BYTES 1 1 1    the memory's rate over a working set of BYTES; FWD only
  * Then `done SECONDS`: the probe's own time. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -78,6 +79,11 @@ typedef void (*Call)(const void *arg, int part);
 /* The best of `reps` timed calls after one warm-up (oneDNN makes its primitives at the first); of up to
  * 4 * reps when they are short (under 0.3 ms): on a loaded machine a short call's best of 3 still
  * measured up to 2x its quiet time, and more tries cost little. */
+static int dless(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
 static double timed(Call f, const void *arg, int part) {
   f(arg, part);
   double best = 1e30;
@@ -92,12 +98,63 @@ static double timed(Call f, const void *arg, int part) {
   return best;
 }
 
+/* A shared VM runs at two speeds, in spells of a second or so (another guest on the core: bench/costprobe.md
+ * saw the same program's steps at 48 and 77 ms within one run).  So that one spell does not set one corner of
+ * the grid, a fixed reference call (a GEMM of 64 x 256 x 256) is timed right before each point, and each
+ * point is scaled to the machine's quick spells: by the reference's 10th percentile over the probe over its
+ * time at that point (never up).  The lines are printed at the end, scaled. */
+enum { MAX_POINTS = 4096 };
+typedef struct Point {
+  char fam[24];
+  double x[4], t[3], ref;
+} Point;
+static Point *points;
+static int npoints, normalize = 1;
+
+static void ref_call(const void *arg, int part);
+
+static double reference(void) {
+  double best = 1e30;
+  ref_call(NULL, 0);
+  for (int r = 0; r < 5; r++) {
+    double t0 = now();
+    ref_call(NULL, 0);
+    double t = now() - t0;
+    if (t < best) best = t;
+  }
+  return best;
+}
+
+/* One measured point, with the reference's time right before it (ref: 0, time it now). */
+static void record(const char *fam, const double x[4], const double t[3], double ref) {
+  if (!points && !(points = calloc(MAX_POINTS, sizeof *points))) exit(1);
+  if (npoints == MAX_POINTS) exit(1);
+  Point *pt = &points[npoints++];
+  snprintf(pt->fam, sizeof pt->fam, "%s", fam);
+  memcpy(pt->x, x, sizeof pt->x), memcpy(pt->t, t, sizeof pt->t);
+  pt->ref = ref;
+}
+
 static void emit(const char *fam, double x1, double x2, double x3, double x4, Call f, const void *arg, int parts) {
-  double t[3] = {0, 0, 0};
+  double t[3] = {0, 0, 0}, ref = reference();
   for (int p = 0; p < 3; p++)
     if (parts & (1 << p)) t[p] = timed(f, arg, p);
-  printf("o %s %.0f %.0f %.0f %.0f %.4g %.4g %.4g\n", fam, x1, x2, x3, x4, t[0], t[1], t[2]);
-  fflush(stdout);
+  record(fam, (double[4]){x1, x2, x3, x4}, t, ref);
+}
+
+static void print_points(void) {
+  double *r = malloc(sizeof(double) * (size_t)(npoints + 1)), quick;
+  if (!r) exit(1);
+  for (int i = 0; i < npoints; i++) r[i] = points[i].ref;
+  qsort(r, (size_t)npoints, sizeof *r, dless);
+  quick = npoints ? r[npoints / 10] : 0;
+  for (int i = 0; i < npoints; i++) {
+    const Point *pt = &points[i];
+    double k = normalize && pt->ref > quick ? quick / pt->ref : 1;
+    printf("o %s %.0f %.0f %.0f %.0f %.4g %.4g %.4g\n", pt->fam, pt->x[0], pt->x[1], pt->x[2], pt->x[3], pt->t[0] * k, pt->t[1] * k, pt->t[2] * k);
+  }
+  printf("reference %.4g %.4g %.4g\n", r[0], quick, npoints ? r[npoints / 2] : 0);
+  free(r);
 }
 
 /* ---- convolutions ---- */
@@ -189,6 +246,12 @@ static void gemm_call(const void *arg, int part) {
 
 /* M from 4: a micro-batch of 8 rows costs about half of 16's (MLP's layers), which holding the time below
  * the grid's first value missed. */
+static void ref_call(const void *arg, int part) {
+  static const G ref = {64, 256, 256};
+  (void)arg;
+  gemm_call(&ref, part);
+}
+
 static void gemm_grid(int quick) {
   static const int d[] = {16, 64, 256, 1024}, dm[] = {4, 8, 16, 64, 256, 1024};
   for (int a = 0; a < 6; a++)
@@ -345,9 +408,8 @@ static void update_grid(int quick) {
         if (ns[i] > tot[j] || (quick && (i % 2 || j == 1))) continue;
         Step s = {.kind = k, .n = ns[i], .total = tot[j], .p = p, .g = g, .m = m, .v = v,
                   .o = {.lr = 1e-6f, .momentum = k == 1 ? 0.9f : 0, .beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .step = 5}};
-        double t = timed(step_call, &s, 0) / (double)(tot[j] / ns[i]);
-        printf("o %s %lld %lld 1 1 %.4g 0 0\n", name[k], (long long)ns[i], (long long)tot[j], t);
-        fflush(stdout);
+        double ref = reference(), t = timed(step_call, &s, 0) / (double)(tot[j] / ns[i]);
+        record(name[k], (double[4]){(double)ns[i], (double)tot[j], 1, 1}, (double[3]){t, 0, 0}, ref);
       }
   free(p), free(g), free(m), free(v);
 }
@@ -369,6 +431,31 @@ static void loss_grid(int quick) {
   free(labels);
 }
 
+/*   stream    BYTES 1 1 1   the memory's rate over a working set of BYTES (256 KiB to 256 MiB): a += s b over
+ *                           two arrays of BYTES / 2, FWD the seconds of BYTES of traffic (3 x 4 bytes an
+ *                           element).  Where a stage's weights, gradients and stash live between their uses
+ *                           (compiler/opcost.c: the update and the gradients' zeroing) */
+static float *stream_a, *stream_b;
+static int64_t stream_n;
+
+static void stream_call(const void *arg, int part) {
+  (void)arg, (void)part;
+  for (int64_t i = 0; i < stream_n; i++) stream_a[i] += 0.5f * stream_b[i];
+  __asm__ volatile("" : : "r"(stream_a) : "memory");
+}
+
+static void stream_grid(int quick) {
+  for (int64_t bytes = 256 << 10; bytes <= (int64_t)256 << 20; bytes *= quick ? 16 : 4) {
+    stream_n = bytes / 8;
+    stream_a = aligned_alloc(64, (size_t)bytes / 2), stream_b = aligned_alloc(64, (size_t)bytes / 2);
+    if (!stream_a || !stream_b) exit(1);
+    for (int64_t i = 0; i < stream_n; i++) stream_a[i] = 1, stream_b[i] = 1e-3f;
+    double ref = reference(), t = timed(stream_call, NULL, 0);
+    record("stream", (double[4]){(double)bytes, 1, 1, 1}, (double[3]){t * (double)bytes / (12.0 * (double)stream_n), 0, 0}, ref);
+    free(stream_a), free(stream_b);
+  }
+}
+
 int main(int argc, char **argv) {
   /* As a stage program runs: its OpenBLAS kernels pinned, oneDNN on one OpenMP thread (prmain.c). */
   const char *omp = getenv("OMP_NUM_THREADS");
@@ -378,7 +465,8 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) quick = 1;
     else if (!strcmp(argv[i], "--cold")) flush_caches = 1;
-    else return fprintf(stderr, "usage: pipecc-opprobe [--quick] [--cold]\n"), 2;
+    else if (!strcmp(argv[i], "--raw")) normalize = 0;
+    else return fprintf(stderr, "usage: pipecc-opprobe [--quick] [--cold] [--raw]\n"), 2;
   }
   if (quick) reps = 1;
   double t0 = now();
@@ -394,6 +482,8 @@ int main(int argc, char **argv) {
   point_grid(quick);
   update_grid(quick);
   loss_grid(quick);
+  stream_grid(quick);
+  print_points();
   printf("done %.2f\n", now() - t0);
   return 0;
 }
