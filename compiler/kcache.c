@@ -417,6 +417,7 @@ void kcache_apply(Plan *p, PartProblem *pr) {
     return;
   }
   const char *need = plan_needs(p);
+  double ws = ops ? stage_working_set(p, pr) : 0;
   int N = p->N, hits = 0, probed = 0;
   Costs *k = pool_alloc(&g->pool, sizeof *k);
   k->fwd = pool_alloc(&g->pool, sizeof(double) * (size_t)(N + 1));
@@ -432,7 +433,7 @@ void kcache_apply(Plan *p, PartProblem *pr) {
     double t[3];
     if (e) {
       k->fwd[q] = e->t[0], k->bwd_input[q] = e->t[1], k->bwd_weight[q] = e->t[2], k->src[q] = 1, hits++;
-    } else if (ops && !opcost_node(ops, g, need, p->node[q], t)) {
+    } else if (ops && !opcost_node(ops, g, need, p->node[q], ws, t)) {
       k->fwd[q] = t[0], k->bwd_input[q] = t[1], k->bwd_weight[q] = t[2], k->src[q] = 2, probed++;
     } else {
       kcache_flop_node(pr, q, rate, mbw, &k->fwd[q], &k->bwd_input[q], &k->bwd_weight[q]);
@@ -448,7 +449,7 @@ void kcache_apply(Plan *p, PartProblem *pr) {
   free(key);
   /* The cache's (a profile's), else the op probe's, else the FLOP model's: the loader and the loss nothing,
    * the update its weight, gradient and each slot read, weight and slots written. */
-  double upd = ops && !aux[AUX_UPDATE] ? opcost_update(ops, p, stage_working_set(p, pr)) : -1, loss = ops && !aux[AUX_LOSS] ? opcost_loss(ops, p) : -1;
+  double upd = ops && !aux[AUX_UPDATE] ? opcost_update(ops, p, ws) : -1, loss = ops && !aux[AUX_LOSS] ? opcost_loss(ops, p) : -1;
   k->load = aux[AUX_LOAD] ? aux[AUX_LOAD]->t[0] : 0;
   k->loss = aux[AUX_LOSS] ? aux[AUX_LOSS]->t[0] : loss > 0 ? loss : 0;
   k->update_per_param = aux[AUX_UPDATE] ? aux[AUX_UPDATE]->t[0] : upd > 0 ? upd : (3 + 2 * (double)p->opt_slots) * 4 / mbw;

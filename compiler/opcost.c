@@ -289,19 +289,55 @@ static const char *node_family(const Graph *g, const Node *n, double x[4], doubl
   return NULL;
 }
 
-int opcost_node(const OpTable *t, const Graph *g, const char *need, int node, double out[3]) {
+/* The share of a weight's far-memory cost (far@FAMILY) that a stage pays when its working set is ws bytes:
+ * 0 while ws stays within FAR_NEAR (the last-level cache keeps it between uses), 1 at the stream grid's
+ * largest, and in between as the memory's time per byte at ws lies between the two (the `stream` curve;
+ * on this VM 16 MiB ran at 38 GB/s, 256 MiB at 21). */
+#define FAR_NEAR (16.0 * 1024 * 1024)
+static double far_share(const OpTable *t, double ws) {
+  const Fam *f = NULL;
+  for (int i = 0; t && i < t->nfam && !f; i++)
+    if (!strcmp(t->fam[i].name, "stream")) f = &t->fam[i];
+  if (!f || !f->nax[0]) return 0;
+  double far = f->ax[0][f->nax[0] - 1], bw = opcost_stream_bw(t, ws), bn = opcost_stream_bw(t, FAR_NEAR), bf = opcost_stream_bw(t, far);
+  if (bw <= 0 || bn <= 0 || bf <= 0 || ws <= FAR_NEAR || far <= FAR_NEAR || 1 / bf <= 1 / bn) return 0;
+  double k = (1 / bw - 1 / bn) / (1 / bf - 1 / bn);
+  return k < 0 ? 0 : k > 1 ? 1 : k;
+}
+
+/* What part `part` of a node of family fam costs more with wbytes of weights in no cache: the probe's
+ * far@fam, per byte below its smallest shape (its calls' own fixed part is not the weights'). */
+static double far_cost(const OpTable *t, const char *fam, double wbytes, int part) {
+  char name[40];
+  snprintf(name, sizeof name, "far@%s", fam);
+  const Fam *f = NULL;
+  for (int i = 0; t && i < t->nfam && !f; i++)
+    if (!strcmp(t->fam[i].name, name)) f = &t->fam[i];
+  if (!f || !f->spw || !f->nax[0] || wbytes <= 0) return 0;
+  double lo = f->ax[0][0], x = wbytes < lo ? lo : wbytes, d = opcost_at(t, name, (double[4]){x, 1, 1, 1}, part);
+  return d > 0 ? d * wbytes / x : 0;
+}
+
+int opcost_node(const OpTable *t, const Graph *g, const char *need, int node, double ws, double out[3]) {
   const Node *n = &g->n[node];
   double x[4], mult;
   const char *fam = node_family(g, n, x, &mult);
   if (!fam || opcost_at(t, fam, x, 0) < 0) return -1;
   int weighted = n->def && n->def->weighted, gin = n->nin > 0 && n->in[0] >= 0 && need[n->in[0]], gw = 0;
-  for (int k = 1; k < n->nin; k++)
+  double wbytes = 0;
+  for (int k = 1; k < n->nin; k++) {
     if (n->in[k] >= 0 && need[n->in[k]]) (weighted ? (gw = 1) : (gin = 1));
+    if (n->in[k] >= 0 && g->t[n->in[k]].is_param) wbytes += 4 * numel(&g->t[n->in[k]]);
+  }
   out[0] = mult * opcost_at(t, fam, x, 0);
   out[1] = gin ? mult * opcost_at(t, fam, x, 1) : 0;
   out[2] = gw ? mult * opcost_at(t, fam, x, 2) : 0;
+  double share = wbytes > 0 ? far_share(t, ws) : 0;
+  for (int p = 0; p < 3 && share > 0; p++)
+    if (out[p] > 0) out[p] += share * far_cost(t, fam, wbytes, p);
   if (getenv("PIPECC_OPCOST_DEBUG"))
-    fprintf(stderr, "opcost %s %s x=%g,%g,%g,%g *%g: %.3g %.3g %.3g\n", n->name, fam, x[0], x[1], x[2], x[3], mult, out[0], out[1], out[2]);
+    fprintf(stderr, "opcost %s %s x=%g,%g,%g,%g *%g: %.3g %.3g %.3g (far share %.2g of %.0f weight bytes)\n", n->name, fam, x[0], x[1], x[2], x[3],
+            mult, out[0], out[1], out[2], share, wbytes);
   return 0;
 }
 

@@ -32,8 +32,9 @@ const OpTable *opcost_table(const struct Plan *p);
 /* The op cache's path (NULL when disabled), into buf. */
 const char *opcost_path(char *buf, size_t len);
 /* Seconds of graph node `node`'s forward, input-gradient and weight-gradient parts from t (need: which
- * tensors get a gradient); 0, or -1 for a node of no measured family. */
-int opcost_node(const OpTable *t, const Graph *g, const char *need, int node, double out[3]);
+ * tensors get a gradient), with its weights' far-memory cost in the share a stage's working set of ws
+ * bytes lies past the caches; 0, or -1 for a node of no measured family. */
+int opcost_node(const OpTable *t, const Graph *g, const char *need, int node, double ws, double out[3]);
 /* The optimizer's seconds per trained float (sgd, sgdm or adam at each weight's size, averaged over the
  * plan's weights; at least the bytes it moves over the memory's rate at a stage's working set ws, where
  * the weights and gradients wait between their uses), with the zeroing of its gradient before the step's

@@ -11,8 +11,9 @@
  *
  * seconds of the forward, the backward's input-gradient call and its weight-gradient call, the best of
  * a few repeats after a warm-up call, held to the machine's quick spells (print_points; --raw: as timed).  Families and their coordinates (unused ones are 1):
- *   conv@onednn, conv@im2col      CIN COUT K P   a KxK convolution, stride 1, padded to keep its size,
- *                                                 P = batch x output pixels
+ *   conv@onednn, conv@im2col      CIN COUT K P   a KxK convolution, stride 1, padded to keep its size
+ *                                                 (P = 4: of stride 2 over 2x2 images), P = batch x
+ *                                                 output pixels
  *   dwconv@onednn, dwconv@im2col  C K Q N        depthwise (group = C): N images of Q output pixels (1: of
  *                                                 stride 2 over 2x2 images)
  *   pointconv                     N CIN COUT K   a convolution of one point (k_conv_point) on N images
@@ -27,6 +28,8 @@
  *                                                 trained floats; FWD only
  *   xent                          ELEMS CLASSES 1 1  the loss: k_softmax_xent over ELEMS logits; FWD only
  *   stream                        BYTES 1 1 1    the memory's rate over a working set of BYTES; FWD only
+ *   far@conv@onednn, far@conv@im2col, far@pointconv, far@gemm
+ *                                 BYTES 1 1 1    what each part costs more with BYTES of weights in no cache
  * Then `done SECONDS`: the probe's own time. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -183,22 +186,27 @@ static ConvShape *conv_shape(int n, int c, int m, int k, int hw, int group, int 
                    .dd = 1, .dh = 1, .dw = 1, .lib = lib};
   int64_t sp = (int64_t)in * in, cols = (int64_t)(c / group) * k * k * sp * 4;
   int64_t xs = n * pad16(c) * sp, ys = n * pad16(m) * sp, ws = group * pad16(m / group) * pad16(c / group) * k * k;
-  int64_t libb = 4 * (xs + ys + ws + pad16(c) * sp) + 4 * 64 + 128;
+  int64_t pin = (int64_t)(in + 2 * (k / 2)) * (in + 2 * (k / 2)); /* the padded input oneDNN may copy */
+  int64_t libb = 4 * (xs + ys + ws + pad16(c) * sp + n * pad16(c) * pin) + 4 * 64 + 128;
   s->lib_work = lib && libb > cols ? libb : cols;
   return s;
 }
 
 static void conv_grid(int quick) {
-  static const int cin[] = {3, 16, 64, 256}, cout[] = {16, 64, 256}, ks[] = {1, 3, 5}, hws[] = {2, 8, 32};
+  /* Output sizes down to one pixel (of stride 2 over 2x2 images: ResNet's last stage at 32x32) and 4x4:
+   * at a few pixels an image oneDNN's time is far from its work's, and interpolating over the gap from
+   * 2x2 to 8x8 missed ResNet-18's middle stages by 1.3-1.5x. */
+  static const int cin[] = {3, 16, 64, 256}, cout[] = {16, 64, 256}, ks[] = {1, 3, 5}, hws[] = {-1, 2, 4, 8, 32};
   const int nimg = 4;
   for (int lib = 1; lib >= 0; lib--)
     for (int a = 0; a < 4; a++)
       for (int b = 0; b < 3; b++)
         for (int kk = 0; kk < 3; kk++)
-          for (int h = 0; h < 3; h++) {
-            if (quick && (a % 3 || b % 2 || kk == 2 || h == 1)) continue;
+          for (int h = 0; h < 5; h++) {
+            if ((quick && (a % 3 || b % 2 || kk == 2 || h % 2 == 0))) continue;
             ConvShape *s = conv_shape(nimg, cin[a], cout[b], ks[kk], hws[h], 1, lib);
-            emit(lib ? "conv@onednn" : "conv@im2col", cin[a], cout[b], ks[kk], (double)nimg * hws[h] * hws[h], conv_call, s, 7);
+            double px = hws[h] < 0 ? 1 : (double)hws[h] * hws[h];
+            emit(lib ? "conv@onednn" : "conv@im2col", cin[a], cout[b], ks[kk], nimg * px, conv_call, s, 7);
           }
   /* Depthwise by pixels per image and images apart: oneDNN's weight gradient costs about as much per image
    * and channel at 2x2 (and at one pixel of stride 2 from 2x2) as at 8x8, 16x its work; 4x4 is already cheap.
@@ -431,6 +439,61 @@ static void loss_grid(int quick) {
   free(labels);
 }
 
+/* ---- weights from far memory ---- */
+
+/* A stage whose working set outgrows the caches reads each weight from memory at every call: on this VM
+ * ResNet-18's 3x3 512-channel convolutions of one point ran 0.9-1.1 ms in the model against 0.55 ms
+ * here with the weights warm.  far@FAMILY: for a few shapes of large weights, what each part costs more
+ * after FAR_BYTES have been written (the weights are then in no cache), by the weight's bytes: seconds of
+ * the forward, input-gradient and weight-gradient parts over the warm ones.  compiler/opcost.c charges it
+ * per byte of a node's weights, in the share a stage's working set lies past the caches. */
+enum { FAR_BYTES = 512 << 20 };
+static float *far_flush;
+
+static double timed_far(Call f, const void *arg, int part) {
+  f(arg, part);
+  double best = 1e30;
+  for (int r = 0; r < 3; r++) {
+    for (size_t k = 0; k < FAR_BYTES / sizeof(float); k += 16) far_flush[k] += 1.0f;
+    double t0 = now();
+    f(arg, part);
+    double t = now() - t0;
+    if (t < best) best = t;
+  }
+  return best;
+}
+
+static void far_point(const char *fam, double wbytes, Call f, const void *arg) {
+  double warm[3], d[3], ref = reference();
+  for (int p = 0; p < 3; p++) warm[p] = timed(f, arg, p), d[p] = timed_far(f, arg, p) - warm[p], d[p] = d[p] > 0 ? d[p] : 0;
+  char name[24];
+  snprintf(name, sizeof name, "far@%s", fam);
+  record(name, (double[4]){wbytes, 1, 1, 1}, d, ref);
+}
+
+static void far_grid(int quick) {
+  if (!(far_flush = calloc(FAR_BYTES / sizeof(float), sizeof(float)))) exit(1);
+  /* 256 -> 256 and 512 channels of 3x3 and 5x5 at one pixel (ResNet's last stages): 2.4-6.6 MB */
+  static const int cc[][3] = {{128, 256, 3}, {256, 256, 3}, {256, 256, 5}};
+  for (int lib = 1; lib >= 0; lib--)
+    for (int i = quick ? 1 : 0; i < 3; i++) {
+      ConvShape *s = conv_shape(4, cc[i][0], cc[i][1], cc[i][2], -1, 1, lib);
+      far_point(lib ? "conv@onednn" : "conv@im2col", 4.0 * cc[i][0] * cc[i][1] * cc[i][2] * cc[i][2], conv_call, s);
+    }
+  static const int pc[][2] = {{512, 1}, {256, 3}, {512, 3}};
+  for (int i = quick ? 2 : 0; i < 3; i++) {
+    ConvShape *s = conv_shape(8, pc[i][0], pc[i][0], pc[i][1], 1, 1, 0);
+    s->lib_work = (int64_t)pc[i][0] * pc[i][0] * 4;
+    far_point("pointconv", 4.0 * pc[i][0] * pc[i][0] * pc[i][1] * pc[i][1], conv_call, s);
+  }
+  static const int gm[][2] = {{256, 1024}, {1024, 1024}};
+  for (int i = quick ? 1 : 0; i < 2; i++) {
+    G g = {8, gm[i][0], gm[i][1]};
+    far_point("gemm", 4.0 * gm[i][0] * gm[i][1], gemm_call, &g);
+  }
+  free(far_flush);
+}
+
 /*   stream    BYTES 1 1 1   the memory's rate over a working set of BYTES (256 KiB to 256 MiB): a += s b over
  *                           two arrays of BYTES / 2, FWD the seconds of BYTES of traffic (3 x 4 bytes an
  *                           element).  Where a stage's weights, gradients and stash live between their uses
@@ -483,6 +546,7 @@ int main(int argc, char **argv) {
   update_grid(quick);
   loss_grid(quick);
   stream_grid(quick);
+  far_grid(quick);
   print_points();
   printf("done %.2f\n", now() - t0);
   return 0;
