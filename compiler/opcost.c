@@ -284,6 +284,8 @@ static const char *node_family(const Graph *g, const Node *n, double x[4], doubl
       const Tensor *X = node_in((Graph *)g, n, 0);
       if (!strcmp(MEM_FAMS[i].fam, "batchnorm") && X && X->rank >= 2 && X->dims[0] > 0 && X->dims[1] > 0) /* by points, channels, images */
         x[1] = (double)X->dims[1], x[2] = (double)X->dims[0], x[0] = a / x[1] / x[2];
+      int64_t k[MAX_RANK];
+      if (!strcmp(MEM_FAMS[i].fam, "maxpool") && attr_ints(n, "kernel_shape", k, MAX_RANK) >= 1 && k[0] >= 1) x[1] = (double)k[0]; /* its window */
       return x[0] >= 1 ? MEM_FAMS[i].fam : NULL;
     }
   return NULL;
