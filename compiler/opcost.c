@@ -292,19 +292,20 @@ static const char *node_family(const Graph *g, const Node *n, double x[4], doubl
 }
 
 /* The share of a weight's far-memory cost (far@FAMILY) that a stage pays when its working set is ws bytes:
- * 0 while ws stays within FAR_NEAR (the last-level cache keeps it between uses), 1 at the stream grid's
- * largest, and in between as the memory's time per byte at ws lies between the two (the `stream` curve;
- * on this VM 16 MiB ran at 38 GB/s, 256 MiB at 21). */
+ * 0 up to FAR_NEAR (the last-level cache keeps it between uses), 1 at the `stream` grid's largest (the
+ * probe's far state), and in between by ws's place between the two in logs.  Not by the stream curve's
+ * own rate there: its knee is where other guests' use of the shared cache puts it (64 MiB ran at 21 GB/s
+ * in one probe, 31 in the next), and it moved ResNet-18's prediction by 1.3x between two probes. */
 #define FAR_NEAR (16.0 * 1024 * 1024)
 static double far_share(const OpTable *t, double ws) {
   const Fam *f = NULL;
   for (int i = 0; t && i < t->nfam && !f; i++)
     if (!strcmp(t->fam[i].name, "stream")) f = &t->fam[i];
   if (!f || !f->nax[0]) return 0;
-  double far = f->ax[0][f->nax[0] - 1], bw = opcost_stream_bw(t, ws), bn = opcost_stream_bw(t, FAR_NEAR), bf = opcost_stream_bw(t, far);
-  if (bw <= 0 || bn <= 0 || bf <= 0 || ws <= FAR_NEAR || far <= FAR_NEAR || 1 / bf <= 1 / bn) return 0;
-  double k = (1 / bw - 1 / bn) / (1 / bf - 1 / bn);
-  return k < 0 ? 0 : k > 1 ? 1 : k;
+  double far = f->ax[0][f->nax[0] - 1];
+  if (ws <= FAR_NEAR || far <= FAR_NEAR) return 0;
+  double k = log(ws / FAR_NEAR) / log(far / FAR_NEAR);
+  return k > 1 ? 1 : k;
 }
 
 /* What part `part` of a node of family fam costs more with wbytes of weights in no cache: the probe's
@@ -452,7 +453,7 @@ static char *run_probe(double *secs) {
   if (access(exe, X_OK)) return NULL;
   char cmd[4200];
   snprintf(cmd, sizeof cmd, "timeout 300 '%s' 2>/dev/null", exe);
-  fprintf(stderr, "pipecc: timing this machine's kernels once (%s; about 10 s)\n", exe);
+  fprintf(stderr, "pipecc: timing this machine's kernels once (%s; about 20 s)\n", exe);
   double t0 = now_seconds();
   FILE *p = popen(cmd, "r");
   if (!p) return NULL;

@@ -10,7 +10,9 @@
     for conv2's runs conv1 as im2col + GEMM (ConvShape lib 0 in stage_0.c) and conv2 through oneDNN
     (lib 1), the listing's convolution line names conv1, plan.json says "mixed"; -n 2 chooses alike;
     --conv dnnl and PIPECC_OPS_CACHE=off keep oneDNN everywhere;
-  - --devices plans ignore the op cache.
+  - --devices plans ignore the op cache;
+  - the update is held to its bytes over the memory's rate (`stream`), with the gradients' zeroing, and a
+    weight from far memory (far@gemm) costs its bytes in the share the working set lies past 16 MiB.
 The full run (make test-costprobe) adds: the real probe on a fresh cache (its time, under 60 s, the
 families it writes), --conv auto's choice for grid shapes against the measured faster one, and LeNet
 trained with a mixed choice at -n 1 and -n 2 to bit-identical weights.
@@ -187,6 +189,29 @@ def update_cases(tmp, env, ident):
               f"{p['predicted_step_time_s']} - {steps[0]} vs {want}")
 
 
+def far_cases(tmp, env, ident):
+    """A weight from far memory (far@FAMILY) costs its bytes' part of the probe's extra in the share the
+    stage's working set lies past 16 MiB, by its place in logs up to the stream grid's largest (1e9 here)."""
+    import math
+    model = os.path.join(tmp, "big.onnx")
+    gemm_model(model, 2048, 2048)  # 16 MiB of weights: with their gradients a working set of 32 MiB
+    base = "o stream 1000 1 1 1 1e-6 0 0\no stream 1000000000 1 1 1 1 0 0\n"
+    far = "o far@gemm 1000000 1 1 1 1e-3 2e-3 3e-3\no far@gemm 100000000 1 1 1 0.1 0.2 0.3\n"  # 1, 2, 3 ns a byte
+    steps = []
+    for k, extra in enumerate((base, base + far)):
+        e = dict(env, PIPECC_OPS_CACHE=os.path.join(tmp, f"ops_far{k}.txt"))
+        with open(e["PIPECC_OPS_CACHE"], "w") as f:
+            f.write(synthetic_grid(ident, extra))
+        p, r = plan(e, model, os.path.join(tmp, f"far{k}.pipe"))
+        if not check(p is not None, f"a Gemm of 16 MiB of weights plans {'with' if k else 'without'} far@gemm", r.stderr[-300:]):
+            return
+        steps.append(p["predicted_step_time_s"])
+    W, MiB = 2048 * 2048 * 4, 1 << 20
+    lo, hi = (math.log(ws / (16 * MiB)) / math.log(1e9 / (16 * MiB)) for ws in (2 * W, 2 * W + MiB))
+    got = (steps[1] - steps[0]) / (W * 4e-9)  # the forward's 1 ns and the weight gradient's 3 (x has no gradient)
+    check(lo * 0.99 <= got <= hi * 1.01, f"far@gemm adds the weight's bytes in the working set's share ({got:.3f}, {lo:.3f}-{hi:.3f})")
+
+
 def quick(tmp):
     ident, blas = identity()
     env = dict(os.environ, PIPECC_CACHE=os.path.join(tmp, "machine.txt"), PIPECC_KERNEL_CACHE="off",
@@ -196,6 +221,7 @@ def quick(tmp):
         f.write(synthetic_grid(ident, "o gemm 16 16 x 1 1 1 1\no bad\n"))
     gemm_cases(tmp, env)
     update_cases(tmp, env, ident)
+    far_cases(tmp, env, ident)
     conv_cases(tmp, env)
     return env
 
