@@ -57,6 +57,12 @@ static Fam *fam_of(OpTable *t, const char *name, int make) {
   return f;
 }
 
+static const Fam *fam_find(const OpTable *t, const char *name) {
+  for (int i = 0; t && i < t->nfam; i++)
+    if (!strcmp(t->fam[i].name, name)) return &t->fam[i];
+  return NULL;
+}
+
 static void fam_put(Fam *f, const double x[4], const double t[3]) {
   if (f->n == f->cap) {
     f->cap = f->cap ? 2 * f->cap : 64;
@@ -184,9 +190,7 @@ static int fam_grid(Fam *f) {
 }
 
 double opcost_at(const OpTable *t, const char *fam, const double x[4], int part) {
-  const Fam *f = NULL;
-  for (int i = 0; t && i < t->nfam && !f; i++)
-    if (!strcmp(t->fam[i].name, fam)) f = &t->fam[i];
+  const Fam *f = fam_find(t, fam);
   if (!f || !f->spw || f->zero[part]) return f ? 0 : -1;
   int lo[4], hi[4];
   double w[4];
@@ -298,9 +302,7 @@ static const char *node_family(const Graph *g, const Node *n, double x[4], doubl
  * in one probe, 31 in the next), and it moved ResNet-18's prediction by 1.3x between two probes. */
 #define FAR_NEAR (16.0 * 1024 * 1024)
 static double far_share(const OpTable *t, double ws) {
-  const Fam *f = NULL;
-  for (int i = 0; t && i < t->nfam && !f; i++)
-    if (!strcmp(t->fam[i].name, "stream")) f = &t->fam[i];
+  const Fam *f = fam_find(t, "stream");
   if (!f || !f->nax[0]) return 0;
   double far = f->ax[0][f->nax[0] - 1];
   if (ws <= FAR_NEAR || far <= FAR_NEAR) return 0;
@@ -313,9 +315,7 @@ static double far_share(const OpTable *t, double ws) {
 static double far_cost(const OpTable *t, const char *fam, double wbytes, int part) {
   char name[40];
   snprintf(name, sizeof name, "far@%s", fam);
-  const Fam *f = NULL;
-  for (int i = 0; t && i < t->nfam && !f; i++)
-    if (!strcmp(t->fam[i].name, name)) f = &t->fam[i];
+  const Fam *f = fam_find(t, name);
   if (!f || !f->spw || !f->nax[0] || wbytes <= 0) return 0;
   double lo = f->ax[0][0], x = wbytes < lo ? lo : wbytes, d = opcost_at(t, name, (double[4]){x, 1, 1, 1}, part);
   return d > 0 ? d * wbytes / x : 0;
@@ -367,9 +367,7 @@ static int trained_weights(const struct Plan *p, double *w) {
 }
 
 double opcost_stream_bw(const OpTable *t, double ws) {
-  const Fam *f = NULL;
-  for (int i = 0; t && i < t->nfam && !f; i++)
-    if (!strcmp(t->fam[i].name, "stream")) f = &t->fam[i];
+  const Fam *f = fam_find(t, "stream");
   if (!f || !f->spw || !f->nax[0]) return -1;
   double lo = f->ax[0][0], hi = f->ax[0][f->nax[0] - 1], x = ws < lo ? lo : ws > hi ? hi : ws;
   double s = opcost_at(t, "stream", (double[4]){x, 1, 1, 1}, 0);

@@ -10,7 +10,8 @@
  *     o FAMILY X1 X2 X3 X4 FWD BWD_INPUT BWD_WEIGHT
  *
  * seconds of the forward, the backward's input-gradient call and its weight-gradient call, the best of
- * a few repeats after a warm-up call, held to the machine's quick spells (print_points; --raw: as timed).  Families and their coordinates (unused ones are 1):
+ * a few repeats after a warm-up call, held to the machine's quick spells (print_points; --raw: as
+ * timed).  Families and their coordinates (unused ones are 1):
  *   conv@onednn, conv@im2col      CIN COUT K P   a KxK convolution, stride 1, padded to keep its size
  *                                                 (P = 4: of stride 2 over 2x2 images), P = batch x
  *                                                 output pixels
@@ -102,8 +103,8 @@ static double timed(Call f, const void *arg, int part) {
   return best;
 }
 
-/* A shared VM runs at two speeds, in spells of a second or so (another guest on the core: bench/costprobe.md
- * saw the same program's steps at 48 and 77 ms within one run).  So that one spell does not set one corner of
+/* A shared VM runs at two speeds, in spells of a second or more (other guests: bench/costprobe.py saw one
+ * program's steps at 48 ms in one run and 72-77 ms in the next).  So that one spell does not set one corner of
  * the grid, a fixed reference call (a GEMM of 64 x 256 x 256) is timed right before each point, and each
  * point is scaled to the machine's quick spells: by the reference's 10th percentile over the probe over its
  * time at that point (never up).  The lines are printed at the end, scaled. */
@@ -129,7 +130,7 @@ static double reference(void) {
   return best;
 }
 
-/* One measured point, with the reference's time right before it (ref: 0, time it now). */
+/* One measured point, with the reference's time right before it. */
 static void record(const char *fam, const double x[4], const double t[3], double ref) {
   if (!points && !(points = calloc(MAX_POINTS, sizeof *points))) exit(1);
   if (npoints == MAX_POINTS) exit(1);
