@@ -89,12 +89,13 @@ static int dless(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static double timed(Call f, const void *arg, int part) {
+/* The best of at least lo and at most hi timed calls after one warm-up: more than lo only while the best is
+ * short (under 0.3 ms).  Before each, when wipe is not NULL, its n floats are written (untimed). */
+static double best_of(Call f, const void *arg, int part, float *wipe, size_t n, int lo, int hi) {
   f(arg, part);
   double best = 1e30;
-  for (int r = 0; r < reps || (r < 4 * reps && best < 3e-4); r++) {
-    if (flush_caches)
-      for (int k = 0; k < FLUSH_FLOATS; k += 16) flush[k] += 1.0f;
+  for (int r = 0; r < lo || (r < hi && best < 3e-4); r++) {
+    for (size_t k = 0; wipe && k < n; k += 16) wipe[k] += 1.0f;
     double t0 = now();
     f(arg, part);
     double t = now() - t0;
@@ -102,6 +103,8 @@ static double timed(Call f, const void *arg, int part) {
   }
   return best;
 }
+
+static double timed(Call f, const void *arg, int part) { return best_of(f, arg, part, flush_caches ? flush : NULL, FLUSH_FLOATS, reps, 4 * reps); }
 
 /* A shared VM runs at two speeds, in spells of a second or more (other guests: bench/costprobe.py saw one
  * program's steps at 48 ms in one run and 72-77 ms in the next).  So that one spell does not set one corner of
@@ -118,17 +121,7 @@ static int npoints, normalize = 1;
 
 static void ref_call(const void *arg, int part);
 
-static double reference(void) {
-  double best = 1e30;
-  ref_call(NULL, 0);
-  for (int r = 0; r < 5; r++) {
-    double t0 = now();
-    ref_call(NULL, 0);
-    double t = now() - t0;
-    if (t < best) best = t;
-  }
-  return best;
-}
+static double reference(void) { return best_of(ref_call, NULL, 0, NULL, 0, 5, 5); }
 
 /* One measured point, with the reference's time right before it. */
 static void record(const char *fam, const double x[4], const double t[3], double ref) {
@@ -474,18 +467,7 @@ static void loss_grid(int quick) {
 enum { FAR_BYTES = 512 << 20 };
 static float *far_flush;
 
-static double timed_far(Call f, const void *arg, int part) {
-  f(arg, part);
-  double best = 1e30;
-  for (int r = 0; r < 3; r++) {
-    for (size_t k = 0; k < FAR_BYTES / sizeof(float); k += 16) far_flush[k] += 1.0f;
-    double t0 = now();
-    f(arg, part);
-    double t = now() - t0;
-    if (t < best) best = t;
-  }
-  return best;
-}
+static double timed_far(Call f, const void *arg, int part) { return best_of(f, arg, part, far_flush, FAR_BYTES / sizeof(float), 3, 3); }
 
 static void far_point(const char *fam, double wbytes, Call f, const void *arg) {
   double warm[3], d[3], ref = reference();
