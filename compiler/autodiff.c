@@ -173,6 +173,51 @@ static void add_weight_state(Emit *c) {
   replica_zero_state(p, sp, slots, c->pool);
 }
 
+/* Whether call k reads buffer id. */
+static int call_reads(const Call *k, int id) {
+  for (int r = 0; r < k->nreads; r++)
+    if (k->reads[r] == id) return 1;
+  return 0;
+}
+
+/* zb1, zbv: a micro-batch's forward ring copy is free after its I, and what its W reads lives in the
+ * gradient ring (memplan.c, the late values).  A value at a cut (received, sent, the loss's gradient)
+ * stays where its messages or the loss put it, so a W that reads one reads a copy made during I,
+ * right before the first such W call (where the whole backward, B, reaches it too). */
+static int split_copies(Emit *c) {
+  StageProg *sp = c->sp;
+  int nb = sp->nbufs;
+  for (int id = 0; id < nb; id++) {
+    int at = -1, cross = id == sp->dloss_buf;
+    for (int i = 0; i < sp->nrecv; i++) cross |= sp->recv[i].buf == id;
+    for (int i = 0; i < sp->nsend; i++) cross |= sp->send[i].buf == id;
+    for (int k = 0; k < sp->nbwd && cross && at < 0; k++)
+      if (sp->bwd[k].phase == PH_WGRAD && call_reads(&sp->bwd[k], id)) at = k;
+    if (at < 0) continue;
+    int t = sp->bufs[id].tensor, dt = sp->bufs[id].dtype, i64 = dt == DT_INT64;
+    int64_t bytes = sp->bufs[id].bytes;
+    if (!i64 && bytes % 4)
+      return err_set("--schedule %s: a weight gradient reads '%s' (%s) at a cut, which the input-gradient half cannot keep for it "
+                     "(use 1f1b)", schedule_name(c->p->opt.schedule), t >= 0 ? c->p->g.t[t].name : sp->bufs[id].name, dtype_name(dt));
+    int copy = build_buf(c, "late_", t, BUF_TEMP, bytes, dt);
+    sp->bufs[copy].is_grad = 1; /* made by the backward: nothing offloads or recomputes it */
+    call_add(sp, c->pool, PH_IGRAD, i64 ? K_COPY_I64 : K_COPY, -1, "kept for the weight gradients (W), which run after this slot is free",
+             (Arg[]){A_BUF(id), A_BUF(copy), A_INT(bytes / (i64 ? 8 : 4))}, 3);
+    Call moved = sp->bwd[sp->nbwd - 1];
+    memmove(&sp->bwd[at + 1], &sp->bwd[at], sizeof(Call) * (size_t)(sp->nbwd - 1 - at));
+    sp->bwd[at] = moved;
+    for (int k = at + 1; k < sp->nbwd; k++) {
+      Call *w = &sp->bwd[k];
+      if (w->phase != PH_WGRAD) continue;
+      for (int r = 0; r < w->nreads; r++)
+        if (w->reads[r] == id) w->reads[r] = copy;
+      for (int a = 0; a < w->nargs; a++)
+        if (w->args[a].kind == ARG_BUF && w->args[a].buf == id) w->args[a].buf = copy;
+    }
+  }
+  return 0;
+}
+
 static int build_stage(Emit *c) {
   Plan *p = c->p;
   Graph *g = &p->g;
@@ -221,6 +266,7 @@ static int build_stage(Emit *c) {
       Buffer *b = &sp->bufs[sp->bwd[k].reads[r]];
       if (b->kind == BUF_TEMP && !b->is_grad && b->tensor >= 0 && c->fbuf[b->tensor] == sp->bwd[k].reads[r]) b->kind = BUF_RING;
     }
+  if (sched_splits(p->opt.schedule) && split_copies(c)) return -1;
   add_weight_state(c);
   return 0;
 }

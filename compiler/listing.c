@@ -203,11 +203,14 @@ static void stage_text(const Plan *p, int s, Buf *b) {
       : pool_printf((Pool *)&p->g.pool, "%s%s%s%s", mp->mem_leaving ? " + leaving values' xslots " : "",
                     mp->mem_leaving ? fmt_bytes((double)mp->mem_leaving) : "", mp->mem_store ? " + a peer's store " : "",
                     mp->mem_store ? fmt_bytes((double)mp->mem_store) : "");
+  /* zb1, zbv: what W reads is held in the gradient ring from F to W, the rest of the ring only until I (memplan.c). */
+  const char *late = sched_splits(p->opt.schedule) && !p->opt.forward_only
+      ? pool_printf((Pool *)&p->g.pool, " until I, %d gradient-ring cop%s holding what W reads", c->gcopies, c->gcopies == 1 ? "y" : "ies") : "";
   buf_printf(b, "  memory       %s (%.0f bytes) = weights %s + grads %s + optimizer %s + %s %s + crossing values %s + "
-                "temporaries %s%s (%d ring cop%s, %d micro-batch%s in flight)\n",
+                "temporaries %s%s (%d ring cop%s%s, %d micro-batch%s in flight)\n",
              fmt_bytes(c->mem_total), c->mem_total, fmt_bytes(c->mem_params), fmt_bytes(c->mem_grads), fmt_bytes(c->mem_opt),
              p->role[s] == ROLE_FWD ? "stash on its way to the backward ranks" : "kept for backward", fmt_bytes(c->mem_stash), fmt_bytes(c->mem_recv), fmt_bytes(c->mem_work), more, c->copies, c->copies == 1 ? "y" : "ies",
-             c->inflight, c->inflight == 1 ? "" : "es");
+             late, c->inflight, c->inflight == 1 ? "" : "es");
   if (c->mem_versions > 0)
     buf_printf(b, "  versions     + %s: %d older cop%s of the weights region for the steps still computing on them (async)\n",
                fmt_bytes(c->mem_versions), p->sched.staleness, p->sched.staleness == 1 ? "y" : "ies");

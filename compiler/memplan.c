@@ -45,22 +45,6 @@ int call_is_weight(const StageProg *sp, const Call *k) {
   return k->phase == PH_WGRAD;
 }
 
-/* zb1 runs a micro-batch's W calls actions after its I calls, with other
- * micro-batches in between: a temporary an I call writes and a W call reads
- * must survive that long, so it gets a ring copy per slot. */
-static void promote_for_split(StageProg *sp) {
-  char *by_i = calloc((size_t)sp->nbufs + 1, 1); /* written by an input-gradient call */
-  if (!by_i) abort();
-  for (int j = 0; j < sp->nbwd; j++)
-    for (int w = 0; w < sp->bwd[j].nwrites && !call_is_weight(sp, &sp->bwd[j]); w++) by_i[sp->bwd[j].writes[w]] = 1;
-  for (int i = 0; i < sp->nbwd; i++)
-    for (int r = 0; r < sp->bwd[i].nreads && call_is_weight(sp, &sp->bwd[i]); r++) {
-      Buffer *b = &sp->bufs[sp->bwd[i].reads[r]];
-      if (b->kind == BUF_TEMP && by_i[sp->bwd[i].reads[r]]) b->kind = BUF_RING;
-    }
-  free(by_i);
-}
-
 /* A ring that holds a value crossing a cut (or the loss's logits and their
  * gradient), as opposed to an activation kept for backward. */
 static int is_crossing(const StageProg *sp, int id) {
@@ -69,6 +53,31 @@ static int is_crossing(const StageProg *sp, int id) {
   for (int i = 0; i < sp->nsend; i++)
     if (sp->send[i].buf == id) return 1;
   return id == sp->loss_buf || id == sp->dloss_buf;
+}
+
+/* zb1 and zbv run a micro-batch's W calls after its I calls, with other
+ * micro-batches in between.  The late values: what a W call reads lives in
+ * the gradient ring, whose copy a micro-batch holds from its F to its W,
+ * and everything else of the forward ring is free after its I (schedule.c
+ * gives F and W gslots so).  That is a temporary an I call writes (an
+ * output gradient W multiplies by), and a kept forward value (W's input
+ * activation).  A value that crosses a cut stays in the forward ring, where
+ * its messages put it; autodiff.c copies one that W reads into a late value
+ * during I (split_copies).  A value that leaves (offloaded, recomputed) is in
+ * its xslot until W. */
+static void mark_late(StageProg *sp) {
+  char *by_i = calloc((size_t)sp->nbufs + 1, 1); /* written by an input-gradient call */
+  if (!by_i) abort();
+  for (int j = 0; j < sp->nbwd; j++)
+    for (int w = 0; w < sp->bwd[j].nwrites && !call_is_weight(sp, &sp->bwd[j]); w++) by_i[sp->bwd[j].writes[w]] = 1;
+  for (int i = 0; i < sp->nbwd; i++)
+    for (int r = 0; r < sp->bwd[i].nreads && call_is_weight(sp, &sp->bwd[i]); r++) {
+      int id = sp->bwd[i].reads[r];
+      Buffer *b = &sp->bufs[id];
+      if (b->kind == BUF_TEMP && by_i[id]) b->kind = BUF_RING;
+      if (b->kind == BUF_RING && b->fate == FATE_KEEP && !is_crossing(sp, id)) b->late = 1;
+    }
+  free(by_i);
 }
 
 /* Where a buffer's bytes are counted in the stage's memory breakdown. */
@@ -101,10 +110,11 @@ static void role_filter(StageProg *sp, int role) {
   }
 }
 
-/* A buffer's copies: a ring's one per slot (in a rank program of chunks, its chunk's ring size), else one. */
+/* A buffer's copies: a ring's one per slot, a late value's one per gslot (in a rank program of chunks,
+ * its chunk's ring size), else one. */
 static int copies_of(const StageProg *sp, const Buffer *b) {
-  if (b->kind == BUF_RING) return sp->nchunks ? sp->cslots[b->chunk] : sp->nslots;
-  if (b->kind == BUF_GRING) return sp->nchunks ? sp->cgslots[b->chunk] : sp->ngslots;
+  if (b->kind == BUF_RING && !b->late) return sp->nchunks ? sp->cslots[b->chunk] : sp->nslots;
+  if (b->kind == BUF_GRING || b->kind == BUF_RING) return sp->nchunks ? sp->cgslots[b->chunk] : sp->ngslots;
   return 1;
 }
 
@@ -140,8 +150,8 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
   sp->ngslots = ngslots;
   sp->mem_weights = sp->mem_grads = sp->mem_opt = sp->mem_stash = sp->mem_cross = sp->mem_temps = 0;
   sp->mem_leaving = sp->mem_store = 0;
-  for (int i = 0; i < sp->nbufs; i++) sp->bufs[i].first = sp->bufs[i].last = -1;
-  if (sched_splits(p->opt.schedule)) promote_for_split(sp);
+  for (int i = 0; i < sp->nbufs; i++) sp->bufs[i].first = sp->bufs[i].last = -1, sp->bufs[i].late = 0;
+  if (sched_splits(p->opt.schedule)) mark_late(sp);
   for (int i = 0; i < sp->nfwd; i++) touch(sp, &sp->fwd[i], i);
   for (int i = 0; i < sp->nbwd; i++) touch(sp, &sp->bwd[i], 1000000 + i);
   if (role != ROLE_BOTH) role_filter(sp, role);

@@ -94,9 +94,10 @@ static void render_calls(Buf *o, const StageSpec *s, const SpecCall *calls, int 
 enum { PART_CALLS = 96 };
 
 static void render_fn(Buf *o, const StageSpec *s, const SpecFn *f) {
-  static const char *const params_of[] = {"int slot, int xslot", "int slot, int xslot, int gslot", "void"};
-  static const char *const args_of[] = {"slot, xslot", "slot, xslot, gslot", ""};
-  static const char *const voids_of[] = {"  (void)slot, (void)xslot;\n", "  (void)slot, (void)xslot, (void)gslot;\n", ""};
+  /* Forwards take the gradient slot too: under zb1 and zbv they write what W reads there (memplan.c). */
+  static const char *const params_of[] = {"int slot, int xslot, int gslot", "int slot, int xslot, int gslot", "void"};
+  static const char *const args_of[] = {"slot, xslot, gslot", "slot, xslot, gslot", ""};
+  static const char *const voids_of[] = {"  (void)slot, (void)xslot, (void)gslot;\n", "  (void)slot, (void)xslot, (void)gslot;\n", ""};
   const char *params = params_of[f->args], *args = args_of[f->args], *voids = voids_of[f->args];
   const char *start = f->profiled ? "  PR_PROF_START();\n" : "";
   if (*f->doc) buf_printf(o, "\n/* %s */", f->doc);

@@ -293,8 +293,16 @@ static int check_xring(const Schedule *sc, int s) {
   return rc;
 }
 
-/* One ring (rank s's, or with chunks its chunk ch's): every action of mb
- * uses the slot mb took, and a slot is taken only once its previous
+/* Whether a compute action's function reaches the ring (grad: the gradient ring): the forward ring's
+ * values for F, B and I (and W, unless the list splits the backward: then what W reads lives in the
+ * gradient ring, which F fills); the gradient ring for every backward half. */
+static int ring_needed(int kind, int split, int grad) {
+  if (grad) return kind == ACT_B || kind == ACT_I || kind == ACT_W || (split && kind == ACT_F);
+  return kind == ACT_F || kind == ACT_B || kind == ACT_I || (!split && kind == ACT_W);
+}
+
+/* One ring (rank s's, or with chunks its chunk ch's): every compute action has the copy its function
+ * reaches, every action of mb uses the slot mb took, and a slot is taken only once its previous
  * holder's last action has run. */
 static int check_ring(const Schedule *sc, int s, int ch, int grad) {
   int m = sched_mbs(sc), n = sc->nact[s], st = sched_stage(sc, s, ch), size = grad ? sc->ngslots[st] : sc->nslots[st];
@@ -306,13 +314,17 @@ static int check_ring(const Schedule *sc, int s, int ch, int grad) {
     const Action *a = &sc->act[s][k];
     if (a->mb >= 0 && (grad ? a->gslot : a->slot) >= 0 && a->chunk == ch) last[a->mb] = k;
   }
-  int rc = 0;
+  int rc = 0, split = 0;
   char b[32], w[64];
   const char *ring = grad ? "gslot" : "slot";
   who(sc, s, ch, w, sizeof w);
+  for (int k = 0; k < n; k++) split |= sc->act[s][k].kind == ACT_I && sc->act[s][k].chunk == ch;
   for (int k = 0; k < n && !rc; k++) {
     const Action *a = &sc->act[s][k];
     int x = grad ? a->gslot : a->slot;
+    if (a->mb >= 0 && a->chunk == ch && x < 0 && ring_needed(a->kind, split, grad) && !(grad && sc->forward_only))
+      rc = err_set("schedule: %s: %s (action %d) has no %s, but its function reaches that ring%s", w, action_str(a, b, sizeof b), k, ring,
+                   grad && a->kind == ACT_F ? " (under a split backward the forward writes there what W reads)" : "");
     if (a->mb < 0 || x < 0 || a->chunk != ch) continue;
     if (x >= size) {
       rc = err_set("schedule: %s: %s uses %s %d of a ring of %d", w, action_str(a, b, sizeof b), ring, x, size);

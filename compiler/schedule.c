@@ -106,16 +106,29 @@ static void order_zb1(Action **ord, int *len, int p, int m, Pool *pool) {
 
 /* ---- messages ---- */
 
+/* Whether a list splits its backwards into I and W (zb1, zbv): then a
+ * micro-batch's forward ring slot is dead after its I, and what its W
+ * still reads lives in the gradient ring, taken at its F (memplan.c, "the
+ * late values"). */
+static int list_splits(const Action *c, int n) {
+  for (int k = 0; k < n; k++)
+    if (c[k].kind == ACT_I) return 1;
+  return 0;
+}
+
 /* For each micro-batch, where its slot is taken in the compute order (F;
- * for gradients B/I) and after which action it is dead (B or W; F in a
- * forward-only program), and the most live at once. */
+ * for gradients B/I, or F in a split list) and after which action it is
+ * dead (B, I in a split list, W for gradients; F in a forward-only
+ * program), and the most live at once. */
 static int live_span(const Action *c, int n, int m, int grad, int *take_at, int *release_at) {
+  int split = list_splits(c, n);
   for (int i = 0; i < m; i++) take_at[i] = release_at[i] = -1;
   for (int k = 0; k < n; k++) {
     int kind = c[k].kind, mb = c[k].mb;
     if (mb < 0) continue; /* an UPDATE (async lists have one per step) */
-    if (take_at[mb] < 0 && (grad ? kind == ACT_B || kind == ACT_I : kind == ACT_F)) take_at[mb] = k;
-    if (grad ? kind == ACT_B || kind == ACT_W : kind != ACT_I) release_at[mb] = k;
+    int takes = grad ? kind == ACT_B || kind == ACT_I || (split && kind == ACT_F) : kind == ACT_F;
+    if (take_at[mb] < 0 && takes) take_at[mb] = k;
+    if (grad ? kind == ACT_B || kind == ACT_W : split ? kind != ACT_W : kind != ACT_I) release_at[mb] = k;
   }
   int *delta = calloc((size_t)n + 1, sizeof(int)), live = 0, peak = 0;
   if (!delta) abort();
@@ -135,16 +148,20 @@ int schedule_add_messages(Action *out, const Action *c, int n, int s, int p, int
   int cap = live_span(c, n, m, 0, take_at, rel) + 1, gcap = fwd_only ? 0 : live_span(c, n, m, 1, gtake, grel) + 1;
   if (cap > m) cap = m;
   if (gcap > m) gcap = m;
-  int k = 0, live = 0, glive = 0, nrecv = 0, ngrecv = 0, recv = s > 0, grecv = !fwd_only && s < p - 1;
+  int k = 0, live = 0, glive = 0, nrecv = 0, ngrecv = 0, recv = s > 0, grecv = !fwd_only && s < p - 1, split = list_splits(c, n);
   for (int j = 0; j < n; j++) {
     const Action *a = &c[j];
     int bwd = a->kind == ACT_B || a->kind == ACT_I;
-    /* Post receives while a slot is free, and always the one this action needs. */
+    /* Post receives while a slot is free, and always the one this action needs.  A split list's
+     * micro-batch holds its gslot from its F on, so its gradient's receive is posted right after
+     * that F (below), which costs no copy more. */
     while (recv && nrecv < m && (live < cap || (a->kind == ACT_F && a->mb >= nrecv))) out[k++] = act(ACT_RECV, nrecv++), live++;
-    while (grecv && ngrecv < m && (glive < gcap || (bwd && a->mb >= ngrecv))) out[k++] = act(ACT_RECV_GRAD, ngrecv++), glive++;
+    while (grecv && ngrecv < m && ((!split && glive < gcap) || (bwd && a->mb >= ngrecv))) out[k++] = act(ACT_RECV_GRAD, ngrecv++), glive++;
     out[k++] = *a;
     if (a->mb < 0) continue;
     if (a->kind == ACT_F && s < p - 1) out[k++] = act(ACT_SEND, a->mb);
+    if (a->kind == ACT_F && split)
+      while (grecv && ngrecv <= a->mb) out[k++] = act(ACT_RECV_GRAD, ngrecv++), glive++;
     if (bwd && s > 0) out[k++] = act(ACT_SEND_GRAD, a->mb);
     if (recv && rel[a->mb] == j) live--;
     if (grecv && grel[a->mb] == j) glive--;
@@ -158,6 +175,8 @@ int schedule_add_messages(Action *out, const Action *c, int n, int s, int p, int
  * interleaved with messages (as schedule_add_messages keeps for its one). */
 typedef struct ChunkMsg {
   int recv, grecv;          /* whether the chunk's stage receives values / gradients */
+  int split, nf;            /* the chunk's backward is split (its gslot is held from F: a gradient receive waits for
+                             * its F, posted right after it); the forwards placed so far */
   int cap, gcap, nrecv, ngrecv, live, glive;
   int *rel, *grel;          /* per mb: the index in the whole order after which its slot / gslot is dead */
 } ChunkMsg;
@@ -185,6 +204,7 @@ static void chunk_spans(const Action *c, int n, int m, int ch, ChunkMsg *q) {
 static int post_chunk(Action *out, int k, ChunkMsg *q, int ch, int m, int grad, int need) {
   int kind = grad ? ACT_RECV_GRAD : ACT_RECV, on = grad ? q->grecv : q->recv;
   int *posted = grad ? &q->ngrecv : &q->nrecv, *live = grad ? &q->glive : &q->live, cap = grad ? q->gcap : q->cap;
+  if (grad && q->split) cap = 0, need = need > q->nf - 1 ? need : q->nf - 1;
   while (on && *posted < m && (*live < cap || need >= *posted)) {
     out[k] = act(kind, (*posted)++), out[k++].chunk = ch;
     (*live)++;
@@ -201,6 +221,7 @@ int schedule_add_messages_chunked(const Schedule *sc, int r, Action *out, const 
     int st = sched_stage(sc, r, ch);
     q[ch].recv = st > 0, q[ch].grecv = st < S - 1, q[ch].rel = spans + 2 * ch * m, q[ch].grel = q[ch].rel + m;
     chunk_spans(c, n, m, ch, &q[ch]);
+    for (int j = 0; j < n; j++) q[ch].split |= c[j].kind == ACT_I && c[j].chunk == ch;
   }
   for (int j = 0; j < n; j++) {
     const Action *a = &c[j];
@@ -215,6 +236,7 @@ int schedule_add_messages_chunked(const Schedule *sc, int r, Action *out, const 
       if (sched_rank_of(sc, st + 1) == r) k = post_chunk(out, k, &q[sched_chunk_of(sc, st + 1)], sched_chunk_of(sc, st + 1), m, 0, a->mb);
       out[k] = act(ACT_SEND, a->mb), out[k++].chunk = a->chunk;
     }
+    if (a->kind == ACT_F && q[a->chunk].split) q[a->chunk].nf++, k = post_chunk(out, k, &q[a->chunk], a->chunk, m, 1, -1);
     if (bwd && st > 0) {
       if (sched_rank_of(sc, st - 1) == r) k = post_chunk(out, k, &q[sched_chunk_of(sc, st - 1)], sched_chunk_of(sc, st - 1), m, 1, a->mb);
       out[k] = act(ACT_SEND_GRAD, a->mb), out[k++].chunk = a->chunk;
@@ -230,10 +252,16 @@ int schedule_add_messages_chunked(const Schedule *sc, int r, Action *out, const 
 
 /* ---- slots ---- */
 
-static int reads_fwd(int kind) {
-  return kind == ACT_F || kind == ACT_SEND || kind == ACT_B || kind == ACT_I || kind == ACT_W || kind == ACT_RECOMPUTE;
+/* The actions that reach a micro-batch's forward ring copy and its gradient ring copy.  In a split list
+ * (zb1, zbv) W reaches only the gradient ring, and F and RECOMPUTE reach both: the values W reads are
+ * written there by the forward (memplan.c, "the late values"). */
+static int reads_fwd(int kind, int split) {
+  return kind == ACT_F || kind == ACT_SEND || kind == ACT_B || kind == ACT_I || (!split && kind == ACT_W) || kind == ACT_RECOMPUTE;
 }
-static int reads_grad(int kind) { return kind == ACT_B || kind == ACT_I || kind == ACT_W || kind == ACT_SEND_GRAD || kind == ACT_RECV_GRAD; }
+static int reads_grad(int kind, int split) {
+  return kind == ACT_B || kind == ACT_I || kind == ACT_W || kind == ACT_SEND_GRAD || kind == ACT_RECV_GRAD ||
+         (split && (kind == ACT_F || kind == ACT_RECOMPUTE));
+}
 
 /* Takes the lowest free slot of a ring; grows the ring's size as needed. */
 static int take(int *owner, int *size, int mb) {
@@ -256,10 +284,12 @@ static void assign_ring(Schedule *sc, int s, int ch, int *nslots, int *ngslots) 
     for (int i = 0; i < m; i++) owner[r][i] = slot[r][i] = last[r][i] = -1;
     owner[r][m] = -1;
   }
+  int split = 0;
+  for (int k = 0; k < n; k++) split |= a[k].kind == ACT_I && (ch < 0 || a[k].chunk == ch);
   for (int k = 0; k < n; k++) {
     if (a[k].mb < 0 || a[k].mb >= m || (ch >= 0 && a[k].chunk != ch)) continue;
-    if (reads_fwd(a[k].kind) || a[k].kind == ACT_RECV) last[0][a[k].mb] = k;
-    if (reads_grad(a[k].kind)) last[1][a[k].mb] = k;
+    if (reads_fwd(a[k].kind, split) || a[k].kind == ACT_RECV) last[0][a[k].mb] = k;
+    if (reads_grad(a[k].kind, split)) last[1][a[k].mb] = k;
   }
   *nslots = *ngslots = 0;
   for (int k = 0; k < n; k++) {
@@ -267,11 +297,11 @@ static void assign_ring(Schedule *sc, int s, int ch, int *nslots, int *ngslots) 
     if (ch >= 0 && a[k].chunk != ch) continue;
     a[k].slot = a[k].gslot = -1;
     if (mb < 0 || mb >= m) continue;
-    if (reads_fwd(kind) || kind == ACT_RECV) {
+    if (reads_fwd(kind, split) || kind == ACT_RECV) {
       if (slot[0][mb] < 0) slot[0][mb] = take(owner[0], nslots, mb);
       a[k].slot = slot[0][mb];
     }
-    if (reads_grad(kind)) {
+    if (reads_grad(kind, split)) {
       if (slot[1][mb] < 0) slot[1][mb] = take(owner[1], ngslots, mb);
       a[k].gslot = slot[1][mb];
     }

@@ -44,12 +44,13 @@ static const char *work_what(const Buffer *b) {
 static const char *buf_what(const Graph *g, const Buffer *b, Pool *pool) {
   if (b->is_workspace) return work_what(b);
   if (b->kind == BUF_LABELS) return pool_printf(pool, "[%lld] int64, labels", (long long)(b->bytes / 8));
+  if (b->late) return pool_printf(pool, "%s, kept until its weight gradients (W): one copy per gradient slot", shape_str(&g->t[b->tensor]));
   if (b->tensor >= 0) return pool_printf(pool, "%s, %s", shape_str(&g->t[b->tensor]), kind_name(b->kind));
   return kind_name(b->kind);
 }
 
 static int buf_view(const StageProg *sp, const Buffer *b) {
-  if (b->kind == BUF_RING) return b->fate != FATE_KEEP ? VIEW_XSLOT : VIEW_SLOT;
+  if (b->kind == BUF_RING) return b->fate != FATE_KEEP ? VIEW_XSLOT : b->late ? VIEW_GSLOT : VIEW_SLOT;
   if (b->kind == BUF_GRING) return VIEW_GSLOT;
   if (b->in_store) return VIEW_STORE;
   if (sp->nwversions && b->offset < sp->weights_bytes) return VIEW_WEIGHTS;

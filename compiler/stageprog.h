@@ -36,6 +36,8 @@ typedef struct Buffer {
   int chunk;            /* a rank program of --chunks V (chunks.c): the chunk whose program it came from (0 otherwise) */
   int in_store;         /* --offload-optimizer (optstore.c): optimizer state or a gradient kept in the stage's file; offset is
                          * its place there */
+  int late;             /* zb1, zbv: a kept BUF_RING value the W half reads, laid out in the gradient ring (a copy per
+                         * gslot, held from F to W) so that the forward ring copy is free after I (memplan.c) */
 } Buffer;
 
 /* What happens to a stashed activation between a micro-batch's forward and

@@ -25,7 +25,7 @@ double do_forward(Run *r, const PrAction *a) {
                cm->fsrc, cm->nfsrc, "the forward values of a micro-batch");
   landed_values(r, a);
   double t0 = now(), loss = 0;
-  (r->in_val && c->forward_eval ? c->forward_eval : c->forward)(a->slot, a->xslot);
+  (r->in_val && c->forward_eval ? c->forward_eval : c->forward)(a->slot, a->xslot, a->gslot);
   if (c->loss) {
     /* The labels are loaded through a host view and the loss reads them where they are on the device. */
     unsigned char *dev = dev_at(r, st->labels_offset);
@@ -49,7 +49,7 @@ static void do_recompute(Run *r, const PrAction *a) {
   wait_xslot_sends(r, a->xslot); /* a value sent from it by the micro-batch before */
   wait_xslot_in(r, a->xslot);
   double t0 = now();
-  r->st->recompute(a->slot, a->xslot);
+  r->st->recompute(a->slot, a->xslot, a->gslot);
   r->t_compute += now() - t0;
 }
 

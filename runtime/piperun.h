@@ -94,8 +94,8 @@ typedef struct PrWeight {
  * chunks of one rank is copied, not sent. */
 typedef struct PrChunk {
   int stage;                   /* the model's stage it is */
-  void (*forward)(int slot, int xslot);
-  void (*forward_eval)(int slot, int xslot);
+  void (*forward)(int slot, int xslot, int gslot);
+  void (*forward_eval)(int slot, int xslot, int gslot);
   void (*backward)(int slot, int xslot, int gslot);
   void (*backward_input)(int slot, int xslot, int gslot);
   void (*backward_weight)(int slot, int xslot, int gslot);
@@ -114,8 +114,8 @@ typedef struct PrStage {
   int nrecv, nsend;
   const PrParam *params;
   int nparams;
-  void (*forward)(int slot, int xslot);
-  void (*forward_eval)(int slot, int xslot);  /* run.sh --val: the eval forward where it differs (training BatchNorm, Dropout); else NULL */
+  void (*forward)(int slot, int xslot, int gslot);
+  void (*forward_eval)(int slot, int xslot, int gslot);  /* run.sh --val: the eval forward where it differs (training BatchNorm, Dropout); else NULL */
   void (*backward)(int slot, int xslot, int gslot);
   void (*backward_input)(int slot, int xslot, int gslot);  /* zb1: the I and W halves of backward; NULL otherwise */
   void (*backward_weight)(int slot, int xslot, int gslot);
@@ -147,7 +147,7 @@ typedef struct PrStage {
   int nstore;                  /* store slots for the peer rank store_owner's offloaded values */
   int64_t store_base, store_bytes;
   int store_owner;
-  void (*recompute)(int slot, int xslot); /* NULL if nothing is recomputed */
+  void (*recompute)(int slot, int xslot, int gslot); /* NULL if nothing is recomputed */
   /* pipecc --offload-optimizer: the optimizer state lives in a file of opt_store_bytes in opt_dir (0: in
    * the arena); each parameter's m1offset and m2offset are its places there. */
   int64_t opt_store_bytes;

@@ -100,13 +100,13 @@ static void accepts(int kind, int p, int m, int fwd_only) {
   pool_free(&pool);
 }
 
-/* Builds 1f1b n=4 m=8, applies a mistake, and expects a message naming rank `rank` and containing `what`. */
-static void rejects(const char *label, void (*plant)(Schedule *), int rank, const char *what) {
+/* Builds `kind` (1f1b, zb1) n=4 m=8, applies a mistake, and expects a message naming rank `rank` and containing `what`. */
+static void rejects_kind(const char *label, int kind, void (*plant)(Schedule *), int rank, const char *what) {
   Pool pool = {0};
   StageCost c[4];
   unit_costs(c, 4, 1);
   Schedule sc;
-  schedule_build(&sc, SCHED_1F1B, 4, 8, 0, c, &pool);
+  schedule_build(&sc, kind, 4, 8, 0, c, &pool);
   plant(&sc);
   char want[32];
   snprintf(want, sizeof want, "rank %d", rank);
@@ -124,6 +124,11 @@ static int find(const Schedule *sc, int s, int kind, int mb) {
     if (sc->act[s][k].kind == kind && sc->act[s][k].mb == mb) return k;
   return -1;
 }
+
+static void rejects(const char *label, void (*plant)(Schedule *), int rank, const char *what) { rejects_kind(label, SCHED_1F1B, plant, rank, what); }
+
+/* zb1: the forward writes what W reads into the gradient ring, so F must carry a gslot. */
+static void drop_forward_gslot(Schedule *sc) { sc->act[1][find(sc, 1, ACT_F, 2)].gslot = -1; }
 
 /* Rank 2 runs F3 (and SEND3) where F2 was, and F2 where F3 was. */
 static void swap_forwards(Schedule *sc) {
@@ -736,6 +741,7 @@ int main(void) {
   rejects("a missing SEND", drop_send, 1, "SEND3");
   rejects("a slot reused while live", reuse_slot, 1, "still holds");
   rejects("a deadlock", deadlock, 2, "deadlock");
+  rejects_kind("a zb1 forward without the gradient slot its late values go to", SCHED_ZB1, drop_forward_gslot, 1, "F2 (action");
   xslot_send_case();
   rejects("an OFFLOAD before the SEND from its xslot", xslot_offload_early, 1, "comes before SEND0");
   chunked_case();

@@ -49,8 +49,8 @@ static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 static const PoolShape POOL_2 = {8, 6, 1, 28, 28, 1, 14, 14, 1, 2, 2, 1, 2, 2, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0};
 
 /* The forward of the micro-batch in ring slot `slot` (unused by a stage that reads only weights and constants). */
-static void forward(int slot, int xslot) {
-  (void)slot, (void)xslot;
+static void forward(int slot, int xslot, int gslot) {
+  (void)slot, (void)xslot, (void)gslot;
   /* /Relu */
   k_relu(v__conv1_Conv_output_0(slot), v__Relu_output_0(slot), 37632);
   /* /MaxPool */

@@ -61,8 +61,8 @@ static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 static const ConvShape CONV_3 = {8, 6, 1, 14, 14, 16, 1, 5, 5, 1, 1, 10, 10, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 183936};
 
 /* The forward of the micro-batch in ring slot `slot` (unused by a stage that reads only weights and constants). */
-static void forward(int slot, int xslot) {
-  (void)slot, (void)xslot;
+static void forward(int slot, int xslot, int gslot) {
+  (void)slot, (void)xslot, (void)gslot;
   /* /conv2/Conv */
   k_conv(v__MaxPool_output_0(slot), W_conv2_weight, W_conv2_bias, v__conv2_Conv_output_0(slot), col__conv2_Conv_output_0, &CONV_3);
 }

@@ -124,8 +124,8 @@ static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 static const PoolShape POOL_5 = {8, 16, 1, 10, 10, 1, 5, 5, 1, 2, 2, 1, 2, 2, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0};
 
 /* The forward of the micro-batch in ring slot `slot` (unused by a stage that reads only weights and constants). */
-static void forward(int slot, int xslot) {
-  (void)slot, (void)xslot;
+static void forward(int slot, int xslot, int gslot) {
+  (void)slot, (void)xslot, (void)gslot;
   /* /Relu_1 */
   k_relu(v__conv2_Conv_output_0(slot), v__Relu_1_output_0(slot), 12800);
   /* /MaxPool_1 */

@@ -63,8 +63,8 @@ static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 static const ConvShape CONV_0 = {8, 1, 1, 28, 28, 6, 1, 5, 5, 1, 1, 28, 28, 1, 1, 1, 0, 2, 2, 1, 1, 1, 1, 878976};
 
 /* The forward of the micro-batch in ring slot `slot` (unused by a stage that reads only weights and constants). */
-static void forward(int slot, int xslot) {
-  (void)slot, (void)xslot;
+static void forward(int slot, int xslot, int gslot) {
+  (void)slot, (void)xslot, (void)gslot;
   /* /conv1/Conv */
   k_conv(v_input(slot), W_conv1_weight, W_conv1_bias, v__conv1_Conv_output_0(slot), col__conv1_Conv_output_0, &CONV_0);
 }

@@ -8,6 +8,10 @@
 static inline void k_copy(const float *x, float *y, int64_t n) {
   if (x != y) memcpy(y, x, sizeof(float) * (size_t)n);
 }
+/* An int64 value kept for a later weight gradient (zb1's W reading a Gather's indices). */
+static inline void k_copy_i64(const int64_t *x, int64_t *y, int64_t n) {
+  if (x != y) memcpy(y, x, sizeof(int64_t) * (size_t)n);
+}
 PR_EW_RANGE(add_into_r, out[i] += dy[i];)
 static inline void k_copy_grad(const float *dy, float *dx, int64_t n, int acc) {
   if (acc)

@@ -282,6 +282,10 @@ extern "C" void kc_copy(const float *x, float *y, int64_t n) {
   if (x != y && n > 0) PR_CU(cudaMemcpyAsync(y, x, sizeof(float) * (size_t)n, cudaMemcpyDeviceToDevice, pr_cu_stream));
 }
 
+extern "C" void kc_copy_i64(const int64_t *x, int64_t *y, int64_t n) {
+  if (x != y && n > 0) PR_CU(cudaMemcpyAsync(y, x, sizeof(int64_t) * (size_t)n, cudaMemcpyDeviceToDevice, pr_cu_stream));
+}
+
 extern "C" void kc_copy_grad(const float *dy, float *dx, int64_t n, int acc) {
   if (n <= 0) return;
   if (acc) {

@@ -6,6 +6,7 @@
 #include "../shapes.h"
 
 void kc_copy(const float *x, float *y, int64_t n);
+void kc_copy_i64(const int64_t *x, int64_t *y, int64_t n);
 void kc_copy_grad(const float *dy, float *dx, int64_t n, int acc);
 void kc_zero(float *x, int64_t n);
 void kc_pad(const float *x, float *y, const PadShape *s);
