@@ -26,7 +26,7 @@ COMPILER_OBJ := $(COMPILER_SRC:compiler/%.c=build/obj/%.o) build/obj/onnx.pb-c.o
 ASAN_OBJ     := $(COMPILER_SRC:compiler/%.c=build/asan/%.o) build/asan/onnx.pb-c.o
 SAN          := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
-.PHONY: test-costprobe test-parity bench-replicas bench-auto bench-chunks docs-schedules bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-optstate test-replicas test-pipefb test-async test-freeze test-same-bits test-chunks
+.PHONY: test-costprobe test-parity bench-replicas bench-auto bench-chunks docs-schedules bench-threads bench-build bench-scale all deps test demo models clean unit-tests fuzz asan probe generated bench bench-predict bench-freeze zoo test-memory test-optstate test-replicas test-pipefb test-async test-freeze test-same-bits test-chunks test-late
 all: bin/pipecc bin/pipecc-probe bin/pipecc-opprobe bin/piperun-data bin/pipecc-trace
 
 include runtime/cuda/build.mk
@@ -269,6 +269,11 @@ BASE ?= HEAD~1
 SAME_BITS_FLAGS ?=
 # Virtual stages (not part of make test, which runs tests/test_chunks.py --ci): every sample model at n = 2
 # and 4 under interleaved and zbv, bit-identical to -n 1; a few minutes.
+# zb1's and zbv's layouts of what W reads (--split-layout) on mlp, lenet, gpt, resnet at n = 2 and 4, bit-identical to -n 1;
+# about 3 minutes.
+test-late: all
+	env PIPECC=bin/pipecc $(PY) tests/test_late.py
+
 test-chunks: all
 	$(PY) tests/test_chunks.py
 

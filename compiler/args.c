@@ -44,6 +44,9 @@ static void usage(FILE *f) {
         "                        (zbv: r and 2N - 1 - r); default 2\n"
         "  --partition dag|chain how stages are cut: over the graph's downsets, reordering independent nodes\n"
         "                        (default), or ranges of the model's own node order\n"
+        "  --split-layout auto|late|hold  zb1, zbv: where a micro-batch's values wait for W: held in its forward ring\n"
+        "                        copy until W (hold), or only what W reads kept, the rest freed at I (late); auto\n"
+        "                        (default): each stage the smaller (docs/schedules.md, zb1)\n"
         "  --fb-split NF         pipefb: the first NF ranks run forwards, the rest backwards (default: the planner's)\n"
         "  --frozen FILE         freeze the first N parameterised layers FILE names ('pipecc-frozen 1' then\n"
         "                        'layers N'): their weights become constants, with no gradient or optimizer state\n"
@@ -216,6 +219,12 @@ static int flag_plan(Options *o, const char *a, const char *val, int *i, const c
     NEEDVAL();
     if (parse_int(val, 1, MAX_CHUNKS, &v)) return bad("--chunks '%s': expected a whole number of stages per rank from 1 to 16%s", val, "");
     o->chunks = (int)v;
+  } else if (!strcmp(a, "--split-layout")) {
+    NEEDVAL();
+    if (!strcmp(val, "auto")) o->split_layout = SPLIT_AUTO;
+    else if (!strcmp(val, "late")) o->split_layout = SPLIT_LATE;
+    else if (!strcmp(val, "hold")) o->split_layout = SPLIT_HOLD;
+    else return bad("--split-layout '%s': expected auto, late or hold%s", val, "");
   } else if (!strcmp(a, "--partition")) {
     NEEDVAL();
     if (!strcmp(val, "dag")) o->partition = PARTITION_DAG;
@@ -420,6 +429,8 @@ static int check_flags(Options *o, const char *moves_given) {
   if (!o->model) return bad("no model given%s%s", "", "");
   char nbuf[32], fbuf[32];
   snprintf(nbuf, sizeof nbuf, "%d", o->nstages), snprintf(fbuf, sizeof fbuf, "%d", o->fb_split);
+  if (o->split_layout != SPLIT_AUTO && !sched_splits(o->schedule) && !o->schedule_auto)
+    return bad("--split-layout %s: only zb1 and zbv split the backward into I and W%s", o->split_layout == SPLIT_LATE ? "late" : "hold", "");
   if (o->fb_split && o->schedule != SCHED_PIPEFB) return bad("--fb-split %s: only --schedule pipefb splits ranks into forward and backward ones%s", fbuf, "");
   char kbuf[32];
   snprintf(kbuf, sizeof kbuf, "%d", o->staleness);

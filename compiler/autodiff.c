@@ -180,10 +180,11 @@ static int call_reads(const Call *k, int id) {
   return 0;
 }
 
-/* zb1, zbv: a micro-batch's forward ring copy is free after its I, and what its W reads lives in the
- * gradient ring (memplan.c, the late values).  A value at a cut (received, sent, the loss's gradient)
- * stays where its messages or the loss put it, so a W that reads one reads a copy made during I,
- * right before the first such W call (where the whole backward, B, reaches it too). */
+/* zb1, zbv: in the late layout a micro-batch's forward ring copy is free after its I, and what its W
+ * reads lives until W elsewhere (memplan.c, the late values).  A value at a cut (received, sent, the
+ * loss's gradient) stays where its messages or the loss put it, so a W that reads one reads a copy
+ * made during I, right before the first such W call (where the whole backward, B, reaches it too).
+ * In the hold layout the copy is laid out on the value itself, and copies nothing. */
 static int split_copies(Emit *c) {
   StageProg *sp = c->sp;
   int nb = sp->nbufs;
@@ -201,6 +202,7 @@ static int split_copies(Emit *c) {
                      "(use 1f1b)", schedule_name(c->p->opt.schedule), t >= 0 ? c->p->g.t[t].name : sp->bufs[id].name, dtype_name(dt));
     int copy = build_buf(c, "late_", t, BUF_TEMP, bytes, dt);
     sp->bufs[copy].is_grad = 1; /* made by the backward: nothing offloads or recomputes it */
+    sp->bufs[copy].copy_of = 1 + id;
     call_add(sp, c->pool, PH_IGRAD, i64 ? K_COPY_I64 : K_COPY, -1, "kept for the weight gradients (W), which run after this slot is free",
              (Arg[]){A_BUF(id), A_BUF(copy), A_INT(bytes / (i64 ? 8 : 4))}, 3);
     Call moved = sp->bwd[sp->nbwd - 1];

@@ -55,6 +55,7 @@ static void join_buffers(Join *j, const StageProg *sp, int c) {
     Buffer *b = &o->bufs[o->nbufs++];
     *b = sp->bufs[i];
     b->chunk = c;
+    if (b->copy_of) b->copy_of += j->bbase[c]; /* 1 + the value it copies, in the joined numbering */
     if (c) b->name = pool_printf(j->pool, "c%d_%s", c, sp->bufs[i].name);
   }
   for (int i = 0; i < sp->nshapes; i++) {
@@ -154,6 +155,8 @@ static void join_alloc(Join *j, const StageProg *const *sps, int nc) {
   o->cstage = pool_alloc(pl, sizeof(int) * (size_t)nc);
   o->cslots = pool_alloc(pl, sizeof(int) * (size_t)nc);
   o->cgslots = pool_alloc(pl, sizeof(int) * (size_t)nc);
+  o->cwslots = pool_alloc(pl, sizeof(int) * (size_t)nc);
+  o->chold = pool_alloc(pl, sizeof(int) * (size_t)nc);
   j->bbase = pool_alloc(pl, sizeof(int) * (size_t)nc);
   j->sbase = pool_alloc(pl, sizeof(int) * (size_t)nc);
   for (int c = 1; c < nc; c++) j->bbase[c] = j->bbase[c - 1] + sps[c - 1]->nbufs, j->sbase[c] = j->sbase[c - 1] + sps[c - 1]->nshapes;
@@ -173,9 +176,11 @@ int chunks_join(const Plan *p, const StageProg *progs, int r, StageProg *o, Pool
   for (int c = 0; c < nc; c++) {
     const StageProg *sp = sps[c];
     int s = sched_stage(sc, r, c);
-    o->cstage[c] = s, o->cslots[c] = sc->nslots[s], o->cgslots[c] = sc->ngslots[s];
+    o->cstage[c] = s, o->cslots[c] = sc->nslots[s], o->cgslots[c] = sc->ngslots[s], o->cwslots[c] = sc->nwslots[s];
+    o->chold[c] = sp->hold;
     o->nslots = o->nslots > o->cslots[c] ? o->nslots : o->cslots[c];
     o->ngslots = o->ngslots > o->cgslots[c] ? o->ngslots : o->cgslots[c];
+    o->nwslots = o->nwslots > o->cwslots[c] ? o->nwslots : o->cwslots[c];
     join_buffers(&j, sp, c);
     join_calls(&j, o->fwd, &o->nfwd, sp->fwd, sp->nfwd, c, -1);
     join_calls(&j, o->bwd, &o->nbwd, sp->bwd, sp->nbwd, c, -1);

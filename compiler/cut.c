@@ -66,6 +66,20 @@ static void stash_pairs(Plan *p, const StageProg *sp, PartProblem *pr) {
 /* Exact pricing needs every op's kernels; the whole model as one program
  * says whether they are there.  If not, the estimate decides (--plan-only on
  * a model pipecc cannot run yet) and p->mem_note says why. */
+/* Ring copies the lower bound may count per stage: under zb1 the fewest of either layout's (the hold one's
+ * forward ring; the late one's forward ring or late ring, whichever is smaller), since a stage takes the
+ * smaller layout (memplan.c). */
+static const int *bound_copies(Plan *p) {
+  if (!sched_splits(p->opt.schedule) || !p->slots.rings) return p->slots.nslots;
+  int n = p->opt.nstages, *c = pool_alloc(&p->g.pool, sizeof(int) * (size_t)n);
+  for (int s = 0; s < n; s++) {
+    RingSizes r = p->slots.rings[s];
+    int late = r.wslots && r.wslots < r.slots ? r.wslots : r.slots;
+    c[s] = late < r.hslots ? late : r.hslots;
+  }
+  return c;
+}
+
 static void setup_pricing(Plan *p, PartProblem *pr) {
   Pool tmp = {0};
   StageProg sp;
@@ -75,7 +89,7 @@ static void setup_pricing(Plan *p, PartProblem *pr) {
   } else {
     p->memo = price_memo_new();
     pr->stage_mem = price_stage, pr->mem_ctx = p;
-    pr->ring_copies = p->slots.nslots;
+    pr->ring_copies = bound_copies(p);
     pr->param_copies = p->opt.forward_only ? 1 : 2 + pr->opt_state_per_param * (pr->zero_share > 0 ? pr->zero_share : 1) + pr->reduce_share;
     stash_pairs(p, &sp, pr);
   }

@@ -258,6 +258,7 @@ static int pass_partition(Plan *p) {
     unit[s].fwd = 1, unit[s].bwd = sched_splits(o->schedule) ? 2 : 1, unit[s].bwd_w = unit[s].bwd / 2;
   }
   if (build_schedule(p, &p->slots, unit)) return -1;
+  p->unit = unit;
   if (cut_plan(p, &p->prob)) return o->chunks > 1 ? chunked_no_fit(p) : -1;
   if (chunks_balance(p)) return -1;
   p->rbegin = pool_alloc(&g->pool, sizeof(int) * (size_t)o->nstages);
@@ -283,9 +284,9 @@ static int pass_schedule(Plan *p) {
   err_clear(); /* a stall is reported by schedule_validate, with names */
   if (schedule_validate(&p->sched)) return -1;
   for (int s = 0; s < o->nstages; s++)
-    if (p->sched.nslots[s] != p->slots.nslots[s] || p->sched.ngslots[s] != p->slots.ngslots[s])
-      return err_set("internal error: stage %d's ring sizes depend on its times (%d/%d slots, %d/%d with unit times)", s,
-                     p->sched.nslots[s], p->sched.ngslots[s], p->slots.nslots[s], p->slots.ngslots[s]);
+    if (p->sched.nslots[s] != p->slots.nslots[s] || p->sched.ngslots[s] != p->slots.ngslots[s] || p->sched.nwslots[s] != p->slots.nwslots[s])
+      return err_set("internal error: stage %d's ring sizes depend on its times (%d/%d slots, %d/%d gslots, %d/%d wslots with unit times)", s,
+                     p->sched.nslots[s], p->slots.nslots[s], p->sched.ngslots[s], p->slots.ngslots[s], p->sched.nwslots[s], p->slots.nwslots[s]);
   return 0;
 }
 
@@ -321,7 +322,8 @@ static int rank_programs(Plan *p) {
   p->rarena = pool_alloc(&p->g.pool, sizeof(int64_t) * (size_t)n);
   for (int r = 0; r < n; r++) {
     if (chunks_join(p, p->progs, r, &p->rprogs[r], &p->g.pool)) return -1;
-    memplan_as(p, &p->rprogs[r], p->rprogs[r].nslots, p->rprogs[r].ngslots, ROLE_BOTH);
+    const StageProg *j = &p->rprogs[r];
+    memplan_as(p, &p->rprogs[r], (RingSizes){j->nslots, j->nslots, j->ngslots, j->nwslots}, ROLE_BOTH);
     p->rarena[r] = p->rprogs[r].arena_bytes;
   }
   return 0;
@@ -339,10 +341,21 @@ int plan_programs(Plan *p) {
   p->progs = progs;
   if (p->fb && pipefb_links(p, progs, p->fb, &p->g.pool)) return -1;
   p->arena = pool_alloc(&p->g.pool, sizeof(int64_t) * (size_t)n);
+  int moved = 0;
   for (int s = 0; s < n; s++) {
-    memplan(p, &progs[s], p->sched.nslots[s], p->sched.ngslots[s]);
+    memplan(p, &progs[s], sched_rings(&p->sched, s));
+    /* zb1, zbv: the lists follow the layout the stage chose (the table's too, which plan.json pairs with them) */
+    if (p->sched.hold && p->sched.hold[s] != progs[s].hold) {
+      schedule_hold(&p->sched, s, progs[s].hold), schedule_hold(&p->slots, s, progs[s].hold);
+      moved = 1;
+    }
     plan_stage_memory(p, s);
     if (p->opt.schedule == SCHED_ASYNC && forward_writes_state(p, &progs[s])) return -1;
+  }
+  if (moved) {
+    schedule_time(&p->slots, p->unit), schedule_time(&p->sched, p->part.cost);
+    err_clear(); /* a stall is reported by schedule_validate, with names */
+    if (schedule_validate(&p->sched)) return -1;
   }
   p->mem_note = NULL;
   return p->opt.chunks > 1 ? rank_programs(p) : 0;

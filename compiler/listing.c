@@ -203,9 +203,11 @@ static void stage_text(const Plan *p, int s, Buf *b) {
       : pool_printf((Pool *)&p->g.pool, "%s%s%s%s", mp->mem_leaving ? " + leaving values' xslots " : "",
                     mp->mem_leaving ? fmt_bytes((double)mp->mem_leaving) : "", mp->mem_store ? " + a peer's store " : "",
                     mp->mem_store ? fmt_bytes((double)mp->mem_store) : "");
-  /* zb1, zbv: what W reads is held in the gradient ring from F to W, the rest of the ring only until I (memplan.c). */
-  const char *late = sched_splits(p->opt.schedule) && !p->opt.forward_only
-      ? pool_printf((Pool *)&p->g.pool, " until I, %d gradient-ring cop%s holding what W reads", c->gcopies, c->gcopies == 1 ? "y" : "ies") : "";
+  /* zb1, zbv: the stage's layout (memplan.c): the ring held until W, or until I with what W reads as late values. */
+  int hold = p->sched.hold && p->sched.hold[s];
+  const char *late = !sched_splits(p->opt.schedule) || p->opt.forward_only ? ""
+      : hold ? " held until W"
+             : pool_printf((Pool *)&p->g.pool, " until I, %d late cop%s of what W reads", c->wcopies, c->wcopies == 1 ? "y" : "ies");
   buf_printf(b, "  memory       %s (%.0f bytes) = weights %s + grads %s + optimizer %s + %s %s + crossing values %s + "
                 "temporaries %s%s (%d ring cop%s%s, %d micro-batch%s in flight)\n",
              fmt_bytes(c->mem_total), c->mem_total, fmt_bytes(c->mem_params), fmt_bytes(c->mem_grads), fmt_bytes(c->mem_opt),
@@ -319,7 +321,8 @@ static void action_lists(const Plan *p, Buf *b) {
                   "  the run, k >= %d a later step's, skipped outside the run; [k] / {k} = forward / gradient ring slot at t = 0,\n"
                   "  the run's micro-batch modulo the ring's size)\n", u->lookahead, p->opt.microbatches, p->opt.microbatches);
   else
-    buf_printf(b, "\nactions per rank (one step, in order; [k] = forward ring slot, {k} = gradient ring slot)\n");
+    buf_printf(b, "\nactions per rank (one step, in order; [k] = forward ring slot, {k} = gradient ring slot%s)\n",
+               sched_splits(u->kind) ? ", <k> = late-value slot (what W reads of the forward, F to W)" : "");
   if (u->nchunks > 1) buf_printf(b, "  @c = of the rank's chunk c; each chunk has rings of its own, its stage's\n");
   for (int s = 0; s < u->nstages; s++) {
     buf_printf(b, "  rank %d (", s);
@@ -327,6 +330,7 @@ static void action_lists(const Plan *p, Buf *b) {
       int st = sched_stage(u, s, c); /* the ring sizes are per stage: a rank's chunk has its stage's */
       if (u->nchunks > 1) buf_printf(b, "%schunk %d, stage %d: ", c ? "; " : "", c, st);
       buf_printf(b, "%d slot%s, %d gslot%s", u->nslots[st], u->nslots[st] == 1 ? "" : "s", u->ngslots[st], u->ngslots[st] == 1 ? "" : "s");
+      if (u->nwslots && u->nwslots[st]) buf_printf(b, ", %d wslot%s", u->nwslots[st], u->nwslots[st] == 1 ? "" : "s");
     }
     buf_printf(b, "):");
     for (int k = 0; k < (async ? u->nbody[s] : u->nact[s]); k++) {
@@ -336,6 +340,7 @@ static void action_lists(const Plan *p, Buf *b) {
       buf_printf(b, " %s", action_str(a, name, sizeof name));
       if (a->slot >= 0) buf_printf(b, "[%d]", a->slot);
       if (a->gslot >= 0) buf_printf(b, "{%d}", a->gslot);
+      if (a->wslot >= 0) buf_printf(b, "<%d>", a->wslot);
     }
     buf_printf(b, "\n");
   }
@@ -949,6 +954,8 @@ static void stage_json(const Plan *p, int s, Buf *b) {
              c->mem_estimate, p->mem_note ? "false" : "true");
   if (p->arena) buf_printf(b, "     \"arena_bytes\": %lld, \"beside_arena_bytes\": %.0f,\n", (long long)p->arena[s], beside_arena(p, a, e));
   if (c->mem_versions > 0) buf_printf(b, "     \"weight_versions_bytes\": %.0f,\n", c->mem_versions);
+  if (sched_splits(p->opt.schedule) && p->sched.hold && p->progs)
+    buf_printf(b, "     \"split_layout\": \"%s\", \"late_copies\": %d,\n", p->sched.hold[s] ? "hold" : "late", c->wcopies);
   if (p->progs && p->plain_arena) memory_plan_json(p, s, b);
   buf_printf(b, "     \"recv\": ");
   json_edges(p, b, a);
@@ -958,7 +965,8 @@ static void stage_json(const Plan *p, int s, Buf *b) {
   /* With chunks a stage's actions are its rank's of its chunk (the rank's whole list: plan.json's "ranks"). */
   int r = sched_rank_of(&p->sched, s), ch = sched_chunk_of(&p->sched, s);
   if (p->sched.nchunks > 1) buf_printf(b, ",\n     \"rank\": %d, \"chunk\": %d", r, ch);
-  buf_printf(b, ",\n     \"nslots\": %d, \"ngslots\": %d,\n     \"actions\": [", p->sched.nslots[s], p->sched.ngslots[s]);
+  buf_printf(b, ",\n     \"nslots\": %d, \"ngslots\": %d, \"nwslots\": %d,\n     \"actions\": [", p->sched.nslots[s], p->sched.ngslots[s],
+             p->sched.nwslots ? p->sched.nwslots[s] : 0);
   actions_json(p, r, p->sched.nchunks > 1 ? ch : -1, b);
 }
 
@@ -974,6 +982,7 @@ static void actions_json(const Plan *p, int r, int ch, Buf *b) {
                action_kind_name(ac->kind), ac->mb, ac->start, ac->end,
                p->slots.nact[r] == p->sched.nact[r] ? lround(p->slots.act[r][k].start) : -1L, ac->slot, ac->gslot);
     first = 0;
+    if (ac->wslot >= 0) b->len--, buf_printf(b, ", \"late_slot\": %d}", ac->wslot);
     if (ac->xslot >= 0) b->len--, buf_printf(b, ", \"xslot\": %d, \"peer\": %d}", ac->xslot, ac->peer);
     if (p->sched.nchunks > 1) b->len--, buf_printf(b, ", \"chunk\": %d, \"stage\": %d}", ac->chunk, ac->kind == ACT_UPDATE ? -1 : sched_stage(&p->sched, r, ac->chunk));
   }

@@ -56,15 +56,24 @@ static int is_crossing(const StageProg *sp, int id) {
 }
 
 /* zb1 and zbv run a micro-batch's W calls after its I calls, with other
- * micro-batches in between.  The late values: what a W call reads lives in
- * the gradient ring, whose copy a micro-batch holds from its F to its W,
- * and everything else of the forward ring is free after its I (schedule.c
- * gives F and W gslots so).  That is a temporary an I call writes (an
- * output gradient W multiplies by), and a kept forward value (W's input
- * activation).  A value that crosses a cut stays in the forward ring, where
- * its messages put it; autodiff.c copies one that W reads into a late value
- * during I (split_copies).  A value that leaves (offloaded, recomputed) is in
- * its xslot until W. */
+ * micro-batches in between, and a micro-batch's forward ring copy is free
+ * after its I (schedule.c).  What a W call reads must last until W:
+ * - a temporary an I call writes (the output gradient W multiplies by) gets
+ *   a gradient ring copy per gslot, which a micro-batch holds until its W;
+ * - a kept forward value (W's input activation) is a late value: a copy per
+ *   wslot, which a micro-batch holds from its F to its W (the late ring).
+ * A value that crosses a cut stays in the forward ring, where its messages
+ * put it; autodiff.c copies one that W reads during I (split_copies), into
+ * a temporary of the first kind.  A value that leaves (offloaded,
+ * recomputed) is in its xslot until W. */
+/*
+ * That is the late layout.  In the hold layout W reads the forward ring, held until W as under 1f1b
+ * until B: the temporaries of the first kind get a forward ring copy per slot, and nothing is late.
+ * A stage program lays out both and keeps the smaller (memplan_as); in a rank of chunks each chunk
+ * keeps its stage's (chold).
+ */
+static int holds(const StageProg *sp, const Buffer *b) { return sp->nchunks ? sp->chold[b->chunk] : sp->hold; }
+
 static void mark_late(StageProg *sp) {
   char *by_i = calloc((size_t)sp->nbufs + 1, 1); /* written by an input-gradient call */
   if (!by_i) abort();
@@ -74,19 +83,38 @@ static void mark_late(StageProg *sp) {
     for (int r = 0; r < sp->bwd[i].nreads && call_is_weight(sp, &sp->bwd[i]); r++) {
       int id = sp->bwd[i].reads[r];
       Buffer *b = &sp->bufs[id];
-      if (b->kind == BUF_TEMP && by_i[id]) b->kind = BUF_RING;
-      if (b->kind == BUF_RING && b->fate == FATE_KEEP && !is_crossing(sp, id)) b->late = 1;
+      if (b->kind == BUF_TEMP && by_i[id]) {
+        const Buffer *of = b->copy_of ? &sp->bufs[b->copy_of - 1] : NULL;
+        b->split_kept = 1;
+        b->kind = holds(sp, b) ? (of ? of->kind : BUF_RING) : BUF_GRING;
+        if (of && holds(sp, b)) b->fate = of->fate; /* the value itself: in its ring, or its xslot */
+      }
+      if (b->kind == BUF_RING && b->fate == FATE_KEEP && !is_crossing(sp, id) && !holds(sp, b)) b->late = 1;
     }
   free(by_i);
 }
 
-/* Where a buffer's bytes are counted in the stage's memory breakdown. */
+/* The hold layout: a copy for W is the value it copies (the same offset, view and fate). */
+static int aliased(const StageProg *sp, const Buffer *b) { return b->copy_of && b->split_kept && holds(sp, b); }
+
+/* A gradient ring that holds a gradient crossing a cut (received, or sent back). */
+static int is_cut_gradient(const StageProg *sp, int id) {
+  for (int i = 0; i < sp->nrecv; i++)
+    if (sp->recv[i].gbuf == id) return 1;
+  for (int i = 0; i < sp->nsend; i++)
+    if (sp->send[i].gbuf == id) return 1;
+  return 0;
+}
+
+/* Where a buffer's bytes are counted in the stage's memory breakdown: what waits for a backward (W's output
+ * gradients under zb1 and zbv too) is kept for backward; the cuts' values and gradients are crossing values. */
 static int64_t *share_of(StageProg *sp, int id) {
   switch (sp->bufs[id].kind) {
   case BUF_PGRAD: return &sp->mem_grads;
   case BUF_OPT: return &sp->mem_opt;
   case BUF_RING: return is_crossing(sp, id) ? &sp->mem_cross : &sp->mem_stash;
-  default: return &sp->mem_cross; /* gradient rings, labels */
+  case BUF_GRING: return is_cut_gradient(sp, id) ? &sp->mem_cross : &sp->mem_stash;
+  default: return &sp->mem_cross; /* labels */
   }
 }
 
@@ -110,17 +138,16 @@ static void role_filter(StageProg *sp, int role) {
   }
 }
 
-/* A buffer's copies: a ring's one per slot, a late value's one per gslot (in a rank program of chunks,
- * its chunk's ring size), else one. */
+/* A buffer's copies: a ring's one per slot, a late value's one per wslot, a gradient ring's one per gslot
+ * (in a rank program of chunks, its chunk's ring size), else one. */
 static int copies_of(const StageProg *sp, const Buffer *b) {
-  if (b->kind == BUF_RING && !b->late) return sp->nchunks ? sp->cslots[b->chunk] : sp->nslots;
-  if (b->kind == BUF_GRING || b->kind == BUF_RING) return sp->nchunks ? sp->cgslots[b->chunk] : sp->ngslots;
+  if (b->kind == BUF_RING && b->late) return sp->nchunks ? sp->cwslots[b->chunk] : sp->nwslots;
+  if (b->kind == BUF_RING) return sp->nchunks ? sp->cslots[b->chunk] : sp->nslots;
+  if (b->kind == BUF_GRING) return sp->nchunks ? sp->cgslots[b->chunk] : sp->ngslots;
   return 1;
 }
 
-void memplan(Plan *p, StageProg *sp, int nslots, int ngslots) {
-  memplan_as(p, sp, nslots, ngslots, p->fb && p->role ? p->role[sp->stage] : ROLE_BOTH);
-}
+void memplan(Plan *p, StageProg *sp, RingSizes r) { memplan_as(p, sp, r, p->fb && p->role ? p->role[sp->stage] : ROLE_BOTH); }
 
 /* A placed temporary's bytes [lo, hi). */
 typedef struct Span {
@@ -145,12 +172,19 @@ static int64_t place_reduce(const Plan *p, StageProg *sp, int64_t off) {
   return off + sp->reduce_bytes;
 }
 
-void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
-  sp->nslots = nslots;
-  sp->ngslots = ngslots;
+/* One layout: sp->hold (or, in a rank of chunks, each chunk's chold) says which. */
+static void lay_out(Plan *p, StageProg *sp, RingSizes r, int role) {
+  int hold = sp->nchunks ? 0 : sp->hold;
+  sp->nslots = hold ? r.hslots : r.slots;
+  sp->ngslots = r.gslots;
+  sp->nwslots = hold ? 0 : r.wslots;
   sp->mem_weights = sp->mem_grads = sp->mem_opt = sp->mem_stash = sp->mem_cross = sp->mem_temps = 0;
   sp->mem_leaving = sp->mem_store = 0;
-  for (int i = 0; i < sp->nbufs; i++) sp->bufs[i].first = sp->bufs[i].last = -1, sp->bufs[i].late = 0;
+  for (int i = 0; i < sp->nbufs; i++) {
+    Buffer *b = &sp->bufs[i];
+    b->first = b->last = -1, b->late = 0;
+    if (b->split_kept) b->kind = BUF_TEMP, b->split_kept = 0, b->fate = b->copy_of ? FATE_KEEP : b->fate;
+  }
   if (sched_splits(p->opt.schedule)) mark_late(sp);
   for (int i = 0; i < sp->nfwd; i++) touch(sp, &sp->fwd[i], i);
   for (int i = 0; i < sp->nbwd; i++) touch(sp, &sp->bwd[i], 1000000 + i);
@@ -161,7 +195,7 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
     if (order[o] == BUF_PGRAD) sp->grad_lo = off;
     for (int i = 0; i < sp->nbufs; i++) {
       Buffer *b = &sp->bufs[i];
-      if (b->kind != order[o] || (b->kind == BUF_RING && b->fate != FATE_KEEP) || b->unused) continue;
+      if (b->kind != order[o] || (b->kind == BUF_RING && b->fate != FATE_KEEP) || b->unused || aliased(sp, b)) continue;
       if (b->in_store) continue; /* in the stage's file (below) */
       b->offset = off;
       int copies = copies_of(sp, b);
@@ -196,7 +230,7 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
   for (int f = FATE_OFFLOAD; f <= FATE_TRANSIT; f++) {
     for (int i = 0; i < sp->nbufs; i++) {
       Buffer *b = &sp->bufs[i];
-      if (b->kind != BUF_RING || b->fate != f) continue;
+      if (b->kind != BUF_RING || b->fate != f || aliased(sp, b)) continue;
       b->offset = sp->xbase + sp->xstride;
       sp->xstride = up(sp->xstride + b->bytes);
     }
@@ -249,4 +283,33 @@ void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role) {
   if (sp->opt_out && base0 + up(sp->opt_stage_bytes) > end) end = base0 + up(sp->opt_stage_bytes);
   sp->arena_bytes = end;
   sp->mem_temps = end - base;
+  for (int i = 0; i < sp->nbufs; i++)
+    if (aliased(sp, &sp->bufs[i])) sp->bufs[i].offset = sp->bufs[sp->bufs[i].copy_of - 1].offset;
+}
+
+/* Whether the program has anything the two layouts place differently: a value a W call reads. */
+static int reads_late(const StageProg *sp) {
+  for (int i = 0; i < sp->nbwd; i++)
+    if (call_is_weight(sp, &sp->bwd[i]) && sp->bwd[i].nreads) return 1;
+  return 0;
+}
+
+void memplan_keep(Plan *p, StageProg *sp, RingSizes r) { lay_out(p, sp, r, p->fb && p->role ? p->role[sp->stage] : ROLE_BOTH); }
+
+void memplan_as(Plan *p, StageProg *sp, RingSizes r, int role) {
+  /* zb1, zbv: the late layout and the hold one, the smaller kept (the hold one when they tie: its copies for W
+   * copy nothing).  A rank of chunks keeps each chunk's stage's. */
+  if (!sched_splits(p->opt.schedule) || sp->nchunks || !reads_late(sp) || p->opt.split_layout != SPLIT_AUTO) {
+    sp->hold = sched_splits(p->opt.schedule) && !sp->nchunks && p->opt.split_layout == SPLIT_HOLD;
+    lay_out(p, sp, r, role);
+    return;
+  }
+  sp->hold = 0;
+  lay_out(p, sp, r, role);
+  int64_t late = sp->arena_bytes;
+  sp->hold = 1;
+  lay_out(p, sp, r, role);
+  if (sp->arena_bytes <= late) return;
+  sp->hold = 0;
+  lay_out(p, sp, r, role);
 }

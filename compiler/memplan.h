@@ -3,11 +3,15 @@
 #define PIPECC_MEMPLAN_H
 #include "stageprog.h"
 
-/* Lays out a stage's arena for its ring sizes (under zb1, first keeps what I
- * passes to W in rings). */
-void memplan(Plan *p, StageProg *sp, int nslots, int ngslots);
-/* The same for a program that runs only its forwards or only its backwards (pipefb's ROLE_*). */
-void memplan_as(Plan *p, StageProg *sp, int nslots, int ngslots, int role);
+/* Lays out a stage's arena for its ring sizes (the forward, gradient and, zb1 and zbv, late-value ring copies
+ * of both layouts: schedule.h's RingSizes). */
+void memplan(Plan *p, StageProg *sp, RingSizes r);
+/* The same for a program that runs only its forwards or only its backwards (pipefb's ROLE_*).  Under zb1
+ * and zbv a stage program takes the smaller of the late and hold layouts (sp->hold says which; the
+ * lists must then follow: schedule_hold); a rank of chunks takes each chunk's (chold). */
+void memplan_as(Plan *p, StageProg *sp, RingSizes r, int role);
+/* memplan in the layout sp->hold already names (the memory plan's lists follow it: stash.c). */
+void memplan_keep(Plan *p, StageProg *sp, RingSizes r);
 /* A backward call that only adds into weight gradients (besides its own
  * scratch workspace): zb1 runs it in W, after the input-gradient calls. */
 /* --replicas R (replica.c): floats of one replica's shard of sp's weight-gradient region as memplan lays it

@@ -92,6 +92,7 @@ typedef struct StageCost {
   int inflight;                 /* micro-batches whose activations are held at once */
   int copies;                   /* ring copies the arena keeps: inflight + 1 (at most m), so receives post early */
   int gcopies;                  /* gradient ring copies: 2, or under zb1 as many as ring copies (W reads the gradient late) */
+  int wcopies;                  /* zb1, zbv: late-value copies (what W reads of the forward, held from F to W); 0 otherwise */
   double recv_bytes, send_bytes;/* forward activations per micro-batch */
   /* The memory plan's (stash.c), per micro-batch: seconds to copy the
    * offloaded values out and back in, and to recompute the recomputed ones. */

@@ -19,6 +19,7 @@ typedef struct Options {
   int opt_offload;   /* --offload-optimizer: OPTOFF_* (optstore.c) */
   const char *opt_offload_dir; /* --offload-optimizer file:DIR */
   int partition;     /* --partition: PARTITION_DAG (the default) or PARTITION_CHAIN */
+  int split_layout;  /* --split-layout (zb1, zbv): SPLIT_AUTO (the default: each stage the smaller), SPLIT_LATE, SPLIT_HOLD */
   int relay;         /* --route relay: a value crossing several cuts passes through every stage between */
   int fb_split;      /* --fb-split NF: pipefb's forward ranks (0: the planner chooses) */
   int poll;          /* --progress poll: the stage programs let MPI progress between nodes */
@@ -77,6 +78,7 @@ enum { PREC_FP32 = 0, PREC_TF32 = 1, PREC_BF16 = 2 };
 /* How stages are cut (cut.c): the downset DP, which may reorder independent
  * nodes (dagpart.c), or ranges of the loaded node order alone. */
 enum { PARTITION_DAG = 0, PARTITION_CHAIN = 1 };
+enum { SPLIT_AUTO = 0, SPLIT_LATE = 1, SPLIT_HOLD = 2 };
 
 enum { OFFLOAD_AUTO, OFFLOAD_NONE, OFFLOAD_PEER, OFFLOAD_FILE };
 /* --offload-optimizer: where a stage's optimizer state may live between updates to fit --mem-limit. */
@@ -134,6 +136,7 @@ typedef struct Plan {
   const char *part_note;   /* which partitioner decided the cuts, and why (the listing's "partition" line) */
   double chain_time;       /* the slowest stage of the loaded order's best cuts (0: not computed) */
   Schedule sched, slots; /* predicted timing, and the unit-time table */
+  StageCost *unit;       /* the unit times the table is timed with (pass_partition) */
   int64_t *arena;    /* per stage, once the stage programs are laid out (NULL before) */
   int *first_read, *last_read; /* per tensor: first and last compute node (k) reading it, -1 if none */
   int *nreaders;                /* per tensor: how many compute nodes read it (a weight read by several is tied) */
@@ -147,7 +150,8 @@ typedef struct Plan {
   const char *mem_note;    /* NULL: each stage's memory is its arena; else why it is only the estimate */
   struct PriceMemo *memo;  /* exact prices of candidate stages (price.c) */
   int floor_pricing;       /* no plain plan fits --mem-limit: candidates are priced as if every stashed value that may leave does */
-  int *floor_nslots, *floor_nx; /* per stage, under floor pricing: ring slots and xslots of the leanest list */
+  RingSizes *floor_rings;       /* per stage, under floor pricing: ring sizes of the leanest list (2 s: values received kept, 2 s + 1: leaving) */
+  int *floor_nx;                /* ... and its xslots */
   /* The memory plan (stash.c): each stage's arena and the step before it, the
    * rank holding each stage's offloaded values (-1), the file bandwidth used. */
   int64_t *plain_arena;

@@ -98,7 +98,7 @@ void plan_stage_memory(Plan *p, int s) {
   c->mem_params = (double)sp->mem_weights, c->mem_grads = (double)sp->mem_grads, c->mem_opt = (double)sp->mem_opt;
   c->mem_stash = (double)sp->mem_stash, c->mem_recv = (double)sp->mem_cross, c->mem_work = (double)sp->mem_temps;
   c->mem_total = (double)sp->arena_bytes;
-  c->copies = sp->nslots, c->gcopies = sp->ngslots;
+  c->copies = sp->nslots, c->gcopies = sp->ngslots, c->wcopies = sp->nwslots;
   c->mem_versions = (double)sp->mem_versions;
 }
 

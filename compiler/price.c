@@ -1,6 +1,6 @@
 /* price.c - pricing candidate stages by their arena: each candidate's
  * program is built and laid out as the emitted one will be, and the price
- * kept by (first node, end, ring slots, gradient ring slots). */
+ * kept by (first node, end, ring sizes of both zb1 layouts). */
 #include "price.h"
 
 #include <math.h>
@@ -12,10 +12,11 @@
 #include "planq.h"
 #include "stash.h"
 
-/* Exact prices already computed, by (first node, end, ring slots, gradient
- * ring slots): open addressing, doubled when half full. */
+/* Exact prices already computed, by (first node, end, ring sizes): open
+ * addressing, doubled when half full. */
 typedef struct PriceKey {
-  int i, j, nslots, ngslots;
+  int i, j;
+  RingSizes r;
 } PriceKey;
 struct PriceMemo {
   PriceKey *key;
@@ -25,7 +26,8 @@ struct PriceMemo {
 
 static size_t price_hash(PriceKey k, size_t cap) {
   uint64_t h = (uint64_t)k.i * 0x9E3779B97F4A7C15ull ^ (uint64_t)k.j * 0xC2B2AE3D27D4EB4Full ^
-               (uint64_t)k.nslots * 0x165667B19E3779F9ull ^ (uint64_t)k.ngslots * 0x27D4EB2F165667C5ull;
+               (uint64_t)k.r.slots * 0x165667B19E3779F9ull ^ (uint64_t)k.r.gslots * 0x27D4EB2F165667C5ull ^
+               (uint64_t)k.r.wslots * 0x85EBCA77C2B2AE63ull ^ (uint64_t)k.r.hslots * 0x9E3779B185EBCA87ull;
   return (size_t)(h ^ h >> 29) & (cap - 1);
 }
 
@@ -63,7 +65,7 @@ double plan_price_role(Plan *p, int role, int i, int j) {
   if (!p->memo) {
     p->memo = price_memo_new();
   }
-  PriceKey k = {i, j, -100 - role, 0};
+  PriceKey k = {i, j, {-100 - role, 0, 0, 0}};
   int found;
   double *v = memo_slot(p->memo, k, &found);
   if (found) return *v;
@@ -73,7 +75,8 @@ double plan_price_role(Plan *p, int role, int i, int j) {
     err_clear();
     *v = INFINITY;
   } else {
-    memplan_as(p, &sp, p->opt.microbatches < 2 ? p->opt.microbatches : 2, role == ROLE_FWD ? 1 : 2, role);
+    int two = p->opt.microbatches < 2 ? p->opt.microbatches : 2;
+    memplan_as(p, &sp, (RingSizes){two, two, role == ROLE_FWD ? 1 : 2, 0}, role);
     *v = (double)sp.arena_bytes + plan_lib_bytes(p, i, j);
   }
   pool_free(&tmp);
@@ -82,8 +85,8 @@ double plan_price_role(Plan *p, int role, int i, int j) {
 
 double price_stage(void *ctx, int s, int i, int j) {
   Plan *p = ctx;
-  PriceKey k = {i, j, p->slots.nslots[s], p->slots.ngslots[s]};
-  if (p->floor_pricing) k.nslots = -1 - s; /* a floor price is per stage */
+  PriceKey k = {i, j, sched_rings(&p->slots, s)};
+  if (p->floor_pricing) k.r.slots = -1 - s; /* a floor price is per stage */
   int found;
   double *v = memo_slot(p->memo, k, &found);
   if (found) return *v;
@@ -94,7 +97,7 @@ double price_stage(void *ctx, int s, int i, int j) {
     err_clear();
     *v = INFINITY;
   } else {
-    memplan(p, &sp, k.nslots, k.ngslots);
+    memplan(p, &sp, k.r);
     *v = (double)sp.arena_bytes + plan_lib_bytes(p, i, j);
   }
   pool_free(&tmp);

@@ -13,7 +13,7 @@
 /* The C expression for buffer id inside a function: its macro, with the copy it uses. */
 static void buf_expr(Buf *o, const StageSpec *s, int id) {
   const SpecBuffer *b = &s->bufs[id];
-  static const char *const copy[] = {[VIEW_SLOT] = "(slot)", [VIEW_GSLOT] = "(gslot)", [VIEW_XSLOT] = "(xslot)"};
+  static const char *const copy[] = {[VIEW_SLOT] = "(slot)", [VIEW_GSLOT] = "(gslot)", [VIEW_XSLOT] = "(xslot)", [VIEW_WSLOT] = "(wslot)"};
   buf_printf(o, "%s%s", b->name, b->view == VIEW_PLAIN || b->view == VIEW_WEIGHTS ? "" : copy[b->view]);
 }
 
@@ -94,10 +94,11 @@ static void render_calls(Buf *o, const StageSpec *s, const SpecCall *calls, int 
 enum { PART_CALLS = 96 };
 
 static void render_fn(Buf *o, const StageSpec *s, const SpecFn *f) {
-  /* Forwards take the gradient slot too: under zb1 and zbv they write what W reads there (memplan.c). */
-  static const char *const params_of[] = {"int slot, int xslot, int gslot", "int slot, int xslot, int gslot", "void"};
-  static const char *const args_of[] = {"slot, xslot, gslot", "slot, xslot, gslot", ""};
-  static const char *const voids_of[] = {"  (void)slot, (void)xslot, (void)gslot;\n", "  (void)slot, (void)xslot, (void)gslot;\n", ""};
+  /* Every forward and backward takes each ring's copy: under zb1 and zbv the forward writes the late
+   * values that I and W read through wslot (memplan.c), and the gradient slot is -1 where unused. */
+  static const char *const params_of[] = {"int slot, int xslot, int gslot, int wslot", "int slot, int xslot, int gslot, int wslot", "void"};
+  static const char *const args_of[] = {"slot, xslot, gslot, wslot", "slot, xslot, gslot, wslot", ""};
+  static const char *const voids_of[] = {"  (void)slot, (void)xslot, (void)gslot, (void)wslot;\n", "  (void)slot, (void)xslot, (void)gslot, (void)wslot;\n", ""};
   const char *params = params_of[f->args], *args = args_of[f->args], *voids = voids_of[f->args];
   const char *start = f->profiled ? "  PR_PROF_START();\n" : "";
   if (*f->doc) buf_printf(o, "\n/* %s */", f->doc);
@@ -248,7 +249,7 @@ static void render_buffers(Buf *o, const StageSpec *s) {
     }
     if (b->view == VIEW_XSLOT)
       buf_printf(o, "#define %s(k) ((%s *)(arena + OFF_%s + (int64_t)(k) * XSLOT_BYTES)) /* %s */\n", b->name, ct, b->name, b->leaves);
-    else if (b->view == VIEW_SLOT || b->view == VIEW_GSLOT)
+    else if (b->view == VIEW_SLOT || b->view == VIEW_GSLOT || b->view == VIEW_WSLOT)
       buf_printf(o, "#define %s(k) ((%s *)(arena + OFF_%s + (int64_t)(k) * SIZE_%s))\n", b->name, ct, b->name, b->name);
     else if (b->view == VIEW_WEIGHTS)
       buf_printf(o, "#define %s ((%s *)(pr_weights + OFF_%s)) /* the version this micro-batch's step computes on */\n", b->name, ct, b->name);
@@ -279,22 +280,24 @@ static void render_loss(Buf *o, const StageSpec *s) {
 static void render_schedule(Buf *o, const StageSpec *s) {
   if (s->async)
     buf_printf(o, "/* The schedule: this stage's actions for step t, run for t = -LOOKAHEAD .. steps-1: {kind, micro-batch,\n"
-                  " * slot, gslot, xslot, peer, chunk}.  Micro-batch k is the run's micro-batch t * MICROBATCHES + k (k >= MICROBATCHES:\n"
+                  " * slot, gslot, wslot, xslot, peer, chunk}.  Micro-batch k is the run's micro-batch t * MICROBATCHES + k (k >= MICROBATCHES:\n"
                   " * a later step's), skipped when outside the run: the first steps fill the pipeline, the last drain it.\n"
                   " * Rings are indexed by the run's micro-batch modulo NSLOTS / NGSLOTS (the slots shown are step 0's). */\n"
                   "static const PrAction SCHEDULE[] = {");
   else if (s->nchunks)
     buf_printf(o, "/* The schedule: this rank's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,\n"
-                  " * xslot, peer, chunk}; a slot is one of its chunk's ring copies (xslot and peer: -1, unused). */\n"
+                  " * wslot, xslot, peer, chunk}; a slot is one of its chunk's ring copies (wslot: zbv's late values; xslot\n"
+                  " * and peer: -1, unused). */\n"
                   "static const PrAction SCHEDULE[] = {");
   else
     buf_printf(o, "/* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,\n"
-                  " * xslot, peer, chunk} (xslot and peer: the memory plan's, -1 when unused; chunk 0: a rank runs one stage). */\n"
+                  " * wslot, xslot, peer, chunk} (wslot: zb1's late values, what W reads of the forward; xslot and peer: the\n"
+                  " * memory plan's; -1 when unused; chunk 0: a rank runs one stage). */\n"
                   "static const PrAction SCHEDULE[] = {");
   for (int k = 0; k < s->nactions; k++) {
     const Action *ac = &s->actions[k];
-    buf_printf(o, "%s{PR_%s, %d, %d, %d, %d, %d", !k ? "\n    " : k % 4 ? ", " : ",\n    ", action_kind_name(ac->kind), ac->mb, ac->slot,
-               ac->gslot, ac->xslot, ac->peer);
+    buf_printf(o, "%s{PR_%s, %d, %d, %d, %d, %d, %d", !k ? "\n    " : k % 4 ? ", " : ",\n    ", action_kind_name(ac->kind), ac->mb,
+               ac->slot, ac->gslot, ac->wslot, ac->xslot, ac->peer);
     buf_printf(o, ", %d}", ac->chunk);
   }
   buf_printf(o, "\n};\n\n");

@@ -150,7 +150,7 @@ static int build(Schedule *sc, int p, int m, int K, const StageCost *cost, Pool 
   sc->nstages = p, sc->m = m, sc->kind = SCHED_ASYNC, sc->staleness = K;
   sc->act = pool_alloc(pool, sizeof(Action *) * (size_t)p);
   sc->body = pool_alloc(pool, sizeof(Action *) * (size_t)p);
-  int **ints[] = {&sc->nact, &sc->nbody, &sc->nslots, &sc->ngslots};
+  int **ints[] = {&sc->nact, &sc->nbody, &sc->nslots, &sc->ngslots, &sc->nwslots}; /* nwslots: 0 (no late values) */
   for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) *ints[i] = pool_alloc(pool, sizeof(int) * (size_t)p);
   sc->busy = pool_alloc(pool, sizeof(double) * (size_t)p);
   /* Unrolled long enough that the middle step is past the warm-up and before the drain. */
@@ -160,7 +160,7 @@ static int build(Schedule *sc, int p, int m, int K, const StageCost *cost, Pool 
     Action *full = malloc(sizeof(Action) * (size_t)(7 * Ub * m + Ub + 2));
     if (!ord || !full) abort();
     int n = order_async(ord, s, p, m, Ub);
-    n = schedule_add_messages(full, ord, n, s, p, Ub * m, 0, 0);
+    n = schedule_add_messages(full, ord, n, s, p, Ub * m, 0, 0, 0);
     int rc = cut_body(sc, s, full, n, t0, pool);
     free(ord), free(full);
     if (rc) return -1;

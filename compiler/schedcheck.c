@@ -293,38 +293,44 @@ static int check_xring(const Schedule *sc, int s) {
   return rc;
 }
 
-/* Whether a compute action's function reaches the ring (grad: the gradient ring): the forward ring's
- * values for F, B and I (and W, unless the list splits the backward: then what W reads lives in the
- * gradient ring, which F fills); the gradient ring for every backward half. */
-static int ring_needed(int kind, int split, int grad) {
-  if (grad) return kind == ACT_B || kind == ACT_I || kind == ACT_W || (split && kind == ACT_F);
-  return kind == ACT_F || kind == ACT_B || kind == ACT_I || (!split && kind == ACT_W);
+/* Whether a compute action's function reaches ring r (0 forward, 1 gradient, 2 late values): the forward
+ * ring's values for F, B and I (and W, unless the stage's split backward has the late layout: then what W
+ * reads of the forward lives in the late ring, which F fills and I and W read); the gradient ring for
+ * every backward. */
+static int ring_needed(int kind, int late, int r) {
+  if (r == 1) return kind == ACT_B || kind == ACT_I || kind == ACT_W;
+  if (r == 2) return late && (kind == ACT_F || kind == ACT_I || kind == ACT_W);
+  return kind == ACT_F || kind == ACT_B || kind == ACT_I || (!late && kind == ACT_W);
 }
+
+static int ring_of(const Action *a, int r) { return r == 0 ? a->slot : r == 1 ? a->gslot : a->wslot; }
 
 /* One ring (rank s's, or with chunks its chunk ch's): every compute action has the copy its function
  * reaches, every action of mb uses the slot mb took, and a slot is taken only once its previous
  * holder's last action has run. */
 static int check_ring(const Schedule *sc, int s, int ch, int grad) {
-  int m = sched_mbs(sc), n = sc->nact[s], st = sched_stage(sc, s, ch), size = grad ? sc->ngslots[st] : sc->nslots[st];
-  int *slot = malloc(sizeof(int) * (size_t)m), *last = malloc(sizeof(int) * (size_t)m), *owner = malloc(sizeof(int) * (size_t)size);
+  int m = sched_mbs(sc), n = sc->nact[s], st = sched_stage(sc, s, ch);
+  int size = grad == 2 ? (sc->nwslots ? sc->nwslots[st] : 0) : grad ? sc->ngslots[st] : sc->nslots[st];
+  int *slot = malloc(sizeof(int) * (size_t)m), *last = malloc(sizeof(int) * (size_t)m), *owner = malloc(sizeof(int) * (size_t)(size + 1));
   if (!slot || !last || !owner) abort();
   for (int i = 0; i < m; i++) slot[i] = last[i] = -1;
   for (int i = 0; i < size; i++) owner[i] = -1;
   for (int k = 0; k < n; k++) {
     const Action *a = &sc->act[s][k];
-    if (a->mb >= 0 && (grad ? a->gslot : a->slot) >= 0 && a->chunk == ch) last[a->mb] = k;
+    if (a->mb >= 0 && ring_of(a, grad) >= 0 && a->chunk == ch) last[a->mb] = k;
   }
   int rc = 0, split = 0;
   char b[32], w[64];
-  const char *ring = grad ? "gslot" : "slot";
+  const char *ring = grad == 2 ? "wslot" : grad ? "gslot" : "slot";
   who(sc, s, ch, w, sizeof w);
   for (int k = 0; k < n; k++) split |= sc->act[s][k].kind == ACT_I && sc->act[s][k].chunk == ch;
+  int late = split && !(sc->hold && sc->hold[st]);
   for (int k = 0; k < n && !rc; k++) {
     const Action *a = &sc->act[s][k];
-    int x = grad ? a->gslot : a->slot;
-    if (a->mb >= 0 && a->chunk == ch && x < 0 && ring_needed(a->kind, split, grad) && !(grad && sc->forward_only))
+    int x = ring_of(a, grad);
+    if (a->mb >= 0 && a->chunk == ch && x < 0 && ring_needed(a->kind, late, grad) && !(grad && sc->forward_only))
       rc = err_set("schedule: %s: %s (action %d) has no %s, but its function reaches that ring%s", w, action_str(a, b, sizeof b), k, ring,
-                   grad && a->kind == ACT_F ? " (under a split backward the forward writes there what W reads)" : "");
+                   grad == 2 ? " (under a split backward the forward writes there what W reads)" : "");
     if (a->mb < 0 || x < 0 || a->chunk != ch) continue;
     if (x >= size) {
       rc = err_set("schedule: %s: %s uses %s %d of a ring of %d", w, action_str(a, b, sizeof b), ring, x, size);
@@ -585,10 +591,11 @@ static int fb_validate(const Schedule *sc) {
   return rc;
 }
 
-/* Rank s's rings: one pair per chunk. */
+/* Rank s's rings: forward, gradient and late values, per chunk. */
 static int check_rings(const Schedule *sc, int s) {
   for (int ch = 0; ch < (sc->nchunks > 1 ? sc->nchunks : 1); ch++)
-    if (check_ring(sc, s, ch, 0) || check_ring(sc, s, ch, 1)) return -1;
+    for (int r = 0; r < 3; r++)
+      if (check_ring(sc, s, ch, r)) return -1;
   return check_xring(sc, s);
 }
 

@@ -149,8 +149,10 @@ int schedule_build_chunked(Schedule *sc, int kind, int n, int V, int m, const St
   sc->act = pool_alloc(pool, sizeof(Action *) * (size_t)n);
   sc->nact = pool_alloc(pool, sizeof(int) * (size_t)n);
   sc->busy = pool_alloc(pool, sizeof(double) * (size_t)n);
-  int **per_stage[] = {&sc->nslots, &sc->ngslots, &sc->nxslots, &sc->nstore}; /* no offload with chunks: nxslots, nstore 0 */
+  int **per_stage[] = {&sc->nslots, &sc->ngslots, &sc->nwslots, &sc->nxslots, &sc->nstore}; /* no offload with chunks: nxslots, nstore 0 */
   for (size_t k = 0; k < sizeof per_stage / sizeof per_stage[0]; k++) *per_stage[k] = pool_alloc(pool, sizeof(int) * (size_t)S);
+  sc->hold = pool_alloc(pool, sizeof(int) * (size_t)S);
+  sc->rings = pool_alloc(pool, sizeof(RingSizes) * (size_t)S);
   Action **ord = pool_alloc(pool, sizeof(Action *) * (size_t)n);
   int *len = pool_alloc(pool, sizeof(int) * (size_t)n);
   for (int r = 0; r < n; r++) ord[r] = pool_alloc(pool, sizeof(Action) * (size_t)(3 * V * m + 1));
@@ -164,6 +166,7 @@ int schedule_build_chunked(Schedule *sc, int kind, int n, int V, int m, const St
     sc->act[r] = pool_alloc(pool, sizeof(Action) * (size_t)(7 * V * m + 2));
     sc->nact[r] = schedule_add_messages_chunked(sc, r, sc->act[r], ord[r], len[r]);
     schedule_assign_slots(sc, r);
+    schedule_ring_sizes(sc, r);
   }
   schedule_time(sc, cost); /* a stall is reported by schedule_validate, with names */
   err_clear();

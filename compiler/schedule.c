@@ -52,7 +52,7 @@ const char *action_str(const Action *a, char *buf, size_t len) {
   return buf;
 }
 
-Action action_make(int kind, int mb) { return (Action){kind, mb, -1, -1, -1, -1, 0, 0, 0}; }
+Action action_make(int kind, int mb) { return (Action){kind, mb, -1, -1, -1, -1, -1, 0, 0, 0}; }
 static Action act(int kind, int mb) { return action_make(kind, mb); }
 
 /* ---- compute orders ---- */
@@ -106,29 +106,17 @@ static void order_zb1(Action **ord, int *len, int p, int m, Pool *pool) {
 
 /* ---- messages ---- */
 
-/* Whether a list splits its backwards into I and W (zb1, zbv): then a
- * micro-batch's forward ring slot is dead after its I, and what its W
- * still reads lives in the gradient ring, taken at its F (memplan.c, "the
- * late values"). */
-static int list_splits(const Action *c, int n) {
-  for (int k = 0; k < n; k++)
-    if (c[k].kind == ACT_I) return 1;
-  return 0;
-}
-
 /* For each micro-batch, where its slot is taken in the compute order (F;
- * for gradients B/I, or F in a split list) and after which action it is
- * dead (B, I in a split list, W for gradients; F in a forward-only
+ * for gradients B/I) and after which action it is dead (B or W, or I for a
+ * forward copy in the late layout of zb1 and zbv; F in a forward-only
  * program), and the most live at once. */
-static int live_span(const Action *c, int n, int m, int grad, int *take_at, int *release_at) {
-  int split = list_splits(c, n);
+static int live_span(const Action *c, int n, int m, int grad, int late, int *take_at, int *release_at) {
   for (int i = 0; i < m; i++) take_at[i] = release_at[i] = -1;
   for (int k = 0; k < n; k++) {
     int kind = c[k].kind, mb = c[k].mb;
     if (mb < 0) continue; /* an UPDATE (async lists have one per step) */
-    int takes = grad ? kind == ACT_B || kind == ACT_I || (split && kind == ACT_F) : kind == ACT_F;
-    if (take_at[mb] < 0 && takes) take_at[mb] = k;
-    if (grad ? kind == ACT_B || kind == ACT_W : split ? kind != ACT_W : kind != ACT_I) release_at[mb] = k;
+    if (take_at[mb] < 0 && (grad ? kind == ACT_B || kind == ACT_I : kind == ACT_F)) take_at[mb] = k;
+    if (grad ? kind == ACT_B || kind == ACT_W : late ? kind != ACT_W : kind != ACT_I) release_at[mb] = k;
   }
   int *delta = calloc((size_t)n + 1, sizeof(int)), live = 0, peak = 0;
   if (!delta) abort();
@@ -140,28 +128,26 @@ static int live_span(const Action *c, int n, int m, int grad, int *take_at, int 
 }
 
 /* Interleaves the compute order with SEND/RECV/SEND_GRAD/RECV_GRAD, and
- * the UPDATE last unless the order has its own (final_update 0). */
-int schedule_add_messages(Action *out, const Action *c, int n, int s, int p, int m, int fwd_only, int final_update) {
+ * the UPDATE last unless the order has its own (final_update 0); late: the
+ * stage's forward copy is free after I (the late layout), so receives
+ * are posted by that. */
+int schedule_add_messages(Action *out, const Action *c, int n, int s, int p, int m, int fwd_only, int final_update, int late) {
   int *take_at = malloc(sizeof(int) * (size_t)m), *rel = malloc(sizeof(int) * (size_t)m);
   int *gtake = malloc(sizeof(int) * (size_t)m), *grel = malloc(sizeof(int) * (size_t)m);
   if (!take_at || !rel || !gtake || !grel) abort();
-  int cap = live_span(c, n, m, 0, take_at, rel) + 1, gcap = fwd_only ? 0 : live_span(c, n, m, 1, gtake, grel) + 1;
+  int cap = live_span(c, n, m, 0, late, take_at, rel) + 1, gcap = fwd_only ? 0 : live_span(c, n, m, 1, 0, gtake, grel) + 1;
   if (cap > m) cap = m;
   if (gcap > m) gcap = m;
-  int k = 0, live = 0, glive = 0, nrecv = 0, ngrecv = 0, recv = s > 0, grecv = !fwd_only && s < p - 1, split = list_splits(c, n);
+  int k = 0, live = 0, glive = 0, nrecv = 0, ngrecv = 0, recv = s > 0, grecv = !fwd_only && s < p - 1;
   for (int j = 0; j < n; j++) {
     const Action *a = &c[j];
     int bwd = a->kind == ACT_B || a->kind == ACT_I;
-    /* Post receives while a slot is free, and always the one this action needs.  A split list's
-     * micro-batch holds its gslot from its F on, so its gradient's receive is posted right after
-     * that F (below), which costs no copy more. */
+    /* Post receives while a slot is free, and always the one this action needs. */
     while (recv && nrecv < m && (live < cap || (a->kind == ACT_F && a->mb >= nrecv))) out[k++] = act(ACT_RECV, nrecv++), live++;
-    while (grecv && ngrecv < m && ((!split && glive < gcap) || (bwd && a->mb >= ngrecv))) out[k++] = act(ACT_RECV_GRAD, ngrecv++), glive++;
+    while (grecv && ngrecv < m && (glive < gcap || (bwd && a->mb >= ngrecv))) out[k++] = act(ACT_RECV_GRAD, ngrecv++), glive++;
     out[k++] = *a;
     if (a->mb < 0) continue;
     if (a->kind == ACT_F && s < p - 1) out[k++] = act(ACT_SEND, a->mb);
-    if (a->kind == ACT_F && split)
-      while (grecv && ngrecv <= a->mb) out[k++] = act(ACT_RECV_GRAD, ngrecv++), glive++;
     if (bwd && s > 0) out[k++] = act(ACT_SEND_GRAD, a->mb);
     if (recv && rel[a->mb] == j) live--;
     if (grecv && grel[a->mb] == j) glive--;
@@ -175,20 +161,19 @@ int schedule_add_messages(Action *out, const Action *c, int n, int s, int p, int
  * interleaved with messages (as schedule_add_messages keeps for its one). */
 typedef struct ChunkMsg {
   int recv, grecv;          /* whether the chunk's stage receives values / gradients */
-  int split, nf;            /* the chunk's backward is split (its gslot is held from F: a gradient receive waits for
-                             * its F, posted right after it); the forwards placed so far */
   int cap, gcap, nrecv, ngrecv, live, glive;
   int *rel, *grel;          /* per mb: the index in the whole order after which its slot / gslot is dead */
 } ChunkMsg;
 
-/* The live spans of chunk ch's actions alone, as indices into the whole order c. */
-static void chunk_spans(const Action *c, int n, int m, int ch, ChunkMsg *q) {
+/* The live spans of chunk ch's actions alone, as indices into the whole order c (late: its stage has the
+ * late layout). */
+static void chunk_spans(const Action *c, int n, int m, int ch, int late, ChunkMsg *q) {
   Action *sub = malloc(sizeof(Action) * (size_t)(n + 1));
   int *idx = malloc(sizeof(int) * (size_t)(n + 1)), *take = malloc(sizeof(int) * (size_t)m), k = 0;
   if (!sub || !idx || !take) abort();
   for (int j = 0; j < n; j++)
     if (c[j].chunk == ch) sub[k] = c[j], idx[k++] = j;
-  q->cap = live_span(sub, k, m, 0, take, q->rel) + 1, q->gcap = live_span(sub, k, m, 1, take, q->grel) + 1;
+  q->cap = live_span(sub, k, m, 0, late, take, q->rel) + 1, q->gcap = live_span(sub, k, m, 1, 0, take, q->grel) + 1;
   q->cap = q->cap > m ? m : q->cap, q->gcap = q->gcap > m ? m : q->gcap;
   for (int i = 0; i < m; i++) {
     if (q->rel[i] >= 0) q->rel[i] = idx[q->rel[i]];
@@ -204,7 +189,6 @@ static void chunk_spans(const Action *c, int n, int m, int ch, ChunkMsg *q) {
 static int post_chunk(Action *out, int k, ChunkMsg *q, int ch, int m, int grad, int need) {
   int kind = grad ? ACT_RECV_GRAD : ACT_RECV, on = grad ? q->grecv : q->recv;
   int *posted = grad ? &q->ngrecv : &q->nrecv, *live = grad ? &q->glive : &q->live, cap = grad ? q->gcap : q->cap;
-  if (grad && q->split) cap = 0, need = need > q->nf - 1 ? need : q->nf - 1;
   while (on && *posted < m && (*live < cap || need >= *posted)) {
     out[k] = act(kind, (*posted)++), out[k++].chunk = ch;
     (*live)++;
@@ -220,8 +204,9 @@ int schedule_add_messages_chunked(const Schedule *sc, int r, Action *out, const 
   for (int ch = 0; ch < V; ch++) {
     int st = sched_stage(sc, r, ch);
     q[ch].recv = st > 0, q[ch].grecv = st < S - 1, q[ch].rel = spans + 2 * ch * m, q[ch].grel = q[ch].rel + m;
-    chunk_spans(c, n, m, ch, &q[ch]);
-    for (int j = 0; j < n; j++) q[ch].split |= c[j].kind == ACT_I && c[j].chunk == ch;
+    int split = 0;
+    for (int j = 0; j < n; j++) split |= c[j].kind == ACT_I && c[j].chunk == ch;
+    chunk_spans(c, n, m, ch, split && !(sc->hold && sc->hold[st]), &q[ch]);
   }
   for (int j = 0; j < n; j++) {
     const Action *a = &c[j];
@@ -236,7 +221,6 @@ int schedule_add_messages_chunked(const Schedule *sc, int r, Action *out, const 
       if (sched_rank_of(sc, st + 1) == r) k = post_chunk(out, k, &q[sched_chunk_of(sc, st + 1)], sched_chunk_of(sc, st + 1), m, 0, a->mb);
       out[k] = act(ACT_SEND, a->mb), out[k++].chunk = a->chunk;
     }
-    if (a->kind == ACT_F && q[a->chunk].split) q[a->chunk].nf++, k = post_chunk(out, k, &q[a->chunk], a->chunk, m, 1, -1);
     if (bwd && st > 0) {
       if (sched_rank_of(sc, st - 1) == r) k = post_chunk(out, k, &q[sched_chunk_of(sc, st - 1)], sched_chunk_of(sc, st - 1), m, 1, a->mb);
       out[k] = act(ACT_SEND_GRAD, a->mb), out[k++].chunk = a->chunk;
@@ -252,15 +236,15 @@ int schedule_add_messages_chunked(const Schedule *sc, int r, Action *out, const 
 
 /* ---- slots ---- */
 
-/* The actions that reach a micro-batch's forward ring copy and its gradient ring copy.  In a split list
- * (zb1, zbv) W reaches only the gradient ring, and F and RECOMPUTE reach both: the values W reads are
- * written there by the forward (memplan.c, "the late values"). */
-static int reads_fwd(int kind, int split) {
-  return kind == ACT_F || kind == ACT_SEND || kind == ACT_B || kind == ACT_I || (!split && kind == ACT_W) || kind == ACT_RECOMPUTE;
-}
-static int reads_grad(int kind, int split) {
-  return kind == ACT_B || kind == ACT_I || kind == ACT_W || kind == ACT_SEND_GRAD || kind == ACT_RECV_GRAD ||
-         (split && (kind == ACT_F || kind == ACT_RECOMPUTE));
+/* The actions that reach a micro-batch's copy of each ring (0 forward, 1 gradient, 2 late values).  In
+ * a split list (zb1, zbv) W does not reach the forward ring: what it reads of the forward lives in the
+ * late ring, which F fills and RECOMPUTE and I read too (memplan.c, "the late values"). */
+static int reaches(int ring, int kind, int late) {
+  if (ring == 0)
+    return kind == ACT_F || kind == ACT_SEND || kind == ACT_B || kind == ACT_I || (!late && kind == ACT_W) || kind == ACT_RECOMPUTE ||
+           kind == ACT_RECV;
+  if (ring == 1) return kind == ACT_B || kind == ACT_I || kind == ACT_W || kind == ACT_SEND_GRAD || kind == ACT_RECV_GRAD;
+  return late && (kind == ACT_F || kind == ACT_I || kind == ACT_W || kind == ACT_RECOMPUTE);
 }
 
 /* Takes the lowest free slot of a ring; grows the ring's size as needed. */
@@ -272,56 +256,122 @@ static int take(int *owner, int *size, int mb) {
   return k;
 }
 
-/* One ring pair: the actions of chunk ch (-1: all of them) of rank s's list. */
-static void assign_ring(Schedule *sc, int s, int ch, int *nslots, int *ngslots) {
-  Action *a = sc->act[s];
-  int n = sc->nact[s], m = sc->m;
-  /* Per ring r (0 forward, 1 gradient): who owns each slot, mb's slot, the last action touching mb. */
-  int *owner[2], *slot[2], *last[2];
-  for (int r = 0; r < 2; r++) {
+/* The rings of chunk ch (-1: all of them) of the list a (n actions): each micro-batch takes the lowest
+ * free copy at its first action reaching the ring and frees it after its last; size[r] is the most taken
+ * at once.  A split list (its I's) in the hold layout keeps W on the forward ring; in the late one W
+ * reaches the late ring.  dry: only the sizes, the actions as they are. */
+static void assign_ring(Action *a, int n, int m, int ch, int hold, int dry, int *size[3]) {
+  int split = 0;
+  /* Per ring r: who owns each copy, mb's copy, the last action touching mb. */
+  int *owner[3], *slot[3], *last[3];
+  for (int r = 0; r < 3; r++) {
     owner[r] = malloc(sizeof(int) * (size_t)(m + 1)), slot[r] = malloc(sizeof(int) * (size_t)m), last[r] = malloc(sizeof(int) * (size_t)m);
     if (!owner[r] || !slot[r] || !last[r]) abort();
     for (int i = 0; i < m; i++) owner[r][i] = slot[r][i] = last[r][i] = -1;
     owner[r][m] = -1;
+    *size[r] = 0;
   }
-  int split = 0;
   for (int k = 0; k < n; k++) split |= a[k].kind == ACT_I && (ch < 0 || a[k].chunk == ch);
+  int late = split && !hold;
+  for (int k = 0; k < n; k++)
+    for (int r = 0; r < 3; r++)
+      if (a[k].mb >= 0 && a[k].mb < m && (ch < 0 || a[k].chunk == ch) && reaches(r, a[k].kind, late)) last[r][a[k].mb] = k;
   for (int k = 0; k < n; k++) {
-    if (a[k].mb < 0 || a[k].mb >= m || (ch >= 0 && a[k].chunk != ch)) continue;
-    if (reads_fwd(a[k].kind, split) || a[k].kind == ACT_RECV) last[0][a[k].mb] = k;
-    if (reads_grad(a[k].kind, split)) last[1][a[k].mb] = k;
-  }
-  *nslots = *ngslots = 0;
-  for (int k = 0; k < n; k++) {
-    int mb = a[k].mb, kind = a[k].kind;
+    int mb = a[k].mb;
     if (ch >= 0 && a[k].chunk != ch) continue;
-    a[k].slot = a[k].gslot = -1;
-    if (mb < 0 || mb >= m) continue;
-    if (reads_fwd(kind, split) || kind == ACT_RECV) {
-      if (slot[0][mb] < 0) slot[0][mb] = take(owner[0], nslots, mb);
-      a[k].slot = slot[0][mb];
+    int none[3], *field[3] = {&a[k].slot, &a[k].gslot, &a[k].wslot};
+    for (int r = 0; r < 3 && dry; r++) field[r] = &none[r];
+    for (int r = 0; r < 3; r++) {
+      *field[r] = -1;
+      if (mb < 0 || mb >= m || !reaches(r, a[k].kind, late)) continue;
+      if (slot[r][mb] < 0) slot[r][mb] = take(owner[r], size[r], mb);
+      *field[r] = slot[r][mb];
     }
-    if (reads_grad(kind, split)) {
-      if (slot[1][mb] < 0) slot[1][mb] = take(owner[1], ngslots, mb);
-      a[k].gslot = slot[1][mb];
-    }
-    for (int r = 0; r < 2; r++)
-      if (last[r][mb] == k && slot[r][mb] >= 0) owner[r][slot[r][mb]] = -1;
+    for (int r = 0; r < 3; r++)
+      if (mb >= 0 && mb < m && last[r][mb] == k && slot[r][mb] >= 0) owner[r][slot[r][mb]] = -1;
   }
-  if (!*nslots) *nslots = 1;
-  if (!*ngslots) *ngslots = 1;
-  for (int r = 0; r < 2; r++) free(owner[r]), free(slot[r]), free(last[r]);
+  if (!*size[0]) *size[0] = 1;
+  if (!*size[1]) *size[1] = 1;
+  for (int r = 0; r < 3; r++) free(owner[r]), free(slot[r]), free(last[r]);
 }
 
 void schedule_assign_slots(Schedule *sc, int s) {
-  if (sc->nchunks <= 1) {
-    assign_ring(sc, s, -1, &sc->nslots[s], &sc->ngslots[s]);
-    return;
+  for (int ch = 0; ch < (sc->nchunks > 1 ? sc->nchunks : 1); ch++) {
+    int st = sc->nchunks > 1 ? sched_stage(sc, s, ch) : s, hold = sc->hold && sc->hold[st];
+    assign_ring(sc->act[s], sc->nact[s], sc->m, sc->nchunks > 1 ? ch : -1, hold, 0,
+                (int *[3]){&sc->nslots[st], &sc->ngslots[st], &sc->nwslots[st]});
+    if (!sc->rings) continue;
+    /* The layout the list has: its sizes (an edited list's, the memory plan's: the other layout's stay). */
+    RingSizes *z = &sc->rings[st];
+    if (hold) z->hslots = sc->nslots[st];
+    else z->slots = sc->nslots[st], z->wslots = sc->nwslots[st];
+    if (!sc->hold || !sched_splits(sc->kind)) z->hslots = z->slots;
+    z->gslots = sc->ngslots[st];
   }
-  for (int ch = 0; ch < sc->nchunks; ch++) {
-    int st = sched_stage(sc, s, ch);
-    assign_ring(sc, s, ch, &sc->nslots[st], &sc->ngslots[st]);
+}
+
+RingSizes sched_rings(const Schedule *sc, int st) {
+  if (sc->rings) return sc->rings[st];
+  return (RingSizes){sc->nslots[st], sc->nslots[st], sc->ngslots[st], 0};
+}
+
+/* Rank r's list with its messages placed again for its stages' layouts (sc->hold), into out: its compute
+ * order (with the replicas' sums) is the list's.  Returns the length, the list's own. */
+static int place_again(const Schedule *sc, int r, Action *out) {
+  int n = sc->nact[r], nc = 0;
+  Action *c = malloc(sizeof(Action) * (size_t)(n + 1));
+  if (!c) abort();
+  for (int k = 0; k < n; k++) {
+    int kind = sc->act[r][k].kind;
+    if (action_is_compute(kind) || kind == ACT_REDUCE || kind == ACT_REDUCE_WAIT) c[nc++] = sc->act[r][k];
   }
+  int k = sc->nchunks > 1 ? schedule_add_messages_chunked(sc, r, out, c, nc)
+                          : schedule_add_messages(out, c, nc, r, sc->nstages, sc->m, sc->forward_only, 1, !(sc->hold && sc->hold[r]));
+  free(c);
+  if (k != n) abort(); /* the same actions, placed otherwise */
+  return k;
+}
+
+void schedule_placed(const Schedule *sc, int r, int hold, Action *out) {
+  Schedule u = *sc;
+  int S = sched_nvstages(sc);
+  u.hold = malloc(sizeof(int) * (size_t)(S + 1));
+  if (!u.hold) abort();
+  for (int st = 0; st < S; st++) u.hold[st] = sched_splits(sc->kind) && sched_rank_of(sc, st) == r ? hold : sc->hold ? sc->hold[st] : 0;
+  place_again(&u, r, out);
+  free(u.hold);
+}
+
+void schedule_ring_sizes(Schedule *sc, int s) {
+  int V = sc->nchunks > 1 ? sc->nchunks : 1, junk;
+  if (!sc->rings || !sc->hold || !sched_splits(sc->kind)) return;
+  Action *tmp = malloc(sizeof(Action) * (size_t)(sc->nact[s] + 1));
+  int *was = malloc(sizeof(int) * (size_t)V);
+  if (!tmp || !was) abort();
+  for (int h = 0; h < 2; h++) {
+    for (int ch = 0; ch < V; ch++) was[ch] = sc->hold[sched_stage(sc, s, ch)], sc->hold[sched_stage(sc, s, ch)] = h;
+    place_again(sc, s, tmp);
+    for (int ch = 0; ch < V; ch++) {
+      int st = sched_stage(sc, s, ch);
+      RingSizes *z = &sc->rings[st];
+      if (h) assign_ring(tmp, sc->nact[s], sc->m, V > 1 ? ch : -1, 1, 1, (int *[3]){&z->hslots, &junk, &junk});
+      else assign_ring(tmp, sc->nact[s], sc->m, V > 1 ? ch : -1, 0, 1, (int *[3]){&z->slots, &z->gslots, &z->wslots});
+      sc->hold[st] = was[ch];
+    }
+  }
+  free(tmp), free(was);
+}
+
+void schedule_hold(Schedule *sc, int st, int hold) {
+  if (!sc->hold || sc->hold[st] == hold) return;
+  int r = sched_rank_of(sc, st);
+  sc->hold[st] = hold;
+  Action *tmp = malloc(sizeof(Action) * (size_t)(sc->nact[r] + 1));
+  if (!tmp) abort();
+  place_again(sc, r, tmp);
+  memcpy(sc->act[r], tmp, sizeof(Action) * (size_t)sc->nact[r]);
+  free(tmp);
+  schedule_assign_slots(sc, r);
 }
 
 /* ---- timing ---- */
@@ -884,6 +934,9 @@ void schedule_build(Schedule *sc, int kind, int p, int m, int fwd_only, const St
   sc->nact = pool_alloc(pool, sizeof(int) * (size_t)p);
   sc->nslots = pool_alloc(pool, sizeof(int) * (size_t)p);
   sc->ngslots = pool_alloc(pool, sizeof(int) * (size_t)p);
+  sc->nwslots = pool_alloc(pool, sizeof(int) * (size_t)p);
+  sc->hold = pool_alloc(pool, sizeof(int) * (size_t)p);
+  sc->rings = pool_alloc(pool, sizeof(RingSizes) * (size_t)p);
   sc->busy = pool_alloc(pool, sizeof(double) * (size_t)p);
   Action **ord = pool_alloc(pool, sizeof(Action *) * (size_t)p);
   int *len = pool_alloc(pool, sizeof(int) * (size_t)p);
@@ -896,8 +949,9 @@ void schedule_build(Schedule *sc, int kind, int p, int m, int fwd_only, const St
   for (int s = 0; s < p; s++) {
     /* At most 3 compute and 4 message actions per micro-batch, and the update. */
     sc->act[s] = pool_alloc(pool, sizeof(Action) * (size_t)(7 * m + 2));
-    sc->nact[s] = schedule_add_messages(sc->act[s], ord[s], len[s], s, p, m, fwd_only, 1);
+    sc->nact[s] = schedule_add_messages(sc->act[s], ord[s], len[s], s, p, m, fwd_only, 1, kind == SCHED_ZB1);
     schedule_assign_slots(sc, s);
+    schedule_ring_sizes(sc, s);
   }
   schedule_time(sc, cost); /* a stall is reported by schedule_validate, with names */
   err_clear();
@@ -935,6 +989,7 @@ void schedule_build_pipefb(Schedule *sc, const FbLinks *fb, int n, int m, const 
   sc->nact = pool_alloc(pool, sizeof(int) * (size_t)n);
   sc->nslots = pool_alloc(pool, sizeof(int) * (size_t)n);
   sc->ngslots = pool_alloc(pool, sizeof(int) * (size_t)n);
+  sc->nwslots = pool_alloc(pool, sizeof(int) * (size_t)n); /* no late values: pipefb does not split its backward */
   sc->busy = pool_alloc(pool, sizeof(double) * (size_t)n);
   int two = m < 2 ? m : 2; /* ring slots: one micro-batch computed while the other's messages leave */
   for (int s = 0; s < n; s++) {

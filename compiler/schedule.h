@@ -15,11 +15,22 @@ enum {
   ACT_NKINDS
 };
 
+/* A stage's ring sizes for its memory plan (memplan.c).  Under a split backward (zb1, zbv) the stage
+ * program picks one of two layouts, and the lists then follow it (Schedule.hold):
+ * - late: the forward ring copy is free after I, and what W reads of the forward is a late value, a copy
+ *   per wslot held from F to W: `slots` forward copies, `wslots` late copies;
+ * - hold: W reads the forward ring, whose copy is held until W: `hslots` forward copies, no late ring.
+ * Without a split, slots = hslots and wslots = 0. */
+typedef struct RingSizes {
+  int slots, hslots, gslots, wslots;
+} RingSizes;
+
 typedef struct Action {
   int kind;          /* ACT_* */
   int mb;            /* micro-batch, -1 for UPDATE */
   int slot;          /* ring copy of mb's forward values, -1 if the action does not touch them */
   int gslot;         /* gradient ring copy, -1 if the action does not touch it */
+  int wslot;         /* zb1, zbv: copy of mb's late values (kept forward values a W reads: memplan.c), -1 if none */
   int xslot;         /* copy of mb's leaving values (stash.c; HOLD/RETURN: store slot), -1 if none */
   int peer;          /* OFFLOAD/PREFETCH: the rank holding the data (-1: the file); HOLD/RETURN: its owner */
   int chunk;         /* which of the rank's stages (chunks) it belongs to: 0 unless sc->nchunks > 1 */
@@ -48,6 +59,10 @@ typedef struct Schedule {
   int *nact;         /* actions per rank */
   int *nslots;       /* forward ring copies per stage: the most slots live at once */
   int *ngslots;      /* gradient ring copies per stage */
+  int *nwslots;      /* late-value ring copies per stage (split lists: F to W; 0 otherwise) */
+  int *hold;         /* split lists, per stage: 1 if W holds the forward ring copy (the hold layout), 0 for the late
+                      * values (NULL: 0); the stage program's memory plan chooses (memplan.c), the lists follow */
+  RingSizes *rings;  /* per stage: the ring sizes of both layouts for the lists as they stand */
   int *nxslots;      /* copies of the leaving values per stage (0: the stage offloads and recomputes nothing) */
   int *nstore;       /* store slots per stage for a peer's offloaded values (0: it holds none) */
   double step_time;  /* predicted makespan of one step */
@@ -132,8 +147,9 @@ int schedule_validate_async(const Schedule *sc);
  * state (between two UPDATEs in the middle), fill_drain the rest. */
 void schedule_async_period(Schedule *sc);
 /* The compute order c (n actions) with its messages interleaved, into out;
- * the UPDATE appended last when final_update (async orders carry their own). */
-int schedule_add_messages(Action *out, const Action *c, int n, int s, int p, int m, int fwd_only, int final_update);
+ * the UPDATE appended last when final_update (async orders carry their own);
+ * late: zb1's late layout (the forward copy free after I) places the receives. */
+int schedule_add_messages(Action *out, const Action *c, int n, int s, int p, int m, int fwd_only, int final_update, int late);
 /* The same for rank r of a chunked schedule (sc's nstages, nchunks, kind
  * and m): each chunk's messages as its stage needs them, and a receive
  * from a stage on the same rank posted before the send that copies into it. */
@@ -142,8 +158,20 @@ int schedule_add_messages_chunked(const Schedule *sc, int r, Action *out, const 
  * sends and receives, no deadlock, no slot taken while still live.  0, or -1
  * with err_set naming the ranks and actions. */
 int schedule_validate(const Schedule *sc);
-/* Re-derives slot/gslot assignments and ring sizes of an edited list (tests); chunked: each chunk's ring. */
+/* Re-derives slot/gslot/wslot assignments and ring sizes of an edited list (tests); chunked: each chunk's
+ * ring.  Each stage's rings follow sc->hold; sc->rings gets both layouts' sizes. */
 void schedule_assign_slots(Schedule *sc, int s);
+/* Stage st's ring sizes, both layouts (a stage's memory plan chooses; schedule_hold makes the lists follow). */
+RingSizes sched_rings(const Schedule *sc, int st);
+/* Rank r's list with its messages placed for its stages in layout `hold` (zb1, zbv), into out (nact[r] actions);
+ * the list itself stays as it is. */
+void schedule_placed(const Schedule *sc, int r, int hold, Action *out);
+/* Fresh split lists (zb1, zbv) of rank s: its stages' ring sizes in both layouts, each with the receives
+ * placed for it (sc->rings; the lists stay as they are). */
+void schedule_ring_sizes(Schedule *sc, int s);
+/* Stage st's layout (1: W holds the forward ring copy): when it changes, its rank's messages are placed
+ * again for it and its slots assigned (the caller times the lists again). */
+void schedule_hold(Schedule *sc, int st, int hold);
 /* Predicted timing of the lists as they stand; -1 with err_set if they stall. */
 int schedule_time(Schedule *sc, const StageCost *cost);
 /* More ranks than cores on one host: chooses the core each rank is pinned

@@ -44,13 +44,15 @@ static const char *work_what(const Buffer *b) {
 static const char *buf_what(const Graph *g, const Buffer *b, Pool *pool) {
   if (b->is_workspace) return work_what(b);
   if (b->kind == BUF_LABELS) return pool_printf(pool, "[%lld] int64, labels", (long long)(b->bytes / 8));
-  if (b->late) return pool_printf(pool, "%s, kept until its weight gradients (W): one copy per gradient slot", shape_str(&g->t[b->tensor]));
+  if (b->late) return pool_printf(pool, "%s, kept from its forward to its weight gradients (W): one copy per late slot (wslot)", shape_str(&g->t[b->tensor]));
+  if (b->kind == BUF_GRING && b->tensor >= 0 && !b->is_grad)
+    return pool_printf(pool, "%s, kept from I to W: one copy per gradient slot", shape_str(&g->t[b->tensor]));
   if (b->tensor >= 0) return pool_printf(pool, "%s, %s", shape_str(&g->t[b->tensor]), kind_name(b->kind));
   return kind_name(b->kind);
 }
 
 static int buf_view(const StageProg *sp, const Buffer *b) {
-  if (b->kind == BUF_RING) return b->fate != FATE_KEEP ? VIEW_XSLOT : b->late ? VIEW_GSLOT : VIEW_SLOT;
+  if (b->kind == BUF_RING) return b->fate != FATE_KEEP ? VIEW_XSLOT : b->late ? VIEW_WSLOT : VIEW_SLOT;
   if (b->kind == BUF_GRING) return VIEW_GSLOT;
   if (b->in_store) return VIEW_STORE;
   if (sp->nwversions && b->offset < sp->weights_bytes) return VIEW_WEIGHTS;
@@ -68,6 +70,9 @@ static void spec_buffers(const Plan *p, const StageProg *sp, StageSpec *o, Pool 
     x->is_int64 = b->dtype == DT_INT64 || b->kind == BUF_LABELS;
     x->view = buf_view(sp, b);
     x->what = buf_what(&p->g, b, pool);
+    if (b->copy_of && b->kind != BUF_GRING) /* the hold layout (memplan.c): laid out on the value it copies */
+      x->what = pool_printf(pool, "the same bytes as %s (W reads it in its own copy: the copy during I does nothing)",
+                            sp->bufs[b->copy_of - 1].name);
     if (x->view == VIEW_XSLOT)
       x->leaves = b->fate == FATE_OFFLOAD     ? "offloaded between its forward and backward"
                   : b->fate == FATE_RECOMPUTE ? "recomputed before its backward"

@@ -15,7 +15,7 @@
 /* How a function reaches a buffer: one copy, the copy of the micro-batch's
  * ring slot, gradient slot or leaving-value slot, or (async) the weights
  * version the running step computes on. */
-enum { VIEW_PLAIN, VIEW_SLOT, VIEW_GSLOT, VIEW_XSLOT, VIEW_WEIGHTS, VIEW_STORE };
+enum { VIEW_PLAIN, VIEW_SLOT, VIEW_GSLOT, VIEW_XSLOT, VIEW_WEIGHTS, VIEW_STORE, VIEW_WSLOT };
 
 typedef struct SpecBuffer {
   const char *name;      /* identifier; OFF_name and SIZE_name are its offset and size */

@@ -36,8 +36,11 @@ typedef struct Buffer {
   int chunk;            /* a rank program of --chunks V (chunks.c): the chunk whose program it came from (0 otherwise) */
   int in_store;         /* --offload-optimizer (optstore.c): optimizer state or a gradient kept in the stage's file; offset is
                          * its place there */
-  int late;             /* zb1, zbv: a kept BUF_RING value the W half reads, laid out in the gradient ring (a copy per
-                         * gslot, held from F to W) so that the forward ring copy is free after I (memplan.c) */
+  int late;             /* zb1, zbv: a kept BUF_RING value the W half reads, laid out in the late ring (a copy per
+                         * wslot, held from F to W) so that the forward ring copy is free after I (memplan.c) */
+  int split_kept;       /* zb1, zbv: a temporary memplan keeps for W (its kind is BUF_TEMP again before each layout) */
+  int copy_of;          /* zb1, zbv: 1 + the value at a cut this buffer copies for W during I (autodiff.c split_copies);
+                         * in the hold layout it is that value itself (the same bytes: the copy does nothing) */
 } Buffer;
 
 /* What happens to a stashed activation between a micro-batch's forward and
@@ -157,6 +160,8 @@ typedef struct StageProg {
   struct TiePart { int buf, stage, node; } **parts; /* stage: who computes it; -1 while pricing a candidate stage */
   int *nparts;
   int nslots, ngslots;  /* ring and gradient ring copies (the schedule's simulation) */
+  int nwslots;          /* zb1, zbv: late-value ring copies (a micro-batch's from its F to its W; memplan.c) */
+  int hold;             /* zb1, zbv: the memory plan's layout: 1 W reads the forward ring (held until W), 0 the late values */
   /* The memory plan (stash.c): values whose fate is not KEEP live in nxslots
    * copies of one block, xstride bytes apart from xbase; its first xout bytes
    * are what an OFFLOAD copies out (the offloaded values, contiguous), the
@@ -195,7 +200,7 @@ typedef struct StageProg {
    * sizes (a ring copy count is its chunk's), and the chunk the loss follows (-1: none).  nchunks 0:
    * a stage's own program. */
   int nchunks, loss_chunk;
-  int *cstage, *cslots, *cgslots;
+  int *cstage, *cslots, *cgslots, *cwslots, *chold;
   /* --replicas R (replica.c, memplan.c): the weight gradients' region [grad_lo, grad_hi) of the arena, summed
    * over the replicas in buckets; the other replicas' copies of this rank's shard land in (R - 1) shards from
    * reduce_base (reduce_bytes in all, counted in mem_grads). */

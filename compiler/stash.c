@@ -303,7 +303,8 @@ static void set_opt_out(Work *w, int s, int mode) {
 static int64_t layout(Work *w, int s, const char *f) {
   StageProg *sp = &w->p->progs[s];
   for (int b = 0; b < sp->nbufs; b++) sp->bufs[b].fate = f ? f[b] : FATE_KEEP;
-  memplan(w->p, sp, w->sc.nslots[s], w->sc.ngslots[s]);
+  /* zb1: in the layout the stage has (plan_programs, other_layout), with its list's rings as they stand */
+  memplan_keep(w->p, sp, (RingSizes){w->sc.nslots[s], w->sc.nslots[s], w->sc.ngslots[s], w->sc.nwslots[s]});
   return sp->arena_bytes;
 }
 
@@ -536,7 +537,7 @@ static int fill(Work *w, int s, int strat, int lead, int peer, int rxkeep, doubl
  * loses is undone). */
 typedef struct Saved {
   Action **act;
-  int *nact, *nslots, *ngslots, *nxslots, *nstore;
+  int *nact, *nslots, *ngslots, *nwslots, *nxslots, *nstore, *hold;
   StageCost *cost;
   Shape *shape;
 } Saved;
@@ -544,17 +545,18 @@ typedef struct Saved {
 static void save(Work *w, Saved *v, int maxact) {
   int p = w->sc.nstages;
   v->act = malloc(sizeof(Action *) * (size_t)p);
-  v->nact = malloc(sizeof(int) * (size_t)p * 5);
+  v->nact = malloc(sizeof(int) * (size_t)p * 7);
   v->cost = malloc(sizeof(StageCost) * (size_t)p);
   v->shape = malloc(sizeof(Shape) * (size_t)p);
   if (!v->act || !v->nact || !v->cost || !v->shape) abort();
   v->nslots = v->nact + p, v->ngslots = v->nact + 2 * p, v->nxslots = v->nact + 3 * p, v->nstore = v->nact + 4 * p;
+  v->nwslots = v->nact + 5 * p, v->hold = v->nact + 6 * p;
   for (int s = 0; s < p; s++) {
     v->act[s] = malloc(sizeof(Action) * (size_t)maxact);
     if (!v->act[s]) abort();
     memcpy(v->act[s], w->sc.act[s], sizeof(Action) * (size_t)w->sc.nact[s]);
-    v->nact[s] = w->sc.nact[s], v->nslots[s] = w->sc.nslots[s], v->ngslots[s] = w->sc.ngslots[s];
-    v->nxslots[s] = w->sc.nxslots[s], v->nstore[s] = w->sc.nstore[s];
+    v->nact[s] = w->sc.nact[s], v->nslots[s] = w->sc.nslots[s], v->ngslots[s] = w->sc.ngslots[s], v->nwslots[s] = w->sc.nwslots[s];
+    v->nxslots[s] = w->sc.nxslots[s], v->nstore[s] = w->sc.nstore[s], v->hold[s] = w->sc.hold ? w->sc.hold[s] : 0;
   }
   memcpy(v->cost, w->cost, sizeof(StageCost) * (size_t)p);
   memcpy(v->shape, w->shape, sizeof(Shape) * (size_t)p);
@@ -564,8 +566,9 @@ static void restore(Work *w, const Saved *v) {
   int p = w->sc.nstages;
   for (int s = 0; s < p; s++) {
     memcpy(w->sc.act[s], v->act[s], sizeof(Action) * (size_t)v->nact[s]);
-    w->sc.nact[s] = v->nact[s], w->sc.nslots[s] = v->nslots[s], w->sc.ngslots[s] = v->ngslots[s];
+    w->sc.nact[s] = v->nact[s], w->sc.nslots[s] = v->nslots[s], w->sc.ngslots[s] = v->ngslots[s], w->sc.nwslots[s] = v->nwslots[s];
     w->sc.nxslots[s] = v->nxslots[s], w->sc.nstore[s] = v->nstore[s];
+    if (w->sc.hold) w->sc.hold[s] = v->hold[s];
     w->p->progs[s].nxslots = v->nxslots[s];
   }
   memcpy(w->cost, v->cost, sizeof(StageCost) * (size_t)p);
@@ -807,6 +810,21 @@ static int chunks_fit(const Plan *p) {
   return 0;
 }
 
+/* zb1: stage s in the other layout (memplan.c): its base lists placed for it (and the table's), the
+ * planner's list from them. */
+static void other_layout(Work *w, int s) {
+  Plan *p = w->p;
+  int h = !p->progs[s].hold;
+  schedule_hold(&p->sched, s, h), schedule_hold(&p->slots, s, h); /* the base lists are p->sched's */
+  schedule_time(&p->slots, p->unit);
+  err_clear();
+  p->progs[s].hold = h;
+  memcpy(w->sc.act[s], w->base[s], sizeof(Action) * (size_t)w->nbase[s]);
+  w->sc.nact[s] = w->nbase[s];
+  schedule_assign_slots(&w->sc, s);
+  layout(w, s, w->fates[s]);
+}
+
 int stash_plan(Plan *p) {
   int n = p->opt.nstages;
   Schedule *sc = &p->sched;
@@ -875,6 +893,12 @@ int stash_plan(Plan *p) {
     int s = order[i];
     double lim = plan_stage_limit(p, s);
     if (lim <= 0 || (double)p->progs[s].arena_bytes <= lim) continue;
+    if (!plan_stage(&w, s, lim, maxact)) continue;
+    if (!sched_splits(p->opt.schedule) || p->opt.split_layout != SPLIT_AUTO) return -1;
+    /* zb1: the stage kept the layout whose plain arena is smaller (plan_programs); with values leaving the
+     * other may be the one that fits: its lists, and the search again. */
+    err_clear();
+    other_layout(&w, s);
     if (plan_stage(&w, s, lim, maxact)) return -1;
   }
   for (int s = 0; s < n; s++) {
@@ -892,10 +916,10 @@ int stash_plan(Plan *p) {
   /* The plan takes the planner's lists. */
   for (int s = 0; s < n; s++) {
     sc->act[s] = w.sc.act[s], sc->nact[s] = w.sc.nact[s];
-    sc->nslots[s] = w.sc.nslots[s], sc->ngslots[s] = w.sc.ngslots[s];
+    sc->nslots[s] = w.sc.nslots[s], sc->ngslots[s] = w.sc.ngslots[s], sc->nwslots[s] = w.sc.nwslots[s];
     sc->nxslots[s] = w.sc.nxslots[s], sc->nstore[s] = w.sc.nstore[s];
     StageProg *sp = &p->progs[s];
-    sp->nslots = sc->nslots[s], sp->ngslots = sc->ngslots[s];
+    sp->nslots = sc->nslots[s], sp->ngslots = sc->ngslots[s], sp->nwslots = sc->nwslots[s];
     p->host_of = w.host_of;
     /* The recomputation's calls. */
     if (w.shape[s].has_rc) {
@@ -998,7 +1022,7 @@ double stash_floor(Plan *p, int s, int a, int e) {
        * keeps two copies of the largest, more than all of them where one weight is most) */
       for (int mode = 0; mode <= optstore_modes(p, &sp); mode++) {
         optstore_set(&sp, mode);
-        memplan(p, &sp, xrecv ? p->floor_nslots[2 * s + 1] : p->floor_nslots[2 * s], p->slots.ngslots[s]);
+        memplan(p, &sp, p->floor_rings[2 * s + (xrecv ? 1 : 0)]);
         if ((double)sp.arena_bytes < v && floor_what) describe_floor(p, &sp);
         if ((double)sp.arena_bytes < v) v = (double)sp.arena_bytes;
       }
@@ -1013,21 +1037,34 @@ double stash_floor(Plan *p, int s, int a, int e) {
 
 void stash_floor_slots(Plan *p) {
   int n = p->opt.nstages;
-  p->floor_nslots = pool_alloc(&p->g.pool, sizeof(int) * (size_t)(2 * n));
+  p->floor_rings = pool_alloc(&p->g.pool, sizeof(RingSizes) * (size_t)(2 * n));
   p->floor_nx = pool_alloc(&p->g.pool, sizeof(int) * (size_t)(2 * n));
   Schedule t = p->slots;
   t.act = pool_alloc(&p->g.pool, sizeof(Action *) * (size_t)n);
   t.nact = pool_alloc(&p->g.pool, sizeof(int) * (size_t)n);
   t.nslots = pool_alloc(&p->g.pool, sizeof(int) * (size_t)n);
   t.ngslots = pool_alloc(&p->g.pool, sizeof(int) * (size_t)n);
+  t.nwslots = pool_alloc(&p->g.pool, sizeof(int) * (size_t)n);
+  t.rings = pool_alloc(&p->g.pool, sizeof(RingSizes) * (size_t)n);
+  t.hold = pool_alloc(&p->g.pool, sizeof(int) * (size_t)n);
+  Action *base = pool_alloc(&p->g.pool, sizeof(Action) * (size_t)(p->slots.nact[0] + 1));
   for (int s = 0; s < n; s++) {
     t.act[s] = pool_alloc(&p->g.pool, sizeof(Action) * (size_t)(p->slots.nact[s] + 6 * p->slots.m + 8));
+    base = pool_realloc(&p->g.pool, base, sizeof(Action) * (size_t)(p->slots.nact[s] + 1));
     for (int xr = 0; xr < 2; xr++) {
       Shape sh = {1, 0, xr, 0, -1, 1, 1};
       int nx;
-      t.nact[s] = rebuild(p->slots.act[s], p->slots.nact[s], p->slots.m, &sh, t.act[s], &nx);
-      schedule_assign_slots(&t, s);
-      p->floor_nslots[2 * s + xr] = t.nslots[s];
+      RingSizes *z = &p->floor_rings[2 * s + xr];
+      /* zb1: each layout's rings with its own receives' places (schedule_placed); one layout only otherwise */
+      for (int h = 0; h < (sched_splits(t.kind) ? 2 : 1); h++) {
+        if (sched_splits(t.kind)) schedule_placed(&p->slots, s, h, base);
+        else memcpy(base, p->slots.act[s], sizeof(Action) * (size_t)p->slots.nact[s]);
+        t.hold[s] = h;
+        t.nact[s] = rebuild(base, p->slots.nact[s], p->slots.m, &sh, t.act[s], &nx);
+        schedule_assign_slots(&t, s);
+        if (h) z->hslots = t.nslots[s];
+        else *z = sched_rings(&t, s);
+      }
       p->floor_nx[2 * s + xr] = nx;
     }
   }

@@ -53,6 +53,7 @@ static uint64_t sched_hash(const PrStage *st) {
   for (int i = 0; i < st->nactions; i++) {
     const PrAction *a = &st->actions[i];
     h = fnv_i64(fnv_i64(fnv_i64(fnv_i64(h, a->kind), a->mb), a->slot), a->gslot);
+    if (a->wslot >= 0) h = fnv_i64(h, a->wslot); /* zb1, zbv: the late ring (a plan without it hashes as before) */
   }
   return fnv_i64(h, st->staleness);
 }

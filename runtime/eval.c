@@ -93,7 +93,7 @@ int pr_eval(int argc, char **argv, const PrStage *st) {
     if (rc) return rc;
     pr_dev_from_host(dev + st->recv[v].offset, st->arena + st->recv[v].offset, st->recv[v].bytes);
   }
-  st->forward(0, -1, -1); /* a forward-only program: no gradient ring */
+  st->forward(0, -1, -1, -1); /* a forward-only program: no gradient or late ring */
   pr_dev_sync();
   for (int v = 0; v < st->nsend; v++) {
     pr_dev_to_host(st->arena + st->send[v].offset, dev + st->send[v].offset, st->send[v].bytes);

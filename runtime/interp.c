@@ -25,7 +25,7 @@ double do_forward(Run *r, const PrAction *a) {
                cm->fsrc, cm->nfsrc, "the forward values of a micro-batch");
   landed_values(r, a);
   double t0 = now(), loss = 0;
-  (r->in_val && c->forward_eval ? c->forward_eval : c->forward)(a->slot, a->xslot, a->gslot);
+  (r->in_val && c->forward_eval ? c->forward_eval : c->forward)(a->slot, a->xslot, a->gslot, a->wslot);
   if (c->loss) {
     /* The labels are loaded through a host view and the loss reads them where they are on the device. */
     unsigned char *dev = dev_at(r, st->labels_offset);
@@ -49,11 +49,11 @@ static void do_recompute(Run *r, const PrAction *a) {
   wait_xslot_sends(r, a->xslot); /* a value sent from it by the micro-batch before */
   wait_xslot_in(r, a->xslot);
   double t0 = now();
-  r->st->recompute(a->slot, a->xslot, a->gslot);
+  r->st->recompute(a->slot, a->xslot, a->gslot, a->wslot);
   r->t_compute += now() - t0;
 }
 
-static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int, int)) {
+static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int, int, int)) {
   const PrStage *st = r->st;
   const PrChunk *c = &r->chunk[a->chunk];
   const ChunkMsg *cm = &r->cm[a->chunk];
@@ -68,7 +68,7 @@ static void do_backward(Run *r, const PrAction *a, void (*fn)(int, int, int)) {
   }
   if (a->xslot >= 0) wait_xslot_in(r, a->xslot);
   double t0 = now();
-  fn(a->slot, a->xslot, a->gslot);
+  fn(a->slot, a->xslot, a->gslot, a->wslot);
   if (a->kind != PR_W && a->gslot >= 0) pr_dev_record(&r->gslot_done[egslot(r, a)]); /* SEND_GRAD posts the gradients after it */
   double dt = now() - t0;
   r->t_compute += dt;

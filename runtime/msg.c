@@ -404,7 +404,7 @@ void msg_drain(Run *r) {
   const PrStage *st = r->st;
   int ns = st->nslots * r->nchunks, ngs = st->ngslots * r->nchunks;
   g_poll_run = NULL;
-  static const PrAction drain = {PR_UPDATE, -1, -1, -1, -1, -1, 0};
+  static const PrAction drain = {PR_UPDATE, -1, -1, -1, -1, -1, -1, 0};
   r->cur = &drain;
   const ChunkMsg *c0 = &r->cm[0];
   wait_all(r, r->sreq, ns * st->nsend, c0->nfdst ? c0->fdst[0] : -1, "to take the last forward values");

@@ -20,6 +20,7 @@ typedef struct PrAction {
   int mb;    /* micro-batch, -1 for UPDATE */
   int slot;  /* ring copy of the forward values, -1 if unused */
   int gslot; /* gradient ring copy, -1 if unused */
+  int wslot; /* zb1, zbv: copy of the late values (what W reads of the forward), -1 if unused */
   int xslot; /* copy of the leaving values (HOLD/RETURN: store slot), -1 if unused */
   int peer;  /* OFFLOAD/PREFETCH: the rank holding the data, -1 the file; HOLD/RETURN: the owner */
   int chunk; /* pipecc --chunks: which of the rank's chunks (PrStage.chunks) it runs; 0 otherwise */
@@ -94,11 +95,11 @@ typedef struct PrWeight {
  * chunks of one rank is copied, not sent. */
 typedef struct PrChunk {
   int stage;                   /* the model's stage it is */
-  void (*forward)(int slot, int xslot, int gslot);
-  void (*forward_eval)(int slot, int xslot, int gslot);
-  void (*backward)(int slot, int xslot, int gslot);
-  void (*backward_input)(int slot, int xslot, int gslot);
-  void (*backward_weight)(int slot, int xslot, int gslot);
+  void (*forward)(int slot, int xslot, int gslot, int wslot);
+  void (*forward_eval)(int slot, int xslot, int gslot, int wslot);
+  void (*backward)(int slot, int xslot, int gslot, int wslot);
+  void (*backward_input)(int slot, int xslot, int gslot, int wslot);
+  void (*backward_weight)(int slot, int xslot, int gslot, int wslot);
   int recv_lo, recv_hi, send_lo, send_hi;
   int loss;                    /* the loss follows its forward (it is the last stage) */
 } PrChunk;
@@ -114,11 +115,11 @@ typedef struct PrStage {
   int nrecv, nsend;
   const PrParam *params;
   int nparams;
-  void (*forward)(int slot, int xslot, int gslot);
-  void (*forward_eval)(int slot, int xslot, int gslot);  /* run.sh --val: the eval forward where it differs (training BatchNorm, Dropout); else NULL */
-  void (*backward)(int slot, int xslot, int gslot);
-  void (*backward_input)(int slot, int xslot, int gslot);  /* zb1: the I and W halves of backward; NULL otherwise */
-  void (*backward_weight)(int slot, int xslot, int gslot);
+  void (*forward)(int slot, int xslot, int gslot, int wslot);
+  void (*forward_eval)(int slot, int xslot, int gslot, int wslot);  /* run.sh --val: the eval forward where it differs (training BatchNorm, Dropout); else NULL */
+  void (*backward)(int slot, int xslot, int gslot, int wslot);
+  void (*backward_input)(int slot, int xslot, int gslot, int wslot);  /* zb1: the I and W halves of backward; NULL otherwise */
+  void (*backward_weight)(int slot, int xslot, int gslot, int wslot);
   /* The optimizer step (compiler/update.c): zero the weight gradients before a step's first backward;
    * sum each tied weight's parts once the runtime has exchanged them; update every weight with
    * pr_opt's hyper-parameters.  NULL where the program has none (a pipefb forward rank, inference). */
@@ -147,7 +148,7 @@ typedef struct PrStage {
   int nstore;                  /* store slots for the peer rank store_owner's offloaded values */
   int64_t store_base, store_bytes;
   int store_owner;
-  void (*recompute)(int slot, int xslot, int gslot); /* NULL if nothing is recomputed */
+  void (*recompute)(int slot, int xslot, int gslot, int wslot); /* NULL if nothing is recomputed */
   /* pipecc --offload-optimizer: the optimizer state lives in a file of opt_store_bytes in opt_dir (0: in
    * the arena); each parameter's m1offset and m2offset are its places there. */
   int64_t opt_store_bytes;

@@ -88,7 +88,7 @@ void val_pass(Run *r, int64_t after) {
       /* Every chunk's receive first: a chunk's send to another chunk of this rank copies into it. */
       PrAction a[PR_MAX_CHUNKS];
       for (int c = 0; c < r->nchunks; c++) {
-        a[c] = (PrAction){PR_RECV, k, 0, 0, st->nxslots ? 0 : -1, -1, c}; /* between steps no transfer holds copy 0 of the leaving block */
+        a[c] = (PrAction){PR_RECV, k, 0, 0, 0, st->nxslots ? 0 : -1, -1, c}; /* between steps no transfer holds copy 0 of the leaving block */
         r->cur = &a[c]; /* the loader and the trace read the running action */
         do_recv(r, &a[c]);
       }

@@ -237,9 +237,11 @@ def chunked_text(tag, text, plan, n, out):
     for r in range(n):
         st = [plan["stage_plans"][stage_of(sched, n, r, c)] for c in (0, 1)]
         want = f"  rank {r} (" + "; ".join(f"chunk {c}, stage {s['stage']}: {s['nslots']} slot{'s' * (s['nslots'] != 1)}, "
-                                            f"{s['ngslots']} gslot{'s' * (s['ngslots'] != 1)}" for c, s in enumerate(st)) + "):"
+                                            f"{s['ngslots']} gslot{'s' * (s['ngslots'] != 1)}"
+                                            + (f", {s['nwslots']} wslot{'s' * (s['nwslots'] != 1)}" if s.get("nwslots") else "")
+                                            for c, s in enumerate(st)) + "):"
         body = acts.split(want, 1)[1].split("\n  rank ", 1)[0] if want in acts else ""
-        ops = [re.sub(r"[\[{].*", "", x) for x in body.split()]
+        ops = [re.sub(r"[\[{<].*", "", x) for x in body.split()]
         check(ops == [a["op"] for a in ranks[r]["actions"]], f"{tag}: rank {r}'s actions, headed by its chunks' rings ({want})")
 
 

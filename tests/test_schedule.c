@@ -127,8 +127,8 @@ static int find(const Schedule *sc, int s, int kind, int mb) {
 
 static void rejects(const char *label, void (*plant)(Schedule *), int rank, const char *what) { rejects_kind(label, SCHED_1F1B, plant, rank, what); }
 
-/* zb1: the forward writes what W reads into the gradient ring, so F must carry a gslot. */
-static void drop_forward_gslot(Schedule *sc) { sc->act[1][find(sc, 1, ACT_F, 2)].gslot = -1; }
+/* zb1: the forward writes what W reads into the late ring, so F must carry a wslot. */
+static void drop_forward_wslot(Schedule *sc) { sc->act[1][find(sc, 1, ACT_F, 2)].wslot = -1; }
 
 /* Rank 2 runs F3 (and SEND3) where F2 was, and F2 where F3 was. */
 static void swap_forwards(Schedule *sc) {
@@ -312,9 +312,9 @@ static void async_case(void) {
   /* The UPDATE of step 1 on rank 2 moved one place earlier, before a backward of step 1. */
   int u = nth_upd(&sc, 2, 1);
   while (sc.act[2][u - 1].kind != ACT_B) {
-    sc.act[2][u] = sc.act[2][u - 1], sc.act[2][u - 1] = (Action){ACT_UPDATE, -1, -1, -1, -1, -1, 0, 0, 0}, u--;
+    sc.act[2][u] = sc.act[2][u - 1], sc.act[2][u - 1] = (Action){ACT_UPDATE, -1, -1, -1, -1, -1, -1, 0, 0, 0}, u--;
   }
-  sc.act[2][u] = sc.act[2][u - 1], sc.act[2][u - 1] = (Action){ACT_UPDATE, -1, -1, -1, -1, -1, 0, 0, 0};
+  sc.act[2][u] = sc.act[2][u - 1], sc.act[2][u - 1] = (Action){ACT_UPDATE, -1, -1, -1, -1, -1, -1, 0, 0, 0};
   CHECK(schedule_validate(&sc) != 0 && strstr(err_msg(), "rank 2") && strstr(err_msg(), "backward"),
         "an UPDATE before its step's last backward is refused (%s)\n", err_msg());
   /* Staleness 0 with lists that run forwards a step ahead: a version that does not exist yet. */
@@ -741,7 +741,7 @@ int main(void) {
   rejects("a missing SEND", drop_send, 1, "SEND3");
   rejects("a slot reused while live", reuse_slot, 1, "still holds");
   rejects("a deadlock", deadlock, 2, "deadlock");
-  rejects_kind("a zb1 forward without the gradient slot its late values go to", SCHED_ZB1, drop_forward_gslot, 1, "F2 (action");
+  rejects_kind("a zb1 forward without the late slot its W-read values go to", SCHED_ZB1, drop_forward_wslot, 1, "F2 (action");
   xslot_send_case();
   rejects("an OFFLOAD before the SEND from its xslot", xslot_offload_early, 1, "comes before SEND0");
   chunked_case();

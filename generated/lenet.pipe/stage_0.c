@@ -55,14 +55,14 @@ static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 static const ConvShape CONV_0 = {8, 1, 1, 28, 28, 6, 1, 5, 5, 1, 1, 28, 28, 1, 1, 1, 0, 2, 2, 1, 1, 1, 1, 878976};
 
 /* The forward of the micro-batch in ring slot `slot` (unused by a stage that reads only weights and constants). */
-static void forward(int slot, int xslot, int gslot) {
-  (void)slot, (void)xslot, (void)gslot;
+static void forward(int slot, int xslot, int gslot, int wslot) {
+  (void)slot, (void)xslot, (void)gslot, (void)wslot;
   /* /conv1/Conv */
   k_conv(v_input(slot), W_conv1_weight, W_conv1_bias, v__conv1_Conv_output_0(slot), col__conv1_Conv_output_0, &CONV_0);
 }
 
-static void backward(int slot, int xslot, int gslot) {
-  (void)slot, (void)xslot, (void)gslot;
+static void backward(int slot, int xslot, int gslot, int wslot) {
+  (void)slot, (void)xslot, (void)gslot, (void)wslot;
   /* /conv1/Conv */
   k_conv_grad(v_input(slot), W_conv1_weight, d__conv1_Conv_output_0(gslot), NULL, dW_conv1_weight, dW_conv1_bias, dcol__conv1_Conv_output_0, &CONV_0, 0, 1);
 }
@@ -84,17 +84,18 @@ static void update(void) {
 }
 
 /* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,
- * xslot, peer, chunk} (xslot and peer: the memory plan's, -1 when unused; chunk 0: a rank runs one stage). */
+ * wslot, xslot, peer, chunk} (wslot: zb1's late values, what W reads of the forward; xslot and peer: the
+ * memory plan's; -1 when unused; chunk 0: a rank runs one stage). */
 static const PrAction SCHEDULE[] = {
-    {PR_RECV_GRAD, 0, -1, 0, -1, -1, 0}, {PR_RECV_GRAD, 1, -1, 1, -1, -1, 0}, {PR_F, 0, 0, -1, -1, -1, 0}, {PR_SEND, 0, 0, -1, -1, -1, 0},
-    {PR_F, 1, 1, -1, -1, -1, 0}, {PR_SEND, 1, 1, -1, -1, -1, 0}, {PR_F, 2, 2, -1, -1, -1, 0}, {PR_SEND, 2, 2, -1, -1, -1, 0},
-    {PR_F, 3, 3, -1, -1, -1, 0}, {PR_SEND, 3, 3, -1, -1, -1, 0}, {PR_B, 0, 0, 0, -1, -1, 0}, {PR_RECV_GRAD, 2, -1, 0, -1, -1, 0},
-    {PR_F, 4, 0, -1, -1, -1, 0}, {PR_SEND, 4, 0, -1, -1, -1, 0}, {PR_B, 1, 1, 1, -1, -1, 0}, {PR_RECV_GRAD, 3, -1, 1, -1, -1, 0},
-    {PR_F, 5, 1, -1, -1, -1, 0}, {PR_SEND, 5, 1, -1, -1, -1, 0}, {PR_B, 2, 2, 0, -1, -1, 0}, {PR_RECV_GRAD, 4, -1, 0, -1, -1, 0},
-    {PR_F, 6, 2, -1, -1, -1, 0}, {PR_SEND, 6, 2, -1, -1, -1, 0}, {PR_B, 3, 3, 1, -1, -1, 0}, {PR_RECV_GRAD, 5, -1, 1, -1, -1, 0},
-    {PR_F, 7, 3, -1, -1, -1, 0}, {PR_SEND, 7, 3, -1, -1, -1, 0}, {PR_B, 4, 0, 0, -1, -1, 0}, {PR_RECV_GRAD, 6, -1, 0, -1, -1, 0},
-    {PR_B, 5, 1, 1, -1, -1, 0}, {PR_RECV_GRAD, 7, -1, 1, -1, -1, 0}, {PR_B, 6, 2, 0, -1, -1, 0}, {PR_B, 7, 3, 1, -1, -1, 0},
-    {PR_UPDATE, -1, -1, -1, -1, -1, 0}
+    {PR_RECV_GRAD, 0, -1, 0, -1, -1, -1, 0}, {PR_RECV_GRAD, 1, -1, 1, -1, -1, -1, 0}, {PR_F, 0, 0, -1, -1, -1, -1, 0}, {PR_SEND, 0, 0, -1, -1, -1, -1, 0},
+    {PR_F, 1, 1, -1, -1, -1, -1, 0}, {PR_SEND, 1, 1, -1, -1, -1, -1, 0}, {PR_F, 2, 2, -1, -1, -1, -1, 0}, {PR_SEND, 2, 2, -1, -1, -1, -1, 0},
+    {PR_F, 3, 3, -1, -1, -1, -1, 0}, {PR_SEND, 3, 3, -1, -1, -1, -1, 0}, {PR_B, 0, 0, 0, -1, -1, -1, 0}, {PR_RECV_GRAD, 2, -1, 0, -1, -1, -1, 0},
+    {PR_F, 4, 0, -1, -1, -1, -1, 0}, {PR_SEND, 4, 0, -1, -1, -1, -1, 0}, {PR_B, 1, 1, 1, -1, -1, -1, 0}, {PR_RECV_GRAD, 3, -1, 1, -1, -1, -1, 0},
+    {PR_F, 5, 1, -1, -1, -1, -1, 0}, {PR_SEND, 5, 1, -1, -1, -1, -1, 0}, {PR_B, 2, 2, 0, -1, -1, -1, 0}, {PR_RECV_GRAD, 4, -1, 0, -1, -1, -1, 0},
+    {PR_F, 6, 2, -1, -1, -1, -1, 0}, {PR_SEND, 6, 2, -1, -1, -1, -1, 0}, {PR_B, 3, 3, 1, -1, -1, -1, 0}, {PR_RECV_GRAD, 5, -1, 1, -1, -1, -1, 0},
+    {PR_F, 7, 3, -1, -1, -1, -1, 0}, {PR_SEND, 7, 3, -1, -1, -1, -1, 0}, {PR_B, 4, 0, 0, -1, -1, -1, 0}, {PR_RECV_GRAD, 6, -1, 0, -1, -1, -1, 0},
+    {PR_B, 5, 1, 1, -1, -1, -1, 0}, {PR_RECV_GRAD, 7, -1, 1, -1, -1, -1, 0}, {PR_B, 6, 2, 0, -1, -1, -1, 0}, {PR_B, 7, 3, 1, -1, -1, -1, 0},
+    {PR_UPDATE, -1, -1, -1, -1, -1, -1, 0}
 };
 
 /* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, from rank, tag: its number among the

@@ -61,14 +61,14 @@ static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 static const ConvShape CONV_3 = {8, 6, 1, 14, 14, 16, 1, 5, 5, 1, 1, 10, 10, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1, 183936};
 
 /* The forward of the micro-batch in ring slot `slot` (unused by a stage that reads only weights and constants). */
-static void forward(int slot, int xslot, int gslot) {
-  (void)slot, (void)xslot, (void)gslot;
+static void forward(int slot, int xslot, int gslot, int wslot) {
+  (void)slot, (void)xslot, (void)gslot, (void)wslot;
   /* /conv2/Conv */
   k_conv(v__MaxPool_output_0(slot), W_conv2_weight, W_conv2_bias, v__conv2_Conv_output_0(slot), col__conv2_Conv_output_0, &CONV_3);
 }
 
-static void backward(int slot, int xslot, int gslot) {
-  (void)slot, (void)xslot, (void)gslot;
+static void backward(int slot, int xslot, int gslot, int wslot) {
+  (void)slot, (void)xslot, (void)gslot, (void)wslot;
   /* /conv2/Conv */
   k_conv_grad(v__MaxPool_output_0(slot), W_conv2_weight, d__conv2_Conv_output_0(gslot), NULL, dW_conv2_weight, dW_conv2_bias, dcol__conv2_Conv_output_0, &CONV_3, 0, 1);
   /* /conv2/Conv */
@@ -94,21 +94,22 @@ static void update(void) {
 }
 
 /* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,
- * xslot, peer, chunk} (xslot and peer: the memory plan's, -1 when unused; chunk 0: a rank runs one stage). */
+ * wslot, xslot, peer, chunk} (wslot: zb1's late values, what W reads of the forward; xslot and peer: the
+ * memory plan's; -1 when unused; chunk 0: a rank runs one stage). */
 static const PrAction SCHEDULE[] = {
-    {PR_RECV, 0, 0, -1, -1, -1, 0}, {PR_RECV, 1, 1, -1, -1, -1, 0}, {PR_RECV, 2, 2, -1, -1, -1, 0}, {PR_RECV_GRAD, 0, -1, 0, -1, -1, 0},
-    {PR_RECV_GRAD, 1, -1, 1, -1, -1, 0}, {PR_F, 0, 0, -1, -1, -1, 0}, {PR_SEND, 0, 0, -1, -1, -1, 0}, {PR_F, 1, 1, -1, -1, -1, 0},
-    {PR_SEND, 1, 1, -1, -1, -1, 0}, {PR_B, 0, 0, 0, -1, -1, 0}, {PR_SEND_GRAD, 0, -1, 0, -1, -1, 0}, {PR_RECV, 3, 0, -1, -1, -1, 0},
-    {PR_RECV_GRAD, 2, -1, 0, -1, -1, 0}, {PR_F, 2, 2, -1, -1, -1, 0}, {PR_SEND, 2, 2, -1, -1, -1, 0}, {PR_B, 1, 1, 1, -1, -1, 0},
-    {PR_SEND_GRAD, 1, -1, 1, -1, -1, 0}, {PR_RECV, 4, 1, -1, -1, -1, 0}, {PR_RECV_GRAD, 3, -1, 1, -1, -1, 0}, {PR_F, 3, 0, -1, -1, -1, 0},
-    {PR_SEND, 3, 0, -1, -1, -1, 0}, {PR_B, 2, 2, 0, -1, -1, 0}, {PR_SEND_GRAD, 2, -1, 0, -1, -1, 0}, {PR_RECV, 5, 2, -1, -1, -1, 0},
-    {PR_RECV_GRAD, 4, -1, 0, -1, -1, 0}, {PR_F, 4, 1, -1, -1, -1, 0}, {PR_SEND, 4, 1, -1, -1, -1, 0}, {PR_B, 3, 0, 1, -1, -1, 0},
-    {PR_SEND_GRAD, 3, -1, 1, -1, -1, 0}, {PR_RECV, 6, 0, -1, -1, -1, 0}, {PR_RECV_GRAD, 5, -1, 1, -1, -1, 0}, {PR_F, 5, 2, -1, -1, -1, 0},
-    {PR_SEND, 5, 2, -1, -1, -1, 0}, {PR_B, 4, 1, 0, -1, -1, 0}, {PR_SEND_GRAD, 4, -1, 0, -1, -1, 0}, {PR_RECV, 7, 1, -1, -1, -1, 0},
-    {PR_RECV_GRAD, 6, -1, 0, -1, -1, 0}, {PR_F, 6, 0, -1, -1, -1, 0}, {PR_SEND, 6, 0, -1, -1, -1, 0}, {PR_B, 5, 2, 1, -1, -1, 0},
-    {PR_SEND_GRAD, 5, -1, 1, -1, -1, 0}, {PR_RECV_GRAD, 7, -1, 1, -1, -1, 0}, {PR_F, 7, 1, -1, -1, -1, 0}, {PR_SEND, 7, 1, -1, -1, -1, 0},
-    {PR_B, 6, 0, 0, -1, -1, 0}, {PR_SEND_GRAD, 6, -1, 0, -1, -1, 0}, {PR_B, 7, 1, 1, -1, -1, 0}, {PR_SEND_GRAD, 7, -1, 1, -1, -1, 0},
-    {PR_UPDATE, -1, -1, -1, -1, -1, 0}
+    {PR_RECV, 0, 0, -1, -1, -1, -1, 0}, {PR_RECV, 1, 1, -1, -1, -1, -1, 0}, {PR_RECV, 2, 2, -1, -1, -1, -1, 0}, {PR_RECV_GRAD, 0, -1, 0, -1, -1, -1, 0},
+    {PR_RECV_GRAD, 1, -1, 1, -1, -1, -1, 0}, {PR_F, 0, 0, -1, -1, -1, -1, 0}, {PR_SEND, 0, 0, -1, -1, -1, -1, 0}, {PR_F, 1, 1, -1, -1, -1, -1, 0},
+    {PR_SEND, 1, 1, -1, -1, -1, -1, 0}, {PR_B, 0, 0, 0, -1, -1, -1, 0}, {PR_SEND_GRAD, 0, -1, 0, -1, -1, -1, 0}, {PR_RECV, 3, 0, -1, -1, -1, -1, 0},
+    {PR_RECV_GRAD, 2, -1, 0, -1, -1, -1, 0}, {PR_F, 2, 2, -1, -1, -1, -1, 0}, {PR_SEND, 2, 2, -1, -1, -1, -1, 0}, {PR_B, 1, 1, 1, -1, -1, -1, 0},
+    {PR_SEND_GRAD, 1, -1, 1, -1, -1, -1, 0}, {PR_RECV, 4, 1, -1, -1, -1, -1, 0}, {PR_RECV_GRAD, 3, -1, 1, -1, -1, -1, 0}, {PR_F, 3, 0, -1, -1, -1, -1, 0},
+    {PR_SEND, 3, 0, -1, -1, -1, -1, 0}, {PR_B, 2, 2, 0, -1, -1, -1, 0}, {PR_SEND_GRAD, 2, -1, 0, -1, -1, -1, 0}, {PR_RECV, 5, 2, -1, -1, -1, -1, 0},
+    {PR_RECV_GRAD, 4, -1, 0, -1, -1, -1, 0}, {PR_F, 4, 1, -1, -1, -1, -1, 0}, {PR_SEND, 4, 1, -1, -1, -1, -1, 0}, {PR_B, 3, 0, 1, -1, -1, -1, 0},
+    {PR_SEND_GRAD, 3, -1, 1, -1, -1, -1, 0}, {PR_RECV, 6, 0, -1, -1, -1, -1, 0}, {PR_RECV_GRAD, 5, -1, 1, -1, -1, -1, 0}, {PR_F, 5, 2, -1, -1, -1, -1, 0},
+    {PR_SEND, 5, 2, -1, -1, -1, -1, 0}, {PR_B, 4, 1, 0, -1, -1, -1, 0}, {PR_SEND_GRAD, 4, -1, 0, -1, -1, -1, 0}, {PR_RECV, 7, 1, -1, -1, -1, -1, 0},
+    {PR_RECV_GRAD, 6, -1, 0, -1, -1, -1, 0}, {PR_F, 6, 0, -1, -1, -1, -1, 0}, {PR_SEND, 6, 0, -1, -1, -1, -1, 0}, {PR_B, 5, 2, 1, -1, -1, -1, 0},
+    {PR_SEND_GRAD, 5, -1, 1, -1, -1, -1, 0}, {PR_RECV_GRAD, 7, -1, 1, -1, -1, -1, 0}, {PR_F, 7, 1, -1, -1, -1, -1, 0}, {PR_SEND, 7, 1, -1, -1, -1, -1, 0},
+    {PR_B, 6, 0, 0, -1, -1, -1, 0}, {PR_SEND_GRAD, 6, -1, 0, -1, -1, -1, 0}, {PR_B, 7, 1, 1, -1, -1, -1, 0}, {PR_SEND_GRAD, 7, -1, 1, -1, -1, -1, 0},
+    {PR_UPDATE, -1, -1, -1, -1, -1, -1, 0}
 };
 
 /* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, from rank, tag: its number among the

@@ -124,8 +124,8 @@ static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 static const PoolShape POOL_5 = {8, 16, 1, 10, 10, 1, 5, 5, 1, 2, 2, 1, 2, 2, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0};
 
 /* The forward of the micro-batch in ring slot `slot` (unused by a stage that reads only weights and constants). */
-static void forward(int slot, int xslot, int gslot) {
-  (void)slot, (void)xslot, (void)gslot;
+static void forward(int slot, int xslot, int gslot, int wslot) {
+  (void)slot, (void)xslot, (void)gslot, (void)wslot;
   /* /Relu_1 */
   k_relu(v__conv2_Conv_output_0(slot), v__Relu_1_output_0(slot), 12800);
   /* /MaxPool_1 */
@@ -144,8 +144,8 @@ static void forward(int slot, int xslot, int gslot) {
   k_gemm(v__Relu_3_output_0(slot), W_fc3_weight, W_fc3_bias, v_logits(slot), 8, 10, 84, 0, 1, 1.0f, 1.0f, 1, 10);
 }
 
-static void backward(int slot, int xslot, int gslot) {
-  (void)slot, (void)xslot, (void)gslot;
+static void backward(int slot, int xslot, int gslot, int wslot) {
+  (void)slot, (void)xslot, (void)gslot, (void)wslot;
   /* /fc3/Gemm */
   k_gemm_dB(d_logits(slot), v__Relu_3_output_0(slot), dW_fc3_weight, 8, 10, 84, 0, 1, 1.0f, 1);
   /* /fc3/Gemm */
@@ -216,17 +216,18 @@ static double loss(int slot, const int64_t *labels) {
 }
 
 /* The schedule: this stage's actions for one optimizer step, in order: {kind, micro-batch, slot, gslot,
- * xslot, peer, chunk} (xslot and peer: the memory plan's, -1 when unused; chunk 0: a rank runs one stage). */
+ * wslot, xslot, peer, chunk} (wslot: zb1's late values, what W reads of the forward; xslot and peer: the
+ * memory plan's; -1 when unused; chunk 0: a rank runs one stage). */
 static const PrAction SCHEDULE[] = {
-    {PR_RECV, 0, 0, -1, -1, -1, 0}, {PR_RECV, 1, 1, -1, -1, -1, 0}, {PR_F, 0, 0, -1, -1, -1, 0}, {PR_B, 0, 0, 0, -1, -1, 0},
-    {PR_SEND_GRAD, 0, -1, 0, -1, -1, 0}, {PR_RECV, 2, 0, -1, -1, -1, 0}, {PR_F, 1, 1, -1, -1, -1, 0}, {PR_B, 1, 1, 0, -1, -1, 0},
-    {PR_SEND_GRAD, 1, -1, 0, -1, -1, 0}, {PR_RECV, 3, 1, -1, -1, -1, 0}, {PR_F, 2, 0, -1, -1, -1, 0}, {PR_B, 2, 0, 0, -1, -1, 0},
-    {PR_SEND_GRAD, 2, -1, 0, -1, -1, 0}, {PR_RECV, 4, 0, -1, -1, -1, 0}, {PR_F, 3, 1, -1, -1, -1, 0}, {PR_B, 3, 1, 0, -1, -1, 0},
-    {PR_SEND_GRAD, 3, -1, 0, -1, -1, 0}, {PR_RECV, 5, 1, -1, -1, -1, 0}, {PR_F, 4, 0, -1, -1, -1, 0}, {PR_B, 4, 0, 0, -1, -1, 0},
-    {PR_SEND_GRAD, 4, -1, 0, -1, -1, 0}, {PR_RECV, 6, 0, -1, -1, -1, 0}, {PR_F, 5, 1, -1, -1, -1, 0}, {PR_B, 5, 1, 0, -1, -1, 0},
-    {PR_SEND_GRAD, 5, -1, 0, -1, -1, 0}, {PR_RECV, 7, 1, -1, -1, -1, 0}, {PR_F, 6, 0, -1, -1, -1, 0}, {PR_B, 6, 0, 0, -1, -1, 0},
-    {PR_SEND_GRAD, 6, -1, 0, -1, -1, 0}, {PR_F, 7, 1, -1, -1, -1, 0}, {PR_B, 7, 1, 0, -1, -1, 0}, {PR_SEND_GRAD, 7, -1, 0, -1, -1, 0},
-    {PR_UPDATE, -1, -1, -1, -1, -1, 0}
+    {PR_RECV, 0, 0, -1, -1, -1, -1, 0}, {PR_RECV, 1, 1, -1, -1, -1, -1, 0}, {PR_F, 0, 0, -1, -1, -1, -1, 0}, {PR_B, 0, 0, 0, -1, -1, -1, 0},
+    {PR_SEND_GRAD, 0, -1, 0, -1, -1, -1, 0}, {PR_RECV, 2, 0, -1, -1, -1, -1, 0}, {PR_F, 1, 1, -1, -1, -1, -1, 0}, {PR_B, 1, 1, 0, -1, -1, -1, 0},
+    {PR_SEND_GRAD, 1, -1, 0, -1, -1, -1, 0}, {PR_RECV, 3, 1, -1, -1, -1, -1, 0}, {PR_F, 2, 0, -1, -1, -1, -1, 0}, {PR_B, 2, 0, 0, -1, -1, -1, 0},
+    {PR_SEND_GRAD, 2, -1, 0, -1, -1, -1, 0}, {PR_RECV, 4, 0, -1, -1, -1, -1, 0}, {PR_F, 3, 1, -1, -1, -1, -1, 0}, {PR_B, 3, 1, 0, -1, -1, -1, 0},
+    {PR_SEND_GRAD, 3, -1, 0, -1, -1, -1, 0}, {PR_RECV, 5, 1, -1, -1, -1, -1, 0}, {PR_F, 4, 0, -1, -1, -1, -1, 0}, {PR_B, 4, 0, 0, -1, -1, -1, 0},
+    {PR_SEND_GRAD, 4, -1, 0, -1, -1, -1, 0}, {PR_RECV, 6, 0, -1, -1, -1, -1, 0}, {PR_F, 5, 1, -1, -1, -1, -1, 0}, {PR_B, 5, 1, 0, -1, -1, -1, 0},
+    {PR_SEND_GRAD, 5, -1, 0, -1, -1, -1, 0}, {PR_RECV, 7, 1, -1, -1, -1, -1, 0}, {PR_F, 6, 0, -1, -1, -1, -1, 0}, {PR_B, 6, 0, 0, -1, -1, -1, 0},
+    {PR_SEND_GRAD, 6, -1, 0, -1, -1, -1, 0}, {PR_F, 7, 1, -1, -1, -1, -1, 0}, {PR_B, 7, 1, 0, -1, -1, -1, 0}, {PR_SEND_GRAD, 7, -1, 0, -1, -1, -1, 0},
+    {PR_UPDATE, -1, -1, -1, -1, -1, -1, 0}
 };
 
 /* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, from rank, tag: its number among the

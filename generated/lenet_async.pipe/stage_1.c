@@ -57,16 +57,16 @@ static unsigned char arena[ARENA_BYTES] __attribute__((aligned(64)));
 static const PoolShape POOL_2 = {8, 6, 1, 28, 28, 1, 14, 14, 1, 2, 2, 1, 2, 2, 0, 0, 0, 1, 1, 1, 0, 0, 0, 0};
 
 /* The forward of the micro-batch in ring slot `slot` (unused by a stage that reads only weights and constants). */
-static void forward(int slot, int xslot, int gslot) {
-  (void)slot, (void)xslot, (void)gslot;
+static void forward(int slot, int xslot, int gslot, int wslot) {
+  (void)slot, (void)xslot, (void)gslot, (void)wslot;
   /* /Relu */
   k_relu(v__conv1_Conv_output_0(slot), v__Relu_output_0(slot), 37632);
   /* /MaxPool */
   k_maxpool(v__Relu_output_0(slot), v__MaxPool_output_0(slot), &POOL_2);
 }
 
-static void backward(int slot, int xslot, int gslot) {
-  (void)slot, (void)xslot, (void)gslot;
+static void backward(int slot, int xslot, int gslot, int wslot) {
+  (void)slot, (void)xslot, (void)gslot, (void)wslot;
   /* /MaxPool */
   k_maxpool_grad(v__Relu_output_0(slot), d__MaxPool_output_0(gslot), d__Relu_output_0, &POOL_2, 0);
   /* /Relu */
@@ -76,23 +76,23 @@ static void backward(int slot, int xslot, int gslot) {
 }
 
 /* The schedule: this stage's actions for step t, run for t = -LOOKAHEAD .. steps-1: {kind, micro-batch,
- * slot, gslot, xslot, peer, chunk}.  Micro-batch k is the run's micro-batch t * MICROBATCHES + k (k >= MICROBATCHES:
+ * slot, gslot, wslot, xslot, peer, chunk}.  Micro-batch k is the run's micro-batch t * MICROBATCHES + k (k >= MICROBATCHES:
  * a later step's), skipped when outside the run: the first steps fill the pipeline, the last drain it.
  * Rings are indexed by the run's micro-batch modulo NSLOTS / NGSLOTS (the slots shown are step 0's). */
 static const PrAction SCHEDULE[] = {
-    {PR_F, 2, 2, -1, -1, -1, 0}, {PR_SEND, 2, 2, -1, -1, -1, 0}, {PR_B, 0, 0, 0, -1, -1, 0}, {PR_SEND_GRAD, 0, -1, 0, -1, -1, 0},
-    {PR_RECV, 4, 0, -1, -1, -1, 0}, {PR_RECV_GRAD, 2, -1, 0, -1, -1, 0}, {PR_F, 3, 3, -1, -1, -1, 0}, {PR_SEND, 3, 3, -1, -1, -1, 0},
-    {PR_B, 1, 1, 1, -1, -1, 0}, {PR_SEND_GRAD, 1, -1, 1, -1, -1, 0}, {PR_RECV, 5, 1, -1, -1, -1, 0}, {PR_RECV_GRAD, 3, -1, 1, -1, -1, 0},
-    {PR_F, 4, 0, -1, -1, -1, 0}, {PR_SEND, 4, 0, -1, -1, -1, 0}, {PR_B, 2, 2, 0, -1, -1, 0}, {PR_SEND_GRAD, 2, -1, 0, -1, -1, 0},
-    {PR_RECV, 6, 2, -1, -1, -1, 0}, {PR_RECV_GRAD, 4, -1, 0, -1, -1, 0}, {PR_F, 5, 1, -1, -1, -1, 0}, {PR_SEND, 5, 1, -1, -1, -1, 0},
-    {PR_B, 3, 3, 1, -1, -1, 0}, {PR_SEND_GRAD, 3, -1, 1, -1, -1, 0}, {PR_RECV, 7, 3, -1, -1, -1, 0}, {PR_RECV_GRAD, 5, -1, 1, -1, -1, 0},
-    {PR_F, 6, 2, -1, -1, -1, 0}, {PR_SEND, 6, 2, -1, -1, -1, 0}, {PR_B, 4, 0, 0, -1, -1, 0}, {PR_SEND_GRAD, 4, -1, 0, -1, -1, 0},
-    {PR_RECV, 8, 0, -1, -1, -1, 0}, {PR_RECV_GRAD, 6, -1, 0, -1, -1, 0}, {PR_F, 7, 3, -1, -1, -1, 0}, {PR_SEND, 7, 3, -1, -1, -1, 0},
-    {PR_B, 5, 1, 1, -1, -1, 0}, {PR_SEND_GRAD, 5, -1, 1, -1, -1, 0}, {PR_RECV, 9, 1, -1, -1, -1, 0}, {PR_RECV_GRAD, 7, -1, 1, -1, -1, 0},
-    {PR_F, 8, 0, -1, -1, -1, 0}, {PR_SEND, 8, 0, -1, -1, -1, 0}, {PR_B, 6, 2, 0, -1, -1, 0}, {PR_SEND_GRAD, 6, -1, 0, -1, -1, 0},
-    {PR_RECV, 10, 2, -1, -1, -1, 0}, {PR_RECV_GRAD, 8, -1, 0, -1, -1, 0}, {PR_F, 9, 1, -1, -1, -1, 0}, {PR_SEND, 9, 1, -1, -1, -1, 0},
-    {PR_B, 7, 3, 1, -1, -1, 0}, {PR_SEND_GRAD, 7, -1, 1, -1, -1, 0}, {PR_RECV, 11, 3, -1, -1, -1, 0}, {PR_RECV_GRAD, 9, -1, 1, -1, -1, 0},
-    {PR_UPDATE, -1, -1, -1, -1, -1, 0}
+    {PR_F, 2, 2, -1, -1, -1, -1, 0}, {PR_SEND, 2, 2, -1, -1, -1, -1, 0}, {PR_B, 0, 0, 0, -1, -1, -1, 0}, {PR_SEND_GRAD, 0, -1, 0, -1, -1, -1, 0},
+    {PR_RECV, 4, 0, -1, -1, -1, -1, 0}, {PR_RECV_GRAD, 2, -1, 0, -1, -1, -1, 0}, {PR_F, 3, 3, -1, -1, -1, -1, 0}, {PR_SEND, 3, 3, -1, -1, -1, -1, 0},
+    {PR_B, 1, 1, 1, -1, -1, -1, 0}, {PR_SEND_GRAD, 1, -1, 1, -1, -1, -1, 0}, {PR_RECV, 5, 1, -1, -1, -1, -1, 0}, {PR_RECV_GRAD, 3, -1, 1, -1, -1, -1, 0},
+    {PR_F, 4, 0, -1, -1, -1, -1, 0}, {PR_SEND, 4, 0, -1, -1, -1, -1, 0}, {PR_B, 2, 2, 0, -1, -1, -1, 0}, {PR_SEND_GRAD, 2, -1, 0, -1, -1, -1, 0},
+    {PR_RECV, 6, 2, -1, -1, -1, -1, 0}, {PR_RECV_GRAD, 4, -1, 0, -1, -1, -1, 0}, {PR_F, 5, 1, -1, -1, -1, -1, 0}, {PR_SEND, 5, 1, -1, -1, -1, -1, 0},
+    {PR_B, 3, 3, 1, -1, -1, -1, 0}, {PR_SEND_GRAD, 3, -1, 1, -1, -1, -1, 0}, {PR_RECV, 7, 3, -1, -1, -1, -1, 0}, {PR_RECV_GRAD, 5, -1, 1, -1, -1, -1, 0},
+    {PR_F, 6, 2, -1, -1, -1, -1, 0}, {PR_SEND, 6, 2, -1, -1, -1, -1, 0}, {PR_B, 4, 0, 0, -1, -1, -1, 0}, {PR_SEND_GRAD, 4, -1, 0, -1, -1, -1, 0},
+    {PR_RECV, 8, 0, -1, -1, -1, -1, 0}, {PR_RECV_GRAD, 6, -1, 0, -1, -1, -1, 0}, {PR_F, 7, 3, -1, -1, -1, -1, 0}, {PR_SEND, 7, 3, -1, -1, -1, -1, 0},
+    {PR_B, 5, 1, 1, -1, -1, -1, 0}, {PR_SEND_GRAD, 5, -1, 1, -1, -1, -1, 0}, {PR_RECV, 9, 1, -1, -1, -1, -1, 0}, {PR_RECV_GRAD, 7, -1, 1, -1, -1, -1, 0},
+    {PR_F, 8, 0, -1, -1, -1, -1, 0}, {PR_SEND, 8, 0, -1, -1, -1, -1, 0}, {PR_B, 6, 2, 0, -1, -1, -1, 0}, {PR_SEND_GRAD, 6, -1, 0, -1, -1, -1, 0},
+    {PR_RECV, 10, 2, -1, -1, -1, -1, 0}, {PR_RECV_GRAD, 8, -1, 0, -1, -1, -1, 0}, {PR_F, 9, 1, -1, -1, -1, -1, 0}, {PR_SEND, 9, 1, -1, -1, -1, -1, 0},
+    {PR_B, 7, 3, 1, -1, -1, -1, 0}, {PR_SEND_GRAD, 7, -1, 1, -1, -1, -1, 0}, {PR_RECV, 11, 3, -1, -1, -1, -1, 0}, {PR_RECV_GRAD, 9, -1, 1, -1, -1, -1, 0},
+    {PR_UPDATE, -1, -1, -1, -1, -1, -1, 0}
 };
 
 /* {name, bytes, offset, gradient offset, source, dtype, rank, dims, xring, from rank, tag: its number among the
