@@ -1,7 +1,7 @@
 /* memplan.c - one arena per stage, every buffer at an offset fixed here.
  *
  * Layout: weights | older weight versions (async) | weight gradients | optimizer state | rings (one copy per
- * slot of the schedule) | gradient rings (one per gslot) | labels | the
+ * slot of the schedule; zb1's and zbv's late values one per wslot) | gradient rings (one per gslot) | labels | the
  * leaving values (one block per xslot: offloaded, then recomputed; stash.c) |
  * a peer's store | temporaries (and, under --offload-optimizer, the update's staging blocks at their start;
  * the optimizer state itself then lives in a file, each buffer's offset its place there).
@@ -65,13 +65,13 @@ static int is_crossing(const StageProg *sp, int id) {
  * A value that crosses a cut stays in the forward ring, where its messages
  * put it; autodiff.c copies one that W reads during I (split_copies), into
  * a temporary of the first kind.  A value that leaves (offloaded,
- * recomputed) is in its xslot until W. */
-/*
- * That is the late layout.  In the hold layout W reads the forward ring, held until W as under 1f1b
- * until B: the temporaries of the first kind get a forward ring copy per slot, and nothing is late.
- * A stage program lays out both and keeps the smaller (memplan_as); in a rank of chunks each chunk
- * keeps its stage's (chold).
- */
+ * recomputed) is in its xslot until W.
+ * That is the late layout.  In the hold layout W reads the forward ring,
+ * held until W as 1f1b holds it until B: the temporaries of the first kind
+ * get a forward ring copy per slot, nothing is late, and a copy for W is
+ * laid out on the value it copies.  A stage program lays out both and
+ * keeps the smaller (memplan_as); in a rank of chunks each chunk keeps its
+ * stage's (chold). */
 static int holds(const StageProg *sp, const Buffer *b) { return sp->nchunks ? sp->chold[b->chunk] : sp->hold; }
 
 static void mark_late(StageProg *sp) {

@@ -150,7 +150,7 @@ typedef struct Plan {
   const char *mem_note;    /* NULL: each stage's memory is its arena; else why it is only the estimate */
   struct PriceMemo *memo;  /* exact prices of candidate stages (price.c) */
   int floor_pricing;       /* no plain plan fits --mem-limit: candidates are priced as if every stashed value that may leave does */
-  RingSizes *floor_rings;       /* per stage, under floor pricing: ring sizes of the leanest list (2 s: values received kept, 2 s + 1: leaving) */
+  RingSizes *floor_rings;       /* per stage, under floor pricing: ring sizes of the leanest list (at 2 s + 1: with its received values leaving) */
   int *floor_nx;                /* ... and its xslots */
   /* The memory plan (stash.c): each stage's arena and the step before it, the
    * rank holding each stage's offloaded values (-1), the file bandwidth used. */

@@ -326,7 +326,8 @@ static int place_again(const Schedule *sc, int r, Action *out) {
     if (action_is_compute(kind) || kind == ACT_REDUCE || kind == ACT_REDUCE_WAIT) c[nc++] = sc->act[r][k];
   }
   int k = sc->nchunks > 1 ? schedule_add_messages_chunked(sc, r, out, c, nc)
-                          : schedule_add_messages(out, c, nc, r, sc->nstages, sc->m, sc->forward_only, 1, !(sc->hold && sc->hold[r]));
+                          : schedule_add_messages(out, c, nc, r, sc->nstages, sc->m, sc->forward_only, 1,
+                                                  sched_splits(sc->kind) && !(sc->hold && sc->hold[r]));
   free(c);
   if (k != n) abort(); /* the same actions, placed otherwise */
   return k;
