@@ -44,6 +44,13 @@ static void check_copy(int64_t n) {
     kc_report_exact("k_copy_grad", w, dd, d, F(n));
     free(g), free(d), free(junk), kc_free(dg), kc_free(dd);
   }
+  /* k_copy_i64 (zb1's copy of a Gather's indices for W): n int64s, here the bits of 2n random floats. */
+  float *xi = kc_rand(2 * n, -1, 1), *yi = kc_rand(2 * n, -1, 1), *dxi = kc_up(xi, 2 * n), *dyi = kc_up(yi, 2 * n);
+  k_copy_i64((const int64_t *)xi, (int64_t *)yi, n);
+  kc_copy_i64((const int64_t *)dxi, (int64_t *)dyi, n);
+  snprintf(w, sizeof w, "%lld", (long long)n);
+  kc_report_exact("k_copy_i64", w, dyi, yi, 8 * n);
+  free(xi), free(yi), kc_free(dxi), kc_free(dyi);
   float *z = kc_rand(n, -1, 1), *dz = kc_up(z, n);
   k_zero(z, n);
   kc_zero(dz, n);
