@@ -19,6 +19,7 @@
 #include "update.h"
 
 #include "build.h"
+#include "memplan.h"
 #include "ops.h"
 #include "planq.h"
 
@@ -189,9 +190,7 @@ static int split_copies(Emit *c) {
   StageProg *sp = c->sp;
   int nb = sp->nbufs;
   for (int id = 0; id < nb; id++) {
-    int at = -1, cross = id == sp->dloss_buf;
-    for (int i = 0; i < sp->nrecv; i++) cross |= sp->recv[i].buf == id;
-    for (int i = 0; i < sp->nsend; i++) cross |= sp->send[i].buf == id;
+    int at = -1, cross = buf_at_cut(sp, id);
     for (int k = 0; k < sp->nbwd && cross && at < 0; k++)
       if (sp->bwd[k].phase == PH_WGRAD && call_reads(&sp->bwd[k], id)) at = k;
     if (at < 0) continue;

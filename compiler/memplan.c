@@ -45,9 +45,7 @@ int call_is_weight(const StageProg *sp, const Call *k) {
   return k->phase == PH_WGRAD;
 }
 
-/* A ring that holds a value crossing a cut (or the loss's logits and their
- * gradient), as opposed to an activation kept for backward. */
-static int is_crossing(const StageProg *sp, int id) {
+int buf_at_cut(const StageProg *sp, int id) {
   for (int i = 0; i < sp->nrecv; i++)
     if (sp->recv[i].buf == id) return 1;
   for (int i = 0; i < sp->nsend; i++)
@@ -89,7 +87,7 @@ static void mark_late(StageProg *sp) {
         b->kind = holds(sp, b) ? (of ? of->kind : BUF_RING) : BUF_GRING;
         if (of && holds(sp, b)) b->fate = of->fate; /* the value itself: in its ring, or its xslot */
       }
-      if (b->kind == BUF_RING && b->fate == FATE_KEEP && !is_crossing(sp, id) && !holds(sp, b)) b->late = 1;
+      if (b->kind == BUF_RING && b->fate == FATE_KEEP && !buf_at_cut(sp, id) && !holds(sp, b)) b->late = 1;
     }
   free(by_i);
 }
@@ -112,7 +110,7 @@ static int64_t *share_of(StageProg *sp, int id) {
   switch (sp->bufs[id].kind) {
   case BUF_PGRAD: return &sp->mem_grads;
   case BUF_OPT: return &sp->mem_opt;
-  case BUF_RING: return is_crossing(sp, id) ? &sp->mem_cross : &sp->mem_stash;
+  case BUF_RING: return buf_at_cut(sp, id) ? &sp->mem_cross : &sp->mem_stash;
   case BUF_GRING: return is_cut_gradient(sp, id) ? &sp->mem_cross : &sp->mem_stash;
   default: return &sp->mem_cross; /* labels */
   }
@@ -130,7 +128,7 @@ static void role_filter(StageProg *sp, int role) {
     b->unused = 0;
     if (role == ROLE_FWD)
       b->unused = b->kind == BUF_PGRAD || b->kind == BUF_OPT || b->kind == BUF_GRING ||
-                  ((b->kind == BUF_TEMP || b->kind == BUF_RING) && !by_fwd && !loss && !is_crossing(sp, i));
+                  ((b->kind == BUF_TEMP || b->kind == BUF_RING) && !by_fwd && !loss && !buf_at_cut(sp, i));
     else if (role == ROLE_BWD)
       b->unused = b->kind == BUF_LABELS || ((b->kind == BUF_TEMP || b->kind == BUF_RING) && b->first >= 0 && !by_bwd &&
                                             i != sp->dloss_buf);
@@ -297,19 +295,21 @@ static int reads_late(const StageProg *sp) {
 void memplan_keep(Plan *p, StageProg *sp, RingSizes r) { lay_out(p, sp, r, p->fb && p->role ? p->role[sp->stage] : ROLE_BOTH); }
 
 void memplan_as(Plan *p, StageProg *sp, RingSizes r, int role) {
-  /* zb1, zbv: the late layout and the hold one, the smaller kept (the hold one when they tie: its copies for W
-   * copy nothing).  A rank of chunks keeps each chunk's stage's. */
+  /* zb1, zbv: the hold layout and the late one, the smaller kept (the hold one when they tie: its copies for W
+   * copy nothing).  The late one, the smaller wherever a stage stashes much, is laid out second, so that it
+   * usually stands as laid out (this runs for every stage the partitioner prices).  A rank of chunks keeps
+   * each chunk's stage's. */
   if (!sched_splits(p->opt.schedule) || sp->nchunks || !reads_late(sp) || p->opt.split_layout != SPLIT_AUTO) {
     sp->hold = sched_splits(p->opt.schedule) && !sp->nchunks && p->opt.split_layout == SPLIT_HOLD;
     lay_out(p, sp, r, role);
     return;
   }
-  sp->hold = 0;
-  lay_out(p, sp, r, role);
-  int64_t late = sp->arena_bytes;
   sp->hold = 1;
   lay_out(p, sp, r, role);
-  if (sp->arena_bytes <= late) return;
+  int64_t hold = sp->arena_bytes;
   sp->hold = 0;
+  lay_out(p, sp, r, role);
+  if (sp->arena_bytes < hold) return;
+  sp->hold = 1;
   lay_out(p, sp, r, role);
 }

@@ -19,4 +19,7 @@ void memplan_keep(Plan *p, StageProg *sp, RingSizes r);
 int64_t replica_shard_floats(int R, const StageProg *sp);
 #define REPLICA_SHARD_ALIGN 64
 int call_is_weight(const StageProg *sp, const Call *k);
+/* Whether buffer id holds a value crossing a cut (received or sent, or the loss's logits and their gradient),
+ * as opposed to an activation kept for backward. */
+int buf_at_cut(const StageProg *sp, int id);
 #endif

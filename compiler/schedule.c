@@ -347,20 +347,16 @@ void schedule_ring_sizes(Schedule *sc, int s) {
   int V = sc->nchunks > 1 ? sc->nchunks : 1, junk;
   if (!sc->rings || !sc->hold || !sched_splits(sc->kind)) return;
   Action *tmp = malloc(sizeof(Action) * (size_t)(sc->nact[s] + 1));
-  int *was = malloc(sizeof(int) * (size_t)V);
-  if (!tmp || !was) abort();
+  if (!tmp) abort();
   for (int h = 0; h < 2; h++) {
-    for (int ch = 0; ch < V; ch++) was[ch] = sc->hold[sched_stage(sc, s, ch)], sc->hold[sched_stage(sc, s, ch)] = h;
-    place_again(sc, s, tmp);
+    schedule_placed(sc, s, h, tmp);
     for (int ch = 0; ch < V; ch++) {
-      int st = sched_stage(sc, s, ch);
-      RingSizes *z = &sc->rings[st];
+      RingSizes *z = &sc->rings[sched_stage(sc, s, ch)];
       if (h) assign_ring(tmp, sc->nact[s], sc->m, V > 1 ? ch : -1, 1, 1, (int *[3]){&z->hslots, &junk, &junk});
       else assign_ring(tmp, sc->nact[s], sc->m, V > 1 ? ch : -1, 0, 1, (int *[3]){&z->slots, &z->gslots, &z->wslots});
-      sc->hold[st] = was[ch];
     }
   }
-  free(tmp), free(was);
+  free(tmp);
 }
 
 void schedule_hold(Schedule *sc, int st, int hold) {
